@@ -1,0 +1,242 @@
+//! The Linux actuator: detaches mounts inside their own namespace and unbinds loop devices.
+//!
+//! Every step re-reads the kernel's state right before acting (the mount still exists with the
+//! same ID and device, the namespace is still the same inode, the loop device is still bound to
+//! the same file), refuses anything that would take more than planned (a mount with mounts
+//! beneath it), runs the syscall on its own thread with a deadline, and verifies the result.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use nix::mount::{umount2, MntFlags};
+
+use super::{ActError, Actuator, StepOutcome};
+use crate::discover::mountinfo::{self, MountEntry};
+use crate::discover::namespaces::NsEntry;
+use crate::discover::{is_gone, processes};
+use crate::host::HostRoot;
+use crate::model::{DevNum, DeviceName, MountNsId};
+use crate::plan::Step;
+use crate::{nsenter, sys};
+
+/// Default deadline for one kernel call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Acts on the live kernel.
+#[derive(Debug, Clone)]
+pub struct LinuxActuator {
+    host: HostRoot,
+    timeout: Duration,
+}
+
+impl LinuxActuator {
+    pub fn new(host: HostRoot, timeout: Duration) -> Self {
+        Self { host, timeout }
+    }
+}
+
+impl Actuator for LinuxActuator {
+    fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
+        match step {
+            Step::DetachMount { device, devnum, namespace, via, mount_id, .. } => {
+                self.detach_mount(device, *devnum, *namespace, via, *mount_id)
+            }
+            Step::DetachLoop { device, devnum, backing_dev, backing_inode, .. } => {
+                self.detach_loop(device, *devnum, *backing_dev, *backing_inode)
+            }
+        }
+    }
+}
+
+/// Runs `f` on its own thread and waits at most `timeout`. A call that hangs (a dead device)
+/// keeps its thread, which is never joined; the caller gets [`ActError::TimedOut`].
+pub fn bounded<R: Send + 'static>(
+    device: &DeviceName,
+    op: &'static str,
+    timeout: Duration,
+    f: impl FnOnce() -> io::Result<R> + Send + 'static,
+) -> Result<R, ActError> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("blockjanitor-{op}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|source| ActError::Syscall { device: device.clone(), op, source })?;
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r.map_err(|source| ActError::Syscall { device: device.clone(), op, source }),
+        Err(_) => {
+            tracing::error!(device = %device, op, ?timeout, "kernel call hung; abandoning its thread");
+            Err(ActError::TimedOut { device: device.clone(), op, after: timeout })
+        }
+    }
+}
+
+impl LinuxActuator {
+    /// The namespace's current mount table, read the same way the plan read it.
+    fn mount_table(&self, device: &DeviceName, via: &NsEntry) -> Result<Option<Vec<MountEntry>>, ActError> {
+        let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
+        let (path, text) = match via {
+            NsEntry::Task { pid, tid } => {
+                let path = self.host.proc_task(*pid, *tid).join("mountinfo");
+                match std::fs::read_to_string(&path) {
+                    Ok(t) if !t.is_empty() => (path, t),
+                    Ok(_) => return Ok(None),
+                    Err(e) if is_gone(&e) => return Ok(None),
+                    Err(e) => return Err(fail(format!("cannot read {}: {e}", path.display()))),
+                }
+            }
+            NsEntry::Nsfs { .. } | NsEntry::Fd { .. } => {
+                let file = via.ns_file(&self.host);
+                let proc = self.host.proc().to_owned();
+                let text = bounded(device, "read mountinfo", self.timeout, move || nsenter::read_mountinfo(&file, &proc));
+                match text {
+                    Ok(t) => (via.ns_file(&self.host), t),
+                    Err(ActError::Syscall { source, .. }) if is_gone(&source) => return Ok(None),
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        mountinfo::parse(&text)
+            .map(Some)
+            .map_err(|e| fail(format!("malformed {}: {e}", path.display())))
+    }
+
+    fn ns_of(&self, via: &NsEntry) -> Option<MountNsId> {
+        match via {
+            NsEntry::Task { pid, tid } => processes::task_mount_ns(&self.host.proc_task(*pid, *tid)),
+            NsEntry::Nsfs { .. } | NsEntry::Fd { .. } => {
+                sys::stat_cached(&via.ns_file(&self.host)).ok().map(|s| MountNsId(s.ino))
+            }
+        }
+    }
+
+    fn detach_mount(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        namespace: MountNsId,
+        via: &NsEntry,
+        mount_id: u32,
+    ) -> Result<StepOutcome, ActError> {
+        let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
+        if !self.host.is_live() {
+            return Err(fail(format!("{} is not this host's /proc: namespaces cannot be entered", self.host.proc().display())));
+        }
+        match self.ns_of(via) {
+            None => {
+                return Err(fail(format!("the namespace entry ({}) is gone; scan again to re-plan", via.describe())));
+            }
+            Some(ns) if ns != namespace => {
+                return Err(fail(format!("{} is now in namespace {} not {}: PID reused?", via.describe(), ns.0, namespace.0)));
+            }
+            Some(_) => {}
+        }
+        let Some(table) = self.mount_table(device, via)? else {
+            return Err(fail(format!("the namespace entry ({}) is gone; scan again to re-plan", via.describe())));
+        };
+        let Some(target) = table.iter().find(|m| m.mount_id == mount_id) else {
+            return Ok(StepOutcome::AlreadyAbsent);
+        };
+        if target.devnum != devnum {
+            return Err(fail(format!("mount {mount_id} is now device {} at {}, not {devnum}", target.devnum, target.mount_point)));
+        }
+        let beneath: Vec<&str> = table.iter().filter(|m| m.parent_id == mount_id).map(|m| m.mount_point.as_str()).collect();
+        if !beneath.is_empty() {
+            return Err(fail(format!(
+                "{} mount(s) sit beneath {} (first: {}); detaching would take them too: release those first",
+                beneath.len(),
+                target.mount_point,
+                beneath[0]
+            )));
+        }
+        let ns_file = via.ns_file(&self.host);
+        // For a task, resolve the mount point from the task's own root (it may be chrooted);
+        // for a pinned namespace, from the namespace root that setns gives us.
+        let root: Option<OwnedFd> = match via {
+            NsEntry::Task { pid, tid } => {
+                let p = self.host.proc_task(*pid, *tid).join("root");
+                let f = File::options()
+                    .read(true)
+                    .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(&p)
+                    .map_err(|e| fail(format!("cannot open {}: {e}", p.display())))?;
+                Some(f.into())
+            }
+            _ => None,
+        };
+        let rel = PathBuf::from(match target.mount_point.trim_start_matches('/') {
+            "" => ".",
+            r => r,
+        });
+        bounded(device, "umount2(MNT_DETACH)", self.timeout, move || {
+            nsenter::in_mount_ns(&ns_file, move || {
+                match &root {
+                    Some(fd) => nix::unistd::fchdir(fd.as_fd()).map_err(io::Error::from)?,
+                    None => nix::unistd::chdir("/").map_err(io::Error::from)?,
+                }
+                umount2(&rel, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(io::Error::from)
+            })
+        })?;
+        match self.mount_table(device, via)? {
+            Some(t) if t.iter().any(|m| m.mount_id == mount_id) => Err(ActError::NotVerified {
+                device: device.clone(),
+                op: "umount2(MNT_DETACH)",
+                reason: format!("mount {mount_id} is still in namespace {}", namespace.0),
+            }),
+            _ => Ok(StepOutcome::Done),
+        }
+    }
+
+    fn detach_loop(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        backing_dev: Option<DevNum>,
+        backing_inode: Option<u64>,
+    ) -> Result<StepOutcome, ActError> {
+        let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
+        let backing_attr = self.host.sys_class_block().join(device.as_str()).join("loop/backing_file");
+        if !backing_attr.exists() {
+            return Ok(StepOutcome::AlreadyAbsent);
+        }
+        let node = self.host.dev_node(device.as_str());
+        let id = sys::stat_cached(&node).map_err(|e| fail(format!("cannot stat {}: {e}", node.display())))?;
+        if !id.is_block_device() || id.rdev != devnum {
+            return Err(fail(format!("{} is not device {devnum}", node.display())));
+        }
+        let dev = device.clone();
+        let expect = (backing_dev, backing_inode);
+        let outcome = bounded(device, "LOOP_CLR_FD", self.timeout, move || {
+            let f = File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
+            let st = match sys::loop_get_status(f.as_fd()) {
+                Ok(st) => st,
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(Some(StepOutcome::AlreadyAbsent)),
+                Err(e) => return Err(e),
+            };
+            let now = (Some(DevNum::from_dev_t(st.lo_device)), Some(st.lo_inode));
+            if expect.0.is_some() && now != expect {
+                return Ok(None);
+            }
+            match sys::loop_clear(f.as_fd()) {
+                Ok(()) => Ok(Some(StepOutcome::Done)),
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(Some(StepOutcome::AlreadyAbsent)),
+                Err(e) => Err(e),
+            }
+        })?;
+        let Some(outcome) = outcome else {
+            return Err(fail(format!("{dev} is now bound to another file than planned: device name reused?")));
+        };
+        if outcome == StepOutcome::Done && backing_attr.exists() {
+            return Ok(StepOutcome::Deferred(format!(
+                "the kernel set autoclear on {dev}: something still has it open; it detaches on last close"
+            )));
+        }
+        Ok(outcome)
+    }
+}

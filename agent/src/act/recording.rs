@@ -1,0 +1,21 @@
+//! A test double that records the steps it is asked to run and answers from a script.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+
+use super::{ActError, Actuator, StepOutcome};
+use crate::plan::Step;
+
+/// Records steps; answers each with the next scripted outcome (default: `Done`).
+#[derive(Debug, Default)]
+pub struct RecordingActuator {
+    pub calls: RefCell<Vec<Step>>,
+    pub script: RefCell<VecDeque<Result<StepOutcome, ActError>>>,
+}
+
+impl Actuator for RecordingActuator {
+    fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
+        self.calls.borrow_mut().push(step.clone());
+        self.script.borrow_mut().pop_front().unwrap_or(Ok(StepOutcome::Done))
+    }
+}

@@ -1,0 +1,305 @@
+//! `blockjanitor-agent`: scan this node's block devices and who holds them, and release stale
+//! holders. Parses flags, calls the library, prints. Exit codes: 0 done, 1 error, 2 refused
+//! because the device is still held.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use blockjanitor::act::linux::LinuxActuator;
+use blockjanitor::act::{execute, StepOutcome, StepReport};
+use blockjanitor::discover::blockdev;
+use blockjanitor::graph::{DeviceEntry, DeviceGraph};
+use blockjanitor::host::HostRoot;
+use blockjanitor::journal::{self, Journal};
+use blockjanitor::model::DevNum;
+use blockjanitor::plan::{self, Plan};
+use blockjanitor::snapshot::{Scope, Snapshot};
+use blockjanitor::{render, resolve};
+
+const EXIT_HELD: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "blockjanitor-agent",
+    version,
+    about = "Find who holds each block device on this node, in every mount namespace, and release stale holders safely.",
+    long_about = "Find who holds each block device on this node: mounts in every mount namespace (with the \
+process, container and pod living there), open file descriptors, working directories, memory maps, swap, \
+devices stacked on top and loop devices backed by it. Kernel threads such as jbd2/loop0-8 are shown as \
+symptoms, not holders.\n\nNothing is changed unless you pass --apply. Every change is journaled before and \
+after it runs and logged as one audit line.",
+    after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent holders /dev/rbd3 --output json\n  \
+blockjanitor-agent release /dev/loop3            # dry run: print the plan\n  blockjanitor-agent release /dev/loop3 --apply    \
+# detach foreign-namespace mounts\n  blockjanitor-agent clean loop3 --apply           # detach an unheld loop device\n  \
+blockjanitor-agent --root /host holders 7:3      # in a pod that mounts the host at /host\n\n\
+EXIT CODES:\n  0  done (or dry run printed)\n  1  error (bad argument, unreadable host, failed step)\n  \
+2  refused or still held: the device is in use and was left alone"
+)]
+struct Cli {
+    /// The host's root; /proc, /sys and /dev are looked for under it.
+    #[arg(long, global = true, default_value = "/", value_name = "DIR")]
+    root: PathBuf,
+    /// Where the host's procfs is (default: ROOT/proc).
+    #[arg(long, global = true, value_name = "DIR")]
+    proc: Option<PathBuf>,
+    /// Where the host's sysfs is (default: ROOT/sys).
+    #[arg(long, global = true, value_name = "DIR")]
+    sys: Option<PathBuf>,
+    /// Where the host's /dev is (default: ROOT/dev).
+    #[arg(long, global = true, value_name = "DIR")]
+    dev: Option<PathBuf>,
+    /// Journal of destructive steps (written before and after each step).
+    #[arg(long, global = true, default_value = journal::DEFAULT_PATH, value_name = "FILE")]
+    journal: PathBuf,
+    /// Deadline for each kernel call that may block on a device, in seconds.
+    #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
+    timeout: u64,
+    /// Log format on stderr (audit lines included).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Every block device with its stack and holders, then a summary. Read only.
+    Scan {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Who holds one device. DEVICE is a /dev path, a kernel name (loop3), a dm name or MAJ:MIN.
+    Holders {
+        device: String,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Detach every mount of DEVICE in a mount namespace other than the host's (setns +
+    /// umount2 MNT_DETACH, no process is killed), then show what still holds it. Dry run unless --apply.
+    Release {
+        device: String,
+        /// Carry out the plan.
+        #[arg(long)]
+        apply: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Detach a loop device (LOOP_CLR_FD) when nothing holds it; refuse with the holders
+    /// otherwise. Dry run unless --apply.
+    Clean {
+        device: String,
+        /// Carry out the plan.
+        #[arg(long)]
+        apply: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Steps a previous run started but never finished (from the journal).
+    Journal,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_logging(cli.log_format);
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| EnvFilter::new("warn,audit=info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(true).with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn host(cli: &Cli) -> HostRoot {
+    let mut h = HostRoot::new(&cli.root);
+    if let Some(p) = &cli.proc {
+        h = h.with_proc(p);
+    }
+    if let Some(s) = &cli.sys {
+        h = h.with_sys(s);
+    }
+    if let Some(d) = &cli.dev {
+        h = h.with_dev(d);
+    }
+    h
+}
+
+fn print_json(v: &serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// Scans for one device (and what is stacked on it) and returns its entry.
+fn scan_device(host: &HostRoot, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
+    let started = Instant::now();
+    let devices = blockdev::scan(host)?;
+    let dev = resolve::device(host, &devices, arg)?;
+    let devnum = dev.devnum;
+    let scope = blockdev::with_descendants(&devices, devnum);
+    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started)?;
+    let entry = entry_of(&snap, devnum)?;
+    Ok((entry, snap))
+}
+
+fn entry_of(snap: &Snapshot, devnum: DevNum) -> Result<DeviceEntry> {
+    DeviceGraph::build(snap)
+        .get(devnum)
+        .cloned()
+        .with_context(|| format!("device {devnum} disappeared during the scan"))
+}
+
+/// Rescans a device by number; `None` when it is gone.
+fn rescan(host: &HostRoot, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
+    match scan_device(host, &devnum.to_string()) {
+        Ok(x) => Ok(Some(x)),
+        Err(e) if e.downcast_ref::<resolve::ResolveError>().is_some() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn run(cli: &Cli) -> Result<u8> {
+    let host = host(cli);
+    match &cli.command {
+        Command::Scan { output } => {
+            let snap = Snapshot::take(&host, &Scope::All)?;
+            let graph = DeviceGraph::build(&snap);
+            match output {
+                Output::Json => print_json(&render::scan_json(&graph, &snap.stats, &snap.warnings))?,
+                Output::Table => print!("{}", render::scan_table(&graph, &snap.stats, &snap.warnings)),
+            }
+            Ok(0)
+        }
+        Command::Holders { device, output } => {
+            let (entry, snap) = scan_device(&host, device)?;
+            match output {
+                Output::Json => print_json(&render::holders_json(&entry, &snap.stats, &snap.warnings))?,
+                Output::Table => print!("{}", render::holders_table(&entry, &snap.stats, &snap.warnings)),
+            }
+            Ok(0)
+        }
+        Command::Release { device, apply, output } => {
+            let (entry, _) = scan_device(&host, device)?;
+            let plan = plan::release(&entry);
+            carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
+        }
+        Command::Clean { device, apply, output } => {
+            let (entry, _) = scan_device(&host, device)?;
+            let plan = plan::clean(&entry);
+            let devnum = plan.devnum;
+            let recheck_host = host.clone();
+            carry_out(cli, &host, &plan, *apply, *output, move |_| {
+                // Right before acting: a fresh scan must still find no holder at all.
+                match rescan(&recheck_host, devnum) {
+                    Ok(Some((e, _))) if e.holders.is_empty() => Ok(()),
+                    Ok(Some((e, _))) => Err(format!(
+                        "a fresh scan found {} holder(s): {}",
+                        e.holders.len(),
+                        e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
+                    )),
+                    Ok(None) => Ok(()),
+                    Err(err) => Err(format!("cannot re-check holders: {err:#}")),
+                }
+            })
+        }
+        Command::Journal => {
+            let pending = journal::pending(&cli.journal).with_context(|| format!("cannot read {}", cli.journal.display()))?;
+            if pending.is_empty() {
+                println!("no unfinished steps in {}", cli.journal.display());
+            }
+            for p in pending {
+                println!("unfinished: {p}");
+            }
+            Ok(0)
+        }
+    }
+}
+
+fn carry_out(
+    cli: &Cli,
+    host: &HostRoot,
+    plan: &Plan,
+    apply: bool,
+    output: Output,
+    recheck: impl FnMut(&plan::Step) -> Result<(), String>,
+) -> Result<u8> {
+    let refused_held = plan.refusal.is_some() && !plan.left_alone.is_empty();
+    if output == Output::Table {
+        print!("{}", render::plan_text(plan, apply));
+    }
+    if plan.refusal.is_some() || !apply || plan.steps.is_empty() {
+        if output == Output::Json {
+            print_json(&serde_json::json!({ "plan": plan, "applied": false }))?;
+        }
+        return Ok(match (&plan.refusal, refused_held) {
+            (Some(_), true) => EXIT_HELD,
+            (Some(r), false) => anyhow::bail!("{r}"),
+            (None, _) => 0,
+        });
+    }
+    for p in journal::pending(&cli.journal).unwrap_or_default() {
+        eprintln!("warning: a previous run did not finish this step (re-planned from a fresh scan): {p}");
+    }
+    let mut journal = Journal::open(&cli.journal)
+        .with_context(|| format!("cannot open the journal {} (needed before any change)", cli.journal.display()))?;
+    let actuator = LinuxActuator::new(host.clone(), Duration::from_secs(cli.timeout));
+    let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);
+    let failed = reports.iter().any(|r| r.result.is_err());
+    let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
+    let after = rescan(host, plan.devnum)?;
+    let still_held = after.as_ref().is_some_and(|(e, _)| !e.holders.is_empty());
+    match output {
+        Output::Table => {
+            print!("{}", render::reports_text(&reports));
+            match &after {
+                Some((e, s)) if !e.holders.is_empty() => {
+                    println!("still held after {}:", plan.operation);
+                    print!("{}", render::holders_table(e, &s.stats, &s.warnings));
+                }
+                Some((e, _)) if e.device.is_unbound_loop() => println!("{} is free and unbound", e.device.name),
+                Some((e, _)) => println!("{} is free: nothing holds it any more", e.device.name),
+                None => println!("{} is gone", plan.device),
+            }
+        }
+        Output::Json => print_json(&serde_json::json!({
+            "plan": plan,
+            "applied": true,
+            "results": reports,
+            "after": after.as_ref().map(|(e, s)| render::holders_json(e, &s.stats, &s.warnings)),
+        }))?,
+    }
+    Ok(if failed { 1 } else if still_held || deferred { EXIT_HELD } else { 0 })
+}

@@ -1,0 +1,138 @@
+//! Block devices from sysfs (`/sys/class/block/*`, Documentation/ABI/stable/sysfs-block):
+//! disks and partitions, loop, device-mapper and the rest, with the holders/slaves stack.
+//!
+//! ```text
+//! /sys/class/block/loop0 -> ../../devices/virtual/block/loop0
+//!   dev        "7:0"          size "131072" (512-byte sectors)   ro "0"
+//!   loop/      backing_file offset sizelimit autoclear partscan dio
+//!   dm/        name uuid suspended
+//!   holders/   dm-0 -> ../../dm-0        slaves/   sda -> ...
+//! /sys/class/block/sda1 -> ../../devices/.../block/sda/sda1     partition "1"
+//! ```
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::{list_dir, loopdev, read_attr, read_attr_opt, read_bool, read_u64, DiscoverError};
+use crate::host::HostRoot;
+use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, DmInfo};
+
+/// Every block device and partition sysfs lists, sorted by name.
+pub fn scan(host: &HostRoot) -> Result<Vec<BlockDevice>, DiscoverError> {
+    let class = host.sys_class_block();
+    let mut out = Vec::new();
+    for name in list_dir(&class)? {
+        match read_device(host, &class.join(&name), &name) {
+            Ok(Some(d)) => out.push(d),
+            Ok(None) => {} // removed while we looked
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one device directory. `Ok(None)` when it vanished under us.
+pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<BlockDevice>, DiscoverError> {
+    let name = DeviceName::new(name).map_err(|e| DiscoverError::attr(dir, name, leak_reason(&e.0)))?;
+    let dev_path = dir.join("dev");
+    let Some(dev_text) = read_attr_opt(&dev_path)? else {
+        return Ok(None);
+    };
+    let devnum: DevNum = dev_text
+        .parse()
+        .map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    let size_bytes = read_u64(&dir.join("size"))?.saturating_mul(512);
+    let read_only = read_bool(&dir.join("ro"))?;
+    let is_partition = dir.join("partition").exists();
+    let parent = if is_partition {
+        let real = std::fs::canonicalize(dir).map_err(|e| DiscoverError::read(dir, e))?;
+        real.parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| DeviceName::new(&n.to_string_lossy()).ok())
+    } else {
+        None
+    };
+    let holders = names_in(&dir.join("holders"))?;
+    let slaves = names_in(&dir.join("slaves"))?;
+    let dm = read_dm(&dir.join("dm"))?;
+    let loop_info = if dir.join("loop").is_dir() {
+        loopdev::read(host, &dir.join("loop"), &name, devnum)?
+    } else {
+        None
+    };
+    let kind = classify(name.as_str(), is_partition, dm.is_some(), host, dir);
+    Ok(Some(BlockDevice { name, devnum, kind, size_bytes, read_only, parent, holders, slaves, loop_info, dm }))
+}
+
+fn leak_reason(_: &str) -> &'static str {
+    "not a kernel block device name"
+}
+
+fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
+    list_dir(dir)?
+        .into_iter()
+        .map(|n| DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name")))
+        .collect()
+}
+
+fn read_dm(dir: &Path) -> Result<Option<DmInfo>, DiscoverError> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    Ok(Some(DmInfo {
+        name: read_attr(&dir.join("name"))?,
+        uuid: read_attr_opt(&dir.join("uuid"))?.unwrap_or_default(),
+        suspended: read_attr_opt(&dir.join("suspended"))?.is_some_and(|s| s.trim() == "1"),
+    }))
+}
+
+fn classify(name: &str, is_partition: bool, is_dm: bool, _host: &HostRoot, dir: &Path) -> DeviceKind {
+    let prefix_num = |p: &str| name.strip_prefix(p).is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+    if is_partition {
+        DeviceKind::Partition
+    } else if is_dm {
+        DeviceKind::Dm
+    } else if dir.join("loop").is_dir() || prefix_num("loop") {
+        DeviceKind::Loop
+    } else if dir.join("md").is_dir() {
+        DeviceKind::Md
+    } else if prefix_num("rbd") {
+        DeviceKind::Rbd
+    } else if prefix_num("nbd") {
+        DeviceKind::Nbd
+    } else if prefix_num("zram") {
+        DeviceKind::Zram
+    } else if dir.join("device").exists() {
+        DeviceKind::Disk
+    } else {
+        DeviceKind::Other
+    }
+}
+
+/// Index by device number.
+pub fn by_devnum(devices: &[BlockDevice]) -> HashMap<DevNum, usize> {
+    devices.iter().enumerate().map(|(i, d)| (d.devnum, i)).collect()
+}
+
+/// The device and everything stacked on it, transitively: its partitions and its sysfs holders.
+pub fn with_descendants(devices: &[BlockDevice], root: DevNum) -> Vec<DevNum> {
+    let by_name: HashMap<&DeviceName, &BlockDevice> = devices.iter().map(|d| (&d.name, d)).collect();
+    let mut out = vec![root];
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        i += 1;
+        let Some(dev) = devices.iter().find(|d| d.devnum == cur) else { continue };
+        let children = devices
+            .iter()
+            .filter(|d| d.parent.as_ref() == Some(&dev.name))
+            .map(|d| d.devnum)
+            .chain(dev.holders.iter().filter_map(|h| by_name.get(h).map(|d| d.devnum)));
+        for c in children.collect::<Vec<_>>() {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}

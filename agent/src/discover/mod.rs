@@ -1,0 +1,102 @@
+//! Read-only scanners, one per source. Each takes a [`HostRoot`](crate::host::HostRoot) and
+//! returns plain data; none writes to the kernel.
+//!
+//! A task or process that exits while it is being read (`NotFound`, `ESRCH`) is normal on a live
+//! host and is skipped, not reported as an error.
+
+pub mod blockdev;
+pub mod cgroup;
+pub mod fds;
+pub mod loopdev;
+pub mod maps;
+pub mod mountinfo;
+pub mod namespaces;
+pub mod processes;
+pub mod swaps;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// What a scanner could not read or understand, always naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("malformed {}: {source}", path.display())]
+    MountInfo { path: PathBuf, source: mountinfo::ParseError },
+    #[error("malformed {}: line {line}: {reason}", path.display())]
+    Line { path: PathBuf, line: usize, reason: String },
+    #[error("invalid value in {}: '{value}' ({expected})", path.display())]
+    Attr { path: PathBuf, value: String, expected: &'static str },
+}
+
+impl DiscoverError {
+    pub(crate) fn read(path: &Path, source: io::Error) -> Self {
+        Self::Read { path: path.to_owned(), source }
+    }
+
+    pub(crate) fn attr(path: &Path, value: &str, expected: &'static str) -> Self {
+        Self::Attr { path: path.to_owned(), value: value.chars().take(64).collect(), expected }
+    }
+}
+
+/// True for errors that mean "the process or task went away while we looked".
+pub fn is_gone(e: &io::Error) -> bool {
+    matches!(e.kind(), io::ErrorKind::NotFound) || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Reads a small text attribute, trimmed of its trailing newline.
+pub(crate) fn read_attr(path: &Path) -> Result<String, DiscoverError> {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim_end_matches('\n').to_owned())
+        .map_err(|e| DiscoverError::read(path, e))
+}
+
+/// Reads an optional attribute: `None` when the file does not exist.
+pub(crate) fn read_attr_opt(path: &Path) -> Result<Option<String>, DiscoverError> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s.trim_end_matches('\n').to_owned())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(DiscoverError::read(path, e)),
+    }
+}
+
+/// Reads an attribute holding an unsigned decimal number.
+pub(crate) fn read_u64(path: &Path) -> Result<u64, DiscoverError> {
+    let s = read_attr(path)?;
+    s.trim().parse().map_err(|_| DiscoverError::attr(path, &s, "expected a decimal number"))
+}
+
+/// Reads an attribute holding `0` or `1`.
+pub(crate) fn read_bool(path: &Path) -> Result<bool, DiscoverError> {
+    match read_attr(path)?.trim() {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        other => Err(DiscoverError::attr(path, other, "expected 0 or 1")),
+    }
+}
+
+/// Names in a directory, sorted; an absent directory is empty.
+pub(crate) fn list_dir(path: &Path) -> Result<Vec<String>, DiscoverError> {
+    let rd = match std::fs::read_dir(path) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DiscoverError::read(path, e)),
+    };
+    let mut out = Vec::new();
+    for entry in rd {
+        let entry = entry.map_err(|e| DiscoverError::read(path, e))?;
+        out.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Numeric entries of a `/proc`-style directory (PIDs, TIDs, fds), ascending.
+pub(crate) fn numeric_entries(path: &Path) -> io::Result<Vec<u32>> {
+    let mut out: Vec<u32> = std::fs::read_dir(path)?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}

@@ -1,0 +1,224 @@
+//! Mount namespaces: which tasks live in which namespace, and each namespace's mounts of the
+//! devices we care about, reading one mountinfo per namespace (not one per task: on a busy node
+//! that is hundreds of times less text).
+//!
+//! A namespace can outlive its processes, pinned by an nsfs bind mount (fstype `nsfs`, root
+//! `mnt:[INODE]`) or an open fd whose link reads `mnt:[INODE]`. Those are read by entering them
+//! through that file (live hosts only).
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::mountinfo::{self, MountEntry};
+use super::processes::ProcEntry;
+use super::{is_gone, DiscoverError};
+use crate::host::HostRoot;
+use crate::model::{DevNum, MountNsId};
+use crate::{nsenter, parallel};
+
+/// How to get into a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case", tag = "via")]
+pub enum NsEntry {
+    /// A task living in it: `/proc/PID/task/TID/ns/mnt`. Paths in its mountinfo are relative to
+    /// this task's root.
+    Task { pid: u32, tid: u32 },
+    /// An nsfs bind mount, reachable from here at `path`.
+    Nsfs { path: PathBuf },
+    /// An open fd of a process: `/proc/PID/fd/FD`.
+    Fd { pid: u32, fd: u32 },
+}
+
+impl NsEntry {
+    /// The file to open and pass to `setns`.
+    pub fn ns_file(&self, host: &HostRoot) -> PathBuf {
+        match self {
+            Self::Task { pid, tid } => host.proc_task(*pid, *tid).join("ns/mnt"),
+            Self::Nsfs { path } => path.clone(),
+            Self::Fd { pid, fd } => host.proc_pid(*pid).join("fd").join(fd.to_string()),
+        }
+    }
+
+    /// Short text for reports: `pid 21839 tid 28447`, `nsfs /run/mntns/x`, `fd 5 of pid 9`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Task { pid, tid } if pid == tid => format!("pid {pid}"),
+            Self::Task { pid, tid } => format!("pid {pid} tid {tid}"),
+            Self::Nsfs { path } => format!("nsfs {}", path.display()),
+            Self::Fd { pid, fd } => format!("fd {fd} of pid {pid}"),
+        }
+    }
+}
+
+/// One mount namespace.
+#[derive(Debug, Clone, Serialize)]
+pub struct MountNamespace {
+    pub id: MountNsId,
+    /// Processes with at least one task here, ascending.
+    pub pids: Vec<u32>,
+    /// Tasks here, as `(pid, tid)`.
+    #[serde(skip)]
+    pub tasks: Vec<(u32, u32)>,
+    /// For a namespace with no task: what keeps it alive.
+    pub pinned_by: Option<NsEntry>,
+    /// Where its mountinfo was read from (`None` if every task exited first).
+    pub read_via: Option<NsEntry>,
+    pub mount_count: usize,
+    pub mountinfo_bytes: usize,
+}
+
+/// A mount of a wanted device in one namespace.
+#[derive(Debug, Clone, Serialize)]
+pub struct NsMount {
+    pub ns: MountNsId,
+    /// How the namespace was read; `mount.mount_point` is relative to this entry's root.
+    pub via: NsEntry,
+    pub mount: MountEntry,
+}
+
+/// Groups tasks by namespace.
+pub fn group(entries: &[ProcEntry]) -> BTreeMap<MountNsId, MountNamespace> {
+    let mut map: BTreeMap<MountNsId, MountNamespace> = BTreeMap::new();
+    for e in entries {
+        for &(tid, ns) in &e.tasks {
+            let n = map.entry(ns).or_insert_with(|| MountNamespace {
+                id: ns,
+                pids: Vec::new(),
+                tasks: Vec::new(),
+                pinned_by: None,
+                read_via: None,
+                mount_count: 0,
+                mountinfo_bytes: 0,
+            });
+            if n.pids.last() != Some(&e.pid) {
+                n.pids.push(e.pid);
+            }
+            n.tasks.push((e.pid, tid));
+        }
+    }
+    map
+}
+
+/// Result of reading the namespaces' mount tables.
+#[derive(Debug, Default)]
+pub struct MountScan {
+    pub mounts: Vec<NsMount>,
+    /// Namespaces found pinned by nsfs bind mounts, not yet known.
+    pub nsfs_pins: Vec<(MountNsId, NsEntry)>,
+}
+
+/// Reads one mountinfo per namespace (in parallel) and keeps the mounts of devices in `targets`.
+/// `nsfs_dev` is the device number of nsfs on a live host (to spot pins cheaply); without it,
+/// every line is parsed.
+pub fn read_mounts(
+    host: &HostRoot,
+    namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
+    targets: &HashSet<DevNum>,
+    nsfs_dev: Option<DevNum>,
+) -> Result<MountScan, DiscoverError> {
+    let list: Vec<&MountNamespace> = namespaces.values().filter(|n| !n.tasks.is_empty()).collect();
+    let results = parallel::map(&list, |ns| read_task_ns(host, ns, targets, nsfs_dev));
+    let known: HashSet<MountNsId> = namespaces.keys().copied().collect();
+    let mut scan = MountScan::default();
+    let mut seen_pins = HashSet::new();
+    for r in results {
+        let Some(one) = r? else { continue };
+        if let Some(ns) = namespaces.get_mut(&one.ns) {
+            ns.read_via = Some(one.via.clone());
+            ns.mount_count = one.lines;
+            ns.mountinfo_bytes = one.bytes;
+        }
+        for m in one.mounts {
+            if let Some(pin) = nsfs_pin(host, &one.via, &m) {
+                if !known.contains(&pin.0) && seen_pins.insert(pin.0) {
+                    scan.nsfs_pins.push(pin);
+                }
+            }
+            if targets.contains(&m.devnum) {
+                scan.mounts.push(NsMount { ns: one.ns, via: one.via.clone(), mount: m });
+            }
+        }
+    }
+    Ok(scan)
+}
+
+struct OneNs {
+    ns: MountNsId,
+    via: NsEntry,
+    lines: usize,
+    bytes: usize,
+    mounts: Vec<MountEntry>,
+}
+
+thread_local! {
+    static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+fn read_task_ns(
+    host: &HostRoot,
+    ns: &MountNamespace,
+    targets: &HashSet<DevNum>,
+    nsfs_dev: Option<DevNum>,
+) -> Result<Option<OneNs>, DiscoverError> {
+    BUF.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        for &(pid, tid) in &ns.tasks {
+            let path = host.proc_task(pid, tid).join("mountinfo");
+            buf.clear();
+            match std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut buf)) {
+                Ok(_) => {}
+                Err(e) if is_gone(&e) => continue,
+                Err(e) => return Err(DiscoverError::read(&path, e)),
+            }
+            if buf.is_empty() {
+                continue; // the task exited between open and read
+            }
+            let mut mounts = Vec::new();
+            let want = |d: DevNum| targets.contains(&d) || nsfs_dev.is_none_or(|n| n == d);
+            let lines = mountinfo::scan(&buf, want, |m| mounts.push(m))
+                .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
+            return Ok(Some(OneNs { ns: ns.id, via: NsEntry::Task { pid, tid }, lines, bytes: buf.len(), mounts }));
+        }
+        Ok(None)
+    })
+}
+
+/// An nsfs bind mount of a mount namespace, and how to reach it from here.
+fn nsfs_pin(host: &HostRoot, via: &NsEntry, m: &MountEntry) -> Option<(MountNsId, NsEntry)> {
+    if m.fstype != "nsfs" {
+        return None;
+    }
+    let id = MountNsId::from_link(&m.root)?;
+    let NsEntry::Task { pid, .. } = via else { return None };
+    let rel = m.mount_point.trim_start_matches('/');
+    Some((id, NsEntry::Nsfs { path: host.proc_pid(*pid).join("root").join(rel) }))
+}
+
+/// Reads a namespace no task lives in by entering it through `entry` (live host only).
+pub fn read_pinned(
+    host: &HostRoot,
+    id: MountNsId,
+    entry: NsEntry,
+    targets: &HashSet<DevNum>,
+) -> Result<(MountNamespace, Vec<NsMount>), DiscoverError> {
+    let file = entry.ns_file(host);
+    let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
+    let mut mounts = Vec::new();
+    let lines = mountinfo::scan(&text, |d| targets.contains(&d), |m| {
+        mounts.push(NsMount { ns: id, via: entry.clone(), mount: m })
+    })
+    .map_err(|source| DiscoverError::MountInfo { path: file.clone(), source })?;
+    let ns = MountNamespace {
+        id,
+        pids: Vec::new(),
+        tasks: Vec::new(),
+        pinned_by: Some(entry.clone()),
+        read_via: Some(entry),
+        mount_count: lines,
+        mountinfo_bytes: text.len(),
+    };
+    Ok((ns, mounts))
+}

@@ -1,0 +1,168 @@
+//! Processes and their tasks from `/proc`: state, kernel-thread flag, mount namespace per task,
+//! and for holders the bounded command line and cgroup identity.
+//!
+//! Kernel threads (`PF_KTHREAD`) such as `jbd2/loop0-8` or `rbd3-task` never hold a device: they
+//! are symptoms of a live mount, reported as such.
+
+use std::io::Read;
+use std::path::Path;
+
+use procfs::FromRead;
+
+use super::{cgroup, is_gone, numeric_entries};
+use crate::host::HostRoot;
+use crate::model::{MountNsId, ProcessInfo};
+
+/// At most this many bytes of a command line are read.
+pub const CMDLINE_MAX: usize = 4096;
+const PF_KTHREAD: u32 = 0x0020_0000;
+
+/// One process (thread group) and the mount namespace of each of its tasks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcEntry {
+    pub pid: u32,
+    pub comm: String,
+    pub state: char,
+    pub ppid: u32,
+    pub kthread: bool,
+    /// `(tid, namespace)` for every task that could be read; empty for kernel threads.
+    pub tasks: Vec<(u32, MountNsId)>,
+}
+
+impl ProcEntry {
+    /// The namespace of the thread-group leader (or of its first readable task).
+    pub fn mount_ns(&self) -> Option<MountNsId> {
+        self.tasks.iter().find(|(t, _)| *t == self.pid).or(self.tasks.first()).map(|(_, ns)| *ns)
+    }
+}
+
+/// What went wrong reading one process, other than it exiting.
+#[derive(Debug)]
+pub struct ProcReadIssue {
+    pub pid: u32,
+    pub what: String,
+}
+
+/// All process IDs in `/proc`.
+pub fn pids(host: &HostRoot) -> std::io::Result<Vec<u32>> {
+    numeric_entries(host.proc())
+}
+
+/// Reads one process: `Ok(None)` when it exited while we looked.
+pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcReadIssue> {
+    let dir = host.proc_pid(pid);
+    let stat_path = dir.join("stat");
+    let bytes = match std::fs::read(&stat_path) {
+        Ok(b) => b,
+        Err(e) if is_gone(&e) => return Ok(None),
+        Err(e) => return Err(ProcReadIssue { pid, what: format!("cannot read {}: {e}", stat_path.display()) }),
+    };
+    let stat = procfs::process::Stat::from_read(bytes.as_slice())
+        .map_err(|e| ProcReadIssue { pid, what: format!("malformed {}: {e}", stat_path.display()) })?;
+    let kthread = stat.flags & PF_KTHREAD != 0;
+    let mut tasks = Vec::new();
+    if !kthread {
+        let tids = match numeric_entries(&dir.join("task")) {
+            Ok(t) => t,
+            Err(e) if is_gone(&e) => return Ok(None),
+            Err(e) => return Err(ProcReadIssue { pid, what: format!("cannot list {}/task: {e}", dir.display()) }),
+        };
+        let mut denied = None;
+        for tid in tids {
+            let task = host.proc_task(pid, tid);
+            match std::fs::read_link(task.join("ns/mnt")) {
+                Ok(link) => tasks.extend(link.to_str().and_then(MountNsId::from_link).map(|ns| (tid, ns))),
+                Err(e) if is_gone(&e) => {}
+                Err(e) => denied = Some(e),
+            }
+        }
+        if let (true, Some(e)) = (tasks.is_empty(), denied) {
+            return Err(ProcReadIssue {
+                pid,
+                what: format!("cannot inspect pid {pid} ({}): reading its ns/mnt: {e}; its mounts and files are not seen", stat.comm),
+            });
+        }
+    }
+    Ok(Some(ProcEntry {
+        pid,
+        comm: stat.comm,
+        state: stat.state,
+        ppid: u32::try_from(stat.ppid).unwrap_or(0),
+        kthread,
+        tasks,
+    }))
+}
+
+/// The mount namespace of a task directory, from the text of its `ns/mnt` link.
+pub fn task_mount_ns(task_dir: &Path) -> Option<MountNsId> {
+    let link = std::fs::read_link(task_dir.join("ns/mnt")).ok()?;
+    MountNsId::from_link(link.to_str()?)
+}
+
+/// Labels a holder process: command line (unless it is in D state, where reading it can block
+/// on the target's mmap lock), container ID and pod UID.
+pub fn describe(host: &HostRoot, entry: &ProcEntry) -> ProcessInfo {
+    let dir = host.proc_pid(entry.pid);
+    let cmdline = if entry.state == 'D' { None } else { read_cmdline(&dir.join("cmdline")) };
+    let id = std::fs::read_to_string(dir.join("cgroup")).map(|t| cgroup::identify(&t)).unwrap_or_default();
+    ProcessInfo {
+        pid: entry.pid,
+        comm: entry.comm.clone(),
+        cmdline,
+        state: entry.state,
+        container_id: id.container_id,
+        pod_uid: id.pod_uid,
+    }
+}
+
+fn read_cmdline(path: &Path) -> Option<String> {
+    let mut buf = Vec::with_capacity(256);
+    std::fs::File::open(path).ok()?.take(CMDLINE_MAX as u64).read_to_end(&mut buf).ok()?;
+    while buf.last() == Some(&0) {
+        buf.pop();
+    }
+    let text: String = String::from_utf8_lossy(&buf).replace('\0', " ");
+    Some(text)
+}
+
+/// True when a kernel thread's name says it serves `device` (`jbd2/loop0-8`, `rbd3-task`,
+/// `kdmflush/253:0`): the device name or `MAJ:MIN` as a whole token.
+pub fn kthread_serves(comm: &str, device: &str, devnum: &str) -> bool {
+    token_in(comm, device) || token_in(comm, devnum)
+}
+
+fn token_in(hay: &str, needle: &str) -> bool {
+    let boundary = |c: Option<char>| c.is_none_or(|c| !c.is_ascii_alphanumeric() && c != ':');
+    hay.match_indices(needle).any(|(i, _)| {
+        let before = hay[..i].chars().next_back();
+        let after = hay[i + needle.len()..].chars().next();
+        boundary(before) && boundary(after)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_thread_names() {
+        assert!(kthread_serves("jbd2/loop0-8", "loop0", "7:0"));
+        assert!(kthread_serves("rbd3-task", "rbd3", "252:48"));
+        assert!(kthread_serves("kdmflush/253:0", "dm-0", "253:0"));
+        assert!(!kthread_serves("jbd2/loop01-8", "loop0", "7:0"));
+        assert!(!kthread_serves("kdmflush/253:01", "dm-0", "253:0"));
+        assert!(!kthread_serves("ext4-rsv-conver", "loop0", "7:0"));
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let host = HostRoot::default();
+        let me = std::process::id();
+        let e = read_entry(&host, me).expect("readable").expect("alive");
+        assert!(!e.kthread);
+        assert!(e.tasks.iter().any(|(t, _)| *t == me));
+        let info = describe(&host, &e);
+        assert!(info.cmdline.is_some());
+        assert!(read_entry(&host, u32::MAX - 1).expect("no error").is_none());
+    }
+}

@@ -1,0 +1,204 @@
+//! The join: for every block device, who holds it and how.
+//!
+//! Built from a [`Snapshot`] without further I/O. A holder is a mount in some namespace, a
+//! process's fd/cwd/root/mapping, swap, a device stacked on top (dm/md holder or partition), or a
+//! loop device backed by a file on it. Kernel threads named after the device are kept apart: they
+//! are symptoms of a live mount, not holders.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::discover::namespaces::NsEntry;
+use crate::discover::processes::kthread_serves;
+use crate::discover::swaps::SwapType;
+use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, MountNsId};
+use crate::snapshot::{KernelThread, Snapshot};
+
+/// At most this many PIDs are listed per holder (`pid_count` has the total).
+pub const MAX_PIDS: usize = 16;
+
+/// One way a device is held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    pub kind: HolderKind,
+    /// The processes involved (for a mount: those living in its namespace), at most [`MAX_PIDS`].
+    pub pids: Vec<u32>,
+    pub pid_count: usize,
+    pub comm: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// For mounts: the namespace the mount lives in; for process holders: the process's.
+    pub mount_namespace: Option<MountNsId>,
+    /// Whether that namespace is the host's (PID 1's).
+    pub in_host_namespace: Option<bool>,
+    pub mount_point: Option<String>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mount_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fstype: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// How the mount's namespace can be entered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_entry: Option<NsEntry>,
+    /// The file or path involved (fd target, mapped file, swap file, loop backing file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fds: Vec<u32>,
+    /// For stacked devices and loop backing: the device on top.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceName>,
+}
+
+impl Holder {
+    fn bare(kind: HolderKind) -> Self {
+        Self {
+            kind,
+            pids: Vec::new(),
+            pid_count: 0,
+            comm: None,
+            cmdline: None,
+            mount_namespace: None,
+            in_host_namespace: None,
+            mount_point: None,
+            container_id: None,
+            pod_uid: None,
+            mount_id: None,
+            fstype: None,
+            source: None,
+            namespace_entry: None,
+            path: None,
+            fds: Vec::new(),
+            device: None,
+        }
+    }
+
+    /// A mount in a namespace other than the host's: what `release` detaches.
+    pub fn is_foreign_mount(&self) -> bool {
+        self.kind == HolderKind::Mount && self.in_host_namespace == Some(false)
+    }
+}
+
+/// A device and everything that holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceEntry {
+    pub device: BlockDevice,
+    pub holders: Vec<Holder>,
+    pub kernel_threads: Vec<KernelThread>,
+}
+
+/// Devices with their holders.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceGraph {
+    pub host_ns: MountNsId,
+    pub devices: Vec<DeviceEntry>,
+}
+
+impl DeviceGraph {
+    /// Joins a snapshot. Only devices that were in the snapshot's scope get process and mount
+    /// holders; stacking and loop backing come from sysfs for all.
+    pub fn build(s: &Snapshot) -> Self {
+        let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
+        for m in &s.mounts {
+            let ns = s.namespace(m.ns);
+            let pids: Vec<u32> = ns.map(|n| n.pids.clone()).unwrap_or_default();
+            let mut h = Holder::bare(HolderKind::Mount);
+            label(&mut h, s, pids.first().copied());
+            h.pid_count = pids.len();
+            h.pids = pids.into_iter().take(MAX_PIDS).collect();
+            h.mount_namespace = Some(m.ns);
+            h.in_host_namespace = Some(m.ns == s.host_ns);
+            h.mount_point = Some(m.mount.mount_point.clone());
+            h.mount_id = Some(m.mount.mount_id);
+            h.fstype = Some(m.mount.fstype.clone());
+            h.source = Some(m.mount.source.clone());
+            h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
+            per_dev.entry(m.mount.devnum).or_default().push(h);
+        }
+        // Process references, one holder per (device, kind, pid).
+        let mut grouped: BTreeMap<(DevNum, HolderKind, u32), Holder> = BTreeMap::new();
+        for r in &s.proc_refs {
+            let h = grouped.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
+                let mut h = Holder::bare(r.kind);
+                label(&mut h, s, Some(r.pid));
+                h.pids = vec![r.pid];
+                h.pid_count = 1;
+                let ns = s.namespaces.iter().find(|n| n.pids.binary_search(&r.pid).is_ok()).map(|n| n.id);
+                h.mount_namespace = ns;
+                h.in_host_namespace = ns.map(|n| n == s.host_ns);
+                h.path = r.path.clone();
+                h
+            });
+            if let Some(fd) = r.fd {
+                h.fds.push(fd);
+            }
+        }
+        for ((dev, _, _), h) in grouped {
+            per_dev.entry(dev).or_default().push(h);
+        }
+        for sw in &s.swaps {
+            let mut h = Holder::bare(HolderKind::Swap);
+            h.path = Some(sw.filename.clone());
+            h.source = Some(match sw.swap_type {
+                SwapType::Partition => "partition".into(),
+                SwapType::File => "file".into(),
+            });
+            per_dev.entry(sw.devnum).or_default().push(h);
+        }
+        for d in &s.devices {
+            let children = s
+                .devices
+                .iter()
+                .filter(|c| c.parent.as_ref() == Some(&d.name))
+                .map(|c| c.name.clone())
+                .chain(d.holders.iter().cloned());
+            for child in children {
+                let mut h = Holder::bare(HolderKind::StackedDevice);
+                h.device = Some(child);
+                per_dev.entry(d.devnum).or_default().push(h);
+            }
+            if let Some(backing_dev) = d.loop_info.as_ref().and_then(|l| l.backing_dev) {
+                let mut h = Holder::bare(HolderKind::LoopBacking);
+                h.device = Some(d.name.clone());
+                h.path = d.loop_info.as_ref().map(|l| l.backing_file.clone());
+                per_dev.entry(backing_dev).or_default().push(h);
+            }
+        }
+        let devices = s
+            .devices
+            .iter()
+            .map(|d| {
+                let devtext = d.devnum.to_string();
+                DeviceEntry {
+                    holders: per_dev.remove(&d.devnum).unwrap_or_default(),
+                    kernel_threads: s
+                        .kernel_threads
+                        .iter()
+                        .filter(|k| kthread_serves(&k.comm, d.name.as_str(), &devtext))
+                        .cloned()
+                        .collect(),
+                    device: d.clone(),
+                }
+            })
+            .collect();
+        Self { host_ns: s.host_ns, devices }
+    }
+
+    /// The entry of one device.
+    pub fn get(&self, devnum: DevNum) -> Option<&DeviceEntry> {
+        self.devices.iter().find(|e| e.device.devnum == devnum)
+    }
+}
+
+fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
+    if let Some(p) = pid.and_then(|p| s.processes.get(&p)) {
+        h.comm = Some(p.comm.clone());
+        h.cmdline = p.cmdline.clone();
+        h.container_id = p.container_id.clone();
+        h.pod_uid = p.pod_uid.clone();
+    }
+}

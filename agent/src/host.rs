@@ -1,0 +1,132 @@
+//! Where the host's pseudo-filesystems live.
+//!
+//! Every path to `/proc`, `/sys`, `/dev` is built here from a [`HostRoot`], so the same scanners
+//! run on this host (`/`), inside a pod that sees the host under `/host`, and on fixture trees in
+//! `tests/fixtures/<scenario>/`.
+
+use std::path::{Path, PathBuf};
+
+/// The roots of the host's `/`, `/proc`, `/sys` and `/dev`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoot {
+    root: PathBuf,
+    proc: PathBuf,
+    sys: PathBuf,
+    dev: PathBuf,
+}
+
+impl Default for HostRoot {
+    fn default() -> Self {
+        Self::new("/")
+    }
+}
+
+impl HostRoot {
+    /// A host whose `/proc`, `/sys` and `/dev` sit under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        Self {
+            proc: root.join("proc"),
+            sys: root.join("sys"),
+            dev: root.join("dev"),
+            root,
+        }
+    }
+
+    /// Overrides the location of `/proc` (for a pod that mounts the host's procfs elsewhere).
+    pub fn with_proc(mut self, proc: impl Into<PathBuf>) -> Self {
+        self.proc = proc.into();
+        self
+    }
+
+    /// Overrides the location of `/sys`.
+    pub fn with_sys(mut self, sys: impl Into<PathBuf>) -> Self {
+        self.sys = sys.into();
+        self
+    }
+
+    /// Overrides the location of `/dev`.
+    pub fn with_dev(mut self, dev: impl Into<PathBuf>) -> Self {
+        self.dev = dev.into();
+        self
+    }
+
+    /// The host's `/`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The host's `/proc`.
+    pub fn proc(&self) -> &Path {
+        &self.proc
+    }
+
+    /// The host's `/sys`.
+    pub fn sys(&self) -> &Path {
+        &self.sys
+    }
+
+    /// The host's `/dev`.
+    pub fn dev(&self) -> &Path {
+        &self.dev
+    }
+
+    /// `/proc/<pid>`.
+    pub fn proc_pid(&self, pid: u32) -> PathBuf {
+        self.proc.join(pid.to_string())
+    }
+
+    /// `/proc/<pid>/task/<tid>`.
+    pub fn proc_task(&self, pid: u32, tid: u32) -> PathBuf {
+        self.proc_pid(pid).join("task").join(tid.to_string())
+    }
+
+    /// `/sys/class/block`: one entry per block device and partition.
+    pub fn sys_class_block(&self) -> PathBuf {
+        self.sys.join("class/block")
+    }
+
+    /// `/dev/<name>`.
+    pub fn dev_node(&self, name: &str) -> PathBuf {
+        self.dev.join(name)
+    }
+
+    /// Maps a path as the host sees it (absolute, e.g. from `/proc/swaps`) to where it is
+    /// reachable from this process: `/dev/...` goes under the dev root, `/proc/...` under the proc
+    /// root, anything else under the host root.
+    pub fn host_path(&self, path: &Path) -> PathBuf {
+        let rel = path.strip_prefix("/").unwrap_or(path);
+        if let Ok(rest) = rel.strip_prefix("dev") {
+            return self.dev.join(rest);
+        }
+        if let Ok(rest) = rel.strip_prefix("proc") {
+            return self.proc.join(rest);
+        }
+        if let Ok(rest) = rel.strip_prefix("sys") {
+            return self.sys.join(rest);
+        }
+        self.root.join(rel)
+    }
+
+    /// True when this is the live host's own `/proc`, so namespaces can be entered.
+    pub fn is_live(&self) -> bool {
+        self.proc == Path::new("/proc")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_and_host_paths() {
+        let h = HostRoot::new("/host").with_proc("/hostproc");
+        assert_eq!(h.proc_task(5, 6), PathBuf::from("/hostproc/5/task/6"));
+        assert_eq!(h.sys_class_block(), PathBuf::from("/host/sys/class/block"));
+        assert_eq!(h.host_path(Path::new("/dev/loop0")), PathBuf::from("/host/dev/loop0"));
+        assert_eq!(h.host_path(Path::new("/swapfile")), PathBuf::from("/host/swapfile"));
+        assert_eq!(h.host_path(Path::new("/proc/1/fd/3")), PathBuf::from("/hostproc/1/fd/3"));
+        assert!(!h.is_live());
+        assert!(HostRoot::default().is_live());
+    }
+}

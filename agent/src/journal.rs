@@ -1,0 +1,134 @@
+//! Append-only intent log of destructive steps (JSON lines, fsync'd).
+//!
+//! Every step writes an `intent` record before it touches the kernel and a `result` record after.
+//! An intent without a result means the agent died mid-step: [`pending`] lists those so the next
+//! run can report them and re-plan (steps are idempotent, so re-running is safe).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::plan::Step;
+
+/// Default location on a node.
+pub const DEFAULT_PATH: &str = "/var/lib/blockjanitor/journal.jsonl";
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// An open journal file.
+#[derive(Debug)]
+pub struct Journal {
+    file: File,
+    path: PathBuf,
+}
+
+#[derive(Serialize)]
+struct Record<'a> {
+    ts: f64,
+    id: &'a str,
+    phase: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a Step>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+fn now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+impl Journal {
+    /// Opens (creating it and its directory) the journal at `path` for appending.
+    pub fn open(path: &Path) -> io::Result<Self> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Self { file, path: path.to_owned() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn append(&mut self, rec: &Record<'_>) -> io::Result<()> {
+        let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
+        line.push(b'\n');
+        self.file.write_all(&line)?;
+        self.file.sync_data()
+    }
+
+    /// Records the intent to run `step`; returns the record ID for [`Journal::finish`].
+    pub fn begin(&mut self, step: &Step) -> io::Result<String> {
+        let id = format!("{}-{}-{}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0), std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        self.append(&Record { ts: now(), id: &id, phase: "intent", step: Some(step), result: None, detail: None })?;
+        Ok(id)
+    }
+
+    /// Records how the step `id` ended.
+    pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
+        let detail = (!detail.is_empty()).then_some(detail);
+        self.append(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
+    }
+}
+
+/// Intents with no result: steps a previous run started and never finished. A missing journal
+/// has none. Lines that do not parse (a torn last write) are skipped.
+pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut open: Vec<(String, serde_json::Value)> = Vec::new();
+    for line in io::BufReader::new(file).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line?) else { continue };
+        let id = v.get("id").and_then(|i| i.as_str()).unwrap_or_default().to_owned();
+        match v.get("phase").and_then(|p| p.as_str()) {
+            Some("intent") => open.push((id, v)),
+            Some("result") => open.retain(|(i, _)| *i != id),
+            _ => {}
+        }
+    }
+    Ok(open.into_iter().map(|(_, v)| v).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DevNum, DeviceName};
+
+    fn step() -> Step {
+        Step::DetachLoop {
+            device: DeviceName::new("loop9").expect("name"),
+            devnum: DevNum::new(7, 9),
+            backing_file: "/x.img".into(),
+            backing_dev: None,
+            backing_inode: None,
+        }
+    }
+
+    #[test]
+    fn unfinished_intents_are_pending() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sub/journal.jsonl");
+        let mut j = Journal::open(&path).expect("open");
+        let a = j.begin(&step()).expect("begin a");
+        j.finish(&a, "done", "").expect("finish a");
+        let _b = j.begin(&step()).expect("begin b");
+        drop(j);
+        // A torn last line (crash mid-write) is ignored.
+        std::fs::OpenOptions::new().append(true).open(&path).expect("reopen").write_all(b"{\"ts\":1,").expect("torn");
+        let p = pending(&path).expect("read");
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0]["step"]["action"], "detach_loop");
+        assert_eq!(p[0]["step"]["device"], "loop9");
+        assert!(pending(&dir.path().join("none")).expect("missing").is_empty());
+    }
+}

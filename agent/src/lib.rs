@@ -1,0 +1,21 @@
+//! blockjanitor: find who holds each block device on a Linux node, across every mount
+//! namespace, and release stale holders safely.
+//!
+//! Data flows one way: [`discover`] scanners read the host into a [`snapshot::Snapshot`];
+//! [`graph`] joins devices to their holders; [`plan`] turns a request into ordered, idempotent
+//! steps; [`act`] is the only code that writes to the kernel; [`journal`] records every
+//! destructive step before and after it runs. See ARCHITECTURE.md.
+
+pub mod act;
+pub mod discover;
+pub mod graph;
+pub mod host;
+pub mod journal;
+pub mod model;
+pub mod nsenter;
+pub mod parallel;
+pub mod plan;
+pub mod render;
+pub mod resolve;
+pub mod snapshot;
+pub mod sys;

@@ -1,0 +1,183 @@
+//! Pure planning: from a device's holders to ordered, idempotent steps, plus what is left alone
+//! and why. Nothing here reads or writes the host.
+//!
+//! `release` detaches every mount of the device that lives in a namespace other than the host's;
+//! it never kills a process, and mounts in the host's own namespace are left for the host (or
+//! kubelet) to unmount. `clean` unbinds a loop device, and only when nothing holds it.
+
+use serde::Serialize;
+
+use crate::discover::namespaces::NsEntry;
+use crate::graph::{DeviceEntry, Holder};
+use crate::model::{DevNum, DeviceKind, DeviceName, HolderKind, MountNsId};
+
+/// One destructive step. Each is idempotent: a target already gone is a success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Step {
+    /// `umount2(MNT_DETACH)` of one mount, inside its own namespace.
+    DetachMount {
+        device: DeviceName,
+        devnum: DevNum,
+        namespace: MountNsId,
+        via: NsEntry,
+        mount_id: u32,
+        mount_point: String,
+        fstype: String,
+    },
+    /// `LOOP_CLR_FD` on a loop device whose binding still matches.
+    DetachLoop {
+        device: DeviceName,
+        devnum: DevNum,
+        backing_file: String,
+        backing_dev: Option<DevNum>,
+        backing_inode: Option<u64>,
+    },
+}
+
+impl Step {
+    pub fn device(&self) -> &DeviceName {
+        match self {
+            Self::DetachMount { device, .. } | Self::DetachLoop { device, .. } => device,
+        }
+    }
+
+    pub fn action(&self) -> &'static str {
+        match self {
+            Self::DetachMount { .. } => "detach_mount",
+            Self::DetachLoop { .. } => "detach_loop",
+        }
+    }
+
+    /// One line for humans.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::DetachMount { device, namespace, via, mount_point, mount_id, .. } => format!(
+                "detach mount {mount_point} (id {mount_id}) of {device} in mount namespace {} via {} (umount2 MNT_DETACH)",
+                namespace.0,
+                via.describe()
+            ),
+            Self::DetachLoop { device, backing_file, .. } => {
+                format!("detach loop device {device} from {backing_file} (LOOP_CLR_FD)")
+            }
+        }
+    }
+}
+
+/// A holder the plan does not touch, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftAlone {
+    pub holder: Holder,
+    pub reason: String,
+}
+
+/// What to do to one device.
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub operation: &'static str,
+    pub device: DeviceName,
+    pub devnum: DevNum,
+    pub steps: Vec<Step>,
+    pub left_alone: Vec<LeftAlone>,
+    /// Why nothing may be done at all (device still held, wrong kind).
+    pub refusal: Option<String>,
+}
+
+/// Why a holder keeps a device busy, in words.
+pub fn holder_reason(h: &Holder) -> String {
+    let who = match (&h.pids.first(), &h.comm) {
+        (Some(p), Some(c)) => format!("pid {p} ({c})"),
+        (Some(p), None) => format!("pid {p}"),
+        _ => String::new(),
+    };
+    let path = h.path.as_deref().unwrap_or("?");
+    match h.kind {
+        HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
+            "mounted at {} in the host's mount namespace: left alone (unmount it on the host)",
+            h.mount_point.as_deref().unwrap_or("?")
+        ),
+        HolderKind::Mount => format!(
+            "mounted at {} in mount namespace {}",
+            h.mount_point.as_deref().unwrap_or("?"),
+            h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
+        ),
+        HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
+        HolderKind::OpenFile => format!("{who} has a file on it open ({path}, fd {:?})", h.fds),
+        HolderKind::Cwd => format!("{who} has its working directory on it ({path})"),
+        HolderKind::Root => format!("{who} has its root directory on it ({path})"),
+        HolderKind::Mmap => format!("{who} maps a file on it ({path})"),
+        HolderKind::Swap => format!("it is active swap ({path})"),
+        HolderKind::StackedDevice => {
+            format!("device {} is stacked on it", h.device.as_ref().map_or("?", |d| d.as_str()))
+        }
+        HolderKind::LoopBacking => format!(
+            "loop device {} is backed by a file on it ({path})",
+            h.device.as_ref().map_or("?", |d| d.as_str())
+        ),
+    }
+}
+
+/// Plans the release of every foreign-namespace mount of `entry`'s device.
+pub fn release(entry: &DeviceEntry) -> Plan {
+    let d = &entry.device;
+    let mut steps = Vec::new();
+    let mut left_alone = Vec::new();
+    for h in &entry.holders {
+        match (h.is_foreign_mount(), &h.namespace_entry, h.mount_namespace, h.mount_id) {
+            (true, Some(via), Some(ns), Some(id)) => steps.push(Step::DetachMount {
+                device: d.name.clone(),
+                devnum: d.devnum,
+                namespace: ns,
+                via: via.clone(),
+                mount_id: id,
+                mount_point: h.mount_point.clone().unwrap_or_default(),
+                fstype: h.fstype.clone().unwrap_or_default(),
+            }),
+            _ => {
+                let mut reason = holder_reason(h);
+                if h.kind != HolderKind::Mount {
+                    reason.push_str(": release does not touch processes or other devices");
+                }
+                left_alone.push(LeftAlone { holder: h.clone(), reason });
+            }
+        }
+    }
+    Plan { operation: "release", device: d.name.clone(), devnum: d.devnum, steps, left_alone, refusal: None }
+}
+
+/// Plans unbinding a loop device; refused while anything holds it.
+pub fn clean(entry: &DeviceEntry) -> Plan {
+    let d = &entry.device;
+    let mut plan = Plan {
+        operation: "clean",
+        device: d.name.clone(),
+        devnum: d.devnum,
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        refusal: None,
+    };
+    if d.kind != DeviceKind::Loop {
+        plan.refusal = Some(format!("{} is a {} device; clean handles loop devices only", d.name, d.kind.as_str()));
+        return plan;
+    }
+    let Some(info) = &d.loop_info else {
+        return plan; // unbound already: nothing to do
+    };
+    if !entry.holders.is_empty() {
+        plan.left_alone = entry
+            .holders
+            .iter()
+            .map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) })
+            .collect();
+        plan.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
+        return plan;
+    }
+    plan.steps.push(Step::DetachLoop {
+        device: d.name.clone(),
+        devnum: d.devnum,
+        backing_file: info.backing_file.clone(),
+        backing_dev: info.backing_dev,
+        backing_inode: info.backing_inode,
+    });
+    plan
+}

@@ -1,0 +1,252 @@
+//! Human tables and JSON documents for the CLI. Pure: takes data, returns text.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use crate::act::{StepOutcome, StepReport};
+use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::model::{BlockDevice, DeviceKind, HolderKind};
+use crate::plan::{holder_reason, Plan};
+use crate::snapshot::ScanStats;
+
+/// Holder lines shown per device in a table before the rest is summarised.
+const TABLE_HOLDERS: usize = 6;
+
+/// Sizes as `64.0M`, `1.5G`.
+pub fn size(bytes: u64) -> String {
+    let units = ["B", "K", "M", "G", "T", "P"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 { format!("{bytes}B") } else { format!("{v:.1}{}", units[u]) }
+}
+
+/// The `device` object of the JSON output.
+pub fn device_json(d: &BlockDevice) -> Value {
+    let mut v = json!({
+        "name": d.name,
+        "major": d.devnum.major,
+        "minor": d.devnum.minor,
+        "kind": d.kind.as_str(),
+        "size_bytes": d.size_bytes,
+        "read_only": d.read_only,
+        "parent": d.parent,
+        "holders": d.holders,
+        "slaves": d.slaves,
+    });
+    if let Some(l) = &d.loop_info {
+        v["loop"] = json!(l);
+    }
+    if let Some(dm) = &d.dm {
+        v["dm"] = json!(dm);
+    }
+    v
+}
+
+/// One device with its holders, as JSON.
+pub fn entry_json(e: &DeviceEntry) -> Value {
+    json!({
+        "device": device_json(&e.device),
+        "holders": e.holders,
+        "kernel_threads": e.kernel_threads,
+    })
+}
+
+/// `holders DEVICE --output json`.
+pub fn holders_json(e: &DeviceEntry, stats: &ScanStats, warnings: &[String]) -> Value {
+    let mut v = entry_json(e);
+    v["in_use"] = json!(!e.holders.is_empty());
+    v["scan"] = json!(stats);
+    v["warnings"] = json!(warnings);
+    v
+}
+
+/// `scan --output json`.
+pub fn scan_json(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> Value {
+    json!({
+        "host_mount_namespace": g.host_ns,
+        "devices": g.devices.iter().map(entry_json).collect::<Vec<_>>(),
+        "summary": summary_json(g, stats),
+        "warnings": warnings,
+    })
+}
+
+fn summary_json(g: &DeviceGraph, stats: &ScanStats) -> Value {
+    json!({
+        "devices": g.devices.len(),
+        "held": g.devices.iter().filter(|e| !e.holders.is_empty()).count(),
+        "unbound_loop_devices": g.devices.iter().filter(|e| e.device.is_unbound_loop()).count(),
+        "scan": stats,
+    })
+}
+
+fn device_line(d: &BlockDevice) -> String {
+    let mut s = format!("{} ({}, {}, {})", d.name, d.devnum, d.kind.as_str(), size(d.size_bytes));
+    if let Some(l) = &d.loop_info {
+        let _ = write!(s, " backed by {}{}", l.backing_file, if l.backing_deleted { " (deleted)" } else { "" });
+    }
+    if let Some(dm) = &d.dm {
+        let _ = write!(s, " dm name {}", dm.name);
+    }
+    if let Some(p) = &d.parent {
+        let _ = write!(s, " partition of {p}");
+    }
+    s
+}
+
+/// One holder, in a table row.
+pub fn holder_line(h: &Holder) -> String {
+    let mut s = format!("{:<15}", h.kind.as_str());
+    match h.kind {
+        HolderKind::Mount => {
+            let _ = write!(
+                s,
+                "{} ({}) in mount namespace {}{}",
+                h.mount_point.as_deref().unwrap_or("?"),
+                h.fstype.as_deref().unwrap_or("?"),
+                h.mount_namespace.map_or("?".into(), |n| n.0.to_string()),
+                if h.in_host_namespace == Some(true) { " [host]" } else { "" }
+            );
+            match (h.pids.first(), &h.namespace_entry) {
+                (Some(p), _) => {
+                    let _ = write!(s, ", pid {p} ({})", h.comm.as_deref().unwrap_or("?"));
+                    if h.pid_count > 1 {
+                        let _ = write!(s, " +{} more", h.pid_count - 1);
+                    }
+                }
+                (None, Some(e)) => {
+                    let _ = write!(s, ", no process: pinned by {}", e.describe());
+                }
+                _ => {}
+            }
+        }
+        _ => s.push_str(&holder_reason(h)),
+    }
+    if let Some(c) = &h.container_id {
+        let _ = write!(s, " container {}", &c[..c.len().min(13)]);
+    }
+    if let Some(p) = &h.pod_uid {
+        let _ = write!(s, " pod {p}");
+    }
+    s
+}
+
+/// Holders and kernel threads under a device line.
+fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
+    for h in e.holders.iter().take(limit) {
+        let _ = writeln!(out, "    {}", holder_line(h));
+    }
+    if e.holders.len() > limit {
+        let mut counts = std::collections::BTreeMap::new();
+        for h in &e.holders[limit..] {
+            *counts.entry(h.kind.as_str()).or_insert(0) += 1;
+        }
+        let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        let _ = writeln!(out, "    ... and {} more ({}); use --output json for all", e.holders.len() - limit, parts.join(", "));
+    }
+    if !e.kernel_threads.is_empty() {
+        let names: Vec<String> = e.kernel_threads.iter().map(|k| format!("{} (pid {})", k.comm, k.pid)).collect();
+        let _ = writeln!(out, "    kernel threads (symptoms of a live mount, not holders): {}", names.join(", "));
+    }
+}
+
+/// `holders DEVICE` as a table.
+pub fn holders_table(e: &DeviceEntry, stats: &ScanStats, warnings: &[String]) -> String {
+    let mut out = format!("{}\n", device_line(&e.device));
+    if e.holders.is_empty() {
+        out.push_str("    no holders: nothing mounts it, has it open, swaps on it or is stacked on it\n");
+    }
+    holders_block(&mut out, e, usize::MAX);
+    let _ = writeln!(out, "{}", stats_line(stats));
+    for w in warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+fn stats_line(s: &ScanStats) -> String {
+    format!(
+        "scanned {} processes ({} tasks, {} kernel threads) in {} mount namespaces, {} of mountinfo, in {:.0} ms",
+        s.processes,
+        s.tasks,
+        s.kernel_threads,
+        s.mount_namespaces,
+        size(s.mountinfo_bytes as u64),
+        s.duration.as_secs_f64() * 1000.0
+    )
+}
+
+/// `scan` as a table: every device with its holders, then a summary.
+pub fn scan_table(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> String {
+    let mut out = String::new();
+    let mut hidden = 0;
+    for e in &g.devices {
+        if e.device.is_unbound_loop() && e.holders.is_empty() {
+            hidden += 1;
+            continue;
+        }
+        let _ = writeln!(out, "{}", device_line(&e.device));
+        holders_block(&mut out, e, TABLE_HOLDERS);
+    }
+    let held = g.devices.iter().filter(|e| !e.holders.is_empty()).count();
+    let mut kinds = std::collections::BTreeMap::new();
+    for e in &g.devices {
+        *kinds.entry(e.device.kind).or_insert(0) += 1;
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, n): (&DeviceKind, &i32)| format!("{n} {}", k.as_str())).collect();
+    let _ = writeln!(out, "\n{} block devices ({}), {held} held", g.devices.len(), kinds.join(", "));
+    if hidden > 0 {
+        let _ = writeln!(out, "{hidden} unbound loop devices not shown");
+    }
+    let _ = writeln!(out, "{}", stats_line(stats));
+    for w in warnings {
+        let _ = writeln!(out, "warning: {w}");
+    }
+    out
+}
+
+/// A plan, for humans.
+pub fn plan_text(p: &Plan, apply: bool) -> String {
+    let mut out = format!("{} {} ({}): ", p.operation, p.device, p.devnum);
+    if let Some(r) = &p.refusal {
+        let _ = writeln!(out, "refused: {r}");
+    } else if p.steps.is_empty() {
+        out.push_str("nothing to do\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "{} step(s){}",
+            p.steps.len(),
+            if apply { "" } else { " (dry run: add --apply to carry them out)" }
+        );
+        for (i, s) in p.steps.iter().enumerate() {
+            let _ = writeln!(out, "  {}. {}", i + 1, s.describe());
+        }
+    }
+    if !p.left_alone.is_empty() {
+        out.push_str("left alone:\n");
+        for l in &p.left_alone {
+            let _ = writeln!(out, "  - {}", l.reason);
+        }
+    }
+    out
+}
+
+/// Results of carried-out steps, for humans.
+pub fn reports_text(reports: &[StepReport]) -> String {
+    let mut out = String::new();
+    for (i, r) in reports.iter().enumerate() {
+        let res = match &r.result {
+            Ok(StepOutcome::Done) => "done".to_owned(),
+            Ok(StepOutcome::AlreadyAbsent) => "already gone".to_owned(),
+            Ok(StepOutcome::Deferred(why)) => format!("deferred: {why}"),
+            Err(e) => format!("FAILED: {e}"),
+        };
+        let _ = writeln!(out, "  {}. {}: {res}", i + 1, r.step.describe());
+    }
+    out
+}

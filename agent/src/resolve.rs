@@ -1,0 +1,52 @@
+//! Turning what an operator types (`/dev/loop3`, `loop3`, `7:3`, a dm name, a `/dev/rbd/...`
+//! symlink) into one block device.
+
+use std::path::Path;
+
+use crate::host::HostRoot;
+use crate::model::{BlockDevice, DevNum};
+use crate::sys;
+
+/// The argument names no block device here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown device '{arg}': {reason}")]
+pub struct ResolveError {
+    pub arg: String,
+    pub reason: String,
+}
+
+/// Finds the device `arg` names among `devices` (from sysfs).
+pub fn device<'a>(host: &HostRoot, devices: &'a [BlockDevice], arg: &str) -> Result<&'a BlockDevice, ResolveError> {
+    let fail = |reason: String| ResolveError { arg: arg.chars().take(200).collect(), reason };
+    let by_num = |d: DevNum| devices.iter().find(|x| x.devnum == d);
+    if arg.is_empty() {
+        return Err(fail("empty device argument".into()));
+    }
+    if arg.bytes().next().is_some_and(|b| b.is_ascii_digit()) && arg.contains(':') {
+        let d: DevNum = arg.parse().map_err(|e| fail(format!("{e}")))?;
+        return by_num(d).ok_or_else(|| fail(format!("no block device {d} in {}", host.sys_class_block().display())));
+    }
+    if arg.starts_with('/') {
+        let node = host.host_path(Path::new(arg));
+        match sys::stat_cached(&node) {
+            Ok(id) if id.is_block_device() => {
+                return by_num(id.rdev).ok_or_else(|| fail(format!("{} is device {} which sysfs does not list", node.display(), id.rdev)));
+            }
+            Ok(_) => return Err(fail(format!("{} is not a block device node", node.display()))),
+            Err(e) => {
+                // Fixture trees have no device nodes: fall back to the name under /dev.
+                if let Some(name) = arg.strip_prefix("/dev/").filter(|n| !n.contains('/')) {
+                    if let Some(d) = devices.iter().find(|d| d.name.as_str() == name) {
+                        return Ok(d);
+                    }
+                }
+                return Err(fail(format!("cannot stat {}: {e}", node.display())));
+            }
+        }
+    }
+    devices
+        .iter()
+        .find(|d| d.name.as_str() == arg)
+        .or_else(|| devices.iter().find(|d| d.dm.as_ref().is_some_and(|dm| dm.name == arg)))
+        .ok_or_else(|| fail(format!("no such kernel name or dm name in {}", host.sys_class_block().display())))
+}

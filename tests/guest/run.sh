@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# run.sh SCENARIO_SCRIPT [EXTRA_FILES_DIR]
+#
+# Boot the real-kernel qemu guest (Debian 6.1, TCG) with SCENARIO_SCRIPT as /scenario.sh and, if
+# given, the files of EXTRA_FILES_DIR under /extra/; exit with the scenario's exit code.
+#
+# stdout: the scenario's output (its stdout+stderr, from the guest's second serial port), ending
+#         with the line "GUEST-EXIT <code>". stderr: harness messages; on failure the tail of the
+#         guest console and the whole guest output.
+# Exit:   the guest's code; 124 if the host timeout hit; 125 if the guest printed no GUEST-EXIT
+#         (kernel panic, init died); 126 on a harness error (bad arguments, prepare failed).
+#
+# Environment:
+#   BLOCKJANITOR_GUEST_TIMEOUT=120     host-side timeout for qemu, seconds
+#   BLOCKJANITOR_GUEST_SHARE=DIR       share DIR over 9p (tag host0), mounted on /mnt/host
+#   BLOCKJANITOR_GUEST_APPEND='...'    extra kernel command line (scenario=/path picks another script)
+#   BLOCKJANITOR_GUEST_QEMU_ARGS='...' extra qemu arguments (word-split)
+#   BLOCKJANITOR_GUEST_NET=user        add user-mode networking (virtio-net). Only inside a network
+#                                      namespace made for the test: see tests/guest/README.md
+#   BLOCKJANITOR_GUEST_OUTDIR=DIR      keep console.log, out.log and initrd there (else a temp dir,
+#                                      removed on success and kept on failure)
+#   BLOCKJANITOR_GUEST_TAIL=60         console lines shown on failure
+#   BLOCKJANITOR_GUEST_KERNEL_IMAGE=vmlinux  vmlinux (default when prepare.sh made one: the
+#                                      decompressed kernel, booted through PVH, ~3 s faster) or vmlinuz
+#   BLOCKJANITOR_GUEST_NO_PREPARE=1    do not call prepare.sh (use $CACHE/current as it is)
+#   BLOCKJANITOR_GUEST_CACHE           as for prepare.sh
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${BLOCKJANITOR_GUEST_CACHE:-/var/cache/blockjanitor-guest}
+TIMEOUT=${BLOCKJANITOR_GUEST_TIMEOUT:-120}
+TAIL=${BLOCKJANITOR_GUEST_TAIL:-60}
+
+say() { printf '[run] %s\n' "$*" >&2; }
+fail() { say "ERROR: $*"; exit 126; }
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
+
+(( $# >= 1 && $# <= 2 )) || { sed -n '2,4p' "$0" >&2; exit 126; }
+SCENARIO=$1
+EXTRA=${2:-}
+[[ -f $SCENARIO ]] || fail "no such scenario script: $SCENARIO"
+[[ -z $EXTRA || -d $EXTRA ]] || fail "EXTRA_FILES_DIR is not a directory: $EXTRA"
+SHARE=${BLOCKJANITOR_GUEST_SHARE:-}
+[[ -z $SHARE || -d $SHARE ]] || fail "BLOCKJANITOR_GUEST_SHARE is not a directory: $SHARE"
+
+T0=$EPOCHREALTIME
+if [[ -z ${BLOCKJANITOR_GUEST_NO_PREPARE:-} ]]; then
+    "$HERE/prepare.sh" >/dev/null || fail "prepare.sh failed"
+fi
+[[ -f $CACHE/current/guest.env ]] || fail "no guest build in $CACHE (run tests/guest/prepare.sh)"
+# shellcheck disable=SC1091
+. "$CACHE/current/guest.env"
+
+if [[ -n ${BLOCKJANITOR_GUEST_OUTDIR:-} ]]; then
+    WORK=$BLOCKJANITOR_GUEST_OUTDIR; mkdir -p "$WORK" || fail "cannot create $WORK"
+    rm -f "$WORK"/{console.log,out.log,initrd.cpio,extra.cpio}
+    KEEP=1
+else
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/blockjanitor-guest.XXXXXX") || fail "mktemp failed"
+    KEEP=0
+fi
+
+QPID=
+cleanup() {
+    [[ -n $QPID ]] && kill "$QPID" 2>/dev/null
+    [[ $KEEP == 1 ]] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+case ${BLOCKJANITOR_GUEST_KERNEL_IMAGE:-vmlinux} in
+    vmlinux) KERNEL=${GUEST_VMLINUX:-}; [[ -n $KERNEL && -f $KERNEL ]] || KERNEL=$GUEST_VMLINUZ ;;
+    vmlinuz) KERNEL=$GUEST_VMLINUZ ;;
+    *) fail "BLOCKJANITOR_GUEST_KERNEL_IMAGE must be vmlinux or vmlinuz" ;;
+esac
+
+# ---- extra cpio: /scenario.sh and /extra/...
+STAGE=$WORK/stage
+mkdir -p "$STAGE"
+cp "$SCENARIO" "$STAGE/scenario.sh" && chmod 755 "$STAGE/scenario.sh"
+if [[ -n $EXTRA ]]; then
+    mkdir -p "$STAGE/extra"
+    cp -a "$EXTRA"/. "$STAGE/extra/" || fail "copying $EXTRA failed"
+fi
+(cd "$STAGE" && find . -mindepth 1 -print0 | LC_ALL=C sort -z \
+    | cpio --null --quiet -o -H newc -R 0:0) >"$WORK/extra.cpio" || fail "cpio of the extra files failed"
+rm -rf "$STAGE"
+cat "$GUEST_BASE_CPIO" "$WORK/extra.cpio" >"$WORK/initrd.cpio" || fail "writing the initrd failed"
+
+# ---- qemu (flags from shared/real-kernel-harness.md)
+QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M pc -smp 2 -m 1024
+      -nodefaults -no-user-config -display none -no-reboot
+      -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
+      -append "console=ttyS0 panic=-1 quiet ${BLOCKJANITOR_GUEST_APPEND:-}"
+      -serial "file:$WORK/console.log" -serial "file:$WORK/out.log")
+[[ -n $SHARE ]] && QEMU+=(-virtfs "local,path=$(cd "$SHARE" && pwd),mount_tag=host0,security_model=none")
+[[ ${BLOCKJANITOR_GUEST_NET:-} == user ]] && QEMU+=(-netdev user,id=n0 -device virtio-net-pci,netdev=n0)
+# shellcheck disable=SC2206
+[[ -n ${BLOCKJANITOR_GUEST_QEMU_ARGS:-} ]] && QEMU+=(${BLOCKJANITOR_GUEST_QEMU_ARGS})
+
+say "booting $(basename "$SCENARIO") (kernel $GUEST_KVER $(basename "$KERNEL"), initrd $(du -h "$WORK/initrd.cpio" | cut -f1), timeout ${TIMEOUT}s)"
+T1=$EPOCHREALTIME
+timeout -k 5 "$TIMEOUT" "${QEMU[@]}" </dev/null >"$WORK/qemu.log" 2>&1 &
+QPID=$!
+wait "$QPID"
+QRC=$?
+QPID=
+
+# ---- result
+LINE=$(tr -d '\r' <"$WORK/out.log" 2>/dev/null | grep -a '^GUEST-EXIT [0-9]*$' | tail -n 1)
+if [[ $QRC == 124 || $QRC == 137 ]]; then
+    RC=124; WHY="host timeout after ${TIMEOUT}s"
+elif [[ -z $LINE ]]; then
+    RC=125; WHY="no GUEST-EXIT line (qemu exit $QRC)"
+else
+    RC=${LINE#GUEST-EXIT }
+    WHY="guest exit $RC"
+    [[ $QRC == 0 ]] || { WHY="$WHY, qemu exit $QRC"; [[ $RC == 0 ]] && RC=125; }
+fi
+
+if [[ $RC == 0 ]]; then
+    tr -d '\r' <"$WORK/out.log"
+    say "ok: $(basename "$SCENARIO") in $(elapsed "$T1") s (boot+scenario), $(elapsed "$T0") s in all"
+else
+    KEEP=1
+    {
+        say "FAILED: $(basename "$SCENARIO"): $WHY, after $(elapsed "$T1") s; logs kept in $WORK"
+        if [[ -s $WORK/qemu.log ]]; then echo "----- qemu stderr"; cat "$WORK/qemu.log"; fi
+        echo "----- guest console (last $TAIL lines of $WORK/console.log)"
+        tr -d '\r' <"$WORK/console.log" 2>/dev/null | tail -n "$TAIL"
+        echo "----- guest output ($WORK/out.log)"
+        tr -d '\r' <"$WORK/out.log" 2>/dev/null
+        echo "----- end of guest output"
+    } >&2
+fi
+exit "$RC"
