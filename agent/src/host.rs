@@ -108,9 +108,13 @@ impl HostRoot {
         self.root.join(rel)
     }
 
-    /// True when this is the live host's own `/proc`, so namespaces can be entered.
+    /// True when the proc root is a live procfs of our own PID namespace (its `self` link
+    /// names this process), so the PIDs it lists can be entered. False on fixture trees.
     pub fn is_live(&self) -> bool {
-        self.proc == Path::new("/proc")
+        std::fs::read_link(self.proc.join("self"))
+            .ok()
+            .and_then(|p| p.to_str()?.parse::<u32>().ok())
+            == Some(std::process::id())
     }
 }
 

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::act::{StepOutcome, StepReport};
+use crate::act::StepReport;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::model::{BlockDevice, DeviceKind, HolderKind};
 use crate::plan::{holder_reason, Plan};
@@ -217,14 +217,13 @@ pub fn plan_text(p: &Plan, apply: bool) -> String {
     } else if p.steps.is_empty() {
         out.push_str("nothing to do\n");
     } else {
-        let _ = writeln!(
-            out,
-            "{} step(s){}",
-            p.steps.len(),
-            if apply { "" } else { " (dry run: add --apply to carry them out)" }
-        );
-        for (i, s) in p.steps.iter().enumerate() {
-            let _ = writeln!(out, "  {}. {}", i + 1, s.describe());
+        if apply {
+            let _ = writeln!(out, "carrying out {} step(s)", p.steps.len());
+        } else {
+            let _ = writeln!(out, "{} step(s) (dry run: add --apply to carry them out)", p.steps.len());
+            for (i, s) in p.steps.iter().enumerate() {
+                let _ = writeln!(out, "  {}. {}", i + 1, s.describe());
+            }
         }
     }
     if !p.left_alone.is_empty() {
@@ -240,11 +239,10 @@ pub fn plan_text(p: &Plan, apply: bool) -> String {
 pub fn reports_text(reports: &[StepReport]) -> String {
     let mut out = String::new();
     for (i, r) in reports.iter().enumerate() {
-        let res = match &r.result {
-            Ok(StepOutcome::Done) => "done".to_owned(),
-            Ok(StepOutcome::AlreadyAbsent) => "already gone".to_owned(),
-            Ok(StepOutcome::Deferred(why)) => format!("deferred: {why}"),
-            Err(e) => format!("FAILED: {e}"),
+        let res = match r.word() {
+            ("failed", why) => format!("FAILED: {why}"),
+            (word, why) if why.is_empty() => word.replace('_', " "),
+            (word, why) => format!("{word}: {why}"),
         };
         let _ = writeln!(out, "  {}. {}: {res}", i + 1, r.step.describe());
     }

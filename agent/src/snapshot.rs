@@ -105,7 +105,8 @@ impl Snapshot {
         let host_ns = host_namespace(host, &mut warnings)?;
 
         let mut ns_map = namespaces::group(&entries);
-        let nsfs_dev = if host.is_live() { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
+        let live = host.is_live();
+        let nsfs_dev = if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
         let scan = namespaces::read_mounts(host, &mut ns_map, &targets, nsfs_dev)?;
         let mut mounts = scan.mounts;
 
@@ -129,7 +130,7 @@ impl Snapshot {
             if !seen.insert(id) {
                 continue;
             }
-            if !host.is_live() {
+            if !live {
                 warnings.push(format!("mount namespace {id} ({}) has no process; not entered (not a live host)", entry.describe()));
                 continue;
             }

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers for the qemu guest harness (sourced by prepare.sh and copy-binary-libs.sh).
 # bash only; the caller sets `set -euo pipefail`.
 

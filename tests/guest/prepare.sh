@@ -98,12 +98,11 @@ apt_update_once() {
 # ---------------------------------------------------------------- host tools
 codename() { . /etc/os-release && echo "${VERSION_CODENAME:-bookworm}"; }
 
+# qemu-system-x86 comes from <codename>-backports, like the machine's qemu-utils 10.0.2. Adds that
+# apt source when no configured source provides it; the caller runs apt-get update afterwards.
 ensure_backports_source() {
     local bpo; bpo="$(codename)-backports"
-    if apt-cache policy 2>/dev/null | grep -q " $bpo/"; then return 0; fi
-    if grep -rqs -- "$bpo" /etc/apt/sources.list /etc/apt/sources.list.d/; then
-        apt_update_once; return 0
-    fi
+    if grep -rqsE -- "^[^#]*$bpo\b" /etc/apt/sources.list /etc/apt/sources.list.d/; then return 0; fi
     log "adding apt source $bpo (/etc/apt/sources.list.d/blockjanitor-$bpo.sources)"
     cat >"/etc/apt/sources.list.d/blockjanitor-$bpo.sources" <<EOF
 Types: deb
@@ -113,33 +112,36 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
     APT_UPDATED=0
-    apt_update_once
 }
 
 ensure_host_tools() {
-    local missing=() need_qemu=0
+    local missing=() need_qemu=0 t0=$EPOCHREALTIME
     command -v qemu-system-x86_64 >/dev/null || { missing+=(qemu-system-x86); need_qemu=1; }
     command -v cpio >/dev/null || missing+=(cpio)
     { command -v depmod && command -v modprobe; } >/dev/null 2>&1 \
         || [[ -x /sbin/depmod && -x /sbin/modprobe ]] || missing+=(kmod)
     command -v flock >/dev/null || missing+=(util-linux)
+    command -v xz >/dev/null || missing+=(xz-utils)
     (( ${#missing[@]} )) || return 0
     (( IS_ROOT )) || die "missing host packages: ${missing[*]} (run this script as root once, or: apt-get install -t bookworm-backports qemu-system-x86; apt-get install cpio kmod)"
-    step "installing host packages: ${missing[*]}"
+    log "installing host packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
+    if (( need_qemu )); then ensure_backports_source; fi
     apt_update_once
-    local plain=()
+    local plain=() p
     for p in "${missing[@]}"; do [[ $p == qemu-system-x86 ]] || plain+=("$p"); done
     if (( ${#plain[@]} )); then
+        step "apt-get install ${plain[*]}"
         quietly apt-get install -y --no-install-recommends "${plain[@]}" || die "apt-get install ${plain[*]} failed"
+        done_step
     fi
     if (( need_qemu )); then
-        ensure_backports_source
         local bpo sim before after
         bpo="$(codename)-backports"
+        step "apt-get install -t $bpo --no-install-recommends qemu-system-x86"
         before=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
-        # qemu-system-x86 must come from backports so that it matches (and does not replace) the
-        # installed qemu-utils 10.0.2; --no-install-recommends keeps the rest of the system as is.
+        # From backports so that it matches (and does not replace) the installed qemu-utils 10.0.2;
+        # --no-install-recommends keeps the rest of the system as it is.
         sim=$(apt-get install -s -t "$bpo" --no-install-recommends qemu-system-x86 2>&1) || die "apt-get -s failed: $sim"
         if grep -Eq '^(Remv|Inst) qemu-utils |^Remv ' <<<"$sim"; then
             grep -E '^(Remv|Inst)' <<<"$sim" >&2
@@ -149,8 +151,9 @@ ensure_host_tools() {
             || die "apt-get install -t $bpo qemu-system-x86 failed"
         after=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null || true)
         [[ $before == "$after" ]] || log "WARNING: qemu-utils changed: '$before' -> '$after'"
+        done_step "$(qemu-system-x86_64 --version | head -1)"
     fi
-    done_step "$(qemu-system-x86_64 --version | head -1)"
+    T_STEP=$t0; done_step "host packages"
 }
 
 # ---------------------------------------------------------------- package resolution
@@ -303,7 +306,7 @@ for p in "${TOOL_PKGS[@]}"; do
         | tar -C "$ROOT" -xf - --keep-directory-symlink
 done
 # Libraries that are dlopen()ed (ldd cannot see them): libgcc_s for pthread_cancel (multipathd).
-for extra in /lib/x86_64-linux-gnu/libgcc_s.so.1; do copy_path_preserving "$extra" "$ROOT"; done
+copy_path_preserving /lib/x86_64-linux-gnu/libgcc_s.so.1 "$ROOT"
 LDP="$ROOT/usr/lib/x86_64-linux-gnu:$ROOT/usr/lib"
 nelf=0
 while IFS= read -r -d '' f; do

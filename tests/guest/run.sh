@@ -88,12 +88,14 @@ rm -rf "$STAGE"
 cat "$GUEST_BASE_CPIO" "$WORK/extra.cpio" >"$WORK/initrd.cpio" || fail "writing the initrd failed"
 
 # ---- qemu (flags from shared/real-kernel-harness.md)
+# shellcheck disable=SC2054  # commas belong to qemu option values
 QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M pc -smp 2 -m 1024
       -nodefaults -no-user-config -display none -no-reboot
       -kernel "$KERNEL" -initrd "$WORK/initrd.cpio"
       -append "console=ttyS0 panic=-1 quiet ${BLOCKJANITOR_GUEST_APPEND:-}"
       -serial "file:$WORK/console.log" -serial "file:$WORK/out.log")
 [[ -n $SHARE ]] && QEMU+=(-virtfs "local,path=$(cd "$SHARE" && pwd),mount_tag=host0,security_model=none")
+# shellcheck disable=SC2054
 [[ ${BLOCKJANITOR_GUEST_NET:-} == user ]] && QEMU+=(-netdev user,id=n0 -device virtio-net-pci,netdev=n0)
 # shellcheck disable=SC2206
 [[ -n ${BLOCKJANITOR_GUEST_QEMU_ARGS:-} ]] && QEMU+=(${BLOCKJANITOR_GUEST_QEMU_ARGS})

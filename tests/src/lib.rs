@@ -1,1 +1,275 @@
-//! stub
+//! Shared helpers for blockjanitor's integration tests: the agent binary, and guards for the
+//! real-kernel objects tests create (image files, loop devices, mounts, processes in their own
+//! mount namespace) that clean up on drop, even when the test panics.
+//!
+//! Real-kernel tests are named `root_*`. They need root, `losetup`, `mkfs.ext4`, `unshare`. When
+//! a prerequisite is missing they fail in CI (`CI=true`) and are skipped, with the reason printed,
+//! elsewhere.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the `blockjanitor-agent` binary built next to this test executable.
+pub fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("blockjanitor-agent");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build --workspace --bins), or run the README's test command",
+        bin.display()
+    );
+    bin
+}
+
+/// Runs the agent with `args`; returns the output.
+pub fn agent(args: &[&str]) -> Output {
+    Command::new(agent_bin()).args(args).stdin(Stdio::null()).output().expect("run blockjanitor-agent")
+}
+
+/// Runs the agent and parses its stdout as JSON, asserting the exit code.
+pub fn agent_json(args: &[&str], code: i32) -> serde_json::Value {
+    let out = agent(args);
+    assert_eq!(out.status.code(), Some(code), "blockjanitor-agent {args:?}\nstdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The tests crate's directory (for fixtures).
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
+/// Checks the prerequisites of a real-kernel test. Returns false (after printing why) when the
+/// test should be skipped; panics instead when `CI=true`.
+pub fn require_real_kernel(tools: &[&str]) -> bool {
+    let mut missing = Vec::new();
+    if !nix::unistd::geteuid().is_root() {
+        missing.push("root".to_owned());
+    }
+    for t in tools {
+        let found = std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).any(|d| d.join(t).exists()))
+            .unwrap_or(false);
+        if !found {
+            missing.push(format!("the {t} command"));
+        }
+    }
+    if missing.is_empty() {
+        return true;
+    }
+    let msg = format!("real-kernel test needs {}", missing.join(", "));
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg} (CI=true: failing instead of skipping)");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// Runs a command, panicking with its output when it fails.
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?} failed: {}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// A scratch directory with an ext4 image file in it.
+pub struct Scratch {
+    pub dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        // Under /var/tmp: /tmp may be tmpfs, and tests want a real block-device filesystem too.
+        Self { dir: tempfile::Builder::new().prefix("bj-test-").tempdir_in("/var/tmp").expect("tempdir") }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Makes `name` a `mb` MiB ext4 image and returns its path.
+    pub fn ext4_image(&self, name: &str, mb: u64) -> PathBuf {
+        let p = self.path(name);
+        let f = std::fs::File::create(&p).expect("create image");
+        f.set_len(mb << 20).expect("size image");
+        sh("mkfs.ext4", &["-q", "-F", p.to_str().expect("utf8")]);
+        p
+    }
+
+    /// Makes an empty directory `name` and returns its path.
+    pub fn mkdir(&self, name: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::create_dir_all(&p).expect("mkdir");
+        p
+    }
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A loop device bound to a file; detached on drop (if still bound to that file).
+pub struct LoopDev {
+    pub dev: String,
+    backing: PathBuf,
+}
+
+impl LoopDev {
+    /// `losetup -f --show FILE`.
+    pub fn attach(file: &Path) -> Self {
+        let f = file.to_str().expect("utf8");
+        let dev = sh("losetup", &["-f", "--show", f]).trim().to_owned();
+        Self { dev, backing: file.to_owned() }
+    }
+
+    /// Takes charge of a loop device someone else bound (e.g. `mount -o loop`).
+    pub fn adopt(name: &str, file: &Path) -> Self {
+        Self { dev: format!("/dev/{name}"), backing: file.to_owned() }
+    }
+
+    /// `loop3` for `/dev/loop3`.
+    pub fn name(&self) -> &str {
+        self.dev.trim_start_matches("/dev/")
+    }
+
+    /// True while the kernel still has this loop device bound to our file.
+    pub fn is_bound(&self) -> bool {
+        std::fs::read_to_string(format!("/sys/class/block/{}/loop/backing_file", self.name()))
+            .is_ok_and(|b| b.trim_end().trim_end_matches(" (deleted)") == self.backing.to_string_lossy())
+    }
+}
+
+impl Drop for LoopDev {
+    fn drop(&mut self) {
+        if self.is_bound() {
+            let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+        }
+    }
+}
+
+/// A mount in this (the host's) namespace; lazily unmounted on drop if still there.
+pub struct HostMount {
+    pub target: PathBuf,
+}
+
+impl HostMount {
+    pub fn new(source: &str, target: &Path, opts: &[&str]) -> Self {
+        let mut args: Vec<&str> = opts.to_vec();
+        args.push(source);
+        args.push(target.to_str().expect("utf8"));
+        sh("mount", &args);
+        Self { target: target.to_owned() }
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        let t = self.target.to_string_lossy().into_owned();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(t.as_str())))
+    }
+
+    /// Unmounts now (normal umount, as the host would).
+    pub fn umount(&self) {
+        sh("umount", &[self.target.to_str().expect("utf8")]);
+    }
+}
+
+impl Drop for HostMount {
+    fn drop(&mut self) {
+        while self.is_mounted() {
+            if !Command::new("umount").arg("-l").arg(&self.target).status().is_ok_and(|s| s.success()) {
+                break;
+            }
+        }
+    }
+}
+
+/// A process started with `unshare -m --propagation private` (its own mount namespace, a
+/// private copy of every mount that existed when it started); killed on drop.
+pub struct NsProcess {
+    pub child: Child,
+}
+
+impl NsProcess {
+    /// Runs `sh -c script` in a new private mount namespace.
+    pub fn spawn(script: &str) -> Self {
+        let child = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", script])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn unshare");
+        let p = Self { child };
+        let me = std::fs::read_link("/proc/self/ns/mnt").expect("own ns");
+        let pid = p.pid();
+        assert!(
+            wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|n| n != me)),
+            "process {pid} never entered its own mount namespace"
+        );
+        p
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The namespace inode.
+    pub fn ns_inode(&self) -> u64 {
+        let link = std::fs::read_link(format!("/proc/{}/ns/mnt", self.pid())).expect("ns link");
+        let s = link.to_string_lossy();
+        s.trim_start_matches("mnt:[").trim_end_matches(']').parse().expect("inode")
+    }
+
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// True once the process's own mountinfo shows `path` mounted.
+    pub fn has_mount(&self, path: &Path) -> bool {
+        let t = path.to_string_lossy().into_owned();
+        std::fs::read_to_string(format!("/proc/{}/mountinfo", self.pid()))
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(t.as_str())))
+    }
+}
+
+impl Drop for NsProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `jbd2/<dev>-8` kernel thread exists for this device.
+pub fn jbd2_alive(dev_name: &str) -> bool {
+    let want = format!("jbd2/{dev_name}-");
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().any(|e| {
+        std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim_end().starts_with(&want))
+    })
+}
+
+/// Loop device currently bound to `file`, via sysfs.
+pub fn loop_for(file: &Path) -> Option<String> {
+    let want = file.to_string_lossy().into_owned();
+    std::fs::read_dir("/sys/class/block").ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let b = std::fs::read_to_string(e.path().join("loop/backing_file")).ok()?;
+        (b.trim_end() == want).then_some(name)
+    })
+}

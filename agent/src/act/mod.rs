@@ -16,8 +16,7 @@ use crate::model::DeviceName;
 use crate::plan::{Plan, Step};
 
 /// How a step ended when it did not fail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case", tag = "result", content = "detail")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StepOutcome {
     /// The change was made and verified.
     Done,
@@ -47,24 +46,39 @@ pub trait Actuator {
 }
 
 /// One step's result.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct StepReport {
     pub step: Step,
-    #[serde(serialize_with = "ser_result")]
     pub result: Result<StepOutcome, ActError>,
 }
 
-fn ser_result<S: serde::Serializer>(r: &Result<StepOutcome, ActError>, s: S) -> Result<S::Ok, S::Error> {
+impl StepReport {
+    /// `done`, `already_absent`, `deferred` or `failed`, with the detail (empty for the first two).
+    pub fn word(&self) -> (&'static str, String) {
+        outcome_word(&self.result)
+    }
+}
+
+fn outcome_word(r: &Result<StepOutcome, ActError>) -> (&'static str, String) {
     match r {
-        Ok(o) => o.serialize(s),
-        Err(e) => {
-            #[derive(Serialize)]
-            struct Failed {
-                result: &'static str,
-                detail: String,
-            }
-            Failed { result: "failed", detail: e.to_string() }.serialize(s)
+        Ok(StepOutcome::Done) => ("done", String::new()),
+        Ok(StepOutcome::AlreadyAbsent) => ("already_absent", String::new()),
+        Ok(StepOutcome::Deferred(why)) => ("deferred", why.clone()),
+        Err(e) => ("failed", e.to_string()),
+    }
+}
+
+impl Serialize for StepReport {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Flat<'a> {
+            step: &'a Step,
+            result: &'static str,
+            #[serde(skip_serializing_if = "String::is_empty")]
+            detail: String,
         }
+        let (result, detail) = self.word();
+        Flat { step: &self.step, result, detail }.serialize(s)
     }
 }
 
@@ -92,12 +106,7 @@ pub fn execute(
             Err(reason) => Err(ActError::Precondition { device: step.device().clone(), reason }),
             Ok(()) => actuator.run(step),
         };
-        let (word, detail) = match &result {
-            Ok(StepOutcome::Done) => ("done", String::new()),
-            Ok(StepOutcome::AlreadyAbsent) => ("already_absent", String::new()),
-            Ok(StepOutcome::Deferred(why)) => ("deferred", why.clone()),
-            Err(e) => ("failed", e.to_string()),
-        };
+        let (word, detail) = outcome_word(&result);
         if let Err(e) = journal.finish(&id, word, &detail) {
             tracing::error!(device = %step.device(), journal_id = %id, "cannot record the step's result in the journal: {e}");
         }

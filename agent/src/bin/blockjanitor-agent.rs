@@ -128,10 +128,22 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// The error and its causes on one line, each cause once (library errors already name theirs).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg = format!("{msg}: {c}");
+        }
+    }
+    msg.replace('\n', " ")
 }
 
 fn init_logging(format: LogFormat) {
@@ -258,7 +270,7 @@ fn carry_out(
 ) -> Result<u8> {
     let refused_held = plan.refusal.is_some() && !plan.left_alone.is_empty();
     if output == Output::Table {
-        print!("{}", render::plan_text(plan, apply));
+        print!("{}", render::plan_text(plan, apply && host.is_live()));
     }
     if plan.refusal.is_some() || !apply || plan.steps.is_empty() {
         if output == Output::Json {
@@ -269,6 +281,13 @@ fn carry_out(
             (Some(r), false) => anyhow::bail!("{r}"),
             (None, _) => 0,
         });
+    }
+    if !host.is_live() {
+        anyhow::bail!(
+            "--apply needs the live host: {} is not this process's procfs (a fixture tree?); \
+             namespaces and devices cannot be acted on through it",
+            host.proc().display()
+        );
     }
     for p in journal::pending(&cli.journal).unwrap_or_default() {
         eprintln!("warning: a previous run did not finish this step (re-planned from a fresh scan): {p}");

@@ -20,6 +20,9 @@ use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, DmInfo};
 /// Every block device and partition sysfs lists, sorted by name.
 pub fn scan(host: &HostRoot) -> Result<Vec<BlockDevice>, DiscoverError> {
     let class = host.sys_class_block();
+    if let Err(e) = std::fs::metadata(&class) {
+        return Err(DiscoverError::read(&class, e));
+    }
     let mut out = Vec::new();
     for name in list_dir(&class)? {
         match read_device(host, &class.join(&name), &name) {
@@ -33,7 +36,7 @@ pub fn scan(host: &HostRoot) -> Result<Vec<BlockDevice>, DiscoverError> {
 
 /// Reads one device directory. `Ok(None)` when it vanished under us.
 pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<BlockDevice>, DiscoverError> {
-    let name = DeviceName::new(name).map_err(|e| DiscoverError::attr(dir, name, leak_reason(&e.0)))?;
+    let name = DeviceName::new(name).map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
     let dev_path = dir.join("dev");
     let Some(dev_text) = read_attr_opt(&dev_path)? else {
         return Ok(None);
@@ -60,12 +63,8 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
     } else {
         None
     };
-    let kind = classify(name.as_str(), is_partition, dm.is_some(), host, dir);
+    let kind = classify(name.as_str(), is_partition, dm.is_some(), dir);
     Ok(Some(BlockDevice { name, devnum, kind, size_bytes, read_only, parent, holders, slaves, loop_info, dm }))
-}
-
-fn leak_reason(_: &str) -> &'static str {
-    "not a kernel block device name"
 }
 
 fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
@@ -86,7 +85,7 @@ fn read_dm(dir: &Path) -> Result<Option<DmInfo>, DiscoverError> {
     }))
 }
 
-fn classify(name: &str, is_partition: bool, is_dm: bool, _host: &HostRoot, dir: &Path) -> DeviceKind {
+fn classify(name: &str, is_partition: bool, is_dm: bool, dir: &Path) -> DeviceKind {
     let prefix_num = |p: &str| name.strip_prefix(p).is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
     if is_partition {
         DeviceKind::Partition

@@ -41,7 +41,7 @@ set -- $PATHS
 [ $# = 2 ] || fail "expected 2 scsi_debug paths, got: '$PATHS'"
 A=$1 B=$2
 for d in $A $B; do
-    echo "path $d: hctl $(basename $(readlink -f /sys/block/$d/device)) wwid $(cat /sys/block/$d/device/wwid 2>/dev/null) size $(cat /sys/block/$d/size) sectors"
+    echo "path $d: hctl $(basename "$(readlink -f /sys/block/$d/device)") wwid $(cat /sys/block/$d/device/wwid 2>/dev/null) size $(cat /sys/block/$d/size) sectors"
 done
 [ "$(cat /sys/block/$A/device/wwid)" = "$(cat /sys/block/$B/device/wwid)" ] || fail "paths have different wwids"
 SECTORS=$(cat /sys/block/$A/size)
@@ -52,7 +52,8 @@ TABLE="0 $SECTORS multipath 1 queue_if_no_path 0 1 1 round-robin 0 2 1 $DEVA 1 $
 echo "table: $TABLE"
 echo "$TABLE" | dmsetup create mp || fail "dmsetup create mp"
 [ -b /dev/mapper/mp ] || fail "/dev/mapper/mp not created"
-DM=$(basename $(readlink -f /sys/dev/block/$(dmsetup info -c --noheadings -o major,minor --separator : mp)))
+MAJMIN=$(dmsetup info -c --noheadings -o major,minor --separator : mp)
+DM=$(basename "$(readlink -f "/sys/dev/block/$MAJMIN")")
 echo "map mp is $DM, slaves: $(ls /sys/block/$DM/slaves | tr '\n' ' ')"
 show "map created"
 echo "dmsetup table: $(dmsetup table mp)"

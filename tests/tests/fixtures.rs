@@ -1,0 +1,164 @@
+//! Fixture-tree tests: incident 5 as the kernel showed it, and bad input (truncated mountinfo,
+//! garbage in sysfs, unknown devices) giving one-line errors and a non-zero exit, never a panic.
+
+use std::path::{Path, PathBuf};
+
+use blockjanitor_tests::{agent, agent_json, fixtures, text};
+
+fn incident5() -> String {
+    fixtures().join("incident5").to_string_lossy().into_owned()
+}
+
+/// Copies a fixture tree (symlinks kept) into a temp dir so a test can break it.
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read fixture") {
+        let entry = entry.expect("entry");
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let ft = entry.file_type().expect("type");
+        if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src).expect("link"), &dst).expect("symlink");
+        } else if ft.is_dir() {
+            std::fs::create_dir_all(&dst).expect("mkdir");
+            copy_tree(&src, &dst);
+        } else {
+            std::fs::copy(&src, &dst).expect("copy");
+        }
+    }
+}
+
+fn broken_copy() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("incident5");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    copy_tree(&fixtures().join("incident5"), &root);
+    (dir, root)
+}
+
+/// Asserts a clean failure: exit 1, one line on stderr naming `needle`, no panic.
+fn assert_one_line_error(args: &[&str], needle: &str) -> String {
+    let out = agent(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "args {args:?}: stdout {} stderr {err}", text(&out.stdout));
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(needle), "error does not name {needle:?}: {err}");
+    err
+}
+
+#[test]
+fn incident5_holder_found_only_in_the_threads_namespace() {
+    let root = incident5();
+    for arg in ["/dev/rbd3", "rbd3", "250:0"] {
+        let v = agent_json(&["--root", &root, "holders", arg, "--output", "json"], 0);
+        assert_eq!(v["device"]["name"], "rbd3");
+        assert_eq!(v["device"]["major"], 250);
+        assert_eq!(v["device"]["minor"], 0);
+        assert_eq!(v["device"]["kind"], "rbd");
+        let holders = v["holders"].as_array().expect("holders");
+        assert_eq!(holders.len(), 1, "exactly one holder: {holders:?}");
+        let h = &holders[0];
+        assert_eq!(h["kind"], "mount");
+        assert_eq!(h["pids"], serde_json::json!([21839]));
+        assert_eq!(h["comm"], "node_exporter");
+        assert_eq!(h["mount_namespace"], 4026532517u64, "the thread's own namespace");
+        assert_eq!(h["in_host_namespace"], false);
+        assert_eq!(h["namespace_entry"]["tid"], 28447);
+        assert_eq!(
+            h["mount_point"],
+            "/host/data/kubelet/plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-c8381f27-8a0b-11e8-9a3b-fa163e6f1a5c"
+        );
+        assert_eq!(h["container_id"], "9b7e3c5d1f2a4b6c8d0e1f3a5b7c9d1e3f5a7b9c1d3e5f7a9b1c3d5e7f9a1b3c");
+        assert_eq!(h["pod_uid"], "5d1c7c2e-8a0b-11e8-9a3b-fa163e6f1a5c");
+        let kthreads: Vec<&str> = v["kernel_threads"].as_array().expect("kthreads").iter().filter_map(|k| k["comm"].as_str()).collect();
+        assert_eq!(kthreads, vec!["rbd3-task", "jbd2/rbd3-8"], "kernel threads are symptoms, not holders");
+    }
+}
+
+#[test]
+fn incident5_release_plans_one_detach_and_refuses_to_apply_on_a_fixture() {
+    let root = incident5();
+    let out = agent(&["--root", &root, "release", "rbd3"]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = text(&out.stdout);
+    assert!(s.contains("1 step(s) (dry run"), "{s}");
+    assert!(s.contains("via pid 21839 tid 28447 (umount2 MNT_DETACH)"), "{s}");
+    let j = tempfile::tempdir().expect("tempdir");
+    let journal = j.path().join("journal.jsonl");
+    let err = assert_one_line_error(
+        &["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"],
+        "--apply needs the live host",
+    );
+    assert!(err.contains("incident5/proc"), "{err}");
+    assert!(!journal.exists(), "nothing journaled when nothing may be done");
+}
+
+#[test]
+fn scan_of_incident5_lists_every_device_and_the_stack() {
+    let v = agent_json(&["--root", &incident5(), "scan", "--output", "json"], 0);
+    let devices = v["devices"].as_array().expect("devices");
+    let names: Vec<&str> = devices.iter().filter_map(|d| d["device"]["name"].as_str()).collect();
+    assert_eq!(names, vec!["rbd3", "sda", "sda1"]);
+    let sda = &devices[1];
+    assert_eq!(sda["holders"][0]["kind"], "stacked_device");
+    assert_eq!(sda["holders"][0]["device"], "sda1");
+    let sda1 = &devices[2];
+    assert_eq!(sda1["device"]["parent"], "sda");
+    let in_host: Vec<bool> = sda1["holders"].as_array().expect("h").iter().filter_map(|h| h["in_host_namespace"].as_bool()).collect();
+    assert_eq!(in_host, vec![true, false, false], "host / plus node_exporter's /host in both of its namespaces");
+    assert_eq!(v["summary"]["held"], 3);
+}
+
+#[test]
+fn clean_refuses_non_loop_and_held_devices() {
+    let out = agent(&["--root", &incident5(), "clean", "rbd3"]);
+    // rbd3 is not a loop device: refused as an error, not as "held".
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("clean handles loop devices only"));
+}
+
+#[test]
+fn truncated_mountinfo_names_file_and_line() {
+    let (_d, root) = broken_copy();
+    let mi = root.join("proc/21839/task/28447/mountinfo");
+    let full = std::fs::read_to_string(&mi).expect("read");
+    std::fs::write(&mi, &full[..full.len() - 40]).expect("truncate");
+    let err = assert_one_line_error(&["--root", root.to_str().expect("utf8"), "holders", "rbd3"], "proc/21839/task/28447/mountinfo");
+    assert!(err.contains("line 5") && err.contains("truncated"), "{err}");
+}
+
+#[test]
+fn garbage_in_sysfs_names_the_attribute() {
+    let (_d, root) = broken_copy();
+    std::fs::write(root.join("sys/devices/rbd/3/block/rbd3/dev"), "garbage\n").expect("write");
+    let err = assert_one_line_error(&["--root", root.to_str().expect("utf8"), "scan"], "sys/class/block/rbd3/dev");
+    assert!(err.contains("'garbage'") && err.contains("MAJ:MIN"), "{err}");
+    let (_d2, root2) = broken_copy();
+    std::fs::write(root2.join("sys/devices/rbd/3/block/rbd3/size"), "\u{7f}lots\n").expect("write");
+    assert_one_line_error(&["--root", root2.to_str().expect("utf8"), "holders", "sda"], "rbd3/size");
+}
+
+#[test]
+fn malformed_stat_is_a_warning_about_that_process_only() {
+    let (_d, root) = broken_copy();
+    std::fs::write(root.join("proc/1187/stat"), "1187 (kubelet").expect("write");
+    let v = agent_json(&["--root", root.to_str().expect("utf8"), "holders", "rbd3", "--output", "json"], 0);
+    assert_eq!(v["holders"][0]["pids"], serde_json::json!([21839]));
+    let w = v["warnings"].to_string();
+    assert!(w.contains("proc/1187/stat"), "{w}");
+}
+
+#[test]
+fn unknown_devices_are_one_line_errors() {
+    let root = incident5();
+    assert_one_line_error(&["--root", &root, "holders", "sdz"], "unknown device 'sdz'");
+    assert_one_line_error(&["--root", &root, "holders", "9:99"], "no block device 9:99");
+    assert_one_line_error(&["--root", &root, "holders", "7:x"], "unknown device '7:x'");
+    assert_one_line_error(&["--root", &root, "holders", ""], "empty device argument");
+    assert_one_line_error(&["--root", &root, "holders", "/etc/passwd"], "cannot stat");
+    assert_one_line_error(&["--root", "/nonexistent", "scan"], "/nonexistent/sys/class/block");
+    let out = agent(&["holders"]);
+    assert_eq!(out.status.code(), Some(1), "a missing argument is an error (exit 1, not 2)");
+    let out = agent(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains("EXIT CODES"));
+}
