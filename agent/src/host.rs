@@ -25,12 +25,7 @@ impl HostRoot {
     /// A host whose `/proc`, `/sys` and `/dev` sit under `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
         let root = root.into();
-        Self {
-            proc: root.join("proc"),
-            sys: root.join("sys"),
-            dev: root.join("dev"),
-            root,
-        }
+        Self { proc: root.join("proc"), sys: root.join("sys"), dev: root.join("dev"), root }
     }
 
     /// Overrides the location of `/proc` (for a pod that mounts the host's procfs elsewhere).
@@ -111,9 +106,7 @@ impl HostRoot {
     /// True when the proc root is a live procfs of our own PID namespace (its `self` link
     /// names this process), so the PIDs it lists can be entered. False on fixture trees.
     pub fn is_live(&self) -> bool {
-        std::fs::read_link(self.proc.join("self"))
-            .ok()
-            .and_then(|p| p.to_str()?.parse::<u32>().ok())
+        std::fs::read_link(self.proc.join("self")).ok().and_then(|p| p.to_str()?.parse::<u32>().ok())
             == Some(std::process::id())
     }
 }

@@ -66,8 +66,20 @@ impl Journal {
 
     /// Records the intent to run `step`; returns the record ID for [`Journal::finish`].
     pub fn begin(&mut self, step: &Step) -> io::Result<String> {
-        let id = format!("{}-{}-{}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0), std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
-        self.append(&Record { ts: now(), id: &id, phase: "intent", step: Some(step), result: None, detail: None })?;
+        let id = format!(
+            "{}-{}-{}",
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        self.append(&Record {
+            ts: now(),
+            id: &id,
+            phase: "intent",
+            step: Some(step),
+            result: None,
+            detail: None,
+        })?;
         Ok(id)
     }
 
@@ -124,7 +136,12 @@ mod tests {
         let _b = j.begin(&step()).expect("begin b");
         drop(j);
         // A torn last line (crash mid-write) is ignored.
-        std::fs::OpenOptions::new().append(true).open(&path).expect("reopen").write_all(b"{\"ts\":1,").expect("torn");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("reopen")
+            .write_all(b"{\"ts\":1,")
+            .expect("torn");
         let p = pending(&path).expect("read");
         assert_eq!(p.len(), 1);
         assert_eq!(p[0]["step"]["action"], "detach_loop");

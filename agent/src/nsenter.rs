@@ -22,9 +22,8 @@ pub fn in_mount_ns<R: Send + 'static>(
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
 ) -> io::Result<R> {
     let ns = File::open(ns_file)?;
-    let handle = std::thread::Builder::new()
-        .name("blockjanitor-setns".into())
-        .spawn(move || -> io::Result<R> {
+    let handle =
+        std::thread::Builder::new().name("blockjanitor-setns".into()).spawn(move || -> io::Result<R> {
             unshare(CloneFlags::CLONE_FS).map_err(io::Error::from)?;
             setns(ns.as_fd(), CloneFlags::CLONE_NEWNS).map_err(io::Error::from)?;
             drop(ns);

@@ -17,7 +17,13 @@ pub fn map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> 
         let handles: Vec<_> = (0..workers)
             .map(|w| {
                 s.spawn(move || {
-                    items.iter().enumerate().skip(w).step_by(workers).map(|(i, t)| (i, f(t))).collect::<Vec<_>>()
+                    items
+                        .iter()
+                        .enumerate()
+                        .skip(w)
+                        .step_by(workers)
+                        .map(|(i, t)| (i, f(t)))
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();

@@ -157,18 +157,16 @@ pub fn clean(entry: &DeviceEntry) -> Plan {
         refusal: None,
     };
     if d.kind != DeviceKind::Loop {
-        plan.refusal = Some(format!("{} is a {} device; clean handles loop devices only", d.name, d.kind.as_str()));
+        plan.refusal =
+            Some(format!("{} is a {} device; clean handles loop devices only", d.name, d.kind.as_str()));
         return plan;
     }
     let Some(info) = &d.loop_info else {
         return plan; // unbound already: nothing to do
     };
     if !entry.holders.is_empty() {
-        plan.left_alone = entry
-            .holders
-            .iter()
-            .map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) })
-            .collect();
+        plan.left_alone =
+            entry.holders.iter().map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) }).collect();
         plan.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
         return plan;
     }

@@ -22,7 +22,11 @@ pub fn size(bytes: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 { format!("{bytes}B") } else { format!("{v:.1}{}", units[u]) }
+    if u == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{v:.1}{}", units[u])
+    }
 }
 
 /// The `device` object of the JSON output.
@@ -87,7 +91,8 @@ fn summary_json(g: &DeviceGraph, stats: &ScanStats) -> Value {
 fn device_line(d: &BlockDevice) -> String {
     let mut s = format!("{} ({}, {}, {})", d.name, d.devnum, d.kind.as_str(), size(d.size_bytes));
     if let Some(l) = &d.loop_info {
-        let _ = write!(s, " backed by {}{}", l.backing_file, if l.backing_deleted { " (deleted)" } else { "" });
+        let _ =
+            write!(s, " backed by {}{}", l.backing_file, if l.backing_deleted { " (deleted)" } else { "" });
     }
     if let Some(dm) = &d.dm {
         let _ = write!(s, " dm name {}", dm.name);
@@ -146,11 +151,18 @@ fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
             *counts.entry(h.kind.as_str()).or_insert(0) += 1;
         }
         let parts: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
-        let _ = writeln!(out, "    ... and {} more ({}); use --output json for all", e.holders.len() - limit, parts.join(", "));
+        let _ = writeln!(
+            out,
+            "    ... and {} more ({}); use --output json for all",
+            e.holders.len() - limit,
+            parts.join(", ")
+        );
     }
     if !e.kernel_threads.is_empty() {
-        let names: Vec<String> = e.kernel_threads.iter().map(|k| format!("{} (pid {})", k.comm, k.pid)).collect();
-        let _ = writeln!(out, "    kernel threads (symptoms of a live mount, not holders): {}", names.join(", "));
+        let names: Vec<String> =
+            e.kernel_threads.iter().map(|k| format!("{} (pid {})", k.comm, k.pid)).collect();
+        let _ =
+            writeln!(out, "    kernel threads (symptoms of a live mount, not holders): {}", names.join(", "));
     }
 }
 
@@ -197,7 +209,8 @@ pub fn scan_table(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> St
     for e in &g.devices {
         *kinds.entry(e.device.kind).or_insert(0) += 1;
     }
-    let kinds: Vec<String> = kinds.iter().map(|(k, n): (&DeviceKind, &i32)| format!("{n} {}", k.as_str())).collect();
+    let kinds: Vec<String> =
+        kinds.iter().map(|(k, n): (&DeviceKind, &i32)| format!("{n} {}", k.as_str())).collect();
     let _ = writeln!(out, "\n{} block devices ({}), {held} held", g.devices.len(), kinds.join(", "));
     if hidden > 0 {
         let _ = writeln!(out, "{hidden} unbound loop devices not shown");

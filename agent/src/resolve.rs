@@ -16,7 +16,11 @@ pub struct ResolveError {
 }
 
 /// Finds the device `arg` names among `devices` (from sysfs).
-pub fn device<'a>(host: &HostRoot, devices: &'a [BlockDevice], arg: &str) -> Result<&'a BlockDevice, ResolveError> {
+pub fn device<'a>(
+    host: &HostRoot,
+    devices: &'a [BlockDevice],
+    arg: &str,
+) -> Result<&'a BlockDevice, ResolveError> {
     let fail = |reason: String| ResolveError { arg: arg.chars().take(200).collect(), reason };
     let by_num = |d: DevNum| devices.iter().find(|x| x.devnum == d);
     if arg.is_empty() {
@@ -24,13 +28,16 @@ pub fn device<'a>(host: &HostRoot, devices: &'a [BlockDevice], arg: &str) -> Res
     }
     if arg.bytes().next().is_some_and(|b| b.is_ascii_digit()) && arg.contains(':') {
         let d: DevNum = arg.parse().map_err(|e| fail(format!("{e}")))?;
-        return by_num(d).ok_or_else(|| fail(format!("no block device {d} in {}", host.sys_class_block().display())));
+        return by_num(d)
+            .ok_or_else(|| fail(format!("no block device {d} in {}", host.sys_class_block().display())));
     }
     if arg.starts_with('/') {
         let node = host.host_path(Path::new(arg));
         match sys::stat_cached(&node) {
             Ok(id) if id.is_block_device() => {
-                return by_num(id.rdev).ok_or_else(|| fail(format!("{} is device {} which sysfs does not list", node.display(), id.rdev)));
+                return by_num(id.rdev).ok_or_else(|| {
+                    fail(format!("{} is device {} which sysfs does not list", node.display(), id.rdev))
+                });
             }
             Ok(_) => return Err(fail(format!("{} is not a block device node", node.display()))),
             Err(e) => {
@@ -48,5 +55,7 @@ pub fn device<'a>(host: &HostRoot, devices: &'a [BlockDevice], arg: &str) -> Res
         .iter()
         .find(|d| d.name.as_str() == arg)
         .or_else(|| devices.iter().find(|d| d.dm.as_ref().is_some_and(|dm| dm.name == arg)))
-        .ok_or_else(|| fail(format!("no such kernel name or dm name in {}", host.sys_class_block().display())))
+        .ok_or_else(|| {
+            fail(format!("no such kernel name or dm name in {}", host.sys_class_block().display()))
+        })
 }

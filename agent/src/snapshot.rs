@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::discover::fds::{self, ProcRef};
-use crate::discover::namespaces::{self, MountNamespace, NsMount};
+use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
 use crate::discover::{blockdev, DiscoverError};
@@ -48,6 +48,11 @@ pub struct ScanStats {
     pub tasks: usize,
     pub kernel_threads: usize,
     pub mount_namespaces: usize,
+    /// Mounts seen, over all namespaces.
+    pub mounts: usize,
+    /// Namespaces checked with `statmount` alone (no mountinfo text needed).
+    pub namespaces_via_statmount: usize,
+    /// mountinfo text read.
     pub mountinfo_bytes: usize,
     #[serde(serialize_with = "ser_ms")]
     pub duration: Duration,
@@ -83,11 +88,17 @@ impl Snapshot {
     pub fn take(host: &HostRoot, scope: &Scope) -> Result<Self, DiscoverError> {
         let started = Instant::now();
         let devices = blockdev::scan(host)?;
-        Self::take_with(host, devices, scope, started)
+        Self::take_with(host, devices, scope, started, MountReader::Auto)
     }
 
     /// Runs a scan on devices already read from sysfs (at `started`).
-    pub fn take_with(host: &HostRoot, devices: Vec<BlockDevice>, scope: &Scope, started: Instant) -> Result<Self, DiscoverError> {
+    pub fn take_with(
+        host: &HostRoot,
+        devices: Vec<BlockDevice>,
+        scope: &Scope,
+        started: Instant,
+        reader: MountReader,
+    ) -> Result<Self, DiscoverError> {
         let targets: HashSet<DevNum> = match scope {
             Scope::All => devices.iter().map(|d| d.devnum).collect(),
             Scope::Devices(v) => v.iter().copied().collect(),
@@ -97,18 +108,33 @@ impl Snapshot {
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
         let entries: Vec<ProcEntry> = parallel::map(&pids, |&pid| processes::read_entry(host, pid))
             .into_iter()
-            .filter_map(|r| r.unwrap_or_else(|issue| {
-                warnings.push(issue.what);
-                None
-            }))
+            .filter_map(|r| {
+                r.unwrap_or_else(|issue| {
+                    warnings.push(issue.what);
+                    None
+                })
+            })
             .collect();
         let host_ns = host_namespace(host, &mut warnings)?;
+        tracing::debug!(
+            phase = "processes",
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            count = entries.len()
+        );
 
         let mut ns_map = namespaces::group(&entries);
         let live = host.is_live();
-        let nsfs_dev = if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
-        let scan = namespaces::read_mounts(host, &mut ns_map, &targets, nsfs_dev)?;
+        let nsfs_dev =
+            if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
+        let scan = namespaces::read_mounts(host, &mut ns_map, &targets, nsfs_dev, reader)?;
+        warnings.extend(scan.warnings);
         let mut mounts = scan.mounts;
+        let via_statmount = scan.via_statmount;
+        tracing::debug!(
+            phase = "mountinfo",
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            namespaces = ns_map.len()
+        );
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
@@ -123,6 +149,11 @@ impl Snapshot {
                 stuck_pids.push(e.pid);
             }
         }
+        tracing::debug!(
+            phase = "files",
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            processes = user_procs.len()
+        );
 
         // Namespaces no task lives in: enter them through their pin (live host only).
         let mut seen: HashSet<MountNsId> = known.clone();
@@ -131,7 +162,10 @@ impl Snapshot {
                 continue;
             }
             if !live {
-                warnings.push(format!("mount namespace {id} ({}) has no process; not entered (not a live host)", entry.describe()));
+                warnings.push(format!(
+                    "mount namespace {id} ({}) has no process; not entered (not a live host)",
+                    entry.describe()
+                ));
                 continue;
             }
             match namespaces::read_pinned(host, id, entry.clone(), &targets) {
@@ -171,6 +205,8 @@ impl Snapshot {
             tasks: entries.iter().map(|e| e.tasks.len()).sum(),
             kernel_threads: kernel_threads.len(),
             mount_namespaces: ns_map.len(),
+            mounts: ns_map.values().map(|n| n.mount_count).sum(),
+            namespaces_via_statmount: via_statmount,
             mountinfo_bytes: ns_map.values().map(|n| n.mountinfo_bytes).sum(),
             duration: started.elapsed(),
         };
@@ -207,7 +243,9 @@ fn host_namespace(host: &HostRoot, warnings: &mut Vec<String>) -> Result<MountNs
         return Ok(ns);
     }
     let path = host.proc_pid(1).join("ns/mnt");
-    let why = std::fs::read_link(&path).err().map_or_else(|| "not a mnt:[INODE] link".to_owned(), |e| e.to_string());
+    let why = std::fs::read_link(&path)
+        .err()
+        .map_or_else(|| "not a mnt:[INODE] link".to_owned(), |e| e.to_string());
     match processes::task_mount_ns(&host.proc_pid(2)) {
         Some(ns) => {
             warnings.push(format!(
@@ -220,14 +258,22 @@ fn host_namespace(host: &HostRoot, warnings: &mut Vec<String>) -> Result<MountNs
     }
 }
 
-fn read_swaps(host: &HostRoot, targets: &HashSet<DevNum>, warnings: &mut Vec<String>) -> Result<Vec<SwapUse>, DiscoverError> {
+fn read_swaps(
+    host: &HostRoot,
+    targets: &HashSet<DevNum>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<SwapUse>, DiscoverError> {
     let path = host.proc().join("swaps");
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(DiscoverError::read(&path, e)),
     };
-    let areas = swaps::parse(&text).map_err(|(line, reason)| DiscoverError::Line { path: path.clone(), line, reason })?;
+    let areas = swaps::parse(&text).map_err(|(line, reason)| DiscoverError::Line {
+        path: path.clone(),
+        line,
+        reason,
+    })?;
     let mut out = Vec::new();
     for a in areas {
         let file = host.host_path(Path::new(&a.filename));

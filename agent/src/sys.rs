@@ -107,6 +107,116 @@ pub fn loop_clear(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// `listmount(2)`/`statmount(2)` (Linux 6.8; other namespaces by ID since 6.11): the mount
+/// table as data, without the kernel rendering mountinfo text. `NS_GET_MNTNS_ID` gives the ID.
+pub mod mount_api {
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    use crate::model::DevNum;
+
+    const SYS_STATMOUNT: libc::c_long = 457;
+    const SYS_LISTMOUNT: libc::c_long = 458;
+    /// `_IOR(0xb7, 0x5, __u64)` from `<linux/nsfs.h>`.
+    const NS_GET_MNTNS_ID: libc::c_ulong = 0x8008_b705;
+    /// `LSMT_ROOT`: list every mount of the namespace.
+    const LSMT_ROOT: u64 = u64::MAX;
+    const STATMOUNT_SB_BASIC: u64 = 0x1;
+    /// `MNT_ID_REQ_SIZE_VER1`: the request with `mnt_ns_id`.
+    const REQ_SIZE_VER1: u32 = 32;
+
+    /// `struct mnt_id_req` (version 1).
+    #[repr(C)]
+    struct MntIdReq {
+        size: u32,
+        spare: u32,
+        mnt_id: u64,
+        param: u64,
+        mnt_ns_id: u64,
+    }
+
+    /// The fixed part of `struct statmount` up to the fields we read, padded to the 512 bytes
+    /// of the published struct so the kernel never finds the buffer short.
+    #[repr(C)]
+    struct StatmountBuf {
+        size: u32,
+        mnt_opts: u32,
+        mask: u64,
+        sb_dev_major: u32,
+        sb_dev_minor: u32,
+        rest: [u64; 61],
+    }
+
+    /// True for errors meaning "this kernel does not offer the call": fall back to mountinfo.
+    pub fn is_unsupported(e: &io::Error) -> bool {
+        matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP))
+    }
+
+    /// The 64-bit ID of the mount namespace behind an open `ns/mnt` file.
+    pub fn mntns_id(ns: BorrowedFd<'_>) -> io::Result<u64> {
+        let mut id: u64 = 0;
+        // SAFETY: NS_GET_MNTNS_ID writes one u64 through the pointer, which is valid for the call.
+        let rc = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_MNTNS_ID as _, &mut id as *mut u64) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(id)
+    }
+
+    /// Every mount ID of namespace `ns_id`, paging through `listmount`.
+    pub fn list(ns_id: u64) -> io::Result<Vec<u64>> {
+        const PAGE: usize = 4096;
+        let mut out: Vec<u64> = Vec::new();
+        let mut last = 0u64;
+        loop {
+            let req =
+                MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id: LSMT_ROOT, param: last, mnt_ns_id: ns_id };
+            out.reserve(PAGE);
+            let spare = out.spare_capacity_mut();
+            // SAFETY: `req` is a valid mnt_id_req; the kernel writes at most PAGE u64s into the
+            // vector's spare capacity, which holds at least PAGE elements.
+            let n =
+                unsafe { libc::syscall(SYS_LISTMOUNT, &req as *const MntIdReq, spare.as_mut_ptr(), PAGE, 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let n = n as usize;
+            // SAFETY: the kernel initialised the first `n` (<= PAGE) elements.
+            unsafe { out.set_len(out.len() + n) };
+            if n < PAGE {
+                return Ok(out);
+            }
+            last = *out.last().unwrap_or(&0);
+        }
+    }
+
+    /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount.
+    pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<DevNum> {
+        let req =
+            MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: STATMOUNT_SB_BASIC, mnt_ns_id: ns_id };
+        let mut buf = std::mem::MaybeUninit::<StatmountBuf>::zeroed();
+        // SAFETY: `req` is valid; `buf` is writable for its full size, which we pass.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_STATMOUNT,
+                &req as *const MntIdReq,
+                buf.as_mut_ptr(),
+                std::mem::size_of::<StatmountBuf>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: zero-initialised and then filled by the kernel; every bit pattern is valid.
+        let b = unsafe { buf.assume_init() };
+        if b.mask & STATMOUNT_SB_BASIC == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        Ok(DevNum::new(b.sb_dev_major, b.sb_dev_minor))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,7 +225,30 @@ mod tests {
     fn stat_cached_sees_files_and_devices() {
         let me = stat_cached(Path::new("/proc/self/exe")).expect("stat exe");
         assert!(!me.is_block_device());
-        assert_eq!(stat_cached(Path::new("/nonexistent/x")).expect_err("missing").kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            stat_cached(Path::new("/nonexistent/x")).expect_err("missing").kind(),
+            io::ErrorKind::NotFound
+        );
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232, "struct loop_info64 is 232 bytes");
+    }
+
+    #[test]
+    fn mount_api_agrees_with_mountinfo_when_available() {
+        use std::os::fd::AsFd;
+        let ns = std::fs::File::open("/proc/self/ns/mnt").expect("open ns");
+        let id = match mount_api::mntns_id(ns.as_fd()) {
+            Ok(id) => id,
+            Err(e) if mount_api::is_unsupported(&e) => return, // older kernel: mountinfo is used
+            Err(e) => panic!("NS_GET_MNTNS_ID: {e}"),
+        };
+        let ids = mount_api::list(id).expect("listmount");
+        let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let mut from_text: Vec<DevNum> =
+            crate::discover::mountinfo::parse(&text).expect("parse").iter().map(|m| m.devnum).collect();
+        let mut from_api: Vec<DevNum> =
+            ids.iter().map(|m| mount_api::sb_dev(id, *m).expect("statmount")).collect();
+        from_text.sort();
+        from_api.sort();
+        assert_eq!(from_api, from_text);
     }
 }

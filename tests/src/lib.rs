@@ -31,7 +31,13 @@ pub fn agent(args: &[&str]) -> Output {
 /// Runs the agent and parses its stdout as JSON, asserting the exit code.
 pub fn agent_json(args: &[&str], code: i32) -> serde_json::Value {
     let out = agent(args);
-    assert_eq!(out.status.code(), Some(code), "blockjanitor-agent {args:?}\nstdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "blockjanitor-agent {args:?}\nstdout: {}\nstderr: {}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
 }
 
@@ -72,7 +78,8 @@ pub fn require_real_kernel(tools: &[&str]) -> bool {
 
 /// Runs a command, panicking with its output when it fails.
 pub fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out =
+        Command::new(cmd).args(args).stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(out.status.success(), "{cmd} {args:?} failed: {}{}", text(&out.stdout), text(&out.stderr));
     text(&out.stdout)
 }
@@ -220,7 +227,8 @@ impl NsProcess {
         let me = std::fs::read_link("/proc/self/ns/mnt").expect("own ns");
         let pid = p.pid();
         assert!(
-            wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/ns/mnt")).is_ok_and(|n| n != me)),
+            wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+                .is_ok_and(|n| n != me)),
             "process {pid} never entered its own mount namespace"
         );
         p

@@ -69,7 +69,12 @@ fn incident5_holder_found_only_in_the_threads_namespace() {
         );
         assert_eq!(h["container_id"], "9b7e3c5d1f2a4b6c8d0e1f3a5b7c9d1e3f5a7b9c1d3e5f7a9b1c3d5e7f9a1b3c");
         assert_eq!(h["pod_uid"], "5d1c7c2e-8a0b-11e8-9a3b-fa163e6f1a5c");
-        let kthreads: Vec<&str> = v["kernel_threads"].as_array().expect("kthreads").iter().filter_map(|k| k["comm"].as_str()).collect();
+        let kthreads: Vec<&str> = v["kernel_threads"]
+            .as_array()
+            .expect("kthreads")
+            .iter()
+            .filter_map(|k| k["comm"].as_str())
+            .collect();
         assert_eq!(kthreads, vec!["rbd3-task", "jbd2/rbd3-8"], "kernel threads are symptoms, not holders");
     }
 }
@@ -103,8 +108,17 @@ fn scan_of_incident5_lists_every_device_and_the_stack() {
     assert_eq!(sda["holders"][0]["device"], "sda1");
     let sda1 = &devices[2];
     assert_eq!(sda1["device"]["parent"], "sda");
-    let in_host: Vec<bool> = sda1["holders"].as_array().expect("h").iter().filter_map(|h| h["in_host_namespace"].as_bool()).collect();
-    assert_eq!(in_host, vec![true, false, false], "host / plus node_exporter's /host in both of its namespaces");
+    let in_host: Vec<bool> = sda1["holders"]
+        .as_array()
+        .expect("h")
+        .iter()
+        .filter_map(|h| h["in_host_namespace"].as_bool())
+        .collect();
+    assert_eq!(
+        in_host,
+        vec![true, false, false],
+        "host / plus node_exporter's /host in both of its namespaces"
+    );
     assert_eq!(v["summary"]["held"], 3);
 }
 
@@ -122,7 +136,10 @@ fn truncated_mountinfo_names_file_and_line() {
     let mi = root.join("proc/21839/task/28447/mountinfo");
     let full = std::fs::read_to_string(&mi).expect("read");
     std::fs::write(&mi, &full[..full.len() - 40]).expect("truncate");
-    let err = assert_one_line_error(&["--root", root.to_str().expect("utf8"), "holders", "rbd3"], "proc/21839/task/28447/mountinfo");
+    let err = assert_one_line_error(
+        &["--root", root.to_str().expect("utf8"), "holders", "rbd3"],
+        "proc/21839/task/28447/mountinfo",
+    );
     assert!(err.contains("line 5") && err.contains("truncated"), "{err}");
 }
 
@@ -130,7 +147,8 @@ fn truncated_mountinfo_names_file_and_line() {
 fn garbage_in_sysfs_names_the_attribute() {
     let (_d, root) = broken_copy();
     std::fs::write(root.join("sys/devices/rbd/3/block/rbd3/dev"), "garbage\n").expect("write");
-    let err = assert_one_line_error(&["--root", root.to_str().expect("utf8"), "scan"], "sys/class/block/rbd3/dev");
+    let err =
+        assert_one_line_error(&["--root", root.to_str().expect("utf8"), "scan"], "sys/class/block/rbd3/dev");
     assert!(err.contains("'garbage'") && err.contains("MAJ:MIN"), "{err}");
     let (_d2, root2) = broken_copy();
     std::fs::write(root2.join("sys/devices/rbd/3/block/rbd3/size"), "\u{7f}lots\n").expect("write");

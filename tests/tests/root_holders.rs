@@ -58,6 +58,9 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     assert_eq!(h["in_host_namespace"], false);
     assert_eq!(h["mount_point"], mnt.to_str().expect("utf8"));
     assert_eq!(h["comm"], "sleep");
+    // Both ways of reading mount tables (statmount prefilter, mountinfo text) agree.
+    let text_only = agent_json(&["--mount-reader", "mountinfo", "holders", &lo.dev, "--output", "json"], 0);
+    assert_eq!(text_only["holders"], v["holders"]);
     let kthreads = v["kernel_threads"].to_string();
     assert!(kthreads.contains(&format!("jbd2/{}-8", lo.name())), "{kthreads}");
 
@@ -141,7 +144,11 @@ fn root_open_device_fd_in_another_namespace() {
     assert_eq!(open[0]["fds"], serde_json::json!([7]));
     assert_eq!(open[0]["mount_namespace"], holder.ns_inode());
     assert_eq!(open[0]["in_host_namespace"], false);
-    assert!(open[0]["path"].as_str().expect("path").contains("xvda"), "the process's own path: {:#}", open[0]);
+    assert!(
+        open[0]["path"].as_str().expect("path").contains("xvda"),
+        "the process's own path: {:#}",
+        open[0]
+    );
 
     let out = agent(&["--journal", &journal_in(&s), "clean", &lo.dev, "--apply"]);
     assert_eq!(out.status.code(), Some(2), "clean refuses a held device");

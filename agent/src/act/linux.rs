@@ -94,7 +94,9 @@ impl LinuxActuator {
             NsEntry::Nsfs { .. } | NsEntry::Fd { .. } => {
                 let file = via.ns_file(&self.host);
                 let proc = self.host.proc().to_owned();
-                let text = bounded(device, "read mountinfo", self.timeout, move || nsenter::read_mountinfo(&file, &proc));
+                let text = bounded(device, "read mountinfo", self.timeout, move || {
+                    nsenter::read_mountinfo(&file, &proc)
+                });
                 match text {
                     Ok(t) => (via.ns_file(&self.host), t),
                     Err(ActError::Syscall { source, .. }) if is_gone(&source) => return Ok(None),
@@ -102,9 +104,7 @@ impl LinuxActuator {
                 }
             }
         };
-        mountinfo::parse(&text)
-            .map(Some)
-            .map_err(|e| fail(format!("malformed {}: {e}", path.display())))
+        mountinfo::parse(&text).map(Some).map_err(|e| fail(format!("malformed {}: {e}", path.display())))
     }
 
     fn ns_of(&self, via: &NsEntry) -> Option<MountNsId> {
@@ -126,27 +126,45 @@ impl LinuxActuator {
     ) -> Result<StepOutcome, ActError> {
         let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
         if !self.host.is_live() {
-            return Err(fail(format!("{} is not this host's /proc: namespaces cannot be entered", self.host.proc().display())));
+            return Err(fail(format!(
+                "{} is not this host's /proc: namespaces cannot be entered",
+                self.host.proc().display()
+            )));
         }
         match self.ns_of(via) {
             None => {
-                return Err(fail(format!("the namespace entry ({}) is gone; scan again to re-plan", via.describe())));
+                return Err(fail(format!(
+                    "the namespace entry ({}) is gone; scan again to re-plan",
+                    via.describe()
+                )));
             }
             Some(ns) if ns != namespace => {
-                return Err(fail(format!("{} is now in namespace {} not {}: PID reused?", via.describe(), ns.0, namespace.0)));
+                return Err(fail(format!(
+                    "{} is now in namespace {} not {}: PID reused?",
+                    via.describe(),
+                    ns.0,
+                    namespace.0
+                )));
             }
             Some(_) => {}
         }
         let Some(table) = self.mount_table(device, via)? else {
-            return Err(fail(format!("the namespace entry ({}) is gone; scan again to re-plan", via.describe())));
+            return Err(fail(format!(
+                "the namespace entry ({}) is gone; scan again to re-plan",
+                via.describe()
+            )));
         };
         let Some(target) = table.iter().find(|m| m.mount_id == mount_id) else {
             return Ok(StepOutcome::AlreadyAbsent);
         };
         if target.devnum != devnum {
-            return Err(fail(format!("mount {mount_id} is now device {} at {}, not {devnum}", target.devnum, target.mount_point)));
+            return Err(fail(format!(
+                "mount {mount_id} is now device {} at {}, not {devnum}",
+                target.devnum, target.mount_point
+            )));
         }
-        let beneath: Vec<&str> = table.iter().filter(|m| m.parent_id == mount_id).map(|m| m.mount_point.as_str()).collect();
+        let beneath: Vec<&str> =
+            table.iter().filter(|m| m.parent_id == mount_id).map(|m| m.mount_point.as_str()).collect();
         if !beneath.is_empty() {
             return Err(fail(format!(
                 "{} mount(s) sit beneath {} (first: {}); detaching would take them too: release those first",
@@ -213,10 +231,13 @@ impl LinuxActuator {
         let dev = device.clone();
         let expect = (backing_dev, backing_inode);
         let outcome = bounded(device, "LOOP_CLR_FD", self.timeout, move || {
-            let f = File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
+            let f =
+                File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
             let st = match sys::loop_get_status(f.as_fd()) {
                 Ok(st) => st,
-                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => return Ok(Some(StepOutcome::AlreadyAbsent)),
+                Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
+                    return Ok(Some(StepOutcome::AlreadyAbsent))
+                }
                 Err(e) => return Err(e),
             };
             let now = (Some(DevNum::from_dev_t(st.lo_device)), Some(st.lo_inode));
@@ -230,7 +251,9 @@ impl LinuxActuator {
             }
         })?;
         let Some(outcome) = outcome else {
-            return Err(fail(format!("{dev} is now bound to another file than planned: device name reused?")));
+            return Err(fail(format!(
+                "{dev} is now bound to another file than planned: device name reused?"
+            )));
         };
         if outcome == StepOutcome::Done && backing_attr.exists() {
             return Ok(StepOutcome::Deferred(format!(

@@ -97,7 +97,10 @@ pub fn execute(
             Err(e) => {
                 // No journal, no action: a crash must always be recoverable from it.
                 let reason = format!("cannot write the journal {}: {e}", journal.path().display());
-                out.push(StepReport { step: step.clone(), result: Err(ActError::Precondition { device: step.device().clone(), reason }) });
+                out.push(StepReport {
+                    step: step.clone(),
+                    result: Err(ActError::Precondition { device: step.device().clone(), reason }),
+                });
                 continue;
             }
         };

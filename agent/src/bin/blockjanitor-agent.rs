@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use blockjanitor::act::linux::LinuxActuator;
 use blockjanitor::act::{execute, StepOutcome, StepReport};
 use blockjanitor::discover::blockdev;
+use blockjanitor::discover::namespaces::MountReader;
 use blockjanitor::graph::{DeviceEntry, DeviceGraph};
 use blockjanitor::host::HostRoot;
 use blockjanitor::journal::{self, Journal};
@@ -59,11 +60,31 @@ struct Cli {
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
+    /// How mount tables are read: `auto` checks each namespace with listmount/statmount (Linux
+    /// 6.8+) and reads mountinfo text only where a wanted device is mounted; `mountinfo` reads the
+    /// text of every namespace.
+    #[arg(long, global = true, value_enum, default_value_t = ReaderArg::Auto)]
+    mount_reader: ReaderArg,
     /// Log format on stderr (audit lines included).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum ReaderArg {
+    Auto,
+    Mountinfo,
+}
+
+impl From<ReaderArg> for MountReader {
+    fn from(r: ReaderArg) -> Self {
+        match r {
+            ReaderArg::Auto => MountReader::Auto,
+            ReaderArg::Mountinfo => MountReader::MountInfo,
+        }
+    }
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -148,8 +169,13 @@ fn one_line(e: &anyhow::Error) -> String {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| EnvFilter::new("warn,audit=info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(true).with_ansi(std::io::stderr().is_terminal());
+    let filter =
+        EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| EnvFilter::new("warn,audit=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(true)
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
@@ -176,13 +202,13 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
 }
 
 /// Scans for one device (and what is stacked on it) and returns its entry.
-fn scan_device(host: &HostRoot, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
+fn scan_device(host: &HostRoot, reader: MountReader, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
     let started = Instant::now();
     let devices = blockdev::scan(host)?;
     let dev = resolve::device(host, &devices, arg)?;
     let devnum = dev.devnum;
     let scope = blockdev::with_descendants(&devices, devnum);
-    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started)?;
+    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started, reader)?;
     let entry = entry_of(&snap, devnum)?;
     Ok((entry, snap))
 }
@@ -195,8 +221,8 @@ fn entry_of(snap: &Snapshot, devnum: DevNum) -> Result<DeviceEntry> {
 }
 
 /// Rescans a device by number; `None` when it is gone.
-fn rescan(host: &HostRoot, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
-    match scan_device(host, &devnum.to_string()) {
+fn rescan(host: &HostRoot, reader: MountReader, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
+    match scan_device(host, reader, &devnum.to_string()) {
         Ok(x) => Ok(Some(x)),
         Err(e) if e.downcast_ref::<resolve::ResolveError>().is_some() => Ok(None),
         Err(e) => Err(e),
@@ -205,9 +231,12 @@ fn rescan(host: &HostRoot, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapsh
 
 fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
+    let reader = MountReader::from(cli.mount_reader);
     match &cli.command {
         Command::Scan { output } => {
-            let snap = Snapshot::take(&host, &Scope::All)?;
+            let started = Instant::now();
+            let devices = blockdev::scan(&host)?;
+            let snap = Snapshot::take_with(&host, devices, &Scope::All, started, reader)?;
             let graph = DeviceGraph::build(&snap);
             match output {
                 Output::Json => print_json(&render::scan_json(&graph, &snap.stats, &snap.warnings))?,
@@ -216,7 +245,7 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Holders { device, output } => {
-            let (entry, snap) = scan_device(&host, device)?;
+            let (entry, snap) = scan_device(&host, reader, device)?;
             match output {
                 Output::Json => print_json(&render::holders_json(&entry, &snap.stats, &snap.warnings))?,
                 Output::Table => print!("{}", render::holders_table(&entry, &snap.stats, &snap.warnings)),
@@ -224,18 +253,18 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Release { device, apply, output } => {
-            let (entry, _) = scan_device(&host, device)?;
+            let (entry, _) = scan_device(&host, reader, device)?;
             let plan = plan::release(&entry);
             carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
         }
         Command::Clean { device, apply, output } => {
-            let (entry, _) = scan_device(&host, device)?;
+            let (entry, _) = scan_device(&host, reader, device)?;
             let plan = plan::clean(&entry);
             let devnum = plan.devnum;
             let recheck_host = host.clone();
             carry_out(cli, &host, &plan, *apply, *output, move |_| {
                 // Right before acting: a fresh scan must still find no holder at all.
-                match rescan(&recheck_host, devnum) {
+                match rescan(&recheck_host, reader, devnum) {
                     Ok(Some((e, _))) if e.holders.is_empty() => Ok(()),
                     Ok(Some((e, _))) => Err(format!(
                         "a fresh scan found {} holder(s): {}",
@@ -248,7 +277,8 @@ fn run(cli: &Cli) -> Result<u8> {
             })
         }
         Command::Journal => {
-            let pending = journal::pending(&cli.journal).with_context(|| format!("cannot read {}", cli.journal.display()))?;
+            let pending = journal::pending(&cli.journal)
+                .with_context(|| format!("cannot read {}", cli.journal.display()))?;
             if pending.is_empty() {
                 println!("no unfinished steps in {}", cli.journal.display());
             }
@@ -292,13 +322,14 @@ fn carry_out(
     for p in journal::pending(&cli.journal).unwrap_or_default() {
         eprintln!("warning: a previous run did not finish this step (re-planned from a fresh scan): {p}");
     }
-    let mut journal = Journal::open(&cli.journal)
-        .with_context(|| format!("cannot open the journal {} (needed before any change)", cli.journal.display()))?;
+    let mut journal = Journal::open(&cli.journal).with_context(|| {
+        format!("cannot open the journal {} (needed before any change)", cli.journal.display())
+    })?;
     let actuator = LinuxActuator::new(host.clone(), Duration::from_secs(cli.timeout));
     let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);
     let failed = reports.iter().any(|r| r.result.is_err());
     let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
-    let after = rescan(host, plan.devnum)?;
+    let after = rescan(host, cli.mount_reader.into(), plan.devnum)?;
     let still_held = after.as_ref().is_some_and(|(e, _)| !e.holders.is_empty());
     match output {
         Output::Table => {
@@ -308,7 +339,9 @@ fn carry_out(
                     println!("still held after {}:", plan.operation);
                     print!("{}", render::holders_table(e, &s.stats, &s.warnings));
                 }
-                Some((e, _)) if e.device.is_unbound_loop() => println!("{} is free and unbound", e.device.name),
+                Some((e, _)) if e.device.is_unbound_loop() => {
+                    println!("{} is free and unbound", e.device.name)
+                }
                 Some((e, _)) => println!("{} is free: nothing holds it any more", e.device.name),
                 None => println!("{} is gone", plan.device),
             }
@@ -320,5 +353,11 @@ fn carry_out(
             "after": after.as_ref().map(|(e, s)| render::holders_json(e, &s.stats, &s.warnings)),
         }))?,
     }
-    Ok(if failed { 1 } else if still_held || deferred { EXIT_HELD } else { 0 })
+    Ok(if failed {
+        1
+    } else if still_held || deferred {
+        EXIT_HELD
+    } else {
+        0
+    })
 }

@@ -36,41 +36,49 @@ pub fn scan(host: &HostRoot) -> Result<Vec<BlockDevice>, DiscoverError> {
 
 /// Reads one device directory. `Ok(None)` when it vanished under us.
 pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<BlockDevice>, DiscoverError> {
-    let name = DeviceName::new(name).map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
+    let name = DeviceName::new(name)
+        .map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
     let dev_path = dir.join("dev");
     let Some(dev_text) = read_attr_opt(&dev_path)? else {
         return Ok(None);
     };
-    let devnum: DevNum = dev_text
-        .parse()
-        .map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    let devnum: DevNum =
+        dev_text.parse().map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
     let size_bytes = read_u64(&dir.join("size"))?.saturating_mul(512);
     let read_only = read_bool(&dir.join("ro"))?;
     let is_partition = dir.join("partition").exists();
     let parent = if is_partition {
         let real = std::fs::canonicalize(dir).map_err(|e| DiscoverError::read(dir, e))?;
-        real.parent()
-            .and_then(|p| p.file_name())
-            .and_then(|n| DeviceName::new(&n.to_string_lossy()).ok())
+        real.parent().and_then(|p| p.file_name()).and_then(|n| DeviceName::new(&n.to_string_lossy()).ok())
     } else {
         None
     };
     let holders = names_in(&dir.join("holders"))?;
     let slaves = names_in(&dir.join("slaves"))?;
     let dm = read_dm(&dir.join("dm"))?;
-    let loop_info = if dir.join("loop").is_dir() {
-        loopdev::read(host, &dir.join("loop"), &name, devnum)?
-    } else {
-        None
-    };
+    let loop_info =
+        if dir.join("loop").is_dir() { loopdev::read(host, &dir.join("loop"), &name, devnum)? } else { None };
     let kind = classify(name.as_str(), is_partition, dm.is_some(), dir);
-    Ok(Some(BlockDevice { name, devnum, kind, size_bytes, read_only, parent, holders, slaves, loop_info, dm }))
+    Ok(Some(BlockDevice {
+        name,
+        devnum,
+        kind,
+        size_bytes,
+        read_only,
+        parent,
+        holders,
+        slaves,
+        loop_info,
+        dm,
+    }))
 }
 
 fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
     list_dir(dir)?
         .into_iter()
-        .map(|n| DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name")))
+        .map(|n| {
+            DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name"))
+        })
         .collect()
 }
 
@@ -86,7 +94,9 @@ fn read_dm(dir: &Path) -> Result<Option<DmInfo>, DiscoverError> {
 }
 
 fn classify(name: &str, is_partition: bool, is_dm: bool, dir: &Path) -> DeviceKind {
-    let prefix_num = |p: &str| name.strip_prefix(p).is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()));
+    let prefix_num = |p: &str| {
+        name.strip_prefix(p).is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
+    };
     if is_partition {
         DeviceKind::Partition
     } else if is_dm {

@@ -65,7 +65,10 @@ fn pod_uid(segment: &str) -> Option<String> {
 fn is_uuid(s: &str) -> bool {
     let parts: Vec<&str> = s.split('-').collect();
     parts.len() == 5
-        && parts.iter().zip([8, 4, 4, 4, 12]).all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -104,7 +107,10 @@ mod tests {
 
     #[test]
     fn docker_and_plain_host() {
-        assert_eq!(identify(&format!("0::/system.slice/docker-{CID}.scope\n")).container_id.as_deref(), Some(CID));
+        assert_eq!(
+            identify(&format!("0::/system.slice/docker-{CID}.scope\n")).container_id.as_deref(),
+            Some(CID)
+        );
         assert_eq!(identify(&format!("1:name=systemd:/docker/{CID}\n")).container_id.as_deref(), Some(CID));
         assert_eq!(identify("0::/init.scope\n"), CgroupIdentity::default());
         assert_eq!(identify("0::/system.slice/podman.service\ngarbage\n"), CgroupIdentity::default());

@@ -65,7 +65,14 @@ pub fn scan_process(
             None
         };
         if let Some((kind, devnum)) = kind {
-            out.refs.push(ProcRef { pid: entry.pid, tid: None, kind, devnum, path: link_text(&path), fd: Some(fd) });
+            out.refs.push(ProcRef {
+                pid: entry.pid,
+                tid: None,
+                kind,
+                devnum,
+                path: link_text(&path),
+                fd: Some(fd),
+            });
         }
         if nsfs_dev == Some(id.dev) && !known_ns.contains(&MountNsId(id.ino)) {
             if let Some(ns) = link_text(&path).as_deref().and_then(MountNsId::from_link) {

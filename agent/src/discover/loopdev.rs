@@ -16,7 +16,12 @@ use crate::sys;
 const LO_FLAGS_READ_ONLY: u32 = 1;
 
 /// Reads `loop/`. `None` for an unbound loop device (no `backing_file`).
-pub fn read(host: &HostRoot, dir: &Path, name: &DeviceName, devnum: DevNum) -> Result<Option<LoopInfo>, DiscoverError> {
+pub fn read(
+    host: &HostRoot,
+    dir: &Path,
+    name: &DeviceName,
+    devnum: DevNum,
+) -> Result<Option<LoopInfo>, DiscoverError> {
     let Some(backing) = read_attr_opt(&dir.join("backing_file"))? else {
         return Ok(None);
     };

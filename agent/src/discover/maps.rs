@@ -41,7 +41,8 @@ mod tests {
 
     #[test]
     fn real_lines() {
-        let text = "55d4c0a00000-55d4c0a02000 r--p 00000000 fd:01 1835033                    /usr/bin/sleep\n\
+        let text =
+            "55d4c0a00000-55d4c0a02000 r--p 00000000 fd:01 1835033                    /usr/bin/sleep\n\
 7f3a2c000000-7f3a2c021000 rw-p 00000000 00:00 0 \n\
 7f3a2d000000-7f3a2d001000 r--s 00000000 07:03 12                         /mnt/data/file (deleted)\n\
 7ffd5e9f0000-7ffd5ea11000 rw-p 00000000 00:00 0                          [stack]\n\

@@ -94,9 +94,8 @@ pub(crate) fn list_dir(path: &Path) -> Result<Vec<String>, DiscoverError> {
 
 /// Numeric entries of a `/proc`-style directory (PIDs, TIDs, fds), ascending.
 pub(crate) fn numeric_entries(path: &Path) -> io::Result<Vec<u32>> {
-    let mut out: Vec<u32> = std::fs::read_dir(path)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
+    let mut out: Vec<u32> =
+        std::fs::read_dir(path)?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect();
     out.sort_unstable();
     Ok(out)
 }

@@ -62,10 +62,7 @@ pub fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
             let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
@@ -175,9 +172,9 @@ pub fn scan(
                 .map(|p| &line[p + 3..])
                 .ok_or_else(|| err(count, "truncated: no '-' separator before the filesystem type"))?;
             if tail.split(' ').count() != 3 {
-                return Err(parse_line(line, count)
-                    .err()
-                    .unwrap_or_else(|| err(count, "expected filesystem type, source and super options after '-'")));
+                return Err(parse_line(line, count).err().unwrap_or_else(|| {
+                    err(count, "expected filesystem type, source and super options after '-'")
+                }));
             }
         }
     }
@@ -212,7 +209,10 @@ mod tests {
         assert_eq!(e.mount_id, 2892);
         assert_eq!(e.parent_id, 2729);
         assert_eq!(e.devnum, DevNum::new(250, 0));
-        assert_eq!(e.mount_point, "/host/data/kubelet/plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-c838");
+        assert_eq!(
+            e.mount_point,
+            "/host/data/kubelet/plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-c838"
+        );
         assert_eq!(e.fstype, "ext4");
         assert_eq!(e.source, "/dev/rbd3");
         assert!(e.optional.is_empty());
@@ -220,7 +220,11 @@ mod tests {
 
     #[test]
     fn proc_rst_example_with_optional_field() {
-        let e = parse_line("36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue", 1).expect("parses");
+        let e = parse_line(
+            "36 35 98:0 /mnt1 /mnt/parent rw,noatime master:1 - ext3 /dev/root rw,errors=continue",
+            1,
+        )
+        .expect("parses");
         assert_eq!(e.root, "/mnt1");
         assert_eq!(e.optional, vec!["master:1"]);
         assert_eq!(e.super_options, "rw,errors=continue");
@@ -240,13 +244,15 @@ mod tests {
 
     #[test]
     fn nsfs_and_odd_sources() {
-        let e = parse_line("740 29 0:4 mnt:[4026532481] /run/mntns/pinned rw - nsfs nsfs rw", 1).expect("parses");
+        let e =
+            parse_line("740 29 0:4 mnt:[4026532481] /run/mntns/pinned rw - nsfs nsfs rw", 1).expect("parses");
         assert_eq!(e.fstype, "nsfs");
         assert_eq!(e.root, "mnt:[4026532481]");
         // An empty source (mount -t tmpfs "" /x) prints as two spaces.
         let e = parse_line("41 29 0:45 / /x rw,relatime -  tmpfs  rw", 1);
         assert!(e.is_err(), "extra empty fields are rejected");
-        let e = parse_line("41 29 0:45 / /x rw,relatime - tmpfs  rw,size=1k", 1).expect("empty source parses");
+        let e =
+            parse_line("41 29 0:45 / /x rw,relatime - tmpfs  rw,size=1k", 1).expect("empty source parses");
         assert_eq!(e.source, "");
         let e = parse_line("98 29 0:52 / /run/user/1000/doc rw,nosuid,nodev,relatime - fuse.portal portal rw,user_id=1000,group_id=1000", 1).expect("fuse subtype parses");
         assert_eq!(e.fstype, "fuse.portal");
@@ -271,7 +277,8 @@ mod tests {
 
     #[test]
     fn scan_filters_but_still_validates() {
-        let text = format!("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n{INCIDENT5}\n3 1 0:22 / /proc rw - proc proc rw\n");
+        let text =
+            format!("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n{INCIDENT5}\n3 1 0:22 / /proc rw - proc proc rw\n");
         let mut got = Vec::new();
         let n = scan(&text, |d| d == DevNum::new(250, 0), |e| got.push(e.mount_id)).expect("scans");
         assert_eq!(n, 3);
@@ -284,7 +291,16 @@ mod tests {
 
     #[test]
     fn never_panics_on_garbage() {
-        let samples = ["\n", " \n", "- - -\n", "1 2 3:4\n", "1 2 3:4 / / rw -\n", "\\\\\\\n", "1 2 3:4 \\0 / rw - a b c\n", "\u{feff}1 0 8:1 / / rw - ext4 /dev/sda1 rw\n"];
+        let samples = [
+            "\n",
+            " \n",
+            "- - -\n",
+            "1 2 3:4\n",
+            "1 2 3:4 / / rw -\n",
+            "\\\\\\\n",
+            "1 2 3:4 \\0 / rw - a b c\n",
+            "\u{feff}1 0 8:1 / / rw - ext4 /dev/sda1 rw\n",
+        ];
         for s in samples {
             let _ = parse(s);
         }

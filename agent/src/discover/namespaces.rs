@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
 
@@ -17,7 +18,22 @@ use super::processes::ProcEntry;
 use super::{is_gone, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{DevNum, MountNsId};
+use crate::sys::mount_api;
 use crate::{nsenter, parallel};
+
+/// How mount tables are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MountReader {
+    /// `listmount`/`statmount` to find the namespaces that mount a wanted device, then
+    /// mountinfo text for those only; mountinfo everywhere when the kernel lacks the calls.
+    #[default]
+    Auto,
+    /// mountinfo text for every namespace.
+    MountInfo,
+}
+
+/// Set once the kernel has refused `listmount`/`statmount`/`NS_GET_MNTNS_ID`.
+static MOUNT_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
 /// How to get into a namespace.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
@@ -108,6 +124,10 @@ pub struct MountScan {
     pub mounts: Vec<NsMount>,
     /// Namespaces found pinned by nsfs bind mounts, not yet known.
     pub nsfs_pins: Vec<(MountNsId, NsEntry)>,
+    /// Namespaces checked with `statmount` alone (no mountinfo text needed).
+    pub via_statmount: usize,
+    /// Wanted mounts `statmount` saw that the representative task's mountinfo did not show.
+    pub warnings: Vec<String>,
 }
 
 /// Reads one mountinfo per namespace (in parallel) and keeps the mounts of devices in `targets`.
@@ -118,14 +138,29 @@ pub fn read_mounts(
     namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
     targets: &HashSet<DevNum>,
     nsfs_dev: Option<DevNum>,
+    reader: MountReader,
 ) -> Result<MountScan, DiscoverError> {
     let list: Vec<&MountNamespace> = namespaces.values().filter(|n| !n.tasks.is_empty()).collect();
-    let results = parallel::map(&list, |ns| read_task_ns(host, ns, targets, nsfs_dev));
+    let use_api = reader == MountReader::Auto && host.is_live();
+    let results = parallel::map(&list, |ns| read_task_ns(host, ns, targets, nsfs_dev, use_api));
     let known: HashSet<MountNsId> = namespaces.keys().copied().collect();
     let mut scan = MountScan::default();
     let mut seen_pins = HashSet::new();
     for r in results {
         let Some(one) = r? else { continue };
+        if one.bytes == 0 {
+            scan.via_statmount += 1;
+        }
+        let shown =
+            one.mounts.iter().filter(|m| targets.contains(&m.devnum) || Some(m.devnum) == nsfs_dev).count();
+        if shown < one.api_hits {
+            scan.warnings.push(format!(
+                "mount namespace {}: {} mount(s) of wanted devices lie outside the root of {}, whose mountinfo was read",
+                one.ns,
+                one.api_hits - shown,
+                one.via.describe()
+            ));
+        }
         if let Some(ns) = namespaces.get_mut(&one.ns) {
             ns.read_via = Some(one.via.clone());
             ns.mount_count = one.lines;
@@ -151,6 +186,8 @@ struct OneNs {
     lines: usize,
     bytes: usize,
     mounts: Vec<MountEntry>,
+    /// Wanted mounts `statmount` counted (0 when it was not used).
+    api_hits: usize,
 }
 
 thread_local! {
@@ -162,10 +199,35 @@ fn read_task_ns(
     ns: &MountNamespace,
     targets: &HashSet<DevNum>,
     nsfs_dev: Option<DevNum>,
+    use_api: bool,
 ) -> Result<Option<OneNs>, DiscoverError> {
+    let want = |d: DevNum| targets.contains(&d) || nsfs_dev.is_none_or(|n| n == d);
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         for &(pid, tid) in &ns.tasks {
+            let via = NsEntry::Task { pid, tid };
+            let mut api_hits = 0;
+            if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
+                match count_with_api(host, pid, tid, &want) {
+                    Ok(None) => continue,
+                    Ok(Some((total, 0))) => {
+                        return Ok(Some(OneNs {
+                            ns: ns.id,
+                            via,
+                            lines: total,
+                            bytes: 0,
+                            mounts: Vec::new(),
+                            api_hits,
+                        }));
+                    }
+                    Ok(Some((_, hits))) => api_hits = hits,
+                    Err(e) if mount_api::is_unsupported(&e) => {
+                        tracing::debug!("listmount/statmount unavailable ({e}); reading mountinfo text");
+                        MOUNT_API_UNSUPPORTED.store(true, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text"),
+                }
+            }
             let path = host.proc_task(pid, tid).join("mountinfo");
             buf.clear();
             match std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut buf)) {
@@ -177,13 +239,40 @@ fn read_task_ns(
                 continue; // the task exited between open and read
             }
             let mut mounts = Vec::new();
-            let want = |d: DevNum| targets.contains(&d) || nsfs_dev.is_none_or(|n| n == d);
             let lines = mountinfo::scan(&buf, want, |m| mounts.push(m))
                 .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
-            return Ok(Some(OneNs { ns: ns.id, via: NsEntry::Task { pid, tid }, lines, bytes: buf.len(), mounts }));
+            return Ok(Some(OneNs { ns: ns.id, via, lines, bytes: buf.len(), mounts, api_hits }));
         }
         Ok(None)
     })
+}
+
+/// Counts a task's namespace's mounts, and those `want` accepts, with `statmount`.
+/// `Ok(None)` when the task is gone.
+fn count_with_api(
+    host: &HostRoot,
+    pid: u32,
+    tid: u32,
+    want: &dyn Fn(DevNum) -> bool,
+) -> std::io::Result<Option<(usize, usize)>> {
+    use std::os::fd::AsFd;
+    let ns_file = match std::fs::File::open(host.proc_task(pid, tid).join("ns/mnt")) {
+        Ok(f) => f,
+        Err(e) if is_gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let id = mount_api::mntns_id(ns_file.as_fd())?;
+    let ids = mount_api::list(id)?;
+    let mut hits = 0;
+    for m in &ids {
+        match mount_api::sb_dev(id, *m) {
+            Ok(d) if want(d) => hits += 1,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // unmounted meanwhile
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Some((ids.len(), hits)))
 }
 
 /// An nsfs bind mount of a mount namespace, and how to reach it from here.
@@ -207,9 +296,11 @@ pub fn read_pinned(
     let file = entry.ns_file(host);
     let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
     let mut mounts = Vec::new();
-    let lines = mountinfo::scan(&text, |d| targets.contains(&d), |m| {
-        mounts.push(NsMount { ns: id, via: entry.clone(), mount: m })
-    })
+    let lines = mountinfo::scan(
+        &text,
+        |d| targets.contains(&d),
+        |m| mounts.push(NsMount { ns: id, via: entry.clone(), mount: m }),
+    )
     .map_err(|source| DiscoverError::MountInfo { path: file.clone(), source })?;
     let ns = MountNamespace {
         id,

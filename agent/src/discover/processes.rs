@@ -55,7 +55,9 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
     let bytes = match std::fs::read(&stat_path) {
         Ok(b) => b,
         Err(e) if is_gone(&e) => return Ok(None),
-        Err(e) => return Err(ProcReadIssue { pid, what: format!("cannot read {}: {e}", stat_path.display()) }),
+        Err(e) => {
+            return Err(ProcReadIssue { pid, what: format!("cannot read {}: {e}", stat_path.display()) })
+        }
     };
     let stat = procfs::process::Stat::from_read(bytes.as_slice())
         .map_err(|e| ProcReadIssue { pid, what: format!("malformed {}: {e}", stat_path.display()) })?;
@@ -65,7 +67,9 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         let tids = match numeric_entries(&dir.join("task")) {
             Ok(t) => t,
             Err(e) if is_gone(&e) => return Ok(None),
-            Err(e) => return Err(ProcReadIssue { pid, what: format!("cannot list {}/task: {e}", dir.display()) }),
+            Err(e) => {
+                return Err(ProcReadIssue { pid, what: format!("cannot list {}/task: {e}", dir.display()) })
+            }
         };
         let mut denied = None;
         for tid in tids {

@@ -43,7 +43,12 @@ pub fn parse(text: &str) -> Result<Vec<SwapArea>, (usize, String)> {
             other => return Err((i + 1, format!("unknown swap type '{other}'"))),
         };
         let num = |s: &str| s.parse::<u64>().map_err(|_| (i + 1, format!("'{s}' is not a number")));
-        out.push(SwapArea { filename: unescape(f[0]), swap_type, size_kib: num(f[2])?, used_kib: num(f[3])? });
+        out.push(SwapArea {
+            filename: unescape(f[0]),
+            swap_type,
+            size_kib: num(f[2])?,
+            used_kib: num(f[3])?,
+        });
     }
     Ok(out)
 }
