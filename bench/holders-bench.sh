@@ -104,6 +104,8 @@ log "$NS_COUNT mount namespaces, $FLOOR_BYTES bytes once per namespace;" \
 CMD_GREP="grep -l ' $MM ' /proc/*/task/*/mountinfo 2>/dev/null || true"
 CMD_FLOOR="xargs cat < $FLOOR_LIST > /dev/null"
 CMD_AGENT="$AGENT holders $DEV --output json > /dev/null"
+# The same, forced to read every namespace's mountinfo text (what kernels before 6.11 get).
+CMD_AGENT_TEXT="$AGENT --mount-reader mountinfo holders $DEV --output json > /dev/null"
 
 HAVE_AGENT=0
 AGENT_RSS_KB=""
@@ -121,6 +123,7 @@ if [ -x "$AGENT" ]; then
         [ "${BENCH_AGENT_ALLOW_FAIL:-0}" = 1 ] ||
             die "the agent exited $rc (set BENCH_AGENT_ALLOW_FAIL=1 to time it anyway)"
         CMD_AGENT="$CMD_AGENT || true"
+        CMD_AGENT_TEXT="$CMD_AGENT_TEXT || true"
         AGENT_NOTE="agent exited $rc on the check run (timed anyway, BENCH_AGENT_ALLOW_FAIL=1)"
     fi
     if grep -qw "$HOLDER_PID" "$WORK/agent.json"; then
@@ -140,7 +143,7 @@ JSON=$RESULTS_DIR/holders-bench-$STAMP.json
 MD=$RESULTS_DIR/holders-bench-$STAMP.md
 hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON"
     -n grep "$CMD_GREP" -n floor "$CMD_FLOOR")
-if [ "$HAVE_AGENT" -eq 1 ]; then hf_args+=(-n agent "$CMD_AGENT"); fi
+if [ "$HAVE_AGENT" -eq 1 ]; then hf_args+=(-n agent "$CMD_AGENT" -n agent-mountinfo "$CMD_AGENT_TEXT"); fi
 log "hyperfine $(printf '%q ' "${hf_args[@]}")"
 hyperfine "${hf_args[@]}"
 
@@ -176,13 +179,18 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
     echo "|---|---|---|---|---|---|---|"
     row grep "grep (baseline)"
     row floor "floor (1 mountinfo / ns)"
-    if [ "$HAVE_AGENT" -eq 1 ]; then row agent "blockjanitor-agent"; fi
+    if [ "$HAVE_AGENT" -eq 1 ]; then
+        row agent "blockjanitor-agent (auto: statmount prefilter)"
+        row agent-mountinfo "blockjanitor-agent --mount-reader mountinfo"
+    fi
     echo
     echo "- grep / floor: $(ratio "$GREP_MED" "$FLOOR_MED")x"
     if [ "$HAVE_AGENT" -eq 1 ]; then
         AGENT_MED=$(median agent)
         echo "- grep / agent: $(ratio "$GREP_MED" "$AGENT_MED")x (agent is this many times faster than grep)"
         echo "- agent / floor: $(ratio "$AGENT_MED" "$FLOOR_MED")x (1.00 = as fast as just reading mountinfo once per namespace)"
+        TEXT_MED=$(median agent-mountinfo)
+        echo "- grep / agent-mountinfo: $(ratio "$GREP_MED" "$TEXT_MED")x; agent-mountinfo / floor: $(ratio "$TEXT_MED" "$FLOOR_MED")x"
         echo "- agent peak RSS: ${AGENT_RSS_KB} KiB ($(awk -v k="$AGENT_RSS_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB), /usr/bin/time -v, one run"
     fi
     if [ -n "$AGENT_NOTE" ]; then echo "- Note: $AGENT_NOTE"; fi
@@ -197,6 +205,8 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
     if [ "$HAVE_AGENT" -eq 1 ]; then
         echo "# agent"
         echo "$CMD_AGENT"
+        echo "# agent, mountinfo text for every namespace"
+        echo "$CMD_AGENT_TEXT"
     else
         echo "# agent (not run: binary missing)"
         echo "$CMD_AGENT"

@@ -41,6 +41,9 @@ pub struct Holder {
     pub fstype: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// For mounts: the shared peer group (`shared:N`); an unmount propagates to every peer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_group: Option<u32>,
     /// How the mount's namespace can be entered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace_entry: Option<NsEntry>,
@@ -70,6 +73,7 @@ impl Holder {
             mount_id: None,
             fstype: None,
             source: None,
+            shared_group: None,
             namespace_entry: None,
             path: None,
             fds: Vec::new(),
@@ -116,6 +120,7 @@ impl DeviceGraph {
             h.mount_id = Some(m.mount.mount_id);
             h.fstype = Some(m.mount.fstype.clone());
             h.source = Some(m.mount.source.clone());
+            h.shared_group = m.mount.shared_group();
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
             per_dev.entry(m.mount.devnum).or_default().push(h);
         }

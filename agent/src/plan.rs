@@ -122,7 +122,24 @@ pub fn release(entry: &DeviceEntry) -> Plan {
     let d = &entry.device;
     let mut steps = Vec::new();
     let mut left_alone = Vec::new();
+    // Unmounting a shared mount propagates to its peers: never touch one that is a peer of a
+    // mount in the host's namespace.
+    let host_groups: Vec<u32> = entry
+        .holders
+        .iter()
+        .filter(|h| h.kind == HolderKind::Mount && h.in_host_namespace == Some(true))
+        .filter_map(|h| h.shared_group)
+        .collect();
     for h in &entry.holders {
+        if let Some(g) = h.shared_group.filter(|g| h.is_foreign_mount() && host_groups.contains(g)) {
+            let reason = format!(
+                "{}: it is a shared peer (shared:{g}) of a mount in the host's namespace, so detaching it would \
+                 unmount the host's copy too: left alone",
+                holder_reason(h)
+            );
+            left_alone.push(LeftAlone { holder: h.clone(), reason });
+            continue;
+        }
         match (h.is_foreign_mount(), &h.namespace_entry, h.mount_namespace, h.mount_id) {
             (true, Some(via), Some(ns), Some(id)) => steps.push(Step::DetachMount {
                 device: d.name.clone(),
@@ -178,4 +195,28 @@ pub fn clean(entry: &DeviceEntry) -> Plan {
         backing_inode: info.backing_inode,
     });
     plan
+}
+
+/// The full cleanup of a device, for the daemon's Plan and Apply: release its foreign-namespace
+/// mounts, then, for a loop device whose only holders are those mounts, unbind it (re-checked by
+/// a fresh scan right before that step). A device held otherwise keeps its holders listed.
+pub fn cleanup(entry: &DeviceEntry) -> Plan {
+    let mut p = release(entry);
+    p.operation = "cleanup";
+    let d = &entry.device;
+    let only_released = p.left_alone.is_empty();
+    match &d.loop_info {
+        Some(info) if d.kind == DeviceKind::Loop && only_released => p.steps.push(Step::DetachLoop {
+            device: d.name.clone(),
+            devnum: d.devnum,
+            backing_file: info.backing_file.clone(),
+            backing_dev: info.backing_dev,
+            backing_inode: info.backing_inode,
+        }),
+        _ if p.steps.is_empty() && !p.left_alone.is_empty() => {
+            p.refusal = Some(format!("{} is still held by {} holder(s) release cannot detach", d.name, p.left_alone.len()));
+        }
+        _ => {}
+    }
+    p
 }

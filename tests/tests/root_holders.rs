@@ -280,3 +280,35 @@ fn root_clean_detaches_a_free_loop_device_and_is_idempotent() {
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("nothing to do"));
 }
+
+#[test]
+fn root_foreign_mount_shared_with_the_host_is_left_alone() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let s = Scratch::new();
+    let mnt = s.mkdir("mnt");
+    let (host_mount, lo) = loop_mount(&s, &mnt);
+    sh("mount", &["--make-shared", mnt.to_str().expect("utf8")]);
+    // Bidirectional propagation: the child's copy joins the host mount's peer group.
+    let child = Command::new("unshare")
+        .args(["-m", "--propagation", "unchanged", "sleep", "1000"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let holder = NsProcess { child };
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
+    let v = holders(&lo.dev);
+    let mounts = holders_of_kind(&v, "mount");
+    assert_eq!(mounts.len(), 2, "{v:#}");
+    let groups: Vec<&Value> = mounts.iter().map(|m| &m["shared_group"]).collect();
+    assert!(groups[0].is_u64() && groups[0] == groups[1], "one peer group: {groups:?}");
+
+    let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);
+    let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "nothing to do: {t}");
+    assert!(t.contains("nothing to do") && t.contains("shared peer"), "{t}");
+    assert!(host_mount.is_mounted(), "the host's mount must survive");
+    assert!(holder.has_mount(&mnt));
+    assert!(!s.path("journal.jsonl").exists(), "no step was taken");
+}
