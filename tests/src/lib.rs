@@ -10,6 +10,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// Real-kernel tests take this lock: a test that starts a process with its own mount namespace
+/// copies every mount that exists at that moment, including other tests' (incident 5 between
+/// tests), so they run one at a time.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Path of the `blockjanitor-agent` binary built next to this test executable.
 pub fn agent_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");

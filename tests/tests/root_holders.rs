@@ -41,6 +41,7 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
     let (host_mount, lo) = loop_mount(&s, &mnt);
@@ -90,6 +91,7 @@ fn root_cwd_pin_survives_release_and_is_reported() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
     let (host_mount, lo) = loop_mount(&s, &mnt);
@@ -124,6 +126,7 @@ fn root_open_device_fd_in_another_namespace() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let lo = LoopDev::attach(&s.ext4_image("raw.img", 8));
     // The process opens the node under another name in its own namespace, as a container does
@@ -163,6 +166,7 @@ fn root_loop_backed_by_a_file_on_the_device() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
     let (_host_mount, outer) = loop_mount(&s, &mnt);
@@ -197,6 +201,7 @@ fn root_swap_on_a_loop_device() {
     if !require_real_kernel(&[TOOLS, &["mkswap", "swapon", "swapoff"]].concat()) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let img = s.path("swap.img");
     std::fs::File::create(&img).expect("create").set_len(16 << 20).expect("size");
@@ -225,6 +230,7 @@ fn root_namespace_pinned_by_nsfs_with_no_process() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
     let img = s.ext4_image("vol.img", 32);
@@ -266,6 +272,7 @@ fn root_clean_detaches_a_free_loop_device_and_is_idempotent() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let lo = LoopDev::attach(&s.ext4_image("free.img", 8));
     let out = agent(&["--journal", &journal_in(&s), "clean", &lo.dev]);
@@ -286,6 +293,7 @@ fn root_foreign_mount_shared_with_the_host_is_left_alone() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
     let (host_mount, lo) = loop_mount(&s, &mnt);

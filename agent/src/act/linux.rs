@@ -255,6 +255,12 @@ impl LinuxActuator {
                 "{dev} is now bound to another file than planned: device name reused?"
             )));
         };
+        // A transient opener (a scan reading LOOP_GET_STATUS64, blkid) turns LOOP_CLR_FD into
+        // autoclear; the device detaches when it closes. Give that a moment before saying so.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while outcome == StepOutcome::Done && backing_attr.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(25));
+        }
         if outcome == StepOutcome::Done && backing_attr.exists() {
             return Ok(StepOutcome::Deferred(format!(
                 "the kernel set autoclear on {dev}: something still has it open; it detaches on last close"
