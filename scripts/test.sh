@@ -13,6 +13,7 @@ missing=()
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v losetup >/dev/null && command -v unshare >/dev/null && command -v mkswap >/dev/null || missing+=(util-linux)
 command -v mount >/dev/null && command -v swapon >/dev/null || missing+=(mount)
+pkg-config --exists libudev 2>/dev/null || missing+=(libudev-dev pkg-config)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "test.sh: installing ${missing[*]}"

@@ -7,15 +7,20 @@
 //! destructive step before and after it runs. See ARCHITECTURE.md.
 
 pub mod act;
+pub mod config;
+pub mod daemon;
 pub mod discover;
 pub mod graph;
 pub mod host;
 pub mod journal;
+pub mod metrics;
 pub mod model;
 pub mod nsenter;
 pub mod parallel;
 pub mod plan;
+pub mod policy;
 pub mod render;
 pub mod resolve;
+pub mod server;
 pub mod snapshot;
 pub mod sys;

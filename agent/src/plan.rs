@@ -214,7 +214,11 @@ pub fn cleanup(entry: &DeviceEntry) -> Plan {
             backing_inode: info.backing_inode,
         }),
         _ if p.steps.is_empty() && !p.left_alone.is_empty() => {
-            p.refusal = Some(format!("{} is still held by {} holder(s) release cannot detach", d.name, p.left_alone.len()));
+            p.refusal = Some(format!(
+                "{} is still held by {} holder(s) release cannot detach",
+                d.name,
+                p.left_alone.len()
+            ));
         }
         _ => {}
     }

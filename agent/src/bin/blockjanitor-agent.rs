@@ -12,15 +12,22 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use blockjanitor::act::linux::LinuxActuator;
 use blockjanitor::act::{execute, StepOutcome, StepReport};
+use blockjanitor::config::Config;
+use blockjanitor::daemon::state::AgentState;
+use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
 use blockjanitor::discover::namespaces::MountReader;
 use blockjanitor::graph::{DeviceEntry, DeviceGraph};
 use blockjanitor::host::HostRoot;
 use blockjanitor::journal::{self, Journal};
+use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
 use blockjanitor::snapshot::{Scope, Snapshot};
-use blockjanitor::{render, resolve};
+use blockjanitor::{render, resolve, server};
+use std::sync::Arc;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
 
 const EXIT_HELD: u8 = 2;
 
@@ -54,9 +61,10 @@ struct Cli {
     /// Where the host's /dev is (default: ROOT/dev).
     #[arg(long, global = true, value_name = "DIR")]
     dev: Option<PathBuf>,
-    /// Journal of destructive steps (written before and after each step).
-    #[arg(long, global = true, default_value = journal::DEFAULT_PATH, value_name = "FILE")]
-    journal: PathBuf,
+    /// Journal of destructive steps, written before and after each step
+    /// [default: /var/lib/blockjanitor/journal.jsonl, or the config's `journal` for serve].
+    #[arg(long, global = true, value_name = "FILE")]
+    journal: Option<PathBuf>,
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
@@ -134,6 +142,52 @@ enum Command {
     },
     /// Steps a previous run started but never finished (from the journal).
     Journal,
+    /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
+    /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Config file (TOML); flags override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Unix socket to serve on [default: /run/blockjanitor/agent.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+    /// Group (name or GID) that owns the socket; its members are viewers, root is operator.
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
+    /// TCP address for gRPC with mutual TLS (needs --tls-cert, --tls-key, --tls-client-ca).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<std::net::SocketAddr>,
+    /// Server certificate (PEM) for the TCP listener.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// CA that signs client certificates (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// Client identity (certificate DNS SAN or CN) with the operator role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    tls_operator: Vec<String>,
+    /// Client identity with the viewer role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    tls_viewer: Vec<String>,
+    /// Address for /metrics over HTTP.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// Seconds between periodic rescans [default: 60].
+    #[arg(long, value_name = "SECONDS")]
+    rescan_interval: Option<u64>,
+    /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
+    #[arg(long, value_name = "SECONDS")]
+    grace_period: Option<u64>,
+    /// Node name reported by GetNode [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    node_name: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -169,8 +223,9 @@ fn one_line(e: &anyhow::Error) -> String {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| EnvFilter::new("warn,audit=info"));
+    let filter = EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| {
+        EnvFilter::new(if std::env::args().any(|a| a == "serve") { "info" } else { "warn,audit=info" })
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -276,11 +331,13 @@ fn run(cli: &Cli) -> Result<u8> {
                 }
             })
         }
+        Command::Serve(args) => serve(cli, args, host),
         Command::Journal => {
-            let pending = journal::pending(&cli.journal)
-                .with_context(|| format!("cannot read {}", cli.journal.display()))?;
+            let path = journal_path(cli);
+            let pending =
+                journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
             if pending.is_empty() {
-                println!("no unfinished steps in {}", cli.journal.display());
+                println!("no unfinished steps in {}", path.display());
             }
             for p in pending {
                 println!("unfinished: {p}");
@@ -288,6 +345,95 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
     }
+}
+
+fn journal_path(cli: &Cli) -> PathBuf {
+    cli.journal.clone().unwrap_or_else(|| PathBuf::from(journal::DEFAULT_PATH))
+}
+
+/// Builds the daemon's config: the file (if any), then the flags.
+fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
+    let mut c = match &a.config {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(v) = &a.socket {
+        c.socket.path = v.clone();
+    }
+    if let Some(v) = &a.socket_group {
+        c.socket.group = Some(v.clone());
+    }
+    if let Some(v) = a.listen {
+        c.tcp.listen = Some(v);
+    }
+    if let Some(v) = &a.tls_cert {
+        c.tcp.cert = Some(v.clone());
+    }
+    if let Some(v) = &a.tls_key {
+        c.tcp.key = Some(v.clone());
+    }
+    if let Some(v) = &a.tls_client_ca {
+        c.tcp.client_ca = Some(v.clone());
+    }
+    c.tcp.operators.extend(a.tls_operator.iter().cloned());
+    c.tcp.viewers.extend(a.tls_viewer.iter().cloned());
+    if let Some(v) = a.metrics_listen {
+        c.metrics.listen = Some(v);
+    }
+    if let Some(v) = a.rescan_interval {
+        c.rescan_interval_seconds = v;
+    }
+    if let Some(v) = a.grace_period {
+        c.grace_period_seconds = v;
+    }
+    if let Some(v) = &a.node_name {
+        c.node_name = Some(v.clone());
+    }
+    if let Some(j) = &cli.journal {
+        c.journal = j.clone();
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
+    let config = serve_config(cli, args)?;
+    for p in journal::pending(&config.journal).unwrap_or_default() {
+        tracing::warn!("a previous run did not finish this step; it will be re-planned if asked again: {p}");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(async move {
+        let metrics = Arc::new(Metrics::new()?);
+        let every = config.rescan_interval();
+        let state = AgentState::new(host, config, metrics);
+        let (stop_tx, stop) = watch::channel(false);
+        tokio::spawn(async move {
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("cannot handle SIGTERM: {e}");
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            }
+            let _ = stop_tx.send(true);
+        });
+        state.scan_once("start").await;
+        tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
+        tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
+        triggers::spawn_udev_watch(Arc::clone(&state), stop.clone());
+        tokio::spawn(triggers::watch_mount_table(Arc::clone(&state), stop.clone()));
+        tokio::spawn(triggers::timer(Arc::clone(&state), every, stop.clone()));
+        server::listen::serve(state, stop).await?;
+        tracing::info!("stopped");
+        Ok::<u8, anyhow::Error>(0)
+    })
 }
 
 fn carry_out(
@@ -319,11 +465,12 @@ fn carry_out(
             host.proc().display()
         );
     }
-    for p in journal::pending(&cli.journal).unwrap_or_default() {
+    let journal_file = journal_path(cli);
+    for p in journal::pending(&journal_file).unwrap_or_default() {
         eprintln!("warning: a previous run did not finish this step (re-planned from a fresh scan): {p}");
     }
-    let mut journal = Journal::open(&cli.journal).with_context(|| {
-        format!("cannot open the journal {} (needed before any change)", cli.journal.display())
+    let mut journal = Journal::open(&journal_file).with_context(|| {
+        format!("cannot open the journal {} (needed before any change)", journal_file.display())
     })?;
     let actuator = LinuxActuator::new(host.clone(), Duration::from_secs(cli.timeout));
     let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);

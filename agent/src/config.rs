@@ -1,0 +1,230 @@
+//! The daemon's configuration: a TOML file, with command-line flags that override it.
+//!
+//! ```toml
+//! node_name = "worker-3"                 # default: the host name
+//! rescan_interval_seconds = 60           # slow periodic rescan; uevents and mount changes wake it sooner
+//! grace_period_seconds = 300             # unheld this long, across scans, before "stale"
+//! journal = "/var/lib/blockjanitor/journal.jsonl"
+//! protected_devices = ["sda"]            # never touched, in addition to those behind protected_paths
+//! protected_paths = ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
+//!
+//! [socket]
+//! path = "/run/blockjanitor/agent.sock"  # created 0660
+//! group = "blockjanitor"                 # group of the socket: its members are viewers; root is operator
+//!
+//! [tcp]                                  # optional; only ever with mutual TLS
+//! listen = "0.0.0.0:9443"
+//! cert = "/etc/blockjanitor/tls/tls.crt"
+//! key = "/etc/blockjanitor/tls/tls.key"
+//! client_ca = "/etc/blockjanitor/tls/ca.crt"
+//! operators = ["console.blockjanitor.svc"]   # client certificate DNS SAN or CN
+//! viewers = ["dashboard"]
+//!
+//! [metrics]
+//! listen = "127.0.0.1:9910"              # /metrics over plain HTTP
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A configuration that cannot be used, saying what and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {}: {message}", path.display())]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// `[socket]`.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SocketConfig {
+    #[serde(default = "default_socket")]
+    pub path: PathBuf,
+    /// Group name or numeric GID owning the socket; members are viewers.
+    pub group: Option<String>,
+}
+
+/// `[tcp]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TcpConfig {
+    pub listen: Option<SocketAddr>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub client_ca: Option<PathBuf>,
+    /// Client identities (DNS SAN or CN) with the operator role.
+    #[serde(default)]
+    pub operators: Vec<String>,
+    /// Client identities with the viewer role.
+    #[serde(default)]
+    pub viewers: Vec<String>,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    pub listen: Option<SocketAddr>,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub node_name: Option<String>,
+    #[serde(default = "default_rescan")]
+    pub rescan_interval_seconds: u64,
+    #[serde(default = "default_grace")]
+    pub grace_period_seconds: u64,
+    #[serde(default = "default_journal")]
+    pub journal: PathBuf,
+    #[serde(default)]
+    pub protected_devices: Vec<String>,
+    #[serde(default = "default_protected_paths")]
+    pub protected_paths: Vec<PathBuf>,
+    #[serde(default)]
+    pub socket: SocketConfig,
+    #[serde(default)]
+    pub tcp: TcpConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+fn default_socket() -> PathBuf {
+    PathBuf::from("/run/blockjanitor/agent.sock")
+}
+fn default_rescan() -> u64 {
+    60
+}
+fn default_grace() -> u64 {
+    300
+}
+fn default_journal() -> PathBuf {
+    PathBuf::from(crate::journal::DEFAULT_PATH)
+}
+fn default_protected_paths() -> Vec<PathBuf> {
+    ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
+        .iter()
+        .map(PathBuf::from)
+        .collect()
+}
+
+impl Default for SocketConfig {
+    fn default() -> Self {
+        Self { path: default_socket(), group: None }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            node_name: None,
+            rescan_interval_seconds: default_rescan(),
+            grace_period_seconds: default_grace(),
+            journal: default_journal(),
+            protected_devices: Vec::new(),
+            protected_paths: default_protected_paths(),
+            socket: SocketConfig::default(),
+            tcp: TcpConfig::default(),
+            metrics: MetricsConfig::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Parses a TOML text (`path` names it in errors).
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().replace('\n', " ").trim().to_owned(),
+        })
+    }
+
+    /// Reads and parses a config file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// Checks what serde cannot: TCP only with the three TLS files, sane intervals.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.tcp;
+        if t.listen.is_some() && (t.cert.is_none() || t.key.is_none() || t.client_ca.is_none()) {
+            return Err(ConfigError::Invalid(
+                "a TCP listener needs mutual TLS: set tcp.cert, tcp.key and tcp.client_ca (--tls-cert, --tls-key, --tls-client-ca)"
+                    .into(),
+            ));
+        }
+        if t.listen.is_some() && t.operators.is_empty() && t.viewers.is_empty() {
+            return Err(ConfigError::Invalid(
+                "a TCP listener with no client identities would refuse everyone: set tcp.operators and/or tcp.viewers".into(),
+            ));
+        }
+        if self.rescan_interval_seconds == 0 {
+            return Err(ConfigError::Invalid("rescan_interval_seconds must be at least 1".into()));
+        }
+        if self.socket.path.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid("socket.path is empty".into()));
+        }
+        Ok(())
+    }
+
+    pub fn rescan_interval(&self) -> Duration {
+        Duration::from_secs(self.rescan_interval_seconds)
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_secs(self.grace_period_seconds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_example_parses() {
+        let text = r#"
+node_name = "worker-3"
+rescan_interval_seconds = 30
+protected_devices = ["sda"]
+[socket]
+path = "/tmp/x.sock"
+group = "blockjanitor"
+[tcp]
+listen = "127.0.0.1:9443"
+cert = "/c"
+key = "/k"
+client_ca = "/ca"
+operators = ["console"]
+[metrics]
+listen = "127.0.0.1:9910"
+"#;
+        let c = Config::parse(text, Path::new("t.toml")).expect("parses");
+        c.validate().expect("valid");
+        assert_eq!(c.node_name.as_deref(), Some("worker-3"));
+        assert_eq!(c.grace_period(), Duration::from_secs(300));
+        assert_eq!(c.tcp.operators, vec!["console"]);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let e = Config::parse("rescan_interval_seconds = \"soon\"", Path::new("a.toml")).expect_err("type");
+        assert!(e.to_string().starts_with("config a.toml:"), "{e}");
+        let e = Config::parse("[socket]\npaht = \"/x\"", Path::new("a.toml")).expect_err("typo");
+        assert!(e.to_string().contains("paht"), "{e}");
+        let c = Config::parse("[tcp]\nlisten = \"127.0.0.1:1\"\noperators=[\"x\"]", Path::new("a.toml"))
+            .expect("parses");
+        let e = c.validate().expect_err("no tls");
+        assert!(e.to_string().contains("mutual TLS"), "{e}");
+        assert!(Config::parse("[tcp]\nlisten = \"nonsense\"", Path::new("a.toml")).is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! What changed between two scans, and what the agent did: the stream `WatchEvents` serves.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::state::{DeviceView, View};
+
+/// Kinds of change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    DeviceAdded,
+    DeviceRemoved,
+    HoldersChanged,
+    VerdictChanged,
+    ActionStarted,
+    ActionFinished,
+}
+
+/// One event.
+#[derive(Debug, Clone, Serialize)]
+pub struct AgentEvent {
+    pub kind: EventKind,
+    pub device: String,
+    pub time: SystemTime,
+    pub message: String,
+    /// The device as it is now (none once removed).
+    pub current: Option<DeviceView>,
+}
+
+impl AgentEvent {
+    pub fn new(kind: EventKind, device: &str, message: String, current: Option<DeviceView>) -> Self {
+        Self { kind, device: device.to_owned(), time: SystemTime::now(), message, current }
+    }
+}
+
+/// Events that turn `old` into `new`. Devices are matched by name and number, so a reused name
+/// shows as removed then added.
+pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
+    let key = |d: &DeviceView| (d.entry.device.name.clone(), d.entry.device.devnum);
+    let before: HashMap<_, &DeviceView> = old.devices.iter().map(|d| (key(d), d)).collect();
+    let after: HashMap<_, &DeviceView> = new.devices.iter().map(|d| (key(d), d)).collect();
+    let mut out = Vec::new();
+    for d in &new.devices {
+        let name = d.entry.device.name.as_str();
+        match before.get(&key(d)) {
+            None => out.push(AgentEvent::new(
+                EventKind::DeviceAdded,
+                name,
+                format!("{name} ({}, {}) appeared", d.entry.device.devnum, d.entry.device.kind.as_str()),
+                Some(d.clone()),
+            )),
+            Some(prev) => {
+                if prev.entry.holders != d.entry.holders {
+                    out.push(AgentEvent::new(
+                        EventKind::HoldersChanged,
+                        name,
+                        format!(
+                            "{name}: {} holder(s), was {}",
+                            d.entry.holders.len(),
+                            prev.entry.holders.len()
+                        ),
+                        Some(d.clone()),
+                    ));
+                }
+                if prev.judgement.verdict != d.judgement.verdict {
+                    out.push(AgentEvent::new(
+                        EventKind::VerdictChanged,
+                        name,
+                        format!(
+                            "{name}: {} -> {}",
+                            prev.judgement.verdict.as_str(),
+                            d.judgement.verdict.as_str()
+                        ),
+                        Some(d.clone()),
+                    ));
+                }
+            }
+        }
+    }
+    for d in &old.devices {
+        if !after.contains_key(&key(d)) {
+            let name = d.entry.device.name.as_str();
+            out.push(AgentEvent::new(EventKind::DeviceRemoved, name, format!("{name} went away"), None));
+        }
+    }
+    out
+}

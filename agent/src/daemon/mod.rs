@@ -1,0 +1,8 @@
+//! The long-running agent: keeps the latest scan in memory, rescans when something changes
+//! (block uevents, host mount-table changes, a slow timer), coalescing triggers so scans never
+//! stack, and publishes what changed as events.
+
+pub mod events;
+pub mod protect;
+pub mod state;
+pub mod triggers;

@@ -1,0 +1,382 @@
+//! The daemon's state: the latest scan (a [`View`]), the rescan loop, plans and actions on
+//! request, and the event stream.
+//!
+//! Scans run on a blocking thread with a deadline; while one runs, further triggers collapse into
+//! a single follow-up scan (a `Notify` holds at most one permit), so scans never stack. A scan
+//! that overruns its deadline is reported; no new scan starts until it has finished.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, Notify};
+
+use super::events::{diff, AgentEvent, EventKind};
+use super::protect::protected_devices;
+use crate::act::linux::LinuxActuator;
+use crate::act::{execute, StepReport};
+use crate::config::Config;
+use crate::discover::blockdev;
+use crate::discover::namespaces::MountReader;
+use crate::graph::{DeviceEntry, DeviceGraph};
+use crate::host::HostRoot;
+use crate::journal::Journal;
+use crate::metrics::Metrics;
+use crate::model::{BlockDevice, DevNum, MountNsId};
+use crate::plan::{self, Plan};
+use crate::policy::{Judgement, Tracker, Verdict};
+use crate::resolve;
+use crate::snapshot::{ScanStats, Scope, Snapshot};
+
+/// Longest a scan may take before it is reported as overrunning.
+pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A device with its verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceView {
+    pub entry: DeviceEntry,
+    pub judgement: Judgement,
+}
+
+/// The result of one scan.
+#[derive(Debug, Clone, Serialize)]
+pub struct View {
+    pub scan_number: u64,
+    pub scanned_at: Option<SystemTime>,
+    pub stats: ScanStats,
+    pub host_ns: MountNsId,
+    pub devices: Vec<DeviceView>,
+    pub warnings: Vec<String>,
+}
+
+impl View {
+    fn empty() -> Self {
+        Self {
+            scan_number: 0,
+            scanned_at: None,
+            stats: ScanStats::default(),
+            host_ns: MountNsId(0),
+            devices: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+
+    fn block_devices(&self) -> Vec<BlockDevice> {
+        self.devices.iter().map(|d| d.entry.device.clone()).collect()
+    }
+}
+
+/// Why a request failed; mapped to a gRPC status by the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Everything the server and the background tasks share.
+pub struct AgentState {
+    pub host: HostRoot,
+    pub config: Config,
+    pub node_name: String,
+    pub kernel: String,
+    pub metrics: Arc<Metrics>,
+    pub events: broadcast::Sender<AgentEvent>,
+    view: RwLock<Arc<View>>,
+    tracker: Mutex<Tracker>,
+    rescan: Notify,
+    pending_trigger: Mutex<Option<&'static str>>,
+    act_lock: tokio::sync::Mutex<()>,
+}
+
+/// Checks the shape of a device argument before looking it up: empty, overlong, or containing
+/// white space or control characters is malformed (InvalidArgument), not merely unknown.
+pub fn check_device_arg(arg: &str) -> Result<(), ApiError> {
+    if arg.is_empty() {
+        return Err(ApiError::InvalidArgument("device name is empty".into()));
+    }
+    if arg.len() > 255 || arg.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        let shown: String = arg.chars().take(64).collect();
+        return Err(ApiError::InvalidArgument(format!(
+            "malformed device name {shown:?}: expected a kernel name, /dev path, dm name or MAJ:MIN"
+        )));
+    }
+    Ok(())
+}
+
+impl AgentState {
+    pub fn new(host: HostRoot, config: Config, metrics: Arc<Metrics>) -> Arc<Self> {
+        let node_name = config.node_name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| "unknown".into())
+        });
+        let kernel = nix::sys::utsname::uname()
+            .map(|u| u.release().to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let (events, _) = broadcast::channel(1024);
+        Arc::new(Self {
+            host,
+            config,
+            node_name,
+            kernel,
+            metrics,
+            events,
+            view: RwLock::new(Arc::new(View::empty())),
+            tracker: Mutex::new(Tracker::default()),
+            rescan: Notify::new(),
+            pending_trigger: Mutex::new(None),
+            act_lock: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    /// The latest scan.
+    pub fn view(&self) -> Arc<View> {
+        self.view.read().map(|v| Arc::clone(&v)).unwrap_or_else(|p| Arc::clone(&p.into_inner()))
+    }
+
+    /// Asks for a rescan; triggers that arrive while one is pending or running coalesce.
+    pub fn request_rescan(&self, trigger: &'static str) {
+        if let Ok(mut p) = self.pending_trigger.lock() {
+            p.get_or_insert(trigger);
+        }
+        self.rescan.notify_one();
+    }
+
+    /// Scans the whole host (blocking) and returns the new view.
+    fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
+        let snap = Snapshot::take(&self.host, &Scope::All).map_err(|e| e.to_string())?;
+        let graph = DeviceGraph::build(&snap);
+        let protected = protected_devices(
+            &self.host,
+            &graph,
+            &self.config.protected_paths,
+            &self.config.protected_devices,
+        );
+        let judgements = self.tracker.lock().map_err(|_| "policy tracker poisoned".to_owned())?.judge(
+            &graph,
+            &protected,
+            self.config.grace_period(),
+            SystemTime::now(),
+        );
+        let devices = graph
+            .devices
+            .into_iter()
+            .map(|entry| {
+                let judgement = judgements
+                    .get(&entry.device.devnum)
+                    .cloned()
+                    .unwrap_or(Judgement { verdict: Verdict::Unused, reasons: Vec::new() });
+                DeviceView { entry, judgement }
+            })
+            .collect();
+        Ok(View {
+            scan_number,
+            scanned_at: Some(SystemTime::now()),
+            stats: snap.stats,
+            host_ns: snap.host_ns,
+            devices,
+            warnings: snap.warnings,
+        })
+    }
+
+    /// Runs one scan now on a blocking thread, publishes it and its events. Returns false when
+    /// the scan failed or overran (the previous view stays).
+    pub async fn scan_once(self: &Arc<Self>, trigger: &'static str) -> bool {
+        let number = self.view().scan_number + 1;
+        let me = Arc::clone(self);
+        let started = Instant::now();
+        let handle = tokio::task::spawn_blocking(move || me.scan_blocking(number));
+        let result = match tokio::time::timeout(SCAN_DEADLINE, handle).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(format!("scan thread failed: {join}")),
+            Err(_) => {
+                Err(format!("scan overran its {SCAN_DEADLINE:?} deadline; a device or process may be hung"))
+            }
+        };
+        let elapsed = started.elapsed();
+        match result {
+            Ok(view) => {
+                self.metrics.observe_scan(trigger, elapsed, &view);
+                let old = self.view();
+                let events = diff(&old, &view);
+                if let Ok(mut v) = self.view.write() {
+                    *v = Arc::new(view);
+                }
+                for e in events {
+                    let _ = self.events.send(e);
+                }
+                true
+            }
+            Err(e) => {
+                self.metrics.scan_failed(trigger);
+                tracing::error!(trigger, "scan failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// The rescan loop: waits for triggers and scans, one at a time, until `shutdown` fires.
+    pub async fn run_scanner(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = self.rescan.notified() => {}
+                _ = shutdown.changed() => return,
+            }
+            // Let a burst of uevents or mount changes settle into one scan.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or("timer");
+            self.scan_once(trigger).await;
+        }
+    }
+
+    /// Looks a device argument up in the latest view.
+    pub fn find(&self, arg: &str) -> Result<DeviceView, ApiError> {
+        check_device_arg(arg)?;
+        let view = self.view();
+        if view.scanned_at.is_none() {
+            return Err(ApiError::Unavailable("no scan has finished yet; try again in a moment".into()));
+        }
+        let devices = view.block_devices();
+        let dev =
+            resolve::device(&self.host, &devices, arg).map_err(|e| ApiError::NotFound(e.to_string()))?;
+        let devnum = dev.devnum;
+        view.devices
+            .iter()
+            .find(|d| d.entry.device.devnum == devnum)
+            .cloned()
+            .ok_or_else(|| ApiError::NotFound(format!("unknown device '{arg}'")))
+    }
+
+    /// Plans for the named devices, or for every stale one when none is named. Plans come from
+    /// a fresh scan of each device, not the cached view.
+    pub async fn plan(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
+        let targets: Vec<DevNum> = if devices.is_empty() {
+            self.view()
+                .devices
+                .iter()
+                .filter(|d| d.judgement.verdict == Verdict::Stale)
+                .map(|d| d.entry.device.devnum)
+                .collect()
+        } else {
+            let mut seen = BTreeSet::new();
+            for d in devices {
+                seen.insert(self.find(d)?.entry.device.devnum);
+            }
+            seen.into_iter().collect()
+        };
+        let me = Arc::clone(self);
+        tokio::task::spawn_blocking(move || {
+            targets
+                .into_iter()
+                .filter_map(|dn| me.fresh_entry(dn).transpose())
+                .map(|r| r.map(|e| plan::cleanup(&e)))
+                .collect()
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("planning thread failed: {e}")))?
+    }
+
+    /// A fresh scan of one device and what is stacked on it; `None` when it is gone.
+    fn fresh_entry(&self, devnum: DevNum) -> Result<Option<DeviceEntry>, ApiError> {
+        let started = Instant::now();
+        let devices = blockdev::scan(&self.host).map_err(|e| ApiError::Internal(e.to_string()))?;
+        if !devices.iter().any(|d| d.devnum == devnum) {
+            return Ok(None);
+        }
+        let scope = blockdev::with_descendants(&devices, devnum);
+        let snap =
+            Snapshot::take_with(&self.host, devices, &Scope::Devices(scope), started, MountReader::Auto)
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+        Ok(DeviceGraph::build(&snap).get(devnum).cloned())
+    }
+
+    /// Plans and carries out the cleanup of the named devices, one Apply at a time. Protected
+    /// devices are refused.
+    pub async fn apply(
+        self: &Arc<Self>,
+        devices: &[String],
+    ) -> Result<(Vec<Plan>, Vec<StepReport>), ApiError> {
+        if devices.is_empty() {
+            return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
+        }
+        let protected: HashSet<DevNum> = self
+            .view()
+            .devices
+            .iter()
+            .filter(|d| d.judgement.verdict == Verdict::Protected)
+            .map(|d| d.entry.device.devnum)
+            .collect();
+        for d in devices {
+            let v = self.find(d)?;
+            if protected.contains(&v.entry.device.devnum) {
+                return Err(ApiError::PermissionDenied(format!(
+                    "{} is protected: {}",
+                    v.entry.device.name,
+                    v.judgement.reasons.join("; ")
+                )));
+            }
+        }
+        let _guard = self.act_lock.lock().await;
+        let plans = self.plan(devices).await?;
+        let me = Arc::clone(self);
+        let plans2 = plans.clone();
+        let reports = tokio::task::spawn_blocking(move || me.execute_blocking(&plans2))
+            .await
+            .map_err(|e| ApiError::Internal(format!("apply thread failed: {e}")))??;
+        self.request_rescan("apply");
+        Ok((plans, reports))
+    }
+
+    fn execute_blocking(&self, plans: &[Plan]) -> Result<Vec<StepReport>, ApiError> {
+        let mut journal = Journal::open(&self.config.journal).map_err(|e| {
+            ApiError::Unavailable(format!("cannot open the journal {}: {e}", self.config.journal.display()))
+        })?;
+        let actuator = LinuxActuator::new(self.host.clone(), crate::act::linux::DEFAULT_TIMEOUT);
+        let mut out = Vec::new();
+        for p in plans.iter().filter(|p| p.refusal.is_none()) {
+            let name = p.device.as_str();
+            let _ = self.events.send(AgentEvent::new(
+                EventKind::ActionStarted,
+                name,
+                format!("{} {name}: {} step(s)", p.operation, p.steps.len()),
+                None,
+            ));
+            let devnum = p.devnum;
+            let reports = execute(p, &actuator, &mut journal, |step| match step {
+                plan::Step::DetachLoop { .. } => match self.fresh_entry(devnum) {
+                    Ok(Some(e)) if !e.holders.is_empty() => Err(format!(
+                        "a fresh scan found {} holder(s): {}",
+                        e.holders.len(),
+                        e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
+                    )),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(format!("cannot re-check holders: {e}")),
+                },
+                plan::Step::DetachMount { .. } => Ok(()),
+            });
+            let mut counts: HashMap<&str, usize> = HashMap::new();
+            for r in &reports {
+                let (word, _) = r.word();
+                self.metrics.action(r.step.action(), word);
+                *counts.entry(word).or_default() += 1;
+            }
+            let _ = self.events.send(AgentEvent::new(
+                EventKind::ActionFinished,
+                name,
+                format!("{} {name}: {counts:?}", p.operation),
+                None,
+            ));
+            out.extend(reports);
+        }
+        Ok(out)
+    }
+}

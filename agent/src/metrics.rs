@@ -1,0 +1,148 @@
+//! Every Prometheus series the agent exports, in one place, with the prefix `blockjanitor_` and
+//! bounded label values (device kinds, verdicts, holder kinds, triggers, actions, results are
+//! closed sets; no device names, PIDs or paths as labels).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+use crate::daemon::state::View;
+use crate::model::{DeviceKind, HolderKind};
+use crate::policy::Verdict;
+
+const KINDS: [DeviceKind; 9] = [
+    DeviceKind::Disk,
+    DeviceKind::Partition,
+    DeviceKind::Loop,
+    DeviceKind::Dm,
+    DeviceKind::Md,
+    DeviceKind::Rbd,
+    DeviceKind::Nbd,
+    DeviceKind::Zram,
+    DeviceKind::Other,
+];
+const VERDICTS: [Verdict; 5] =
+    [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected];
+const HOLDER_KINDS: [HolderKind; 9] = [
+    HolderKind::Mount,
+    HolderKind::OpenDevice,
+    HolderKind::OpenFile,
+    HolderKind::Cwd,
+    HolderKind::Root,
+    HolderKind::Mmap,
+    HolderKind::Swap,
+    HolderKind::StackedDevice,
+    HolderKind::LoopBacking,
+];
+
+/// The agent's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    devices: GaugeVec,
+    holders: GaugeVec,
+    scan_duration: Histogram,
+    scans: IntCounterVec,
+    scan_failures: IntCounterVec,
+    actions: IntCounterVec,
+    last_scan: Gauge,
+}
+
+/// A metric could not be defined (a bug: names and labels are constants).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new_custom(Some("blockjanitor".into()), None)?;
+        let devices = GaugeVec::new(
+            Opts::new("devices", "Block devices in the latest scan, by kind and verdict."),
+            &["kind", "verdict"],
+        )?;
+        let holders = GaugeVec::new(
+            Opts::new("holders", "Holders of block devices in the latest scan, by holder kind."),
+            &["kind"],
+        )?;
+        let scan_duration = Histogram::with_opts(
+            HistogramOpts::new("scan_duration_seconds", "Wall time of a full scan of the host.")
+                .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+        )?;
+        let scans = IntCounterVec::new(
+            Opts::new("scans_total", "Scans completed, by what triggered them."),
+            &["trigger"],
+        )?;
+        let scan_failures = IntCounterVec::new(
+            Opts::new("scan_failures_total", "Scans that failed or overran their deadline."),
+            &["trigger"],
+        )?;
+        let actions = IntCounterVec::new(
+            Opts::new("actions_total", "Destructive steps carried out, by action and result."),
+            &["action", "result"],
+        )?;
+        let last_scan = Gauge::new(
+            "last_scan_timestamp_seconds",
+            "When the latest scan finished, in seconds since the epoch.",
+        )?;
+        let build_info = GaugeVec::new(
+            Opts::new("build_info", "Always 1; the agent's version as a label."),
+            &["version"],
+        )?;
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        for c in [
+            Box::new(devices.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(holders.clone()),
+            Box::new(scan_duration.clone()),
+            Box::new(scans.clone()),
+            Box::new(scan_failures.clone()),
+            Box::new(actions.clone()),
+            Box::new(last_scan.clone()),
+            Box::new(build_info),
+        ] {
+            registry.register(c)?;
+        }
+        Ok(Self { registry, devices, holders, scan_duration, scans, scan_failures, actions, last_scan })
+    }
+
+    /// Records a finished scan and the state it found.
+    pub fn observe_scan(&self, trigger: &'static str, took: Duration, view: &View) {
+        self.scans.with_label_values(&[trigger]).inc();
+        self.scan_duration.observe(took.as_secs_f64());
+        for k in KINDS {
+            for v in VERDICTS {
+                let n = view
+                    .devices
+                    .iter()
+                    .filter(|d| d.entry.device.kind == k && d.judgement.verdict == v)
+                    .count();
+                self.devices.with_label_values(&[k.as_str(), v.as_str()]).set(n as f64);
+            }
+        }
+        for hk in HOLDER_KINDS {
+            let n: usize =
+                view.devices.iter().map(|d| d.entry.holders.iter().filter(|h| h.kind == hk).count()).sum();
+            self.holders.with_label_values(&[hk.as_str()]).set(n as f64);
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        self.last_scan.set(now);
+    }
+
+    pub fn scan_failed(&self, trigger: &'static str) {
+        self.scan_failures.with_label_values(&[trigger]).inc();
+    }
+
+    /// Counts one destructive step (`result`: done, already_absent, deferred, failed).
+    pub fn action(&self, action: &'static str, result: &'static str) {
+        self.actions.with_label_values(&[action, result]).inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# error encoding metrics: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

@@ -1,0 +1,138 @@
+//! Domain types to protobuf messages.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use blockjanitor_proto::v1 as pb;
+
+use crate::act::StepReport;
+use crate::daemon::events::{AgentEvent, EventKind};
+use crate::daemon::state::DeviceView;
+use crate::graph::Holder;
+use crate::model::{DeviceKind, HolderKind};
+use crate::plan::{holder_reason, Plan, Step};
+use crate::policy::Verdict;
+
+pub fn secs(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+pub fn kind(k: DeviceKind) -> pb::DeviceKind {
+    match k {
+        DeviceKind::Disk => pb::DeviceKind::Disk,
+        DeviceKind::Partition => pb::DeviceKind::Partition,
+        DeviceKind::Loop => pb::DeviceKind::Loop,
+        DeviceKind::Dm => pb::DeviceKind::Dm,
+        DeviceKind::Md => pb::DeviceKind::Md,
+        DeviceKind::Rbd => pb::DeviceKind::Rbd,
+        DeviceKind::Nbd => pb::DeviceKind::Nbd,
+        DeviceKind::Zram => pb::DeviceKind::Zram,
+        DeviceKind::Other => pb::DeviceKind::Other,
+    }
+}
+
+pub fn verdict(v: Verdict) -> pb::Verdict {
+    match v {
+        Verdict::InUse => pb::Verdict::InUse,
+        Verdict::Unused => pb::Verdict::Unused,
+        Verdict::Suspect => pb::Verdict::Suspect,
+        Verdict::Stale => pb::Verdict::Stale,
+        Verdict::Protected => pb::Verdict::Protected,
+    }
+}
+
+fn holder_kind(k: HolderKind) -> pb::HolderKind {
+    match k {
+        HolderKind::Mount => pb::HolderKind::Mount,
+        HolderKind::OpenDevice => pb::HolderKind::OpenDevice,
+        HolderKind::OpenFile => pb::HolderKind::OpenFile,
+        HolderKind::Cwd => pb::HolderKind::Cwd,
+        HolderKind::Root => pb::HolderKind::Root,
+        HolderKind::Mmap => pb::HolderKind::Mmap,
+        HolderKind::Swap => pb::HolderKind::Swap,
+        HolderKind::StackedDevice => pb::HolderKind::StackedDevice,
+        HolderKind::LoopBacking => pb::HolderKind::LoopBacking,
+    }
+}
+
+pub fn holder(h: &Holder) -> pb::Holder {
+    pb::Holder {
+        kind: holder_kind(h.kind) as i32,
+        pids: h.pids.clone(),
+        pid_count: h.pid_count as u32,
+        comm: h.comm.clone().unwrap_or_default(),
+        cmdline: h.cmdline.clone().unwrap_or_default(),
+        mount_namespace: h.mount_namespace.map_or(0, |n| n.0),
+        in_host_namespace: h.in_host_namespace.unwrap_or(false),
+        mount_point: h.mount_point.clone().unwrap_or_default(),
+        container_id: h.container_id.clone().unwrap_or_default(),
+        pod_uid: h.pod_uid.clone().unwrap_or_default(),
+        path: h.path.clone().unwrap_or_default(),
+        device: h.device.as_ref().map(|d| d.to_string()).unwrap_or_default(),
+        fstype: h.fstype.clone().unwrap_or_default(),
+        fds: h.fds.clone(),
+        description: holder_reason(h),
+    }
+}
+
+pub fn device(v: &DeviceView) -> pb::Device {
+    let d = &v.entry.device;
+    pb::Device {
+        name: d.name.to_string(),
+        major: d.devnum.major,
+        minor: d.devnum.minor,
+        kind: kind(d.kind) as i32,
+        size_bytes: d.size_bytes,
+        read_only: d.read_only,
+        parent: d.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
+        stacked_on_top: d.holders.iter().map(|h| h.to_string()).collect(),
+        stacked_below: d.slaves.iter().map(|h| h.to_string()).collect(),
+        loop_backing_file: d.loop_info.as_ref().map(|l| l.backing_file.clone()).unwrap_or_default(),
+        dm_name: d.dm.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
+        dm_uuid: d.dm.as_ref().map(|m| m.uuid.clone()).unwrap_or_default(),
+        verdict: verdict(v.judgement.verdict) as i32,
+        reasons: v.judgement.reasons.clone(),
+        holders: v.entry.holders.iter().map(holder).collect(),
+        kernel_threads: v
+            .entry
+            .kernel_threads
+            .iter()
+            .map(|k| format!("{} (pid {})", k.comm, k.pid))
+            .collect(),
+    }
+}
+
+pub fn step(s: &Step) -> pb::Step {
+    pb::Step { action: s.action().to_owned(), device: s.device().to_string(), description: s.describe() }
+}
+
+pub fn plan(p: &Plan) -> pb::DevicePlan {
+    pb::DevicePlan {
+        device: p.device.to_string(),
+        steps: p.steps.iter().map(step).collect(),
+        left_alone: p.left_alone.iter().map(|l| l.reason.clone()).collect(),
+        refusal: p.refusal.clone().unwrap_or_default(),
+    }
+}
+
+pub fn report(r: &StepReport) -> pb::StepResult {
+    let (result, detail) = r.word();
+    pb::StepResult { step: Some(step(&r.step)), result: result.to_owned(), detail }
+}
+
+pub fn event(e: &AgentEvent) -> pb::Event {
+    let t = match e.kind {
+        EventKind::DeviceAdded => pb::event::Type::DeviceAdded,
+        EventKind::DeviceRemoved => pb::event::Type::DeviceRemoved,
+        EventKind::HoldersChanged => pb::event::Type::HoldersChanged,
+        EventKind::VerdictChanged => pb::event::Type::VerdictChanged,
+        EventKind::ActionStarted => pb::event::Type::ActionStarted,
+        EventKind::ActionFinished => pb::event::Type::ActionFinished,
+    };
+    pb::Event {
+        r#type: t as i32,
+        device: e.device.clone(),
+        unix_seconds: secs(e.time),
+        message: e.message.clone(),
+        current: e.current.as_ref().map(device),
+    }
+}

@@ -1,0 +1,178 @@
+//! Binding and serving: the unix socket (0660, owned by the configured group), TCP with mutual
+//! TLS (refused without it), `/metrics`; health and reflection on both gRPC listeners; graceful
+//! shutdown.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::agent_server::AgentServer;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use super::auth::Policy;
+use super::metrics_http;
+use super::service::AgentService;
+use crate::daemon::state::AgentState;
+
+/// What stopped the server from starting or serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("socket {}: {reason}", path.display())]
+    Socket { path: PathBuf, reason: String },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("cannot read {}: {source}", path.display())]
+    ReadTls { path: PathBuf, source: std::io::Error },
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    #[error("socket group '{0}' does not exist")]
+    NoSuchGroup(String),
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection: {0}")]
+    Reflection(String),
+}
+
+/// Resolves a group name or numeric GID.
+pub fn resolve_group(group: &str) -> Result<u32, ServeError> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        _ => Err(ServeError::NoSuchGroup(group.to_owned())),
+    }
+}
+
+/// Binds the unix socket: refuses to replace one another agent is serving on, removes a stale
+/// one, creates it 0660 and gives it to `gid`.
+pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeError> {
+    let fail = |reason: String| ServeError::Socket { path: path.to_owned(), reason };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create its directory: {e}")))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(fail("another process is serving on it (is an agent already running?)".into()));
+            }
+            std::fs::remove_file(path).map_err(|e| fail(format!("cannot remove the stale socket: {e}")))?;
+        }
+        Ok(_) => return Err(fail("exists and is not a socket; refusing to replace it".into())),
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|e| fail(format!("cannot bind: {e}")))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .map_err(|e| fail(format!("chmod 0660: {e}")))?;
+    if let Some(g) = gid {
+        nix::unistd::chown(path, None, Some(nix::unistd::Gid::from_raw(g)))
+            .map_err(|e| fail(format!("chown to group {g}: {e}")))?;
+    }
+    Ok(listener)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::ReadTls { path: path.to_owned(), source })
+}
+
+async fn wait(mut rx: watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Serves until `shutdown` turns true. Logs each listener's real address once it is bound.
+pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> Result<(), ServeError> {
+    let cfg = state.config.clone();
+    let gid = cfg.socket.group.as_deref().map(resolve_group).transpose()?;
+    let policy = Arc::new(Policy {
+        socket_gid: gid,
+        socket_group_name: cfg.socket.group.clone(),
+        tcp_operators: cfg.tcp.operators.clone(),
+        tcp_viewers: cfg.tcp.viewers.clone(),
+    });
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<AgentServer<AgentService>>().await;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServeError::Reflection(e.to_string()))
+    };
+    let agent = || AgentServer::new(AgentService { state: Arc::clone(&state), policy: Arc::clone(&policy) });
+
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(addr) = cfg.metrics.listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
+        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+        tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
+        tasks.spawn(metrics_http::serve(l, Arc::clone(&state.metrics), shutdown.clone()).map_ok());
+    }
+    if let Some(addr) = cfg.tcp.listen {
+        let (Some(cert), Some(key), Some(ca)) = (&cfg.tcp.cert, &cfg.tcp.key, &cfg.tcp.client_ca) else {
+            return Err(ServeError::Tls("a TCP listener needs tcp.cert, tcp.key and tcp.client_ca".into()));
+        };
+        let tls = ServerTlsConfig::new()
+            .identity(Identity::from_pem(read(cert)?, read(key)?))
+            .client_ca_root(Certificate::from_pem(read(ca)?))
+            .client_auth_optional(false);
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
+        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+        tracing::info!(listener = "tcp", address = %bound, "serving gRPC on tcp {bound} (mutual TLS)");
+        let router = Server::builder()
+            .tls_config(tls)?
+            .add_service(health.clone())
+            .add_service(reflection()?)
+            .add_service(agent());
+        let stop = wait(shutdown.clone());
+        tasks.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)
+                .await
+                .map_err(ServeError::from)
+        });
+    }
+    let uds = bind_unix(&cfg.socket.path, gid)?;
+    tracing::info!(listener = "unix", address = %cfg.socket.path.display(), "serving gRPC on unix:{}", cfg.socket.path.display());
+    let router = Server::builder().add_service(health).add_service(reflection()?).add_service(agent());
+    let stop = wait(shutdown.clone());
+    tasks.spawn(async move {
+        router
+            .serve_with_incoming_shutdown(UnixListenerStream::new(uds), stop)
+            .await
+            .map_err(ServeError::from)
+    });
+
+    let mut result = Ok(());
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Err(e)) if result.is_ok() => result = Err(e),
+            Err(e) if result.is_ok() => result = Err(ServeError::Tls(format!("listener task failed: {e}"))),
+            _ => {}
+        }
+    }
+    let _ = std::fs::remove_file(&cfg.socket.path);
+    result
+}
+
+trait MapOk {
+    fn map_ok(self) -> impl std::future::Future<Output = Result<(), ServeError>> + Send;
+}
+
+impl<F: std::future::Future<Output = ()> + Send> MapOk for F {
+    async fn map_ok(self) -> Result<(), ServeError> {
+        self.await;
+        Ok(())
+    }
+}

@@ -1,0 +1,45 @@
+//! `/metrics` over plain HTTP/1 on its own address (Prometheus scrapes it; nothing else is served).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+
+async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let resp = if req.uri().path() == "/metrics" {
+        Response::builder()
+            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+            .body(Full::new(Bytes::from(metrics.render())))
+    } else {
+        Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .body(Full::new(Bytes::from_static(b"only /metrics is served here\n")))
+    };
+    Ok(resp.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+}
+
+/// Serves `/metrics` until `shutdown` fires.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let m = Arc::clone(&metrics);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| handle(req, Arc::clone(&m)));
+                    if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+                        tracing::debug!("metrics connection: {e}");
+                    }
+                });
+            }
+        }
+    }
+}

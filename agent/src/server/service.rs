@@ -1,0 +1,117 @@
+//! `blockjanitor.v1.Agent`: adapters only. Each handler checks the caller's role, unpacks the
+//! request, calls the daemon state once and maps the result.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::agent_server::Agent;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::auth::{Policy, Role};
+use super::convert;
+use super::status::to_status;
+use crate::daemon::state::AgentState;
+
+/// The service, sharing the daemon's state.
+pub struct AgentService {
+    pub state: Arc<AgentState>,
+    pub policy: Arc<Policy>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let v = self.state.view();
+        Ok(Response::new(pb::Node {
+            name: self.state.node_name.clone(),
+            kernel: self.state.kernel.clone(),
+            agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+            last_scan_unix_seconds: v.scanned_at.map_or(0.0, convert::secs),
+            last_scan_duration_ms: v.stats.duration.as_secs_f64() * 1000.0,
+            scans: v.scan_number,
+            devices: v.devices.len() as u32,
+            warnings: v.warnings.clone(),
+            mode: "report".into(),
+        }))
+    }
+
+    async fn list_devices(
+        &self,
+        req: Request<pb::ListDevicesRequest>,
+    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let kind = pb::DeviceKind::try_from(r.kind)
+            .map_err(|_| Status::invalid_argument(format!("unknown device kind {}", r.kind)))?;
+        let verdict = pb::Verdict::try_from(r.verdict)
+            .map_err(|_| Status::invalid_argument(format!("unknown verdict {}", r.verdict)))?;
+        let v = self.state.view();
+        let devices = v
+            .devices
+            .iter()
+            .filter(|d| kind == pb::DeviceKind::Unspecified || convert::kind(d.entry.device.kind) == kind)
+            .filter(|d| {
+                verdict == pb::Verdict::Unspecified || convert::verdict(d.judgement.verdict) == verdict
+            })
+            .map(convert::device)
+            .collect();
+        Ok(Response::new(pb::ListDevicesResponse {
+            devices,
+            scan_unix_seconds: v.scanned_at.map_or(0.0, convert::secs),
+        }))
+    }
+
+    async fn get_device(&self, req: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
+        Ok(Response::new(convert::device(&d)))
+    }
+
+    async fn list_holders(
+        &self,
+        req: Request<pb::ListHoldersRequest>,
+    ) -> Result<Response<pb::ListHoldersResponse>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
+        Ok(Response::new(pb::ListHoldersResponse { device: Some(convert::device(&d)) }))
+    }
+
+    async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let plans = self.state.plan(&req.into_inner().devices).await.map_err(to_status)?;
+        Ok(Response::new(pb::PlanResponse { plans: plans.iter().map(convert::plan).collect() }))
+    }
+
+    async fn apply(&self, req: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
+        self.policy.require(&req, Role::Operator)?;
+        let (plans, reports) = self.state.apply(&req.into_inner().devices).await.map_err(to_status)?;
+        Ok(Response::new(pb::ApplyResponse {
+            plans: plans.iter().map(convert::plan).collect(),
+            results: reports.iter().map(convert::report).collect(),
+        }))
+    }
+
+    type WatchEventsStream = EventStream;
+
+    async fn watch_events(
+        &self,
+        req: Request<pb::WatchEventsRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        self.policy.require(&req, Role::Viewer)?;
+        let rx = self.state.events.subscribe();
+        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|r| match r {
+            Ok(e) => Some(Ok(convert::event(&e))),
+            // A slow client missed events: tell it, and go on.
+            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
+                message: format!("{n} events were dropped: this client fell behind"),
+                ..Default::default()
+            })),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
