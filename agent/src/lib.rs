@@ -7,6 +7,7 @@
 //! destructive step before and after it runs. See ARCHITECTURE.md.
 
 pub mod act;
+pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod discover;

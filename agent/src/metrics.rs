@@ -23,6 +23,8 @@ const KINDS: [DeviceKind; 9] = [
     DeviceKind::Zram,
     DeviceKind::Other,
 ];
+/// What can trigger a scan (the `trigger` label).
+pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
 const VERDICTS: [Verdict; 5] =
     [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected];
 const HOLDER_KINDS: [HolderKind; 9] = [
@@ -101,6 +103,16 @@ impl Metrics {
             Box::new(build_info),
         ] {
             registry.register(c)?;
+        }
+        // Export every series from the start (at zero): the label sets are closed.
+        for t in TRIGGERS {
+            scans.with_label_values(&[t]);
+            scan_failures.with_label_values(&[t]);
+        }
+        for a in ["detach_mount", "detach_loop"] {
+            for r in ["done", "already_absent", "deferred", "failed"] {
+                actions.with_label_values(&[a, r]);
+            }
         }
         Ok(Self { registry, devices, holders, scan_duration, scans, scan_failures, actions, last_scan })
     }

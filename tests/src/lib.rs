@@ -6,6 +6,9 @@
 //! a prerequisite is missing they fail in CI (`CI=true`) and are skipped, with the reason printed,
 //! elsewhere.
 
+pub mod daemon;
+pub mod fixture;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

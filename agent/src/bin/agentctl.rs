@@ -1,1 +1,521 @@
-fn main() {}
+//! `agentctl`: talk to the blockjanitor agent on this node (unix socket) or on another node (TCP
+//! with mutual TLS). Parses flags, makes one call (or watches), prints. Exit codes: 0 ok, 1
+//! error, 2 not carried out (no --yes, a plan refused, a step deferred).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
+use serde_json::Value;
+
+use blockjanitor::client::{self, Target, TcpTarget, DEFAULT_SOCKET};
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::agent_client::AgentClient;
+use tonic::transport::Channel;
+
+const EXIT_NOT_DONE: u8 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentctl",
+    version,
+    about = "Ask the blockjanitor agent which block devices are stale and who holds them; plan and carry out their cleanup.",
+    long_about = "Ask the blockjanitor agent which block devices are stale and who holds them; plan and carry out \
+their cleanup; watch what changes.\n\nBy default agentctl talks to the agent on this node over its unix socket: \
+root is an operator, members of the socket's group may read. With --addr it talks to an agent on another node \
+over TCP with mutual TLS, and the name in the client certificate decides the role.\n\nOnly `apply --yes` \
+changes anything.",
+    after_help = "EXAMPLES:\n  agentctl node\n  agentctl devices --stale\n  agentctl devices --kind loop -o yaml\n  \
+agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
+agentctl apply loop3                   # show the plan, change nothing\n  \
+agentctl apply loop3 --yes             # carry it out\n  agentctl watch -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
+agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
+EXIT CODES:\n  0  ok\n  1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
+2  apply did not carry everything out: no --yes, a plan was refused, or a step was deferred"
+)]
+struct Cli {
+    /// The agent's unix socket on this node.
+    #[arg(long, global = true, help_heading = "Connection", env = "BLOCKJANITOR_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    socket: PathBuf,
+    /// Talk to the agent on another node over TCP with mutual TLS instead of the socket
+    /// (needs --cert, --key and --ca).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "HOST:PORT")]
+    addr: Option<String>,
+    /// Client certificate (PEM), for --addr.
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM), for --addr.
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    key: Option<PathBuf>,
+    /// CA certificate that signed the agent's certificate (PEM), for --addr.
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    ca: Option<PathBuf>,
+    /// Name the agent's certificate must carry [default: the host part of --addr].
+    #[arg(long, global = true, help_heading = "Connection", value_name = "NAME")]
+    server_name: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, help_heading = "Output", value_enum, default_value_t = Output::Table)]
+    output: Output,
+    /// Give up on connecting, and on each call, after this many seconds (`watch`: on connecting only).
+    #[arg(long, global = true, help_heading = "Connection", default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    timeout: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Text for people.
+    Table,
+    /// Pretty JSON (watch: one object per line).
+    Json,
+    /// YAML (watch: one document per event).
+    Yaml,
+}
+
+/// Device kinds, as the agent names them.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum KindArg {
+    Disk,
+    Partition,
+    Loop,
+    Dm,
+    Md,
+    Rbd,
+    Nbd,
+    Zram,
+    Other,
+}
+
+impl KindArg {
+    fn to_pb(self) -> pb::DeviceKind {
+        match self {
+            Self::Disk => pb::DeviceKind::Disk,
+            Self::Partition => pb::DeviceKind::Partition,
+            Self::Loop => pb::DeviceKind::Loop,
+            Self::Dm => pb::DeviceKind::Dm,
+            Self::Md => pb::DeviceKind::Md,
+            Self::Rbd => pb::DeviceKind::Rbd,
+            Self::Nbd => pb::DeviceKind::Nbd,
+            Self::Zram => pb::DeviceKind::Zram,
+            Self::Other => pb::DeviceKind::Other,
+        }
+    }
+}
+
+/// Verdicts, as the agent names them.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+enum VerdictArg {
+    /// Something holds it.
+    #[value(alias = "in-use")]
+    InUse,
+    /// Nothing holds it, and it is not a kind the agent cleans.
+    Unused,
+    /// A mapping nothing holds, not yet for the whole grace period.
+    Suspect,
+    /// A mapping nothing has held for at least the grace period.
+    Stale,
+    /// Backs the host root, the kubelet or the runtime, or is listed in the config.
+    Protected,
+}
+
+impl VerdictArg {
+    fn to_pb(self) -> pb::Verdict {
+        match self {
+            Self::InUse => pb::Verdict::InUse,
+            Self::Unused => pb::Verdict::Unused,
+            Self::Suspect => pb::Verdict::Suspect,
+            Self::Stale => pb::Verdict::Stale,
+            Self::Protected => pb::Verdict::Protected,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// This node and its agent: name, kernel, version, last scan, warnings.
+    #[command(after_help = "EXAMPLES:\n  agentctl node\n  agentctl node -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT CODES:\n  0  ok\n  1  error")]
+    Node,
+    /// Block devices from the agent's latest scan with their verdicts, optionally filtered.
+    #[command(
+        long_about = "Block devices from the agent's latest scan: name, MAJ:MIN, kind, size, verdict, number of \
+holders and the first reason for the verdict. Filters combine (--kind loop --stale: stale loop devices).",
+        after_help = "EXAMPLES:\n  agentctl devices\n  agentctl devices --stale\n  agentctl devices --kind rbd --verdict in_use\n  \
+agentctl devices -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n\n\
+EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
+    )]
+    Devices {
+        /// Only devices of this kind.
+        #[arg(long, value_enum)]
+        kind: Option<KindArg>,
+        /// Only devices with this verdict.
+        #[arg(long, value_enum, conflicts_with = "stale")]
+        verdict: Option<VerdictArg>,
+        /// Only stale devices (same as --verdict stale).
+        #[arg(long)]
+        stale: bool,
+    },
+    /// One device: its stack, its verdict with every reason, and who holds it.
+    #[command(
+        long_about = "One device: what it is and what is stacked on or below it, its verdict with every reason, \
+and one line per holder (mounts in every mount namespace, open fds, working directories, memory maps, swap, \
+stacked devices, loop devices backed by it). Kernel threads named after it are shown as symptoms, not holders.\n\n\
+DEVICE is a kernel name (loop3), a /dev path, a dm name or MAJ:MIN.",
+        after_help = "EXAMPLES:\n  agentctl device loop3\n  agentctl device /dev/mapper/vg-data -o yaml\n  agentctl device 252:1\n\n\
+EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
+    )]
+    Device {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+    },
+    /// Who holds one device, one line per holder.
+    #[command(
+        long_about = "Who holds one device: one line per holder with the process, mount namespace, mount point, \
+container and pod where the agent knows them. Kernel threads (jbd2/<dev>-8...) are symptoms, not holders.\n\n\
+DEVICE is a kernel name (rbd3), a /dev path, a dm name or MAJ:MIN.",
+        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n\n\
+EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
+    )]
+    Holders {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+    },
+    /// The steps that would clean the given devices (default: every stale one). Changes nothing.
+    #[command(
+        long_about = "The ordered steps that would clean the given devices, planned by the agent from a fresh \
+scan: detach mounts in other mount namespaces (detach_mount), then detach unheld loop devices (detach_loop). \
+Shows what each plan leaves alone and why, and why a plan is refused. Changes nothing.\n\nWith no DEVICE: every \
+device whose verdict is stale.",
+        after_help = "EXAMPLES:\n  agentctl plan\n  agentctl plan loop3 rbd0\n  agentctl plan loop3 -o json\n\n\
+EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
+    )]
+    Plan {
+        /// Devices to plan for [default: every stale device].
+        devices: Vec<String>,
+    },
+    /// Carry out the plans for the given devices; without --yes only show them.
+    #[command(
+        long_about = "Carry out the plans for the given devices. The agent re-plans each device from a fresh \
+scan, re-checks every step right before it runs, and journals and audits it. Needs the operator role (root on \
+the socket, or an operator certificate).\n\nWithout --yes, shows the plan and changes nothing.",
+        after_help = "EXAMPLES:\n  agentctl apply loop3                 # show the plan, change nothing\n  \
+agentctl apply loop3 --yes\n  agentctl apply loop3 loop4 --yes -o json\n\n\
+EXIT CODES:\n  0  every step done (or already absent)\n  1  error, or a step failed\n  \
+2  not carried out: no --yes, a plan was refused, or a step was deferred"
+    )]
+    Apply {
+        /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN).
+        #[arg(required = true)]
+        devices: Vec<String>,
+        /// Carry out the plans (without it: show them only).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Stream what changes (devices, holders, verdicts, actions) until Ctrl-C or the agent stops.
+    #[command(
+        long_about = "Stream what changes on the node: devices appearing and going, holders and verdicts \
+changing, actions starting and finishing. Starts with no backlog. Runs until Ctrl-C or until the agent ends \
+the stream; --timeout bounds only the connection.\n\nTable: one line per event. JSON: one object per line. \
+YAML: one document per event.",
+        after_help = "EXAMPLES:\n  agentctl watch\n  agentctl watch -o json | jq -c 'select(.type == \"verdict_changed\")'\n\n\
+EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect, stream broken)"
+    )]
+    Watch,
+    /// Print a shell completion script to stdout.
+    #[command(after_help = "EXAMPLES:\n  agentctl completions bash > /etc/bash_completion.d/agentctl\n  \
+agentctl completions zsh > \"${fpath[1]}/_agentctl\"\n  agentctl completions fish > ~/.config/fish/completions/agentctl.fish\n\n\
+EXIT CODES:\n  0  ok\n  1  error")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The error and its causes on one line, each cause once.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !msg.contains(&c) {
+            msg = format!("{msg}: {c}");
+        }
+    }
+    msg.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Where to connect, from the flags.
+fn target(cli: &Cli) -> Result<Target> {
+    let Some(addr) = &cli.addr else {
+        if cli.cert.is_some() || cli.key.is_some() || cli.ca.is_some() || cli.server_name.is_some() {
+            bail!("--cert, --key, --ca and --server-name are for TCP: add --addr HOST:PORT");
+        }
+        return Ok(Target::Unix(cli.socket.clone()));
+    };
+    let (host, _) = client::split_host_port(addr)
+        .with_context(|| format!("--addr '{addr}' is not HOST:PORT (e.g. node1:9443 or [fd00::1]:9443)"))?;
+    let missing: Vec<&str> = [("--cert", &cli.cert), ("--key", &cli.key), ("--ca", &cli.ca)]
+        .into_iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(flag, _)| flag)
+        .collect();
+    let (Some(cert), Some(key), Some(ca)) = (&cli.cert, &cli.key, &cli.ca) else {
+        bail!("--addr needs --cert, --key and --ca (mutual TLS); missing {}", missing.join(", "));
+    };
+    Ok(Target::Tcp(TcpTarget {
+        addr: addr.clone(),
+        cert: cert.clone(),
+        key: key.clone(),
+        ca: ca.clone(),
+        server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
+    }))
+}
+
+fn run(cli: &Cli) -> Result<u8> {
+    if let Command::Completions { shell } = &cli.command {
+        let mut buf = Vec::new();
+        clap_complete::generate(*shell, &mut Cli::command(), "agentctl", &mut buf);
+        write_out(&String::from_utf8_lossy(&buf))?;
+        return Ok(0);
+    }
+    let target = target(cli)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(run_async(cli, &target)).map_err(tls_hint(&target))
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
+fn write_out(s: &str) -> Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("cannot write to stdout"),
+    }
+}
+
+/// The response in the chosen format.
+fn render(output: Output, value: impl FnOnce() -> Value, table: impl FnOnce() -> String) -> Result<String> {
+    Ok(match output {
+        Output::Table => table(),
+        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
+        Output::Yaml => serde_yaml_ng::to_string(&value())?,
+    })
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(client::status_line(&s))
+}
+
+/// Over TLS, an agent that rejects the client certificate just drops the connection after the
+/// handshake: say so.
+fn tls_hint(target: &Target) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ {
+    move |e| {
+        let msg = e.to_string();
+        let broken = ["Unknown: ", "Unavailable: ", "Cancelled: "].iter().any(|p| msg.starts_with(p));
+        if matches!(target, Target::Tcp(_)) && broken && msg.contains("transport error") {
+            anyhow::anyhow!(
+                "{msg} (over TLS this usually means the agent rejected the client certificate: is --cert signed \
+                 by the agent's client CA?)"
+            )
+        } else {
+            e
+        }
+    }
+}
+
+async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let mut c: AgentClient<Channel> = client::connect(target, timeout).await?;
+    let out = cli.output;
+    match &cli.command {
+        Command::Completions { .. } => Ok(0),
+        Command::Node => {
+            let n = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
+                .await
+                .map_err(status)?;
+            write_out(&render(
+                out,
+                || client::node_value(&n),
+                || client::node_table(&n, client::now_secs()),
+            )?)?;
+            Ok(0)
+        }
+        Command::Devices { kind, verdict, stale } => {
+            let verdict = if *stale { Some(VerdictArg::Stale) } else { *verdict };
+            let r = pb::ListDevicesRequest {
+                kind: kind.map_or(pb::DeviceKind::Unspecified, KindArg::to_pb) as i32,
+                verdict: verdict.map_or(pb::Verdict::Unspecified, VerdictArg::to_pb) as i32,
+            };
+            let r =
+                client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || client::devices_value(&r), || client::devices_table(&r))?)?;
+            Ok(0)
+        }
+        Command::Device { device } => {
+            let r = pb::GetDeviceRequest { device: device.clone() };
+            let d = client::call(timeout, c.get_device(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || client::device_value(&d), || client::device_table(&d, true))?)?;
+            Ok(0)
+        }
+        Command::Holders { device } => {
+            let r = pb::ListHoldersRequest { device: device.clone() };
+            let r =
+                client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
+            let Some(d) = &r.device else { bail!("the agent answered without the device") };
+            write_out(&render(out, || client::holders_value(&r), || client::device_table(d, false))?)?;
+            Ok(0)
+        }
+        Command::Plan { devices } => {
+            let r = pb::PlanRequest { devices: devices.clone() };
+            let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(
+                out,
+                || client::plans_value(&r),
+                || client::plans_table(&r, devices.is_empty()),
+            )?)?;
+            Ok(0)
+        }
+        Command::Apply { devices, yes: false } => {
+            let r = pb::PlanRequest { devices: devices.clone() };
+            let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || client::plans_value(&r), || client::plans_table(&r, false))?)?;
+            eprintln!("not applied: add --yes to carry it out");
+            Ok(EXIT_NOT_DONE)
+        }
+        Command::Apply { devices, yes: true } => {
+            let r = pb::ApplyRequest { devices: devices.clone() };
+            let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || client::apply_value(&r), || client::apply_table(&r))?)?;
+            Ok(client::apply_summary(&r).exit_code())
+        }
+        Command::Watch => watch(&mut c, timeout, out).await,
+    }
+}
+
+/// Streams events until Ctrl-C, the agent ends the stream, or stdout is closed.
+async fn watch(c: &mut AgentClient<Channel>, timeout: Duration, out: Output) -> Result<u8> {
+    let mut stream =
+        client::call(timeout, c.watch_events(pb::WatchEventsRequest {})).await.map_err(status)?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let event = tokio::select! {
+            _ = &mut ctrl_c => return Ok(0),
+            m = stream.message() => m.map_err(status)?,
+        };
+        let Some(e) = event else {
+            eprintln!("the agent ended the stream");
+            return Ok(0);
+        };
+        let text = match out {
+            Output::Table => client::event_line(&e) + "\n",
+            Output::Json => serde_json::to_string(&client::event_value(&e))? + "\n",
+            Output::Yaml => format!("---\n{}", serde_yaml_ng::to_string(&client::event_value(&e))?),
+        };
+        if !write_out(&text)? {
+            return Ok(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("agentctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn devices_filters() {
+        let cli = parse(&["devices", "--kind", "loop", "--verdict", "in_use", "-o", "yaml"]).expect("parse");
+        assert_eq!(cli.output, Output::Yaml);
+        match cli.command {
+            Command::Devices { kind, verdict, stale } => {
+                assert_eq!(kind, Some(KindArg::Loop));
+                assert_eq!(verdict, Some(VerdictArg::InUse));
+                assert!(!stale);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(parse(&["devices", "--stale"]).is_ok());
+        assert!(parse(&["devices", "--verdict", "in-use"]).is_ok());
+        assert!(parse(&["devices", "--stale", "--verdict", "unused"]).is_err());
+        assert!(parse(&["devices", "--kind", "floppy"]).is_err());
+    }
+
+    #[test]
+    fn cli_names_match_the_agents_names() {
+        for k in KindArg::value_variants() {
+            let name = k.to_possible_value().map(|p| p.get_name().to_owned());
+            assert_eq!(name, Some(client::kind_name(k.to_pb() as i32)));
+        }
+        for v in VerdictArg::value_variants() {
+            let name = v.to_possible_value().map(|p| p.get_name().to_owned());
+            assert_eq!(name, Some(client::verdict_name(v.to_pb() as i32)));
+        }
+    }
+
+    #[test]
+    fn apply_needs_devices_and_timeout_is_bounded() {
+        assert!(parse(&["apply"]).is_err());
+        assert!(parse(&["apply", "loop3", "--yes"]).is_ok());
+        assert!(parse(&["--timeout", "0", "node"]).is_err());
+        assert!(parse(&["node", "--timeout", "5"]).is_ok());
+    }
+
+    #[test]
+    fn targets() {
+        let cli = parse(&["--socket", "/tmp/a.sock", "node"]).expect("parse");
+        assert_eq!(target(&cli).expect("target"), Target::Unix("/tmp/a.sock".into()));
+        let cli =
+            parse(&["--addr", "node1:9443", "--cert", "c.pem", "--key", "k.pem", "--ca", "ca.pem", "node"])
+                .expect("parse");
+        match target(&cli).expect("target") {
+            Target::Tcp(t) => assert_eq!(t.server_name, "node1"),
+            other => panic!("{other:?}"),
+        }
+        let cli = parse(&["--addr", "node1:9443", "--cert", "c.pem", "node"]).expect("parse");
+        let e = target(&cli).expect_err("missing files");
+        assert_eq!(e.to_string(), "--addr needs --cert, --key and --ca (mutual TLS); missing --key, --ca");
+        let cli = parse(&["--cert", "c.pem", "node"]).expect("parse");
+        assert!(target(&cli).is_err());
+        let cli =
+            parse(&["--addr", "node1", "--cert", "c", "--key", "k", "--ca", "a", "node"]).expect("parse");
+        assert!(target(&cli).is_err());
+    }
+}

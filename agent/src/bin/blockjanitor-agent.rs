@@ -144,7 +144,7 @@ enum Command {
     Journal,
     /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
     /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
 }
 
 #[derive(clap::Args, Debug)]

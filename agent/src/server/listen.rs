@@ -106,7 +106,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .build_v1()
             .map_err(|e| ServeError::Reflection(e.to_string()))
     };
-    let agent = || AgentServer::new(AgentService { state: Arc::clone(&state), policy: Arc::clone(&policy) });
+    let agent = || AgentServer::new(AgentService::new(Arc::clone(&state), Arc::clone(&policy)));
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.metrics.listen {

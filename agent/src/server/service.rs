@@ -18,6 +18,27 @@ use crate::daemon::state::AgentState;
 pub struct AgentService {
     pub state: Arc<AgentState>,
     pub policy: Arc<Policy>,
+    /// The latest scan's devices as messages, converted once per scan (by scan number).
+    cache: std::sync::Mutex<Option<(u64, Arc<Vec<pb::Device>>)>>,
+}
+
+impl AgentService {
+    pub fn new(state: Arc<AgentState>, policy: Arc<Policy>) -> Self {
+        Self { state, policy, cache: std::sync::Mutex::new(None) }
+    }
+
+    /// The latest scan's devices as messages.
+    fn devices(&self, view: &crate::daemon::state::View) -> Arc<Vec<pb::Device>> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cache {
+            Some((n, d)) if *n == view.scan_number => Arc::clone(d),
+            _ => {
+                let d = Arc::new(view.devices.iter().map(convert::device).collect::<Vec<_>>());
+                *cache = Some((view.scan_number, Arc::clone(&d)));
+                d
+            }
+        }
+    }
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
@@ -51,14 +72,12 @@ impl Agent for AgentService {
         let verdict = pb::Verdict::try_from(r.verdict)
             .map_err(|_| Status::invalid_argument(format!("unknown verdict {}", r.verdict)))?;
         let v = self.state.view();
-        let devices = v
-            .devices
+        let devices = self
+            .devices(&v)
             .iter()
-            .filter(|d| kind == pb::DeviceKind::Unspecified || convert::kind(d.entry.device.kind) == kind)
-            .filter(|d| {
-                verdict == pb::Verdict::Unspecified || convert::verdict(d.judgement.verdict) == verdict
-            })
-            .map(convert::device)
+            .filter(|d| kind == pb::DeviceKind::Unspecified || d.kind == kind as i32)
+            .filter(|d| verdict == pb::Verdict::Unspecified || d.verdict == verdict as i32)
+            .cloned()
             .collect();
         Ok(Response::new(pb::ListDevicesResponse {
             devices,

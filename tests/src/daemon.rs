@@ -1,0 +1,196 @@
+//! Running `blockjanitor-agent serve` in tests: the process (stopped with SIGTERM on drop), its
+//! listeners' real addresses (read from its JSON log), test certificates, and gRPC clients over
+//! the unix socket and over TCP with mutual TLS.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use blockjanitor_proto::v1::agent_client::AgentClient;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// A running daemon.
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+    pub tcp: Option<SocketAddr>,
+    pub metrics: Option<SocketAddr>,
+    /// Every log line so far is kept here by a reader thread.
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    /// Starts `serve` with `args` (plus `--socket`, `--journal`, `--log-format json` in `dir`)
+    /// and waits until the unix listener is up (10 s at most).
+    pub fn start(dir: &Path, args: &[&str]) -> Self {
+        Self::start_with_global(dir, &[], args)
+    }
+
+    /// Like [`Daemon::start`], with global flags (`--root`...) placed before `serve`.
+    pub fn start_with_global(dir: &Path, global: &[&str], args: &[&str]) -> Self {
+        let socket = dir.join("agent.sock");
+        let journal = dir.join("journal.jsonl");
+        let mut child = Command::new(crate::agent_bin())
+            .args(global)
+            .args(["--log-format", "json", "--journal"])
+            .arg(&journal)
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn serve");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (tx, rx) = mpsc::channel::<(String, String)>();
+        let log2 = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                    if let (Some(l), Some(a)) = (v["listener"].as_str(), v["address"].as_str()) {
+                        let _ = tx.send((l.to_owned(), a.to_owned()));
+                    }
+                }
+                if let Ok(mut g) = log2.lock() {
+                    g.push(line);
+                }
+            }
+        });
+        let mut d = Self { child, socket, tcp: None, metrics: None, log };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((l, _)) if l == "unix" => break,
+                Ok((l, a)) if l == "tcp" => d.tcp = a.parse().ok(),
+                Ok((l, a)) if l == "metrics" => d.metrics = a.parse().ok(),
+                Ok(_) => {}
+                Err(_) => panic!("the daemon did not start listening; its log:\n{}", d.log_text()),
+            }
+        }
+        d
+    }
+
+    pub fn log_text(&self) -> String {
+        self.log.lock().map(|g| g.join("\n")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM and waits (5 s at most); returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..250 {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.stop();
+        }
+    }
+}
+
+/// A gRPC channel over a unix socket.
+pub async fn unix_channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// An Agent client over a unix socket.
+pub async fn unix_client(path: &Path) -> AgentClient<Channel> {
+    AgentClient::new(unix_channel(path).await.expect("connect unix socket"))
+}
+
+/// A channel over TCP with TLS; `identity` is the client certificate and key (PEM).
+pub async fn tls_channel(
+    addr: SocketAddr,
+    ca_pem: &str,
+    identity: Option<(&str, &str)>,
+) -> Result<Channel, tonic::transport::Error> {
+    let mut tls =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem)).domain_name("localhost");
+    if let Some((cert, key)) = identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+}
+
+/// A certificate and its key, PEM.
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+}
+
+/// A test PKI: a CA, a server certificate for localhost/127.0.0.1, and client certificates.
+pub struct Pki {
+    pub ca: Pem,
+    pub server: Pem,
+    issuer_params: rcgen::CertificateParams,
+    issuer_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    pub fn new(ca_name: &str) -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, ca_name);
+        let key = KeyPair::generate().expect("ca key");
+        let ca = params.self_signed(&key).expect("ca cert");
+        let ca = Pem { cert: ca.pem(), key: key.serialize_pem() };
+        let mut pki = Self {
+            ca,
+            server: Pem { cert: String::new(), key: String::new() },
+            issuer_params: params,
+            issuer_key: key,
+        };
+        pki.server = pki.issue("localhost", &["localhost", "127.0.0.1"]);
+        pki
+    }
+
+    /// A certificate with common name `cn` and these SANs (IP addresses become IP SANs).
+    pub fn issue(&self, cn: &str, sans: &[&str]) -> Pem {
+        use rcgen::{CertificateParams, DnType, Issuer, KeyPair};
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).expect("params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let key = KeyPair::generate().expect("key");
+        let issuer = Issuer::from_params(&self.issuer_params, &self.issuer_key);
+        let cert = params.signed_by(&key, &issuer).expect("sign");
+        Pem { cert: cert.pem(), key: key.serialize_pem() }
+    }
+
+    /// Writes the CA and server files into `dir`; returns (cert, key, ca) paths.
+    pub fn write_server(&self, dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+        let (c, k, a) = (dir.join("server.crt"), dir.join("server.key"), dir.join("ca.crt"));
+        std::fs::write(&c, &self.server.cert).expect("write cert");
+        std::fs::write(&k, &self.server.key).expect("write key");
+        std::fs::write(&a, &self.ca.cert).expect("write ca");
+        (c, k, a)
+    }
+}
