@@ -243,7 +243,14 @@ pub fn status_line(s: &Status) -> String {
             msg = format!("{msg}: {detail}");
         }
     }
-    format!("{:?}: {msg}", s.code())
+    // Transport errors often repeat a cause ("a: b: b"): say each once.
+    let mut parts: Vec<&str> = Vec::new();
+    for p in msg.split(": ") {
+        if parts.last() != Some(&p) {
+            parts.push(p);
+        }
+    }
+    format!("{:?}: {}", s.code(), parts.join(": "))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1029,6 +1036,8 @@ mod tests {
         let s = Status::not_found("unknown device 'sdz':\n no such device");
         assert_eq!(status_line(&s), "NotFound: unknown device 'sdz': no such device");
         assert_eq!(status_line(&Status::internal("")), "Internal: Internal error");
+        let s = Status::unknown("h2 protocol error: error reading a body: error reading a body: broken pipe");
+        assert_eq!(status_line(&s), "Unknown: h2 protocol error: error reading a body: broken pipe");
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod daemon;
 pub mod fixture;
+pub mod guest;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -312,7 +312,17 @@ fn root_sigterm_stops_gracefully_and_removes_the_socket() {
     let s = Scratch::new();
     let mut d = Daemon::start(s.dir.path(), &[]);
     assert!(d.socket.exists());
+    // A client watching events must not hold up the shutdown.
+    let rt = rt();
+    let mut watch = rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        c.watch_events(pb::WatchEventsRequest {}).await.expect("watch").into_inner()
+    });
+    let started = std::time::Instant::now();
     assert_eq!(d.stop(), Some(0), "clean exit on SIGTERM; log:\n{}", d.log_text());
+    assert!(started.elapsed() < Duration::from_secs(3), "stopped in {:?}", started.elapsed());
+    let end = rt.block_on(async { tokio::time::timeout(Duration::from_secs(2), watch.next()).await });
+    assert!(matches!(end, Ok(None) | Ok(Some(Err(_)))), "the stream ended: {end:?}");
     assert!(!d.socket.exists(), "socket removed");
     // A second agent refuses to take over a live socket, and TCP without TLS is refused.
     let d1 = Daemon::start(s.dir.path(), &[]);
@@ -322,4 +332,49 @@ fn root_sigterm_stops_gracefully_and_removes_the_socket() {
     let out = agent(&["serve", "--socket", "/tmp/x.sock", "--listen", "127.0.0.1:0", "--tls-operator", "x"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("mutual TLS"), "{}", text(&out.stderr));
+}
+
+/// Runs agentctl as uid 65534 with `groups` as its supplementary groups.
+fn agentctl_as_nobody(groups: &str, args: &[&str]) -> std::process::Output {
+    let ctl = agent_bin().with_file_name("agentctl");
+    std::process::Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--groups", groups])
+        .arg(ctl)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("setpriv agentctl")
+}
+
+#[test]
+fn root_unix_socket_viewer_reads_but_cannot_apply() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let s = Scratch::new();
+    // The scratch directory must be reachable by uid 65534.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = Daemon::start(s.dir.path(), &["--socket-group", "1"]);
+    let sock = d.socket.to_str().expect("utf8");
+    // A member of the socket's group (GID 1) is a viewer.
+    let out = agentctl_as_nobody("1", &["--socket", sock, "devices", "-o", "json"]);
+    assert!(out.status.success(), "viewer lists: {}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(v.to_string().contains("\"name\""), "{v}");
+    let out = agentctl_as_nobody("1", &["--socket", sock, "apply", "loop0", "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("PermissionDenied") && err.contains("operator"), "{err}");
+    // Anyone else cannot even connect, and is told why.
+    let out = agentctl_as_nobody("65534", &["--socket", sock, "node"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("permission denied") && err.contains("group"), "{err}");
+    // Root, on the same socket, is an operator.
+    let out = std::process::Command::new(agent_bin().with_file_name("agentctl"))
+        .args(["--socket", sock, "apply", "sdzz", "--yes"])
+        .output()
+        .expect("agentctl");
+    assert!(text(&out.stderr).contains("NotFound"), "root passes the role check: {}", text(&out.stderr));
 }

@@ -54,14 +54,12 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
             )),
             Some(prev) => {
                 if prev.entry.holders != d.entry.holders {
+                    let gone = prev.entry.holders.iter().filter(|h| !d.entry.holders.contains(h)).count();
+                    let new = d.entry.holders.iter().filter(|h| !prev.entry.holders.contains(h)).count();
                     out.push(AgentEvent::new(
                         EventKind::HoldersChanged,
                         name,
-                        format!(
-                            "{name}: {} holder(s), was {}",
-                            d.entry.holders.len(),
-                            prev.entry.holders.len()
-                        ),
+                        format!("{name}: {new} holder(s) added, {gone} gone, {} now", d.entry.holders.len()),
                         Some(d.clone()),
                     ));
                 }

@@ -5,7 +5,7 @@
 //! a single follow-up scan (a `Notify` holds at most one permit), so scans never stack. A scan
 //! that overruns its deadline is reported; no new scan starts until it has finished.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -76,6 +76,9 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     PermissionDenied(String),
+    /// The request is well-formed but the device's state forbids it (e.g. it is protected).
+    #[error("{0}")]
+    FailedPrecondition(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
@@ -318,7 +321,7 @@ impl AgentState {
         for d in devices {
             let v = self.find(d)?;
             if protected.contains(&v.entry.device.devnum) {
-                return Err(ApiError::PermissionDenied(format!(
+                return Err(ApiError::FailedPrecondition(format!(
                     "{} is protected: {}",
                     v.entry.device.name,
                     v.judgement.reasons.join("; ")
@@ -342,7 +345,7 @@ impl AgentState {
         })?;
         let actuator = LinuxActuator::new(self.host.clone(), crate::act::linux::DEFAULT_TIMEOUT);
         let mut out = Vec::new();
-        for p in plans.iter().filter(|p| p.refusal.is_none()) {
+        for p in plans.iter().filter(|p| p.refusal.is_none() && !p.steps.is_empty()) {
             let name = p.device.as_str();
             let _ = self.events.send(AgentEvent::new(
                 EventKind::ActionStarted,
@@ -363,16 +366,17 @@ impl AgentState {
                 },
                 plan::Step::DetachMount { .. } => Ok(()),
             });
-            let mut counts: HashMap<&str, usize> = HashMap::new();
+            let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &reports {
                 let (word, _) = r.word();
                 self.metrics.action(r.step.action(), word);
                 *counts.entry(word).or_default() += 1;
             }
+            let summary: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
             let _ = self.events.send(AgentEvent::new(
                 EventKind::ActionFinished,
                 name,
-                format!("{} {name}: {counts:?}", p.operation),
+                format!("{} {name}: {}", p.operation, summary.join(", ")),
                 None,
             ));
             out.extend(reports);

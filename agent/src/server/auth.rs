@@ -41,7 +41,9 @@ pub fn cert_identities(der: &[u8]) -> Vec<String> {
     }
     for cn in cert.subject().iter_common_name() {
         if let Ok(s) = cn.as_str() {
-            out.push(s.to_owned());
+            if !out.iter().any(|o| o == s) {
+                out.push(s.to_owned());
+            }
         }
     }
     out

@@ -92,8 +92,10 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     let cfg = state.config.clone();
     let gid = cfg.socket.group.as_deref().map(resolve_group).transpose()?;
     let policy = Arc::new(Policy {
-        socket_gid: gid,
-        socket_group_name: cfg.socket.group.clone(),
+        // Without a configured group the socket stays root's group: its members may connect
+        // (mode 0660), so they are viewers, as the file's permissions say.
+        socket_gid: Some(gid.unwrap_or(0)),
+        socket_group_name: Some(cfg.socket.group.clone().unwrap_or_else(|| "root".into())),
         tcp_operators: cfg.tcp.operators.clone(),
         tcp_viewers: cfg.tcp.viewers.clone(),
     });
@@ -106,7 +108,8 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .build_v1()
             .map_err(|e| ServeError::Reflection(e.to_string()))
     };
-    let agent = || AgentServer::new(AgentService::new(Arc::clone(&state), Arc::clone(&policy)));
+    let agent =
+        || AgentServer::new(AgentService::new(Arc::clone(&state), Arc::clone(&policy), shutdown.clone()));
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.metrics.listen {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_server::Agent;
-use tokio_stream::{Stream, StreamExt};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::auth::{Policy, Role};
@@ -18,13 +18,19 @@ use crate::daemon::state::AgentState;
 pub struct AgentService {
     pub state: Arc<AgentState>,
     pub policy: Arc<Policy>,
+    /// Turns true on shutdown: open event streams end then, so shutdown never waits on them.
+    pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// The latest scan's devices as messages, converted once per scan (by scan number).
     cache: std::sync::Mutex<Option<(u64, Arc<Vec<pb::Device>>)>>,
 }
 
 impl AgentService {
-    pub fn new(state: Arc<AgentState>, policy: Arc<Policy>) -> Self {
-        Self { state, policy, cache: std::sync::Mutex::new(None) }
+    pub fn new(
+        state: Arc<AgentState>,
+        policy: Arc<Policy>,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self { state, policy, shutdown, cache: std::sync::Mutex::new(None) }
     }
 
     /// The latest scan's devices as messages.
@@ -122,15 +128,33 @@ impl Agent for AgentService {
         req: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
         self.policy.require(&req, Role::Viewer)?;
-        let rx = self.state.events.subscribe();
-        let stream = tokio_stream::wrappers::BroadcastStream::new(rx).filter_map(|r| match r {
-            Ok(e) => Some(Ok(convert::event(&e))),
-            // A slow client missed events: tell it, and go on.
-            Err(tokio_stream::wrappers::errors::BroadcastStreamRecvError::Lagged(n)) => Some(Ok(pb::Event {
-                message: format!("{n} events were dropped: this client fell behind"),
-                ..Default::default()
-            })),
+        let mut events = self.state.events.subscribe();
+        let mut shutdown = self.shutdown.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // Forward events until the client goes away or the agent shuts down: a graceful stop
+        // never waits on a watching client.
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            while !*shutdown.borrow() {
+                let msg = tokio::select! {
+                    _ = shutdown.changed() => continue,
+                    r = events.recv() => match r {
+                        Ok(e) => convert::event(&e),
+                        // A slow client missed events: tell it, and go on.
+                        Err(RecvError::Lagged(n)) => pb::Event {
+                            r#type: pb::event::Type::EventsDropped as i32,
+                            message: format!("{n} events were dropped: this client fell behind; re-read the state"),
+                            ..Default::default()
+                        },
+                        Err(RecvError::Closed) => break,
+                    },
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    break;
+                }
+            }
         });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -11,6 +11,7 @@ pub fn to_status(e: ApiError) -> Status {
         ApiError::InvalidArgument(m) => Status::invalid_argument(m),
         ApiError::NotFound(m) => Status::not_found(m),
         ApiError::PermissionDenied(m) => Status::permission_denied(m),
+        ApiError::FailedPrecondition(m) => Status::failed_precondition(m),
         ApiError::Unavailable(m) => Status::unavailable(m),
         ApiError::Internal(m) => Status::internal(m),
     }

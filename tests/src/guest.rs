@@ -1,0 +1,92 @@
+//! Running scenarios in the qemu guest (Debian's kernel with scsi_debug, dm-multipath, nbd, rbd;
+//! see `tests/guest/README.md`) from Rust tests, with the agent binary inside it.
+//!
+//! Guest tests are named `root_guest_*`. They need root (to install qemu on first use), the
+//! package mirror on a cold cache, and about 5-10 s per scenario.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+/// `tests/guest/`.
+pub fn guest_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("guest")
+}
+
+/// Checks that guest tests can run: fails in CI, skips with a reason elsewhere.
+pub fn require_guest() -> bool {
+    crate::require_real_kernel(&["strip", "timeout"])
+}
+
+/// Puts the agent binary (stripped) and the shared libraries it needs into `dir`, so that it runs
+/// in the guest as `/extra/bin/blockjanitor-agent`.
+pub fn stage_agent(dir: &Path) {
+    let bin = crate::agent_bin();
+    let out = Command::new(guest_dir().join("copy-binary-libs.sh"))
+        .arg(&bin)
+        .arg(dir)
+        .arg("/bin/blockjanitor-agent")
+        .output()
+        .expect("copy-binary-libs.sh");
+    assert!(out.status.success(), "copy-binary-libs.sh: {}", String::from_utf8_lossy(&out.stderr));
+    let staged = dir.join("bin/blockjanitor-agent");
+    let out = Command::new("strip").arg(&staged).output().expect("strip");
+    assert!(out.status.success(), "strip: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The outcome of one scenario.
+pub struct Run {
+    pub code: Option<i32>,
+    /// What the scenario printed (its stdout and stderr), ending with `GUEST-EXIT <code>`.
+    pub output: String,
+    /// Harness messages; on failure, the guest console's tail.
+    pub harness: String,
+}
+
+impl Run {
+    /// Panics with everything the guest said unless the scenario exited 0.
+    pub fn assert_ok(&self) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "guest scenario failed\n--- scenario output ---\n{}\n--- harness and console ---\n{}",
+            self.output,
+            self.harness
+        );
+        self
+    }
+
+    /// The lines between `BEGIN name` and `END name` markers the scenario printed.
+    pub fn section(&self, name: &str) -> String {
+        let begin = format!("BEGIN {name}");
+        let end = format!("END {name}");
+        let mut inside = false;
+        let mut out = Vec::new();
+        for l in self.output.lines() {
+            if l.trim() == begin {
+                inside = true;
+            } else if l.trim() == end {
+                break;
+            } else if inside {
+                out.push(l);
+            }
+        }
+        out.join("\n")
+    }
+}
+
+/// Boots the guest with `scenarios/<name>` and the agent staged under /extra.
+pub fn run_scenario(name: &str) -> Run {
+    let extra = tempfile::tempdir().expect("tempdir");
+    stage_agent(extra.path());
+    let out: Output = Command::new(guest_dir().join("run.sh"))
+        .arg(guest_dir().join("scenarios").join(name))
+        .arg(extra.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run.sh");
+    Run {
+        code: out.status.code(),
+        output: String::from_utf8_lossy(&out.stdout).into_owned(),
+        harness: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
