@@ -10,6 +10,7 @@ pub mod fds;
 pub mod loopdev;
 pub mod maps;
 pub mod mountinfo;
+pub mod multipath;
 pub mod namespaces;
 pub mod processes;
 pub mod swaps;
