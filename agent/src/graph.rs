@@ -14,6 +14,7 @@ use crate::discover::processes::kthread_serves;
 use crate::discover::swaps::SwapType;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, MountNsId};
 use crate::snapshot::{KernelThread, Snapshot};
+use crate::storage::{multipath_view, scsi_view, MultipathView, ScsiView};
 
 /// At most this many PIDs are listed per holder (`pid_count` has the total).
 pub const MAX_PIDS: usize = 16;
@@ -28,6 +29,9 @@ pub struct Holder {
     pub comm: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cmdline: Option<String>,
+    /// The first process's state letter (`D`: stuck in uninterruptible sleep).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_state: Option<char>,
     /// For mounts: the namespace the mount lives in; for process holders: the process's.
     pub mount_namespace: Option<MountNsId>,
     /// Whether that namespace is the host's (PID 1's).
@@ -65,6 +69,7 @@ impl Holder {
             pid_count: 0,
             comm: None,
             cmdline: None,
+            process_state: None,
             mount_namespace: None,
             in_host_namespace: None,
             mount_point: None,
@@ -93,6 +98,12 @@ pub struct DeviceEntry {
     pub device: BlockDevice,
     pub holders: Vec<Holder>,
     pub kernel_threads: Vec<KernelThread>,
+    /// For a multipath map: its paths and their state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multipath: Option<MultipathView>,
+    /// For a SCSI disk: its state, transport and the map it serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scsi: Option<ScsiView>,
 }
 
 /// Devices with their holders.
@@ -173,12 +184,28 @@ impl DeviceGraph {
                 per_dev.entry(backing_dev).or_default().push(h);
             }
         }
+        let by_devnum = |dn: DevNum| s.devices.iter().find(|d| d.devnum == dn).map(|d| d.name.clone());
+        let maps: Vec<(DevNum, MultipathView)> = s
+            .dm_devices
+            .iter()
+            .filter_map(|dm| Some((dm.devnum, multipath_view(dm, &s.dm_devices, &s.scsi, &by_devnum)?)))
+            .collect();
         let devices = s
             .devices
             .iter()
             .map(|d| {
                 let devtext = d.devnum.to_string();
+                let multipath = maps.iter().find(|(dn, _)| *dn == d.devnum).map(|(_, m)| m.clone());
+                let scsi = s.scsi.disks.iter().find(|k| k.devnum == d.devnum).map(|k| {
+                    let path_of = maps
+                        .iter()
+                        .find(|(_, m)| m.paths.iter().any(|p| p.devnum == d.devnum))
+                        .and_then(|(dn, _)| by_devnum(*dn));
+                    scsi_view(k, &s.scsi, path_of)
+                });
                 DeviceEntry {
+                    multipath,
+                    scsi,
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),
                     kernel_threads: s
                         .kernel_threads
@@ -203,6 +230,7 @@ fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
     if let Some(p) = pid.and_then(|p| s.processes.get(&p)) {
         h.comm = Some(p.comm.clone());
         h.cmdline = p.cmdline.clone();
+        h.process_state = Some(p.state);
         h.container_id = p.container_id.clone();
         h.pod_uid = p.pod_uid.clone();
     }

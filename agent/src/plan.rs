@@ -8,7 +8,7 @@
 use serde::Serialize;
 
 use crate::discover::namespaces::NsEntry;
-use crate::graph::{DeviceEntry, Holder};
+use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::model::{DevNum, DeviceKind, DeviceName, HolderKind, MountNsId};
 
 /// One destructive step. Each is idempotent: a target already gone is a success.
@@ -33,12 +33,28 @@ pub enum Step {
         backing_dev: Option<DevNum>,
         backing_inode: Option<u64>,
     },
+    /// A device-mapper target message (`fail_if_no_path`: stop queueing, so I/O that would hang
+    /// forever fails instead), to the map with this uuid.
+    DmMessage { device: DeviceName, devnum: DevNum, uuid: String, message: String },
+    /// Removes the dm device with this uuid (refused by the kernel while it is open, unless
+    /// deferred, which only ever happens on request).
+    DmRemove { device: DeviceName, devnum: DevNum, uuid: String, deferred: bool },
+    /// `echo offline > /sys/block/<disk>/device/state`: no more commands (not even the
+    /// SYNCHRONIZE CACHE a delete would send to a dead LUN).
+    ScsiOffline { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
+    /// `echo 1 > /sys/block/<disk>/device/delete`: removes the SCSI device.
+    ScsiDelete { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
 }
 
 impl Step {
     pub fn device(&self) -> &DeviceName {
         match self {
-            Self::DetachMount { device, .. } | Self::DetachLoop { device, .. } => device,
+            Self::DetachMount { device, .. }
+            | Self::DetachLoop { device, .. }
+            | Self::DmMessage { device, .. }
+            | Self::DmRemove { device, .. }
+            | Self::ScsiOffline { device, .. }
+            | Self::ScsiDelete { device, .. } => device,
         }
     }
 
@@ -46,6 +62,10 @@ impl Step {
         match self {
             Self::DetachMount { .. } => "detach_mount",
             Self::DetachLoop { .. } => "detach_loop",
+            Self::DmMessage { .. } => "dm_message",
+            Self::DmRemove { .. } => "dm_remove",
+            Self::ScsiOffline { .. } => "scsi_offline",
+            Self::ScsiDelete { .. } => "scsi_delete",
         }
     }
 
@@ -57,9 +77,17 @@ impl Step {
                 namespace.0,
                 via.describe()
             ),
-            Self::DetachLoop { device, backing_file, .. } => {
+                        Self::DetachLoop { device, backing_file, .. } => {
                 format!("detach loop device {device} from {backing_file} (LOOP_CLR_FD)")
             }
+            Self::DmMessage { device, uuid, message, .. } => {
+                format!("send '{message}' to map {device} ({uuid}): queued and future I/O fails instead of hanging")
+            }
+            Self::DmRemove { device, uuid, deferred, .. } => {
+                format!("remove dm device {device} ({uuid}){}", if *deferred { " on last close (deferred)" } else { "" })
+            }
+            Self::ScsiOffline { device, address, .. } => format!("set SCSI disk {device} ({address}) offline"),
+            Self::ScsiDelete { device, address, .. } => format!("delete SCSI disk {device} ({address})"),
         }
     }
 }
@@ -79,8 +107,12 @@ pub struct Plan {
     pub devnum: DevNum,
     pub steps: Vec<Step>,
     pub left_alone: Vec<LeftAlone>,
-    /// Why nothing may be done at all (device still held, wrong kind).
+    /// Why nothing may be done at all (device still held, a path active, not stale yet).
     pub refusal: Option<String>,
+    /// The refusal is because the operation does not apply to this kind of device (an error,
+    /// not a judgement about its state).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unsupported: bool,
 }
 
 /// Why a holder keeps a device busy, in words.
@@ -159,7 +191,15 @@ pub fn release(entry: &DeviceEntry) -> Plan {
             }
         }
     }
-    Plan { operation: "release", device: d.name.clone(), devnum: d.devnum, steps, left_alone, refusal: None }
+    Plan {
+        operation: "release",
+        device: d.name.clone(),
+        devnum: d.devnum,
+        steps,
+        left_alone,
+        refusal: None,
+        unsupported: false,
+    }
 }
 
 /// Plans unbinding a loop device; refused while anything holds it.
@@ -172,10 +212,15 @@ pub fn clean(entry: &DeviceEntry) -> Plan {
         steps: Vec::new(),
         left_alone: Vec::new(),
         refusal: None,
+        unsupported: false,
     };
     if d.kind != DeviceKind::Loop {
-        plan.refusal =
-            Some(format!("{} is a {} device; clean handles loop devices only", d.name, d.kind.as_str()));
+        plan.refusal = Some(format!(
+            "{} is a {} device; clean handles loop devices, multipath maps and SCSI disks",
+            d.name,
+            d.kind.as_str()
+        ));
+        plan.unsupported = true;
         return plan;
     }
     let Some(info) = &d.loop_info else {
@@ -223,4 +268,170 @@ pub fn cleanup(entry: &DeviceEntry) -> Plan {
         _ => {}
     }
     p
+}
+
+/// The teardown of a multipath map with no active path (incident 3), in the only safe order:
+/// stop queueing (so nothing can hang on it, and stuck readers get EIO and let go), release its
+/// mounts in other namespaces, remove its kpartx partition maps, remove the map, then set each
+/// path offline and delete it. Refused while any path is active or anything else holds it.
+pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
+    let d = &entry.device;
+    let mut p = Plan {
+        operation: "teardown",
+        device: d.name.clone(),
+        devnum: d.devnum,
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        refusal: None,
+        unsupported: false,
+    };
+    let Some(m) = &entry.multipath else {
+        p.refusal = Some(format!("{} is not a multipath map", d.name));
+        p.unsupported = true;
+        return p;
+    };
+    if m.active_paths > 0 {
+        p.refusal = Some(format!(
+            "map {} ({}): {} path(s) active: a map with an active path is never torn down",
+            m.name, d.name, m.active_paths
+        ));
+        return p;
+    }
+    if m.queue_if_no_path.is_none() {
+        p.refusal = Some(format!("map {} ({}): its table and status could not be read", m.name, d.name));
+        return p;
+    }
+    let blocking: Vec<&Holder> =
+        entry.holders.iter().filter(|h| !crate::policy::releasable(h, &m.partitions)).collect();
+    if !blocking.is_empty() {
+        p.left_alone =
+            blocking.iter().map(|h| LeftAlone { holder: (*h).clone(), reason: holder_reason(h) }).collect();
+        p.refusal = Some(format!(
+            "{} is still held by {} holder(s) the teardown cannot release",
+            d.name,
+            blocking.len()
+        ));
+        return p;
+    }
+    let release = release(entry);
+    if !release.left_alone.iter().all(|l| l.holder.kind != HolderKind::Mount) {
+        p.left_alone = release.left_alone;
+        p.refusal = Some(format!("{}: a mount of it cannot be released (see above)", d.name));
+        return p;
+    }
+    if m.queue_if_no_path == Some(true) {
+        p.steps.push(Step::DmMessage {
+            device: d.name.clone(),
+            devnum: d.devnum,
+            uuid: m.uuid.clone(),
+            message: "fail_if_no_path".into(),
+        });
+    }
+    p.steps.extend(release.steps);
+    for part in &m.partitions {
+        let Some(pe) = graph.devices.iter().find(|e| &e.device.name == part) else { continue };
+        if !pe.holders.is_empty() {
+            p.left_alone = pe
+                .holders
+                .iter()
+                .map(|h| LeftAlone {
+                    holder: h.clone(),
+                    reason: format!("partition map {part}: {}", holder_reason(h)),
+                })
+                .collect();
+            p.refusal = Some(format!("partition map {part} of {} is still held", d.name));
+            p.steps.clear();
+            return p;
+        }
+        let uuid = pe.device.dm.as_ref().map(|x| x.uuid.clone()).unwrap_or_default();
+        p.steps.push(Step::DmRemove {
+            device: part.clone(),
+            devnum: pe.device.devnum,
+            uuid,
+            deferred: false,
+        });
+    }
+    p.steps.push(Step::DmRemove {
+        device: d.name.clone(),
+        devnum: d.devnum,
+        uuid: m.uuid.clone(),
+        deferred: false,
+    });
+    for path in &m.paths {
+        let Some(disk) =
+            path.device.as_ref().and_then(|n| graph.devices.iter().find(|e| &e.device.name == n))
+        else {
+            continue;
+        };
+        p.steps.extend(scsi_steps(disk));
+    }
+    p
+}
+
+fn scsi_steps(disk: &DeviceEntry) -> Vec<Step> {
+    let d = &disk.device;
+    let (wwid, address) = disk
+        .scsi
+        .as_ref()
+        .map(|s| (s.disk.wwid.clone(), s.disk.address.to_string()))
+        .unwrap_or((None, String::new()));
+    vec![
+        Step::ScsiOffline {
+            device: d.name.clone(),
+            devnum: d.devnum,
+            wwid: wwid.clone(),
+            address: address.clone(),
+        },
+        Step::ScsiDelete { device: d.name.clone(), devnum: d.devnum, wwid, address },
+    ]
+}
+
+/// Deleting a standalone SCSI disk (offline, nothing holds it): offline, then delete. A path of
+/// a multipath map goes with its map, never alone.
+pub fn delete_disk(entry: &DeviceEntry) -> Plan {
+    let d = &entry.device;
+    let mut p = Plan {
+        operation: "delete",
+        device: d.name.clone(),
+        devnum: d.devnum,
+        steps: Vec::new(),
+        left_alone: Vec::new(),
+        refusal: None,
+        unsupported: false,
+    };
+    match &entry.scsi {
+        None => {
+            p.refusal = Some(format!("{} is not a SCSI disk", d.name));
+            p.unsupported = true;
+        }
+        Some(s) if s.path_of.is_some() => {
+            p.refusal = Some(format!(
+                "{} is a path of multipath map {}: clean the map, which removes its paths",
+                d.name,
+                s.path_of.as_ref().map_or("?", |m| m.as_str())
+            ));
+        }
+        Some(_) if !entry.holders.is_empty() => {
+            p.left_alone = entry
+                .holders
+                .iter()
+                .map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) })
+                .collect();
+            p.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
+        }
+        Some(_) => p.steps = scsi_steps(entry),
+    }
+    p
+}
+
+/// What `clean` does to a device, by kind: unbind a loop device, tear down a multipath map,
+/// delete a standalone SCSI disk.
+pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
+    if entry.multipath.is_some() {
+        teardown_map(entry, graph)
+    } else if entry.scsi.is_some() {
+        delete_disk(entry)
+    } else {
+        clean(entry)
+    }
 }

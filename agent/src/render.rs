@@ -6,9 +6,14 @@ use serde_json::{json, Value};
 
 use crate::act::StepReport;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::model::DevNum;
 use crate::model::{BlockDevice, DeviceKind, HolderKind};
 use crate::plan::{holder_reason, Plan};
+use crate::policy::{Judgement, Verdict};
 use crate::snapshot::ScanStats;
+
+/// Verdicts by device, for the renderers.
+pub type Verdicts = std::collections::HashMap<DevNum, Judgement>;
 
 /// Holder lines shown per device in a table before the rest is summarised.
 const TABLE_HOLDERS: usize = 6;
@@ -51,18 +56,29 @@ pub fn device_json(d: &BlockDevice) -> Value {
     v
 }
 
-/// One device with its holders, as JSON.
-pub fn entry_json(e: &DeviceEntry) -> Value {
-    json!({
+/// One device with its holders (and its verdict, when judged), as JSON.
+pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
+    let mut v = json!({
         "device": device_json(&e.device),
         "holders": e.holders,
         "kernel_threads": e.kernel_threads,
-    })
+    });
+    if let Some(m) = &e.multipath {
+        v["multipath"] = json!(m);
+    }
+    if let Some(sc) = &e.scsi {
+        v["scsi"] = json!(sc);
+    }
+    if let Some(j) = j {
+        v["verdict"] = json!(j.verdict.as_str());
+        v["reasons"] = json!(j.reasons);
+    }
+    v
 }
 
 /// `holders DEVICE --output json`.
-pub fn holders_json(e: &DeviceEntry, stats: &ScanStats, warnings: &[String]) -> Value {
-    let mut v = entry_json(e);
+pub fn holders_json(e: &DeviceEntry, j: Option<&Judgement>, stats: &ScanStats, warnings: &[String]) -> Value {
+    let mut v = entry_json(e, j);
     v["in_use"] = json!(!e.holders.is_empty());
     v["scan"] = json!(stats);
     v["warnings"] = json!(warnings);
@@ -70,10 +86,10 @@ pub fn holders_json(e: &DeviceEntry, stats: &ScanStats, warnings: &[String]) -> 
 }
 
 /// `scan --output json`.
-pub fn scan_json(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> Value {
+pub fn scan_json(g: &DeviceGraph, verdicts: &Verdicts, stats: &ScanStats, warnings: &[String]) -> Value {
     json!({
         "host_mount_namespace": g.host_ns,
-        "devices": g.devices.iter().map(entry_json).collect::<Vec<_>>(),
+        "devices": g.devices.iter().map(|e| entry_json(e, verdicts.get(&e.device.devnum))).collect::<Vec<_>>(),
         "summary": summary_json(g, stats),
         "warnings": warnings,
     })
@@ -140,8 +156,59 @@ pub fn holder_line(h: &Holder) -> String {
     s
 }
 
+/// Multipath paths and SCSI state under a device line.
+fn storage_lines(out: &mut String, e: &DeviceEntry) {
+    if let Some(m) = &e.multipath {
+        let _ = writeln!(
+            out,
+            "    multipath {} ({}): {} of {} path(s) active{}{}, open count {}",
+            m.name,
+            m.wwid,
+            m.active_paths,
+            m.paths.len(),
+            if m.queue_if_no_path == Some(true) { ", queue_if_no_path" } else { "" },
+            if m.io_would_hang { " (I/O hangs)" } else { "" },
+            m.open_count.map_or("?".into(), |c| c.to_string())
+        );
+        for p in &m.paths {
+            let _ = writeln!(
+                out,
+                "      path {} {} {} (fail count {}){}",
+                p.device.as_ref().map_or("?", |d| d.as_str()),
+                p.devnum,
+                p.state,
+                p.fail_count,
+                p.scsi_state.as_deref().map(|s| format!(", scsi {s}")).unwrap_or_default()
+            );
+        }
+    }
+    if let Some(sc) = &e.scsi {
+        let state = serde_json::to_value(sc.disk.state)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let transport = match &sc.disk.transport {
+            crate::discover::scsi::Transport::Iscsi { session } => format!("iSCSI {session}"),
+            crate::discover::scsi::Transport::Fc { rport } => format!("FC {rport}"),
+            crate::discover::scsi::Transport::Other => "local".into(),
+        };
+        let _ = writeln!(
+            out,
+            "    scsi {} {} {}: {state}, {transport}{}{}, wwid {}, ioerr_cnt {}",
+            sc.disk.address,
+            sc.disk.vendor,
+            sc.disk.model,
+            sc.transport_state.as_deref().map(|s| format!(" ({s})")).unwrap_or_default(),
+            sc.path_of.as_ref().map(|m| format!(", path of {m}")).unwrap_or_default(),
+            sc.disk.wwid.as_deref().unwrap_or("?"),
+            sc.disk.ioerr_cnt
+        );
+    }
+}
+
 /// Holders and kernel threads under a device line.
 fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
+    storage_lines(out, e);
     for h in e.holders.iter().take(limit) {
         let _ = writeln!(out, "    {}", holder_line(h));
     }
@@ -166,9 +233,24 @@ fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
     }
 }
 
+fn verdict_lines(out: &mut String, j: Option<&Judgement>) {
+    if let Some(j) = j {
+        let _ = writeln!(out, "    verdict: {}", j.verdict.as_str());
+        for r in &j.reasons {
+            let _ = writeln!(out, "      - {r}");
+        }
+    }
+}
+
 /// `holders DEVICE` as a table.
-pub fn holders_table(e: &DeviceEntry, stats: &ScanStats, warnings: &[String]) -> String {
+pub fn holders_table(
+    e: &DeviceEntry,
+    j: Option<&Judgement>,
+    stats: &ScanStats,
+    warnings: &[String],
+) -> String {
     let mut out = format!("{}\n", device_line(&e.device));
+    verdict_lines(&mut out, j);
     if e.holders.is_empty() {
         out.push_str("    no holders: nothing mounts it, has it open, swaps on it or is stacked on it\n");
     }
@@ -193,7 +275,7 @@ fn stats_line(s: &ScanStats) -> String {
 }
 
 /// `scan` as a table: every device with its holders, then a summary.
-pub fn scan_table(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> String {
+pub fn scan_table(g: &DeviceGraph, verdicts: &Verdicts, stats: &ScanStats, warnings: &[String]) -> String {
     let mut out = String::new();
     let mut hidden = 0;
     for e in &g.devices {
@@ -201,7 +283,14 @@ pub fn scan_table(g: &DeviceGraph, stats: &ScanStats, warnings: &[String]) -> St
             hidden += 1;
             continue;
         }
-        let _ = writeln!(out, "{}", device_line(&e.device));
+        let verdict =
+            verdicts.get(&e.device.devnum).map(|j| format!(" [{}]", j.verdict.as_str())).unwrap_or_default();
+        let _ = writeln!(out, "{}{verdict}", device_line(&e.device));
+        if let Some(j) = verdicts.get(&e.device.devnum).filter(|j| j.verdict != Verdict::InUse) {
+            for r in &j.reasons {
+                let _ = writeln!(out, "    - {r}");
+            }
+        }
         holders_block(&mut out, e, TABLE_HOLDERS);
     }
     let held = g.devices.iter().filter(|e| !e.holders.is_empty()).count();

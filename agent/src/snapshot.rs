@@ -12,7 +12,7 @@ use crate::discover::fds::{self, ProcRef};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
-use crate::discover::{blockdev, DiscoverError};
+use crate::discover::{blockdev, dm, scsi, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
@@ -81,6 +81,12 @@ pub struct Snapshot {
     pub stats: ScanStats,
     /// Things that could not be read but did not stop the scan.
     pub warnings: Vec<String>,
+    /// Device-mapper devices, with their tables and status when the control node is there.
+    #[serde(skip)]
+    pub dm_devices: Vec<dm::DmDevice>,
+    /// SCSI disks with their state and transport (iSCSI sessions, FC remote ports).
+    #[serde(skip)]
+    pub scsi: scsi::ScsiScan,
 }
 
 impl Snapshot {
@@ -178,6 +184,14 @@ impl Snapshot {
         }
 
         let swaps = read_swaps(host, &targets, &mut warnings)?;
+        let dm_devices = match dm::scan_any(host) {
+            Ok(d) => d,
+            Err(e) => {
+                warnings.push(format!("device-mapper: {e}"));
+                Vec::new()
+            }
+        };
+        let scsi = scsi::scan(host)?;
         let kernel_threads: Vec<KernelThread> = entries
             .iter()
             .filter(|e| e.kthread)
@@ -222,6 +236,8 @@ impl Snapshot {
             stuck_pids,
             stats,
             warnings,
+            dm_devices,
+            scsi,
         })
     }
 

@@ -17,20 +17,26 @@ pub fn require_guest() -> bool {
     crate::require_real_kernel(&["strip", "timeout"])
 }
 
-/// Puts the agent binary (stripped) and the shared libraries it needs into `dir`, so that it runs
-/// in the guest as `/extra/bin/blockjanitor-agent`.
+/// Puts the agent and agentctl binaries (stripped), the shared libraries they need, and the
+/// scenarios' shell library into `dir`, so that they run in the guest as
+/// `/extra/bin/blockjanitor-agent`, `/extra/bin/agentctl` and `/extra/lib/mp-lib.sh`.
 pub fn stage_agent(dir: &Path) {
-    let bin = crate::agent_bin();
-    let out = Command::new(guest_dir().join("copy-binary-libs.sh"))
-        .arg(&bin)
-        .arg(dir)
-        .arg("/bin/blockjanitor-agent")
-        .output()
-        .expect("copy-binary-libs.sh");
-    assert!(out.status.success(), "copy-binary-libs.sh: {}", String::from_utf8_lossy(&out.stderr));
-    let staged = dir.join("bin/blockjanitor-agent");
-    let out = Command::new("strip").arg(&staged).output().expect("strip");
-    assert!(out.status.success(), "strip: {}", String::from_utf8_lossy(&out.stderr));
+    let agent = crate::agent_bin();
+    for (bin, name) in [(agent.clone(), "blockjanitor-agent"), (agent.with_file_name("agentctl"), "agentctl")]
+    {
+        let out = Command::new(guest_dir().join("copy-binary-libs.sh"))
+            .arg(&bin)
+            .arg(dir)
+            .arg(format!("/bin/{name}"))
+            .output()
+            .expect("copy-binary-libs.sh");
+        assert!(out.status.success(), "copy-binary-libs.sh {name}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("strip").arg(dir.join("bin").join(name)).output().expect("strip");
+        assert!(out.status.success(), "strip: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    std::fs::create_dir_all(dir.join("lib")).expect("mkdir lib");
+    std::fs::copy(guest_dir().join("scenario-lib/mp-lib.sh"), dir.join("lib/mp-lib.sh"))
+        .expect("copy mp-lib.sh");
 }
 
 /// The outcome of one scenario.

@@ -38,6 +38,14 @@ impl LinuxActuator {
     pub fn new(host: HostRoot, timeout: Duration) -> Self {
         Self { host, timeout }
     }
+
+    pub(crate) fn host(&self) -> &HostRoot {
+        &self.host
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
 }
 
 impl Actuator for LinuxActuator {
@@ -48,6 +56,18 @@ impl Actuator for LinuxActuator {
             }
             Step::DetachLoop { device, devnum, backing_dev, backing_inode, .. } => {
                 self.detach_loop(device, *devnum, *backing_dev, *backing_inode)
+            }
+            Step::DmMessage { device, devnum, uuid, message } => {
+                self.dm_message(device, *devnum, uuid, message)
+            }
+            Step::DmRemove { device, devnum, uuid, deferred } => {
+                self.dm_remove(device, *devnum, uuid, *deferred)
+            }
+            Step::ScsiOffline { device, devnum, wwid, .. } => {
+                self.scsi_offline(device, *devnum, wwid.as_deref())
+            }
+            Step::ScsiDelete { device, devnum, wwid, .. } => {
+                self.scsi_delete(device, *devnum, wwid.as_deref())
             }
         }
     }

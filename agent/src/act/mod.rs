@@ -6,6 +6,7 @@
 
 pub mod linux;
 pub mod recording;
+mod storage;
 
 use std::time::Duration;
 

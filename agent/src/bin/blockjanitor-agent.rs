@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use blockjanitor::act::linux::LinuxActuator;
 use blockjanitor::act::{execute, StepOutcome, StepReport};
 use blockjanitor::config::Config;
+use blockjanitor::daemon::protect::protected_devices;
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
@@ -23,9 +24,11 @@ use blockjanitor::journal::{self, Journal};
 use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
+use blockjanitor::policy::{Tracker, Verdict};
 use blockjanitor::snapshot::{Scope, Snapshot};
 use blockjanitor::{render, resolve, server};
 use std::sync::Arc;
+use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -65,6 +68,14 @@ struct Cli {
     /// [default: /var/lib/blockjanitor/journal.jsonl, or the config's `journal` for serve].
     #[arg(long, global = true, value_name = "FILE")]
     journal: Option<PathBuf>,
+    /// Seconds a device must stay a cleanup candidate (unheld mapping, map with every path
+    /// failed, offline disk), across runs, before it is stale.
+    #[arg(long, global = true, default_value_t = 300, value_name = "SECONDS")]
+    grace_period: u64,
+    /// Where the one-shot commands remember since when each candidate was seen, so the grace
+    /// period spans runs. Not written for fixture trees.
+    #[arg(long, global = true, default_value = "/var/lib/blockjanitor/state.json", value_name = "FILE")]
+    state: PathBuf,
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
@@ -275,6 +286,34 @@ fn entry_of(snap: &Snapshot, devnum: DevNum) -> Result<DeviceEntry> {
         .with_context(|| format!("device {devnum} disappeared during the scan"))
 }
 
+/// Verdicts for the devices in `scope` (all when `None`): the grace clocks come from and go back
+/// to `--state`, so the grace period spans runs (not for fixture trees).
+fn judge(cli: &Cli, host: &HostRoot, graph: &DeviceGraph, scope: Option<&[DevNum]>) -> render::Verdicts {
+    let live = host.is_live();
+    let mut tracker = if live { Tracker::load(&cli.state) } else { Tracker::default() };
+    let scoped = DeviceGraph {
+        host_ns: graph.host_ns,
+        devices: graph
+            .devices
+            .iter()
+            .filter(|e| scope.is_none_or(|s| s.contains(&e.device.devnum)))
+            .cloned()
+            .collect(),
+    };
+    let protected = protected_devices(host, graph, &Config::default().protected_paths, &[]);
+    let verdicts =
+        tracker.judge_some(&scoped, &protected, Duration::from_secs(cli.grace_period), SystemTime::now());
+    if live {
+        if let Err(e) = tracker.save(&cli.state) {
+            tracing::warn!(
+                "cannot save {}: {e}; the grace period restarts on the next run",
+                cli.state.display()
+            );
+        }
+    }
+    verdicts
+}
+
 /// Rescans a device by number; `None` when it is gone.
 fn rescan(host: &HostRoot, reader: MountReader, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
     match scan_device(host, reader, &devnum.to_string()) {
@@ -293,17 +332,26 @@ fn run(cli: &Cli) -> Result<u8> {
             let devices = blockdev::scan(&host)?;
             let snap = Snapshot::take_with(&host, devices, &Scope::All, started, reader)?;
             let graph = DeviceGraph::build(&snap);
+            let verdicts = judge(cli, &host, &graph, None);
             match output {
-                Output::Json => print_json(&render::scan_json(&graph, &snap.stats, &snap.warnings))?,
-                Output::Table => print!("{}", render::scan_table(&graph, &snap.stats, &snap.warnings)),
+                Output::Json => {
+                    print_json(&render::scan_json(&graph, &verdicts, &snap.stats, &snap.warnings))?
+                }
+                Output::Table => {
+                    print!("{}", render::scan_table(&graph, &verdicts, &snap.stats, &snap.warnings))
+                }
             }
             Ok(0)
         }
         Command::Holders { device, output } => {
             let (entry, snap) = scan_device(&host, reader, device)?;
+            let graph = DeviceGraph::build(&snap);
+            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
+            let verdicts = judge(cli, &host, &graph, Some(&scope));
+            let j = verdicts.get(&entry.device.devnum);
             match output {
-                Output::Json => print_json(&render::holders_json(&entry, &snap.stats, &snap.warnings))?,
-                Output::Table => print!("{}", render::holders_table(&entry, &snap.stats, &snap.warnings)),
+                Output::Json => print_json(&render::holders_json(&entry, j, &snap.stats, &snap.warnings))?,
+                Output::Table => print!("{}", render::holders_table(&entry, j, &snap.stats, &snap.warnings)),
             }
             Ok(0)
         }
@@ -313,12 +361,34 @@ fn run(cli: &Cli) -> Result<u8> {
             carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
         }
         Command::Clean { device, apply, output } => {
-            let (entry, _) = scan_device(&host, reader, device)?;
-            let plan = plan::clean(&entry);
+            let (entry, snap) = scan_device(&host, reader, device)?;
+            let graph = DeviceGraph::build(&snap);
+            let mut plan = plan::for_clean(&entry, &graph);
+            if entry.multipath.is_some() || entry.scsi.is_some() {
+                // Maps and disks are torn down only once stale (grace measured across runs).
+                let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
+                let verdicts = judge(cli, &host, &graph, Some(&scope));
+                if let Some(j) = verdicts.get(&entry.device.devnum).filter(|j| j.verdict != Verdict::Stale) {
+                    if plan.refusal.is_none() {
+                        plan.steps.clear();
+                        plan.refusal = Some(format!(
+                            "{} is {}, not stale: {}",
+                            entry.device.name,
+                            j.verdict.as_str(),
+                            j.reasons.join("; ")
+                        ));
+                    }
+                }
+            }
             let devnum = plan.devnum;
             let recheck_host = host.clone();
-            carry_out(cli, &host, &plan, *apply, *output, move |_| {
-                // Right before acting: a fresh scan must still find no holder at all.
+            carry_out(cli, &host, &plan, *apply, *output, move |step| {
+                // Right before unbinding a loop device, a fresh scan must find no holder at all.
+                // Teardown steps of maps and disks are re-checked by the actuator itself
+                // (dm uuid, open count, active paths, sysfs holders), their holders being expected.
+                if !matches!(step, plan::Step::DetachLoop { .. }) {
+                    return Ok(());
+                }
                 match rescan(&recheck_host, reader, devnum) {
                     Ok(Some((e, _))) if e.holders.is_empty() => Ok(()),
                     Ok(Some((e, _))) => Err(format!(
@@ -444,7 +514,7 @@ fn carry_out(
     output: Output,
     recheck: impl FnMut(&plan::Step) -> Result<(), String>,
 ) -> Result<u8> {
-    let refused_held = plan.refusal.is_some() && !plan.left_alone.is_empty();
+    let refused_held = plan.refusal.is_some() && !plan.unsupported;
     if output == Output::Table {
         print!("{}", render::plan_text(plan, apply && host.is_live()));
     }
@@ -484,7 +554,7 @@ fn carry_out(
             match &after {
                 Some((e, s)) if !e.holders.is_empty() => {
                     println!("still held after {}:", plan.operation);
-                    print!("{}", render::holders_table(e, &s.stats, &s.warnings));
+                    print!("{}", render::holders_table(e, None, &s.stats, &s.warnings));
                 }
                 Some((e, _)) if e.device.is_unbound_loop() => {
                     println!("{} is free and unbound", e.device.name)
@@ -497,7 +567,7 @@ fn carry_out(
             "plan": plan,
             "applied": true,
             "results": reports,
-            "after": after.as_ref().map(|(e, s)| render::holders_json(e, &s.stats, &s.warnings)),
+            "after": after.as_ref().map(|(e, s)| render::holders_json(e, None, &s.stats, &s.warnings)),
         }))?,
     }
     Ok(if failed {

@@ -36,6 +36,12 @@ impl AgentEvent {
     }
 }
 
+/// Holders equal but for their processes' run state (which flips between R and S all the time).
+fn same_holders(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> bool {
+    let strip = |h: &crate::graph::Holder| crate::graph::Holder { process_state: None, ..h.clone() };
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| strip(x) == strip(y))
+}
+
 /// Events that turn `old` into `new`. Devices are matched by name and number, so a reused name
 /// shows as removed then added.
 pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
@@ -53,7 +59,7 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                 Some(d.clone()),
             )),
             Some(prev) => {
-                if prev.entry.holders != d.entry.holders {
+                if !same_holders(&prev.entry.holders, &d.entry.holders) {
                     let gone = prev.entry.holders.iter().filter(|h| !d.entry.holders.contains(h)).count();
                     let new = d.entry.holders.iter().filter(|h| !prev.entry.holders.contains(h)).count();
                     out.push(AgentEvent::new(

@@ -100,6 +100,35 @@ pub struct AgentState {
     act_lock: tokio::sync::Mutex<()>,
 }
 
+/// The plan for one device: loop devices are unbound once free (releasing foreign mounts
+/// first); multipath maps and SCSI disks are torn down only once the daemon has judged them
+/// stale (all paths failed, or offline, for the grace period across scans).
+fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
+    if e.multipath.is_none() && e.scsi.is_none() {
+        return plan::cleanup(e);
+    }
+    let mut p = plan::for_clean(e, graph);
+    let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
+    match judged {
+        Some(j) if j.verdict == Verdict::Stale => {}
+        Some(j) if p.refusal.is_none() => {
+            p.steps.clear();
+            p.refusal = Some(format!(
+                "{} is {}, not stale: {}",
+                e.device.name,
+                j.verdict.as_str(),
+                j.reasons.join("; ")
+            ));
+        }
+        None if p.refusal.is_none() => {
+            p.steps.clear();
+            p.refusal = Some(format!("{} has not been judged yet; wait for the next scan", e.device.name));
+        }
+        _ => {}
+    }
+    p
+}
+
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
 /// white space or control characters is malformed (InvalidArgument), not merely unknown.
 pub fn check_device_arg(arg: &str) -> Result<(), ApiError> {
@@ -277,11 +306,12 @@ impl AgentState {
             seen.into_iter().collect()
         };
         let me = Arc::clone(self);
+        let view = self.view();
         tokio::task::spawn_blocking(move || {
             targets
                 .into_iter()
                 .filter_map(|dn| me.fresh_entry(dn).transpose())
-                .map(|r| r.map(|e| plan::cleanup(&e)))
+                .map(|r| r.map(|(e, graph)| plan_for(&e, &graph, &view)))
                 .collect()
         })
         .await
@@ -289,7 +319,7 @@ impl AgentState {
     }
 
     /// A fresh scan of one device and what is stacked on it; `None` when it is gone.
-    fn fresh_entry(&self, devnum: DevNum) -> Result<Option<DeviceEntry>, ApiError> {
+    fn fresh_entry(&self, devnum: DevNum) -> Result<Option<(DeviceEntry, DeviceGraph)>, ApiError> {
         let started = Instant::now();
         let devices = blockdev::scan(&self.host).map_err(|e| ApiError::Internal(e.to_string()))?;
         if !devices.iter().any(|d| d.devnum == devnum) {
@@ -299,7 +329,8 @@ impl AgentState {
         let snap =
             Snapshot::take_with(&self.host, devices, &Scope::Devices(scope), started, MountReader::Auto)
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
-        Ok(DeviceGraph::build(&snap).get(devnum).cloned())
+        let graph = DeviceGraph::build(&snap);
+        Ok(graph.get(devnum).cloned().map(|e| (e, graph)))
     }
 
     /// Plans and carries out the cleanup of the named devices, one Apply at a time. Protected
@@ -356,7 +387,7 @@ impl AgentState {
             let devnum = p.devnum;
             let reports = execute(p, &actuator, &mut journal, |step| match step {
                 plan::Step::DetachLoop { .. } => match self.fresh_entry(devnum) {
-                    Ok(Some(e)) if !e.holders.is_empty() => Err(format!(
+                    Ok(Some((e, _))) if !e.holders.is_empty() => Err(format!(
                         "a fresh scan found {} holder(s): {}",
                         e.holders.len(),
                         e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
@@ -364,7 +395,12 @@ impl AgentState {
                     Ok(_) => Ok(()),
                     Err(e) => Err(format!("cannot re-check holders: {e}")),
                 },
-                plan::Step::DetachMount { .. } => Ok(()),
+                // The actuator re-checks these itself (mount IDs, dm uuid and open count, sysfs).
+                plan::Step::DetachMount { .. }
+                | plan::Step::DmMessage { .. }
+                | plan::Step::DmRemove { .. }
+                | plan::Step::ScsiOffline { .. }
+                | plan::Step::ScsiDelete { .. } => Ok(()),
             });
             let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &reports {

@@ -14,7 +14,7 @@
 //! in a `dm-tables.txt` ([`parse_dump`]). The ioctls never do I/O to a mapped device, so they
 //! are safe on a map that queues with no path (gotcha 12).
 
-mod ioctl;
+use crate::dmioctl as ioctl;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -144,9 +144,11 @@ pub fn scan(host: &HostRoot) -> Result<Vec<DmDevice>, DmError> {
             DmError::Control { path: path.clone(), source }
         }
     })?;
-    let list = control
-        .list_devices()
-        .map_err(|source| DmError::Ioctl { device: "all devices".into(), op: "DM_LIST_DEVICES", source })?;
+    let list = control.list_devices().map_err(|source| DmError::Ioctl {
+        device: "all devices".into(),
+        op: "DM_LIST_DEVICES",
+        source,
+    })?;
     let mut out = Vec::with_capacity(list.len());
     for (name, dev) in list {
         match read_one(host, &control, dev) {
@@ -205,7 +207,8 @@ fn join_targets(table: Vec<ioctl::TargetSpec>, status: Vec<ioctl::TargetSpec>) -
         .into_iter()
         .zip(status)
         .map(|(t, s)| {
-            (t.start == s.start && t.length == s.length && t.target_type == s.target_type).then(|| DmTarget {
+            let same = t.start == s.start && t.length == s.length && t.target_type == s.target_type;
+            same.then_some(DmTarget {
                 start: t.start,
                 length: t.length,
                 target_type: t.target_type,
@@ -299,7 +302,9 @@ fn read_sysfs(dir: &Path, name: &str) -> Result<Option<DmDevice>, DmError> {
 fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
     list_dir(dir)?
         .into_iter()
-        .map(|n| DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name")))
+        .map(|n| {
+            DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name"))
+        })
         .collect()
 }
 
@@ -361,9 +366,9 @@ fn split_target_line(line: &str) -> Result<(u64, u64, &str, &str), String> {
 
 #[cfg(test)]
 mod tests {
-    use super::ioctl::tests::{reply, targets_data};
     use super::*;
     use crate::discover::multipath::PathState;
+    use crate::dmioctl::tests::{reply, targets_data};
 
     const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/multipath-incident3");
 
@@ -437,7 +442,10 @@ mod tests {
         let e = d.multipath().expect_err("bad status").to_string();
         assert!(e.contains("mpatha (dm-3, 253:3)") && e.contains("status") && e.contains("'Z'"), "{e}");
         let linear = DmDevice {
-            targets: Some(vec![DmTarget { target_type: "linear".into(), ..d.targets.clone().expect("t")[0].clone() }]),
+            targets: Some(vec![DmTarget {
+                target_type: "linear".into(),
+                ..d.targets.clone().expect("t")[0].clone()
+            }]),
             ..d.clone()
         };
         assert_eq!(linear.multipath().expect("not multipath"), None);
@@ -473,7 +481,10 @@ mod tests {
         let mut devs = scan_sysfs(&host).expect("scan");
         assert_eq!(devs.len(), 1);
         let d = &mut devs[0];
-        assert_eq!((d.kernel_name.as_str(), d.devnum, d.name.as_str()), ("dm-12", DevNum::new(253, 12), "mpathb"));
+        assert_eq!(
+            (d.kernel_name.as_str(), d.devnum, d.name.as_str()),
+            ("dm-12", DevNum::new(253, 12), "mpathb")
+        );
         assert_eq!(d.multipath_wwid(), Some("3618cf24100f8f457014a764c000001f6"));
         assert!(!d.suspended && !d.read_only && d.holders.is_empty());
         assert_eq!(d.slaves.iter().map(DeviceName::as_str).collect::<Vec<_>>(), ["sdi", "sdj"]);
@@ -484,7 +495,10 @@ mod tests {
         let m = d.multipath().expect("parses").expect("multipath");
         assert!(m.table.features.queue_if_no_path);
         let paths: Vec<(DevNum, PathState)> = m.status.paths().map(|p| (p.dev, p.state)).collect();
-        assert_eq!(paths, [(DevNum::new(8, 128), PathState::Failed), (DevNum::new(8, 144), PathState::Failed)]);
+        assert_eq!(
+            paths,
+            [(DevNum::new(8, 128), PathState::Failed), (DevNum::new(8, 144), PathState::Failed)]
+        );
         assert!(m.io_would_hang(), "incident 3: queue_if_no_path and every path failed");
     }
 

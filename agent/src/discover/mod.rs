@@ -6,6 +6,7 @@
 
 pub mod blockdev;
 pub mod cgroup;
+pub mod dm;
 pub mod fds;
 pub mod loopdev;
 pub mod maps;
@@ -13,6 +14,7 @@ pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;
 pub mod processes;
+pub mod scsi;
 pub mod swaps;
 
 use std::io;

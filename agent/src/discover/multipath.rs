@@ -138,8 +138,10 @@ pub struct StatusGroup {
 /// A multipath target's status line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct MultipathStatus {
-    /// First status feature: 1 while the target queues I/O (no path chosen yet, or none left
-    /// with `queue_if_no_path`); on kernels before 4.6 the number of queued I/Os.
+    /// First status feature: the kernel's `MPATHF_QUEUE_IO` flag, 1 while the target holds I/O
+    /// back to (re)select a path or initialise a group; on older kernels the number of queued
+    /// I/Os. Not a sign of `queue_if_no_path`: measured with that feature and every path failed,
+    /// it read 0.
     pub queue_io: Option<u32>,
     /// Second status feature: how many times a hardware handler initialised a group.
     pub pg_init_count: Option<u32>,
@@ -303,7 +305,8 @@ fn features(words: &[&str], w: &Words<'_>) -> Result<Features, ParseError> {
             "queue_if_no_path" => f.queue_if_no_path = true,
             "retain_attached_hw_handler" => f.retain_attached_hw_handler = true,
             "pg_init_retries" => {
-                f.pg_init_retries = Some(number_at(value("pg_init_retries value")?, first + i + 1, "a number")?);
+                f.pg_init_retries =
+                    Some(number_at(value("pg_init_retries value")?, first + i + 1, "a number")?);
                 i += 1;
             }
             "pg_init_delay_msecs" => {
@@ -373,7 +376,11 @@ impl<'a> Words<'a> {
     }
 
     fn next(&mut self, expected: &'static str) -> Result<&'a str, ParseError> {
-        let w = self.words.get(self.pos).copied().ok_or(ParseError::Truncated { word: self.pos + 1, expected })?;
+        let w = self
+            .words
+            .get(self.pos)
+            .copied()
+            .ok_or(ParseError::Truncated { word: self.pos + 1, expected })?;
         self.pos += 1;
         Ok(w)
     }
@@ -386,7 +393,8 @@ impl<'a> Words<'a> {
     /// A count of items that each take at least one word: more than the words left is an error.
     fn count(&mut self, expected: &'static str) -> Result<usize, ParseError> {
         let s = self.next(expected)?;
-        let too_many = |w: &Self| ParseError::TooMany { word: w.pos, what: expected, count: clip(s), left: w.left() };
+        let too_many =
+            |w: &Self| ParseError::TooMany { word: w.pos, what: expected, count: clip(s), left: w.left() };
         if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
             return Err(self.invalid(s, expected));
         }
@@ -589,7 +597,8 @@ mod tests {
             }
             assert!(parse_table(line).is_ok());
         }
-        for line in [STATUS_START, STATUS_ONE_FAILED, "2 0 0 0 2 2 A 0 1 2 8:128 A 0 0 1 E 0 1 2 8:144 F 3 0 1"]
+        for line in
+            [STATUS_START, STATUS_ONE_FAILED, "2 0 0 0 2 2 A 0 1 2 8:128 A 0 0 1 E 0 1 2 8:144 F 3 0 1"]
         {
             let words: Vec<&str> = line.split(' ').collect();
             for n in 0..words.len() {

@@ -1,6 +1,7 @@
-//! The three read-only device-mapper control ioctls the scanner needs, on `/dev/mapper/control`
-//! (`<linux/dm-ioctl.h>`): `DM_LIST_DEVICES`, `DM_DEV_STATUS` and `DM_TABLE_STATUS` (status
-//! lines, or table lines with `DM_STATUS_TABLE_FLAG`).
+//! The device-mapper control ioctls, on `/dev/mapper/control` (`<linux/dm-ioctl.h>`). Read-only,
+//! for the scanner: `DM_LIST_DEVICES`, `DM_DEV_STATUS` and `DM_TABLE_STATUS` (status lines, or
+//! table lines with `DM_STATUS_TABLE_FLAG`). Writing, for `act/` only: `DM_TARGET_MSG`
+//! (e.g. `fail_if_no_path`) and `DM_DEV_REMOVE` (optionally deferred).
 //!
 //! Every call passes one buffer: a 312-byte `struct dm_ioctl` header followed by room for the
 //! kernel's reply. Requests are written and replies read field by field at the header's fixed
@@ -17,7 +18,7 @@ use std::path::Path;
 use crate::model::DevNum;
 
 /// `sizeof(struct dm_ioctl)`.
-pub(super) const HEADER_LEN: usize = 312;
+pub(crate) const HEADER_LEN: usize = 312;
 /// `sizeof(struct dm_target_spec)`.
 const SPEC_LEN: usize = 40;
 /// Offset of `name` in `struct dm_name_list`.
@@ -43,9 +44,13 @@ const fn iowr(cmd: u32) -> u32 {
 const DM_LIST_DEVICES: u32 = iowr(2);
 const DM_DEV_STATUS: u32 = iowr(7);
 const DM_TABLE_STATUS: u32 = iowr(12);
+const DM_DEV_REMOVE: u32 = iowr(4);
+const DM_TARGET_MSG: u32 = iowr(14);
+/// Remove the device once its last opener closes it (only on request).
+const DM_DEFERRED_REMOVE: u32 = 1 << 17;
 
-pub(super) const DM_READONLY_FLAG: u32 = 1 << 0;
-pub(super) const DM_SUSPEND_FLAG: u32 = 1 << 1;
+pub(crate) const DM_READONLY_FLAG: u32 = 1 << 0;
+pub(crate) const DM_SUSPEND_FLAG: u32 = 1 << 1;
 const DM_STATUS_TABLE_FLAG: u32 = 1 << 4;
 const DM_BUFFER_FULL_FLAG: u32 = 1 << 8;
 const DM_NOFLUSH_FLAG: u32 = 1 << 11;
@@ -57,7 +62,7 @@ const MAX_BUFFER: usize = 32 * 1024 * 1024;
 
 /// The fields of a reply's `struct dm_ioctl` the scanner uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Header {
+pub(crate) struct Header {
     pub target_count: u32,
     pub open_count: i32,
     pub flags: u32,
@@ -69,7 +74,7 @@ pub(super) struct Header {
 
 /// One target of a `DM_TABLE_STATUS` reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct TargetSpec {
+pub(crate) struct TargetSpec {
     pub start: u64,
     pub length: u64,
     pub target_type: String,
@@ -77,7 +82,7 @@ pub(super) struct TargetSpec {
 }
 
 /// An open `/dev/mapper/control`.
-pub(super) struct Control {
+pub(crate) struct Control {
     file: File,
 }
 
@@ -111,12 +116,40 @@ impl Control {
         Ok((header, specs))
     }
 
+    /// `DM_TARGET_MSG`: sends `message` to the target at `sector` of the device (for multipath:
+    /// `fail_if_no_path`, `fail_path 8:16`). Changes the device: for `act/` only.
+    pub fn message(&self, dev: DevNum, sector: u64, message: &str) -> io::Result<()> {
+        let mut payload = sector.to_ne_bytes().to_vec();
+        payload.extend_from_slice(message.as_bytes());
+        payload.push(0);
+        self.call_with(DM_TARGET_MSG, Some(dev), 0, &payload).map(|_| ())
+    }
+
+    /// `DM_DEV_REMOVE`: removes the device (EBUSY while it is open, unless `deferred`, which
+    /// removes it on last close). Changes the device: for `act/` only.
+    pub fn remove(&self, dev: DevNum, deferred: bool) -> io::Result<()> {
+        let flags = if deferred { DM_DEFERRED_REMOVE } else { 0 };
+        self.call(DM_DEV_REMOVE, Some(dev), flags).map(|_| ())
+    }
+
     /// Runs one command, growing the buffer while the kernel says it was too small. Returns the
     /// reply header and the data area (`data_start..data_size`).
     fn call(&self, request: u32, dev: Option<DevNum>, flags: u32) -> io::Result<(Header, Vec<u8>)> {
-        let mut size = FIRST_BUFFER;
+        self.call_with(request, dev, flags, &[])
+    }
+
+    /// [`Control::call`] with a request payload placed after the header.
+    fn call_with(
+        &self,
+        request: u32,
+        dev: Option<DevNum>,
+        flags: u32,
+        payload: &[u8],
+    ) -> io::Result<(Header, Vec<u8>)> {
+        let mut size = FIRST_BUFFER.max(HEADER_LEN + payload.len() + 8);
         loop {
             let mut buf = request_buffer(size, dev, flags);
+            buf[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
             // SAFETY: `buf` is a live, writable allocation of `size` bytes that starts with a
             // `struct dm_ioctl` whose `data_size` is `size`; the kernel reads and writes at most
             // `data_size` bytes through the pointer, and the fd stays open for the call.
@@ -140,12 +173,13 @@ impl Control {
 
 /// A zeroed request: version, sizes, flags and (for per-device commands) the device number;
 /// name and uuid stay empty so the kernel looks the device up by number.
-pub(super) fn request_buffer(size: usize, dev: Option<DevNum>, flags: u32) -> Vec<u8> {
+pub(crate) fn request_buffer(size: usize, dev: Option<DevNum>, flags: u32) -> Vec<u8> {
     let mut buf = vec![0u8; size.max(HEADER_LEN)];
     for (i, v) in VERSION.iter().enumerate() {
         put_u32(&mut buf, i * 4, *v);
     }
-    put_u32(&mut buf, OFF_DATA_SIZE, u32::try_from(buf.len()).unwrap_or(u32::MAX));
+    let len = u32::try_from(buf.len()).unwrap_or(u32::MAX);
+    put_u32(&mut buf, OFF_DATA_SIZE, len);
     put_u32(&mut buf, OFF_DATA_START, HEADER_LEN as u32);
     put_u32(&mut buf, OFF_FLAGS, flags);
     if let Some(d) = dev {
@@ -184,7 +218,7 @@ fn cstr_at(b: &[u8], off: usize, max: usize, what: &str) -> io::Result<String> {
 }
 
 /// Reads the reply header.
-pub(super) fn parse_header(buf: &[u8]) -> io::Result<Header> {
+pub(crate) fn parse_header(buf: &[u8]) -> io::Result<Header> {
     if buf.len() < HEADER_LEN {
         return Err(bad(format!("{} bytes, shorter than the header", buf.len())));
     }
@@ -200,7 +234,7 @@ pub(super) fn parse_header(buf: &[u8]) -> io::Result<Header> {
 }
 
 /// The reply's data area, checked against the buffer.
-pub(super) fn data_area(buf: &[u8]) -> io::Result<&[u8]> {
+pub(crate) fn data_area(buf: &[u8]) -> io::Result<&[u8]> {
     let start = u32_at(buf, OFF_DATA_START)? as usize;
     let end = u32_at(buf, OFF_DATA_SIZE)? as usize;
     if start < HEADER_LEN || end > buf.len() {
@@ -212,7 +246,7 @@ pub(super) fn data_area(buf: &[u8]) -> io::Result<&[u8]> {
 /// Parses a `DM_LIST_DEVICES` data area: `struct dm_name_list` records chained by `next`
 /// (offset from the record's own start; 0 ends the list). A first record with `dev == 0`
 /// means no devices.
-pub(super) fn parse_name_list(data: &[u8]) -> io::Result<Vec<(String, DevNum)>> {
+pub(crate) fn parse_name_list(data: &[u8]) -> io::Result<Vec<(String, DevNum)>> {
     let mut out = Vec::new();
     if data.len() < 8 || u64_at(data, 0)? == 0 {
         return Ok(out);
@@ -236,7 +270,7 @@ pub(super) fn parse_name_list(data: &[u8]) -> io::Result<Vec<(String, DevNum)>> 
 /// Parses a `DM_TABLE_STATUS` data area: `count` `struct dm_target_spec`, each followed by its
 /// NUL-terminated parameter string; `next` is the offset of the following spec from the start
 /// of the data area.
-pub(super) fn parse_targets(data: &[u8], count: u32) -> io::Result<Vec<TargetSpec>> {
+pub(crate) fn parse_targets(data: &[u8], count: u32) -> io::Result<Vec<TargetSpec>> {
     let mut out = Vec::new();
     let mut off = 0usize;
     for i in 0..count {
@@ -260,7 +294,7 @@ pub(super) fn parse_targets(data: &[u8], count: u32) -> io::Result<Vec<TargetSpe
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn align8(v: &mut Vec<u8>) {
@@ -371,7 +405,12 @@ pub(super) mod tests {
     fn target_specs_and_headers() {
         let specs = vec![
             TargetSpec { start: 0, length: 2048, target_type: "linear".into(), params: "8:0 2048".into() },
-            TargetSpec { start: 2048, length: 4096, target_type: "multipath".into(), params: "0 0 0 0".into() },
+            TargetSpec {
+                start: 2048,
+                length: 4096,
+                target_type: "multipath".into(),
+                params: "0 0 0 0".into(),
+            },
         ];
         let header = Header {
             target_count: 2,

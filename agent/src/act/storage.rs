@@ -1,0 +1,195 @@
+//! The Linux actuator's multipath and SCSI steps: device-mapper messages and removal through
+//! `/dev/mapper/control`, SCSI offline and delete through sysfs. Each re-verifies identity (the
+//! map's uuid, the disk's device number and wwid) right before acting, and every call that may
+//! touch a dead device runs on a bounded thread.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::linux::{bounded, LinuxActuator};
+use super::{ActError, StepOutcome};
+use crate::discover::multipath::{parse_status, PathState};
+use crate::dmioctl::Control;
+use crate::model::{DevNum, DeviceName};
+
+/// How long a removal waits for openers to let go (stuck readers exiting after
+/// `fail_if_no_path`) before it gives up.
+const OPENERS_GRACE: Duration = Duration::from_secs(5);
+
+fn precondition(device: &DeviceName, reason: String) -> ActError {
+    ActError::Precondition { device: device.clone(), reason }
+}
+
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
+}
+
+impl LinuxActuator {
+    fn control_path(&self) -> PathBuf {
+        self.host().dev_node("mapper/control")
+    }
+
+    /// Opens the control node and checks the device still has this uuid. `Ok(None)`: gone.
+    fn dm_check(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        uuid: &str,
+    ) -> Result<Option<(Control, i32)>, ActError> {
+        let path = self.control_path();
+        let control = Control::open(&path)
+            .map_err(|e| precondition(device, format!("cannot open {}: {e}", path.display())))?;
+        match control.dev_status(devnum) {
+            Ok(h) if h.uuid != uuid => Err(precondition(
+                device,
+                format!("{devnum} now has uuid '{}', not '{uuid}': name reused?", h.uuid),
+            )),
+            Ok(h) => Ok(Some((control, h.open_count))),
+            Err(e) if gone(&e) => Ok(None),
+            Err(e) => Err(precondition(device, format!("DM_DEV_STATUS: {e}"))),
+        }
+    }
+
+    pub(super) fn dm_message(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        uuid: &str,
+        message: &str,
+    ) -> Result<StepOutcome, ActError> {
+        if self.dm_check(device, devnum, uuid)?.is_none() {
+            return Ok(StepOutcome::AlreadyAbsent);
+        }
+        let path = self.control_path();
+        let msg = message.to_owned();
+        bounded(device, "DM_TARGET_MSG", self.timeout(), move || {
+            Control::open(&path)?.message(devnum, 0, &msg)
+        })?;
+        Ok(StepOutcome::Done)
+    }
+
+    pub(super) fn dm_remove(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        uuid: &str,
+        deferred: bool,
+    ) -> Result<StepOutcome, ActError> {
+        let started = Instant::now();
+        loop {
+            let Some((control, open)) = self.dm_check(device, devnum, uuid)? else {
+                return Ok(StepOutcome::AlreadyAbsent);
+            };
+            // Never remove a map a path has come back to (multipathd can re-add paths).
+            if uuid.starts_with("mpath-") {
+                let (_, targets) = control
+                    .table_status(devnum, false)
+                    .map_err(|e| precondition(device, format!("DM_TABLE_STATUS: {e}")))?;
+                for t in targets.iter().filter(|t| t.target_type == "multipath") {
+                    let status = parse_status(&t.params)
+                        .map_err(|e| precondition(device, format!("status line: {e}")))?;
+                    let active = status.paths().find(|p| p.state == PathState::Active).map(|p| p.dev);
+                    if let Some(dev) = active {
+                        return Err(precondition(
+                            device,
+                            format!("path {dev} is active again: the map is not dead"),
+                        ));
+                    }
+                }
+            }
+            if open == 0 || deferred {
+                break;
+            }
+            if started.elapsed() > OPENERS_GRACE {
+                return Err(precondition(
+                    device,
+                    format!("still open by {open} opener(s) after {OPENERS_GRACE:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let path = self.control_path();
+        bounded(device, "DM_DEV_REMOVE", self.timeout(), move || {
+            Control::open(&path)?.remove(devnum, deferred)
+        })?;
+        match self.dm_check(device, devnum, uuid)? {
+            None => Ok(StepOutcome::Done),
+            Some(_) if deferred => {
+                Ok(StepOutcome::Deferred(format!("{device} is removed when its last opener closes it")))
+            }
+            Some(_) => Err(ActError::NotVerified {
+                device: device.clone(),
+                op: "DM_DEV_REMOVE",
+                reason: "the device is still there".into(),
+            }),
+        }
+    }
+
+    /// The disk's sysfs directory, checked to still be this device: `Ok(None)` when it is gone.
+    fn scsi_check(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        wwid: Option<&str>,
+    ) -> Result<Option<PathBuf>, ActError> {
+        let dir = self.host().sys_class_block().join(device.as_str());
+        let Ok(dev) = std::fs::read_to_string(dir.join("dev")) else { return Ok(None) };
+        if dev.trim() != devnum.to_string() {
+            return Err(precondition(
+                device,
+                format!("{} is now {}, not {devnum}: name reused?", device, dev.trim()),
+            ));
+        }
+        if let Some(w) = wwid {
+            let now = std::fs::read_to_string(dir.join("device/wwid")).unwrap_or_default();
+            if now.trim() != w {
+                return Err(precondition(device, format!("wwid is now '{}', not '{w}'", now.trim())));
+            }
+        }
+        let holders: Vec<String> = std::fs::read_dir(dir.join("holders"))
+            .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        if !holders.is_empty() {
+            return Err(precondition(device, format!("still held by {}", holders.join(", "))));
+        }
+        Ok(Some(dir))
+    }
+
+    pub(super) fn scsi_offline(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        wwid: Option<&str>,
+    ) -> Result<StepOutcome, ActError> {
+        let Some(dir) = self.scsi_check(device, devnum, wwid)? else { return Ok(StepOutcome::AlreadyAbsent) };
+        let state = dir.join("device/state");
+        if std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "offline") {
+            return Ok(StepOutcome::Done);
+        }
+        bounded(device, "write device/state", self.timeout(), move || std::fs::write(state, "offline\n"))?;
+        Ok(StepOutcome::Done)
+    }
+
+    pub(super) fn scsi_delete(
+        &self,
+        device: &DeviceName,
+        devnum: DevNum,
+        wwid: Option<&str>,
+    ) -> Result<StepOutcome, ActError> {
+        let Some(dir) = self.scsi_check(device, devnum, wwid)? else { return Ok(StepOutcome::AlreadyAbsent) };
+        let delete = dir.join("device/delete");
+        bounded(device, "write device/delete", self.timeout(), move || std::fs::write(delete, "1\n"))?;
+        let started = Instant::now();
+        while dir.join("dev").exists() {
+            if started.elapsed() > Duration::from_secs(2) {
+                return Err(ActError::NotVerified {
+                    device: device.clone(),
+                    op: "write device/delete",
+                    reason: "the disk is still in sysfs".into(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(StepOutcome::Done)
+    }
+}

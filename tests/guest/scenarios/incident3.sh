@@ -1,0 +1,18 @@
+#!/bin/sh
+# Incident 3: after failover the LUN is gone; the host keeps the map and both paths, failed.
+# The agent reports the map and both disks stale with reasons, and `clean --apply` removes the
+# map and both disks.
+. /extra/lib/mp-lib.sh
+make_map
+fail_path 8:0
+fail_path 8:16
+echo offline > /sys/block/sda/device/state
+echo offline > /sys/block/sdb/device/state
+echo "status: $(dmsetup status mpathb)"
+echo "BEGIN scan"; $A $J scan --grace-period 0 --output json; echo "END scan"
+echo "BEGIN table"; $A $J scan --grace-period 0; echo "END table"
+echo "BEGIN holders"; $A $J holders "$MAP" --output json; echo "END holders"
+set +e; echo "BEGIN clean"; $A $J clean "$MAP" --grace-period 0 --apply; echo "rc=$?"; echo "END clean"; set -e
+echo "BEGIN after"; ls /sys/block; dmsetup ls; echo "END after"
+for d in sda sdb "$MAP"; do [ ! -e /sys/block/$d ] || fail "$d still in /sys/block"; done
+echo OK
