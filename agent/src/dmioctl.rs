@@ -304,7 +304,7 @@ pub(crate) mod tests {
     }
 
     /// A reply laid out the way the kernel writes it (dm-ioctl.c), for the parsers.
-    pub(in crate::discover::dm) fn reply(header: &Header, data: &[u8]) -> Vec<u8> {
+    pub(crate) fn reply(header: &Header, data: &[u8]) -> Vec<u8> {
         let mut buf = request_buffer(HEADER_LEN, Some(header.dev), header.flags);
         put_u32(&mut buf, OFF_TARGET_COUNT, header.target_count);
         put_u32(&mut buf, OFF_OPEN_COUNT, header.open_count as u32);
@@ -318,7 +318,7 @@ pub(crate) mod tests {
     }
 
     /// A `DM_TABLE_STATUS` data area.
-    pub(in crate::discover::dm) fn targets_data(specs: &[TargetSpec]) -> Vec<u8> {
+    pub(crate) fn targets_data(specs: &[TargetSpec]) -> Vec<u8> {
         let mut out = Vec::new();
         for s in specs {
             let at = out.len();

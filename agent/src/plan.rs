@@ -113,6 +113,9 @@ pub struct Plan {
     /// not a judgement about its state).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unsupported: bool,
+    /// What the plan leaves for someone else to do, e.g. an iSCSI session left with no LUN.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Why a holder keeps a device busy, in words.
@@ -199,6 +202,7 @@ pub fn release(entry: &DeviceEntry) -> Plan {
         left_alone,
         refusal: None,
         unsupported: false,
+        notes: Vec::new(),
     }
 }
 
@@ -213,6 +217,7 @@ pub fn clean(entry: &DeviceEntry) -> Plan {
         left_alone: Vec::new(),
         refusal: None,
         unsupported: false,
+        notes: Vec::new(),
     };
     if d.kind != DeviceKind::Loop {
         plan.refusal = Some(format!(
@@ -284,6 +289,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
         left_alone: Vec::new(),
         refusal: None,
         unsupported: false,
+        notes: Vec::new(),
     };
     let Some(m) = &entry.multipath else {
         p.refusal = Some(format!("{} is not a multipath map", d.name));
@@ -357,6 +363,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
         uuid: m.uuid.clone(),
         deferred: false,
     });
+    let mut deleted = Vec::new();
     for path in &m.paths {
         let Some(disk) =
             path.device.as_ref().and_then(|n| graph.devices.iter().find(|e| &e.device.name == n))
@@ -364,8 +371,34 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
             continue;
         };
         p.steps.extend(scsi_steps(disk));
+        deleted.push(disk.device.name.clone());
     }
+    p.notes = emptied_sessions(graph, &deleted);
     p
+}
+
+/// iSCSI sessions that have no disk left once `deleted` are gone: logging out needs iscsid,
+/// which the agent does not drive, so the plan says so.
+fn emptied_sessions(graph: &DeviceGraph, deleted: &[DeviceName]) -> Vec<String> {
+    use crate::discover::scsi::Transport;
+    let session_of = |e: &DeviceEntry| match e.scsi.as_ref().map(|s| &s.disk.transport) {
+        Some(Transport::Iscsi { session }) => Some(session.clone()),
+        _ => None,
+    };
+    let mut sessions: Vec<String> =
+        graph.devices.iter().filter(|e| deleted.contains(&e.device.name)).filter_map(session_of).collect();
+    sessions.sort();
+    sessions.dedup();
+    sessions
+        .into_iter()
+        .filter(|s| {
+            graph.devices.iter().filter(|e| session_of(e).as_ref() == Some(s)).all(|e| deleted.contains(&e.device.name))
+        })
+        .map(|s| {
+            let n = s.trim_start_matches("session");
+            format!("iSCSI {s} has no LUN left after this: log it out (iscsiadm -m session -r {n} -u); the agent does not run iscsiadm")
+        })
+        .collect()
 }
 
 fn scsi_steps(disk: &DeviceEntry) -> Vec<Step> {
@@ -388,7 +421,7 @@ fn scsi_steps(disk: &DeviceEntry) -> Vec<Step> {
 
 /// Deleting a standalone SCSI disk (offline, nothing holds it): offline, then delete. A path of
 /// a multipath map goes with its map, never alone.
-pub fn delete_disk(entry: &DeviceEntry) -> Plan {
+pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     let d = &entry.device;
     let mut p = Plan {
         operation: "delete",
@@ -398,6 +431,7 @@ pub fn delete_disk(entry: &DeviceEntry) -> Plan {
         left_alone: Vec::new(),
         refusal: None,
         unsupported: false,
+        notes: Vec::new(),
     };
     match &entry.scsi {
         None => {
@@ -419,7 +453,10 @@ pub fn delete_disk(entry: &DeviceEntry) -> Plan {
                 .collect();
             p.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
         }
-        Some(_) => p.steps = scsi_steps(entry),
+        Some(_) => {
+            p.steps = scsi_steps(entry);
+            p.notes = emptied_sessions(graph, std::slice::from_ref(&d.name));
+        }
     }
     p
 }
@@ -430,7 +467,7 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     if entry.multipath.is_some() {
         teardown_map(entry, graph)
     } else if entry.scsi.is_some() {
-        delete_disk(entry)
+        delete_disk(entry, graph)
     } else {
         clean(entry)
     }

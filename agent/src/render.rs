@@ -328,6 +328,9 @@ pub fn plan_text(p: &Plan, apply: bool) -> String {
             }
         }
     }
+    for n in &p.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
     if !p.left_alone.is_empty() {
         out.push_str("left alone:\n");
         for l in &p.left_alone {

@@ -127,7 +127,7 @@ fn clean_refuses_non_loop_and_held_devices() {
     let out = agent(&["--root", &incident5(), "clean", "rbd3"]);
     // rbd3 is not a loop device: refused as an error, not as "held".
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("clean handles loop devices only"));
+    assert!(text(&out.stdout).contains("clean handles loop devices, multipath maps and SCSI disks"));
 }
 
 #[test]
@@ -179,4 +179,58 @@ fn unknown_devices_are_one_line_errors() {
     let out = agent(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("EXIT CODES"));
+}
+
+fn scan_fixture(name: &str) -> serde_json::Value {
+    let root = fixtures().join(name).to_string_lossy().into_owned();
+    agent_json(&["--root", &root, "scan", "--output", "json"], 0)
+}
+
+fn fixture_device<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    scan["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .find(|d| d["device"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {scan:#}"))
+}
+
+#[test]
+fn iscsi_disks_show_their_session_and_an_offline_one_is_a_candidate() {
+    let scan = scan_fixture("iscsi");
+    let up = fixture_device(&scan, "sdc");
+    assert_eq!(up["scsi"]["state"], "running");
+    assert_eq!(up["scsi"]["transport"]["iscsi"]["session"], "session1", "{up:#}");
+    assert_eq!(up["scsi"]["transport_state"], "logged_in");
+    assert_eq!(up["verdict"], "unused");
+    let down = fixture_device(&scan, "sdd");
+    assert_eq!(down["scsi"]["state"], "transport-offline");
+    assert_eq!(down["scsi"]["transport_state"], "failed");
+    assert_eq!(down["verdict"], "suspect", "offline, but not yet for the grace period: {down:#}");
+    assert!(down["reasons"][0].as_str().expect("reason").contains("transport-offline"));
+    // With no grace the offline disk is stale, and its plan deletes it and reports the session
+    // that is left without a LUN (the agent does not log out: that needs iscsiadm).
+    let root = fixtures().join("iscsi").to_string_lossy().into_owned();
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sdd"]);
+    let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}{}", text(&out.stderr));
+    assert!(t.contains("set SCSI disk sdd (4:0:0:1) offline") && t.contains("delete SCSI disk sdd"), "{t}");
+    assert!(t.contains("iSCSI session2 has no LUN left"), "{t}");
+}
+
+#[test]
+fn fc_disks_show_their_remote_port_and_blocked_is_not_stale() {
+    let scan = scan_fixture("fc");
+    let devices = scan["devices"].as_array().expect("devices");
+    let blocked = devices.iter().find(|d| d["scsi"]["state"] == "blocked").expect("a blocked disk");
+    assert_eq!(blocked["scsi"]["transport_state"], "blocked", "{blocked:#}");
+    assert!(blocked["scsi"]["transport"]["fc"]["rport"].as_str().expect("rport").starts_with("rport-"));
+    assert_eq!(blocked["verdict"], "unused", "a blocked transport may come back: never a candidate");
+    let online = devices.iter().find(|d| d["scsi"]["state"] == "running").expect("a running disk");
+    assert_eq!(online["scsi"]["transport_state"], "online");
+    let root = fixtures().join("fc").to_string_lossy().into_owned();
+    let name = blocked["device"]["name"].as_str().expect("name");
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", name]);
+    assert_eq!(out.status.code(), Some(2), "refused: {}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("not stale"), "{}", text(&out.stdout));
 }
