@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::discover::namespaces::NsEntry;
+use crate::discover::nbd::NbdDevice;
 use crate::discover::processes::kthread_serves;
+use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, MountNsId};
 use crate::snapshot::{KernelThread, Snapshot};
@@ -104,6 +106,12 @@ pub struct DeviceEntry {
     /// For a SCSI disk: its state, transport and the map it serves.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub scsi: Option<ScsiView>,
+    /// For a krbd device: the image, and the client the cluster sees as its watcher.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<RbdMapping>,
+    /// For a connected nbd device: its server process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<NbdDevice>,
 }
 
 /// Devices with their holders.
@@ -206,6 +214,8 @@ impl DeviceGraph {
                 DeviceEntry {
                     multipath,
                     scsi,
+                    rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
+                    nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),
                     kernel_threads: s
                         .kernel_threads

@@ -109,7 +109,16 @@ impl Metrics {
             scans.with_label_values(&[t]);
             scan_failures.with_label_values(&[t]);
         }
-        for a in ["detach_mount", "detach_loop"] {
+        for a in [
+            "detach_mount",
+            "detach_loop",
+            "dm_message",
+            "dm_remove",
+            "scsi_offline",
+            "scsi_delete",
+            "rbd_unmap",
+            "nbd_disconnect",
+        ] {
             for r in ["done", "already_absent", "deferred", "failed"] {
                 actions.with_label_values(&[a, r]);
             }

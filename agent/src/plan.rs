@@ -44,6 +44,18 @@ pub enum Step {
     ScsiOffline { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
     /// `echo 1 > /sys/block/<disk>/device/delete`: removes the SCSI device.
     ScsiDelete { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
+    /// `echo <id> > /sys/bus/rbd/remove_single_major` (`<id> force` only on request).
+    RbdUnmap {
+        device: DeviceName,
+        devnum: DevNum,
+        id: u32,
+        pool: String,
+        image: String,
+        image_id: String,
+        force: bool,
+    },
+    /// `NBD_DISCONNECT` and `NBD_CLEAR_SOCK` on `/dev/nbdN`.
+    NbdDisconnect { device: DeviceName, devnum: DevNum },
 }
 
 impl Step {
@@ -54,7 +66,9 @@ impl Step {
             | Self::DmMessage { device, .. }
             | Self::DmRemove { device, .. }
             | Self::ScsiOffline { device, .. }
-            | Self::ScsiDelete { device, .. } => device,
+            | Self::ScsiDelete { device, .. }
+            | Self::RbdUnmap { device, .. }
+            | Self::NbdDisconnect { device, .. } => device,
         }
     }
 
@@ -66,6 +80,8 @@ impl Step {
             Self::DmRemove { .. } => "dm_remove",
             Self::ScsiOffline { .. } => "scsi_offline",
             Self::ScsiDelete { .. } => "scsi_delete",
+            Self::RbdUnmap { .. } => "rbd_unmap",
+            Self::NbdDisconnect { .. } => "nbd_disconnect",
         }
     }
 
@@ -87,7 +103,12 @@ impl Step {
                 format!("remove dm device {device} ({uuid}){}", if *deferred { " on last close (deferred)" } else { "" })
             }
             Self::ScsiOffline { device, address, .. } => format!("set SCSI disk {device} ({address}) offline"),
-            Self::ScsiDelete { device, address, .. } => format!("delete SCSI disk {device} ({address})"),
+                        Self::ScsiDelete { device, address, .. } => format!("delete SCSI disk {device} ({address})"),
+            Self::RbdUnmap { device, id, pool, image, force, .. } => format!(
+                "unmap rbd {pool}/{image} ({device}, id {id}){}",
+                if *force { " with force (in-flight I/O fails)" } else { "" }
+            ),
+            Self::NbdDisconnect { device, .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
         }
     }
 }
@@ -461,14 +482,56 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     p
 }
 
+/// Unmapping an rbd image or disconnecting an nbd device: its mounts in other namespaces are
+/// released first; anything else that holds it refuses the plan.
+pub fn unmap(entry: &DeviceEntry, force: bool) -> Plan {
+    let d = &entry.device;
+    let mut p = release(entry);
+    p.operation = "unmap";
+    if !p.left_alone.is_empty() {
+        p.refusal = Some(format!(
+            "{} is still held by {} holder(s) release cannot detach",
+            d.name,
+            p.left_alone.len()
+        ));
+        p.steps.clear();
+        return p;
+    }
+    if let Some(r) = &entry.rbd {
+        p.steps.push(Step::RbdUnmap {
+            device: d.name.clone(),
+            devnum: d.devnum,
+            id: r.id,
+            pool: r.pool.clone(),
+            image: r.image.clone(),
+            image_id: r.image_id.clone(),
+            force,
+        });
+    } else if entry.nbd.is_some() {
+        p.steps.push(Step::NbdDisconnect { device: d.name.clone(), devnum: d.devnum });
+    } else {
+        p.refusal = Some(format!("{} is neither an rbd nor a connected nbd device", d.name));
+        p.unsupported = true;
+    }
+    p
+}
+
 /// What `clean` does to a device, by kind: unbind a loop device, tear down a multipath map,
-/// delete a standalone SCSI disk.
+/// delete a standalone SCSI disk, unmap an rbd image, disconnect an nbd device.
 pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     if entry.multipath.is_some() {
         teardown_map(entry, graph)
     } else if entry.scsi.is_some() {
         delete_disk(entry, graph)
+    } else if entry.rbd.is_some() || entry.nbd.is_some() {
+        unmap(entry, false)
     } else {
         clean(entry)
     }
+}
+
+/// Devices `clean` acts on only once they are stale (the rest: loop devices, which are unbound
+/// when free).
+pub fn needs_stale_verdict(entry: &DeviceEntry) -> bool {
+    entry.multipath.is_some() || entry.scsi.is_some() || entry.rbd.is_some() || entry.nbd.is_some()
 }

@@ -62,6 +62,8 @@ fn identity(e: &DeviceEntry) -> Identity {
         .multipath
         .as_ref()
         .map(|m| m.uuid.clone())
+        .or_else(|| e.rbd.as_ref().map(|r| format!("{}/{}/{}", r.cluster_fsid, r.image_id, r.client_id)))
+        .or_else(|| e.nbd.as_ref().and_then(|n| n.pid.map(|p| format!("pid {p}"))))
         .or_else(|| e.scsi.as_ref().and_then(|s| s.disk.wwid.clone()))
         .unwrap_or_default();
     Identity {
@@ -158,8 +160,29 @@ fn assess(e: &DeviceEntry) -> Assessment {
         }
         return fin(Verdict::Unused, vec![format!("nothing holds {} ({}, {state}); a disk is not something the agent cleans while its device is not offline", d.name, sc.disk.address)]);
     }
+    if let Some(n) = &e.nbd {
+        let server = match (n.pid, n.server_alive) {
+            (Some(pid), true) => {
+                format!("served by pid {pid} ({})", n.server_cmdline.as_deref().unwrap_or("?"))
+            }
+            (Some(pid), false) => format!("its server process {pid} is gone"),
+            (None, _) => "no server process recorded".to_owned(),
+        };
+        if !e.holders.is_empty() {
+            let mut reasons: Vec<String> = e.holders.iter().map(holder_reason).collect();
+            reasons.push(format!("{}: {server}", d.name));
+            return fin(Verdict::InUse, reasons);
+        }
+        return Assessment::Candidate(format!("nothing holds {} for {{age}}; {server}", d.name));
+    }
     if !e.holders.is_empty() {
         return fin(Verdict::InUse, e.holders.iter().map(holder_reason).collect());
+    }
+    if let Some(r) = &e.rbd {
+        return Assessment::Candidate(format!(
+            "nothing holds {} (rbd {}/{}, {} at {}: no mount in any namespace, no open fd) for {{age}}",
+            d.name, r.pool, r.image, r.client_id, r.client_addr
+        ));
     }
     if !is_mapping(e) {
         return fin(

@@ -69,6 +69,12 @@ pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     if let Some(sc) = &e.scsi {
         v["scsi"] = json!(sc);
     }
+    if let Some(r) = &e.rbd {
+        v["rbd"] = json!(r);
+    }
+    if let Some(n) = &e.nbd {
+        v["nbd"] = json!(n);
+    }
     if let Some(j) = j {
         v["verdict"] = json!(j.verdict.as_str());
         v["reasons"] = json!(j.reasons);
@@ -206,8 +212,39 @@ fn storage_lines(out: &mut String, e: &DeviceEntry) {
     }
 }
 
+/// rbd and nbd details under a device line.
+fn mapping_lines(out: &mut String, e: &DeviceEntry) {
+    if let Some(r) = &e.rbd {
+        let _ = writeln!(
+            out,
+            "    rbd {}/{} (id {}, image id {}), {} at {}, cluster {}; {}",
+            r.pool,
+            r.image,
+            r.id,
+            r.image_id,
+            r.client_id,
+            r.client_addr,
+            r.cluster_fsid,
+            r.dev_paths.join(", ")
+        );
+    }
+    if let Some(n) = &e.nbd {
+        let server = match (n.pid, n.server_alive) {
+            (Some(p), true) => format!("served by pid {p} ({})", n.server_cmdline.as_deref().unwrap_or("?")),
+            (Some(p), false) => format!("server process {p} is gone"),
+            (None, _) => "no server process".into(),
+        };
+        let _ = writeln!(
+            out,
+            "    nbd connected, {server}{}",
+            n.backend.as_deref().map(|b| format!(", backend {b}")).unwrap_or_default()
+        );
+    }
+}
+
 /// Holders and kernel threads under a device line.
 fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
+    mapping_lines(out, e);
     storage_lines(out, e);
     for h in e.holders.iter().take(limit) {
         let _ = writeln!(out, "    {}", holder_line(h));

@@ -12,7 +12,7 @@ use crate::discover::fds::{self, ProcRef};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
-use crate::discover::{blockdev, dm, scsi, DiscoverError};
+use crate::discover::{blockdev, dm, nbd, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
@@ -87,6 +87,12 @@ pub struct Snapshot {
     /// SCSI disks with their state and transport (iSCSI sessions, FC remote ports).
     #[serde(skip)]
     pub scsi: scsi::ScsiScan,
+    /// krbd mappings.
+    #[serde(skip)]
+    pub rbd: Vec<rbd::RbdMapping>,
+    /// Connected nbd devices and their server processes.
+    #[serde(skip)]
+    pub nbd: Vec<nbd::NbdDevice>,
 }
 
 impl Snapshot {
@@ -192,6 +198,8 @@ impl Snapshot {
             }
         };
         let scsi = scsi::scan(host)?;
+        let rbd = rbd::scan(host)?;
+        let nbd = nbd::scan(host, &devices)?;
         let kernel_threads: Vec<KernelThread> = entries
             .iter()
             .filter(|e| e.kthread)
@@ -238,6 +246,8 @@ impl Snapshot {
             warnings,
             dm_devices,
             scsi,
+            rbd,
+            nbd,
         })
     }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh up DIR | down DIR | env DIR | status DIR
+# cluster.sh up DIR | down DIR | env DIR | status DIR | check-isolated DIR
 #
 # A throw-away Ceph cluster (Debian's ceph 16.2, one monitor + one memstore OSD, cephx, no mgr)
 # that lives in DIR and in a network namespace of its own. See tests/ceph/README.md.
@@ -8,12 +8,14 @@
 #               on its lo, write DIR/ceph.conf + DIR/keyring, start ceph-mon and ceph-osd inside the
 #               netns (foreground mode, in the background, pids in DIR/pids/), wait for HEALTH_OK,
 #               create pool k8s (rbd pool init). Prints the steps with timings on stderr.
-#   down DIR    stop every process in the netns (the daemons first), delete the netns and the
+#   down DIR    stop the daemons and anything else running in the netns, delete the netns and the
 #               state in DIR. Idempotent; works after a partial or failed `up`.
 #   env DIR     print `export NAME=value` lines for eval: BJ_CEPH_NETNS, BJ_CEPH_ADDR,
 #               BJ_CEPH_MON_ADDR (ip:6789, msgr v1), BJ_CEPH_SECRET (client.admin, base64),
 #               BJ_CEPH_FSID, BJ_CEPH_POOL, BJ_CEPH_DIR, CEPH_CONF.
 #   status DIR  `ceph -s` inside the netns.
+#   check-isolated DIR   fail unless the netns still has only lo and no route (guest-rbd.sh runs
+#               it before starting qemu with user networking in there).
 #
 # NETWORK RULE: the daemons bind only to the namespace's 10.x address and every client runs inside
 # the namespace (`ip netns exec`). Nothing here contacts that address from the root namespace.
@@ -23,6 +25,8 @@
 #   BJ_CEPH_POOL=k8s              pool created by `up`
 #   BJ_CEPH_HEALTH_TIMEOUT=60     seconds `up` waits for HEALTH_OK
 #   BJ_CEPH_KEEP_ON_FAILURE=1     do not tear down after a failed `up` (for debugging)
+#   BJ_CEPH_STOP_GRACE=1          seconds `down` waits after SIGTERM before SIGKILL (a clean stop
+#                                 takes the mon ~2 s; the state is thrown away anyway)
 set -uo pipefail
 
 ADDR_DEFAULT=10.254.0.1
@@ -38,7 +42,7 @@ step() { T_STEP=$EPOCHREALTIME; log "$*"; }
 done_step() { log "  done in $(elapsed "$T_STEP") s${1:+: $1}"; }
 die()  { printf '[ceph] ERROR: %s\n' "$*" >&2; exit 1; }
 
-usage() { sed -n '2,16p' "$0" >&2; exit 2; }
+usage() { sed -n '2,18p' "$0" >&2; exit 2; }
 (( $# == 2 )) || usage
 CMD=$1
 DIR=$(realpath -m -- "$2")
@@ -80,7 +84,14 @@ ensure_ceph() {
 }
 
 # ------------------------------------------------------------------------------------- down
-pid_alive() { [[ -n $1 && -d /proc/$1 ]]; }
+# pid_alive PID: the process exists and is not a zombie (the daemons outlive `up`, so their parent
+# is init, which may take its time to reap them).
+pid_alive() {
+    local st
+    [[ -n $1 ]] && st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [[ ${st%% *} != Z ]]
+}
 
 # stop_pids SIGNAL_WAIT_SECONDS PID...: TERM, wait, then KILL what is left.
 stop_pids() {
@@ -123,7 +134,7 @@ cmd_down() {
         # shellcheck disable=SC2046
         set -- $(printf '%s\n' "${pids[@]}" | sort -un)
         log "stopping $# process(es) in $NS: $*"
-        stop_pids 3 "$@"
+        stop_pids "${BJ_CEPH_STOP_GRACE:-1}" "$@"
     fi
     if [[ -n $NS ]] && ip netns list 2>/dev/null | grep -qw -- "^$NS"; then
         ip netns del "$NS" || log "  WARNING: ip netns del $NS failed"
@@ -137,6 +148,15 @@ cmd_down() {
 }
 
 # ------------------------------------------------------------------------------------- up
+# assert_isolated: the namespace has lo and nothing else, and no route outside its local table, so
+# nothing started in it (daemons, clients, qemu's slirp) can send a packet off the machine.
+assert_isolated() {
+    local links routes
+    links=$(ip -n "$NS" -o link show | awk -F': ' '{ print $2 }' | tr '\n' ' ')
+    routes=$(ip -n "$NS" route show table all | grep -v '^local \|^broadcast \|^multicast \|^fe80::/64 \|^anycast ')
+    [[ $links == "lo " && -z $routes ]] || die "netns $NS is not isolated: links '$links', routes '$routes'"
+}
+
 write_conf() {
     cat >"$CONF" <<EOF
 # Private config of a throw-away test cluster (tests/ceph/cluster.sh). Not /etc/ceph.
@@ -251,6 +271,7 @@ cmd_up() {
     ip netns add "$NS" || die "ip netns add $NS failed"
     ip -n "$NS" link set lo up || die "lo up failed"
     ip -n "$NS" addr add "$ADDR/32" dev lo || die "addr add failed"
+    assert_isolated
     done_step "$(ip -n "$NS" -brief addr | tr -s ' ' | tr '\n' ';')"
 
     step "config, keys, monmap, mon mkfs"
@@ -342,5 +363,6 @@ case $CMD in
     down) cmd_down ;;
     env) cmd_env ;;
     status) load_state; [[ -n $NS ]] || die "no cluster in $DIR"; ceph_cli -s ;;
+    check-isolated) load_state; [[ -n $NS ]] || die "no cluster in $DIR"; assert_isolated; echo "netns $NS: only lo, no routes" ;;
     *) usage ;;
 esac

@@ -163,3 +163,21 @@ fn root_guest_standalone_offline_disk_is_deleted() {
     let clean = run.section("clean");
     assert!(clean.contains("delete SCSI disk sda") && clean.contains("rc=0"), "{clean}");
 }
+
+#[test]
+fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("nbd-dead-server.sh");
+    run.assert_ok();
+    let h = json_section(&run, "holders");
+    assert_eq!(h["verdict"], "stale", "{h:#}");
+    assert_eq!(h["nbd"]["server_alive"], false, "{h:#}");
+    assert!(h["reasons"][0].as_str().expect("reason").contains("is gone"), "{h:#}");
+    let clean = run.section("clean");
+    assert!(
+        clean.contains("disconnect nbd device nbd0 (NBD_DISCONNECT): done") && clean.contains("rc=0"),
+        "{clean}"
+    );
+}

@@ -69,6 +69,10 @@ impl Actuator for LinuxActuator {
             Step::ScsiDelete { device, devnum, wwid, .. } => {
                 self.scsi_delete(device, *devnum, wwid.as_deref())
             }
+            Step::RbdUnmap { device, devnum, id, pool, image, image_id, force } => {
+                self.rbd_unmap(device, *devnum, *id, (pool, image, image_id), *force)
+            }
+            Step::NbdDisconnect { device, devnum } => self.nbd_disconnect(device, *devnum),
         }
     }
 }

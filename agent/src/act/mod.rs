@@ -5,6 +5,7 @@
 //! structured log line, and its failure is collected rather than stopping the rest.
 
 pub mod linux;
+mod mapping;
 pub mod recording;
 mod storage;
 

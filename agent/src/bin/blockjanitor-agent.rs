@@ -364,7 +364,7 @@ fn run(cli: &Cli) -> Result<u8> {
             let (entry, snap) = scan_device(&host, reader, device)?;
             let graph = DeviceGraph::build(&snap);
             let mut plan = plan::for_clean(&entry, &graph);
-            if entry.multipath.is_some() || entry.scsi.is_some() {
+            if plan::needs_stale_verdict(&entry) {
                 // Maps and disks are torn down only once stale (grace measured across runs).
                 let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
                 let verdicts = judge(cli, &host, &graph, Some(&scope));

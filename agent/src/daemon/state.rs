@@ -104,7 +104,7 @@ pub struct AgentState {
 /// first); multipath maps and SCSI disks are torn down only once the daemon has judged them
 /// stale (all paths failed, or offline, for the grace period across scans).
 fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
-    if e.multipath.is_none() && e.scsi.is_none() {
+    if !plan::needs_stale_verdict(e) {
         return plan::cleanup(e);
     }
     let mut p = plan::for_clean(e, graph);
@@ -400,7 +400,9 @@ impl AgentState {
                 | plan::Step::DmMessage { .. }
                 | plan::Step::DmRemove { .. }
                 | plan::Step::ScsiOffline { .. }
-                | plan::Step::ScsiDelete { .. } => Ok(()),
+                | plan::Step::ScsiDelete { .. }
+                | plan::Step::RbdUnmap { .. }
+                | plan::Step::NbdDisconnect { .. } => Ok(()),
             });
             let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &reports {

@@ -13,7 +13,9 @@ pub mod maps;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;
+pub mod nbd;
 pub mod processes;
+pub mod rbd;
 pub mod scsi;
 pub mod swaps;
 
