@@ -242,7 +242,7 @@ pub fn clean(entry: &DeviceEntry) -> Plan {
     };
     if d.kind != DeviceKind::Loop {
         plan.refusal = Some(format!(
-            "{} is a {} device; clean handles loop devices, multipath maps and SCSI disks",
+            "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices",
             d.name,
             d.kind.as_str()
         ));

@@ -41,6 +41,20 @@ pub fn device<'a>(
             }
             Ok(_) => return Err(fail(format!("{} is not a block device node", node.display()))),
             Err(e) => {
+                // /dev/rbd/POOL[/NS]/IMAGE[@SNAP] is a udev symlink, missing without udevd: the
+                // kernel's own inventory knows the mapping.
+                if let Some(spec) = arg.strip_prefix("/dev/rbd/") {
+                    let mappings = crate::discover::rbd::scan(host).unwrap_or_default();
+                    if let Some(m) = mappings.iter().find(|m| m.dev_paths.iter().any(|p| p == arg)) {
+                        if let Some(d) = devices.iter().find(|d| d.devnum == m.devnum) {
+                            return Ok(d);
+                        }
+                    }
+                    return Err(fail(format!(
+                        "no rbd mapping of {spec} in {}",
+                        host.sys().join("bus/rbd/devices").display()
+                    )));
+                }
                 // Fixture trees have no device nodes: fall back to the name under /dev.
                 if let Some(name) = arg.strip_prefix("/dev/").filter(|n| !n.contains('/')) {
                     if let Some(d) = devices.iter().find(|d| d.name.as_str() == name) {

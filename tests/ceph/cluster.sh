@@ -141,7 +141,7 @@ cmd_down() {
     fi
     # 3. the state we wrote (only our own entries: DIR may have been made by the caller)
     if [[ -d $DIR ]]; then
-        rm -rf "$DIR"/{ceph.conf,keyring,monmap,netns,addr,fsid,osd-uuid,pids,run,log,mon.a,osd.0,timings,$MARKER}
+        rm -rf "${DIR:?}"/{ceph.conf,keyring,monmap,netns,addr,fsid,osd-uuid,pids,run,log,mon.a,osd.0,timings,$MARKER}
         rmdir "$DIR" 2>/dev/null
     fi
     log "down in $(elapsed "$t0") s${NS:+ (netns $NS deleted)}"
@@ -257,7 +257,7 @@ cmd_up() {
     trap up_cleanup EXIT
     trap 'exit 130' INT TERM
 
-    mkdir -p "$DIR" && touch "$DIR/$MARKER" || die "cannot create $DIR"
+    { mkdir -p "$DIR" && touch "$DIR/$MARKER"; } || die "cannot create $DIR"
     mkdir -p "$DIR/pids" "$DIR/run" "$DIR/log"
     NS=bj-ceph-$$
     ADDR=${BJ_CEPH_ADDR:-$ADDR_DEFAULT}

@@ -20,7 +20,7 @@ T0=$EPOCHREALTIME
 TOP=$(mktemp -d "${TMPDIR:-/tmp}/bj-ceph-selftest.XXXXXX") || exit 1
 CDIR=$TOP/cluster SHARE=$TOP/share
 mkdir -p "$SHARE"
-GPID= WATCHDOG= NS= CLUSTER_UP=0 FINISHED=0
+GPID='' WATCHDOG='' NS='' CLUSTER_UP=0 FINISHED=0
 
 cleanup() {
     local rc=$?
@@ -72,7 +72,7 @@ BJ_CEPH_IMAGE=$IMAGE BLOCKJANITOR_GUEST_SHARE=$SHARE BLOCKJANITOR_GUEST_TIMEOUT=
     "$HERE/guest-rbd.sh" "$CDIR" "$HERE/scenarios/map-smoke.sh" >"$TOP/guest.out" 2>"$TOP/guest.err" &
 GPID=$!
 while [[ ! -f $SHARE/mapped ]] && kill -0 "$GPID" 2>/dev/null; do sleep 0.1; done
-CLIENT_ID= CLIENT_ADDR=
+CLIENT_ID='' CLIENT_ADDR=''
 if [[ -f $SHARE/mapped ]]; then
     t_mapped=$(elapsed "$t")
     line=$(cat "$SHARE/mapped")

@@ -123,11 +123,21 @@ fn scan_of_incident5_lists_every_device_and_the_stack() {
 }
 
 #[test]
-fn clean_refuses_non_loop_and_held_devices() {
-    let out = agent(&["--root", &incident5(), "clean", "rbd3"]);
-    // rbd3 is not a loop device: refused as an error, not as "held".
+fn clean_refuses_held_devices_and_kinds_it_does_not_handle() {
+    // rbd3 is held by node_exporter's mount: refused (exit 2), with the holder as the reason.
+    let out = agent(&["--root", &incident5(), "--grace-period", "0", "clean", "rbd3"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("rbd3 is in_use, not stale") && t.contains("node")
+            || t.contains("mounted at /host/data/kubelet"),
+        "{t}"
+    );
+    // A partition is not something clean handles: an error (exit 1), not a refusal.
+    let out = agent(&["--root", &incident5(), "clean", "sda1"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(text(&out.stdout).contains("clean handles loop devices, multipath maps and SCSI disks"));
+    assert!(text(&out.stdout)
+        .contains("clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices"));
 }
 
 #[test]
@@ -233,4 +243,35 @@ fn fc_disks_show_their_remote_port_and_blocked_is_not_stale() {
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", name]);
     assert_eq!(out.status.code(), Some(2), "refused: {}", text(&out.stdout));
     assert!(text(&out.stdout).contains("not stale"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
+    let root = fixtures().join("incident1").to_string_lossy().into_owned();
+    let image = "/dev/rbd/k8s/kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c";
+    let v = agent_json(&["--root", &root, "--grace-period", "0", "holders", image, "--output", "json"], 0);
+    assert_eq!(v["device"]["name"], "rbd4");
+    assert_eq!(v["holders"], serde_json::json!([]));
+    assert_eq!(v["verdict"], "stale", "{v:#}");
+    // What matches the cluster's `watcher=10.125.53.47:0/3423687629 client.1138525`.
+    assert_eq!(v["rbd"]["client_id"], "client.1138525");
+    assert_eq!(v["rbd"]["client_addr"], "10.125.53.47:0/3423687629");
+    assert_eq!(v["rbd"]["image_id"], "115f79643c9869", "rbd_data.115f79643c9869");
+    assert_eq!(v["rbd"]["pool"], "k8s");
+    assert!(v["reasons"][0]
+        .as_str()
+        .expect("reason")
+        .contains("client.1138525 at 10.125.53.47:0/3423687629"));
+    assert!(!v.to_string().contains("secret"), "config_info (which can hold the key) is never read");
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "rbd4"]);
+    let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("unmap rbd k8s/kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c (rbd4, id 4)"),
+        "{t}"
+    );
+    // Not yet stale with the default grace: refused (exit 2), with the reason.
+    let out = agent(&["--root", &root, "clean", "rbd4"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stdout).contains("suspect, not stale"), "{}", text(&out.stdout));
 }

@@ -1,4 +1,5 @@
 #!/bin/sh
+# shellcheck disable=SC1091,SC2012
 # map-smoke (guest, busybox sh; run it with tests/ceph/guest-rbd.sh): bring up eth0, map
 # $POOL/$IMAGE with the kernel rbd client through /sys/bus/rbd/add_single_major (no rbd binary),
 # print the device's sysfs attributes, make a filesystem on /dev/rbdN, mount it, write a file,
@@ -31,13 +32,13 @@ d=/sys/bus/rbd/devices/$id
 for a in pool pool_id name image_id client_id client_addr cluster_fsid major minor current_snap size features; do
     printf 'rbd%s %s: %s\n' "$id" "$a" "$(cat "$d/$a" 2>/dev/null || echo '<missing>')"
 done
-[ "$(cat $d/pool)" = "$POOL" ] || fail "pool"
-[ "$(cat $d/name)" = "$IMAGE" ] || fail "name"
-[ "$(cat $d/cluster_fsid)" = "$FSID" ] || fail "cluster_fsid != $FSID"
-[ "$(cat $d/current_snap)" = "-" ] || fail "current_snap"
+[ "$(cat "$d/pool")" = "$POOL" ] || fail "pool"
+[ "$(cat "$d/name")" = "$IMAGE" ] || fail "name"
+[ "$(cat "$d/cluster_fsid")" = "$FSID" ] || fail "cluster_fsid != $FSID"
+[ "$(cat "$d/current_snap")" = "-" ] || fail "current_snap"
 dev=/dev/rbd$id
 [ -b "$dev" ] || fail "no block device $dev"
-echo "$dev: $(ls -l $dev | awk '{ print $5, $6 }') size $(cat /sys/block/rbd$id/size) sectors"
+echo "$dev: $(ls -l "$dev" | awk '{ print $5, $6 }') size $(cat "/sys/block/rbd$id/size") sectors"
 
 # A filesystem: busybox mke2fs makes ext2, which the ext4 driver mounts.
 mke2fs -q "$dev" >/tmp/mkfs.log 2>&1 || { cat /tmp/mkfs.log; fail "mke2fs $dev"; }
@@ -50,8 +51,8 @@ grep " /mnt/rbd " /proc/mounts
 umount /mnt/rbd || fail "umount"
 echo "mkfs, mount, write, umount: ok"
 
-client_id=$(cat $d/client_id)
-client_addr=$(cat $d/client_addr)
+client_id=$(cat "$d/client_id")
+client_addr=$(cat "$d/client_addr")
 if host_share_ready; then
     echo "handing over to the host (watcher check)"
     ack=$(host_handshake mapped "dev=$id client_id=$client_id client_addr=$client_addr" 60) \
