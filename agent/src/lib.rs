@@ -12,6 +12,7 @@ pub mod config;
 pub mod daemon;
 pub mod discover;
 pub mod dmioctl;
+pub mod errors;
 pub mod graph;
 pub mod host;
 pub mod journal;

@@ -139,6 +139,38 @@ pub struct Plan {
     pub notes: Vec<String>,
 }
 
+impl Plan {
+    /// An empty plan for `operation` on `entry`'s device.
+    pub fn new(operation: &'static str, entry: &DeviceEntry) -> Self {
+        Self {
+            operation,
+            device: entry.device.name.clone(),
+            devnum: entry.device.devnum,
+            steps: Vec::new(),
+            left_alone: Vec::new(),
+            refusal: None,
+            unsupported: false,
+            notes: Vec::new(),
+        }
+    }
+}
+
+/// Keeps a plan only when the device's verdict is stale: clears its steps and says why
+/// otherwise (`None`: not judged yet). Plans already refused keep their own reason.
+pub fn gate_on_verdict(p: &mut Plan, judgement: Option<&crate::policy::Judgement>) {
+    use crate::policy::Verdict;
+    if p.refusal.is_some() {
+        return;
+    }
+    let reason = match judgement {
+        Some(j) if j.verdict == Verdict::Stale => return,
+        Some(j) => format!("{} is {}, not stale: {}", p.device, j.verdict.as_str(), j.reasons.join("; ")),
+        None => format!("{} has not been judged yet; wait for the next scan", p.device),
+    };
+    p.steps.clear();
+    p.refusal = Some(reason);
+}
+
 /// Why a holder keeps a device busy, in words.
 pub fn holder_reason(h: &Holder) -> String {
     let who = match (&h.pids.first(), &h.comm) {
@@ -230,16 +262,7 @@ pub fn release(entry: &DeviceEntry) -> Plan {
 /// Plans unbinding a loop device; refused while anything holds it.
 pub fn clean(entry: &DeviceEntry) -> Plan {
     let d = &entry.device;
-    let mut plan = Plan {
-        operation: "clean",
-        device: d.name.clone(),
-        devnum: d.devnum,
-        steps: Vec::new(),
-        left_alone: Vec::new(),
-        refusal: None,
-        unsupported: false,
-        notes: Vec::new(),
-    };
+    let mut plan = Plan::new("clean", entry);
     if d.kind != DeviceKind::Loop {
         plan.refusal = Some(format!(
             "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices",
@@ -302,16 +325,7 @@ pub fn cleanup(entry: &DeviceEntry) -> Plan {
 /// path offline and delete it. Refused while any path is active or anything else holds it.
 pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     let d = &entry.device;
-    let mut p = Plan {
-        operation: "teardown",
-        device: d.name.clone(),
-        devnum: d.devnum,
-        steps: Vec::new(),
-        left_alone: Vec::new(),
-        refusal: None,
-        unsupported: false,
-        notes: Vec::new(),
-    };
+    let mut p = Plan::new("teardown", entry);
     let Some(m) = &entry.multipath else {
         p.refusal = Some(format!("{} is not a multipath map", d.name));
         p.unsupported = true;
@@ -444,16 +458,7 @@ fn scsi_steps(disk: &DeviceEntry) -> Vec<Step> {
 /// a multipath map goes with its map, never alone.
 pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     let d = &entry.device;
-    let mut p = Plan {
-        operation: "delete",
-        device: d.name.clone(),
-        devnum: d.devnum,
-        steps: Vec::new(),
-        left_alone: Vec::new(),
-        refusal: None,
-        unsupported: false,
-        notes: Vec::new(),
-    };
+    let mut p = Plan::new("delete", entry);
     match &entry.scsi {
         None => {
             p.refusal = Some(format!("{} is not a SCSI disk", d.name));

@@ -68,7 +68,9 @@ fi
 # ---- 3. the guest maps the image; the host checks the watcher while it is mapped.
 # Handshake over the 9p share: the guest writes share/mapped and waits for share/mapped.ack.
 t=$EPOCHREALTIME
+# run.sh keeps its logs in BLOCKJANITOR_GUEST_OUTDIR: inside $TOP, printed on failure, then removed.
 BJ_CEPH_IMAGE=$IMAGE BLOCKJANITOR_GUEST_SHARE=$SHARE BLOCKJANITOR_GUEST_TIMEOUT=90 \
+    BLOCKJANITOR_GUEST_OUTDIR=$TOP/guest-logs \
     "$HERE/guest-rbd.sh" "$CDIR" "$HERE/scenarios/map-smoke.sh" >"$TOP/guest.out" 2>"$TOP/guest.err" &
 GPID=$!
 while [[ ! -f $SHARE/mapped ]] && kill -0 "$GPID" 2>/dev/null; do sleep 0.1; done

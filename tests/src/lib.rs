@@ -57,6 +57,16 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// The entry of device `name` in a `scan --output json` document.
+pub fn find_device<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    scan["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .find(|d| d["device"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {scan:#}"))
+}
+
 /// The tests crate's directory (for fixtures).
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")

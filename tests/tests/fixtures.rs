@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use blockjanitor_tests::{agent, agent_json, fixtures, text};
+use blockjanitor_tests::{agent, agent_json, find_device, fixtures, text};
 
 fn incident5() -> String {
     fixtures().join("incident5").to_string_lossy().into_owned()
@@ -196,24 +196,15 @@ fn scan_fixture(name: &str) -> serde_json::Value {
     agent_json(&["--root", &root, "scan", "--output", "json"], 0)
 }
 
-fn fixture_device<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    scan["devices"]
-        .as_array()
-        .expect("devices")
-        .iter()
-        .find(|d| d["device"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} in {scan:#}"))
-}
-
 #[test]
 fn iscsi_disks_show_their_session_and_an_offline_one_is_a_candidate() {
     let scan = scan_fixture("iscsi");
-    let up = fixture_device(&scan, "sdc");
+    let up = find_device(&scan, "sdc");
     assert_eq!(up["scsi"]["state"], "running");
     assert_eq!(up["scsi"]["transport"]["iscsi"]["session"], "session1", "{up:#}");
     assert_eq!(up["scsi"]["transport_state"], "logged_in");
     assert_eq!(up["verdict"], "unused");
-    let down = fixture_device(&scan, "sdd");
+    let down = find_device(&scan, "sdd");
     assert_eq!(down["scsi"]["state"], "transport-offline");
     assert_eq!(down["scsi"]["transport_state"], "failed");
     assert_eq!(down["verdict"], "suspect", "offline, but not yet for the grace period: {down:#}");

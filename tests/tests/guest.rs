@@ -1,6 +1,7 @@
 //! Scenarios in the qemu guest (Debian's kernel): what this host's kernel cannot show
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
+use blockjanitor_tests::find_device;
 use blockjanitor_tests::guest::{require_guest, run_scenario};
 
 #[test]
@@ -34,15 +35,6 @@ fn json_section(run: &blockjanitor_tests::guest::Run, name: &str) -> serde_json:
     })
 }
 
-fn device<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    scan["devices"]
-        .as_array()
-        .expect("devices")
-        .iter()
-        .find(|d| d["device"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {name} in {scan:#}"))
-}
-
 #[test]
 fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     if !require_guest() {
@@ -51,7 +43,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     let run = run_scenario("incident3.sh");
     run.assert_ok();
     let scan = json_section(&run, "scan");
-    let map = device(&scan, "dm-0");
+    let map = find_device(&scan, "dm-0");
     assert_eq!(map["verdict"], "stale", "{map:#}");
     let reason = map["reasons"][0].as_str().expect("reason");
     assert!(
@@ -67,7 +59,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
         mp["paths"].as_array().expect("paths").iter().filter_map(|p| p["state"].as_str()).collect();
     assert_eq!(states, vec!["failed", "failed"]);
     for disk in ["sda", "sdb"] {
-        let d = device(&scan, disk);
+        let d = find_device(&scan, disk);
         assert_eq!(d["verdict"], "stale", "{d:#}");
         assert_eq!(d["scsi"]["state"], "offline");
         assert_eq!(d["scsi"]["path_of"], "dm-0");

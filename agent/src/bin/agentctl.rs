@@ -252,22 +252,10 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", blockjanitor::errors::one_line(e.as_ref()));
             ExitCode::from(1)
         }
     }
-}
-
-/// The error and its causes on one line, each cause once.
-fn one_line(e: &anyhow::Error) -> String {
-    let mut msg = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !msg.contains(&c) {
-            msg = format!("{msg}: {c}");
-        }
-    }
-    msg.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// Where to connect, from the flags.

@@ -24,7 +24,7 @@ use blockjanitor::journal::{self, Journal};
 use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
-use blockjanitor::policy::{Tracker, Verdict};
+use blockjanitor::policy::Tracker;
 use blockjanitor::snapshot::{Scope, Snapshot};
 use blockjanitor::{render, resolve, server};
 use std::sync::Arc;
@@ -214,22 +214,10 @@ fn main() -> ExitCode {
     match run(&cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", blockjanitor::errors::one_line(e.as_ref()));
             ExitCode::from(1)
         }
     }
-}
-
-/// The error and its causes on one line, each cause once (library errors already name theirs).
-fn one_line(e: &anyhow::Error) -> String {
-    let mut msg = e.to_string();
-    for cause in e.chain().skip(1) {
-        let c = cause.to_string();
-        if !msg.contains(&c) {
-            msg = format!("{msg}: {c}");
-        }
-    }
-    msg.replace('\n', " ")
 }
 
 fn init_logging(format: LogFormat) {
@@ -365,20 +353,10 @@ fn run(cli: &Cli) -> Result<u8> {
             let graph = DeviceGraph::build(&snap);
             let mut plan = plan::for_clean(&entry, &graph);
             if plan::needs_stale_verdict(&entry) {
-                // Maps and disks are torn down only once stale (grace measured across runs).
+                // Maps, disks, rbd and nbd go only once stale (grace measured across runs).
                 let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
                 let verdicts = judge(cli, &host, &graph, Some(&scope));
-                if let Some(j) = verdicts.get(&entry.device.devnum).filter(|j| j.verdict != Verdict::Stale) {
-                    if plan.refusal.is_none() {
-                        plan.steps.clear();
-                        plan.refusal = Some(format!(
-                            "{} is {}, not stale: {}",
-                            entry.device.name,
-                            j.verdict.as_str(),
-                            j.reasons.join("; ")
-                        ));
-                    }
-                }
+                plan::gate_on_verdict(&mut plan, verdicts.get(&entry.device.devnum));
             }
             let devnum = plan.devnum;
             let recheck_host = host.clone();

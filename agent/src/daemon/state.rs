@@ -109,23 +109,7 @@ fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
     }
     let mut p = plan::for_clean(e, graph);
     let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
-    match judged {
-        Some(j) if j.verdict == Verdict::Stale => {}
-        Some(j) if p.refusal.is_none() => {
-            p.steps.clear();
-            p.refusal = Some(format!(
-                "{} is {}, not stale: {}",
-                e.device.name,
-                j.verdict.as_str(),
-                j.reasons.join("; ")
-            ));
-        }
-        None if p.refusal.is_none() => {
-            p.steps.clear();
-            p.refusal = Some(format!("{} has not been judged yet; wait for the next scan", e.device.name));
-        }
-        _ => {}
-    }
+    plan::gate_on_verdict(&mut p, judged);
     p
 }
 
