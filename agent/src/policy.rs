@@ -176,11 +176,20 @@ fn assess(e: &DeviceEntry) -> Assessment {
         return Assessment::Candidate(format!("nothing holds {} for {{age}}; {server}", d.name));
     }
     if !e.holders.is_empty() {
-        return fin(Verdict::InUse, e.holders.iter().map(holder_reason).collect());
+        let mut reasons: Vec<String> = e.holders.iter().map(holder_reason).collect();
+        if let Some(line) = e.rbd.as_ref().and_then(|r| r.fenced.as_ref()) {
+            reasons.push(format!("fenced at the cluster ({line}): release its holders, then unmap it"));
+        }
+        return fin(Verdict::InUse, reasons);
     }
     if let Some(r) = &e.rbd {
+        let fenced = if r.fenced.is_some() {
+            "; the cluster fenced this client (blocklisted): the mapping is dead"
+        } else {
+            ""
+        };
         return Assessment::Candidate(format!(
-            "nothing holds {} (rbd {}/{}, {} at {}: no mount in any namespace, no open fd) for {{age}}",
+            "nothing holds {} (rbd {}/{}, {} at {}: no mount in any namespace, no open fd) for {{age}}{fenced}",
             d.name, r.pool, r.image, r.client_id, r.client_addr
         ));
     }

@@ -227,6 +227,9 @@ fn mapping_lines(out: &mut String, e: &DeviceEntry) {
             r.cluster_fsid,
             r.dev_paths.join(", ")
         );
+        if let Some(line) = &r.fenced {
+            let _ = writeln!(out, "    fenced: the cluster blocklisted this client ({line})");
+        }
     }
     if let Some(n) = &e.nbd {
         let server = match (n.pid, n.server_alive) {

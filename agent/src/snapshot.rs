@@ -12,7 +12,7 @@ use crate::discover::fds::{self, ProcRef};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
-use crate::discover::{blockdev, dm, nbd, rbd, scsi, DiscoverError};
+use crate::discover::{blockdev, dm, kmsg, nbd, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
@@ -198,7 +198,13 @@ impl Snapshot {
             }
         };
         let scsi = scsi::scan(host)?;
-        let rbd = rbd::scan(host)?;
+        let mut rbd = rbd::scan(host)?;
+        if !rbd.is_empty() {
+            let log = kmsg::read_rbd(host);
+            for m in &mut rbd {
+                m.fenced = log.fenced.get(m.device.as_str()).cloned();
+            }
+        }
         let nbd = nbd::scan(host, &devices)?;
         let kernel_threads: Vec<KernelThread> = entries
             .iter()

@@ -8,6 +8,7 @@ pub mod blockdev;
 pub mod cgroup;
 pub mod dm;
 pub mod fds;
+pub mod kmsg;
 pub mod loopdev;
 pub mod maps;
 pub mod mountinfo;

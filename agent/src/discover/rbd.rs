@@ -35,6 +35,10 @@ pub struct RbdMapping {
     pub cluster_fsid: String,
     /// The names a node has for it: `/dev/rbdN`, `/dev/rbd/<pool>[/<ns>]/<image>[@<snap>]`.
     pub dev_paths: Vec<String>,
+    /// The cluster fenced this client (blocklisted it); the kernel log line that says so. The
+    /// mapping is dead, but it still has to be unmounted and unmapped here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
 }
 
 /// Every krbd mapping; none when the rbd module is not loaded.
@@ -92,6 +96,7 @@ fn read_one(dir: &Path, id: u32) -> Result<Option<RbdMapping>, DiscoverError> {
         client_id: opt("client_id")?,
         client_addr: opt("client_addr")?,
         cluster_fsid: opt("cluster_fsid")?,
+        fenced: None,
     }))
 }
 
