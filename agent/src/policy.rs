@@ -190,7 +190,7 @@ fn assess(e: &DeviceEntry) -> Assessment {
         };
         return Assessment::Candidate(format!(
             "nothing holds {} (rbd {}/{}, {} at {}: no mount in any namespace, no open fd) for {{age}}{fenced}",
-            d.name, r.pool, r.image, r.client_id, r.client_addr
+            d.name, r.pool, r.image, r.watcher_client, r.client_addr
         ));
     }
     if !is_mapping(e) {

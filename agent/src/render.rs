@@ -222,7 +222,7 @@ fn mapping_lines(out: &mut String, e: &DeviceEntry) {
             r.image,
             r.id,
             r.image_id,
-            r.client_id,
+            r.watcher_client,
             r.client_addr,
             r.cluster_fsid,
             r.dev_paths.join(", ")

@@ -6,6 +6,7 @@
 //! a prerequisite is missing they fail in CI (`CI=true`) and are skipped, with the reason printed,
 //! elsewhere.
 
+pub mod ceph;
 pub mod daemon;
 pub mod fixture;
 pub mod guest;

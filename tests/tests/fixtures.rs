@@ -245,7 +245,8 @@ fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
     assert_eq!(v["holders"], serde_json::json!([]));
     assert_eq!(v["verdict"], "stale", "{v:#}");
     // What matches the cluster's `watcher=10.125.53.47:0/3423687629 client.1138525`.
-    assert_eq!(v["rbd"]["client_id"], "client.1138525");
+    assert_eq!(v["rbd"]["client_id"], "client1138525", "as sysfs prints it");
+    assert_eq!(v["rbd"]["watcher_client"], "client.1138525", "as the cluster's watcher list prints it");
     assert_eq!(v["rbd"]["client_addr"], "10.125.53.47:0/3423687629");
     assert_eq!(v["rbd"]["image_id"], "115f79643c9869", "rbd_data.115f79643c9869");
     assert_eq!(v["rbd"]["pool"], "k8s");

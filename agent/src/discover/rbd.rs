@@ -1,7 +1,7 @@
 //! krbd mappings from `/sys/bus/rbd/devices/<id>/` (Documentation/ABI/testing/sysfs-bus-rbd):
 //! pool, pool namespace, image, image id, snapshot, the client's id and address (what a cluster's
-//! watcher list shows, e.g. `watcher=10.125.53.47:0/3423687629 client.1138525`), cluster fsid and
-//! device number.
+//! watcher list shows, e.g. `watcher=10.125.53.47:0/3423687629 client.1138525`; sysfs prints the
+//! id as `client1138525`), cluster fsid and device number.
 //!
 //! `config_info` is never read: it holds the string written to `add`, which can carry the cephx
 //! secret.
@@ -28,8 +28,10 @@ pub struct RbdMapping {
     pub image_id: String,
     /// `current_snap`: `-` for the image head.
     pub snap: String,
-    /// `client.<id>` as the cluster lists it among an image's watchers.
+    /// `client_id` as sysfs prints it: `client4122`.
     pub client_id: String,
+    /// The same as the cluster writes it in an image's watcher list: `client.4122`.
+    pub watcher_client: String,
     /// `IP:PORT/NONCE`, the watcher address (what `ceph osd blocklist add` takes).
     pub client_addr: String,
     pub cluster_fsid: String,
@@ -93,6 +95,10 @@ fn read_one(dir: &Path, id: u32) -> Result<Option<RbdMapping>, DiscoverError> {
         image,
         image_id: opt("image_id")?,
         snap,
+        watcher_client: opt("client_id")?
+            .strip_prefix("client")
+            .map(|n| format!("client.{}", n.trim_start_matches('.')))
+            .unwrap_or_default(),
         client_id: opt("client_id")?,
         client_addr: opt("client_addr")?,
         cluster_fsid: opt("cluster_fsid")?,
@@ -112,7 +118,8 @@ mod tests {
         let m = &maps[0];
         assert_eq!((m.id, m.device.as_str(), m.devnum), (3, "rbd3", DevNum::new(250, 0)));
         assert_eq!(m.pool, "k8s");
-        assert_eq!(m.client_id, "client.1138525");
+        assert_eq!(m.client_id, "client1138525");
+        assert_eq!(m.watcher_client, "client.1138525");
         assert_eq!(m.client_addr, "10.125.53.47:0/3423687629");
         assert_eq!(m.dev_paths[1], format!("/dev/rbd/k8s/{}", m.image));
         assert!(scan(&HostRoot::new("/nonexistent")).expect("no rbd bus").is_empty());
