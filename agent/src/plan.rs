@@ -323,7 +323,7 @@ pub fn cleanup(entry: &DeviceEntry) -> Plan {
 /// stop queueing (so nothing can hang on it, and stuck readers get EIO and let go), release its
 /// mounts in other namespaces, remove its kpartx partition maps, remove the map, then set each
 /// path offline and delete it. Refused while any path is active or anything else holds it.
-pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
+pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: bool) -> Plan {
     let d = &entry.device;
     let mut p = Plan::new("teardown", entry);
     let Some(m) = &entry.multipath else {
@@ -396,7 +396,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
         device: d.name.clone(),
         devnum: d.devnum,
         uuid: m.uuid.clone(),
-        deferred: false,
+        deferred: deferred_remove,
     });
     let mut deleted = Vec::new();
     for path in &m.paths {
@@ -521,15 +521,24 @@ pub fn unmap(entry: &DeviceEntry, force: bool) -> Plan {
     p
 }
 
+/// Opt-ins for `clean`, off by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CleanOptions {
+    /// Remove a multipath map on its last close if it is still open (`DM_DEFERRED_REMOVE`).
+    pub deferred_remove: bool,
+    /// Unmap rbd with `force`: in-flight I/O fails, and a mount left behind cannot be unmounted.
+    pub force_unmap: bool,
+}
+
 /// What `clean` does to a device, by kind: unbind a loop device, tear down a multipath map,
 /// delete a standalone SCSI disk, unmap an rbd image, disconnect an nbd device.
-pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
+pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -> Plan {
     if entry.multipath.is_some() {
-        teardown_map(entry, graph)
+        teardown_map(entry, graph, opts.deferred_remove)
     } else if entry.scsi.is_some() {
         delete_disk(entry, graph)
     } else if entry.rbd.is_some() || entry.nbd.is_some() {
-        unmap(entry, false)
+        unmap(entry, opts.force_unmap)
     } else {
         clean(entry)
     }

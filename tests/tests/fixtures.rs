@@ -262,6 +262,11 @@ fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
         t.contains("unmap rbd k8s/kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c (rbd4, id 4)"),
         "{t}"
     );
+    // `force` only when asked for, and then said plainly.
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "rbd4"]);
+    assert!(!text(&out.stdout).contains("force"), "{}", text(&out.stdout));
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "rbd4", "--force"]);
+    assert!(text(&out.stdout).contains("with force (in-flight I/O fails)"), "{}", text(&out.stdout));
     // Not yet stale with the default grace: refused (exit 2), with the reason.
     let out = agent(&["--root", &root, "clean", "rbd4"]);
     assert_eq!(out.status.code(), Some(2));

@@ -148,6 +148,13 @@ enum Command {
         /// Carry out the plan.
         #[arg(long)]
         apply: bool,
+        /// For a multipath map still open: remove it on its last close (deferred remove).
+        #[arg(long)]
+        deferred_remove: bool,
+        /// For rbd: unmap with `force` (in-flight I/O fails; a mount left behind cannot be
+        /// unmounted any more). Only for a mapping whose cluster is gone for good.
+        #[arg(long)]
+        force: bool,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -348,10 +355,11 @@ fn run(cli: &Cli) -> Result<u8> {
             let plan = plan::release(&entry);
             carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
         }
-        Command::Clean { device, apply, output } => {
+        Command::Clean { device, apply, deferred_remove, force, output } => {
             let (entry, snap) = scan_device(&host, reader, device)?;
             let graph = DeviceGraph::build(&snap);
-            let mut plan = plan::for_clean(&entry, &graph);
+            let opts = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
+            let mut plan = plan::for_clean(&entry, &graph, opts);
             if plan::needs_stale_verdict(&entry) {
                 // Maps, disks, rbd and nbd go only once stale (grace measured across runs).
                 let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);

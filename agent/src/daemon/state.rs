@@ -107,7 +107,7 @@ fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
     if !plan::needs_stale_verdict(e) {
         return plan::cleanup(e);
     }
-    let mut p = plan::for_clean(e, graph);
+    let mut p = plan::for_clean(e, graph, plan::CleanOptions::default());
     let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
     plan::gate_on_verdict(&mut p, judged);
     p

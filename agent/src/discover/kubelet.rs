@@ -130,7 +130,8 @@ pub struct KubeletVolume {
     /// As the host sees it (`/var/lib/kubelet/...`, symlinks in the kubelet directory resolved):
     /// what mountinfo shows as the mount point, or the device file.
     pub path: PathBuf,
-    /// Volume plugin, unescaped: `kubernetes.io/csi`, `kubernetes.io/rbd`, ...
+    /// Volume plugin, unescaped: `kubernetes.io/csi`, `kubernetes.io/rbd`, ... (empty for a
+    /// subpath: kubelet names it by the pod's volume only).
     pub plugin: String,
     /// The name kubelet gave the volume's directory: the PV name for a volume from a
     /// PersistentVolume, the pod's volume name for an inline one (`volume-subpaths`: always the
@@ -339,10 +340,7 @@ impl KubeletScan {
     /// directory, like ceph-csi's `globalmount/<volumeHandle>`).
     pub fn find_by_mount_point(&self, mount_point: &str) -> Option<&KubeletVolume> {
         let mp = Path::new(mount_point);
-        self.volumes
-            .iter()
-            .filter(|v| mp.starts_with(&v.path))
-            .max_by_key(|v| v.path.components().count())
+        self.volumes.iter().filter(|v| mp.starts_with(&v.path)).max_by_key(|v| v.path.components().count())
     }
 
     /// The entry a path seen from another root names, such as a mount point in a container that
@@ -447,10 +445,8 @@ impl Walk<'_> {
     fn list(&mut self, rel: &Path) -> Vec<String> {
         match std::fs::read_dir(self.local_dir.join(rel)) {
             Ok(rd) => {
-                let mut names: Vec<String> = rd
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
+                let mut names: Vec<String> =
+                    rd.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect();
                 names.sort();
                 names
             }
@@ -551,7 +547,6 @@ impl Walk<'_> {
                     for index in self.list(&subpaths.join(&volume).join(&container)) {
                         let rel = subpaths.join(&volume).join(&container).join(&index);
                         let mut v = KubeletVolume::new(VolumeKind::PodSubpath, self.host_path(&rel), "");
-                        v.plugin.clear();
                         v.spec_name = Some(volume.clone());
                         v.pod_uid = Some(uid.clone());
                         self.push(v);
@@ -596,7 +591,8 @@ impl Walk<'_> {
             match entry.as_str() {
                 "pv" => self.csi_legacy_staging(&csi.join("pv")),
                 "volumeDevices" => self.csi_block(&csi.join("volumeDevices")),
-                driver => self.csi_staging(&csi.join(driver), driver),
+                driver if self.is_dir(&csi.join(driver)) => self.csi_staging(&csi.join(driver), driver),
+                _ => {}
             }
         }
     }
@@ -604,8 +600,11 @@ impl Walk<'_> {
     fn csi_legacy_staging(&mut self, pv_root: &Path) {
         for pv in self.list(pv_root) {
             let dir = pv_root.join(&pv);
-            let mut v =
-                KubeletVolume::new(VolumeKind::StagingLegacy, self.host_path(&dir.join(GLOBAL_MOUNT)), CSI_PLUGIN);
+            let mut v = KubeletVolume::new(
+                VolumeKind::StagingLegacy,
+                self.host_path(&dir.join(GLOBAL_MOUNT)),
+                CSI_PLUGIN,
+            );
             v.spec_name = Some(pv.clone());
             v.pv_name = Some(pv);
             match self.read_vol_data(&dir.join(VOL_DATA)) {
@@ -634,7 +633,8 @@ impl Walk<'_> {
                     continue;
                 }
             }
-            let mut v = KubeletVolume::new(VolumeKind::Staging, self.host_path(&dir.join(GLOBAL_MOUNT)), CSI_PLUGIN);
+            let mut v =
+                KubeletVolume::new(VolumeKind::Staging, self.host_path(&dir.join(GLOBAL_MOUNT)), CSI_PLUGIN);
             let file = dir.join(VOL_DATA);
             match self.read_vol_data(&file) {
                 Found::Data(data) => {
@@ -661,6 +661,7 @@ impl Walk<'_> {
                 Found::Unusable => {}
             }
             if v.driver.is_none() {
+                // The directory is named by the driver even when its vol_data.json is unusable.
                 v.driver = Some(driver.to_owned());
             }
             self.push(v);
@@ -675,7 +676,8 @@ impl Walk<'_> {
                 "staging" => {
                     for pv in self.list(&root.join("staging")) {
                         let rel = root.join("staging").join(&pv);
-                        let mut v = KubeletVolume::new(VolumeKind::BlockStaging, self.host_path(&rel), CSI_PLUGIN);
+                        let mut v =
+                            KubeletVolume::new(VolumeKind::BlockStaging, self.host_path(&rel), CSI_PLUGIN);
                         v.spec_name = Some(pv.clone());
                         v.pv_name = Some(pv);
                         self.push(v);
@@ -688,8 +690,11 @@ impl Walk<'_> {
                         let pods = if self.is_dir(&rel) { self.list(&rel) } else { vec![String::new()] };
                         for uid in pods {
                             let file = if uid.is_empty() { rel.clone() } else { rel.join(&uid) };
-                            let mut v =
-                                KubeletVolume::new(VolumeKind::BlockPublish, self.host_path(&file), CSI_PLUGIN);
+                            let mut v = KubeletVolume::new(
+                                VolumeKind::BlockPublish,
+                                self.host_path(&file),
+                                CSI_PLUGIN,
+                            );
                             v.spec_name = Some(pv.clone());
                             v.pv_name = Some(pv.clone());
                             v.pod_uid = (!uid.is_empty()).then_some(uid);
@@ -702,7 +707,8 @@ impl Walk<'_> {
                     let dev = root.join(pv).join("dev");
                     for uid in self.list(&dev) {
                         let file = dev.join(&uid);
-                        let mut v = KubeletVolume::new(VolumeKind::BlockMapFile, self.host_path(&file), CSI_PLUGIN);
+                        let mut v =
+                            KubeletVolume::new(VolumeKind::BlockMapFile, self.host_path(&file), CSI_PLUGIN);
                         v.spec_name = Some(pv.to_owned());
                         v.pv_name = Some(pv.to_owned());
                         v.pod_uid = Some(uid);
@@ -776,33 +782,27 @@ impl Walk<'_> {
     /// Joins what one place knows to the others: raw block identity by PV name, and the PV of a
     /// 1.24+ staging directory by driver and volume handle.
     fn finish(&mut self) {
-        let block_pvs: BTreeSet<String> = self
-            .volumes
-            .iter()
-            .filter(|v| v.plugin == CSI_PLUGIN)
-            .filter(|v| {
-                matches!(v.kind, VolumeKind::BlockMapFile | VolumeKind::BlockPublish | VolumeKind::BlockStaging)
-                    || (v.kind == VolumeKind::PodDevice)
-            })
-            .filter_map(|v| v.pv_name.clone())
-            .collect();
+        let is_csi_block = |v: &KubeletVolume| {
+            v.plugin == CSI_PLUGIN
+                && matches!(
+                    v.kind,
+                    VolumeKind::BlockMapFile
+                        | VolumeKind::BlockPublish
+                        | VolumeKind::BlockStaging
+                        | VolumeKind::PodDevice
+                )
+        };
+        let block_pvs: BTreeSet<String> =
+            self.volumes.iter().filter(|v| is_csi_block(v)).filter_map(|v| v.pv_name.clone()).collect();
         let mut block_data = BTreeMap::new();
         for pv in block_pvs {
             if let Some(found) = self.csi_block_data(&pv) {
                 block_data.insert(pv, found);
             }
         }
-        for v in &mut self.volumes {
-            let is_block = matches!(
-                v.kind,
-                VolumeKind::BlockMapFile | VolumeKind::BlockPublish | VolumeKind::BlockStaging | VolumeKind::PodDevice
-            );
-            if !is_block || v.plugin != CSI_PLUGIN {
-                continue;
-            }
+        for v in self.volumes.iter_mut().filter(|v| is_csi_block(v)) {
             if let Some((data, file)) = v.pv_name.as_ref().and_then(|pv| block_data.get(pv)) {
-                let filled = v.clone().with_vol_data(data, file.clone());
-                *v = filled;
+                *v = v.clone().with_vol_data(data, file.clone());
             }
         }
 
@@ -958,7 +958,8 @@ mod tests {
         assert_eq!(s.volumes_of_pv(pv).count(), 3);
 
         // A CSI ephemeral inline volume has no PV.
-        let inline = format!("{KUBELET}/pods/{}/volumes/kubernetes.io~csi/secrets-store-inline/mount", pods[0]);
+        let inline =
+            format!("{KUBELET}/pods/{}/volumes/kubernetes.io~csi/secrets-store-inline/mount", pods[0]);
         let v = at(&s, &inline);
         assert_eq!(v.pv_name, None);
         assert_eq!(v.spec_name.as_deref(), Some("secrets-store-inline"));
@@ -983,7 +984,11 @@ mod tests {
             (map_file.clone(), VolumeKind::BlockMapFile, Some(pod)),
             (publish.clone(), VolumeKind::BlockPublish, Some(pod)),
             (format!("{vd}/staging/{pv}"), VolumeKind::BlockStaging, None),
-            (format!("{KUBELET}/pods/{pod}/volumeDevices/kubernetes.io~csi/{pv}"), VolumeKind::PodDevice, Some(pod)),
+            (
+                format!("{KUBELET}/pods/{pod}/volumeDevices/kubernetes.io~csi/{pv}"),
+                VolumeKind::PodDevice,
+                Some(pod),
+            ),
         ] {
             let v = at(&s, &path);
             assert_eq!(v.kind, kind, "{path}");
@@ -1035,7 +1040,8 @@ mod tests {
 
         let pod_e = "6e2d8d3f-8a0b-11e8-9a3b-fa163e6f1a5c";
         let image_e = "kubernetes-dynamic-pvc-3c9e0d7a-8a0b-11e8-9a3b-fa163e6f1a5c";
-        let map = at(&s, &format!("{KUBELET}/plugins/kubernetes.io/rbd/volumeDevices/k8s-image-{image_e}/{pod_e}"));
+        let map =
+            at(&s, &format!("{KUBELET}/plugins/kubernetes.io/rbd/volumeDevices/k8s-image-{image_e}/{pod_e}"));
         assert_eq!(map.kind, VolumeKind::BlockMapFile);
         assert_eq!(map.rbd, Some(RbdImage { pool: "k8s".into(), image: image_e.into() }));
         assert!(map.names_rbd_image("k8s", image_e));
@@ -1070,7 +1076,10 @@ mod tests {
         let missing = PathBuf::from(format!("{base}/pvc-no-vol-data"));
         assert!(s.warnings.contains(&KubeletWarning::MissingVolData { path: missing }));
         let bad_rbd = PathBuf::from(format!("{KUBELET}/plugins/kubernetes.io/rbd/mounts/not-an-rbd-mount"));
-        assert!(s.warnings.iter().any(|w| matches!(w, KubeletWarning::BadName { path, .. } if *path == bad_rbd)));
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| matches!(w, KubeletWarning::BadName { path, .. } if *path == bad_rbd)));
         assert_eq!(s.warnings.len(), 7, "{:#?}", s.warnings);
         // Every warning names its file.
         for w in &s.warnings {
@@ -1093,9 +1102,13 @@ mod tests {
         let named_for = ceph_handle("bb22cc33-6d5e-11ee-8f00-0a580a800025");
         let recorded = ceph_handle("cc33dd44-6d5e-11ee-8f00-0a580a800026");
         let dir = sha256_hex(&named_for);
-        let w = s.warnings.iter().find(|w| matches!(w, KubeletWarning::HashMismatch { .. })).expect("mismatch");
+        let w =
+            s.warnings.iter().find(|w| matches!(w, KubeletWarning::HashMismatch { .. })).expect("mismatch");
         let file = PathBuf::from(format!("{KUBELET}/plugins/kubernetes.io/csi/{DRIVER}/{dir}/vol_data.json"));
-        assert_eq!(w, &KubeletWarning::HashMismatch { path: file, dir: dir.clone(), expected: sha256_hex(&recorded) });
+        assert_eq!(
+            w,
+            &KubeletWarning::HashMismatch { path: file, dir: dir.clone(), expected: sha256_hex(&recorded) }
+        );
         // The staging entry is still there, with the handle its file records.
         let stage = at(&s, &format!("{KUBELET}/plugins/kubernetes.io/csi/{DRIVER}/{dir}/globalmount"));
         assert_eq!(stage.volume_handle.as_deref(), Some(recorded.as_str()));
@@ -1108,10 +1121,10 @@ mod tests {
     fn missing_kubelet_directory_is_empty() {
         let s = scan(&HostRoot::new("/nonexistent"), Path::new(DEFAULT_KUBELET_DIR)).expect("no kubelet");
         assert_eq!((s.volumes.len(), s.warnings.len()), (0, 0));
-        let s = fixture("pre-1.24");
-        let s2 = scan(&HostRoot::new(format!("{FIXTURES}/pre-1.24")), Path::new("/data/kubelet")).expect("scan");
-        assert!(s2.volumes.is_empty());
-        assert!(!s.volumes.is_empty());
+        // A tree with a kubelet directory elsewhere than asked.
+        let s =
+            scan(&HostRoot::new(format!("{FIXTURES}/pre-1.24")), Path::new("/data/kubelet")).expect("scan");
+        assert_eq!((s.volumes.len(), s.warnings.len()), (0, 0));
         // A file where the directory should be is an error naming it.
         let tmp = tempfile::tempdir().expect("tempdir");
         std::fs::write(tmp.path().join("kubelet"), "").expect("write");
@@ -1133,7 +1146,8 @@ mod tests {
         let d = parse_vol_data(staging).expect("staging with a newer and an unknown key");
         assert_eq!(d.selinux_mount_context.as_deref(), Some("system_u:object_r:container_file_t:s0"));
         assert_eq!(d.spec_vol_id, None);
-        let d = parse_vol_data(r#"{"driverName":"d","volumeHandle":"h","nodeName":"","specVolID":null}"#).expect("ok");
+        let d = parse_vol_data(r#"{"driverName":"d","volumeHandle":"h","nodeName":"","specVolID":null}"#)
+            .expect("ok");
         assert_eq!((d.node_name, d.spec_vol_id), (None, None));
 
         for (text, want) in [
@@ -1162,7 +1176,10 @@ mod tests {
     #[test]
     fn rbd_directory_names() {
         let p = |s| parse_rbd_dir_name(s).map(|r| (r.pool, r.image));
-        assert_eq!(p("k8s-image-kubernetes-dynamic-pvc-1"), Some(("k8s".into(), "kubernetes-dynamic-pvc-1".into())));
+        assert_eq!(
+            p("k8s-image-kubernetes-dynamic-pvc-1"),
+            Some(("k8s".into(), "kubernetes-dynamic-pvc-1".into()))
+        );
         assert_eq!(p("rbd-k8s-image-cephimage2"), Some(("rbd-k8s".into(), "cephimage2".into())));
         assert_eq!(p("k8s-rbd-image-a-image-b"), Some(("k8s-rbd".into(), "a-image-b".into())));
         assert_eq!(p("kubernetes-image-rbd.img"), Some(("kubernetes".into(), "rbd.img".into())));
@@ -1201,7 +1218,8 @@ mod tests {
     #[test]
     fn kubelet_directory_symlink_resolves_through_the_host_root() {
         // /var/lib/kubelet -> /data/kubelet: an absolute target is the host's, not ours.
-        let vd = r#"{"driverName":"d","specVolID":"pv1","volumeHandle":"h","volumeLifecycleMode":"Persistent"}"#;
+        let vd =
+            r#"{"driverName":"d","specVolID":"pv1","volumeHandle":"h","volumeLifecycleMode":"Persistent"}"#;
         let tmp = host_tree(
             &[("/data/kubelet/pods/u1/volumes/kubernetes.io~csi/pv1/vol_data.json", vd)],
             &[("/var/lib/kubelet", "/data/kubelet")],
@@ -1209,7 +1227,10 @@ mod tests {
         let s = scan(&HostRoot::new(tmp.path()), Path::new(DEFAULT_KUBELET_DIR)).expect("scan");
         assert_eq!(s.kubelet_dir, Path::new("/data/kubelet"));
         let mount = "/data/kubelet/pods/u1/volumes/kubernetes.io~csi/pv1/mount";
-        assert_eq!(s.volumes.iter().map(|v| v.path.to_string_lossy().into_owned()).collect::<Vec<_>>(), [mount]);
+        assert_eq!(
+            s.volumes.iter().map(|v| v.path.to_string_lossy().into_owned()).collect::<Vec<_>>(),
+            [mount]
+        );
         assert_eq!(s.find_by_mount_point(mount).map(|v| v.pv_name.as_deref()), Some(Some("pv1")));
     }
 
@@ -1217,7 +1238,9 @@ mod tests {
     fn shared_volume_handle_leaves_staging_pv_unknown() {
         // kubernetes#105899: two PVs with one handle share a 1.24+ staging directory.
         let pod = |pv: &str| {
-            format!(r#"{{"driverName":"d","specVolID":"{pv}","volumeHandle":"h","volumeLifecycleMode":"Persistent"}}"#)
+            format!(
+                r#"{{"driverName":"d","specVolID":"{pv}","volumeHandle":"h","volumeLifecycleMode":"Persistent"}}"#
+            )
         };
         let (a, b) = (pod("pv-a"), pod("pv-b"));
         let stage = format!("/var/lib/kubelet/plugins/kubernetes.io/csi/d/{}/vol_data.json", sha256_hex("h"));
@@ -1243,14 +1266,17 @@ mod tests {
         let Some((name, rdev)) = std::fs::read_dir("/dev").ok().and_then(|rd| {
             rd.filter_map(|e| e.ok()).find_map(|e| {
                 let m = e.metadata().ok()?;
-                m.file_type().is_block_device().then(|| (e.file_name().to_string_lossy().into_owned(), m.rdev()))
+                m.file_type()
+                    .is_block_device()
+                    .then(|| (e.file_name().to_string_lossy().into_owned(), m.rdev()))
             })
         }) else {
             eprintln!("no block device node in /dev: skipped");
             return;
         };
         let target = format!("/dev/{name}");
-        let tmp = host_tree(&[], &[("/var/lib/kubelet/pods/u1/volumeDevices/kubernetes.io~rbd/pv1", &target)]);
+        let tmp =
+            host_tree(&[], &[("/var/lib/kubelet/pods/u1/volumeDevices/kubernetes.io~rbd/pv1", &target)]);
         let host = HostRoot::new(tmp.path()).with_dev("/dev");
         let s = scan(&host, Path::new(DEFAULT_KUBELET_DIR)).expect("scan");
         assert_eq!(s.volumes.len(), 1);
@@ -1261,7 +1287,8 @@ mod tests {
 
     #[test]
     fn subpaths_and_old_publish_files() {
-        let data = r#"{"attachmentID":"a","driverName":"d","nodeName":"n","specVolID":"pv1","volumeHandle":"h"}"#;
+        let data =
+            r#"{"attachmentID":"a","driverName":"d","nodeName":"n","specVolID":"pv1","volumeHandle":"h"}"#;
         let tmp = host_tree(
             &[
                 ("/var/lib/kubelet/pods/u1/volume-subpaths/data/app/0", ""),
@@ -1274,7 +1301,10 @@ mod tests {
         let s = scan(&HostRoot::new(tmp.path()), Path::new(DEFAULT_KUBELET_DIR)).expect("scan");
         assert_eq!(s.warnings, vec![]);
         let sub = at(&s, "/var/lib/kubelet/pods/u1/volume-subpaths/data/app/0");
-        assert_eq!((sub.kind, sub.spec_name.as_deref(), sub.pod_uid.as_deref()), (VolumeKind::PodSubpath, Some("data"), Some("u1")));
+        assert_eq!(
+            (sub.kind, sub.spec_name.as_deref(), sub.pod_uid.as_deref()),
+            (VolumeKind::PodSubpath, Some("data"), Some("u1"))
+        );
         let publish = at(&s, "/var/lib/kubelet/plugins/kubernetes.io/csi/volumeDevices/publish/pv1");
         assert_eq!((publish.kind, publish.pod_uid.as_deref()), (VolumeKind::BlockPublish, None));
         assert_eq!(publish.volume_handle.as_deref(), Some("h"));

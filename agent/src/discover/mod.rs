@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod dm;
 pub mod fds;
 pub mod kmsg;
+pub mod kubelet;
 pub mod loopdev;
 pub mod maps;
 pub mod mountinfo;
