@@ -350,6 +350,9 @@ pub fn device_value(d: &pb::Device) -> Value {
         "reasons": d.reasons,
         "holders": d.holders.iter().map(holder_value).collect::<Vec<_>>(),
         "kernel_threads": d.kernel_threads,
+        "pv_names": d.pv_names,
+        "pod_uids": d.pod_uids,
+        "kubelet_paths": d.kubelet_paths,
     })
 }
 
@@ -655,6 +658,13 @@ pub fn device_table(d: &pb::Device, stack: bool) -> String {
         if !d.dm_uuid.is_empty() {
             let _ = writeln!(out, "dm uuid: {}", clean(&d.dm_uuid));
         }
+    }
+    if !d.pv_names.is_empty() || !d.pod_uids.is_empty() || !d.kubelet_paths.is_empty() {
+        let or_none =
+            |v: &[String], none: &str| if v.is_empty() { none.to_owned() } else { clean(&v.join(", ")) };
+        let _ = writeln!(out, "kubernetes: PV {}", or_none(&d.pv_names, "unknown"));
+        let _ = writeln!(out, "  pods on this node: {}", or_none(&d.pod_uids, "none"));
+        let _ = writeln!(out, "  kubelet paths: {}", or_none(&d.kubelet_paths, "none"));
     }
     let _ = writeln!(out, "verdict: {}", verdict_name(d.verdict));
     for r in &d.reasons {

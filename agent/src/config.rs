@@ -89,6 +89,9 @@ pub struct Config {
     pub protected_devices: Vec<String>,
     #[serde(default = "default_protected_paths")]
     pub protected_paths: Vec<PathBuf>,
+    /// The kubelet directory, as the host sees it.
+    #[serde(default = "default_kubelet_dir")]
+    pub kubelet_dir: PathBuf,
     #[serde(default)]
     pub socket: SocketConfig,
     #[serde(default)]
@@ -108,6 +111,9 @@ fn default_grace() -> u64 {
 }
 fn default_journal() -> PathBuf {
     PathBuf::from(crate::journal::DEFAULT_PATH)
+}
+fn default_kubelet_dir() -> PathBuf {
+    PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)
 }
 fn default_protected_paths() -> Vec<PathBuf> {
     ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
@@ -131,6 +137,7 @@ impl Default for Config {
             journal: default_journal(),
             protected_devices: Vec::new(),
             protected_paths: default_protected_paths(),
+            kubelet_dir: default_kubelet_dir(),
             socket: SocketConfig::default(),
             tcp: TcpConfig::default(),
             metrics: MetricsConfig::default(),

@@ -15,6 +15,7 @@ use crate::discover::processes::kthread_serves;
 use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, MountNsId};
+use crate::owner::{owner_of, KubeOwner};
 use crate::snapshot::{KernelThread, Snapshot};
 use crate::storage::{multipath_view, scsi_view, MultipathView, ScsiView};
 
@@ -112,6 +113,9 @@ pub struct DeviceEntry {
     /// For a connected nbd device: its server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdDevice>,
+    /// The Kubernetes volume it is, per the kubelet directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubeOwner>,
 }
 
 /// Devices with their holders.
@@ -214,6 +218,13 @@ impl DeviceGraph {
                 DeviceEntry {
                     multipath,
                     scsi,
+                    kubernetes: owner_of(
+                        d,
+                        &s.mounts,
+                        s.host_ns,
+                        s.rbd.iter().find(|r| r.devnum == d.devnum),
+                        &s.kubelet,
+                    ),
                     rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
                     nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),

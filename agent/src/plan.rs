@@ -155,6 +155,28 @@ impl Plan {
     }
 }
 
+/// The gate every plan passes, whatever the device: nothing is done to a protected device, or to
+/// one a pod on this node uses per kubelet (its mounts in the pod's own namespaces are foreign
+/// to the host, so without this `release` would pull the volume from under a running pod).
+pub fn safety_gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::policy::Judgement>) {
+    let reason = if judgement.is_some_and(|j| j.verdict == crate::policy::Verdict::Protected) {
+        Some(format!(
+            "{} is protected: {}",
+            p.device,
+            judgement.map(|j| j.reasons.join("; ")).unwrap_or_default()
+        ))
+    } else {
+        entry.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()).map(|k| {
+            format!("pod(s) {} on this node use {} per kubelet: left alone", k.pod_uids.join(", "), p.device)
+        })
+    };
+    if let Some(r) = reason {
+        p.steps.clear();
+        p.refusal = Some(r);
+        p.unsupported = false;
+    }
+}
+
 /// Keeps a plan only when the device's verdict is stale: clears its steps and says why
 /// otherwise (`None`: not judged yet). Plans already refused keep their own reason.
 pub fn gate_on_verdict(p: &mut Plan, judgement: Option<&crate::policy::Judgement>) {

@@ -95,7 +95,50 @@ fn fin(verdict: Verdict, reasons: Vec<String>) -> Assessment {
     Assessment::Final(Judgement { verdict, reasons })
 }
 
+/// What kubelet says about a device, as evidence: the PV, and the pods on this node using it.
+fn kubelet_evidence(e: &DeviceEntry) -> Option<(bool, String)> {
+    let k = e.kubernetes.as_ref()?;
+    let pv = if k.pv_names.is_empty() {
+        "an unnamed volume".to_owned()
+    } else {
+        format!("PV {}", k.pv_names.join(", "))
+    };
+    let driver = k.drivers.first().map(|d| format!(" ({d})")).unwrap_or_default();
+    if k.pod_uids.is_empty() {
+        Some((
+            false,
+            format!("kubelet knows it as {pv}{driver} at {}, with no pod on this node", k.paths.join(", ")),
+        ))
+    } else {
+        Some((
+            true,
+            format!(
+                "pod(s) {} on this node use {pv}{driver} per kubelet ({})",
+                k.pod_uids.join(", "),
+                k.paths.join(", ")
+            ),
+        ))
+    }
+}
+
 fn assess(e: &DeviceEntry) -> Assessment {
+    match (assess_storage(e), kubelet_evidence(e)) {
+        // A pod on this node uses it: never a cleanup candidate, whatever else is true.
+        (Assessment::Candidate(_) | Assessment::Final(_), Some((true, why))) => {
+            let mut reasons = vec![why];
+            reasons.extend(e.holders.iter().map(holder_reason));
+            fin(Verdict::InUse, reasons)
+        }
+        (Assessment::Candidate(text), Some((false, why))) => Assessment::Candidate(format!("{text}; {why}")),
+        (Assessment::Final(mut j), Some((false, why))) => {
+            j.reasons.push(why);
+            Assessment::Final(j)
+        }
+        (a, _) => a,
+    }
+}
+
+fn assess_storage(e: &DeviceEntry) -> Assessment {
     let d = &e.device;
     if let Some(m) = &e.multipath {
         let name = format!("map {} ({})", m.name, d.name);

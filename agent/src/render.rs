@@ -75,6 +75,9 @@ pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     if let Some(n) = &e.nbd {
         v["nbd"] = json!(n);
     }
+    if let Some(k) = &e.kubernetes {
+        v["kubernetes"] = json!(k);
+    }
     if let Some(j) = j {
         v["verdict"] = json!(j.verdict.as_str());
         v["reasons"] = json!(j.reasons);
@@ -248,6 +251,15 @@ fn mapping_lines(out: &mut String, e: &DeviceEntry) {
 /// Holders and kernel threads under a device line.
 fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
     mapping_lines(out, e);
+    if let Some(k) = &e.kubernetes {
+        let _ = writeln!(
+            out,
+            "    kubernetes: PV {}, pods {}, at {}",
+            if k.pv_names.is_empty() { "?".to_owned() } else { k.pv_names.join(", ") },
+            if k.pod_uids.is_empty() { "none on this node".to_owned() } else { k.pod_uids.join(", ") },
+            k.paths.join(", ")
+        );
+    }
     storage_lines(out, e);
     for h in e.holders.iter().take(limit) {
         let _ = writeln!(out, "    {}", holder_line(h));

@@ -12,7 +12,7 @@ use crate::discover::fds::{self, ProcRef};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
-use crate::discover::{blockdev, dm, kmsg, nbd, rbd, scsi, DiscoverError};
+use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
@@ -93,6 +93,23 @@ pub struct Snapshot {
     /// Connected nbd devices and their server processes.
     #[serde(skip)]
     pub nbd: Vec<nbd::NbdDevice>,
+    /// The kubelet directory's volumes (empty on nodes without kubelet).
+    #[serde(skip)]
+    pub kubelet: kubelet::KubeletScan,
+}
+
+/// How a scan reads the host.
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    pub reader: MountReader,
+    /// The kubelet directory as the host sees it.
+    pub kubelet_dir: std::path::PathBuf,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        Self { reader: MountReader::Auto, kubelet_dir: kubelet::DEFAULT_KUBELET_DIR.into() }
+    }
 }
 
 impl Snapshot {
@@ -100,7 +117,14 @@ impl Snapshot {
     pub fn take(host: &HostRoot, scope: &Scope) -> Result<Self, DiscoverError> {
         let started = Instant::now();
         let devices = blockdev::scan(host)?;
-        Self::take_with(host, devices, scope, started, MountReader::Auto)
+        Self::take_with(host, devices, scope, started, &ScanOptions::default())
+    }
+
+    /// Runs a scan with these options.
+    pub fn take_opts(host: &HostRoot, scope: &Scope, opts: &ScanOptions) -> Result<Self, DiscoverError> {
+        let started = Instant::now();
+        let devices = blockdev::scan(host)?;
+        Self::take_with(host, devices, scope, started, opts)
     }
 
     /// Runs a scan on devices already read from sysfs (at `started`).
@@ -109,8 +133,9 @@ impl Snapshot {
         devices: Vec<BlockDevice>,
         scope: &Scope,
         started: Instant,
-        reader: MountReader,
+        opts: &ScanOptions,
     ) -> Result<Self, DiscoverError> {
+        let reader = opts.reader;
         let targets: HashSet<DevNum> = match scope {
             Scope::All => devices.iter().map(|d| d.devnum).collect(),
             Scope::Devices(v) => v.iter().copied().collect(),
@@ -206,6 +231,8 @@ impl Snapshot {
             }
         }
         let nbd = nbd::scan(host, &devices)?;
+        let kubelet = kubelet::scan(host, &opts.kubelet_dir)?;
+        warnings.extend(kubelet.warnings.iter().map(|w| format!("kubelet: {w}")));
         let kernel_threads: Vec<KernelThread> = entries
             .iter()
             .filter(|e| e.kthread)
@@ -254,6 +281,7 @@ impl Snapshot {
             scsi,
             rbd,
             nbd,
+            kubelet,
         })
     }
 

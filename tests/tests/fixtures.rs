@@ -272,3 +272,23 @@ fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stdout).contains("suspect, not stale"), "{}", text(&out.stdout));
 }
+
+#[test]
+fn incident5_kubelet_directory_ties_rbd3_to_its_in_tree_volume() {
+    // kubelet ran with --root-dir=/data/kubelet; node_exporter sees it under /host/data/kubelet.
+    let v = agent_json(
+        &["--root", &incident5(), "--kubelet-dir", "/data/kubelet", "holders", "rbd3", "--output", "json"],
+        0,
+    );
+    let k = &v["kubernetes"];
+    assert_eq!(
+        k["paths"][0],
+        "/data/kubelet/plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-c8381f27-8a0b-11e8-9a3b-fa163e6f1a5c",
+        "{v:#}"
+    );
+    assert_eq!(k["pod_uids"], serde_json::json!([]), "the pod is gone");
+    assert!(v["reasons"].to_string().contains("with no pod on this node"), "{v:#}");
+    // Without the kubelet directory the device is still judged, just without that evidence.
+    let v = agent_json(&["--root", &incident5(), "holders", "rbd3", "--output", "json"], 0);
+    assert!(v.get("kubernetes").is_none() || v["kubernetes"].is_null());
+}

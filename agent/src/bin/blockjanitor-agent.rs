@@ -25,7 +25,7 @@ use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
 use blockjanitor::policy::Tracker;
-use blockjanitor::snapshot::{Scope, Snapshot};
+use blockjanitor::snapshot::{ScanOptions, Scope, Snapshot};
 use blockjanitor::{render, resolve, server};
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -79,6 +79,9 @@ struct Cli {
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
+    /// The kubelet directory, as the host sees it (its volumes name each device's PV and pods).
+    #[arg(long, global = true, default_value = "/var/lib/kubelet", value_name = "DIR")]
+    kubelet_dir: PathBuf,
     /// How mount tables are read: `auto` checks each namespace with listmount/statmount (Linux
     /// 6.8+) and reads mountinfo text only where a wanted device is mounted; `mountinfo` reads the
     /// text of every namespace.
@@ -263,13 +266,13 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
 }
 
 /// Scans for one device (and what is stacked on it) and returns its entry.
-fn scan_device(host: &HostRoot, reader: MountReader, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
+fn scan_device(host: &HostRoot, opts: &ScanOptions, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
     let started = Instant::now();
     let devices = blockdev::scan(host)?;
     let dev = resolve::device(host, &devices, arg)?;
     let devnum = dev.devnum;
     let scope = blockdev::with_descendants(&devices, devnum);
-    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started, reader)?;
+    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started, opts)?;
     let entry = entry_of(&snap, devnum)?;
     Ok((entry, snap))
 }
@@ -310,8 +313,8 @@ fn judge(cli: &Cli, host: &HostRoot, graph: &DeviceGraph, scope: Option<&[DevNum
 }
 
 /// Rescans a device by number; `None` when it is gone.
-fn rescan(host: &HostRoot, reader: MountReader, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
-    match scan_device(host, reader, &devnum.to_string()) {
+fn rescan(host: &HostRoot, opts: &ScanOptions, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
+    match scan_device(host, opts, &devnum.to_string()) {
         Ok(x) => Ok(Some(x)),
         Err(e) if e.downcast_ref::<resolve::ResolveError>().is_some() => Ok(None),
         Err(e) => Err(e),
@@ -320,12 +323,13 @@ fn rescan(host: &HostRoot, reader: MountReader, devnum: DevNum) -> Result<Option
 
 fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
-    let reader = MountReader::from(cli.mount_reader);
+    let opts =
+        ScanOptions { reader: MountReader::from(cli.mount_reader), kubelet_dir: cli.kubelet_dir.clone() };
     match &cli.command {
         Command::Scan { output } => {
             let started = Instant::now();
             let devices = blockdev::scan(&host)?;
-            let snap = Snapshot::take_with(&host, devices, &Scope::All, started, reader)?;
+            let snap = Snapshot::take_with(&host, devices, &Scope::All, started, &opts)?;
             let graph = DeviceGraph::build(&snap);
             let verdicts = judge(cli, &host, &graph, None);
             match output {
@@ -339,7 +343,7 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Holders { device, output } => {
-            let (entry, snap) = scan_device(&host, reader, device)?;
+            let (entry, snap) = scan_device(&host, &opts, device)?;
             let graph = DeviceGraph::build(&snap);
             let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
             let verdicts = judge(cli, &host, &graph, Some(&scope));
@@ -351,23 +355,30 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Release { device, apply, output } => {
-            let (entry, _) = scan_device(&host, reader, device)?;
-            let plan = plan::release(&entry);
+            let (entry, snap) = scan_device(&host, &opts, device)?;
+            let mut plan = plan::release(&entry);
+            let graph = DeviceGraph::build(&snap);
+            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
+            let verdicts = judge(cli, &host, &graph, Some(&scope));
+            plan::safety_gate(&mut plan, &entry, verdicts.get(&entry.device.devnum));
             carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
-            let (entry, snap) = scan_device(&host, reader, device)?;
+            let (entry, snap) = scan_device(&host, &opts, device)?;
             let graph = DeviceGraph::build(&snap);
-            let opts = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
-            let mut plan = plan::for_clean(&entry, &graph, opts);
+            let clean_opts = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
+            let mut plan = plan::for_clean(&entry, &graph, clean_opts);
+            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
+            let verdicts = judge(cli, &host, &graph, Some(&scope));
+            let judgement = verdicts.get(&entry.device.devnum);
             if plan::needs_stale_verdict(&entry) {
                 // Maps, disks, rbd and nbd go only once stale (grace measured across runs).
-                let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
-                let verdicts = judge(cli, &host, &graph, Some(&scope));
-                plan::gate_on_verdict(&mut plan, verdicts.get(&entry.device.devnum));
+                plan::gate_on_verdict(&mut plan, judgement);
             }
+            plan::safety_gate(&mut plan, &entry, judgement);
             let devnum = plan.devnum;
             let recheck_host = host.clone();
+            let recheck_opts = opts.clone();
             carry_out(cli, &host, &plan, *apply, *output, move |step| {
                 // Right before unbinding a loop device, a fresh scan must find no holder at all.
                 // Teardown steps of maps and disks are re-checked by the actuator itself
@@ -375,7 +386,7 @@ fn run(cli: &Cli) -> Result<u8> {
                 if !matches!(step, plan::Step::DetachLoop { .. }) {
                     return Ok(());
                 }
-                match rescan(&recheck_host, reader, devnum) {
+                match rescan(&recheck_host, &recheck_opts, devnum) {
                     Ok(Some((e, _))) if e.holders.is_empty() => Ok(()),
                     Ok(Some((e, _))) => Err(format!(
                         "a fresh scan found {} holder(s): {}",
@@ -448,6 +459,7 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(j) = &cli.journal {
         c.journal = j.clone();
     }
+    c.kubelet_dir = cli.kubelet_dir.clone();
     c.validate()?;
     Ok(c)
 }
@@ -532,7 +544,8 @@ fn carry_out(
     let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);
     let failed = reports.iter().any(|r| r.result.is_err());
     let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
-    let after = rescan(host, cli.mount_reader.into(), plan.devnum)?;
+    let opts = ScanOptions { reader: cli.mount_reader.into(), kubelet_dir: cli.kubelet_dir.clone() };
+    let after = rescan(host, &opts, plan.devnum)?;
     let still_held = after.as_ref().is_some_and(|(e, _)| !e.holders.is_empty());
     match output {
         Output::Table => {

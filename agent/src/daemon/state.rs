@@ -27,7 +27,7 @@ use crate::model::{BlockDevice, DevNum, MountNsId};
 use crate::plan::{self, Plan};
 use crate::policy::{Judgement, Tracker, Verdict};
 use crate::resolve;
-use crate::snapshot::{ScanStats, Scope, Snapshot};
+use crate::snapshot::{ScanOptions, ScanStats, Scope, Snapshot};
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
@@ -104,12 +104,15 @@ pub struct AgentState {
 /// first); multipath maps and SCSI disks are torn down only once the daemon has judged them
 /// stale (all paths failed, or offline, for the grace period across scans).
 fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
+    let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
     if !plan::needs_stale_verdict(e) {
-        return plan::cleanup(e);
+        let mut p = plan::cleanup(e);
+        plan::safety_gate(&mut p, e, judged);
+        return p;
     }
     let mut p = plan::for_clean(e, graph, plan::CleanOptions::default());
-    let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
     plan::gate_on_verdict(&mut p, judged);
+    plan::safety_gate(&mut p, e, judged);
     p
 }
 
@@ -154,6 +157,10 @@ impl AgentState {
         })
     }
 
+    fn scan_options(&self) -> ScanOptions {
+        ScanOptions { reader: MountReader::Auto, kubelet_dir: self.config.kubelet_dir.clone() }
+    }
+
     /// The latest scan.
     pub fn view(&self) -> Arc<View> {
         self.view.read().map(|v| Arc::clone(&v)).unwrap_or_else(|p| Arc::clone(&p.into_inner()))
@@ -169,7 +176,8 @@ impl AgentState {
 
     /// Scans the whole host (blocking) and returns the new view.
     fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
-        let snap = Snapshot::take(&self.host, &Scope::All).map_err(|e| e.to_string())?;
+        let snap =
+            Snapshot::take_opts(&self.host, &Scope::All, &self.scan_options()).map_err(|e| e.to_string())?;
         let graph = DeviceGraph::build(&snap);
         let protected = protected_devices(
             &self.host,
@@ -311,7 +319,7 @@ impl AgentState {
         }
         let scope = blockdev::with_descendants(&devices, devnum);
         let snap =
-            Snapshot::take_with(&self.host, devices, &Scope::Devices(scope), started, MountReader::Auto)
+            Snapshot::take_with(&self.host, devices, &Scope::Devices(scope), started, &self.scan_options())
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
         let graph = DeviceGraph::build(&snap);
         Ok(graph.get(devnum).cloned().map(|e| (e, graph)))

@@ -98,6 +98,9 @@ pub fn device(v: &DeviceView) -> pb::Device {
             .iter()
             .map(|k| format!("{} (pid {})", k.comm, k.pid))
             .collect(),
+        pv_names: v.entry.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default(),
+        pod_uids: v.entry.kubernetes.as_ref().map(|k| k.pod_uids.clone()).unwrap_or_default(),
+        kubelet_paths: v.entry.kubernetes.as_ref().map(|k| k.paths.clone()).unwrap_or_default(),
     }
 }
 
