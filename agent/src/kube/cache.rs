@@ -1,8 +1,8 @@
 //! Keeping the [`ClusterView`] current: one `kube::runtime` watcher each for this node's pods
 //! (field selector `spec.nodeName`), VolumeAttachments (filtered to this node here: the API has no
 //! such selector for them) and PersistentVolumes, each with the default backoff. Lists are served
-//! from the API server's watch cache (`resourceVersion=0`), as the kubelet's are: one agent per
-//! node must not make every node's relist a quorum read.
+//! from the API server's watch cache (`resourceVersion=0`, unpaginated), as the kubelet's are: one
+//! agent per node must not make every node's relist a quorum read of etcd.
 //!
 //! Objects are reduced to their plain data as they arrive. A relist is buffered and swapped in
 //! whole when it completes, so the view never shows half a list; the view is published only when
@@ -73,7 +73,9 @@ impl Kind {
 }
 
 async fn run(client: Client, node: String, tx: watch::Sender<ClusterView>) {
-    let config = watcher::Config::default().any_semantic();
+    // `resourceVersion=0` lists come from the watch cache; kube drops it when a page size is set.
+    let mut config = watcher::Config::default().any_semantic();
+    config.page_size = None;
     let pods = watcher::watcher(
         Api::<Pod>::all(client.clone()),
         config.clone().fields(&format!("spec.nodeName={node}")),

@@ -1,0 +1,715 @@
+//! The Kubernetes API client against a local HTTP server on 127.0.0.1 that answers as
+//! kube-apiserver does (a real one cannot run here): lists with resource versions, chunked watch
+//! streams that close after a while and resume from the last resource version, Event creation and
+//! Node status patches. Every request is recorded for the assertions.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blockjanitor::kube::{
+    connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, KubeError, Reporter,
+};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
+
+const NODE: &str = "node-a";
+const PV: &str = "pvc-0a5e6f1c-3b2d-4e8f-9a71-5c2d8e4f6b10";
+const OTHER_PV: &str = "pvc-77b1d2e3-6c4f-4a5b-8d9e-0f1a2b3c4d5e";
+const VA: &str = "csi-1f0c7a4e9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d";
+const OTHER_VA: &str = "csi-9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+/// How long a watch response stays open before the server ends it (the API server's
+/// `timeoutSeconds`, shortened).
+const WATCH_HOLD: Duration = Duration::from_millis(1500);
+/// Bound on every wait in these tests.
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One request the server received.
+#[derive(Clone, Debug)]
+struct Recorded {
+    method: Method,
+    path: String,
+    query: HashMap<String, String>,
+    content_type: String,
+    authorization: String,
+    body: Value,
+}
+
+impl Recorded {
+    fn is_watch(&self) -> bool {
+        matches!(self.query.get("watch").map(String::as_str), Some("true" | "1"))
+    }
+}
+
+/// Server state: the objects per collection, the watch event log and the request log.
+struct State {
+    /// Collection path -> list items.
+    lists: HashMap<&'static str, Vec<Value>>,
+    /// (collection path, resource version, watch event line).
+    log: Vec<(String, u64, String)>,
+    rv: u64,
+    requests: Vec<Recorded>,
+    /// The Node object served for `GET .../nodes/node-a/status`.
+    node: Value,
+}
+
+#[derive(Clone)]
+struct ApiServer {
+    addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    /// Bumped on every new watch event, waking the open watches.
+    bump: watch::Sender<u64>,
+    https: bool,
+}
+
+impl ApiServer {
+    async fn start(node: Value) -> ApiServer {
+        Self::start_with(node, None).await
+    }
+
+    /// The server behind TLS with this certificate and key (PEM).
+    async fn start_tls(node: Value, cert: &str, key: &str) -> ApiServer {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs =
+            CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>().expect("cert");
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocols")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server config");
+        Self::start_with(node, Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    async fn start_with(node: Value, tls: Option<tokio_rustls::TlsAcceptor>) -> ApiServer {
+        let mut lists = HashMap::new();
+        lists.insert(
+            "/api/v1/pods",
+            vec![pod("web-0", "Running", "data"), pod("batch-7", "Succeeded", "scratch")],
+        );
+        lists.insert(
+            "/api/v1/persistentvolumes",
+            vec![pv(PV, "shop", "data", "csi-vol-5f3c"), pv(OTHER_PV, "logs", "ingest", "csi-vol-9d21")],
+        );
+        lists.insert(
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            vec![
+                volume_attachment(VA, NODE, PV, true, 90),
+                volume_attachment(OTHER_VA, "node-b", OTHER_PV, true, 91),
+            ],
+        );
+        let state =
+            Arc::new(Mutex::new(State { lists, log: Vec::new(), rv: 100, requests: Vec::new(), node }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let (bump, _) = watch::channel(0);
+        let server = ApiServer { addr, state, bump, https: false };
+        let s = server.clone();
+        let https = tls.is_some();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let s = s.clone();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                s.serve(stream).await;
+                            }
+                        }
+                        None => s.serve(stream).await,
+                    }
+                });
+            }
+        });
+        ApiServer { https, ..server }
+    }
+
+    async fn serve<IO>(self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = hyper::service::service_fn(move |req| {
+            let s = self.clone();
+            async move { Ok::<_, Infallible>(s.handle(req).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc).await;
+    }
+
+    fn url(&self) -> String {
+        format!("{}://{}", if self.https { "https" } else { "http" }, self.addr)
+    }
+
+    fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().expect("state").requests.clone()
+    }
+
+    /// Appends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for a collection, stamping the
+    /// object with the next resource version.
+    fn publish(&self, collection: &str, kind: &str, mut object: Value) {
+        let mut st = self.state.lock().expect("state");
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let line = json!({"type": kind, "object": object}).to_string();
+        st.log.push((collection.to_string(), rv, line));
+        drop(st);
+        self.bump.send_replace(rv);
+    }
+
+    async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = parse_query(req.uri().query().unwrap_or(""));
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let authorization = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let rec =
+            Recorded { method: method.clone(), path: path.clone(), query, content_type, authorization, body };
+        self.state.lock().expect("state").requests.push(rec.clone());
+
+        let node_status = format!("/api/v1/nodes/{NODE}/status");
+        match (&method, path.as_str()) {
+            (&Method::GET, p) if self.state.lock().expect("state").lists.contains_key(p) => {
+                if rec.is_watch() {
+                    self.watch(p, &rec)
+                } else {
+                    self.list(p, &rec)
+                }
+            }
+            (&Method::POST, "/api/v1/namespaces/default/events") => {
+                let mut created = rec.body.clone();
+                created["metadata"]["uid"] = json!("0c6b1f0e-event");
+                created["metadata"]["resourceVersion"] = json!("555");
+                reply(StatusCode::CREATED, &created)
+            }
+            (&Method::GET, p) if p == node_status => {
+                let node = self.state.lock().expect("state").node.clone();
+                reply(StatusCode::OK, &node)
+            }
+            (&Method::PATCH, p) if p == node_status => {
+                let node = self.state.lock().expect("state").node.clone();
+                reply(StatusCode::OK, &node)
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("the server could not find the requested resource ({path})"),
+                        "reason": "NotFound", "code": 404}),
+            ),
+        }
+    }
+
+    fn list(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
+        let st = self.state.lock().expect("state");
+        let mut items = st.lists.get(collection).cloned().unwrap_or_default();
+        if let Some(sel) = rec.query.get("fieldSelector") {
+            // The only field selector the agent uses.
+            let node = sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector").to_string();
+            items.retain(|i| i["spec"]["nodeName"] == json!(node));
+        }
+        let kind = match collection {
+            "/api/v1/pods" => ("v1", "PodList"),
+            "/api/v1/persistentvolumes" => ("v1", "PersistentVolumeList"),
+            _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
+        };
+        let list = json!({"apiVersion": kind.0, "kind": kind.1,
+                          "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
+        reply(StatusCode::OK, &list)
+    }
+
+    /// A chunked stream of watch events newer than the request's resource version, open for
+    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout.
+    fn watch(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+        let mut from: u64 = rec.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let collection = collection.to_string();
+        let state = self.state.clone();
+        let mut bumped = self.bump.subscribe();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + WATCH_HOLD;
+            loop {
+                let lines: Vec<(u64, String)> = state
+                    .lock()
+                    .expect("state")
+                    .log
+                    .iter()
+                    .filter(|(c, rv, _)| *c == collection && *rv > from)
+                    .map(|(_, rv, l)| (*rv, format!("{l}\n")))
+                    .collect();
+                for (rv, line) in lines {
+                    from = rv;
+                    if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
+                        return;
+                    }
+                }
+                match tokio::time::timeout_at(deadline, bumped.changed()).await {
+                    Ok(Ok(())) => continue,
+                    _ => return, // hold over (or server gone): end the response
+                }
+            }
+        });
+        let body = StreamBody::new(ReceiverStream::new(rx)).boxed();
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .expect("response")
+    }
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .expect("response")
+}
+
+/// `a=b&c=d%3De` into a map, percent-decoded (`+` as space).
+fn parse_query(q: &str) -> HashMap<String, String> {
+    fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'%' if i + 2 < b.len() => {
+                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                    match u8::from_str_radix(hex, 16) {
+                        Ok(v) => {
+                            out.push(v);
+                            i += 3;
+                            continue;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b'+' => out.push(b' '),
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    q.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+// ---- objects as the API server returns them ----
+
+fn pod(name: &str, phase: &str, claim: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                     "resourceVersion": "42", "creationTimestamp": "2025-11-03T08:12:44Z",
+                     "labels": {"app": "shop"}},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "app", "image": "registry.example/shop:1.4",
+                            "volumeMounts": [{"name": "vol", "mountPath": "/var/lib/shop"}]}],
+            "volumes": [
+                {"name": "vol", "persistentVolumeClaim": {"claimName": claim}},
+                {"name": "kube-api-access-x2k9p", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}
+            ]
+        },
+        "status": {"phase": phase, "podIP": "10.244.1.17", "qosClass": "BestEffort"}
+    })
+}
+
+fn pv(name: &str, ns: &str, claim: &str, image: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "resourceVersion": "17", "finalizers": ["kubernetes.io/pv-protection"],
+                     "annotations": {"pv.kubernetes.io/provisioned-by": "rbd.csi.ceph.com"}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "capacity": {"storage": "10Gi"},
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns,
+                         "name": claim, "uid": format!("uid-claim-{claim}"), "resourceVersion": "16"},
+            "csi": {
+                "driver": "rbd.csi.ceph.com",
+                "fsType": "ext4",
+                "volumeHandle": format!("0001-0009-rook-ceph-0000000000000002-{image}"),
+                "volumeAttributes": {"clusterID": "rook-ceph", "imageFeatures": "layering",
+                                     "imageName": image, "journalPool": "replicapool",
+                                     "pool": "replicapool",
+                                     "storage.kubernetes.io/csiProvisionerIdentity": "1730000000000-8081-rbd.csi.ceph.com"},
+                "nodeStageSecretRef": {"name": "rook-csi-rbd-node", "namespace": "rook-ceph"}
+            },
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "ceph-block",
+            "volumeMode": "Filesystem"
+        },
+        "status": {"phase": "Bound"}
+    })
+}
+
+fn volume_attachment(name: &str, node: &str, pv: &str, attached: bool, rv: u32) -> Value {
+    json!({
+        "metadata": {"name": name, "resourceVersion": rv.to_string(),
+                     "annotations": {"csi.alpha.kubernetes.io/node-id": node},
+                     "finalizers": ["external-attacher/rbd-csi-ceph-com"]},
+        "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": node,
+                 "source": {"persistentVolumeName": pv}},
+        "status": {"attached": attached}
+    })
+}
+
+fn node_object(conditions: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "uid": "7d3c1e2f-node", "resourceVersion": "9000",
+                     "labels": {"kubernetes.io/hostname": NODE}},
+        "spec": {"podCIDR": "10.244.1.0/24"},
+        "status": {"conditions": conditions}
+    })
+}
+
+fn ready_only() -> Value {
+    json!([{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2025-12-01T00:00:00Z"}])
+}
+
+fn cfg(url: &str) -> KubeConfig {
+    KubeConfig { url: Some(url.to_string()), kubeconfig: None, node_name: NODE.to_string() }
+}
+
+/// The error of a connect that must fail (a `Client` has no `Debug` for `expect_err`).
+fn connect_err(r: Result<kube::Client, KubeError>) -> KubeError {
+    match r {
+        Ok(_) => panic!("connect succeeded"),
+        Err(e) => e,
+    }
+}
+
+/// Waits (bounded) until the view satisfies `pred`, returning it.
+async fn wait_for(
+    rx: &mut watch::Receiver<ClusterView>,
+    what: &str,
+    pred: impl Fn(&ClusterView) -> bool,
+) -> ClusterView {
+    let waited = tokio::time::timeout(WAIT, rx.wait_for(|v| pred(v))).await.map(|r| r.map(|v| v.clone()));
+    match waited {
+        Ok(Ok(v)) => v,
+        Ok(Err(_)) => panic!("watcher ended while waiting for {what}"),
+        Err(_) => panic!("timed out waiting for {what}; view: {:#?}", *rx.borrow()),
+    }
+}
+
+#[tokio::test]
+async fn view_syncs_and_follows_watch_events() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let (mut rx, handle) = spawn_watch(client, NODE);
+    assert!(!rx.borrow().synced, "nothing listed yet");
+
+    let view = wait_for(&mut rx, "initial sync", |v| v.synced).await;
+    assert_eq!(view.node_name, NODE);
+    assert_eq!(view.last_error, None);
+    let names: Vec<&str> = view.pods_on_node.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["batch-7", "web-0"]);
+    let web = view.pods_on_node.iter().find(|p| p.name == "web-0").expect("web-0");
+    assert_eq!(
+        (web.uid.as_str(), web.namespace.as_str(), web.phase.as_str()),
+        ("uid-web-0", "shop", "Running")
+    );
+    assert_eq!(web.pvc_names, ["data"]);
+    assert_eq!(web.pv_names, [PV]);
+
+    assert_eq!(view.pvs.len(), 2);
+    let bound = view.pv(PV).expect("pv");
+    assert_eq!(bound.claim, Some(("shop".to_string(), "data".to_string())));
+    let csi = bound.csi.as_ref().expect("csi source");
+    assert_eq!(csi.driver, "rbd.csi.ceph.com");
+    assert_eq!(csi.volume_handle, "0001-0009-rook-ceph-0000000000000002-csi-vol-5f3c");
+    assert_eq!(view.pv_for_rbd("replicapool", "csi-vol-5f3c").map(|p| p.name.as_str()), Some(PV));
+
+    // Only this node's attachment is kept.
+    assert_eq!(view.volume_attachments.len(), 1);
+    let va = &view.volume_attachments[0];
+    assert_eq!((va.name.as_str(), va.attacher.as_str(), va.node.as_str()), (VA, "rbd.csi.ceph.com", NODE));
+    assert_eq!(va.pv.as_deref(), Some(PV));
+    assert!(va.attached);
+    assert!(view.pv_attached_to_node(PV));
+    assert!(!view.pv_attached_to_node(OTHER_PV), "attached to node-b, not here");
+    assert!(!view.pv_attached_to_node("pvc-unknown"));
+
+    // The finished pod's claim does not count; the running one does.
+    let users: Vec<&str> = view.running_pods_using_pv(PV).iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(users, ["web-0"]);
+    assert!(view.running_pods_using_pv(OTHER_PV).is_empty());
+
+    // Pods were listed with this node's field selector, from the watch cache.
+    let reqs = server.requests();
+    let pod_list = reqs.iter().find(|r| r.path == "/api/v1/pods" && !r.is_watch()).expect("pod list");
+    assert_eq!(pod_list.query.get("fieldSelector").map(String::as_str), Some("spec.nodeName=node-a"));
+    assert_eq!(pod_list.query.get("resourceVersion").map(String::as_str), Some("0"));
+
+    // Watch events: the attachment is detached, another node's attachment comes and goes
+    // unseen, the pod is deleted.
+    server.publish(
+        "/apis/storage.k8s.io/v1/volumeattachments",
+        "MODIFIED",
+        volume_attachment(VA, NODE, PV, false, 0),
+    );
+    let view = wait_for(&mut rx, "VA detached", |v| !v.pv_attached_to_node(PV)).await;
+    assert_eq!(view.volume_attachments.len(), 1);
+    assert!(!view.volume_attachments[0].attached);
+    server.publish(
+        "/apis/storage.k8s.io/v1/volumeattachments",
+        "ADDED",
+        volume_attachment("csi-elsewhere", "node-c", OTHER_PV, true, 0),
+    );
+    server.publish("/api/v1/pods", "DELETED", pod("web-0", "Running", "data"));
+    let view = wait_for(&mut rx, "pod deleted", |v| v.pods_on_node.iter().all(|p| p.name != "web-0")).await;
+    assert!(view.running_pods_using_pv(PV).is_empty());
+    assert_eq!(view.volume_attachments.len(), 1, "node-c's attachment is not kept");
+    assert!(view.synced);
+
+    // After the server ends a watch, the watcher resumes from the last resource version it saw
+    // (no relist), and events published meanwhile still arrive.
+    tokio::time::sleep(WATCH_HOLD + Duration::from_millis(500)).await;
+    server.publish("/api/v1/persistentvolumes", "DELETED", pv(OTHER_PV, "logs", "ingest", "csi-vol-9d21"));
+    let view = wait_for(&mut rx, "PV deleted", |v| v.pv(OTHER_PV).is_none()).await;
+    assert_eq!(view.pvs.len(), 1);
+    let reqs = server.requests();
+    let pod_watches: Vec<&Recorded> =
+        reqs.iter().filter(|r| r.path == "/api/v1/pods" && r.is_watch()).collect();
+    assert!(pod_watches.len() >= 2, "the pod watch was resumed: {pod_watches:#?}");
+    let last = pod_watches.last().expect("watch");
+    assert!(
+        last.query.get("resourceVersion").and_then(|v| v.parse::<u64>().ok()).is_some_and(|rv| rv > 100),
+        "resumed from the deletion's resource version: {last:?}"
+    );
+    assert_eq!(last.query.get("fieldSelector").map(String::as_str), Some("spec.nodeName=node-a"));
+    let lists = reqs.iter().filter(|r| r.path == "/api/v1/pods" && !r.is_watch()).count();
+    assert_eq!(lists, 1, "a closed watch is resumed, not relisted");
+    handle.abort();
+}
+
+#[tokio::test]
+async fn events_are_posted_on_the_node_once_per_window() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let reporter = Reporter::new(connect(&cfg(&server.url())).await.expect("connect"), NODE);
+    let stale = "no holder and no pod uses PV pvc-0a5e6f1c for 10m";
+    let first = reporter.event(EventReason::StaleBlockDevice, "/dev/rbd0", stale);
+    assert_eq!(tokio::time::timeout(WAIT, first).await.expect("in time").expect("posted"), Delivery::Sent);
+    let again = reporter.event(EventReason::StaleBlockDevice, "/dev/rbd0", stale);
+    assert_eq!(tokio::time::timeout(WAIT, again).await.expect("in time").expect("ok"), Delivery::Suppressed);
+    let cleaned =
+        reporter.event(EventReason::BlockDeviceCleaned, "/dev/rbd0", "unmapped replicapool/csi-vol-5f3c");
+    assert_eq!(tokio::time::timeout(WAIT, cleaned).await.expect("in time").expect("posted"), Delivery::Sent);
+
+    let posts: Vec<Recorded> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == Method::POST && r.path == "/api/v1/namespaces/default/events")
+        .collect();
+    assert_eq!(posts.len(), 2, "the duplicate was not posted: {posts:#?}");
+    let ev = &posts[0].body;
+    assert_eq!(ev["involvedObject"]["kind"], "Node");
+    assert_eq!(ev["involvedObject"]["name"], NODE);
+    assert_eq!(ev["involvedObject"]["apiVersion"], "v1");
+    assert_eq!(ev["metadata"]["namespace"], "default");
+    assert!(ev["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("node-a.")), "{ev}");
+    assert_eq!(ev["reason"], "StaleBlockDevice");
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["message"], format!("/dev/rbd0: {stale}"));
+    assert_eq!(ev["source"]["component"], "blockjanitor");
+    assert_eq!(ev["source"]["host"], NODE);
+    assert_eq!(ev["count"], 1);
+    assert!(ev["firstTimestamp"].is_string() && ev["lastTimestamp"].is_string(), "{ev}");
+    let ev = &posts[1].body;
+    assert_eq!((ev["reason"].as_str(), ev["type"].as_str()), (Some("BlockDeviceCleaned"), Some("Normal")));
+    assert_eq!(ev["message"], "/dev/rbd0: unmapped replicapool/csi-vol-5f3c");
+    assert_ne!(posts[0].body["metadata"]["name"], posts[1].body["metadata"]["name"]);
+}
+
+#[tokio::test]
+async fn node_condition_true_then_false() {
+    // The node already carries the condition, True since a restart ago.
+    let mut conditions = ready_only();
+    conditions.as_array_mut().expect("array").push(json!({
+        "type": "StaleBlockDevices", "status": "True", "reason": "StaleBlockDevicesFound",
+        "message": "stale block devices: /dev/rbd0", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2020-01-01T00:00:00Z"}));
+    let server = ApiServer::start(node_object(conditions)).await;
+    let reporter = Reporter::new(connect(&cfg(&server.url())).await.expect("connect"), NODE);
+
+    let devices = ["/dev/rbd0".to_string(), "/dev/loop3".to_string()];
+    tokio::time::timeout(WAIT, reporter.set_condition(&devices)).await.expect("in time").expect("patched");
+    tokio::time::timeout(WAIT, reporter.set_condition(&[])).await.expect("in time").expect("patched");
+
+    let reqs = server.requests();
+    let patches: Vec<&Recorded> = reqs.iter().filter(|r| r.method == Method::PATCH).collect();
+    assert_eq!(patches.len(), 2);
+    let gets =
+        reqs.iter().filter(|r| r.method == Method::GET && r.path.starts_with("/api/v1/nodes/")).count();
+    assert_eq!(gets, 1, "the node is read once, for the transition time before this process");
+    for p in &patches {
+        assert_eq!(p.path, "/api/v1/nodes/node-a/status");
+        assert_eq!(p.content_type, "application/strategic-merge-patch+json");
+        let conds = p.body["status"]["conditions"].as_array().expect("conditions");
+        assert_eq!(conds.len(), 1, "only our condition is sent: {}", p.body);
+    }
+    let t = &patches[0].body["status"]["conditions"][0];
+    assert_eq!(t["type"], "StaleBlockDevices");
+    assert_eq!(t["status"], "True");
+    assert_eq!(t["reason"], "StaleBlockDevicesFound");
+    assert_eq!(t["message"], "stale block devices: /dev/rbd0, /dev/loop3");
+    assert_eq!(t["lastTransitionTime"], "2020-01-01T00:00:00Z", "still True: the transition time is kept");
+    assert!(t["lastHeartbeatTime"].as_str().is_some_and(|h| h > "2026"), "{t}");
+
+    let f = &patches[1].body["status"]["conditions"][0];
+    assert_eq!(f["type"], "StaleBlockDevices");
+    assert_eq!(f["status"], "False");
+    assert_eq!(f["reason"], "NoStaleBlockDevices");
+    assert_eq!(f["message"], "no stale block devices");
+    assert_ne!(f["lastTransitionTime"], "2020-01-01T00:00:00Z", "flipped: a new transition time");
+    assert_eq!(f["lastTransitionTime"], f["lastHeartbeatTime"]);
+}
+
+#[tokio::test]
+async fn unreachable_api_is_an_error_not_a_panic() {
+    // A port that was just free: connections are refused.
+    let addr = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let client = connect(&cfg(&format!("http://{addr}"))).await.expect("no I/O in connect");
+    let (mut rx, handle) = spawn_watch(client.clone(), NODE);
+    let view = wait_for(&mut rx, "an error", |v| v.last_error.is_some()).await;
+    assert!(!view.synced);
+    assert!(view.pods_on_node.is_empty() && view.pvs.is_empty() && view.volume_attachments.is_empty());
+    let err = view.last_error.expect("error");
+    assert!(
+        ["pods: ", "volumeattachments: ", "persistentvolumes: "].iter().any(|k| err.starts_with(k)),
+        "{err}"
+    );
+    assert!(!handle.is_finished(), "the watcher keeps retrying with backoff");
+    handle.abort();
+
+    let reporter = Reporter::new(client, NODE);
+    for _ in 0..2 {
+        // A failed post is not remembered: the second call tries again instead of being suppressed.
+        let r = tokio::time::timeout(WAIT, reporter.event(EventReason::CleanupFailed, "/dev/nbd2", "EBUSY"))
+            .await;
+        let err = r.expect("in time").expect_err("refused");
+        assert!(matches!(err, KubeError::Api { .. }), "{err:?}");
+        assert!(err.to_string().contains("create Event CleanupFailed for /dev/nbd2 on node node-a"), "{err}");
+    }
+    let r = tokio::time::timeout(WAIT, reporter.set_condition(&["/dev/nbd2".to_string()])).await;
+    let err = r.expect("in time").expect_err("refused");
+    assert!(err.to_string().contains("patch condition StaleBlockDevices=True on node node-a"), "{err}");
+}
+
+#[tokio::test]
+async fn connect_sources_and_their_errors() {
+    let no_node = KubeConfig { url: Some("http://127.0.0.1:1".into()), ..Default::default() };
+    assert!(matches!(connect(&no_node).await, Err(KubeError::NoNodeName)));
+
+    let bad_url = cfg("http://[not a url");
+    let err = connect_err(connect(&bad_url).await);
+    assert!(matches!(err, KubeError::Url { .. }) && err.to_string().contains("[not a url"), "{err}");
+
+    let missing = KubeConfig {
+        kubeconfig: Some("/nonexistent/blockjanitor/kubeconfig".into()),
+        node_name: NODE.into(),
+        ..Default::default()
+    };
+    let err = connect_err(connect(&missing).await);
+    assert!(err.to_string().contains("/nonexistent/blockjanitor/kubeconfig"), "{err}");
+
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_none() {
+        let none = KubeConfig { node_name: NODE.into(), ..Default::default() };
+        let err = connect_err(connect(&none).await);
+        assert!(matches!(err, KubeError::NotConfigured { .. }), "{err:?}");
+    }
+
+    // A kubeconfig naming the local server works like the URL, and sends its token.
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let from_file = write_kubeconfig(dir.path(), &server.url(), None);
+    post_one_event(&from_file, &server).await;
+}
+
+#[tokio::test]
+async fn tls_with_the_kubeconfig_ca() {
+    // rustls with the ring provider (no OpenSSL, no aws-lc), the CA from the kubeconfig, the
+    // server certificate for 127.0.0.1.
+    let pki = blockjanitor_tests::daemon::Pki::new("kube test CA");
+    let server = ApiServer::start_tls(node_object(ready_only()), &pki.server.cert, &pki.server.key).await;
+    assert!(server.url().starts_with("https://127.0.0.1:"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(&ca, &pki.ca.cert).expect("write ca");
+    post_one_event(&write_kubeconfig(dir.path(), &server.url(), Some(&ca)), &server).await;
+
+    // A CA that did not sign the server's certificate: refused.
+    let rogue = blockjanitor_tests::daemon::Pki::new("rogue CA");
+    let rogue_ca = dir.path().join("rogue.crt");
+    std::fs::write(&rogue_ca, &rogue.ca.cert).expect("write rogue ca");
+    let other = tempfile::tempdir().expect("tempdir");
+    let client =
+        connect(&write_kubeconfig(other.path(), &server.url(), Some(&rogue_ca))).await.expect("connect");
+    let reporter = Reporter::new(client, NODE);
+    let r = tokio::time::timeout(WAIT, reporter.event(EventReason::CleanupFailed, "/dev/rbd1", "x")).await;
+    let err = r.expect("in time").expect_err("untrusted server");
+    assert!(matches!(err, KubeError::Api { .. }), "{err:?}");
+}
+
+/// A kubeconfig for `server` with a bearer token and, for https, a CA file.
+fn write_kubeconfig(dir: &std::path::Path, server: &str, ca: Option<&std::path::Path>) -> KubeConfig {
+    let ca = ca.map(|p| format!("    certificate-authority: {}\n", p.display())).unwrap_or_default();
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: {server}\n{ca}\
+         users:\n- name: agent\n  user:\n    token: not-a-real-token\n\
+         contexts:\n- name: local\n  context:\n    cluster: local\n    user: agent\n\
+         current-context: local\n"
+    );
+    let path = dir.join("kubeconfig");
+    std::fs::write(&path, kubeconfig).expect("write kubeconfig");
+    KubeConfig { kubeconfig: Some(path), node_name: NODE.into(), ..Default::default() }
+}
+
+/// Connects with `cfg` and posts one Event, which `server` must receive with the token.
+async fn post_one_event(cfg: &KubeConfig, server: &ApiServer) {
+    let reporter = Reporter::new(connect(cfg).await.expect("connect from kubeconfig"), NODE);
+    let sent = tokio::time::timeout(
+        WAIT,
+        reporter.event(EventReason::BlockDeviceReleased, "/dev/loop3", "detached"),
+    )
+    .await
+    .expect("in time")
+    .expect("posted");
+    assert_eq!(sent, Delivery::Sent);
+    let reqs = server.requests();
+    let post = reqs.iter().find(|r| r.method == Method::POST).expect("event posted");
+    assert_eq!(post.body["reason"], "BlockDeviceReleased");
+    assert_eq!(post.authorization, "Bearer not-a-real-token");
+}
