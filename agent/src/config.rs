@@ -22,6 +22,12 @@
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9910"              # /metrics over plain HTTP
+//!
+//! mode = "report"                        # report | release | clean (what it does by itself)
+//! max_actions_per_minute = 6
+//!
+//! [kubernetes]                           # optional; in-cluster service account by default
+//! kubeconfig = "/etc/blockjanitor/kubeconfig"
 //! ```
 
 use std::net::SocketAddr;
@@ -74,6 +80,41 @@ pub struct MetricsConfig {
     pub listen: Option<SocketAddr>,
 }
 
+/// What the daemon does by itself.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Report only (the default): changes are made only when an operator asks (Apply).
+    #[default]
+    Report,
+    /// Also detach, by itself, mounts in other namespaces of volumes kubelet has let go of.
+    Release,
+    /// Also tear down, by itself, every device judged stale.
+    Clean,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Report => "report",
+            Self::Release => "release",
+            Self::Clean => "clean",
+        }
+    }
+}
+
+/// `[kubernetes]`: where the API is. Without this section the agent looks for an in-cluster
+/// service account and otherwise runs without the API.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct KubernetesConfig {
+    /// `false` turns the API off even in a cluster.
+    pub enabled: Option<bool>,
+    /// An explicit API URL (tests, proxies).
+    pub url: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +139,13 @@ pub struct Config {
     pub tcp: TcpConfig,
     #[serde(default)]
     pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub mode: Mode,
+    /// At most this many destructive steps per minute in release and clean modes.
+    #[serde(default = "default_actions_per_minute")]
+    pub max_actions_per_minute: u32,
+    #[serde(default)]
+    pub kubernetes: KubernetesConfig,
 }
 
 fn default_socket() -> PathBuf {
@@ -111,6 +159,9 @@ fn default_grace() -> u64 {
 }
 fn default_journal() -> PathBuf {
     PathBuf::from(crate::journal::DEFAULT_PATH)
+}
+fn default_actions_per_minute() -> u32 {
+    6
 }
 fn default_kubelet_dir() -> PathBuf {
     PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)
@@ -141,6 +192,9 @@ impl Default for Config {
             socket: SocketConfig::default(),
             tcp: TcpConfig::default(),
             metrics: MetricsConfig::default(),
+            mode: Mode::Report,
+            max_actions_per_minute: default_actions_per_minute(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }

@@ -25,8 +25,8 @@ const KINDS: [DeviceKind; 9] = [
 ];
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
-const VERDICTS: [Verdict; 5] =
-    [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected];
+const VERDICTS: [Verdict; 6] =
+    [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected, Verdict::Unknown];
 const HOLDER_KINDS: [HolderKind; 9] = [
     HolderKind::Mount,
     HolderKind::OpenDevice,

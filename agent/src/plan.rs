@@ -165,6 +165,13 @@ pub fn safety_gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::
             p.device,
             judgement.map(|j| j.reasons.join("; ")).unwrap_or_default()
         ))
+    } else if let Some(j) = judgement.filter(|j| crate::policy::api_forbids(j)) {
+        Some(format!(
+            "{} is {} per the Kubernetes API: {}",
+            p.device,
+            j.verdict.as_str(),
+            j.reasons.join("; ")
+        ))
     } else {
         entry.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()).map(|k| {
             format!("pod(s) {} on this node use {} per kubelet: left alone", k.pod_uids.join(", "), p.device)

@@ -24,6 +24,9 @@ pub enum Verdict {
     Suspect,
     Stale,
     Protected,
+    /// A candidate the Kubernetes API should vouch for but cannot (unreachable, not synced):
+    /// nothing destructive rests on missing evidence.
+    Unknown,
 }
 
 impl Verdict {
@@ -34,8 +37,88 @@ impl Verdict {
             Self::Suspect => "suspect",
             Self::Stale => "stale",
             Self::Protected => "protected",
+            Self::Unknown => "unknown",
         }
     }
+}
+
+/// The suffix of the reasons [`with_api`] gives when the API says a device is in use.
+const PER_THE_API: &str = "per the API";
+
+/// True when the verdict rests on the API saying a pod or an attachment uses the device, or on
+/// the API being unable to vouch for it: then nothing at all is done to it.
+pub fn api_forbids(j: &Judgement) -> bool {
+    j.verdict == Verdict::Unknown
+        || j.reasons.iter().any(|r| r.ends_with(NO_API))
+        || (j.verdict == Verdict::InUse && j.reasons.iter().any(|r| r.ends_with(PER_THE_API)))
+}
+
+/// The suffix of the reason [`with_api`] adds when the API is configured but cannot vouch.
+const NO_API: &str = "nothing destructive rests on missing API evidence";
+
+/// Weighs what the Kubernetes API says about a device (protected ones aside): a running pod on
+/// this node using its PV, or a VolumeAttachment of its PV attached to this node, makes it in use
+/// (and forbids every plan for it, including releasing its foreign mounts); an API that is
+/// configured but not synced makes a candidate unknown and forbids every plan too.
+/// `api` is `None` when the agent runs without the API.
+pub fn with_api(j: Judgement, e: &DeviceEntry, api: Option<&crate::kube::ClusterView>) -> Judgement {
+    let Some(view) = api else { return j };
+    if !view.synced && j.verdict != Verdict::Protected {
+        // Whatever the node's evidence says, a plan for it would rest on missing API evidence.
+        let why = view.last_error.as_deref().unwrap_or("not synced yet");
+        let mut reasons = j.reasons.clone();
+        reasons.push(format!("the Kubernetes API cannot vouch for it ({why}): {NO_API}"));
+        let verdict =
+            if matches!(j.verdict, Verdict::Stale | Verdict::Suspect) { Verdict::Unknown } else { j.verdict };
+        return Judgement { verdict, reasons };
+    }
+    if j.verdict == Verdict::Protected {
+        return j;
+    }
+    let mut reasons = j.reasons.clone();
+    let mut pvs: Vec<String> = e.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default();
+    if let Some(k) = &e.kubernetes {
+        for pv in &view.pvs {
+            if pv.csi.as_ref().is_some_and(|c| k.volume_handles.contains(&c.volume_handle))
+                && !pvs.contains(&pv.name)
+            {
+                pvs.push(pv.name.clone());
+            }
+        }
+    }
+    if let Some(pv) = e.rbd.as_ref().and_then(|r| view.pv_for_rbd(&r.pool, &r.image)) {
+        if !pvs.contains(&pv.name) {
+            pvs.push(pv.name.clone());
+        }
+    }
+    let mut users = Vec::new();
+    for pv in &pvs {
+        for pod in view.running_pods_using_pv(pv) {
+            users.push(format!(
+                "pod {}/{} ({}) uses PV {pv} {PER_THE_API}",
+                pod.namespace, pod.name, pod.phase
+            ));
+        }
+        if view.pv_attached_to_node(pv) {
+            users.push(format!("a VolumeAttachment of PV {pv} is attached to this node {PER_THE_API}"));
+        }
+    }
+    if !users.is_empty() {
+        users.extend(reasons);
+        return Judgement { verdict: Verdict::InUse, reasons: users };
+    }
+    if !matches!(j.verdict, Verdict::Stale | Verdict::Suspect) {
+        return j;
+    }
+    reasons.push(if pvs.is_empty() {
+        "the API knows no PV for it".to_owned()
+    } else {
+        format!(
+            "no running pod on this node and no attached VolumeAttachment for PV {} per the API",
+            pvs.join(", ")
+        )
+    });
+    Judgement { verdict: j.verdict, reasons }
 }
 
 /// A verdict and the evidence behind it.

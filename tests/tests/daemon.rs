@@ -378,3 +378,80 @@ fn root_unix_socket_viewer_reads_but_cannot_apply() {
         .expect("agentctl");
     assert!(text(&out.stderr).contains("NotFound"), "root passes the role check: {}", text(&out.stderr));
 }
+
+fn device_verdict(sock: &std::path::Path, name: &str) -> Option<i32> {
+    rt().block_on(async {
+        let mut c = unix_client(sock).await;
+        c.get_device(pb::GetDeviceRequest { device: name.into() }).await.ok().map(|d| d.into_inner().verdict)
+    })
+}
+
+#[test]
+fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let d = Daemon::start(
+        s.dir.path(),
+        &["--mode", "clean", "--grace-period", "0", "--max-actions-per-minute", "1"],
+    );
+    let mut devs = Vec::new();
+    for i in 0..2 {
+        let img = s.path(&format!("auto{i}.img"));
+        std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+        devs.push(LoopDev::attach(&img));
+    }
+    // The uevents wake the scanner; clean mode unbinds what is stale, one step a minute.
+    assert!(
+        wait_until(Duration::from_secs(15), || devs.iter().any(|l| !l.is_bound())),
+        "nothing was cleaned; log:\n{}",
+        d.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let unbound = devs.iter().filter(|l| !l.is_bound()).count();
+    assert_eq!(unbound, 1, "the rate limit allows one step a minute");
+    assert!(d.log_text().contains("rate limit reached"), "the postponed one is logged");
+    let journal = std::fs::read_to_string(s.path("journal.jsonl")).expect("journal");
+    assert!(journal.contains("\"result\":\"done\"") && journal.contains("detach_loop"), "{journal}");
+}
+
+#[test]
+fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    // Port 9 (discard) on loopback: nothing listens, every API call fails at once.
+    let d = Daemon::start(
+        s.dir.path(),
+        &[
+            "--mode",
+            "clean",
+            "--grace-period",
+            "0",
+            "--kube-url",
+            "http://127.0.0.1:9",
+            "--node-name",
+            "node-a",
+        ],
+    );
+    let img = s.path("kept.img");
+    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    let lo = LoopDev::attach(&img);
+    let name = lo.name().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(15), || device_verdict(&d.socket, &name)
+            == Some(pb::Verdict::Unknown as i32)),
+        "unheld, stale by the node's evidence, but the API cannot vouch for it: unknown; log:\n{}",
+        d.log_text()
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(lo.is_bound(), "nothing destructive rests on missing API evidence");
+    let node = rt().block_on(async {
+        unix_client(&d.socket).await.get_node(pb::GetNodeRequest {}).await.expect("node").into_inner()
+    });
+    assert_eq!(node.mode, "clean");
+}

@@ -16,10 +16,11 @@ use blockjanitor::discover::nbd::NbdDevice;
 use blockjanitor::discover::rbd::RbdMapping;
 use blockjanitor::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
 use blockjanitor::graph::{DeviceEntry, DeviceGraph, Holder};
+use blockjanitor::kube::{ClusterView, PodInfo, VaInfo};
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
 use blockjanitor::owner::KubeOwner;
 use blockjanitor::plan::{self, CleanOptions, Plan, Step};
-use blockjanitor::policy::Tracker;
+use blockjanitor::policy::{self, Tracker};
 use blockjanitor::storage::{MultipathView, PathView, ScsiView};
 use proptest::prelude::*;
 
@@ -74,6 +75,8 @@ struct Case {
     grace_zero: bool,
     paths_active: Vec<bool>,
     scsi_offline: bool,
+    /// The Kubernetes API, when in use: (synced, a running pod uses pvc-1, pvc-1 attached here).
+    api: Option<(bool, bool, bool)>,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -89,10 +92,21 @@ fn case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         proptest::collection::vec(any::<bool>(), 0..3),
         any::<bool>(),
+        proptest::option::of((any::<bool>(), any::<bool>(), any::<bool>())),
     )
-        .prop_map(|(kind, holders, pods, kubelet, protected, grace_zero, paths_active, scsi_offline)| {
-            Case { kind, holders, pods, kubelet, protected, grace_zero, paths_active, scsi_offline }
-        })
+        .prop_map(
+            |(kind, holders, pods, kubelet, protected, grace_zero, paths_active, scsi_offline, api)| Case {
+                kind,
+                holders,
+                pods,
+                kubelet,
+                protected,
+                grace_zero,
+                paths_active,
+                scsi_offline,
+                api,
+            },
+        )
 }
 
 fn entry(c: &Case) -> DeviceEntry {
@@ -238,7 +252,37 @@ fn plans(c: &Case) -> (DeviceEntry, Vec<Plan>) {
     }
     let grace = if c.grace_zero { Duration::ZERO } else { Duration::from_secs(300) };
     let verdicts = Tracker::default().judge(&graph, &protected, grace, SystemTime::now());
-    let j = verdicts.get(&e.device.devnum);
+    let view = c.api.map(|(synced, pod, attached)| ClusterView {
+        node_name: "node-a".into(),
+        pods_on_node: if pod {
+            vec![PodInfo {
+                uid: "uid-9".into(),
+                namespace: "ns".into(),
+                name: "app".into(),
+                phase: "Running".into(),
+                pvc_names: vec!["data".into()],
+                pv_names: vec!["pvc-1".into()],
+            }]
+        } else {
+            Vec::new()
+        },
+        volume_attachments: if attached {
+            vec![VaInfo {
+                name: "csi-1".into(),
+                attacher: "rbd.csi.ceph.com".into(),
+                node: "node-a".into(),
+                pv: Some("pvc-1".into()),
+                attached: true,
+            }]
+        } else {
+            Vec::new()
+        },
+        pvs: Vec::new(),
+        synced,
+        last_error: (!synced).then(|| "connection refused".into()),
+    });
+    let judged = verdicts.get(&e.device.devnum).cloned().map(|j| policy::with_api(j, &e, view.as_ref()));
+    let j = judged.as_ref();
     let mut clean = plan::for_clean(&e, &graph, CleanOptions::default());
     if plan::needs_stale_verdict(&e) {
         plan::gate_on_verdict(&mut clean, j);
@@ -257,13 +301,16 @@ proptest! {
     #[test]
     fn no_destructive_step_for_protected_or_pod_used_or_held_devices(c in case()) {
         let (e, plans) = plans(&c);
+                // The API's word counts for a device it can tie to pvc-1 (kubelet names that PV); an API
+        // that is not synced vouches for nothing.
+        let api_user = c.api.is_some_and(|(synced, pod, attached)| !synced || (c.kubelet && (pod || attached)));
         let pod_user = c.kubelet && c.pods;
         let is_map = e.multipath.is_some();
         let held = e.holders.iter().any(|h| blocking(h, is_map));
         let host_groups: Vec<u32> = e.holders.iter().filter(|h| h.in_host_namespace == Some(true) && h.kind == HolderKind::Mount).filter_map(|h| h.shared_group).collect();
         for p in &plans {
-            if c.protected || pod_user {
-                prop_assert!(p.steps.is_empty(), "{:?} planned {:?} for a protected/pod-used device", p.operation, p.steps);
+                        if c.protected || pod_user || api_user {
+                prop_assert!(p.steps.is_empty(), "{:?} planned {:?} for a protected or pod-used device, or one the API cannot vouch for", p.operation, p.steps);
             }
             if held {
                 prop_assert!(!p.steps.iter().any(removes_device), "{:?} removes a held device: {:?}", p.operation, p.steps);

@@ -206,9 +206,23 @@ struct ServeArgs {
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     grace_period: Option<u64>,
-    /// Node name reported by GetNode [default: the host name].
+    /// Node name reported by GetNode and used with the Kubernetes API [default: the host name].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
+    /// What the agent does by itself: report (default) changes nothing; release detaches
+    /// mounts in other namespaces of volumes kubelet has let go of; clean tears down every
+    /// device judged stale.
+    #[arg(long, value_parser = ["report", "release", "clean"], value_name = "MODE")]
+    mode: Option<String>,
+    /// At most this many destructive steps per minute in release and clean modes [default: 6].
+    #[arg(long, value_name = "N")]
+    max_actions_per_minute: Option<u32>,
+    /// Kubernetes API URL (otherwise --kubeconfig, or the in-cluster service account).
+    #[arg(long, value_name = "URL")]
+    kube_url: Option<String>,
+    /// Kubeconfig file for the Kubernetes API.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -456,6 +470,22 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = &a.node_name {
         c.node_name = Some(v.clone());
     }
+    if let Some(m) = &a.mode {
+        c.mode = match m.as_str() {
+            "release" => blockjanitor::config::Mode::Release,
+            "clean" => blockjanitor::config::Mode::Clean,
+            _ => blockjanitor::config::Mode::Report,
+        };
+    }
+    if let Some(n) = a.max_actions_per_minute {
+        c.max_actions_per_minute = n;
+    }
+    if let Some(u) = &a.kube_url {
+        c.kubernetes.url = Some(u.clone());
+    }
+    if let Some(k) = &a.kubeconfig {
+        c.kubernetes.kubeconfig = Some(k.clone());
+    }
     if let Some(j) = &cli.journal {
         c.journal = j.clone();
     }
@@ -492,6 +522,7 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
             }
             let _ = stop_tx.send(true);
         });
+        connect_kubernetes(&state).await;
         state.scan_once("start").await;
         tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
@@ -502,6 +533,30 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         tracing::info!("stopped");
         Ok::<u8, anyhow::Error>(0)
     })
+}
+
+/// Uses the Kubernetes API when it is configured (URL, kubeconfig) or the agent runs in a
+/// cluster; otherwise, or when connecting fails, runs without it and says so.
+async fn connect_kubernetes(state: &Arc<AgentState>) {
+    let k = &state.config.kubernetes;
+    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    if k.enabled == Some(false) || (k.url.is_none() && k.kubeconfig.is_none() && !in_cluster) {
+        tracing::info!("running without the Kubernetes API (none configured)");
+        return;
+    }
+    let cfg = blockjanitor::kube::KubeConfig {
+        url: k.url.clone(),
+        kubeconfig: k.kubeconfig.clone(),
+        node_name: state.node_name.clone(),
+    };
+    match blockjanitor::kube::connect(&cfg).await {
+        Ok(client) => {
+            let (view, _task) = blockjanitor::kube::spawn_watch(client.clone(), &state.node_name);
+            state.use_kubernetes(view, blockjanitor::kube::Reporter::new(client, &state.node_name));
+            tracing::info!(node = %state.node_name, "using the Kubernetes API");
+        }
+        Err(e) => tracing::warn!("running without the Kubernetes API: {e}"),
+    }
 }
 
 fn carry_out(

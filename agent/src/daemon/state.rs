@@ -98,6 +98,12 @@ pub struct AgentState {
     rescan: Notify,
     pending_trigger: Mutex<Option<&'static str>>,
     act_lock: tokio::sync::Mutex<()>,
+    /// The Kubernetes API's view of this node, when the API is in use.
+    cluster: std::sync::OnceLock<tokio::sync::watch::Receiver<crate::kube::ClusterView>>,
+    /// Events and the Node condition, when the API is in use.
+    reporter: std::sync::OnceLock<crate::kube::Reporter>,
+    /// When recent destructive steps of release/clean mode ran (the rate limit's window).
+    recent_actions: Mutex<std::collections::VecDeque<Instant>>,
 }
 
 /// The plan for one device: loop devices are unbound once free (releasing foreign mounts
@@ -154,7 +160,21 @@ impl AgentState {
             rescan: Notify::new(),
             pending_trigger: Mutex::new(None),
             act_lock: tokio::sync::Mutex::new(()),
+            cluster: std::sync::OnceLock::new(),
+            reporter: std::sync::OnceLock::new(),
+            recent_actions: Mutex::new(std::collections::VecDeque::new()),
         })
+    }
+
+    /// Uses the Kubernetes API from now on: its view weighs in on verdicts, and stale devices
+    /// and actions are reported as Events and a Node condition.
+    pub fn use_kubernetes(
+        &self,
+        cluster: tokio::sync::watch::Receiver<crate::kube::ClusterView>,
+        reporter: crate::kube::Reporter,
+    ) {
+        let _ = self.cluster.set(cluster);
+        let _ = self.reporter.set(reporter);
     }
 
     fn scan_options(&self) -> ScanOptions {
@@ -191,6 +211,7 @@ impl AgentState {
             self.config.grace_period(),
             SystemTime::now(),
         );
+        let api = self.cluster.get().map(|rx| rx.borrow().clone());
         let devices = graph
             .devices
             .into_iter()
@@ -199,6 +220,7 @@ impl AgentState {
                     .get(&entry.device.devnum)
                     .cloned()
                     .unwrap_or(Judgement { verdict: Verdict::Unused, reasons: Vec::new() });
+                let judgement = crate::policy::with_api(judgement, &entry, api.as_ref());
                 DeviceView { entry, judgement }
             })
             .collect();
@@ -258,8 +280,128 @@ impl AgentState {
             // Let a burst of uevents or mount changes settle into one scan.
             tokio::time::sleep(Duration::from_millis(100)).await;
             let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or("timer");
-            self.scan_once(trigger).await;
+            if self.scan_once(trigger).await {
+                self.report_to_kubernetes().await;
+                self.act_by_mode().await;
+            }
         }
+    }
+
+    /// Events for devices that are stale, and the Node condition naming every stale one (the
+    /// reporter de-duplicates repeated events).
+    async fn report_to_kubernetes(&self) {
+        let Some(reporter) = self.reporter.get() else { return };
+        let view = self.view();
+        let stale: Vec<&DeviceView> =
+            view.devices.iter().filter(|d| d.judgement.verdict == Verdict::Stale).collect();
+        for d in &stale {
+            let why = d.judgement.reasons.first().cloned().unwrap_or_default();
+            let name = d.entry.device.name.as_str();
+            if let Err(e) = reporter.event(crate::kube::EventReason::StaleBlockDevice, name, &why).await {
+                tracing::warn!(device = name, "cannot post a StaleBlockDevice event: {e}");
+            }
+        }
+        let names: Vec<String> = stale.iter().map(|d| d.entry.device.name.to_string()).collect();
+        if let Err(e) = reporter.set_condition(&names).await {
+            tracing::warn!("cannot set the StaleBlockDevices node condition: {e}");
+        }
+    }
+
+    /// In release and clean modes, acts on what the latest scan found, at most
+    /// `max_actions_per_minute` destructive steps a minute. Every plan passes the same gates as an
+    /// operator's Apply; each step is journaled and audited.
+    async fn act_by_mode(self: &Arc<Self>) {
+        use crate::config::Mode;
+        let mode = self.config.mode;
+        if mode == Mode::Report {
+            return;
+        }
+        let view = self.view();
+        let names: Vec<String> = view
+            .devices
+            .iter()
+            .filter(|d| match mode {
+                Mode::Clean => d.judgement.verdict == Verdict::Stale,
+                // Volumes kubelet knows and no pod of its uses, still mounted in other namespaces.
+                Mode::Release => {
+                    d.judgement.verdict != Verdict::Protected
+                        && d.entry.kubernetes.as_ref().is_some_and(|k| k.pod_uids.is_empty())
+                        && d.entry.holders.iter().any(|h| h.is_foreign_mount())
+                }
+                Mode::Report => false,
+            })
+            .map(|d| d.entry.device.name.to_string())
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        let _guard = self.act_lock.lock().await;
+        let Ok(mut plans) = self.plan(&names).await else { return };
+        if mode == Mode::Release {
+            // Only the releases: removing devices is clean mode's job.
+            for p in &mut plans {
+                p.steps.retain(|s| matches!(s, plan::Step::DetachMount { .. }));
+            }
+        }
+        let mut budget = self.action_budget();
+        plans.retain(|p| {
+            let n = p.steps.len();
+            if p.refusal.is_some() || n == 0 {
+                return false;
+            }
+            if n > budget {
+                tracing::warn!(device = %p.device, steps = n, limit = self.config.max_actions_per_minute, "rate limit reached: postponed");
+                return false;
+            }
+            budget -= n;
+            true
+        });
+        if plans.is_empty() {
+            return;
+        }
+        let me = Arc::clone(self);
+        let todo = plans.clone();
+        let reports = match tokio::task::spawn_blocking(move || me.execute_blocking(&todo)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                tracing::error!(mode = mode.as_str(), "{e}");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(mode = mode.as_str(), "the action thread failed: {e}");
+                return;
+            }
+        };
+        if let Ok(mut recent) = self.recent_actions.lock() {
+            recent.extend(std::iter::repeat_n(Instant::now(), reports.len()));
+        }
+        if let Some(reporter) = self.reporter.get() {
+            for r in &reports {
+                let (word, detail) = r.word();
+                let reason = match (word, &r.step) {
+                    ("failed", _) => crate::kube::EventReason::CleanupFailed,
+                    (_, plan::Step::DetachMount { .. }) => crate::kube::EventReason::BlockDeviceReleased,
+                    _ => crate::kube::EventReason::BlockDeviceCleaned,
+                };
+                let msg = if detail.is_empty() {
+                    r.step.describe()
+                } else {
+                    format!("{}: {detail}", r.step.describe())
+                };
+                let _ = reporter.event(reason, r.step.device().as_str(), &msg).await;
+            }
+        }
+        self.request_rescan("apply");
+    }
+
+    /// Destructive steps still allowed in the current minute.
+    fn action_budget(&self) -> usize {
+        let Ok(mut recent) = self.recent_actions.lock() else { return 0 };
+        let now = Instant::now();
+        while recent.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(60)) {
+            recent.pop_front();
+        }
+        (self.config.max_actions_per_minute as usize).saturating_sub(recent.len())
     }
 
     /// Looks a device argument up in the latest view.

@@ -37,6 +37,7 @@ pub fn verdict(v: Verdict) -> pb::Verdict {
         Verdict::Suspect => pb::Verdict::Suspect,
         Verdict::Stale => pb::Verdict::Stale,
         Verdict::Protected => pb::Verdict::Protected,
+        Verdict::Unknown => pb::Verdict::Unknown,
     }
 }
 

@@ -63,7 +63,7 @@ impl Agent for AgentService {
             scans: v.scan_number,
             devices: v.devices.len() as u32,
             warnings: v.warnings.clone(),
-            mode: "report".into(),
+            mode: self.state.config.mode.as_str().into(),
         }))
     }
 
