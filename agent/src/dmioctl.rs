@@ -298,7 +298,7 @@ pub(crate) mod tests {
     use super::*;
 
     fn align8(v: &mut Vec<u8>) {
-        while v.len() % 8 != 0 {
+        while !v.len().is_multiple_of(8) {
             v.push(0);
         }
     }
