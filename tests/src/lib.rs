@@ -10,6 +10,7 @@ pub mod ceph;
 pub mod daemon;
 pub mod fixture;
 pub mod guest;
+pub mod kube_mock;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -455,3 +455,53 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
     });
     assert_eq!(node.mode, "clean");
 }
+
+#[test]
+fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
+    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let rt = rt();
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let s = Scratch::new();
+    let url = server.url();
+    let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE]);
+    let img = s.path("reported.img");
+    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    let lo = LoopDev::attach(&img);
+    let name = lo.name().to_owned();
+    let event_posted = || {
+        server.requests().iter().any(|r| {
+            r.method == hyper::Method::POST
+                && r.path.ends_with("/events")
+                && r.body["reason"] == "StaleBlockDevice"
+                && r.body["involvedObject"]["kind"] == "Node"
+                && r.body["involvedObject"]["name"] == NODE
+                && r.body["message"].as_str().is_some_and(|m| m.starts_with(&format!("{name}:")))
+        })
+    };
+    let condition_set = || {
+        server.requests().iter().any(|r| {
+            r.method == hyper::Method::PATCH
+                && r.path == format!("/api/v1/nodes/{NODE}/status")
+                && r.body["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c["type"] == "StaleBlockDevices"
+                            && c["status"] == "True"
+                            && c["message"].as_str().is_some_and(|m| m.contains(&name))
+                    })
+                })
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || event_posted() && condition_set()),
+        "no StaleBlockDevice event and condition for {name}; requests: {:#?}\nlog:\n{}",
+        server.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect::<Vec<_>>(),
+        d.log_text()
+    );
+    assert!(lo.is_bound(), "report mode reports; it does not clean");
+    drop(d);
+    drop(rt);
+}

@@ -1,0 +1,394 @@
+//! A local stand-in for kube-apiserver on 127.0.0.1 (a real one cannot run on these machines):
+//! lists with resource versions, chunked watch streams that close after a while and resume from
+//! the last resource version, Event creation and Node status patches, serving the real API's JSON
+//! shapes. Every request is recorded for the assertions. Used by `tests/kube_api.rs` and the
+//! daemon's end-to-end tests.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Bytes, Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio_stream::wrappers::ReceiverStream;
+
+pub const NODE: &str = "node-a";
+pub const PV: &str = "pvc-0a5e6f1c-3b2d-4e8f-9a71-5c2d8e4f6b10";
+pub const OTHER_PV: &str = "pvc-77b1d2e3-6c4f-4a5b-8d9e-0f1a2b3c4d5e";
+pub const VA: &str = "csi-1f0c7a4e9b2d3c5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d";
+pub const OTHER_VA: &str = "csi-9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+/// How long a watch response stays open before the server ends it (the API server's
+/// `timeoutSeconds`, shortened).
+pub const WATCH_HOLD: Duration = Duration::from_millis(1500);
+/// Bound on every wait in these tests.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// One request the server received.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    pub method: Method,
+    pub path: String,
+    pub query: HashMap<String, String>,
+    pub content_type: String,
+    pub authorization: String,
+    pub body: Value,
+}
+
+impl Recorded {
+    pub fn is_watch(&self) -> bool {
+        matches!(self.query.get("watch").map(String::as_str), Some("true" | "1"))
+    }
+}
+
+/// Server state: the objects per collection, the watch event log and the request log.
+pub struct State {
+    /// Collection path -> list items.
+    pub lists: HashMap<&'static str, Vec<Value>>,
+    /// (collection path, resource version, watch event line).
+    pub log: Vec<(String, u64, String)>,
+    pub rv: u64,
+    pub requests: Vec<Recorded>,
+    /// The Node object served for `GET .../nodes/node-a/status`.
+    pub node: Value,
+}
+
+#[derive(Clone)]
+pub struct ApiServer {
+    pub addr: SocketAddr,
+    pub state: Arc<Mutex<State>>,
+    /// Bumped on every new watch event, waking the open watches.
+    pub bump: watch::Sender<u64>,
+    pub https: bool,
+}
+
+impl ApiServer {
+    pub async fn start(node: Value) -> ApiServer {
+        Self::start_with(node, None).await
+    }
+
+    /// The server behind TLS with this certificate and key (PEM).
+    pub async fn start_tls(node: Value, cert: &str, key: &str) -> ApiServer {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs =
+            CertificateDer::pem_slice_iter(cert.as_bytes()).collect::<Result<Vec<_>, _>>().expect("cert");
+        let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).expect("key");
+        let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+        let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("protocols")
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .expect("server config");
+        Self::start_with(node, Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
+    }
+
+    pub async fn start_with(node: Value, tls: Option<tokio_rustls::TlsAcceptor>) -> ApiServer {
+        let mut lists = HashMap::new();
+        lists.insert(
+            "/api/v1/pods",
+            vec![pod("web-0", "Running", "data"), pod("batch-7", "Succeeded", "scratch")],
+        );
+        lists.insert(
+            "/api/v1/persistentvolumes",
+            vec![pv(PV, "shop", "data", "csi-vol-5f3c"), pv(OTHER_PV, "logs", "ingest", "csi-vol-9d21")],
+        );
+        lists.insert(
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            vec![
+                volume_attachment(VA, NODE, PV, true, 90),
+                volume_attachment(OTHER_VA, "node-b", OTHER_PV, true, 91),
+            ],
+        );
+        let state =
+            Arc::new(Mutex::new(State { lists, log: Vec::new(), rv: 100, requests: Vec::new(), node }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("local addr");
+        let (bump, _) = watch::channel(0);
+        let server = ApiServer { addr, state, bump, https: false };
+        let s = server.clone();
+        let https = tls.is_some();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let s = s.clone();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                s.serve(stream).await;
+                            }
+                        }
+                        None => s.serve(stream).await,
+                    }
+                });
+            }
+        });
+        ApiServer { https, ..server }
+    }
+
+    pub async fn serve<IO>(self, io: IO)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let svc = hyper::service::service_fn(move |req| {
+            let s = self.clone();
+            async move { Ok::<_, Infallible>(s.handle(req).await) }
+        });
+        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc).await;
+    }
+
+    pub fn url(&self) -> String {
+        format!("{}://{}", if self.https { "https" } else { "http" }, self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().expect("state").requests.clone()
+    }
+
+    /// Appends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for a collection, stamping the
+    /// object with the next resource version.
+    pub fn publish(&self, collection: &str, kind: &str, mut object: Value) {
+        let mut st = self.state.lock().expect("state");
+        st.rv += 1;
+        let rv = st.rv;
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let line = json!({"type": kind, "object": object}).to_string();
+        st.log.push((collection.to_string(), rv, line));
+        drop(st);
+        self.bump.send_replace(rv);
+    }
+
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let query = parse_query(req.uri().query().unwrap_or(""));
+        let content_type = req
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let authorization = req
+            .headers()
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let rec =
+            Recorded { method: method.clone(), path: path.clone(), query, content_type, authorization, body };
+        self.state.lock().expect("state").requests.push(rec.clone());
+
+        let node_status = format!("/api/v1/nodes/{NODE}/status");
+        match (&method, path.as_str()) {
+            (&Method::GET, p) if self.state.lock().expect("state").lists.contains_key(p) => {
+                if rec.is_watch() {
+                    self.watch(p, &rec)
+                } else {
+                    self.list(p, &rec)
+                }
+            }
+            (&Method::POST, "/api/v1/namespaces/default/events") => {
+                let mut created = rec.body.clone();
+                created["metadata"]["uid"] = json!("0c6b1f0e-event");
+                created["metadata"]["resourceVersion"] = json!("555");
+                reply(StatusCode::CREATED, &created)
+            }
+            (&Method::GET, p) if p == node_status => {
+                let node = self.state.lock().expect("state").node.clone();
+                reply(StatusCode::OK, &node)
+            }
+            (&Method::PATCH, p) if p == node_status => {
+                let node = self.state.lock().expect("state").node.clone();
+                reply(StatusCode::OK, &node)
+            }
+            _ => reply(
+                StatusCode::NOT_FOUND,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": format!("the server could not find the requested resource ({path})"),
+                        "reason": "NotFound", "code": 404}),
+            ),
+        }
+    }
+
+    pub fn list(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
+        let st = self.state.lock().expect("state");
+        let mut items = st.lists.get(collection).cloned().unwrap_or_default();
+        if let Some(sel) = rec.query.get("fieldSelector") {
+            // The only field selector the agent uses.
+            let node = sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector").to_string();
+            items.retain(|i| i["spec"]["nodeName"] == json!(node));
+        }
+        let kind = match collection {
+            "/api/v1/pods" => ("v1", "PodList"),
+            "/api/v1/persistentvolumes" => ("v1", "PersistentVolumeList"),
+            _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
+        };
+        let list = json!({"apiVersion": kind.0, "kind": kind.1,
+                          "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
+        reply(StatusCode::OK, &list)
+    }
+
+    /// A chunked stream of watch events newer than the request's resource version, open for
+    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout.
+    pub fn watch(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+        let mut from: u64 = rec.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let collection = collection.to_string();
+        let state = self.state.clone();
+        let mut bumped = self.bump.subscribe();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + WATCH_HOLD;
+            loop {
+                let lines: Vec<(u64, String)> = state
+                    .lock()
+                    .expect("state")
+                    .log
+                    .iter()
+                    .filter(|(c, rv, _)| *c == collection && *rv > from)
+                    .map(|(_, rv, l)| (*rv, format!("{l}\n")))
+                    .collect();
+                for (rv, line) in lines {
+                    from = rv;
+                    if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
+                        return;
+                    }
+                }
+                match tokio::time::timeout_at(deadline, bumped.changed()).await {
+                    Ok(Ok(())) => continue,
+                    _ => return, // hold over (or server gone): end the response
+                }
+            }
+        });
+        let body = StreamBody::new(ReceiverStream::new(rx)).boxed();
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .expect("response")
+    }
+}
+
+pub fn reply(status: StatusCode, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .expect("response")
+}
+
+/// `a=b&c=d%3De` into a map, percent-decoded (`+` as space).
+pub fn parse_query(q: &str) -> HashMap<String, String> {
+    pub fn decode(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'%' if i + 2 < b.len() => {
+                    let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("");
+                    match u8::from_str_radix(hex, 16) {
+                        Ok(v) => {
+                            out.push(v);
+                            i += 3;
+                            continue;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                b'+' => out.push(b' '),
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    q.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+// ---- objects as the API server returns them ----
+
+pub fn pod(name: &str, phase: &str, claim: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
+                     "resourceVersion": "42", "creationTimestamp": "2025-11-03T08:12:44Z",
+                     "labels": {"app": "shop"}},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "app", "image": "registry.example/shop:1.4",
+                            "volumeMounts": [{"name": "vol", "mountPath": "/var/lib/shop"}]}],
+            "volumes": [
+                {"name": "vol", "persistentVolumeClaim": {"claimName": claim}},
+                {"name": "kube-api-access-x2k9p", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}
+            ]
+        },
+        "status": {"phase": phase, "podIP": "10.244.1.17", "qosClass": "BestEffort"}
+    })
+}
+
+pub fn pv(name: &str, ns: &str, claim: &str, image: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "resourceVersion": "17", "finalizers": ["kubernetes.io/pv-protection"],
+                     "annotations": {"pv.kubernetes.io/provisioned-by": "rbd.csi.ceph.com"}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "capacity": {"storage": "10Gi"},
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns,
+                         "name": claim, "uid": format!("uid-claim-{claim}"), "resourceVersion": "16"},
+            "csi": {
+                "driver": "rbd.csi.ceph.com",
+                "fsType": "ext4",
+                "volumeHandle": format!("0001-0009-rook-ceph-0000000000000002-{image}"),
+                "volumeAttributes": {"clusterID": "rook-ceph", "imageFeatures": "layering",
+                                     "imageName": image, "journalPool": "replicapool",
+                                     "pool": "replicapool",
+                                     "storage.kubernetes.io/csiProvisionerIdentity": "1730000000000-8081-rbd.csi.ceph.com"},
+                "nodeStageSecretRef": {"name": "rook-csi-rbd-node", "namespace": "rook-ceph"}
+            },
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "ceph-block",
+            "volumeMode": "Filesystem"
+        },
+        "status": {"phase": "Bound"}
+    })
+}
+
+pub fn volume_attachment(name: &str, node: &str, pv: &str, attached: bool, rv: u32) -> Value {
+    json!({
+        "metadata": {"name": name, "resourceVersion": rv.to_string(),
+                     "annotations": {"csi.alpha.kubernetes.io/node-id": node},
+                     "finalizers": ["external-attacher/rbd-csi-ceph-com"]},
+        "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": node,
+                 "source": {"persistentVolumeName": pv}},
+        "status": {"attached": attached}
+    })
+}
+
+pub fn node_object(conditions: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": NODE, "uid": "7d3c1e2f-node", "resourceVersion": "9000",
+                     "labels": {"kubernetes.io/hostname": NODE}},
+        "spec": {"podCIDR": "10.244.1.0/24"},
+        "status": {"conditions": conditions}
+    })
+}
+
+pub fn ready_only() -> Value {
+    json!([{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2025-12-01T00:00:00Z"}])
+}
