@@ -7,6 +7,9 @@
 //! journal = "/var/lib/blockjanitor/journal.jsonl"
 //! protected_devices = ["sda"]            # never touched, in addition to those behind protected_paths
 //! protected_paths = ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
+//! mode = "report"                        # report | release | clean (what it does by itself)
+//! max_actions_per_minute = 6             # destructive steps a minute in release/clean mode
+//! kubelet_dir = "/var/lib/kubelet"
 //!
 //! [socket]
 //! path = "/run/blockjanitor/agent.sock"  # created 0660
@@ -22,9 +25,6 @@
 //!
 //! [metrics]
 //! listen = "127.0.0.1:9910"              # /metrics over plain HTTP
-//!
-//! mode = "report"                        # report | release | clean (what it does by itself)
-//! max_actions_per_minute = 6
 //!
 //! [kubernetes]                           # optional; in-cluster service account by default
 //! kubeconfig = "/etc/blockjanitor/kubeconfig"
@@ -274,6 +274,20 @@ listen = "127.0.0.1:9910"
         assert_eq!(c.node_name.as_deref(), Some("worker-3"));
         assert_eq!(c.grace_period(), Duration::from_secs(300));
         assert_eq!(c.tcp.operators, vec!["console"]);
+    }
+
+    /// The example in the README is a working config (keys after a `[table]` header belong to
+    /// that table: an easy way to write a config that does not load).
+    #[test]
+    fn readme_example_parses() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```toml\n").expect("a toml block in the README") + 8;
+        let end = start + readme[start..].find("```").expect("end of the block");
+        let c =
+            Config::parse(&readme[start..end], Path::new("README.md")).expect("the README's example parses");
+        c.validate().expect("and is valid");
+        assert_eq!(c.mode, Mode::Report);
+        assert_eq!(c.kubernetes.kubeconfig.as_deref(), Some(Path::new("/etc/blockjanitor/kubeconfig")));
     }
 
     #[test]
