@@ -12,32 +12,10 @@ use crate::daemon::state::View;
 use crate::model::{DeviceKind, HolderKind};
 use crate::policy::Verdict;
 
-const KINDS: [DeviceKind; 9] = [
-    DeviceKind::Disk,
-    DeviceKind::Partition,
-    DeviceKind::Loop,
-    DeviceKind::Dm,
-    DeviceKind::Md,
-    DeviceKind::Rbd,
-    DeviceKind::Nbd,
-    DeviceKind::Zram,
-    DeviceKind::Other,
-];
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
 const VERDICTS: [Verdict; 6] =
     [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected, Verdict::Unknown];
-const HOLDER_KINDS: [HolderKind; 9] = [
-    HolderKind::Mount,
-    HolderKind::OpenDevice,
-    HolderKind::OpenFile,
-    HolderKind::Cwd,
-    HolderKind::Root,
-    HolderKind::Mmap,
-    HolderKind::Swap,
-    HolderKind::StackedDevice,
-    HolderKind::LoopBacking,
-];
 
 /// The agent's metrics and their registry.
 pub struct Metrics {
@@ -130,7 +108,7 @@ impl Metrics {
     pub fn observe_scan(&self, trigger: &'static str, took: Duration, view: &View) {
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
-        for k in KINDS {
+        for k in DeviceKind::ALL {
             for v in VERDICTS {
                 let n = view
                     .devices
@@ -140,7 +118,7 @@ impl Metrics {
                 self.devices.with_label_values(&[k.as_str(), v.as_str()]).set(n as f64);
             }
         }
-        for hk in HOLDER_KINDS {
+        for hk in HolderKind::ALL {
             let n: usize =
                 view.devices.iter().map(|d| d.entry.holders.iter().filter(|h| h.kind == hk).count()).sum();
             self.holders.with_label_values(&[hk.as_str()]).set(n as f64);

@@ -128,6 +128,19 @@ pub enum DeviceKind {
 }
 
 impl DeviceKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [DeviceKind; 9] = [
+        Self::Disk,
+        Self::Partition,
+        Self::Loop,
+        Self::Dm,
+        Self::Md,
+        Self::Rbd,
+        Self::Nbd,
+        Self::Zram,
+        Self::Other,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Disk => "disk",
@@ -219,6 +232,19 @@ pub enum HolderKind {
 }
 
 impl HolderKind {
+    /// Every kind, in a fixed order (metrics export each, even at zero).
+    pub const ALL: [HolderKind; 9] = [
+        Self::Mount,
+        Self::OpenDevice,
+        Self::OpenFile,
+        Self::Cwd,
+        Self::Root,
+        Self::Mmap,
+        Self::Swap,
+        Self::StackedDevice,
+        Self::LoopBacking,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Mount => "mount",

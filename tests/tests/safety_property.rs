@@ -25,17 +25,7 @@ use blockjanitor::storage::{MultipathView, PathView, ScsiView};
 use proptest::prelude::*;
 
 const HOST_NS: MountNsId = MountNsId(4026531840);
-const KINDS: [HolderKind; 9] = [
-    HolderKind::Mount,
-    HolderKind::OpenDevice,
-    HolderKind::OpenFile,
-    HolderKind::Cwd,
-    HolderKind::Root,
-    HolderKind::Mmap,
-    HolderKind::Swap,
-    HolderKind::StackedDevice,
-    HolderKind::LoopBacking,
-];
+const KINDS: [HolderKind; 9] = HolderKind::ALL;
 
 fn name(s: &str) -> DeviceName {
     DeviceName::new(s).expect("name")
