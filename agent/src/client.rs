@@ -537,7 +537,20 @@ pub fn node_table(n: &pb::Node, now: f64) -> String {
 /// Width of the WHY column of `devices`.
 const WHY_WIDTH: usize = 60;
 
-/// `devices` as a table: NAME, MAJ:MIN, KIND, SIZE, VERDICT, HOLDERS, WHY.
+/// The PV and pods (per kubelet) of a device, for the devices table: `pvc-1 (2 pods)`, `-`.
+fn kube_cell(d: &pb::Device) -> String {
+    if d.pv_names.is_empty() && d.pod_uids.is_empty() && d.kubelet_paths.is_empty() {
+        return "-".into();
+    }
+    let pv = d.pv_names.first().cloned().unwrap_or_else(|| "(kubelet volume)".into());
+    match d.pod_uids.len() {
+        0 => format!("{pv} (no pod)"),
+        1 => format!("{pv} (pod {})", d.pod_uids[0]),
+        n => format!("{pv} ({n} pods)"),
+    }
+}
+
+/// `devices` as a table: NAME, MAJ:MIN, KIND, SIZE, VERDICT, HOLDERS, PV / PODS, WHY.
 pub fn devices_table(r: &pb::ListDevicesResponse) -> String {
     if r.devices.is_empty() {
         return "no matching devices\n".into();
@@ -553,11 +566,12 @@ pub fn devices_table(r: &pb::ListDevicesResponse) -> String {
                 size(d.size_bytes),
                 verdict_name(d.verdict),
                 d.holders.len().to_string(),
+                cut(&clean(&kube_cell(d)), 40),
                 cut(&clean(d.reasons.first().map_or("", String::as_str)), WHY_WIDTH),
             ]
         })
         .collect();
-    columns(&["NAME", "MAJ:MIN", "KIND", "SIZE", "VERDICT", "HOLDERS", "WHY"], &rows)
+    columns(&["NAME", "MAJ:MIN", "KIND", "SIZE", "VERDICT", "HOLDERS", "PV / PODS", "WHY"], &rows)
 }
 
 /// One line about the device: `loop3 (7:3, loop, 8.0M) backed by /x.img`.
@@ -949,12 +963,24 @@ mod tests {
         let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0 });
         let mut lines = t.lines();
         let head = lines.next().expect("header");
-        assert!(head.starts_with("NAME   MAJ:MIN  KIND  SIZE   VERDICT  HOLDERS  WHY"), "{head}");
+        assert!(head.starts_with("NAME   MAJ:MIN  KIND  SIZE   VERDICT  HOLDERS  PV / PODS  WHY"), "{head}");
         let row = lines.next().expect("row");
-        assert!(row.starts_with("loop3  7:3      loop  64.0M  in_use   1        xxx"), "{row}");
+        assert!(row.starts_with("loop3  7:3      loop  64.0M  in_use   1        -          xxx"), "{row}");
         assert!(row.ends_with('…'));
         assert_eq!(row.split("  ").last().map(|w| w.chars().count()), Some(WHY_WIDTH));
         assert_eq!(devices_table(&pb::ListDevicesResponse::default()), "no matching devices\n");
+    }
+
+    #[test]
+    fn devices_table_shows_the_pv_and_pods() {
+        let mut d = loop_device();
+        d.pv_names = vec!["pvc-1".into()];
+        d.pod_uids = vec!["uid-a".into()];
+        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d.clone()], scan_unix_seconds: 0.0 });
+        assert!(t.contains("pvc-1 (pod uid-a)"), "{t}");
+        d.pod_uids.clear();
+        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0 });
+        assert!(t.contains("pvc-1 (no pod)"), "{t}");
     }
 
     #[test]

@@ -505,3 +505,46 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
     drop(d);
     drop(rt);
 }
+
+#[test]
+fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
+    if !require_real_kernel(&[TOOLS, &["mkfs.ext4", "unshare", "mount", "umount"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
+    let kdir = s.mkdir("kubelet");
+    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-rel");
+    let gm = pv_dir.join("globalmount");
+    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
+    std::fs::write(
+        pv_dir.join("vol_data.json"),
+        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-rel","volumeHandle":"0001-0024-rel","attachmentID":"csi-rel","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
+    )
+    .expect("vol_data.json");
+    let img = s.ext4_image("rel.img", 32);
+    let host_mount = HostMount::new(img.to_str().expect("utf8"), &gm, &["-o", "loop"]);
+    let name = loop_for(&img).expect("loop device");
+    let lo = LoopDev::adopt(&name, &img);
+    // Incident 5: a process in its own namespace keeps a copy; kubelet unmounts on the host.
+    let mut holder = NsProcess::spawn("exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&gm)));
+    host_mount.umount();
+    let d = Daemon::start(
+        s.dir.path(),
+        &["--mode", "release", "--kubelet-dir", kdir.to_str().expect("utf8"), "--rescan-interval", "1"],
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || !holder.has_mount(&gm)),
+        "release mode did not detach the stale mount; log:\n{}",
+        d.log_text()
+    );
+    assert!(holder.is_alive(), "no process is killed");
+    let journal = std::fs::read_to_string(s.path("journal.jsonl")).expect("journal");
+    assert!(journal.contains("detach_mount") && journal.contains("\"result\":\"done\""), "{journal}");
+    assert!(
+        wait_until(Duration::from_secs(10), || !lo.is_bound()),
+        "the loop device auto-cleared once released"
+    );
+}
