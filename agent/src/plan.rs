@@ -184,6 +184,15 @@ pub fn safety_gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::
     }
 }
 
+/// Both gates a cleanup plan passes: stale only, for the kinds that need it (see
+/// [`needs_stale_verdict`]), then [`safety_gate`] for every kind.
+pub fn gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::policy::Judgement>) {
+    if needs_stale_verdict(entry) {
+        gate_on_verdict(p, judgement);
+    }
+    safety_gate(p, entry, judgement);
+}
+
 /// Keeps a plan only when the device's verdict is stale: clears its steps and says why
 /// otherwise (`None`: not judged yet). Plans already refused keep their own reason.
 pub fn gate_on_verdict(p: &mut Plan, judgement: Option<&crate::policy::Judgement>) {

@@ -5,8 +5,8 @@
 //! host's namespace or a shared peer of one.
 //!
 //! It runs the same code paths as `clean`, `release` and the daemon's Plan: verdicts
-//! (`Tracker::judge`), then `plan::for_clean` / `plan::release`, then `gate_on_verdict` and
-//! `safety_gate`.
+//! (`Tracker::judge`, `policy::with_api`), then `plan::for_clean` / `plan::cleanup` /
+//! `plan::release`, then `plan::gate` (release: `plan::safety_gate`).
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
@@ -273,13 +273,11 @@ fn plans(c: &Case) -> (DeviceEntry, Vec<Plan>) {
     });
     let judged = verdicts.get(&e.device.devnum).cloned().map(|j| policy::with_api(j, &e, view.as_ref()));
     let j = judged.as_ref();
+    // The same gates `clean`, the daemon's Plan/Apply and its modes apply.
     let mut clean = plan::for_clean(&e, &graph, CleanOptions::default());
-    if plan::needs_stale_verdict(&e) {
-        plan::gate_on_verdict(&mut clean, j);
-    }
-    plan::safety_gate(&mut clean, &e, j);
+    plan::gate(&mut clean, &e, j);
     let mut cleanup = plan::cleanup(&e);
-    plan::safety_gate(&mut cleanup, &e, j);
+    plan::gate(&mut cleanup, &e, j);
     let mut release = plan::release(&e);
     plan::safety_gate(&mut release, &e, j);
     (e, vec![clean, cleanup, release])

@@ -24,7 +24,7 @@ use blockjanitor::journal::{self, Journal};
 use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
-use blockjanitor::policy::Tracker;
+use blockjanitor::policy::{Judgement, Tracker};
 use blockjanitor::snapshot::{ScanOptions, Scope, Snapshot};
 use blockjanitor::{render, resolve, server};
 use std::sync::Arc;
@@ -279,23 +279,38 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// Scans for one device (and what is stacked on it) and returns its entry.
-fn scan_device(host: &HostRoot, opts: &ScanOptions, arg: &str) -> Result<(DeviceEntry, Snapshot)> {
-    let started = Instant::now();
-    let devices = blockdev::scan(host)?;
-    let dev = resolve::device(host, &devices, arg)?;
-    let devnum = dev.devnum;
-    let scope = blockdev::with_descendants(&devices, devnum);
-    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope), started, opts)?;
-    let entry = entry_of(&snap, devnum)?;
-    Ok((entry, snap))
+/// How the one-shot commands read the host.
+fn scan_options(cli: &Cli) -> ScanOptions {
+    ScanOptions { reader: MountReader::from(cli.mount_reader), kubelet_dir: cli.kubelet_dir.clone() }
 }
 
-fn entry_of(snap: &Snapshot, devnum: DevNum) -> Result<DeviceEntry> {
-    DeviceGraph::build(snap)
-        .get(devnum)
-        .cloned()
-        .with_context(|| format!("device {devnum} disappeared during the scan"))
+/// One device's scan: its entry, the graph and snapshot it came from, and the devices in scope
+/// (it and what is stacked on it).
+struct DeviceScan {
+    entry: DeviceEntry,
+    graph: DeviceGraph,
+    snap: Snapshot,
+    scope: Vec<DevNum>,
+}
+
+impl DeviceScan {
+    /// The device's verdict (the grace clocks of the devices in scope are updated).
+    fn judgement(&self, cli: &Cli, host: &HostRoot) -> Option<Judgement> {
+        judge(cli, host, &self.graph, Some(&self.scope)).remove(&self.entry.device.devnum)
+    }
+}
+
+/// Scans for one device and what is stacked on it.
+fn scan_device(host: &HostRoot, opts: &ScanOptions, arg: &str) -> Result<DeviceScan> {
+    let started = Instant::now();
+    let devices = blockdev::scan(host)?;
+    let devnum = resolve::device(host, &devices, arg)?.devnum;
+    let scope = blockdev::with_descendants(&devices, devnum);
+    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope.clone()), started, opts)?;
+    let graph = DeviceGraph::build(&snap);
+    let entry =
+        graph.get(devnum).cloned().with_context(|| format!("device {devnum} disappeared during the scan"))?;
+    Ok(DeviceScan { entry, graph, snap, scope })
 }
 
 /// Verdicts for the devices in `scope` (all when `None`): the grace clocks come from and go back
@@ -327,7 +342,7 @@ fn judge(cli: &Cli, host: &HostRoot, graph: &DeviceGraph, scope: Option<&[DevNum
 }
 
 /// Rescans a device by number; `None` when it is gone.
-fn rescan(host: &HostRoot, opts: &ScanOptions, devnum: DevNum) -> Result<Option<(DeviceEntry, Snapshot)>> {
+fn rescan(host: &HostRoot, opts: &ScanOptions, devnum: DevNum) -> Result<Option<DeviceScan>> {
     match scan_device(host, opts, &devnum.to_string()) {
         Ok(x) => Ok(Some(x)),
         Err(e) if e.downcast_ref::<resolve::ResolveError>().is_some() => Ok(None),
@@ -337,8 +352,7 @@ fn rescan(host: &HostRoot, opts: &ScanOptions, devnum: DevNum) -> Result<Option<
 
 fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
-    let opts =
-        ScanOptions { reader: MountReader::from(cli.mount_reader), kubelet_dir: cli.kubelet_dir.clone() };
+    let opts = scan_options(cli);
     match &cli.command {
         Command::Scan { output } => {
             let started = Instant::now();
@@ -357,39 +371,28 @@ fn run(cli: &Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Holders { device, output } => {
-            let (entry, snap) = scan_device(&host, &opts, device)?;
-            let graph = DeviceGraph::build(&snap);
-            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
-            let verdicts = judge(cli, &host, &graph, Some(&scope));
-            let j = verdicts.get(&entry.device.devnum);
+            let d = scan_device(&host, &opts, device)?;
+            let j = d.judgement(cli, &host);
+            let (stats, warnings) = (&d.snap.stats, &d.snap.warnings);
             match output {
-                Output::Json => print_json(&render::holders_json(&entry, j, &snap.stats, &snap.warnings))?,
-                Output::Table => print!("{}", render::holders_table(&entry, j, &snap.stats, &snap.warnings)),
+                Output::Json => print_json(&render::holders_json(&d.entry, j.as_ref(), stats, warnings))?,
+                Output::Table => print!("{}", render::holders_table(&d.entry, j.as_ref(), stats, warnings)),
             }
             Ok(0)
         }
         Command::Release { device, apply, output } => {
-            let (entry, snap) = scan_device(&host, &opts, device)?;
-            let mut plan = plan::release(&entry);
-            let graph = DeviceGraph::build(&snap);
-            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
-            let verdicts = judge(cli, &host, &graph, Some(&scope));
-            plan::safety_gate(&mut plan, &entry, verdicts.get(&entry.device.devnum));
+            let d = scan_device(&host, &opts, device)?;
+            let mut plan = plan::release(&d.entry);
+            plan::safety_gate(&mut plan, &d.entry, d.judgement(cli, &host).as_ref());
             carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
-            let (entry, snap) = scan_device(&host, &opts, device)?;
-            let graph = DeviceGraph::build(&snap);
+            let d = scan_device(&host, &opts, device)?;
             let clean_opts = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
-            let mut plan = plan::for_clean(&entry, &graph, clean_opts);
-            let scope = blockdev::with_descendants(&snap.devices, entry.device.devnum);
-            let verdicts = judge(cli, &host, &graph, Some(&scope));
-            let judgement = verdicts.get(&entry.device.devnum);
-            if plan::needs_stale_verdict(&entry) {
-                // Maps, disks, rbd and nbd go only once stale (grace measured across runs).
-                plan::gate_on_verdict(&mut plan, judgement);
-            }
-            plan::safety_gate(&mut plan, &entry, judgement);
+            let mut plan = plan::for_clean(&d.entry, &d.graph, clean_opts);
+            // Maps, disks, rbd and nbd go only once stale (grace measured across runs); nothing is
+            // done to a protected device or one a pod uses.
+            plan::gate(&mut plan, &d.entry, d.judgement(cli, &host).as_ref());
             let devnum = plan.devnum;
             let recheck_host = host.clone();
             let recheck_opts = opts.clone();
@@ -401,8 +404,8 @@ fn run(cli: &Cli) -> Result<u8> {
                     return Ok(());
                 }
                 match rescan(&recheck_host, &recheck_opts, devnum) {
-                    Ok(Some((e, _))) if e.holders.is_empty() => Ok(()),
-                    Ok(Some((e, _))) => Err(format!(
+                    Ok(Some(DeviceScan { entry: e, .. })) if e.holders.is_empty() => Ok(()),
+                    Ok(Some(DeviceScan { entry: e, .. })) => Err(format!(
                         "a fresh scan found {} holder(s): {}",
                         e.holders.len(),
                         e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
@@ -599,21 +602,20 @@ fn carry_out(
     let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);
     let failed = reports.iter().any(|r| r.result.is_err());
     let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
-    let opts = ScanOptions { reader: cli.mount_reader.into(), kubelet_dir: cli.kubelet_dir.clone() };
-    let after = rescan(host, &opts, plan.devnum)?;
-    let still_held = after.as_ref().is_some_and(|(e, _)| !e.holders.is_empty());
+    let after = rescan(host, &scan_options(cli), plan.devnum)?;
+    let still_held = after.as_ref().is_some_and(|d| !d.entry.holders.is_empty());
     match output {
         Output::Table => {
             print!("{}", render::reports_text(&reports));
             match &after {
-                Some((e, s)) if !e.holders.is_empty() => {
+                Some(d) if !d.entry.holders.is_empty() => {
                     println!("still held after {}:", plan.operation);
-                    print!("{}", render::holders_table(e, None, &s.stats, &s.warnings));
+                    print!("{}", render::holders_table(&d.entry, None, &d.snap.stats, &d.snap.warnings));
                 }
-                Some((e, _)) if e.device.is_unbound_loop() => {
-                    println!("{} is free and unbound", e.device.name)
+                Some(d) if d.entry.device.is_unbound_loop() => {
+                    println!("{} is free and unbound", d.entry.device.name)
                 }
-                Some((e, _)) => println!("{} is free: nothing holds it any more", e.device.name),
+                Some(d) => println!("{} is free: nothing holds it any more", d.entry.device.name),
                 None => println!("{} is gone", plan.device),
             }
         }
@@ -621,7 +623,7 @@ fn carry_out(
             "plan": plan,
             "applied": true,
             "results": reports,
-            "after": after.as_ref().map(|(e, s)| render::holders_json(e, None, &s.stats, &s.warnings)),
+            "after": after.as_ref().map(|d| render::holders_json(&d.entry, None, &d.snap.stats, &d.snap.warnings)),
         }))?,
     }
     Ok(if failed {

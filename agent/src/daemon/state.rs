@@ -111,14 +111,12 @@ pub struct AgentState {
 /// stale (all paths failed, or offline, for the grace period across scans).
 fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
     let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
-    if !plan::needs_stale_verdict(e) {
-        let mut p = plan::cleanup(e);
-        plan::safety_gate(&mut p, e, judged);
-        return p;
-    }
-    let mut p = plan::for_clean(e, graph, plan::CleanOptions::default());
-    plan::gate_on_verdict(&mut p, judged);
-    plan::safety_gate(&mut p, e, judged);
+    let mut p = if plan::needs_stale_verdict(e) {
+        plan::for_clean(e, graph, plan::CleanOptions::default())
+    } else {
+        plan::cleanup(e)
+    };
+    plan::gate(&mut p, e, judged);
     p
 }
 
