@@ -15,14 +15,16 @@ pub struct ResolveError {
     pub reason: String,
 }
 
-/// Finds the device `arg` names among `devices` (from sysfs).
+/// Finds the device `arg` names among `devices` (from sysfs, or a daemon's latest scan: borrowed,
+/// so a request does not copy the device list).
 pub fn device<'a>(
     host: &HostRoot,
-    devices: &'a [BlockDevice],
+    devices: impl IntoIterator<Item = &'a BlockDevice>,
     arg: &str,
 ) -> Result<&'a BlockDevice, ResolveError> {
+    let devices: Vec<&'a BlockDevice> = devices.into_iter().collect();
     let fail = |reason: String| ResolveError { arg: arg.chars().take(200).collect(), reason };
-    let by_num = |d: DevNum| devices.iter().find(|x| x.devnum == d);
+    let by_num = |d: DevNum| devices.iter().copied().find(|x| x.devnum == d);
     if arg.is_empty() {
         return Err(fail("empty device argument".into()));
     }
@@ -46,7 +48,7 @@ pub fn device<'a>(
                 if let Some(spec) = arg.strip_prefix("/dev/rbd/") {
                     let mappings = crate::discover::rbd::scan(host).unwrap_or_default();
                     if let Some(m) = mappings.iter().find(|m| m.dev_paths.iter().any(|p| p == arg)) {
-                        if let Some(d) = devices.iter().find(|d| d.devnum == m.devnum) {
+                        if let Some(d) = devices.iter().copied().find(|d| d.devnum == m.devnum) {
                             return Ok(d);
                         }
                     }
@@ -57,7 +59,7 @@ pub fn device<'a>(
                 }
                 // Fixture trees have no device nodes: fall back to the name under /dev.
                 if let Some(name) = arg.strip_prefix("/dev/").filter(|n| !n.contains('/')) {
-                    if let Some(d) = devices.iter().find(|d| d.name.as_str() == name) {
+                    if let Some(d) = devices.iter().copied().find(|d| d.name.as_str() == name) {
                         return Ok(d);
                     }
                 }
@@ -67,8 +69,9 @@ pub fn device<'a>(
     }
     devices
         .iter()
+        .copied()
         .find(|d| d.name.as_str() == arg)
-        .or_else(|| devices.iter().find(|d| d.dm.as_ref().is_some_and(|dm| dm.name == arg)))
+        .or_else(|| devices.iter().copied().find(|d| d.dm.as_ref().is_some_and(|dm| dm.name == arg)))
         .ok_or_else(|| {
             fail(format!("no such kernel name or dm name in {}", host.sys_class_block().display()))
         })

@@ -23,7 +23,7 @@ use crate::graph::{DeviceEntry, DeviceGraph};
 use crate::host::HostRoot;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::model::{BlockDevice, DevNum, MountNsId};
+use crate::model::{DevNum, MountNsId};
 use crate::plan::{self, Plan};
 use crate::policy::{Judgement, Tracker, Verdict};
 use crate::resolve;
@@ -60,10 +60,6 @@ impl View {
             devices: Vec::new(),
             warnings: Vec::new(),
         }
-    }
-
-    fn block_devices(&self) -> Vec<BlockDevice> {
-        self.devices.iter().map(|d| d.entry.device.clone()).collect()
     }
 }
 
@@ -409,9 +405,8 @@ impl AgentState {
         if view.scanned_at.is_none() {
             return Err(ApiError::Unavailable("no scan has finished yet; try again in a moment".into()));
         }
-        let devices = view.block_devices();
-        let dev =
-            resolve::device(&self.host, &devices, arg).map_err(|e| ApiError::NotFound(e.to_string()))?;
+        let dev = resolve::device(&self.host, view.devices.iter().map(|d| &d.entry.device), arg)
+            .map_err(|e| ApiError::NotFound(e.to_string()))?;
         let devnum = dev.devnum;
         view.devices
             .iter()
