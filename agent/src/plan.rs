@@ -184,6 +184,27 @@ pub fn safety_gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::
     }
 }
 
+/// The re-check right before a step runs: unbinding a loop device needs a fresh scan (`fresh`)
+/// to find no holder at all. The other steps are re-checked by the actuator itself (mount IDs,
+/// dm uuid, open count and paths, sysfs holders), their expected holders being part of the plan.
+pub fn recheck<E: std::fmt::Display>(
+    step: &Step,
+    fresh: impl FnOnce() -> Result<Option<DeviceEntry>, E>,
+) -> Result<(), String> {
+    if !matches!(step, Step::DetachLoop { .. }) {
+        return Ok(());
+    }
+    match fresh() {
+        Ok(Some(e)) if !e.holders.is_empty() => Err(format!(
+            "a fresh scan found {} holder(s): {}",
+            e.holders.len(),
+            e.holders.iter().map(holder_reason).collect::<Vec<_>>().join("; ")
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("cannot re-check holders: {e}")),
+    }
+}
+
 /// Both gates a cleanup plan passes: stale only, for the kinds that need it (see
 /// [`needs_stale_verdict`]), then [`safety_gate`] for every kind.
 pub fn gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::policy::Judgement>) {

@@ -397,22 +397,11 @@ fn run(cli: &Cli) -> Result<u8> {
             let recheck_host = host.clone();
             let recheck_opts = opts.clone();
             carry_out(cli, &host, &plan, *apply, *output, move |step| {
-                // Right before unbinding a loop device, a fresh scan must find no holder at all.
-                // Teardown steps of maps and disks are re-checked by the actuator itself
-                // (dm uuid, open count, active paths, sysfs holders), their holders being expected.
-                if !matches!(step, plan::Step::DetachLoop { .. }) {
-                    return Ok(());
-                }
-                match rescan(&recheck_host, &recheck_opts, devnum) {
-                    Ok(Some(DeviceScan { entry: e, .. })) if e.holders.is_empty() => Ok(()),
-                    Ok(Some(DeviceScan { entry: e, .. })) => Err(format!(
-                        "a fresh scan found {} holder(s): {}",
-                        e.holders.len(),
-                        e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
-                    )),
-                    Ok(None) => Ok(()),
-                    Err(err) => Err(format!("cannot re-check holders: {err:#}")),
-                }
+                plan::recheck(step, || {
+                    rescan(&recheck_host, &recheck_opts, devnum)
+                        .map(|d| d.map(|d| d.entry))
+                        .map_err(|e| blockjanitor::errors::one_line(e.as_ref()))
+                })
             })
         }
         Command::Serve(args) => serve(cli, args, host),

@@ -512,24 +512,8 @@ impl AgentState {
                 None,
             ));
             let devnum = p.devnum;
-            let reports = execute(p, &actuator, &mut journal, |step| match step {
-                plan::Step::DetachLoop { .. } => match self.fresh_entry(devnum) {
-                    Ok(Some((e, _))) if !e.holders.is_empty() => Err(format!(
-                        "a fresh scan found {} holder(s): {}",
-                        e.holders.len(),
-                        e.holders.iter().map(plan::holder_reason).collect::<Vec<_>>().join("; ")
-                    )),
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(format!("cannot re-check holders: {e}")),
-                },
-                // The actuator re-checks these itself (mount IDs, dm uuid and open count, sysfs).
-                plan::Step::DetachMount { .. }
-                | plan::Step::DmMessage { .. }
-                | plan::Step::DmRemove { .. }
-                | plan::Step::ScsiOffline { .. }
-                | plan::Step::ScsiDelete { .. }
-                | plan::Step::RbdUnmap { .. }
-                | plan::Step::NbdDisconnect { .. } => Ok(()),
+            let reports = execute(p, &actuator, &mut journal, |step| {
+                plan::recheck(step, || self.fresh_entry(devnum).map(|found| found.map(|(e, _)| e)))
             });
             let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &reports {
