@@ -23,12 +23,6 @@ impl DevNum {
     pub fn from_dev_t(dev: u64) -> Self {
         Self::new(libc::major(dev), libc::minor(dev))
     }
-
-    /// Anonymous device numbers (major 0) belong to filesystems without a block device
-    /// (tmpfs, proc, overlay, btrfs subvolumes): they never name a block device.
-    pub fn is_anonymous(self) -> bool {
-        self.major == 0
-    }
 }
 
 impl fmt::Display for DevNum {

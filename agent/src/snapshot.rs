@@ -289,11 +289,6 @@ impl Snapshot {
     pub fn namespace(&self, id: MountNsId) -> Option<&MountNamespace> {
         self.namespaces.iter().find(|n| n.id == id)
     }
-
-    /// The device with this number.
-    pub fn device(&self, devnum: DevNum) -> Option<&BlockDevice> {
-        self.devices.iter().find(|d| d.devnum == devnum)
-    }
 }
 
 /// The host's mount namespace: PID 1's. When PID 1 cannot be inspected (a sandbox supervisor,

@@ -120,3 +120,96 @@ pub fn execute(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::recording::RecordingActuator;
+    use super::*;
+    use crate::model::{DevNum, DeviceName};
+    use crate::plan::Plan;
+
+    fn loop_step(n: u32) -> Step {
+        Step::DetachLoop {
+            device: DeviceName::new(&format!("loop{n}")).expect("name"),
+            devnum: DevNum::new(7, n),
+            backing_file: format!("/img{n}"),
+            backing_dev: None,
+            backing_inode: None,
+        }
+    }
+
+    fn plan_of(steps: Vec<Step>) -> Plan {
+        Plan {
+            operation: "clean",
+            device: DeviceName::new("loop1").expect("name"),
+            devnum: DevNum::new(7, 1),
+            steps,
+            left_alone: Vec::new(),
+            refusal: None,
+            unsupported: false,
+            notes: Vec::new(),
+        }
+    }
+
+    fn journal(dir: &tempfile::TempDir) -> Journal {
+        Journal::open(&dir.path().join("j.jsonl")).expect("journal")
+    }
+
+    #[test]
+    fn runs_every_step_in_order_and_collects_failures() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut j = journal(&dir);
+        let act = RecordingActuator::default();
+        act.script.borrow_mut().extend([
+            Err(ActError::Syscall {
+                device: DeviceName::new("loop1").expect("n"),
+                op: "LOOP_CLR_FD",
+                source: std::io::Error::other("boom"),
+            }),
+            Ok(StepOutcome::AlreadyAbsent),
+        ]);
+        let reports =
+            execute(&plan_of(vec![loop_step(1), loop_step(2), loop_step(3)]), &act, &mut j, |_| Ok(()));
+        let words: Vec<&str> = reports.iter().map(|r| r.word().0).collect();
+        assert_eq!(words, vec!["failed", "already_absent", "done"], "a failure does not stop the rest");
+        assert_eq!(act.calls.borrow().len(), 3);
+        assert_eq!(act.calls.borrow()[2], loop_step(3), "in plan order");
+        let text = std::fs::read_to_string(dir.path().join("j.jsonl")).expect("journal text");
+        assert_eq!(text.lines().count(), 6, "an intent and a result per step:\n{text}");
+        assert!(crate::journal::pending(&dir.path().join("j.jsonl")).expect("pending").is_empty());
+    }
+
+    #[test]
+    fn a_vetoed_step_never_reaches_the_kernel() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut j = journal(&dir);
+        let act = RecordingActuator::default();
+        let reports = execute(&plan_of(vec![loop_step(1), loop_step(2)]), &act, &mut j, |s| {
+            if s == &loop_step(1) {
+                Err("a fresh scan found 1 holder(s)".into())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("fresh scan"))
+        );
+        assert_eq!(
+            act.calls.borrow().as_slice(),
+            &[loop_step(2)],
+            "only the step that passed its re-check ran"
+        );
+    }
+
+    #[test]
+    fn no_journal_no_action() {
+        // /dev/full opens but every write fails with ENOSPC.
+        let mut j = Journal::open(std::path::Path::new("/dev/full")).expect("/dev/full opens on Linux");
+        let act = RecordingActuator::default();
+        let reports = execute(&plan_of(vec![loop_step(1)]), &act, &mut j, |_| Ok(()));
+        assert!(act.calls.borrow().is_empty(), "nothing acts without its intent on record");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("cannot write the journal"))
+        );
+    }
+}

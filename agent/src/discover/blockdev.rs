@@ -118,11 +118,6 @@ fn classify(name: &str, is_partition: bool, is_dm: bool, dir: &Path) -> DeviceKi
     }
 }
 
-/// Index by device number.
-pub fn by_devnum(devices: &[BlockDevice]) -> HashMap<DevNum, usize> {
-    devices.iter().enumerate().map(|(i, d)| (d.devnum, i)).collect()
-}
-
 /// The device and everything stacked on it, transitively: its partitions and its sysfs holders.
 pub fn with_descendants(devices: &[BlockDevice], root: DevNum) -> Vec<DevNum> {
     let by_name: HashMap<&DeviceName, &BlockDevice> = devices.iter().map(|d| (&d.name, d)).collect();

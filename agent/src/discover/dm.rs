@@ -309,6 +309,7 @@ fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
 }
 
 /// One line of a table dump.
+#[cfg(test)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedTarget {
     /// The map's name.
@@ -320,6 +321,7 @@ pub struct DumpedTarget {
 /// `<name>\t<table line>\t<status line>`, both lines as dmsetup prints them
 /// (`<start> <length> <type> <parameters>`). Blank lines and `#` comments are skipped. On a
 /// live host the agent reads the same lines by ioctl ([`scan`]); sysfs has no copy of them.
+#[cfg(test)]
 pub fn parse_dump(text: &str) -> Result<Vec<DumpedTarget>, (usize, String)> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -351,6 +353,7 @@ pub fn parse_dump(text: &str) -> Result<Vec<DumpedTarget>, (usize, String)> {
 }
 
 /// `<start> <length> <type> <parameters>` as dmsetup prints one target.
+#[cfg(test)]
 fn split_target_line(line: &str) -> Result<(u64, u64, &str, &str), String> {
     let line = line.trim();
     let mut it = line.splitn(4, ' ');
