@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job: a one-shot scan of this host, report only (changes nothing). Builds the agent
+# first (installing libudev-dev and pkg-config when missing and run as root), then runs
+# `blockjanitor-agent scan` with any extra arguments (e.g. --output json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+# shellcheck disable=SC2046
+install_missing scan.sh $(build_missing)
+cargo build --locked --release --quiet --bin blockjanitor-agent
+exec target/release/blockjanitor-agent scan "$@"
