@@ -88,3 +88,18 @@ fn root_ceph_incident4_fenced_client_is_reported_and_still_cleaned_locally() {
     let clean = run.section("clean");
     assert!(clean.contains("unmap rbd k8s/vol") && clean.contains("rc=0"), "{clean}");
 }
+
+#[test]
+fn root_ceph_release_mode_detaches_a_stale_rbd_mount_by_itself() {
+    if !require_ceph() {
+        return;
+    }
+    let run = run_ceph_scenario("rbd-release-mode.sh");
+    run.assert_ok();
+    let journal = run.section("journal");
+    assert!(
+        journal.contains("\"action\":\"detach_mount\"") && journal.contains("\"result\":\"done\""),
+        "{journal}"
+    );
+    assert!(journal.contains("rbd0"), "the released device is the rbd image: {journal}");
+}

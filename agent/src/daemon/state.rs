@@ -330,13 +330,11 @@ impl AgentState {
             return;
         }
         let _guard = self.act_lock.lock().await;
-        let Ok(mut plans) = self.plan(&names).await else { return };
-        if mode == Mode::Release {
-            // Only the releases: removing devices is clean mode's job.
-            for p in &mut plans {
-                p.steps.retain(|s| matches!(s, plan::Step::DetachMount { .. }));
-            }
-        }
+        let planned = match mode {
+            Mode::Release => self.plan_releases(&names).await,
+            _ => self.plan(&names).await,
+        };
+        let Ok(mut plans) = planned else { return };
         let mut budget = self.action_budget();
         plans.retain(|p| {
             let n = p.steps.len();
@@ -417,6 +415,29 @@ impl AgentState {
 
     /// Plans for the named devices, or for every stale one when none is named. Plans come from
     /// a fresh scan of each device, not the cached view.
+    /// Release mode's plans: only the detaching of the devices' mounts in other namespaces, from
+    /// a fresh scan of each, through the safety gate (a held device is `in_use`, so the stale
+    /// gate of [`AgentState::plan`] would leave nothing to release).
+    async fn plan_releases(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
+        let targets: Vec<DevNum> =
+            devices.iter().filter_map(|d| self.find(d).ok()).map(|d| d.entry.device.devnum).collect();
+        let me = Arc::clone(self);
+        let view = self.view();
+        tokio::task::spawn_blocking(move || {
+            let mut plans = Vec::new();
+            for dn in targets {
+                let Some((e, _)) = me.fresh_entry(dn)? else { continue };
+                let judged = view.devices.iter().find(|d| d.entry.device.devnum == dn).map(|d| &d.judgement);
+                let mut p = plan::release(&e);
+                plan::safety_gate(&mut p, &e, judged);
+                plans.push(p);
+            }
+            Ok(plans)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("planning thread failed: {e}")))?
+    }
+
     pub async fn plan(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
         let targets: Vec<DevNum> = if devices.is_empty() {
             self.view()
