@@ -107,8 +107,11 @@ impl fmt::Display for MountNsId {
 }
 
 /// What sort of block device this is, from its sysfs directory and name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum DeviceKind {
     Disk,
     Partition,

@@ -16,13 +16,20 @@ use crate::model::{DevNum, DeviceKind, HolderKind};
 use crate::plan::holder_reason;
 
 /// The agent's judgement of a device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Verdict {
+    /// Something holds it.
+    #[value(alias = "in-use")]
     InUse,
+    /// Nothing holds it, and it is not a kind the agent cleans.
     Unused,
+    /// A mapping nothing holds, not yet for the whole grace period.
     Suspect,
+    /// A mapping nothing has held for at least the grace period.
     Stale,
+    /// Backs the host root, the kubelet or the runtime, or is listed in the config.
     Protected,
     /// A candidate the Kubernetes API should vouch for but cannot (unreachable, not synced):
     /// nothing destructive rests on missing evidence.

@@ -13,6 +13,9 @@ use clap_complete::Shell;
 use serde_json::Value;
 
 use blockjanitor::client::{self, Target, TcpTarget, DEFAULT_SOCKET};
+use blockjanitor::model::DeviceKind;
+use blockjanitor::policy::Verdict;
+use blockjanitor::server::convert;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use tonic::transport::Channel;
@@ -79,65 +82,6 @@ enum Output {
     Yaml,
 }
 
-/// Device kinds, as the agent names them.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-enum KindArg {
-    Disk,
-    Partition,
-    Loop,
-    Dm,
-    Md,
-    Rbd,
-    Nbd,
-    Zram,
-    Other,
-}
-
-impl KindArg {
-    fn to_pb(self) -> pb::DeviceKind {
-        match self {
-            Self::Disk => pb::DeviceKind::Disk,
-            Self::Partition => pb::DeviceKind::Partition,
-            Self::Loop => pb::DeviceKind::Loop,
-            Self::Dm => pb::DeviceKind::Dm,
-            Self::Md => pb::DeviceKind::Md,
-            Self::Rbd => pb::DeviceKind::Rbd,
-            Self::Nbd => pb::DeviceKind::Nbd,
-            Self::Zram => pb::DeviceKind::Zram,
-            Self::Other => pb::DeviceKind::Other,
-        }
-    }
-}
-
-/// Verdicts, as the agent names them.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-enum VerdictArg {
-    /// Something holds it.
-    #[value(alias = "in-use")]
-    InUse,
-    /// Nothing holds it, and it is not a kind the agent cleans.
-    Unused,
-    /// A mapping nothing holds, not yet for the whole grace period.
-    Suspect,
-    /// A mapping nothing has held for at least the grace period.
-    Stale,
-    /// Backs the host root, the kubelet or the runtime, or is listed in the config.
-    Protected,
-}
-
-impl VerdictArg {
-    fn to_pb(self) -> pb::Verdict {
-        match self {
-            Self::InUse => pb::Verdict::InUse,
-            Self::Unused => pb::Verdict::Unused,
-            Self::Suspect => pb::Verdict::Suspect,
-            Self::Stale => pb::Verdict::Stale,
-            Self::Protected => pb::Verdict::Protected,
-        }
-    }
-}
-
 #[derive(Subcommand, Debug)]
 enum Command {
     /// This node and its agent: name, kernel, version, last scan, warnings.
@@ -155,10 +99,10 @@ EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
     Devices {
         /// Only devices of this kind.
         #[arg(long, value_enum)]
-        kind: Option<KindArg>,
+        kind: Option<DeviceKind>,
         /// Only devices with this verdict.
         #[arg(long, value_enum, conflicts_with = "stale")]
-        verdict: Option<VerdictArg>,
+        verdict: Option<Verdict>,
         /// Only stale devices (same as --verdict stale).
         #[arg(long)]
         stale: bool,
@@ -358,10 +302,10 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             Ok(0)
         }
         Command::Devices { kind, verdict, stale } => {
-            let verdict = if *stale { Some(VerdictArg::Stale) } else { *verdict };
+            let verdict = if *stale { Some(Verdict::Stale) } else { *verdict };
             let r = pb::ListDevicesRequest {
-                kind: kind.map_or(pb::DeviceKind::Unspecified, KindArg::to_pb) as i32,
-                verdict: verdict.map_or(pb::Verdict::Unspecified, VerdictArg::to_pb) as i32,
+                kind: kind.map_or(pb::DeviceKind::Unspecified, convert::kind) as i32,
+                verdict: verdict.map_or(pb::Verdict::Unspecified, convert::verdict) as i32,
             };
             let r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
@@ -454,8 +398,8 @@ mod tests {
         assert_eq!(cli.output, Output::Yaml);
         match cli.command {
             Command::Devices { kind, verdict, stale } => {
-                assert_eq!(kind, Some(KindArg::Loop));
-                assert_eq!(verdict, Some(VerdictArg::InUse));
+                assert_eq!(kind, Some(DeviceKind::Loop));
+                assert_eq!(verdict, Some(Verdict::InUse));
                 assert!(!stale);
             }
             other => panic!("parsed as {other:?}"),
@@ -468,13 +412,13 @@ mod tests {
 
     #[test]
     fn cli_names_match_the_agents_names() {
-        for k in KindArg::value_variants() {
+        for k in DeviceKind::value_variants() {
             let name = k.to_possible_value().map(|p| p.get_name().to_owned());
-            assert_eq!(name, Some(client::kind_name(k.to_pb() as i32)));
+            assert_eq!(name, Some(client::kind_name(convert::kind(*k) as i32)));
         }
-        for v in VerdictArg::value_variants() {
+        for v in Verdict::value_variants() {
             let name = v.to_possible_value().map(|p| p.get_name().to_owned());
-            assert_eq!(name, Some(client::verdict_name(v.to_pb() as i32)));
+            assert_eq!(name, Some(client::verdict_name(convert::verdict(*v) as i32)));
         }
     }
 
