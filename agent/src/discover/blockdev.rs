@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{list_dir, loopdev, read_attr, read_attr_opt, read_bool, read_u64, DiscoverError};
+use super::{list_dir, loopdev, names_in, read_attr, read_attr_opt, read_bool, read_u64, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, DmInfo};
 
@@ -71,15 +71,6 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
         loop_info,
         dm,
     }))
-}
-
-fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
-    list_dir(dir)?
-        .into_iter()
-        .map(|n| {
-            DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name"))
-        })
-        .collect()
 }
 
 fn read_dm(dir: &Path) -> Result<Option<DmInfo>, DiscoverError> {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::multipath::{self, Multipath};
-use super::{list_dir, read_attr, read_attr_opt, read_bool, DiscoverError};
+use super::{list_dir, names_in, read_attr, read_attr_opt, read_bool, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName, DmInfo};
 
@@ -297,15 +297,6 @@ fn read_sysfs(dir: &Path, name: &str) -> Result<Option<DmDevice>, DmError> {
         slaves: names_in(&dir.join("slaves"))?,
         holders: names_in(&dir.join("holders"))?,
     }))
-}
-
-fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
-    list_dir(dir)?
-        .into_iter()
-        .map(|n| {
-            DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name"))
-        })
-        .collect()
 }
 
 /// One line of a table dump.

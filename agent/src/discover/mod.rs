@@ -21,6 +21,7 @@ pub mod rbd;
 pub mod scsi;
 pub mod swaps;
 
+use crate::model::DeviceName;
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -81,6 +82,17 @@ pub(crate) fn read_bool(path: &Path) -> Result<bool, DiscoverError> {
         "1" => Ok(true),
         other => Err(DiscoverError::attr(path, other, "expected 0 or 1")),
     }
+}
+
+/// The block devices named in a sysfs `holders/` or `slaves/` directory, sorted; an absent
+/// directory is empty, a name that is not a kernel block device name is an error.
+pub(crate) fn names_in(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
+    list_dir(dir)?
+        .into_iter()
+        .map(|n| {
+            DeviceName::new(&n).map_err(|_| DiscoverError::attr(dir, &n, "not a kernel block device name"))
+        })
+        .collect()
 }
 
 /// Names in a directory, sorted; an absent directory is empty.
