@@ -8,6 +8,7 @@
 
 pub mod act;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod discover;

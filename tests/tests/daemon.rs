@@ -65,7 +65,10 @@ fn root_tcp_mtls_roles_and_refusals() {
         let list =
             c.list_devices(pb::ListDevicesRequest::default()).await.expect("viewer ListDevices").into_inner();
         assert!(!list.devices.is_empty());
-        let e = c.apply(pb::ApplyRequest { devices: vec!["loop0".into()] }).await.expect_err("viewer Apply");
+        let e = c
+            .apply(pb::ApplyRequest { devices: vec!["loop0".into()], ..Default::default() })
+            .await
+            .expect_err("viewer Apply");
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
         // Operator: Apply passes the role check (and then fails on the unknown device).
@@ -73,7 +76,7 @@ fn root_tcp_mtls_roles_and_refusals() {
             .await
             .expect("operator connects");
         let e = AgentClient::new(ch)
-            .apply(pb::ApplyRequest { devices: vec!["sdzz".into()] })
+            .apply(pb::ApplyRequest { devices: vec!["sdzz".into()], ..Default::default() })
             .await
             .expect_err("unknown");
         assert_eq!(e.code(), Code::NotFound, "{e:?}");
@@ -162,7 +165,10 @@ fn root_unix_socket_roles_health_and_bad_requests() {
                 assert!(e.message().contains(dev.split(' ').next().unwrap_or(dev)), "{e:?}");
             }
         }
-        let e = c.apply(pb::ApplyRequest { devices: vec![] }).await.expect_err("empty apply");
+        let e = c
+            .apply(pb::ApplyRequest { devices: vec![], ..Default::default() })
+            .await
+            .expect_err("empty apply");
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         let e = c.list_devices(pb::ListDevicesRequest { kind: 99, verdict: 0 }).await.expect_err("bad kind");
         assert_eq!(e.code(), Code::InvalidArgument);
@@ -222,7 +228,11 @@ fn root_watch_events_sees_a_loop_device_appear_and_apply_detaches_it() {
         let plans = c.plan(pb::PlanRequest { devices: vec![] }).await.expect("plan").into_inner().plans;
         let p = plans.iter().find(|p| p.device == name).expect("planned");
         assert_eq!(p.steps[0].action, "detach_loop");
-        let r = c.apply(pb::ApplyRequest { devices: vec![name.clone()] }).await.expect("apply").into_inner();
+        let r = c
+            .apply(pb::ApplyRequest { devices: vec![name.clone()], ..Default::default() })
+            .await
+            .expect("apply")
+            .into_inner();
         assert_eq!(r.results.len(), 1, "{r:?}");
         assert_eq!(r.results[0].result, "done", "{r:?}");
         assert!(!lo.is_bound());

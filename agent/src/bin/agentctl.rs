@@ -344,7 +344,7 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             Ok(EXIT_NOT_DONE)
         }
         Command::Apply { devices, yes: true } => {
-            let r = pb::ApplyRequest { devices: devices.clone() };
+            let r = pb::ApplyRequest { devices: devices.clone(), ..Default::default() };
             let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || client::apply_value(&r), || client::apply_table(&r))?)?;
             Ok(client::apply_summary(&r).exit_code())

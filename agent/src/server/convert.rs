@@ -102,6 +102,7 @@ pub fn device(v: &DeviceView) -> pb::Device {
         pv_names: v.entry.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default(),
         pod_uids: v.entry.kubernetes.as_ref().map(|k| k.pod_uids.clone()).unwrap_or_default(),
         kubelet_paths: v.entry.kubernetes.as_ref().map(|k| k.paths.clone()).unwrap_or_default(),
+        identity: String::new(),
     }
 }
 
@@ -115,6 +116,7 @@ pub fn plan(p: &Plan) -> pb::DevicePlan {
         steps: p.steps.iter().map(step).collect(),
         left_alone: p.left_alone.iter().map(|l| l.reason.clone()).collect(),
         refusal: p.refusal.clone().unwrap_or_default(),
+        identity: String::new(),
     }
 }
 

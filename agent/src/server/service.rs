@@ -64,6 +64,8 @@ impl Agent for AgentService {
             devices: v.devices.len() as u32,
             warnings: v.warnings.clone(),
             mode: self.state.config.mode.as_str().into(),
+            kubernetes: String::new(),
+            blind_spots: Vec::new(),
         }))
     }
 
