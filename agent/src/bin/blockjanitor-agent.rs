@@ -87,6 +87,11 @@ struct Cli {
     /// text of every namespace.
     #[arg(long, global = true, value_enum, default_value_t = ReaderArg::Auto)]
     mount_reader: ReaderArg,
+    /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
+    /// from root): trust that it holds no device. Without this, PID 1 is a blind spot and every
+    /// cleanup candidate is `unknown`. Never needed on a normal node.
+    #[arg(long, global = true, env = "BLOCKJANITOR_TRUST_UNREADABLE_INIT")]
+    trust_unreadable_init: bool,
     /// Log format on stderr (audit lines included).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
