@@ -81,6 +81,22 @@ pub(crate) struct TargetSpec {
     pub params: String,
 }
 
+/// Which mapped device a per-device command is for. The kernel looks a device up by uuid when
+/// one is given (name and number must then be empty), else by number. Numbers (dm minors) are
+/// reused the moment a device is removed; a uuid names one device for as long as it lives, so
+/// every command that changes a device addresses it by uuid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DmRef<'a> {
+    Dev(DevNum),
+    Uuid(&'a str),
+}
+
+impl From<DevNum> for DmRef<'_> {
+    fn from(d: DevNum) -> Self {
+        DmRef::Dev(d)
+    }
+}
+
 /// An open `/dev/mapper/control`.
 pub(crate) struct Control {
     file: File,
@@ -103,22 +119,26 @@ impl Control {
         parse_name_list(&data)
     }
 
-    /// `DM_DEV_STATUS` of the device with this number.
-    pub fn dev_status(&self, dev: DevNum) -> io::Result<Header> {
-        self.call(DM_DEV_STATUS, Some(dev), 0).map(|(h, _)| h)
+    /// `DM_DEV_STATUS` of one device.
+    pub fn dev_status<'a>(&self, dev: impl Into<DmRef<'a>>) -> io::Result<Header> {
+        self.call(DM_DEV_STATUS, Some(dev.into()), 0).map(|(h, _)| h)
     }
 
     /// `DM_TABLE_STATUS` of the live table: status lines, or table lines when `table` is set.
-    pub fn table_status(&self, dev: DevNum, table: bool) -> io::Result<(Header, Vec<TargetSpec>)> {
+    pub fn table_status<'a>(
+        &self,
+        dev: impl Into<DmRef<'a>>,
+        table: bool,
+    ) -> io::Result<(Header, Vec<TargetSpec>)> {
         let flags = DM_NOFLUSH_FLAG | if table { DM_STATUS_TABLE_FLAG } else { 0 };
-        let (header, data) = self.call(DM_TABLE_STATUS, Some(dev), flags)?;
+        let (header, data) = self.call(DM_TABLE_STATUS, Some(dev.into()), flags)?;
         let specs = parse_targets(&data, header.target_count)?;
         Ok((header, specs))
     }
 
     /// `DM_TARGET_MSG`: sends `message` to the target at `sector` of the device (for multipath:
     /// `fail_if_no_path`, `fail_path 8:16`). Changes the device: for `act/` only.
-    pub fn message(&self, dev: DevNum, sector: u64, message: &str) -> io::Result<()> {
+    pub fn message(&self, dev: DmRef<'_>, sector: u64, message: &str) -> io::Result<()> {
         let mut payload = sector.to_ne_bytes().to_vec();
         payload.extend_from_slice(message.as_bytes());
         payload.push(0);
@@ -127,14 +147,14 @@ impl Control {
 
     /// `DM_DEV_REMOVE`: removes the device (EBUSY while it is open, unless `deferred`, which
     /// removes it on last close). Changes the device: for `act/` only.
-    pub fn remove(&self, dev: DevNum, deferred: bool) -> io::Result<()> {
+    pub fn remove(&self, dev: DmRef<'_>, deferred: bool) -> io::Result<()> {
         let flags = if deferred { DM_DEFERRED_REMOVE } else { 0 };
         self.call(DM_DEV_REMOVE, Some(dev), flags).map(|_| ())
     }
 
     /// Runs one command, growing the buffer while the kernel says it was too small. Returns the
     /// reply header and the data area (`data_start..data_size`).
-    fn call(&self, request: u32, dev: Option<DevNum>, flags: u32) -> io::Result<(Header, Vec<u8>)> {
+    fn call(&self, request: u32, dev: Option<DmRef<'_>>, flags: u32) -> io::Result<(Header, Vec<u8>)> {
         self.call_with(request, dev, flags, &[])
     }
 
@@ -142,13 +162,13 @@ impl Control {
     fn call_with(
         &self,
         request: u32,
-        dev: Option<DevNum>,
+        dev: Option<DmRef<'_>>,
         flags: u32,
         payload: &[u8],
     ) -> io::Result<(Header, Vec<u8>)> {
         let mut size = FIRST_BUFFER.max(HEADER_LEN + payload.len() + 8);
         loop {
-            let mut buf = request_buffer(size, dev, flags);
+            let mut buf = request_buffer(size, dev, flags)?;
             buf[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
             // SAFETY: `buf` is a live, writable allocation of `size` bytes that starts with a
             // `struct dm_ioctl` whose `data_size` is `size`; the kernel reads and writes at most
@@ -171,9 +191,9 @@ impl Control {
     }
 }
 
-/// A zeroed request: version, sizes, flags and (for per-device commands) the device number;
-/// name and uuid stay empty so the kernel looks the device up by number.
-pub(crate) fn request_buffer(size: usize, dev: Option<DevNum>, flags: u32) -> Vec<u8> {
+/// A zeroed request: version, sizes, flags and (for per-device commands) either the device
+/// number or the uuid; the name stays empty.
+pub(crate) fn request_buffer(size: usize, dev: Option<DmRef<'_>>, flags: u32) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; size.max(HEADER_LEN)];
     for (i, v) in VERSION.iter().enumerate() {
         put_u32(&mut buf, i * 4, *v);
@@ -182,10 +202,22 @@ pub(crate) fn request_buffer(size: usize, dev: Option<DevNum>, flags: u32) -> Ve
     put_u32(&mut buf, OFF_DATA_SIZE, len);
     put_u32(&mut buf, OFF_DATA_START, HEADER_LEN as u32);
     put_u32(&mut buf, OFF_FLAGS, flags);
-    if let Some(d) = dev {
-        buf[OFF_DEV..OFF_DEV + 8].copy_from_slice(&libc::makedev(d.major, d.minor).to_ne_bytes());
+    match dev {
+        Some(DmRef::Dev(d)) => {
+            buf[OFF_DEV..OFF_DEV + 8].copy_from_slice(&libc::makedev(d.major, d.minor).to_ne_bytes())
+        }
+        Some(DmRef::Uuid(u)) => {
+            if u.is_empty() || u.len() >= UUID_LEN || u.as_bytes().contains(&0) {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("'{}' cannot be a device-mapper uuid", u.chars().take(64).collect::<String>()),
+                ));
+            }
+            buf[OFF_UUID..OFF_UUID + u.len()].copy_from_slice(u.as_bytes());
+        }
+        None => {}
     }
-    buf
+    Ok(buf)
 }
 
 fn put_u32(buf: &mut [u8], off: usize, v: u32) {
@@ -305,7 +337,7 @@ pub(crate) mod tests {
 
     /// A reply laid out the way the kernel writes it (dm-ioctl.c), for the parsers.
     pub(crate) fn reply(header: &Header, data: &[u8]) -> Vec<u8> {
-        let mut buf = request_buffer(HEADER_LEN, Some(header.dev), header.flags);
+        let mut buf = request_buffer(HEADER_LEN, Some(DmRef::Dev(header.dev)), header.flags).expect("buffer");
         put_u32(&mut buf, OFF_TARGET_COUNT, header.target_count);
         put_u32(&mut buf, OFF_OPEN_COUNT, header.open_count as u32);
         put_u32(&mut buf, OFF_EVENT_NR, header.event_nr);
@@ -376,7 +408,8 @@ pub(crate) mod tests {
 
     #[test]
     fn request_layout() {
-        let b = request_buffer(4096, Some(DevNum::new(253, 12)), DM_STATUS_TABLE_FLAG);
+        let b = request_buffer(4096, Some(DmRef::Dev(DevNum::new(253, 12))), DM_STATUS_TABLE_FLAG)
+            .expect("buffer");
         assert_eq!(b.len(), 4096);
         assert_eq!(u32_at(&b, 0).ok(), Some(4));
         assert_eq!(u32_at(&b, OFF_DATA_SIZE).ok(), Some(4096));
@@ -384,6 +417,14 @@ pub(crate) mod tests {
         assert_eq!(u32_at(&b, OFF_FLAGS).ok(), Some(DM_STATUS_TABLE_FLAG));
         assert_eq!(u64_at(&b, OFF_DEV).ok(), Some((253 << 8) | 12));
         assert!(b[OFF_NAME..HEADER_LEN].iter().all(|&c| c == 0));
+        // By uuid: the number stays 0 (the kernel refuses a request naming both).
+        let b = request_buffer(4096, Some(DmRef::Uuid("mpath-3600a098")), 0).expect("buffer");
+        assert_eq!(u64_at(&b, OFF_DEV).ok(), Some(0));
+        assert_eq!(cstr_at(&b, OFF_UUID, UUID_LEN, "uuid").ok().as_deref(), Some("mpath-3600a098"));
+        assert!(b[OFF_NAME..OFF_UUID].iter().all(|&c| c == 0));
+        for bad in ["", "a\0b", &"u".repeat(UUID_LEN)] {
+            assert!(request_buffer(4096, Some(DmRef::Uuid(bad)), 0).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

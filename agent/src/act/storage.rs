@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::discover::multipath::{parse_status, PathState};
-use crate::dmioctl::Control;
+use crate::dmioctl::{Control, DmRef};
 use crate::model::{DevNum, DeviceName};
 
 /// How long a removal waits for openers to let go (stuck readers exiting after
@@ -29,24 +29,33 @@ impl LinuxActuator {
         self.host().dev_node("mapper/control")
     }
 
-    /// Opens the control node and checks the device still has this uuid. `Ok(None)`: gone.
+    /// Opens the control node and looks the device up by its uuid (dm minors are reused at
+    /// once; a uuid names one device while it lives), checking it still has the planned number.
+    /// `Ok(None)`: gone.
     fn dm_check(
         &self,
         device: &DeviceName,
         devnum: DevNum,
         uuid: &str,
     ) -> Result<Option<(Control, i32)>, ActError> {
+        if uuid.is_empty() {
+            return Err(precondition(
+                device,
+                "it has no device-mapper uuid: a device known only by its reusable number is never changed"
+                    .into(),
+            ));
+        }
         let path = self.control_path();
         let control = Control::open(&path)
             .map_err(|e| precondition(device, format!("cannot open {}: {e}", path.display())))?;
-        match control.dev_status(devnum) {
-            Ok(h) if h.uuid != uuid => Err(precondition(
+        match control.dev_status(DmRef::Uuid(uuid)) {
+            Ok(h) if h.dev != devnum => Err(precondition(
                 device,
-                format!("{devnum} now has uuid '{}', not '{uuid}': name reused?", h.uuid),
+                format!("uuid '{uuid}' is now device {}, not {devnum}: the map was recreated", h.dev),
             )),
             Ok(h) => Ok(Some((control, h.open_count))),
             Err(e) if gone(&e) => Ok(None),
-            Err(e) => Err(precondition(device, format!("DM_DEV_STATUS: {e}"))),
+            Err(e) => Err(precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}': {e}"))),
         }
     }
 
@@ -61,9 +70,9 @@ impl LinuxActuator {
             return Ok(StepOutcome::AlreadyAbsent);
         }
         let path = self.control_path();
-        let msg = message.to_owned();
+        let (msg, id) = (message.to_owned(), uuid.to_owned());
         bounded(device, "DM_TARGET_MSG", self.timeout(), move || {
-            Control::open(&path)?.message(devnum, 0, &msg)
+            Control::open(&path)?.message(DmRef::Uuid(&id), 0, &msg)
         })?;
         Ok(StepOutcome::Done)
     }
@@ -83,7 +92,7 @@ impl LinuxActuator {
             // Never remove a map a path has come back to (multipathd can re-add paths).
             if uuid.starts_with("mpath-") {
                 let (_, targets) = control
-                    .table_status(devnum, false)
+                    .table_status(DmRef::Uuid(uuid), false)
                     .map_err(|e| precondition(device, format!("DM_TABLE_STATUS: {e}")))?;
                 for t in targets.iter().filter(|t| t.target_type == "multipath") {
                     let status = parse_status(&t.params)
@@ -108,9 +117,9 @@ impl LinuxActuator {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let path = self.control_path();
+        let (path, id) = (self.control_path(), uuid.to_owned());
         bounded(device, "DM_DEV_REMOVE", self.timeout(), move || {
-            Control::open(&path)?.remove(devnum, deferred)
+            Control::open(&path)?.remove(DmRef::Uuid(&id), deferred)
         })?;
         match self.dm_check(device, devnum, uuid)? {
             None => Ok(StepOutcome::Done),
