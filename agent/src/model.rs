@@ -347,7 +347,7 @@ impl DeviceKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopInfo {
     /// `loop/backing_file`, as the kernel prints it (path in the reader's namespace).
-    pub backing_file: String,
+    pub backing_file: KernelText,
     /// The backing file was deleted (the kernel appends ` (deleted)`).
     pub backing_deleted: bool,
     pub offset: u64,
@@ -451,10 +451,10 @@ impl HolderKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessInfo {
     pub pid: u32,
-    pub comm: String,
+    pub comm: KernelText,
     /// `cmdline` with NULs turned into spaces, at most [`crate::discover::processes::CMDLINE_MAX`]
     /// bytes; `None` when the process was in D state and reading it could block.
-    pub cmdline: Option<String>,
+    pub cmdline: Option<KernelText>,
     /// Single-letter state from `stat` (`R`, `S`, `D`, `Z`...).
     pub state: char,
     pub container_id: Option<String>,
