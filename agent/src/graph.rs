@@ -14,7 +14,7 @@ use crate::discover::nbd::NbdDevice;
 use crate::discover::processes::kthread_serves;
 use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
-use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, MountNsId};
+use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
 use crate::owner::{owner_of, KubeOwner};
 use crate::snapshot::{KernelThread, Snapshot};
 use crate::storage::{multipath_view, scsi_view, MultipathView, ScsiView};
@@ -29,9 +29,10 @@ pub struct Holder {
     /// The processes involved (for a mount: those living in its namespace), at most [`MAX_PIDS`].
     pub pids: Vec<u32>,
     pub pid_count: usize,
-    pub comm: Option<String>,
+    /// Names from the kernel are bytes ([`KernelText`]); JSON shows them escaped.
+    pub comm: Option<KernelText>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cmdline: Option<String>,
+    pub cmdline: Option<KernelText>,
     /// The first process's state letter (`D`: stuck in uninterruptible sleep).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process_state: Option<char>,
@@ -39,15 +40,15 @@ pub struct Holder {
     pub mount_namespace: Option<MountNsId>,
     /// Whether that namespace is the host's (PID 1's).
     pub in_host_namespace: Option<bool>,
-    pub mount_point: Option<String>,
+    pub mount_point: Option<KernelText>,
     pub container_id: Option<String>,
     pub pod_uid: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mount_id: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub fstype: Option<String>,
+    pub fstype: Option<KernelText>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<String>,
+    pub source: Option<KernelText>,
     /// For mounts: the shared peer group (`shared:N`); an unmount propagates to every peer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_group: Option<u32>,
@@ -56,7 +57,7 @@ pub struct Holder {
     pub namespace_entry: Option<NsEntry>,
     /// The file or path involved (fd target, mapped file, swap file, loop backing file).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
+    pub path: Option<KernelText>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fds: Vec<u32>,
     /// For stacked devices and loop backing: the device on top.
@@ -231,7 +232,7 @@ impl DeviceGraph {
                     kernel_threads: s
                         .kernel_threads
                         .iter()
-                        .filter(|k| kthread_serves(&k.comm, d.name.as_str(), &devtext))
+                        .filter(|k| kthread_serves(&k.comm.escaped(), d.name.as_str(), &devtext))
                         .cloned()
                         .collect(),
                     device: d.clone(),

@@ -4,8 +4,198 @@
 //! newtypes ([`DevNum`], [`DeviceName`], [`MountNsId`]) so the rest of the code cannot mix them up.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::ffi::OsStr;
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::str::FromStr;
+
+/// Bytes from the kernel that name something: a path, `comm`, `cmdline`, a filesystem type,
+/// mount options. The kernel does not promise UTF-8 (any user with an unprivileged user
+/// namespace can mount on a directory named `d\xff`), so these are kept as bytes and only
+/// escaped for output, losslessly (see [`KernelText::escaped`]).
+#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KernelText(Vec<u8>);
+
+impl KernelText {
+    pub fn from_bytes(bytes: Vec<u8>) -> Self {
+        Self(bytes)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+
+    /// The raw bytes as an OS string, for syscalls (never the escaped text).
+    pub fn as_os_str(&self) -> &OsStr {
+        OsStr::from_bytes(&self.0)
+    }
+
+    /// The raw bytes as a path, for syscalls.
+    pub fn as_path(&self) -> &Path {
+        Path::new(self.as_os_str())
+    }
+
+    /// The text, when it is valid UTF-8.
+    pub fn to_str(&self) -> Option<&str> {
+        std::str::from_utf8(&self.0).ok()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Lossless, readable text: valid UTF-8 passes through, except `\` which becomes `\\`;
+    /// control characters (C0, DEL, C1) and every byte of an invalid UTF-8 sequence become
+    /// `\xNN` (lower-case hex) per byte. [`KernelText::unescape`] reverses it exactly.
+    pub fn escaped(&self) -> Cow<'_, str> {
+        escape_bytes(&self.0)
+    }
+
+    /// Reverses [`KernelText::escaped`]: `\\` is a backslash, `\xNN` a byte; any other
+    /// backslash is kept as it is.
+    pub fn unescape(text: &str) -> KernelText {
+        let b = text.as_bytes();
+        if !b.contains(&b'\\') {
+            return Self(b.to_vec());
+        }
+        let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            if b[i] == b'\\' {
+                match b.get(i + 1) {
+                    Some(b'\\') => {
+                        out.push(b'\\');
+                        i += 2;
+                        continue;
+                    }
+                    Some(b'x') => {
+                        if let (Some(h), Some(l)) =
+                            (b.get(i + 2).copied().and_then(hex), b.get(i + 3).copied().and_then(hex))
+                        {
+                            out.push((h << 4) | l);
+                            i += 4;
+                            continue;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            out.push(b[i]);
+            i += 1;
+        }
+        Self(out)
+    }
+}
+
+/// The escape of [`KernelText::escaped`], for any bytes.
+pub fn escape_bytes(bytes: &[u8]) -> Cow<'_, str> {
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        if !s.chars().any(|c| c == '\\' || c.is_control()) {
+            return Cow::Borrowed(s);
+        }
+    }
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(bytes.len() + 8);
+    let hex = |out: &mut String, b: &[u8]| {
+        for byte in b {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    };
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            if c == '\\' {
+                out.push_str("\\\\");
+            } else if c.is_control() {
+                hex(&mut out, c.encode_utf8(&mut [0; 4]).as_bytes());
+            } else {
+                out.push(c);
+            }
+        }
+        hex(&mut out, chunk.invalid());
+    }
+    Cow::Owned(out)
+}
+
+/// Text from sysfs attributes kept as `String`: unchanged when it is UTF-8, escaped as
+/// [`KernelText::escaped`] when it is not (so a name can never fail a scan).
+pub fn lossless_string(bytes: Vec<u8>) -> String {
+    match String::from_utf8(bytes) {
+        Ok(s) => s,
+        Err(e) => escape_bytes(e.as_bytes()).into_owned(),
+    }
+}
+
+impl From<&str> for KernelText {
+    fn from(s: &str) -> Self {
+        Self(s.as_bytes().to_vec())
+    }
+}
+
+impl From<String> for KernelText {
+    fn from(s: String) -> Self {
+        Self(s.into_bytes())
+    }
+}
+
+impl From<&[u8]> for KernelText {
+    fn from(b: &[u8]) -> Self {
+        Self(b.to_vec())
+    }
+}
+
+impl From<Vec<u8>> for KernelText {
+    fn from(b: Vec<u8>) -> Self {
+        Self(b)
+    }
+}
+
+impl PartialEq<str> for KernelText {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl PartialEq<&str> for KernelText {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == other.as_bytes()
+    }
+}
+
+impl fmt::Display for KernelText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.escaped())
+    }
+}
+
+impl fmt::Debug for KernelText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KernelText({:?})", self.escaped())
+    }
+}
+
+impl Serialize for KernelText {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.escaped())
+    }
+}
+
+impl<'de> Deserialize<'de> for KernelText {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = Cow::<'de, str>::deserialize(d)?;
+        Ok(Self::unescape(&s))
+    }
+}
 
 /// A block device number (`dev_t`) as major and minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -157,7 +347,7 @@ impl DeviceKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoopInfo {
     /// `loop/backing_file`, as the kernel prints it (path in the reader's namespace).
-    pub backing_file: String,
+    pub backing_file: KernelText,
     /// The backing file was deleted (the kernel appends ` (deleted)`).
     pub backing_deleted: bool,
     pub offset: u64,
@@ -261,10 +451,10 @@ impl HolderKind {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessInfo {
     pub pid: u32,
-    pub comm: String,
+    pub comm: KernelText,
     /// `cmdline` with NULs turned into spaces, at most [`crate::discover::processes::CMDLINE_MAX`]
     /// bytes; `None` when the process was in D state and reading it could block.
-    pub cmdline: Option<String>,
+    pub cmdline: Option<KernelText>,
     /// Single-letter state from `stat` (`R`, `S`, `D`, `Z`...).
     pub state: char,
     pub container_id: Option<String>,
@@ -295,6 +485,79 @@ mod tests {
         assert!(DeviceName::new("cciss!c0d0").is_ok());
         for bad in ["", "a/b", "..", "a b", "x\0"] {
             assert!(DeviceName::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn kernel_text_escapes() {
+        let t = KernelText::from_bytes(b"d\xff".to_vec());
+        assert_eq!(t.escaped(), r"d\xff");
+        assert_eq!(t.to_string(), r"d\xff");
+        assert_eq!(t.to_str(), None);
+        assert_eq!(KernelText::from("a\tb").escaped(), r"a\x09b");
+        assert_eq!(KernelText::from(r"back\slash").escaped(), r"back\\slash");
+        assert_eq!(KernelText::from("\u{7f}\u{85}").escaped(), r"\x7f\xc2\x85");
+        assert_eq!(KernelText::from("plain ü/€ ok").escaped(), "plain ü/€ ok");
+        assert!(matches!(KernelText::from("/mnt/x").escaped(), Cow::Borrowed(_)));
+        // A truncated multi-byte sequence: each byte on its own.
+        assert_eq!(KernelText::from_bytes(vec![b'a', 0xe2, 0x82]).escaped(), r"a\xe2\x82");
+        assert_eq!(KernelText::unescape(r"d\xff"), KernelText::from_bytes(b"d\xff".to_vec()));
+        assert_eq!(KernelText::unescape(r"d\xFF"), KernelText::from_bytes(b"d\xff".to_vec()));
+        // Not an escape: kept as it is.
+        assert_eq!(KernelText::unescape(r"a\b\x1\"), r"a\b\x1\");
+        assert_eq!(t, KernelText::from_bytes(vec![b'd', 0xff]));
+        let x = KernelText::from("x");
+        assert!(x == "x" && x == *"x");
+        assert_eq!(lossless_string(b"ok\\".to_vec()), "ok\\");
+        assert_eq!(lossless_string(vec![b'i', 0xff]), r"i\xff");
+    }
+
+    #[test]
+    fn kernel_text_round_trips_random_bytes() {
+        // xorshift: deterministic, no extra crate. Bytes weighted towards the interesting ones.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let pool: &[&[u8]] = &[
+            b"\\",
+            b"\\x",
+            b"x",
+            b"ff",
+            b"\t",
+            b"\n",
+            b" ",
+            "é".as_bytes(),
+            "€".as_bytes(),
+            b"\xc2",
+            b"\x85",
+            b"\xff",
+            b"\x7f",
+            b"/",
+            b"a",
+        ];
+        for _ in 0..20_000 {
+            let len = (next() % 24) as usize;
+            let mut bytes = Vec::new();
+            for _ in 0..len {
+                let r = next();
+                if r % 3 == 0 {
+                    bytes.push((r >> 8) as u8);
+                } else {
+                    bytes.extend_from_slice(pool[(r >> 8) as usize % pool.len()]);
+                }
+            }
+            let t = KernelText::from_bytes(bytes.clone());
+            let e = t.escaped();
+            assert!(!e.chars().any(char::is_control), "{e:?}");
+            assert_eq!(KernelText::unescape(&e).as_bytes(), bytes.as_slice(), "{e:?}");
+            let json = serde_json::to_string(&t).expect("serialize");
+            assert_eq!(json, serde_json::to_string(e.as_ref()).expect("serialize str"));
+            let back: KernelText = serde_json::from_str(&json).expect("deserialize");
+            assert_eq!(back, t);
         }
     }
 

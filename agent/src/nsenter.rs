@@ -35,13 +35,13 @@ pub fn in_mount_ns<R: Send + 'static>(
 /// Reads the mount table of the namespace behind `ns_file` from inside it: the only way to see
 /// a namespace no process lives in. `proc` is the procfs to read through; it is opened before
 /// entering, because the namespace may have no `/proc` of its own.
-pub fn read_mountinfo(ns_file: &Path, proc: &Path) -> io::Result<String> {
+pub fn read_mountinfo(ns_file: &Path, proc: &Path) -> io::Result<Vec<u8>> {
     let procfd: OwnedFd = File::open(proc)?.into();
     in_mount_ns(ns_file, move || {
         let fd = openat(&procfd, "thread-self/mountinfo", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(io::Error::from)?;
-        let mut text = String::new();
-        File::from(fd).read_to_string(&mut text)?;
+        let mut text = Vec::new();
+        File::from(fd).read_to_end(&mut text)?;
         Ok(text)
     })
 }

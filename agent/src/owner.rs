@@ -56,16 +56,18 @@ pub fn owner_of(
 ) -> Option<KubeOwner> {
     let mut matched: Vec<&KubeletVolume> = Vec::new();
     for m in mounts.iter().filter(|m| m.mount.devnum == device.devnum) {
+        // kubelet's paths are UTF-8: a mount point that is not matches no volume.
+        let Some(mount_point) = m.mount.mount_point.to_str() else { continue };
         let hit = if m.ns == host_ns {
-            scan.find_by_mount_point(&m.mount.mount_point)
+            scan.find_by_mount_point(mount_point)
         } else {
-            scan.find_by_foreign_path(&m.mount.mount_point)
+            scan.find_by_foreign_path(mount_point)
         };
         matched.extend(hit);
     }
     matched.extend(scan.find_by_devnum(device.devnum));
     if let Some(l) = &device.loop_info {
-        matched.extend(scan.find_by_backing_file(&l.backing_file));
+        matched.extend(l.backing_file.to_str().and_then(|f| scan.find_by_backing_file(f)));
     }
     if let Some(r) = rbd {
         matched.extend(scan.volumes.iter().filter(|v| v.names_rbd_image(&r.pool, &r.image)));

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::discover::namespaces::NsEntry;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
-use crate::model::{DevNum, DeviceKind, DeviceName, HolderKind, MountNsId};
+use crate::model::{DevNum, DeviceKind, DeviceName, HolderKind, KernelText, MountNsId};
 
 /// One destructive step. Each is idempotent: a target already gone is a success.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -22,14 +22,15 @@ pub enum Step {
         namespace: MountNsId,
         via: NsEntry,
         mount_id: u32,
-        mount_point: String,
-        fstype: String,
+        /// Bytes from the kernel; JSON and [`Step::describe`] show them escaped.
+        mount_point: KernelText,
+        fstype: KernelText,
     },
     /// `LOOP_CLR_FD` on a loop device whose binding still matches.
     DetachLoop {
         device: DeviceName,
         devnum: DevNum,
-        backing_file: String,
+        backing_file: KernelText,
         backing_dev: Option<DevNum>,
         backing_inode: Option<u64>,
     },
@@ -237,15 +238,15 @@ pub fn holder_reason(h: &Holder) -> String {
         (Some(p), None) => format!("pid {p}"),
         _ => String::new(),
     };
-    let path = h.path.as_deref().unwrap_or("?");
+    let path = h.path.as_ref().map_or("?".into(), KernelText::escaped);
     match h.kind {
         HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
             "mounted at {} in the host's mount namespace: left alone (unmount it on the host)",
-            h.mount_point.as_deref().unwrap_or("?")
+            h.mount_point.as_ref().map_or("?".into(), KernelText::escaped)
         ),
         HolderKind::Mount => format!(
             "mounted at {} in mount namespace {}",
-            h.mount_point.as_deref().unwrap_or("?"),
+            h.mount_point.as_ref().map_or("?".into(), KernelText::escaped),
             h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
         ),
         HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),

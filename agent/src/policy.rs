@@ -296,7 +296,10 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
     if let Some(n) = &e.nbd {
         let server = match (n.pid, n.server_alive) {
             (Some(pid), true) => {
-                format!("served by pid {pid} ({})", n.server_cmdline.as_deref().unwrap_or("?"))
+                format!(
+                    "served by pid {pid} ({})",
+                    n.server_cmdline.as_ref().map_or("?".into(), |c| c.escaped())
+                )
             }
             (Some(pid), false) => format!("its server process {pid} is gone"),
             (None, _) => "no server process recorded".to_owned(),

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use crate::act::StepReport;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::model::DevNum;
-use crate::model::{BlockDevice, DeviceKind, HolderKind};
+use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
 use crate::plan::{holder_reason, Plan};
 use crate::policy::{Judgement, Verdict};
 use crate::snapshot::ScanStats;
@@ -136,14 +136,15 @@ pub fn holder_line(h: &Holder) -> String {
             let _ = write!(
                 s,
                 "{} ({}) in mount namespace {}{}",
-                h.mount_point.as_deref().unwrap_or("?"),
-                h.fstype.as_deref().unwrap_or("?"),
+                h.mount_point.as_ref().map_or("?".into(), KernelText::escaped),
+                h.fstype.as_ref().map_or("?".into(), KernelText::escaped),
                 h.mount_namespace.map_or("?".into(), |n| n.0.to_string()),
                 if h.in_host_namespace == Some(true) { " [host]" } else { "" }
             );
             match (h.pids.first(), &h.namespace_entry) {
                 (Some(p), _) => {
-                    let _ = write!(s, ", pid {p} ({})", h.comm.as_deref().unwrap_or("?"));
+                    let _ =
+                        write!(s, ", pid {p} ({})", h.comm.as_ref().map_or("?".into(), KernelText::escaped));
                     if h.pid_count > 1 {
                         let _ = write!(s, " +{} more", h.pid_count - 1);
                     }
@@ -236,7 +237,10 @@ fn mapping_lines(out: &mut String, e: &DeviceEntry) {
     }
     if let Some(n) = &e.nbd {
         let server = match (n.pid, n.server_alive) {
-            (Some(p), true) => format!("served by pid {p} ({})", n.server_cmdline.as_deref().unwrap_or("?")),
+            (Some(p), true) => format!(
+                "served by pid {p} ({})",
+                n.server_cmdline.as_ref().map_or("?".into(), KernelText::escaped)
+            ),
             (Some(p), false) => format!("server process {p} is gone"),
             (None, _) => "no server process".into(),
         };

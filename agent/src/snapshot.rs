@@ -14,7 +14,7 @@ use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
 use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
-use crate::model::{BlockDevice, DevNum, MountNsId, ProcessInfo};
+use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
 
 /// Which devices a scan looks for holders of.
@@ -30,7 +30,7 @@ pub enum Scope {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SwapUse {
     pub devnum: DevNum,
-    pub filename: String,
+    pub filename: KernelText,
     pub swap_type: SwapType,
 }
 
@@ -38,7 +38,7 @@ pub struct SwapUse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct KernelThread {
     pub pid: u32,
-    pub comm: String,
+    pub comm: KernelText,
 }
 
 /// Counters for the summary line and the benchmark.
@@ -319,7 +319,7 @@ fn read_swaps(
     warnings: &mut Vec<String>,
 ) -> Result<Vec<SwapUse>, DiscoverError> {
     let path = host.proc().join("swaps");
-    let text = match std::fs::read_to_string(&path) {
+    let text = match std::fs::read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(DiscoverError::read(&path, e)),
@@ -331,7 +331,7 @@ fn read_swaps(
     })?;
     let mut out = Vec::new();
     for a in areas {
-        let file = host.host_path(Path::new(&a.filename));
+        let file = host.host_path(a.filename.as_path());
         let id = match sys::stat_cached(&file) {
             Ok(id) => id,
             Err(e) => {

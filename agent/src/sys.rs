@@ -242,7 +242,7 @@ mod tests {
             Err(e) => panic!("NS_GET_MNTNS_ID: {e}"),
         };
         let ids = mount_api::list(id).expect("listmount");
-        let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let text = std::fs::read("/proc/self/mountinfo").expect("mountinfo");
         let mut from_text: Vec<DevNum> =
             crate::discover::mountinfo::parse(&text).expect("parse").iter().map(|m| m.devnum).collect();
         let mut from_api: Vec<DevNum> =

@@ -320,3 +320,156 @@ fn root_foreign_mount_shared_with_the_host_is_left_alone() {
     assert!(holder.has_mount(&mnt));
     assert!(!s.path("journal.jsonl").exists(), "no step was taken");
 }
+
+/// Raw bytes as a path (names that are not UTF-8).
+fn bytes_path(b: &[u8]) -> std::path::PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    std::path::PathBuf::from(std::ffi::OsStr::from_bytes(b))
+}
+
+fn path_bytes(p: &Path) -> &[u8] {
+    use std::os::unix::ffi::OsStrExt;
+    p.as_os_str().as_bytes()
+}
+
+/// True when the mountinfo at `table` (read as bytes) has `target` as a mount point; the kernel
+/// escapes space, tab, newline and backslash there and prints every other byte as it is.
+fn mounted_in(table: &str, target: &Path) -> bool {
+    let mut want = Vec::new();
+    for &b in path_bytes(target) {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => want.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+            _ => want.push(b),
+        }
+    }
+    std::fs::read(table).is_ok_and(|m| {
+        m.split(|&b| b == b'\n').any(|l| l.split(|&b| b == b' ').nth(4) == Some(want.as_slice()))
+    })
+}
+
+/// `mount -o loop IMAGE TARGET` on the host for a target whose name is not UTF-8 (HostMount
+/// takes text); lazily unmounted on drop if still there.
+struct BytesMount(std::path::PathBuf);
+
+impl BytesMount {
+    fn loop_image(image: &Path, target: &Path) -> Self {
+        let st = Command::new("mount").arg("-o").arg("loop").arg(image).arg(target).status().expect("mount");
+        assert!(st.success(), "mount -o loop {} {:?}", image.display(), target);
+        Self(target.to_owned())
+    }
+
+    fn is_mounted(&self) -> bool {
+        mounted_in("/proc/self/mountinfo", &self.0)
+    }
+}
+
+impl Drop for BytesMount {
+    fn drop(&mut self) {
+        while self.is_mounted() {
+            if !Command::new("umount").arg("-l").arg(&self.0).status().is_ok_and(|s| s.success()) {
+                break;
+            }
+        }
+    }
+}
+
+/// Incident 5 with a hostile name (gotcha 20): the mount point is not UTF-8 and holds a space and
+/// a backslash (which the kernel escapes as `\040` and `\134`). Any user with an unprivileged user
+/// namespace can make one; it must not blind the scan, it shows escaped, and release detaches it
+/// through the raw bytes.
+#[test]
+fn root_non_utf8_mount_point_in_a_foreign_namespace_scans_and_releases() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let parent = s.mkdir("a\\ b");
+    let mut name = path_bytes(&parent).to_vec();
+    name.extend_from_slice(b"/d\xff");
+    let mnt = bytes_path(&name);
+    std::fs::create_dir(&mnt).expect("mkdir d\\xff");
+    let img = s.ext4_image("vol.img", 32);
+    let host_mount = BytesMount::loop_image(&img, &mnt);
+    let lo = LoopDev::adopt(&loop_for(&img).expect("mount -o loop made a loop device"), &img);
+    let mut holder = NsProcess::spawn("exec sleep 1000");
+    let ns_table = format!("/proc/{}/mountinfo", holder.pid());
+    assert!(wait_until(Duration::from_secs(5), || mounted_in(&ns_table, &mnt)));
+    let st = Command::new("umount").arg(&mnt).status().expect("umount");
+    assert!(st.success() && !host_mount.is_mounted(), "unmounted on the host");
+    assert!(jbd2_alive(lo.name()), "the filesystem is still mounted in the holder's namespace");
+
+    // The whole-node scan does not fail on the name.
+    let scan = agent_json(&["scan", "--output", "json"], 0);
+    let entry = find_device(&scan, lo.name());
+    let escaped = format!("{}/d\\xff", parent.to_str().expect("utf8").replace('\\', "\\\\"));
+    assert!(escaped.ends_with(r"/a\\ b/d\xff"), "{escaped}");
+    let in_scan: Vec<&Value> = entry["holders"].as_array().expect("holders").iter().collect();
+    assert!(
+        in_scan.iter().any(|h| h["kind"] == "mount" && h["mount_point"] == escaped.as_str()),
+        "{entry:#}"
+    );
+
+    let v = holders(&lo.dev);
+    let mounts = holders_of_kind(&v, "mount");
+    assert_eq!(mounts.len(), 1, "{v:#}");
+    let h = mounts[0];
+    assert_eq!(h["in_host_namespace"], false);
+    assert_eq!(h["mount_namespace"], holder.ns_inode());
+    assert!(h["mount_point"].as_str().expect("mount_point").ends_with(r"d\xff"), "{h:#}");
+    assert_eq!(h["mount_point"], escaped.as_str(), "escaped losslessly");
+    let text_only = agent_json(&["--mount-reader", "mountinfo", "holders", &lo.dev, "--output", "json"], 0);
+    assert_eq!(text_only["holders"], v["holders"]);
+    let table = agent(&["holders", &lo.dev]);
+    assert_eq!(table.status.code(), Some(0));
+    assert!(text(&table.stdout).contains(&escaped), "{}", text(&table.stdout));
+
+    let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(": done") && stdout.contains(&escaped), "{stdout}");
+    assert!(holder.is_alive(), "release never kills the holder");
+    assert!(!mounted_in(&ns_table, &mnt), "the mount is gone from the holder's namespace");
+    assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "jbd2 thread still alive");
+    assert!(wait_until(Duration::from_secs(10), || !lo.is_bound()), "loop device did not auto-clear");
+}
+
+/// A loop device whose backing file's name is not UTF-8: sysfs `loop/backing_file` is bytes; the
+/// scan shows it escaped, and `clean` still detaches the device.
+#[test]
+fn root_non_utf8_loop_backing_file() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let mut name = path_bytes(s.dir.path()).to_vec();
+    name.extend_from_slice(b"/img\xfe.img");
+    let img = bytes_path(&name);
+    std::fs::File::create(&img).expect("create").set_len(4 << 20).expect("size");
+    let out = Command::new("losetup").arg("-f").arg("--show").arg(&img).output().expect("losetup");
+    assert!(out.status.success(), "losetup: {}", text(&out.stderr));
+    let dev = text(&out.stdout).trim().to_owned();
+    let loop_name = dev.trim_start_matches("/dev/");
+    let sysfs = format!("/sys/class/block/{loop_name}/loop/backing_file");
+    /// Detaches the device on drop while it is still bound (LoopDev compares backing files as text).
+    struct Detach(String, String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            if Path::new(&self.1).exists() {
+                let _ = Command::new("losetup").args(["-d", &self.0]).status();
+            }
+        }
+    }
+    let _guard = Detach(dev.clone(), sysfs.clone());
+
+    let scan = agent_json(&["scan", "--output", "json"], 0);
+    let entry = find_device(&scan, loop_name);
+    let want = format!("{}/img\\xfe.img", s.dir.path().to_str().expect("utf8"));
+    assert_eq!(entry["device"]["loop"]["backing_file"], want.as_str(), "{entry:#}");
+    let out = agent(&["--journal", &journal_in(&s), "clean", &dev, "--apply"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains(&want), "{stdout}");
+    assert!(wait_until(Duration::from_secs(5), || !Path::new(&sysfs).exists()), "still bound");
+}

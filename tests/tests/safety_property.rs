@@ -41,7 +41,7 @@ fn holder(kind_ix: usize, host: bool, stuck: bool, shared: Option<u32>, n: u32) 
         process_state: Some(if stuck { 'D' } else { 'S' }),
         mount_namespace: Some(if host { HOST_NS } else { MountNsId(4026532000 + u64::from(n)) }),
         in_host_namespace: Some(host),
-        mount_point: Some(format!("/mnt/v{n}")),
+        mount_point: Some(format!("/mnt/v{n}").into()),
         container_id: None,
         pod_uid: None,
         mount_id: Some(100 + n),
@@ -49,7 +49,7 @@ fn holder(kind_ix: usize, host: bool, stuck: bool, shared: Option<u32>, n: u32) 
         source: None,
         shared_group: shared,
         namespace_entry: Some(NsEntry::Task { pid: 1000 + n, tid: 1000 + n }),
-        path: Some(format!("/p{n}")),
+        path: Some(format!("/p{n}").into()),
         fds: vec![3],
         device: Some(name(&format!("dm-{n}"))),
     }

@@ -5,9 +5,11 @@
 //! the same file), refuses anything that would take more than planned (a mount with mounts
 //! beneath it), runs the syscall on its own thread with a deadline, and verifies the result.
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -20,7 +22,7 @@ use crate::discover::mountinfo::{self, MountEntry};
 use crate::discover::namespaces::NsEntry;
 use crate::discover::{is_gone, processes};
 use crate::host::HostRoot;
-use crate::model::{DevNum, DeviceName, MountNsId};
+use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
 use crate::plan::Step;
 use crate::{nsenter, sys};
 
@@ -108,7 +110,7 @@ impl LinuxActuator {
         let (path, text) = match via {
             NsEntry::Task { pid, tid } => {
                 let path = self.host.proc_task(*pid, *tid).join("mountinfo");
-                match std::fs::read_to_string(&path) {
+                match std::fs::read(&path) {
                     Ok(t) if !t.is_empty() => (path, t),
                     Ok(_) => return Ok(None),
                     Err(e) if is_gone(&e) => return Ok(None),
@@ -187,8 +189,8 @@ impl LinuxActuator {
                 target.devnum, target.mount_point
             )));
         }
-        let beneath: Vec<&str> =
-            table.iter().filter(|m| m.parent_id == mount_id).map(|m| m.mount_point.as_str()).collect();
+        let beneath: Vec<&KernelText> =
+            table.iter().filter(|m| m.parent_id == mount_id).map(|m| &m.mount_point).collect();
         if !beneath.is_empty() {
             return Err(fail(format!(
                 "{} mount(s) sit beneath {} (first: {}); detaching would take them too: release those first",
@@ -212,9 +214,11 @@ impl LinuxActuator {
             }
             _ => None,
         };
-        let rel = PathBuf::from(match target.mount_point.trim_start_matches('/') {
-            "" => ".",
-            r => r,
+        // The raw bytes, never the escaped text: a name need not be UTF-8.
+        let bytes = target.mount_point.as_bytes();
+        let rel = PathBuf::from(match &bytes[bytes.iter().take_while(|&&b| b == b'/').count()..] {
+            b"" => OsStr::new("."),
+            r => OsStr::from_bytes(r),
         });
         bounded(device, "umount2(MNT_DETACH)", self.timeout, move || {
             nsenter::in_mount_ns(&ns_file, move || {

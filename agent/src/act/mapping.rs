@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
-use crate::model::{DevNum, DeviceName};
+use crate::model::{lossless_string, DevNum, DeviceName};
 
 /// `rbd unmap` retries EBUSY this often, 250 ms apart.
 const EBUSY_RETRIES: u32 = 4;
@@ -34,8 +34,10 @@ impl LinuxActuator {
         if !dir.exists() {
             return Ok(StepOutcome::AlreadyAbsent);
         }
-        let attr =
-            |n: &str| std::fs::read_to_string(dir.join(n)).map(|s| s.trim().to_owned()).unwrap_or_default();
+        // Decoded as the scan decoded them (an image name need not be UTF-8).
+        let attr = |n: &str| {
+            std::fs::read(dir.join(n)).map(|b| lossless_string(b).trim().to_owned()).unwrap_or_default()
+        };
         let now =
             (attr("pool"), attr("name"), attr("image_id"), format!("{}:{}", attr("major"), attr("minor")));
         if now != (pool.to_owned(), image.to_owned(), image_id.to_owned(), devnum.to_string()) {

@@ -132,7 +132,7 @@ mod tests {
         Step::DetachLoop {
             device: DeviceName::new(&format!("loop{n}")).expect("name"),
             devnum: DevNum::new(7, n),
-            backing_file: format!("/img{n}"),
+            backing_file: format!("/img{n}").into(),
             backing_dev: None,
             backing_inode: None,
         }

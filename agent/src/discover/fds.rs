@@ -7,6 +7,7 @@
 //! the target's mmap lock, which a stuck process may hold).
 
 use std::collections::HashSet;
+use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
 
 use serde::Serialize;
@@ -16,7 +17,7 @@ use super::namespaces::NsEntry;
 use super::numeric_entries;
 use super::processes::ProcEntry;
 use crate::host::HostRoot;
-use crate::model::{DevNum, HolderKind, MountNsId};
+use crate::model::{DevNum, HolderKind, KernelText, MountNsId};
 use crate::sys;
 
 /// One reference from a process to a device.
@@ -28,7 +29,7 @@ pub struct ProcRef {
     pub kind: HolderKind,
     pub devnum: DevNum,
     /// The path as the process sees it (fd link text, mapped file), when known.
-    pub path: Option<String>,
+    pub path: Option<KernelText>,
     pub fd: Option<u32>,
 }
 
@@ -75,7 +76,9 @@ pub fn scan_process(
             });
         }
         if nsfs_dev == Some(id.dev) && !known_ns.contains(&MountNsId(id.ino)) {
-            if let Some(ns) = link_text(&path).as_deref().and_then(MountNsId::from_link) {
+            if let Some(ns) =
+                link_text(&path).as_ref().and_then(KernelText::to_str).and_then(MountNsId::from_link)
+            {
                 out.pinned_ns.push((ns, NsEntry::Fd { pid: entry.pid, fd }));
             }
         }
@@ -90,7 +93,8 @@ pub fn scan_process(
     }
     if entry.state == 'D' {
         out.stuck = true;
-    } else if let Ok(text) = std::fs::read_to_string(dir.join("maps")) {
+    } else if let Ok(text) = std::fs::read(dir.join("maps")) {
+        // Bytes: a mapped file's name need not be UTF-8, and must not hide the mapping.
         let mut seen = HashSet::new();
         for m in maps::file_mappings(&text) {
             if targets.contains(&m.devnum) && seen.insert((m.devnum, m.inode)) {
@@ -99,7 +103,7 @@ pub fn scan_process(
                     tid: None,
                     kind: HolderKind::Mmap,
                     devnum: m.devnum,
-                    path: Some(m.path.to_owned()),
+                    path: Some(KernelText::from(m.path)),
                     fd: None,
                 });
             }
@@ -119,6 +123,7 @@ fn dir_refs(dir: &Path, pid: u32, tid: Option<u32>, targets: &HashSet<DevNum>, r
     }
 }
 
-fn link_text(path: &Path) -> Option<String> {
-    std::fs::read_link(path).ok().map(|p| p.to_string_lossy().into_owned())
+/// The link's text as bytes (`read_link` gives an `OsString`, which may be any bytes).
+fn link_text(path: &Path) -> Option<KernelText> {
+    std::fs::read_link(path).ok().map(|p| KernelText::from_bytes(p.into_os_string().into_vec()))
 }

@@ -8,9 +8,9 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-use super::{read_attr_opt, read_bool, read_u64, DiscoverError};
+use super::{read_attr_bytes_opt, read_bool, read_u64, DiscoverError};
 use crate::host::HostRoot;
-use crate::model::{DevNum, DeviceName, LoopInfo};
+use crate::model::{DevNum, DeviceName, KernelText, LoopInfo};
 use crate::sys;
 
 const LO_FLAGS_READ_ONLY: u32 = 1;
@@ -22,11 +22,12 @@ pub fn read(
     name: &DeviceName,
     devnum: DevNum,
 ) -> Result<Option<LoopInfo>, DiscoverError> {
-    let Some(backing) = read_attr_opt(&dir.join("backing_file"))? else {
+    // A path: any bytes, not necessarily UTF-8.
+    let Some(backing) = read_attr_bytes_opt(&dir.join("backing_file"))? else {
         return Ok(None);
     };
-    let (backing_file, backing_deleted) = match backing.strip_suffix(" (deleted)") {
-        Some(p) => (p.to_owned(), true),
+    let (backing_file, backing_deleted) = match backing.as_bytes().strip_suffix(b" (deleted)") {
+        Some(p) => (KernelText::from(p), true),
         None => (backing, false),
     };
     let mut info = LoopInfo {

@@ -21,7 +21,7 @@ pub mod rbd;
 pub mod scsi;
 pub mod swaps;
 
-use crate::model::DeviceName;
+use crate::model::{lossless_string, DeviceName, KernelText};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -53,20 +53,37 @@ pub fn is_gone(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::NotFound) || e.raw_os_error() == Some(libc::ESRCH)
 }
 
-/// Reads a small text attribute, trimmed of its trailing newline.
+/// Reads a small text attribute, trimmed of its trailing newline. Text that is not UTF-8 (an
+/// rbd image name, a loop backing file can be any bytes) is escaped as
+/// [`KernelText::escaped`], never an error.
 pub(crate) fn read_attr(path: &Path) -> Result<String, DiscoverError> {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim_end_matches('\n').to_owned())
-        .map_err(|e| DiscoverError::read(path, e))
+    read_attr_bytes(path).map(|b| lossless_string(b.into_bytes()))
 }
 
 /// Reads an optional attribute: `None` when the file does not exist.
 pub(crate) fn read_attr_opt(path: &Path) -> Result<Option<String>, DiscoverError> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => Ok(Some(s.trim_end_matches('\n').to_owned())),
+    Ok(read_attr_bytes_opt(path)?.map(|b| lossless_string(b.into_bytes())))
+}
+
+/// Reads an attribute as bytes, trimmed of its trailing newlines.
+pub(crate) fn read_attr_bytes(path: &Path) -> Result<KernelText, DiscoverError> {
+    std::fs::read(path).map(trim_newlines).map_err(|e| DiscoverError::read(path, e))
+}
+
+/// Reads an optional attribute as bytes: `None` when the file does not exist.
+pub(crate) fn read_attr_bytes_opt(path: &Path) -> Result<Option<KernelText>, DiscoverError> {
+    match std::fs::read(path) {
+        Ok(b) => Ok(Some(trim_newlines(b))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(DiscoverError::read(path, e)),
     }
+}
+
+fn trim_newlines(mut b: Vec<u8>) -> KernelText {
+    while b.last() == Some(&b'\n') {
+        b.pop();
+    }
+    KernelText::from_bytes(b)
 }
 
 /// Reads an attribute holding an unsigned decimal number.

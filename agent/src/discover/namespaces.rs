@@ -7,8 +7,10 @@
 //! through that file (live hosts only).
 
 use std::collections::{BTreeMap, HashSet};
+use std::ffi::OsStr;
 use std::io::Read;
-use std::path::PathBuf;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::Serialize;
@@ -191,7 +193,7 @@ struct OneNs {
 }
 
 thread_local! {
-    static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn read_task_ns(
@@ -230,7 +232,7 @@ fn read_task_ns(
             }
             let path = host.proc_task(pid, tid).join("mountinfo");
             buf.clear();
-            match std::fs::File::open(&path).and_then(|mut f| f.read_to_string(&mut buf)) {
+            match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
                 Ok(_) => {}
                 Err(e) if is_gone(&e) => continue,
                 Err(e) => return Err(DiscoverError::read(&path, e)),
@@ -280,9 +282,10 @@ fn nsfs_pin(host: &HostRoot, via: &NsEntry, m: &MountEntry) -> Option<(MountNsId
     if m.fstype != "nsfs" {
         return None;
     }
-    let id = MountNsId::from_link(&m.root)?;
+    let id = MountNsId::from_link(m.root.to_str()?)?;
     let NsEntry::Task { pid, .. } = via else { return None };
-    let rel = m.mount_point.trim_start_matches('/');
+    let bytes = m.mount_point.as_bytes();
+    let rel = Path::new(OsStr::from_bytes(&bytes[bytes.iter().take_while(|&&b| b == b'/').count()..]));
     Some((id, NsEntry::Nsfs { path: host.proc_pid(*pid).join("root").join(rel) }))
 }
 

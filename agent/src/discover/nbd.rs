@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::{read_attr_opt, read_u64, DiscoverError};
 use crate::host::HostRoot;
-use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName};
+use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, KernelText};
 
 /// One nbd device that is connected (size > 0 or a server pid).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -18,7 +18,7 @@ pub struct NbdDevice {
     /// That process still exists.
     pub server_alive: bool,
     /// Its command line (bounded), e.g. `rbd-nbd map k8s/image`.
-    pub server_cmdline: Option<String>,
+    pub server_cmdline: Option<KernelText>,
     /// `backend`: the identifier given at connect time (netlink), when set.
     pub backend: Option<String>,
 }
@@ -43,9 +43,9 @@ pub fn scan(host: &HostRoot, devices: &[BlockDevice]) -> Result<Vec<NbdDevice>, 
         let proc_dir = pid.map(|p| host.proc_pid(p));
         let server_alive = proc_dir.as_ref().is_some_and(|p| p.join("stat").exists());
         let server_cmdline = proc_dir.filter(|_| server_alive).and_then(|p| {
-            let b = std::fs::read(p.join("cmdline")).ok()?;
-            let b = &b[..b.len().min(4096)];
-            Some(String::from_utf8_lossy(b).trim_end_matches('\0').replace('\0', " "))
+            let mut b = std::fs::read(p.join("cmdline")).ok()?;
+            b.truncate(super::processes::CMDLINE_MAX);
+            Some(super::processes::cmdline_text(b))
         });
         let backend =
             read_attr_opt(&dir.join("backend"))?.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());

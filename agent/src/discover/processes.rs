@@ -11,7 +11,7 @@ use procfs::FromRead;
 
 use super::{cgroup, is_gone, numeric_entries};
 use crate::host::HostRoot;
-use crate::model::{MountNsId, ProcessInfo};
+use crate::model::{KernelText, MountNsId, ProcessInfo};
 
 /// At most this many bytes of a command line are read.
 pub const CMDLINE_MAX: usize = 4096;
@@ -21,7 +21,8 @@ const PF_KTHREAD: u32 = 0x0020_0000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcEntry {
     pub pid: u32,
-    pub comm: String,
+    /// `comm` as the kernel has it: bytes (a process names itself, any bytes but NUL).
+    pub comm: KernelText,
     pub state: char,
     pub ppid: u32,
     pub kthread: bool,
@@ -61,6 +62,8 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
     };
     let stat = procfs::process::Stat::from_read(bytes.as_slice())
         .map_err(|e| ProcReadIssue { pid, what: format!("malformed {}: {e}", stat_path.display()) })?;
+    // procfs replaces invalid UTF-8 in comm lossily: take the bytes from the stat line itself.
+    let comm = stat_comm(&bytes).map_or_else(|| KernelText::from(stat.comm.as_str()), KernelText::from);
     let kthread = stat.flags & PF_KTHREAD != 0;
     let mut tasks = Vec::new();
     if !kthread {
@@ -83,18 +86,26 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         if let (true, Some(e)) = (tasks.is_empty(), denied) {
             return Err(ProcReadIssue {
                 pid,
-                what: format!("cannot inspect pid {pid} ({}): reading its ns/mnt: {e}; its mounts and files are not seen", stat.comm),
+                what: format!("cannot inspect pid {pid} ({comm}): reading its ns/mnt: {e}; its mounts and files are not seen"),
             });
         }
     }
     Ok(Some(ProcEntry {
         pid,
-        comm: stat.comm,
+        comm,
         state: stat.state,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         kthread,
         tasks,
     }))
+}
+
+/// `comm` from a `stat` line: between the first `(` and the last `)` (the name itself may hold
+/// parentheses, spaces and any byte but NUL).
+pub fn stat_comm(stat: &[u8]) -> Option<&[u8]> {
+    let open = memchr::memchr(b'(', stat)?;
+    let close = memchr::memrchr(b')', stat)?;
+    (close > open).then(|| &stat[open + 1..close])
 }
 
 /// The mount namespace of a task directory, from the text of its `ns/mnt` link.
@@ -108,7 +119,10 @@ pub fn task_mount_ns(task_dir: &Path) -> Option<MountNsId> {
 pub fn describe(host: &HostRoot, entry: &ProcEntry) -> ProcessInfo {
     let dir = host.proc_pid(entry.pid);
     let cmdline = if entry.state == 'D' { None } else { read_cmdline(&dir.join("cmdline")) };
-    let id = std::fs::read_to_string(dir.join("cgroup")).map(|t| cgroup::identify(&t)).unwrap_or_default();
+    // A cgroup name can be any bytes; container IDs and pod UIDs are ASCII.
+    let id = std::fs::read(dir.join("cgroup"))
+        .map(|b| cgroup::identify(&String::from_utf8_lossy(&b)))
+        .unwrap_or_default();
     ProcessInfo {
         pid: entry.pid,
         comm: entry.comm.clone(),
@@ -119,14 +133,23 @@ pub fn describe(host: &HostRoot, entry: &ProcEntry) -> ProcessInfo {
     }
 }
 
-fn read_cmdline(path: &Path) -> Option<String> {
+fn read_cmdline(path: &Path) -> Option<KernelText> {
     let mut buf = Vec::with_capacity(256);
     std::fs::File::open(path).ok()?.take(CMDLINE_MAX as u64).read_to_end(&mut buf).ok()?;
+    Some(cmdline_text(buf))
+}
+
+/// A `cmdline` as one line: trailing NULs dropped, the others turned into spaces.
+pub fn cmdline_text(mut buf: Vec<u8>) -> KernelText {
     while buf.last() == Some(&0) {
         buf.pop();
     }
-    let text: String = String::from_utf8_lossy(&buf).replace('\0', " ");
-    Some(text)
+    for b in &mut buf {
+        if *b == 0 {
+            *b = b' ';
+        }
+    }
+    KernelText::from_bytes(buf)
 }
 
 /// True when a kernel thread's name says it serves `device` (`jbd2/loop0-8`, `rbd3-task`,
@@ -156,6 +179,20 @@ mod tests {
         assert!(!kthread_serves("jbd2/loop01-8", "loop0", "7:0"));
         assert!(!kthread_serves("kdmflush/253:01", "dm-0", "253:0"));
         assert!(!kthread_serves("ext4-rsv-conver", "loop0", "7:0"));
+    }
+
+    #[test]
+    fn comm_and_cmdline_are_bytes() {
+        let mut stat = b"4242 (a) (".to_vec();
+        stat.push(0xff);
+        stat.extend_from_slice(b" x)) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 100 1000 10");
+        assert_eq!(stat_comm(&stat), Some(&b"a) (\xff x)"[..]));
+        assert_eq!(stat_comm(b"1 (init) S"), Some(&b"init"[..]));
+        assert_eq!(stat_comm(b"garbage"), None);
+        assert_eq!(stat_comm(b"1 )( S"), None);
+        let c = cmdline_text(b"sleep\0d\xff\0\0".to_vec());
+        assert_eq!(c.as_bytes(), b"sleep d\xff");
+        assert_eq!(c.escaped(), r"sleep d\xff");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::act::StepReport;
 use crate::daemon::events::{AgentEvent, EventKind};
 use crate::daemon::state::DeviceView;
 use crate::graph::Holder;
-use crate::model::{DeviceKind, HolderKind};
+use crate::model::{DeviceKind, HolderKind, KernelText};
 use crate::plan::{holder_reason, Plan, Step};
 use crate::policy::Verdict;
 
@@ -55,21 +55,26 @@ fn holder_kind(k: HolderKind) -> pb::HolderKind {
     }
 }
 
+/// Names from the kernel travel as their escaped text (protobuf strings must be UTF-8).
+fn escaped(t: &Option<KernelText>) -> String {
+    t.as_ref().map(KernelText::to_string).unwrap_or_default()
+}
+
 pub fn holder(h: &Holder) -> pb::Holder {
     pb::Holder {
         kind: holder_kind(h.kind) as i32,
         pids: h.pids.clone(),
         pid_count: h.pid_count as u32,
-        comm: h.comm.clone().unwrap_or_default(),
-        cmdline: h.cmdline.clone().unwrap_or_default(),
+        comm: escaped(&h.comm),
+        cmdline: escaped(&h.cmdline),
         mount_namespace: h.mount_namespace.map_or(0, |n| n.0),
         in_host_namespace: h.in_host_namespace.unwrap_or(false),
-        mount_point: h.mount_point.clone().unwrap_or_default(),
+        mount_point: escaped(&h.mount_point),
         container_id: h.container_id.clone().unwrap_or_default(),
         pod_uid: h.pod_uid.clone().unwrap_or_default(),
-        path: h.path.clone().unwrap_or_default(),
+        path: escaped(&h.path),
         device: h.device.as_ref().map(|d| d.to_string()).unwrap_or_default(),
-        fstype: h.fstype.clone().unwrap_or_default(),
+        fstype: escaped(&h.fstype),
         fds: h.fds.clone(),
         description: holder_reason(h),
     }
@@ -87,7 +92,7 @@ pub fn device(v: &DeviceView) -> pb::Device {
         parent: d.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
         stacked_on_top: d.holders.iter().map(|h| h.to_string()).collect(),
         stacked_below: d.slaves.iter().map(|h| h.to_string()).collect(),
-        loop_backing_file: d.loop_info.as_ref().map(|l| l.backing_file.clone()).unwrap_or_default(),
+        loop_backing_file: d.loop_info.as_ref().map(|l| l.backing_file.to_string()).unwrap_or_default(),
         dm_name: d.dm.as_ref().map(|m| m.name.clone()).unwrap_or_default(),
         dm_uuid: d.dm.as_ref().map(|m| m.uuid.clone()).unwrap_or_default(),
         verdict: verdict(v.judgement.verdict) as i32,
