@@ -1,10 +1,16 @@
 //! A local stand-in for kube-apiserver on 127.0.0.1 (a real one cannot run on these machines):
 //! lists with resource versions, chunked watch streams that close after a while and resume from
-//! the last resource version, Event creation and Node status patches, serving the real API's JSON
-//! shapes. Every request is recorded for the assertions. Used by `tests/kube_api.rs` and the
-//! daemon's end-to-end tests.
+//! the last resource version, Node lookups (full or metadata-only, 404 for a name with no Node),
+//! Event creation and Node status patches, serving the real API's JSON shapes. Every request is
+//! recorded for the assertions. Used by `tests/kube_api.rs` and the daemon's end-to-end tests.
+//!
+//! Faults, for the tests of a view that must stop vouching: lists or watches of a collection
+//! answered with HTTP 500 ([`ApiServer::fail_lists`], [`ApiServer::fail_watches`]), open watch
+//! responses of a collection cut off mid-stream ([`ApiServer::cut_watches`]), the Node deleted
+//! ([`ApiServer::remove_node`]), and a server that goes silent: every request and every open
+//! watch left hanging, unanswered ([`ApiServer::go_silent`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,8 +21,13 @@ use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::ReceiverStream;
+
+/// A response body's error: a watch cut off mid-stream.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+/// Every response body.
+pub type Body = BoxBody<Bytes, BodyError>;
 
 pub const NODE: &str = "node-a";
 pub const PV: &str = "pvc-0a5e6f1c-3b2d-4e8f-9a71-5c2d8e4f6b10";
@@ -37,6 +48,7 @@ pub struct Recorded {
     pub query: HashMap<String, String>,
     pub content_type: String,
     pub authorization: String,
+    pub accept: String,
     pub body: Value,
 }
 
@@ -54,8 +66,12 @@ pub struct State {
     pub log: Vec<(String, u64, String)>,
     pub rv: u64,
     pub requests: Vec<Recorded>,
-    /// The Node object served for `GET .../nodes/node-a/status`.
+    /// The Node object served for `GET .../nodes/<its name>` and `.../status` (`null`: none).
     pub node: Value,
+    /// Collections whose lists are answered with HTTP 500.
+    pub failing_lists: HashSet<String>,
+    /// Collections whose watch requests are answered with HTTP 500.
+    pub failing_watches: HashSet<String>,
 }
 
 #[derive(Clone)]
@@ -64,6 +80,10 @@ pub struct ApiServer {
     pub state: Arc<Mutex<State>>,
     /// Bumped on every new watch event, waking the open watches.
     pub bump: watch::Sender<u64>,
+    /// A collection whose open watch responses are to be cut off mid-stream.
+    pub cut: broadcast::Sender<String>,
+    /// True once the server stops answering.
+    pub silent: watch::Sender<bool>,
     pub https: bool,
 }
 
@@ -106,12 +126,21 @@ impl ApiServer {
                 volume_attachment(OTHER_VA, "node-b", OTHER_PV, true, 91),
             ],
         );
-        let state =
-            Arc::new(Mutex::new(State { lists, log: Vec::new(), rv: 100, requests: Vec::new(), node }));
+        let state = Arc::new(Mutex::new(State {
+            lists,
+            log: Vec::new(),
+            rv: 100,
+            requests: Vec::new(),
+            node,
+            failing_lists: HashSet::new(),
+            failing_watches: HashSet::new(),
+        }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let (bump, _) = watch::channel(0);
-        let server = ApiServer { addr, state, bump, https: false };
+        let (cut, _) = broadcast::channel(16);
+        let (silent, _) = watch::channel(false);
+        let server = ApiServer { addr, state, bump, cut, silent, https: false };
         let s = server.clone();
         let https = tls.is_some();
         tokio::spawn(async move {
@@ -152,20 +181,70 @@ impl ApiServer {
         self.state.lock().expect("state").requests.clone()
     }
 
+    /// Lists of `collection` answer HTTP 500 (`on`) or are served again.
+    pub fn fail_lists(&self, collection: &str, on: bool) {
+        let mut st = self.state.lock().expect("state");
+        if on {
+            st.failing_lists.insert(collection.to_string());
+        } else {
+            st.failing_lists.remove(collection);
+        }
+    }
+
+    /// Watch requests on `collection` answer HTTP 500 (`on`) or are served again. Open watches
+    /// are not affected.
+    pub fn fail_watches(&self, collection: &str, on: bool) {
+        let mut st = self.state.lock().expect("state");
+        if on {
+            st.failing_watches.insert(collection.to_string());
+        } else {
+            st.failing_watches.remove(collection);
+        }
+    }
+
+    /// Cuts every open watch response on `collection` off mid-stream: the connection closes
+    /// without the chunked body's end, as when the API server or a proxy in between dies. (kube
+    /// takes that for a watch that ended, and resumes it from its resource version.)
+    pub fn cut_watches(&self, collection: &str) {
+        let _ = self.cut.send(collection.to_string());
+    }
+
+    /// Deletes the Node: looking it up answers 404 from now on.
+    pub fn remove_node(&self) {
+        self.state.lock().expect("state").node = Value::Null;
+    }
+
+    /// From now on nothing is answered: requests are recorded and left hanging, open watches
+    /// send nothing more and stay open, as behind a network partition.
+    pub fn go_silent(&self) {
+        self.silent.send_replace(true);
+    }
+
     /// Appends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for a collection, stamping the
-    /// object with the next resource version.
+    /// object with the next resource version, and applies it to what lists of the collection
+    /// return from now on.
     pub fn publish(&self, collection: &str, kind: &str, mut object: Value) {
         let mut st = self.state.lock().expect("state");
         st.rv += 1;
         let rv = st.rv;
         object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let same = |o: &Value| {
+            o["metadata"]["name"] == object["metadata"]["name"]
+                && o["metadata"]["namespace"] == object["metadata"]["namespace"]
+        };
+        if let Some(items) = st.lists.get_mut(collection) {
+            items.retain(|o| !same(o));
+            if kind != "DELETED" {
+                items.push(object.clone());
+            }
+        }
         let line = json!({"type": kind, "object": object}).to_string();
         st.log.push((collection.to_string(), rv, line));
         drop(st);
         self.bump.send_replace(rv);
     }
 
-    pub async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
+    pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let query = parse_query(req.uri().query().unwrap_or(""));
@@ -181,19 +260,57 @@ impl ApiServer {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
+        let accept =
+            req.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
         let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let rec =
-            Recorded { method: method.clone(), path: path.clone(), query, content_type, authorization, body };
+        let rec = Recorded {
+            method: method.clone(),
+            path: path.clone(),
+            query,
+            content_type,
+            authorization,
+            accept,
+            body,
+        };
         self.state.lock().expect("state").requests.push(rec.clone());
+        if *self.silent.borrow() {
+            std::future::pending::<()>().await;
+        }
 
         let node_status = format!("/api/v1/nodes/{NODE}/status");
         match (&method, path.as_str()) {
             (&Method::GET, p) if self.state.lock().expect("state").lists.contains_key(p) => {
+                let st = self.state.lock().expect("state");
+                let failing = if rec.is_watch() { &st.failing_watches } else { &st.failing_lists };
+                if failing.contains(p) {
+                    drop(st);
+                    return internal_error(&format!("etcdserver: request timed out ({p})"));
+                }
+                drop(st);
                 if rec.is_watch() {
                     self.watch(p, &rec)
                 } else {
                     self.list(p, &rec)
+                }
+            }
+            (&Method::GET, p) if p.strip_prefix("/api/v1/nodes/").is_some_and(|n| !n.contains('/')) => {
+                let name = &p["/api/v1/nodes/".len()..];
+                let node = self.state.lock().expect("state").node.clone();
+                if node["metadata"]["name"] != json!(name) {
+                    return reply(
+                        StatusCode::NOT_FOUND,
+                        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                "message": format!("nodes \"{name}\" not found"), "reason": "NotFound",
+                                "details": {"name": name, "kind": "nodes"}, "code": 404}),
+                    );
+                }
+                if rec.accept.contains("as=PartialObjectMetadata") {
+                    let meta = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                      "metadata": node["metadata"]});
+                    reply(StatusCode::OK, &meta)
+                } else {
+                    reply(StatusCode::OK, &node)
                 }
             }
             (&Method::POST, "/api/v1/namespaces/default/events") => {
@@ -219,7 +336,7 @@ impl ApiServer {
         }
     }
 
-    pub fn list(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
+    pub fn list(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let st = self.state.lock().expect("state");
         let mut items = st.lists.get(collection).cloned().unwrap_or_default();
         if let Some(sel) = rec.query.get("fieldSelector") {
@@ -238,16 +355,22 @@ impl ApiServer {
     }
 
     /// A chunked stream of watch events newer than the request's resource version, open for
-    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout.
-    pub fn watch(&self, collection: &str, rec: &Recorded) -> Response<BoxBody<Bytes, Infallible>> {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, Infallible>>(16);
+    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout; cut off
+    /// mid-stream by [`Self::cut_watches`], left hanging by [`Self::go_silent`].
+    pub fn watch(&self, collection: &str, rec: &Recorded) -> Response<Body> {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(16);
         let mut from: u64 = rec.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
         let collection = collection.to_string();
         let state = self.state.clone();
         let mut bumped = self.bump.subscribe();
+        let mut cut = self.cut.subscribe();
+        let mut silent = self.silent.subscribe();
         tokio::spawn(async move {
             let deadline = tokio::time::Instant::now() + WATCH_HOLD;
             loop {
+                if *silent.borrow_and_update() {
+                    std::future::pending::<()>().await;
+                }
                 let lines: Vec<(u64, String)> = state
                     .lock()
                     .expect("state")
@@ -262,9 +385,18 @@ impl ApiServer {
                         return;
                     }
                 }
-                match tokio::time::timeout_at(deadline, bumped.changed()).await {
-                    Ok(Ok(())) => continue,
-                    _ => return, // hold over (or server gone): end the response
+                tokio::select! {
+                    bump = tokio::time::timeout_at(deadline, bumped.changed()) => match bump {
+                        Ok(Ok(())) => continue,
+                        _ => return, // hold over (or server gone): end the response
+                    },
+                    which = cut.recv() => {
+                        if which.is_ok_and(|c| c == collection) {
+                            let _ = tx.send(Err(format!("watch on {collection} cut off").into())).await;
+                            return;
+                        }
+                    }
+                    _ = silent.changed() => {}
                 }
             }
         });
@@ -277,12 +409,21 @@ impl ApiServer {
     }
 }
 
-pub fn reply(status: StatusCode, body: &Value) -> Response<BoxBody<Bytes, Infallible>> {
+pub fn reply(status: StatusCode, body: &Value) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(hyper::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())).boxed())
+        .body(Full::new(Bytes::from(body.to_string())).map_err(|never: Infallible| match never {}).boxed())
         .expect("response")
+}
+
+/// HTTP 500 with the API server's Status body.
+pub fn internal_error(message: &str) -> Response<Body> {
+    reply(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": message, "reason": "InternalError", "code": 500}),
+    )
 }
 
 /// `a=b&c=d%3De` into a map, percent-decoded (`+` as space).

@@ -1,20 +1,49 @@
 //! The Kubernetes API client against a local HTTP server on 127.0.0.1 that answers as
 //! kube-apiserver does (a real one cannot run here): lists with resource versions, chunked watch
-//! streams that close after a while and resume from the last resource version, Event creation and
-//! Node status patches. Every request is recorded for the assertions.
+//! streams that close after a while and resume from the last resource version, Node lookups,
+//! Event creation and Node status patches. Every request is recorded for the assertions.
+//!
+//! The view's warrant ([`ClusterView::vouch`]) is tested against the real `spawn_watch` and that
+//! server made to fail: a watch cut off mid-stream or answered with HTTP 500, lists failing, a
+//! node name with no Node, a server gone silent.
 
 use std::time::Duration;
 
+use blockjanitor::clock::BootTime;
 use blockjanitor::kube::{
-    connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, KubeError, Reporter,
+    connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, KubeError, Reporter, WatchHealth,
+    WatchOptions,
 };
 use blockjanitor_tests::kube_mock::*;
 use hyper::Method;
 use serde_json::json;
 use tokio::sync::watch;
 
+const PODS: &str = "/api/v1/pods";
+const VAS: &str = "/apis/storage.k8s.io/v1/volumeattachments";
+
 fn cfg(url: &str) -> KubeConfig {
     KubeConfig { url: Some(url.to_string()), kubeconfig: None, node_name: NODE.to_string() }
+}
+
+/// Short intervals: a Node lookup every 200 ms, silence bound 1 s, relists 100-400 ms apart.
+fn fast() -> WatchOptions {
+    WatchOptions {
+        probe_interval: Duration::from_millis(200),
+        silence_bound: Duration::from_secs(1),
+        backoff_initial: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+    }
+}
+
+/// Whether the view vouches right now.
+fn vouches(v: &ClusterView) -> bool {
+    v.vouch(BootTime::now()).is_ok()
+}
+
+/// The requests for `collection` from the `from`th request on.
+fn requests_for(server: &ApiServer, collection: &str, from: usize) -> Vec<Recorded> {
+    server.requests().into_iter().skip(from).filter(|r| r.path == collection).collect()
 }
 
 /// The error of a connect that must fail (a `Client` has no `Debug` for `expect_err`).
@@ -43,12 +72,22 @@ async fn wait_for(
 async fn view_syncs_and_follows_watch_events() {
     let server = ApiServer::start(node_object(ready_only())).await;
     let client = connect(&cfg(&server.url())).await.expect("connect");
-    let (mut rx, handle) = spawn_watch(client, NODE);
+    let (mut rx, handle) = spawn_watch(client, NODE, WatchOptions::default());
     assert!(!rx.borrow().synced, "nothing listed yet");
+    assert_eq!(rx.borrow().vouch(BootTime::now()), Err("the pods watch is not synced yet".to_string()));
 
     let view = wait_for(&mut rx, "initial sync", |v| v.synced).await;
     assert_eq!(view.node_name, NODE);
     assert_eq!(view.last_error, None);
+    let view = wait_for(&mut rx, "the Node looked up", |v| v.node_found.is_some()).await;
+    assert_eq!(view.node_found, Some(true));
+    assert_eq!(view.vouch(BootTime::now()), Ok(()));
+    let lookup = server
+        .requests()
+        .into_iter()
+        .find(|r| r.method == Method::GET && r.path == "/api/v1/nodes/node-a")
+        .expect("node lookup");
+    assert!(lookup.accept.contains("as=PartialObjectMetadata"), "metadata only: {lookup:?}");
     let names: Vec<&str> = view.pods_on_node.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["batch-7", "web-0"]);
     let web = view.pods_on_node.iter().find(|p| p.name == "web-0").expect("web-0");
@@ -220,9 +259,14 @@ async fn unreachable_api_is_an_error_not_a_panic() {
         l.local_addr().expect("addr")
     };
     let client = connect(&cfg(&format!("http://{addr}"))).await.expect("no I/O in connect");
-    let (mut rx, handle) = spawn_watch(client.clone(), NODE);
-    let view = wait_for(&mut rx, "an error", |v| v.last_error.is_some()).await;
+    let (mut rx, handle) = spawn_watch(client.clone(), NODE, WatchOptions::default());
+    // The Node lookup fails too; a watch's error is the one shown once there is one.
+    let view = wait_for(&mut rx, "a watch error", |v| v.watches.iter().any(|w| w.error.is_some())).await;
     assert!(!view.synced);
+    assert_eq!(view.node_found, None);
+    assert_eq!(view.last_contact, None);
+    let why = view.vouch(BootTime::now()).expect_err("an unreachable API vouches for nothing");
+    assert!(why.contains(" watch broke (") && why.ends_with("): relisting"), "{why}");
     assert!(view.pods_on_node.is_empty() && view.pvs.is_empty() && view.volume_attachments.is_empty());
     let err = view.last_error.expect("error");
     assert!(
@@ -330,4 +374,176 @@ async fn post_one_event(cfg: &KubeConfig, server: &ApiServer) {
     let post = reqs.iter().find(|r| r.method == Method::POST).expect("event posted");
     assert_eq!(post.body["reason"], "BlockDeviceReleased");
     assert_eq!(post.authorization, "Bearer not-a-real-token");
+}
+
+#[tokio::test]
+async fn a_watch_cut_off_mid_stream_stops_vouching_until_it_has_relisted() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let (mut rx, handle) = spawn_watch(client, NODE, fast());
+    wait_for(&mut rx, "vouching", vouches).await;
+
+    // The pod watch's connection drops mid-stream and the API server behind it is failing:
+    // resuming the watch is answered with HTTP 500, and so are lists. (A cut that resumes fine
+    // loses nothing: the watch goes on from its resource version, or the API answers 410 Gone.)
+    server.fail_lists(PODS, true);
+    server.fail_watches(PODS, true);
+    let cut_at = server.requests().len();
+    server.cut_watches(PODS);
+    let view = wait_for(&mut rx, "the pods table unsynced", |v| !v.synced).await;
+    let why = view.vouch(BootTime::now()).expect_err("a broken watch cannot vouch");
+    assert!(why.starts_with("the pods watch broke (") && why.ends_with("): relisting"), "{why}");
+    assert!(why.contains("etcdserver: request timed out"), "the API's own message: {why}");
+    assert!(view.last_error.as_deref().is_some_and(|e| e.starts_with("pods: ")), "{view:#?}");
+    let health: Vec<(&str, bool)> = view.watches.iter().map(|w| (w.resource, w.synced)).collect();
+    assert_eq!(health, [("pods", false), ("volumeattachments", true), ("persistentvolumes", true)]);
+    assert_eq!(view.pods_on_node.len(), 2, "the pods stay as last seen, for operators");
+
+    // Watches would work again, lists still fail, and a new pod comes to this node. It is not
+    // seen and the table does not sync again without a relist; kube's own backoff would resume
+    // the watch from its resource version, take the event and go on vouching.
+    server.fail_watches(PODS, false);
+    server.publish(PODS, "ADDED", pod("web-1", "Running", "data"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let view = rx.borrow().clone();
+    assert!(!view.synced);
+    assert!(view.pods_on_node.iter().all(|p| p.name != "web-1"), "{view:#?}");
+    let why = view.vouch(BootTime::now()).expect_err("still broken");
+    assert!(why.starts_with("the pods watch broke (failed to perform initial object list: "), "{why}");
+    let since = requests_for(&server, PODS, cut_at);
+    let watches: Vec<usize> = (0..since.len()).filter(|&i| since[i].is_watch()).collect();
+    assert_eq!(watches, [0], "one resumption (answered 500), then relists only: {since:#?}");
+    assert!(since.len() >= 3, "relists retried with backoff: {since:#?}");
+    assert!(
+        since[1..].iter().all(|r| r.query.get("resourceVersion").map(String::as_str) == Some("0")),
+        "relists from the watch cache: {since:#?}"
+    );
+
+    // Lists are answered again: the relist commits, the table vouches again, the pod is there.
+    server.fail_lists(PODS, false);
+    let view = wait_for(&mut rx, "relisted", |v| v.synced).await;
+    assert!(view.pods_on_node.iter().any(|p| p.name == "web-1"), "{view:#?}");
+    assert_eq!(view.last_error, None);
+    assert_eq!(view.vouch(BootTime::now()), Ok(()));
+    assert_eq!(view.watches[0], WatchHealth { resource: "pods", synced: true, error: None });
+    handle.abort();
+}
+
+#[tokio::test]
+async fn a_watch_answered_with_500_stops_vouching_until_it_has_relisted() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let (mut rx, handle) = spawn_watch(client, NODE, fast());
+    wait_for(&mut rx, "vouching", vouches).await;
+    let va_lists = requests_for(&server, VAS, 0).iter().filter(|r| !r.is_watch()).count();
+    assert_eq!(va_lists, 1);
+
+    // The open watch ends at its timeout; the next watch request is answered with HTTP 500.
+    server.fail_watches(VAS, true);
+    let view = wait_for(&mut rx, "the VolumeAttachments table unsynced", |v| !v.synced).await;
+    let why = view.vouch(BootTime::now()).expect_err("a broken watch cannot vouch");
+    assert!(
+        why.starts_with("the volumeattachments watch broke (failed to start watching object: ")
+            && why.contains("etcdserver: request timed out")
+            && why.ends_with("): relisting"),
+        "{why}"
+    );
+
+    server.fail_watches(VAS, false);
+    let view = wait_for(&mut rx, "vouching again", vouches).await;
+    assert_eq!(view.last_error, None);
+    let va_lists = requests_for(&server, VAS, 0).iter().filter(|r| !r.is_watch()).count();
+    assert!(va_lists >= 2, "synced again by a relist, not by the next watch");
+    // And it stays so: the watch that follows holds, and ends at its timeout as usual.
+    tokio::time::sleep(WATCH_HOLD + Duration::from_millis(500)).await;
+    assert_eq!(rx.borrow().vouch(BootTime::now()), Ok(()));
+    handle.abort();
+}
+
+#[tokio::test]
+async fn a_node_name_with_no_node_cannot_vouch() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    // No Node is named so: the field selector selects no pods, which must not read as "no pod
+    // uses it".
+    let (mut rx, handle) = spawn_watch(client.clone(), "node-gone", fast());
+    let view = wait_for(&mut rx, "synced, the Node looked up", |v| v.synced && v.node_found.is_some()).await;
+    assert!(view.pods_on_node.is_empty());
+    assert_eq!(view.node_found, Some(false));
+    assert_eq!(view.last_error, None, "a 404 is an answer, not an error");
+    assert_eq!(
+        view.vouch(BootTime::now()),
+        Err("no Node named 'node-gone' in the cluster: its pods and attachments cannot be told from none"
+            .to_string())
+    );
+    assert!(server.requests().iter().any(|r| r.method == Method::GET && r.path == "/api/v1/nodes/node-gone"));
+    handle.abort();
+
+    // This node exists, then is deleted.
+    let (mut rx, handle) = spawn_watch(client, NODE, fast());
+    wait_for(&mut rx, "vouching", vouches).await;
+    server.remove_node();
+    let view = wait_for(&mut rx, "the Node gone", |v| v.node_found == Some(false)).await;
+    assert_eq!(
+        view.vouch(BootTime::now()),
+        Err("no Node named 'node-a' in the cluster: its pods and attachments cannot be told from none"
+            .to_string())
+    );
+    assert!(view.synced, "the watches are fine; the node is not");
+    handle.abort();
+}
+
+#[tokio::test]
+async fn a_silent_api_stops_vouching_after_the_bound_without_blocking() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let options = fast();
+    let (mut rx, handle) = spawn_watch(client, NODE, options);
+    let view = wait_for(&mut rx, "vouching", vouches).await;
+
+    // Signs of life refresh the contact time in place; with nothing else changing, readers are
+    // not woken for them.
+    let first = view.last_contact.expect("contact");
+    rx.mark_unchanged();
+    tokio::time::sleep(options.probe_interval * 3).await;
+    assert!(!rx.has_changed().expect("watching"), "a bare contact notifies nobody");
+    assert!(rx.borrow().last_contact.is_some_and(|c| c > first), "but it is refreshed");
+
+    // Nothing answers any more; the watches stay open and say nothing.
+    server.go_silent();
+    let silent_at = std::time::Instant::now();
+    let why = loop {
+        let started = std::time::Instant::now();
+        let verdict = rx.borrow().vouch(BootTime::now());
+        assert!(started.elapsed() < Duration::from_millis(50), "vouch never waits on the API");
+        if let Err(why) = verdict {
+            break why;
+        }
+        assert!(silent_at.elapsed() < WAIT, "still vouching after {:?} of silence", silent_at.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let after = silent_at.elapsed();
+    assert!(
+        why.starts_with("the Kubernetes API has not answered for ") && why.ends_with(" (bound 1s)"),
+        "{why}"
+    );
+    assert!(
+        after >= options.silence_bound - options.probe_interval - Duration::from_millis(100),
+        "not before the bound: {after:?}"
+    );
+    let view = rx.borrow().clone();
+    assert!(view.synced, "silence alone breaks no watch");
+    assert_eq!(view.node_found, Some(true));
+
+    // The lookup in flight times out: recorded, the last answer kept.
+    let view = wait_for(&mut rx, "the lookup timed out", |v| v.last_error.is_some()).await;
+    assert_eq!(
+        view.last_error.as_deref(),
+        Some("get node node-a: no answer from the Kubernetes API within 10s")
+    );
+    assert_eq!(view.node_found, Some(true));
+    assert!(view
+        .vouch(BootTime::now())
+        .is_err_and(|e| e.starts_with("the Kubernetes API has not answered for ")));
+    handle.abort();
 }

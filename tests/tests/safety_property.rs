@@ -270,6 +270,7 @@ fn plans(c: &Case) -> (DeviceEntry, Vec<Plan>) {
         pvs: Vec::new(),
         synced,
         last_error: (!synced).then(|| "connection refused".into()),
+        ..Default::default()
     });
     let judged = verdicts.get(&e.device.devnum).cloned().map(|j| policy::with_api(j, &e, view.as_ref()));
     let j = judged.as_ref();

@@ -548,7 +548,8 @@ async fn connect_kubernetes(state: &Arc<AgentState>) {
     };
     match blockjanitor::kube::connect(&cfg).await {
         Ok(client) => {
-            let (view, _task) = blockjanitor::kube::spawn_watch(client.clone(), &state.node_name);
+            let (view, _task) =
+                blockjanitor::kube::spawn_watch(client.clone(), &state.node_name, Default::default());
             state.use_kubernetes(view, blockjanitor::kube::Reporter::new(client, &state.node_name));
             tracing::info!(node = %state.node_name, "using the Kubernetes API");
         }

@@ -1,42 +1,114 @@
-//! Keeping the [`ClusterView`] current: one `kube::runtime` watcher each for this node's pods
-//! (field selector `spec.nodeName`), VolumeAttachments (filtered to this node here: the API has no
-//! such selector for them) and PersistentVolumes, each with the default backoff. Lists are served
-//! from the API server's watch cache (`resourceVersion=0`, unpaginated), as the kubelet's are: one
-//! agent per node must not make every node's relist a quorum read of etcd.
+//! Keeping the [`ClusterView`] current, and knowing when it cannot be trusted.
+//!
+//! One `kube::runtime` watcher each for this node's pods (field selector `spec.nodeName`),
+//! VolumeAttachments (filtered to this node here: the API has no such selector for them) and
+//! PersistentVolumes. Lists are served from the API server's watch cache (`resourceVersion=0`,
+//! unpaginated), as the kubelet's are: one agent per node must not make every node's relist a
+//! quorum read of etcd.
+//!
+//! A watch that fails in any way is not resumed: its table is marked unsynced at once, the
+//! watcher is dropped and, after a backoff (doubling, jittered, up to a bound), a fresh one lists
+//! again. The table is synced, and its error cleared, only when that relist is complete; no later
+//! event can do it. (kube's own backoff resumes from the last resource version, so a watch that
+//! broke would go on vouching for a table it may have missed changes to.) A watch the server
+//! simply ends at its timeout is resumed from its resource version, as the API intends.
+//!
+//! A fourth task looks up this node's Node every probe interval: whether it exists (a name that
+//! matches no Node selects no pods, which must not read as "no pod uses it"), and a sign of life
+//! from the API while nothing changes. Every answer, and every listed or watched object, refreshes
+//! `last_contact` on `CLOCK_BOOTTIME`; [`ClusterView::vouch`] weighs it against the silence bound.
 //!
 //! Objects are reduced to their plain data as they arrive. A relist is buffered and swapped in
-//! whole when it completes, so the view never shows half a list; the view is published only when
-//! it changed.
+//! whole when it completes, so the view never shows half a list. Receivers are notified when
+//! anything but `last_contact` changed, or when the API answers again after a silence longer than
+//! the bound; a bare sign of life only refreshes `last_contact` in place, without notifying.
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::time::Duration;
 
 use ::kube::runtime::watcher::{self, Event};
-use ::kube::runtime::WatchStreamExt;
-use ::kube::{Api, Client};
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use ::kube::{Api, Client, Resource};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use tokio::sync::watch;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
-use super::view::{pod_info, pv_info, va_info, ClusterView, PodInfo, PvInfo, VaInfo};
+use super::report::request;
+use super::view::{
+    pod_info, pv_info, va_info, ClusterView, PodInfo, PvInfo, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
+};
+use crate::clock::BootTime;
 
-/// Starts watching pods on `node_name`, VolumeAttachments and PersistentVolumes. The receiver
-/// starts with an empty, unsynced view naming the node. The task ends when every receiver is gone
-/// (checked as changes arrive); abort the handle to stop it sooner.
-pub fn spawn_watch(client: Client, node_name: &str) -> (watch::Receiver<ClusterView>, JoinHandle<()>) {
+/// How often the Node is looked up, how long the API may stay silent, and how watches back off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// Between two lookups of this node's Node (each answer is also a sign of life). Default 20 s.
+    pub probe_interval: Duration,
+    /// The view stops vouching when the API has not answered for longer than this. Default 60 s,
+    /// three probe intervals.
+    pub silence_bound: Duration,
+    /// The wait before the first relist after a watch breaks. Default 1 s, doubled after every
+    /// failed attempt up to [`backoff_max`](Self::backoff_max), and started over once a watch
+    /// has held for `backoff_max` after its list; each wait is jittered down by up to half, so
+    /// that every node's agent does not relist at the same moment.
+    pub backoff_initial: Duration,
+    /// The longest wait between two relists. Default 30 s.
+    pub backoff_max: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            probe_interval: Duration::from_secs(20),
+            silence_bound: DEFAULT_SILENCE_BOUND,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Starts watching pods on `node_name`, VolumeAttachments and PersistentVolumes, and looking up
+/// the Node `node_name`. The receiver starts with an empty, unsynced view naming the node. The
+/// task (all four loops run in it) ends when every receiver is gone; abort the handle to stop it
+/// sooner.
+pub fn spawn_watch(
+    client: Client,
+    node_name: &str,
+    options: WatchOptions,
+) -> (watch::Receiver<ClusterView>, JoinHandle<()>) {
     let node = node_name.to_string();
-    let (tx, rx) = watch::channel(ClusterView { node_name: node.clone(), ..Default::default() });
-    let handle = tokio::spawn(run(client, node, tx));
+    let state = State::new(options.silence_bound);
+    let (tx, rx) = watch::channel(state.view(&node));
+    let handle = tokio::spawn(run(client, node, options, state, tx));
     (rx, handle)
 }
 
-/// One change from one of the three watches, reduced to plain data.
+/// One thing one of the four loops saw, reduced to plain data.
 enum Change {
     Pod(Op<PodInfo>),
     Va(Op<VaInfo>),
     Pv(Op<PvInfo>),
-    Failed(Kind, String),
+    /// A watch failed (and is being dropped); its error.
+    Broke(Kind, String),
+    /// A Node lookup: answered (whether the Node exists), or failed (why).
+    Probe(Result<bool, String>),
+}
+
+impl Change {
+    /// Whether this is an answer from the API. `Begin` is not: kube announces a list before it
+    /// asks for it.
+    fn is_contact(&self) -> bool {
+        match self {
+            Change::Pod(op) => op.is_answer(),
+            Change::Va(op) => op.is_answer(),
+            Change::Pv(op) => op.is_answer(),
+            Change::Broke(..) => false,
+            Change::Probe(answer) => answer.is_ok(),
+        }
+    }
 }
 
 /// A watcher event on a table keyed by `namespace/name`.
@@ -55,7 +127,13 @@ enum Op<T> {
     Skip,
 }
 
-#[derive(Clone, Copy, Debug)]
+impl<T> Op<T> {
+    fn is_answer(&self) -> bool {
+        !matches!(self, Op::Begin)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Pods,
     VolumeAttachments,
@@ -72,60 +150,160 @@ impl Kind {
     }
 }
 
-async fn run(client: Client, node: String, tx: watch::Sender<ClusterView>) {
+async fn run(
+    client: Client,
+    node: String,
+    options: WatchOptions,
+    mut state: State,
+    tx: watch::Sender<ClusterView>,
+) {
     // `resourceVersion=0` lists come from the watch cache; kube drops it when a page size is set.
     let mut config = watcher::Config::default().any_semantic();
     config.page_size = None;
-    let pods = watcher::watcher(
+    let (out, mut changes) = mpsc::channel(256);
+    let pods = follow(
+        Kind::Pods,
         Api::<Pod>::all(client.clone()),
         config.clone().fields(&format!("spec.nodeName={node}")),
-    )
-    .default_backoff()
-    .map(|r| match r {
-        Ok(ev) => Change::Pod(reduce(ev, |p: &Pod| Some(pod_info(p)))),
-        Err(e) => Change::Failed(Kind::Pods, e.to_string()),
-    });
+        |ev| Change::Pod(reduce(ev, |p: &Pod| Some(pod_info(p)))),
+        out.clone(),
+        options,
+    );
     let this_node = node.clone();
-    let vas = watcher::watcher(Api::<VolumeAttachment>::all(client.clone()), config.clone())
-        .default_backoff()
-        .map(move |r| match r {
-            Ok(ev) => Change::Va(reduce(ev, |va: &VolumeAttachment| {
+    let vas = follow(
+        Kind::VolumeAttachments,
+        Api::<VolumeAttachment>::all(client.clone()),
+        config.clone(),
+        move |ev| {
+            Change::Va(reduce(ev, |va: &VolumeAttachment| {
                 (va.spec.node_name == this_node).then(|| va_info(va))
-            })),
-            Err(e) => Change::Failed(Kind::VolumeAttachments, e.to_string()),
-        });
-    let pvs =
-        watcher::watcher(Api::<PersistentVolume>::all(client), config).default_backoff().map(|r| match r {
-            Ok(ev) => Change::Pv(reduce(ev, |pv: &PersistentVolume| Some(pv_info(pv)))),
-            Err(e) => Change::Failed(Kind::PersistentVolumes, e.to_string()),
-        });
-    let mut changes = std::pin::pin!(pods.merge(vas).merge(pvs));
+            }))
+        },
+        out.clone(),
+        options,
+    );
+    let pvs = follow(
+        Kind::PersistentVolumes,
+        Api::<PersistentVolume>::all(client.clone()),
+        config,
+        |ev| Change::Pv(reduce(ev, |pv: &PersistentVolume| Some(pv_info(pv)))),
+        out.clone(),
+        options,
+    );
+    let probe = probe_node(Api::<Node>::all(client), node.clone(), options.probe_interval, out);
+    let loops = async {
+        tokio::join!(pods, vas, pvs, probe);
+    };
 
-    let mut state = State::default();
-    while let Some(change) = changes.next().await {
-        if !state.apply(change) {
-            continue;
-        }
-        let view = state.view(&node);
-        if view.synced && !tx.borrow().synced {
-            tracing::info!(
-                node = %node,
-                pods = view.pods_on_node.len(),
-                volume_attachments = view.volume_attachments.len(),
-                pvs = view.pvs.len(),
-                "Kubernetes view synced"
-            );
-        }
-        tx.send_if_modified(|current| {
-            if *current == view {
-                false
-            } else {
-                *current = view;
-                true
+    let publish = async {
+        while let Some(change) = changes.recv().await {
+            let now = BootTime::now();
+            let contact = change.is_contact();
+            // The API answers again after a silence the view could not vouch through.
+            let resumed =
+                contact && state.last_contact.is_some_and(|at| now.since(at) > options.silence_bound);
+            if !state.apply(change, now) {
+                if contact {
+                    tx.send_if_modified(|current| {
+                        current.last_contact = state.last_contact;
+                        resumed
+                    });
+                }
+                continue;
             }
-        });
-        if tx.is_closed() {
-            tracing::debug!(node = %node, "no reader of the Kubernetes view left; watches stop");
+            let view = state.view(&node);
+            if view.synced && !tx.borrow().synced {
+                tracing::info!(
+                    node = %node,
+                    pods = view.pods_on_node.len(),
+                    volume_attachments = view.volume_attachments.len(),
+                    pvs = view.pvs.len(),
+                    "Kubernetes view synced"
+                );
+            }
+            tx.send_if_modified(|current| {
+                let notify = resumed || !current.same_evidence(&view);
+                *current = view;
+                notify
+            });
+        }
+    };
+
+    tokio::select! {
+        () = loops => {}
+        () = publish => {}
+        () = tx.closed() => {
+            tracing::debug!(node = %node, "no reader of the Kubernetes view left; watches and Node lookups stop");
+        }
+    }
+}
+
+/// Follows one collection for as long as anyone listens: a fresh watcher (list, then watch) after
+/// every failure, each failure reported first so that the table stops vouching at once.
+async fn follow<K>(
+    kind: Kind,
+    api: Api<K>,
+    config: watcher::Config,
+    to_change: impl Fn(Event<K>) -> Change,
+    out: mpsc::Sender<Change>,
+    options: WatchOptions,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut delay = options.backoff_initial;
+    loop {
+        let mut events = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
+        let mut listed_at = None;
+        let error = loop {
+            match events.next().await {
+                Some(Ok(event)) => {
+                    if matches!(event, Event::InitDone) {
+                        listed_at = Some(tokio::time::Instant::now());
+                    }
+                    if out.send(to_change(event)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(Err(e)) => break e.to_string(),
+                None => break "the watch stream ended".to_string(),
+            }
+        };
+        if out.send(Change::Broke(kind, error)).await.is_err() {
+            return;
+        }
+        // Only a watch that held for a while starts the backoff over: one that breaks right
+        // after every list must not make every node relist every second.
+        if listed_at.is_some_and(|at| at.elapsed() >= options.backoff_max) {
+            delay = options.backoff_initial;
+        }
+        tokio::time::sleep(jittered(delay)).await;
+        delay = delay.saturating_mul(2).min(options.backoff_max).max(options.backoff_initial);
+    }
+}
+
+/// Between half of `d` and all of it.
+fn jittered(d: Duration) -> Duration {
+    use ring::rand::SecureRandom;
+    let mut byte = [0u8; 1];
+    let fraction = match ring::rand::SystemRandom::new().fill(&mut byte) {
+        Ok(()) => f64::from(byte[0]) / 255.0,
+        Err(_) => 1.0,
+    };
+    d.mul_f64(0.5 + fraction / 2.0)
+}
+
+/// Looks up the Node every `interval` (the first at once), with the reporter's request timeout.
+async fn probe_node(api: Api<Node>, node: String, interval: Duration, out: mpsc::Sender<Change>) {
+    let mut ticks = tokio::time::interval(interval.max(Duration::from_millis(10)));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let action = format!("get node {node}");
+    loop {
+        ticks.tick().await;
+        let answer = request(&action, api.get_metadata_opt(&node))
+            .await
+            .map(|found| found.is_some())
+            .map_err(|e| e.to_string());
+        if out.send(Change::Probe(answer)).await.is_err() {
             return;
         }
     }
@@ -163,23 +341,22 @@ where
 
 /// One watched collection: what is shown, the list being received, and the watch's health.
 struct Table<T> {
+    kind: Kind,
     live: BTreeMap<String, T>,
     pending: Option<BTreeMap<String, T>>,
     synced: bool,
     error: Option<String>,
 }
 
-impl<T> Default for Table<T> {
-    fn default() -> Self {
-        Table { live: BTreeMap::new(), pending: None, synced: false, error: None }
-    }
-}
-
 impl<T> Table<T> {
-    /// Applies an operation; true when what is shown may have changed.
+    fn new(kind: Kind) -> Self {
+        Table { kind, live: BTreeMap::new(), pending: None, synced: false, error: None }
+    }
+
+    /// Applies an operation; true when what is shown may have changed. Only a complete list
+    /// makes the table synced and clears its error.
     fn apply(&mut self, op: Op<T>) -> bool {
-        let recovered = self.error.take().is_some();
-        let changed = match op {
+        match op {
             Op::Upsert(k, v) => {
                 self.live.insert(k, v);
                 true
@@ -195,58 +372,241 @@ impl<T> Table<T> {
             }
             Op::Commit => {
                 self.live = self.pending.take().unwrap_or_default();
+                if let Some(error) = self.error.take() {
+                    tracing::info!(
+                        resource = self.kind.as_str(),
+                        after = %error,
+                        "Kubernetes watch relisted; its table vouches again"
+                    );
+                }
                 self.synced = true;
                 true
             }
             Op::Skip => false,
-        };
-        changed || recovered
+        }
     }
 
-    fn fail(&mut self, kind: Kind, error: String) -> bool {
-        tracing::warn!(resource = kind.as_str(), error = %error, "Kubernetes watch failed; backing off");
-        let error = Some(format!("{}: {error}", kind.as_str()));
-        let changed = self.error != error;
-        self.error = error;
+    /// The watch broke: the table stops vouching (its objects stay, as last seen) and any list
+    /// being received is dropped. True when what is shown changed.
+    fn fail(&mut self, error: String) -> bool {
+        tracing::warn!(
+            resource = self.kind.as_str(),
+            error = %error,
+            "Kubernetes watch failed; its table cannot vouch until it has relisted"
+        );
+        let changed = self.synced || self.error.as_deref() != Some(error.as_str());
+        self.synced = false;
+        self.pending = None;
+        self.error = Some(error);
         changed
+    }
+
+    fn health(&self) -> WatchHealth {
+        WatchHealth { resource: self.kind.as_str(), synced: self.synced, error: self.error.clone() }
     }
 }
 
-/// The three tables.
-#[derive(Default)]
+/// The three tables, and what the Node lookups found.
 struct State {
     pods: Table<PodInfo>,
     vas: Table<VaInfo>,
     pvs: Table<PvInfo>,
+    node_found: Option<bool>,
+    /// The last lookup's failure, until one is answered.
+    probe_error: Option<String>,
+    last_contact: Option<BootTime>,
+    silence_bound: Duration,
 }
 
 impl State {
-    /// Applies a change; true when the view may have changed.
-    fn apply(&mut self, change: Change) -> bool {
+    fn new(silence_bound: Duration) -> Self {
+        State {
+            pods: Table::new(Kind::Pods),
+            vas: Table::new(Kind::VolumeAttachments),
+            pvs: Table::new(Kind::PersistentVolumes),
+            node_found: None,
+            probe_error: None,
+            last_contact: None,
+            silence_bound,
+        }
+    }
+
+    /// Applies a change seen at `now`; true when the view, `last_contact` aside, may have changed.
+    fn apply(&mut self, change: Change, now: BootTime) -> bool {
+        if change.is_contact() {
+            self.last_contact = Some(now);
+        }
         match change {
             Change::Pod(op) => self.pods.apply(op),
             Change::Va(op) => self.vas.apply(op),
             Change::Pv(op) => self.pvs.apply(op),
-            Change::Failed(Kind::Pods, e) => self.pods.fail(Kind::Pods, e),
-            Change::Failed(Kind::VolumeAttachments, e) => self.vas.fail(Kind::VolumeAttachments, e),
-            Change::Failed(Kind::PersistentVolumes, e) => self.pvs.fail(Kind::PersistentVolumes, e),
+            Change::Broke(Kind::Pods, e) => self.pods.fail(e),
+            Change::Broke(Kind::VolumeAttachments, e) => self.vas.fail(e),
+            Change::Broke(Kind::PersistentVolumes, e) => self.pvs.fail(e),
+            Change::Probe(Ok(found)) => {
+                if self.node_found != Some(found) {
+                    if found {
+                        tracing::info!("this node's Node object exists");
+                    } else {
+                        tracing::warn!(
+                            "no Node object by this node's name: the Kubernetes view cannot vouch for \
+                             this node's devices"
+                        );
+                    }
+                }
+                let changed = self.node_found != Some(found) || self.probe_error.is_some();
+                self.node_found = Some(found);
+                self.probe_error = None;
+                changed
+            }
+            Change::Probe(Err(e)) => {
+                let changed = self.probe_error.as_deref() != Some(e.as_str());
+                if changed {
+                    tracing::warn!(error = %e, "Node lookup failed; keeping what the last one found");
+                }
+                self.probe_error = Some(e);
+                changed
+            }
         }
     }
 
     fn view(&self, node: &str) -> ClusterView {
+        let watches = vec![self.pods.health(), self.vas.health(), self.pvs.health()];
+        let last_error = watches
+            .iter()
+            .find_map(|w| w.error.as_ref().map(|e| format!("{}: {e}", w.resource)))
+            .or_else(|| self.probe_error.clone());
         let mut view = ClusterView {
             node_name: node.to_string(),
             pods_on_node: self.pods.live.values().cloned().collect(),
             volume_attachments: self.vas.live.values().cloned().collect(),
             pvs: self.pvs.live.values().cloned().collect(),
-            synced: self.pods.synced && self.vas.synced && self.pvs.synced,
-            last_error: [&self.pods.error, &self.vas.error, &self.pvs.error]
-                .into_iter()
-                .flatten()
-                .next()
-                .cloned(),
+            synced: watches.iter().all(|w| w.synced),
+            watches,
+            last_error,
+            node_found: self.node_found,
+            last_contact: self.last_contact,
+            silence_bound: self.silence_bound,
         };
         view.resolve_claims();
         view
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str) -> PodInfo {
+        PodInfo { name: name.into(), namespace: "shop".into(), ..Default::default() }
+    }
+
+    fn names(t: &Table<PodInfo>) -> Vec<&str> {
+        t.live.values().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_table_vouches_only_after_a_complete_list() {
+        let mut t = Table::new(Kind::Pods);
+        assert!(!t.apply(Op::Begin));
+        assert!(!t.apply(Op::Listed("shop/a".into(), pod("a"))));
+        assert!(!t.apply(Op::Skip));
+        assert!(!t.synced && t.live.is_empty(), "half a list is not shown");
+        assert!(t.apply(Op::Commit));
+        assert!(t.synced && t.error.is_none());
+        assert_eq!(names(&t), ["a"]);
+        assert!(t.apply(Op::Upsert("shop/b".into(), pod("b"))));
+        assert!(t.apply(Op::Remove("shop/a".into())));
+        assert!(!t.apply(Op::Remove("shop/a".into())), "removing what is not there changes nothing");
+
+        // The watch breaks mid-relist: unsynced at once, the objects kept as last seen, the
+        // partial list dropped.
+        assert!(!t.apply(Op::Begin));
+        assert!(!t.apply(Op::Listed("shop/c".into(), pod("c"))));
+        assert!(t.fail("watch stream failed: EOF".into()));
+        assert!(!t.synced);
+        assert_eq!(t.error.as_deref(), Some("watch stream failed: EOF"));
+        assert_eq!(names(&t), ["b"]);
+        assert!(t.pending.is_none());
+        assert!(!t.fail("watch stream failed: EOF".into()), "the same failure again changes nothing");
+        assert!(t.fail("failed to perform initial object list: 500".into()), "a new error is shown");
+
+        // A plain event (from anywhere) does not make it vouch again, nor clear the error.
+        assert!(t.apply(Op::Upsert("shop/d".into(), pod("d"))));
+        assert!(t.apply(Op::Remove("shop/d".into())));
+        assert!(!t.synced);
+        assert!(t.error.is_some());
+
+        // Only a relist that completes does, and it replaces the table whole.
+        t.apply(Op::Begin);
+        t.apply(Op::Listed("shop/e".into(), pod("e")));
+        assert!(!t.synced && t.error.is_some(), "not before the list is complete");
+        assert_eq!(names(&t), ["b"]);
+        assert!(t.apply(Op::Commit));
+        assert!(t.synced && t.error.is_none());
+        assert_eq!(names(&t), ["e"]);
+        assert_eq!(t.health(), WatchHealth { resource: "pods", synced: true, error: None });
+    }
+
+    #[test]
+    fn state_view_names_the_broken_watch_and_tracks_contact() {
+        let t = |s: u64| BootTime::from_since_boot(Duration::from_secs(s));
+        let mut state = State::new(Duration::from_secs(60));
+        let view = state.view("node-a");
+        assert!(!view.synced && view.watches.len() == 3 && view.last_contact.is_none());
+        assert_eq!(view.vouch(t(0)), Err("the pods watch is not synced yet".into()));
+
+        assert!(!state.apply(Change::Pod(Op::Begin), t(1)));
+        assert_eq!(state.last_contact, None, "announcing a list is not an answer");
+        for (i, change) in
+            [Change::Pod(Op::Commit), Change::Va(Op::Commit), Change::Pv(Op::Commit)].into_iter().enumerate()
+        {
+            assert!(state.apply(change, t(2 + i as u64)));
+        }
+        assert_eq!(state.last_contact, Some(t(4)));
+        assert_eq!(
+            state.view("node-a").vouch(t(4)),
+            Err("the Node 'node-a' has not been looked up yet".into())
+        );
+
+        // A failed lookup is recorded but neither desyncs nor counts as contact.
+        assert!(state.apply(Change::Probe(Err("get node node-a: timed out".into())), t(5)));
+        let view = state.view("node-a");
+        assert!(view.synced);
+        assert_eq!(view.last_error.as_deref(), Some("get node node-a: timed out"));
+        assert_eq!(view.last_contact, Some(t(4)));
+        assert_eq!(
+            view.vouch(t(5)),
+            Err("the Node 'node-a' has not been looked up yet (get node node-a: timed out)".into())
+        );
+
+        assert!(state.apply(Change::Probe(Ok(false)), t(6)));
+        assert_eq!(state.last_contact, Some(t(6)), "a 404 is an answer");
+        let view = state.view("node-a");
+        assert_eq!((view.node_found, view.last_error.as_deref()), (Some(false), None));
+        assert!(view.vouch(t(6)).is_err_and(|e| e.starts_with("no Node named 'node-a'")));
+        assert!(state.apply(Change::Probe(Ok(true)), t(7)));
+        assert!(!state.apply(Change::Probe(Ok(true)), t(8)), "only the contact time changed");
+        assert_eq!(state.last_contact, Some(t(8)));
+        assert_eq!(state.view("node-a").vouch(t(68)), Ok(()));
+        assert!(state.view("node-a").vouch(t(69)).is_err_and(|e| e.contains("has not answered for 1m01s")));
+
+        // A broken watch: unsynced, named, and its error wins over a lookup's.
+        state.apply(Change::Probe(Err("get node node-a: refused".into())), t(9));
+        assert!(state.apply(Change::Broke(Kind::VolumeAttachments, "watch stream failed: EOF".into()), t(9)));
+        let view = state.view("node-a");
+        assert!(!view.synced);
+        assert_eq!(view.last_error.as_deref(), Some("volumeattachments: watch stream failed: EOF"));
+        assert_eq!(
+            view.vouch(t(9)),
+            Err("the volumeattachments watch broke (watch stream failed: EOF): relisting".into())
+        );
+        state.apply(Change::Va(Op::Upsert("x".into(), VaInfo::default())), t(10));
+        assert!(!state.view("node-a").synced, "an event is no relist");
+        state.apply(Change::Va(Op::Begin), t(11));
+        state.apply(Change::Va(Op::Commit), t(12));
+        let view = state.view("node-a");
+        assert!(view.synced);
+        assert_eq!(view.last_error.as_deref(), Some("get node node-a: refused"));
     }
 }

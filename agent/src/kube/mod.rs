@@ -3,13 +3,17 @@
 //! - [`connect`](connect::connect) builds a client from an explicit URL, a kubeconfig file or the
 //!   pod's service account, in that order of precedence.
 //! - [`spawn_watch`](cache::spawn_watch) keeps a [`ClusterView`] of this node's pods, its
-//!   VolumeAttachments and every PersistentVolume current with watches (never polling), backing
-//!   off when the API fails.
+//!   VolumeAttachments and every PersistentVolume current with watches, relisting after a backoff
+//!   when a watch breaks, and looks up this node's Node periodically.
+//!   [`ClusterView::vouch`] says whether the view may be taken as evidence now: not while a watch
+//!   has not relisted since it broke, the API has been silent past a bound, or no Node has this
+//!   node's name.
 //! - [`Reporter`](report::Reporter) posts de-duplicated Events on the Node and keeps the Node's
 //!   `StaleBlockDevices` condition, as node-problem-detector does.
 //!
 //! The API needs (ClusterRole): `list`/`watch` on pods, `volumeattachments.storage.k8s.io` and
-//! persistentvolumes; `create` on events; `get`/`patch` on `nodes/status`.
+//! persistentvolumes; `get` on nodes (without it the view never vouches); `create` on events;
+//! `get`/`patch` on `nodes/status`.
 
 pub mod cache;
 pub mod connect;
@@ -19,10 +23,12 @@ pub mod view;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use cache::spawn_watch;
+pub use cache::{spawn_watch, WatchOptions};
 pub use connect::{connect, KubeConfig};
 pub use report::{Delivery, EventReason, Reporter};
-pub use view::{ClusterView, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo};
+pub use view::{
+    ClusterView, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
+};
 
 /// What failed while reaching or talking to the Kubernetes API.
 #[derive(Debug, thiserror::Error)]

@@ -228,7 +228,7 @@ impl Reporter {
 }
 
 /// Runs one API request with [`REQUEST_TIMEOUT`], naming the action in any error.
-async fn request<T>(
+pub(super) async fn request<T>(
     action: &str,
     fut: impl Future<Output = Result<T, ::kube::Error>>,
 ) -> Result<T, KubeError> {

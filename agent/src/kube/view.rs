@@ -1,8 +1,13 @@
 //! What the cluster says about this node's volumes, as plain data: the pods scheduled here, the
 //! VolumeAttachments for this node and every PersistentVolume, with the questions the cleaner
-//! asks of them. Built from API objects by pure functions; [`super::cache`] keeps it current.
+//! asks of them, and whether the view may be taken as evidence at all ([`ClusterView::vouch`]:
+//! every watch listed since it last broke, this node's Node exists, and the API answered
+//! recently). Built from API objects by pure functions; [`super::cache`] keeps it current.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use crate::clock::{human, BootTime};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -73,8 +78,24 @@ pub struct VaInfo {
     pub attached: bool,
 }
 
-/// The cluster's state as far as this node is concerned; replaced whole on every change.
+/// How long the API may stay silent before the view stops vouching, unless told otherwise: three
+/// Node probes of the default interval ([`super::cache::WatchOptions`]).
+pub const DEFAULT_SILENCE_BOUND: Duration = Duration::from_secs(60);
+
+/// The health of one of the three watches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchHealth {
+    /// The watched resource: `pods`, `volumeattachments` or `persistentvolumes`.
+    pub resource: &'static str,
+    /// True once its list has arrived whole, and again only after a relist that followed a break.
+    pub synced: bool,
+    /// Why the watch broke, kept until the relist that follows commits.
+    pub error: Option<String>,
+}
+
+/// The cluster's state as far as this node is concerned; replaced whole on every change (but for
+/// [`last_contact`](Self::last_contact), which is refreshed in place: see [`super::cache`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterView {
     pub node_name: String,
     /// Pods scheduled on this node, by namespace and name.
@@ -83,15 +104,118 @@ pub struct ClusterView {
     pub volume_attachments: Vec<VaInfo>,
     /// Every PersistentVolume, by name.
     pub pvs: Vec<PvInfo>,
-    /// True once the initial lists of pods, VolumeAttachments and PVs have all arrived. Until then
-    /// the view says nothing: an absent pod may just not be listed yet.
+    /// True while every watch has listed since it last broke. Until then the view says nothing:
+    /// an absent pod may just not be listed (or relisted) yet. The lists stay as last seen.
     pub synced: bool,
-    /// The latest failure of any watch (`pods: ...`), cleared by the next event from that watch
-    /// (a watch that recovers into a quiet stream keeps it until something changes).
+    /// The pods, VolumeAttachments and PersistentVolumes watches, in that order (empty in a view
+    /// made by hand).
+    pub watches: Vec<WatchHealth>,
+    /// The failure that matters most now: a broken watch's (`pods: ...`), kept until that watch
+    /// has relisted; else the last Node probe's, kept until a probe is answered.
     pub last_error: Option<String>,
+    /// Whether a Node named [`node_name`](Self::node_name) exists: `None` until a lookup is
+    /// answered, then as of the last answer (a failed lookup keeps it).
+    pub node_found: Option<bool>,
+    /// When the API last answered: a listed or watched object, a completed list, or an answered
+    /// Node lookup (found or not), on the clock that cannot jump.
+    pub last_contact: Option<BootTime>,
+    /// Longer than this without [`last_contact`](Self::last_contact) and the view stops vouching.
+    pub silence_bound: Duration,
+}
+
+impl Default for ClusterView {
+    fn default() -> Self {
+        ClusterView {
+            node_name: String::new(),
+            pods_on_node: Vec::new(),
+            volume_attachments: Vec::new(),
+            pvs: Vec::new(),
+            synced: false,
+            watches: Vec::new(),
+            last_error: None,
+            node_found: None,
+            last_contact: None,
+            silence_bound: DEFAULT_SILENCE_BOUND,
+        }
+    }
 }
 
 impl ClusterView {
+    /// Whether the view may be taken as evidence at `now` ("no pod on this node uses this PV"):
+    /// every watch has listed since it last broke, the API answered within
+    /// [`silence_bound`](Self::silence_bound), and a Node named [`node_name`](Self::node_name)
+    /// exists. Otherwise the one reason why not, as a sentence without its period. A pure
+    /// function of the view and `now`: it never waits on the API.
+    pub fn vouch(&self, now: BootTime) -> Result<(), String> {
+        if let Some(why) = self.unsynced() {
+            return Err(why);
+        }
+        match self.last_contact {
+            None => return Err("the Kubernetes API has not answered yet".to_string()),
+            Some(at) => {
+                let silent = now.since(at);
+                if silent > self.silence_bound {
+                    return Err(format!(
+                        "the Kubernetes API has not answered for {} (bound {})",
+                        human(silent),
+                        human(self.silence_bound)
+                    ));
+                }
+            }
+        }
+        match self.node_found {
+            Some(true) => Ok(()),
+            Some(false) => Err(format!(
+                "no Node named '{}' in the cluster: its pods and attachments cannot be told from none",
+                self.node_name
+            )),
+            // Every watch is synced here, so any error left is the lookup's.
+            None => Err(match &self.last_error {
+                Some(e) => format!("the Node '{}' has not been looked up yet ({e})", self.node_name),
+                None => format!("the Node '{}' has not been looked up yet", self.node_name),
+            }),
+        }
+    }
+
+    /// Why the lists are not evidence, if they are not: the first broken watch, else the first
+    /// that has not listed yet.
+    fn unsynced(&self) -> Option<String> {
+        if let Some(w) = self.watches.iter().find(|w| !w.synced && w.error.is_some()) {
+            let error = w.error.as_deref().unwrap_or_default();
+            return Some(format!("the {} watch broke ({error}): relisting", w.resource));
+        }
+        if let Some(w) = self.watches.iter().find(|w| !w.synced) {
+            return Some(format!("the {} watch is not synced yet", w.resource));
+        }
+        (!self.synced).then(|| "the Kubernetes view is not synced yet".to_string())
+    }
+
+    /// Equal but for [`last_contact`](Self::last_contact): nothing a reader would act on differs.
+    pub(crate) fn same_evidence(&self, other: &ClusterView) -> bool {
+        // Destructured, so that a new field cannot be forgotten here.
+        let ClusterView {
+            node_name,
+            pods_on_node,
+            volume_attachments,
+            pvs,
+            synced,
+            watches,
+            last_error,
+            node_found,
+            last_contact: _,
+            silence_bound,
+        } = self;
+        *node_name == other.node_name
+            && *pods_on_node == other.pods_on_node
+            && *volume_attachments == other.volume_attachments
+            && *pvs == other.pvs
+            && *synced == other.synced
+            && *watches == other.watches
+            && *last_error == other.last_error
+            && *node_found == other.node_found
+            && *silence_bound == other.silence_bound
+    }
+
     /// Whether an attached VolumeAttachment on this node names the PV.
     pub fn pv_attached_to_node(&self, pv: &str) -> bool {
         self.volume_attachments.iter().any(|va| va.attached && va.pv.as_deref() == Some(pv))
@@ -244,6 +368,87 @@ mod tests {
             pv_info(&csi).rbd,
             Some(RbdImage { pool: "replicapool".into(), image: "csi-vol-1".into() })
         );
+    }
+
+    fn at(secs: u64) -> BootTime {
+        BootTime::from_since_boot(Duration::from_secs(secs))
+    }
+
+    /// Synced, the Node found, the API heard from at 100 s.
+    fn vouching() -> ClusterView {
+        ClusterView {
+            node_name: "node-a".into(),
+            synced: true,
+            watches: ["pods", "volumeattachments", "persistentvolumes"]
+                .into_iter()
+                .map(|resource| WatchHealth { resource, synced: true, error: None })
+                .collect(),
+            node_found: Some(true),
+            last_contact: Some(at(100)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn vouches_only_synced_fresh_and_for_an_existing_node() {
+        let view = vouching();
+        assert_eq!(view.silence_bound, DEFAULT_SILENCE_BOUND);
+        assert_eq!(view.vouch(at(100)), Ok(()));
+        assert_eq!(view.vouch(at(160)), Ok(()), "at the bound");
+        assert_eq!(view.vouch(at(50)), Ok(()), "a contact after `now` is no silence");
+        assert_eq!(
+            view.vouch(at(230)),
+            Err("the Kubernetes API has not answered for 2m10s (bound 1m00s)".to_string())
+        );
+        let short = ClusterView { silence_bound: Duration::from_secs(5), ..vouching() };
+        assert_eq!(short.vouch(at(106)), Err("the Kubernetes API has not answered for 6s (bound 5s)".into()));
+
+        let mut broke = vouching();
+        broke.synced = false;
+        broke.watches[0] =
+            WatchHealth { resource: "pods", synced: false, error: Some("watch stream failed: EOF".into()) };
+        broke.watches[2].synced = false;
+        assert_eq!(
+            broke.vouch(at(100)),
+            Err("the pods watch broke (watch stream failed: EOF): relisting".into()),
+            "a broken watch before one that has not listed"
+        );
+        broke.watches[0] = WatchHealth { resource: "pods", synced: true, error: None };
+        assert_eq!(broke.vouch(at(100)), Err("the persistentvolumes watch is not synced yet".into()));
+        let unsynced = ClusterView { synced: false, watches: Vec::new(), ..vouching() };
+        assert_eq!(unsynced.vouch(at(100)), Err("the Kubernetes view is not synced yet".into()));
+        let inconsistent = ClusterView { synced: true, ..broke };
+        assert!(inconsistent.vouch(at(100)).is_err(), "any unsynced watch is enough");
+
+        let gone = ClusterView { node_found: Some(false), ..vouching() };
+        assert_eq!(
+            gone.vouch(at(100)),
+            Err("no Node named 'node-a' in the cluster: its pods and attachments cannot be told from none"
+                .into())
+        );
+        let unknown = ClusterView { node_found: None, ..vouching() };
+        assert_eq!(unknown.vouch(at(100)), Err("the Node 'node-a' has not been looked up yet".into()));
+        let failing = ClusterView {
+            node_found: None,
+            last_error: Some("get node node-a: forbidden".into()),
+            ..vouching()
+        };
+        assert_eq!(
+            failing.vouch(at(100)),
+            Err("the Node 'node-a' has not been looked up yet (get node node-a: forbidden)".into())
+        );
+        let never = ClusterView { last_contact: None, ..vouching() };
+        assert_eq!(never.vouch(at(100)), Err("the Kubernetes API has not answered yet".into()));
+        assert!(ClusterView::default().vouch(at(0)).is_err(), "a default view vouches for nothing");
+    }
+
+    #[test]
+    fn same_evidence_ignores_only_the_contact_time() {
+        let a = vouching();
+        let b = ClusterView { last_contact: Some(at(500)), ..vouching() };
+        assert!(a.same_evidence(&b) && a != b);
+        assert!(!a.same_evidence(&ClusterView { node_found: Some(false), ..vouching() }));
+        assert!(!a.same_evidence(&ClusterView { synced: false, ..vouching() }));
     }
 
     #[test]
