@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 missing=($(build_missing))
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
 command -v losetup >/dev/null && command -v unshare >/dev/null && command -v mkswap >/dev/null || missing+=(util-linux)
 command -v setpriv >/dev/null || missing+=(util-linux)         # runs clients as other users
 command -v mount >/dev/null && command -v swapon >/dev/null || missing+=(mount)

@@ -31,10 +31,11 @@ impl Daemon {
     }
 
     /// Like [`Daemon::start`], with global flags (`--root`...) placed before `serve`.
+    /// [`crate::trust_init`] applies.
     pub fn start_with_global(dir: &Path, global: &[&str], args: &[&str]) -> Self {
         let socket = dir.join("agent.sock");
         let journal = dir.join("journal.jsonl");
-        let mut child = Command::new(crate::agent_bin())
+        let mut child = crate::trust_init(&mut Command::new(crate::agent_bin()))
             .args(global)
             .args(["--log-format", "json", "--journal"])
             .arg(&journal)

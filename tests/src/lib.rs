@@ -37,9 +37,43 @@ pub fn agent_bin() -> PathBuf {
     bin
 }
 
-/// Runs the agent with `args`; returns the output.
+/// Runs the agent with `args`; returns the output. [`trust_init`] applies.
 pub fn agent(args: &[&str]) -> Output {
-    Command::new(agent_bin()).args(args).stdin(Stdio::null()).output().expect("run blockjanitor-agent")
+    trust_init(&mut Command::new(agent_bin()))
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run blockjanitor-agent")
+}
+
+/// The variable that tells the agent to trust a PID 1 it cannot inspect (`--trust-unreadable-init`).
+pub const TRUST_INIT_ENV: &str = "BLOCKJANITOR_TRUST_UNREADABLE_INIT";
+
+/// True when PID 1 cannot be inspected on this machine (`/proc/1/ns/mnt` is unreadable even to
+/// root: a sandbox supervisor or an LSM shields it). The agent then counts PID 1 as a blind spot,
+/// which makes every cleanup candidate `unknown`. Says why on stderr the first time.
+pub fn pid1_uninspectable() -> bool {
+    static WHY: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    WHY.get_or_init(|| {
+        let why = std::fs::read_link("/proc/1/ns/mnt").err().map(|e| e.to_string());
+        if let Some(e) = &why {
+            eprintln!(
+                "note: PID 1 cannot be inspected here (readlink /proc/1/ns/mnt: {e}); the agent runs with {TRUST_INIT_ENV}=true"
+            );
+        }
+        why
+    })
+    .is_some()
+}
+
+/// Sets [`TRUST_INIT_ENV`] on `cmd` exactly when [`pid1_uninspectable`] (and removes it
+/// otherwise): the agent, or a wrapper (`unshare`, `setpriv`) that execs it.
+pub fn trust_init(cmd: &mut Command) -> &mut Command {
+    if pid1_uninspectable() {
+        cmd.env(TRUST_INIT_ENV, "true")
+    } else {
+        cmd.env_remove(TRUST_INIT_ENV)
+    }
 }
 
 /// Runs the agent and parses its stdout as JSON, asserting the exit code.

@@ -1,0 +1,797 @@
+//! Real-kernel acceptance tests for issue 9, "One engine that fails closed": no destructive step
+//! on blind, stale or reused evidence. Each scene is one hole the issue names, reproduced on this
+//! machine's kernel (loop, ext4, btrfs, mount and PID namespaces, capabilities), with the
+//! behaviour the fixed agent promises:
+//!
+//! 1. btrfs (an anonymous `0:NN` superblock) on a loop device, mounted on the host: `in_use`, and
+//!    `clean --apply` refuses (no `LOOP_CLR_FD`, not even a deferred one).
+//! 2. The same btrfs mounted only in a foreign namespace: found, with the namespace's process.
+//! 3. A loop device backed by another loop device's node (`lo_rdevice`): a `loop_backing` holder.
+//! 4. A loop number re-bound to another file between `Plan` and `Apply`: Apply refuses with
+//!    `FAILED_PRECONDITION`, naming both identities.
+//! 5. A state file from another boot (its `boot_id`) restarts the grace clock.
+//! 6. A slave (`master:N`) copy of a live host mount is never released; a private copy of a mount
+//!    the host let go of still is (incident 5).
+//! 7. A plan of more steps than `--max-actions-per-minute` still runs (it is not starved).
+//! 8. Acting outside the host's PID namespace refuses, naming `hostPID: true`; reading works.
+//! 9. A process the agent cannot inspect (no CAP_SYS_PTRACE) is a blind spot: candidates are
+//!    `unknown`, never `stale`, and `clean --apply` refuses.
+//! 10. Where PID 1 itself cannot be inspected (this sandbox), it is a blind spot unless trusted
+//!     with `BLOCKJANITOR_TRUST_UNREADABLE_INIT` (which the helpers set: see `trust_init`).
+//!
+//! Every object is owned by a guard (`LoopDev`, `HostMount`, `NsProcess`, `Daemon`) that cleans
+//! up on drop, even when an assertion fails; guards are declared so that they drop in the safe
+//! order (processes, then mounts, then loop devices).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_tests::daemon::{unix_client, Daemon};
+use blockjanitor_tests::*;
+use serde_json::Value;
+use tonic::Code;
+
+const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
+const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "unshare", "mount", "umount"];
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
+}
+
+fn utf8(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+/// The scratch directory's state file and journal, as global flags: no test touches
+/// /var/lib/blockjanitor.
+fn files(s: &Scratch) -> [String; 4] {
+    [
+        "--state".into(),
+        s.path("state.json").to_string_lossy().into_owned(),
+        "--journal".into(),
+        s.path("journal.jsonl").to_string_lossy().into_owned(),
+    ]
+}
+
+/// `files(s)` followed by `rest`.
+fn with_files<'a>(f: &'a [String; 4], rest: &[&'a str]) -> Vec<&'a str> {
+    f.iter().map(String::as_str).chain(rest.iter().copied()).collect()
+}
+
+/// `holders DEV --output json` (exit 0), with the scratch state file and journal.
+fn holders(s: &Scratch, dev: &str, global: &[&str]) -> Value {
+    let f = files(s);
+    let mut args = with_files(&f, global);
+    args.extend(["holders", dev, "--output", "json"]);
+    agent_json(&args, 0)
+}
+
+fn holders_of_kind<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
+    v["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no holders array: {v:#}"))
+        .iter()
+        .filter(|h| h["kind"] == kind)
+        .collect()
+}
+
+/// The journal's records (none when it does not exist).
+fn journal_records(s: &Scratch) -> Vec<Value> {
+    std::fs::read_to_string(s.path("journal.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Intents of `action` in the journal.
+fn intents(s: &Scratch, action: &str) -> Vec<Value> {
+    journal_records(s)
+        .into_iter()
+        .filter(|r| r["phase"] == "intent" && r["step"]["action"] == action)
+        .collect()
+}
+
+/// How many intents of `action` have a result `done`.
+fn done(s: &Scratch, action: &str) -> usize {
+    let records = journal_records(s);
+    intents(s, action)
+        .iter()
+        .filter(|i| {
+            records.iter().any(|r| r["phase"] == "result" && r["id"] == i["id"] && r["result"] == "done")
+        })
+        .count()
+}
+
+fn journal_text(s: &Scratch) -> String {
+    std::fs::read_to_string(s.path("journal.jsonl")).unwrap_or_else(|_| "(no journal)".into())
+}
+
+/// A sparse `mb` MiB file.
+fn blank_file(s: &Scratch, name: &str, mb: u64) -> PathBuf {
+    let p = s.path(name);
+    std::fs::File::create(&p).expect("create").set_len(mb << 20).expect("size");
+    p
+}
+
+/// A btrfs image (btrfs needs about 110 MiB at least; the file is sparse).
+fn btrfs_image(s: &Scratch, name: &str) -> PathBuf {
+    let p = blank_file(s, name, 128);
+    sh("mkfs.btrfs", &["-q", "-f", utf8(&p)]);
+    p
+}
+
+/// The loop device's autoclear flag as sysfs shows it ("1" once `LOOP_CLR_FD` was deferred).
+fn autoclear(lo: &LoopDev) -> String {
+    std::fs::read_to_string(format!("/sys/class/block/{}/loop/autoclear", lo.name()))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|e| format!("unreadable: {e}"))
+}
+
+/// The line for mount point `path` in `/proc/<who>/mountinfo` (`who`: a pid or "self").
+fn mountinfo_line(who: &str, path: &Path) -> Option<String> {
+    let t = path.to_string_lossy().into_owned();
+    std::fs::read_to_string(format!("/proc/{who}/mountinfo"))
+        .ok()?
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(t.as_str()))
+        .map(str::to_owned)
+}
+
+/// Like `NsProcess::spawn`, with the given `unshare --propagation` (private, slave...).
+fn ns_process(propagation: &str, script: &str) -> NsProcess {
+    let child = Command::new("unshare")
+        .args(["-m", "--propagation", propagation, "sh", "-c", script])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn unshare");
+    let p = NsProcess { child };
+    let me = std::fs::read_link("/proc/self/ns/mnt").expect("own ns");
+    let pid = p.pid();
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+            .is_ok_and(|n| n != me)),
+        "process {pid} never entered its own mount namespace"
+    );
+    p
+}
+
+/// True when `text` mentions `pid <pid>` (and not a longer number that starts the same).
+fn names_pid(text: &str, pid: u32) -> bool {
+    let needle = format!("pid {pid}");
+    text.match_indices(&needle)
+        .any(|(i, _)| !text[i + needle.len()..].starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// True when `text` mentions `pid N` for some number N.
+fn names_some_pid(text: &str) -> bool {
+    text.match_indices("pid ").any(|(i, _)| text[i + 4..].starts_with(|c: char| c.is_ascii_digit()))
+}
+
+/// The scan's blind spots, asserting the field's shape.
+fn blind_spots(v: &Value) -> Vec<(String, String)> {
+    v["blind_spots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top-level blind_spots array in the output: {v:#}"))
+        .iter()
+        .map(|b| {
+            let what = b["what"].as_str().unwrap_or_else(|| panic!("blind spot without `what`: {b}"));
+            let hide =
+                b["could_hide"].as_str().unwrap_or_else(|| panic!("blind spot without `could_hide`: {b}"));
+            (what.to_owned(), hide.to_owned())
+        })
+        .collect()
+}
+
+fn reasons_mention(v: &Value, words: &str) -> bool {
+    v["reasons"].as_array().is_some_and(|r| r.iter().any(|r| r.as_str().is_some_and(|r| r.contains(words))))
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1, 2: btrfs, whose mounts show an anonymous 0:NN device, never the block device's number.
+
+#[test]
+fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses() {
+    if !require_real_kernel(BTRFS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let mnt = s.mkdir("mnt");
+    let m = HostMount::new(&lo.dev, &mnt, &[]);
+    let line = mountinfo_line("self", &mnt).expect("mounted");
+    assert!(
+        line.contains(" - btrfs ") && line.split(' ').nth(2).is_some_and(|d| d.starts_with("0:")),
+        "{line}"
+    );
+
+    let v = holders(&s, &lo.dev, &[]);
+    let mounts = holders_of_kind(&v, "mount");
+    assert!(
+        mounts.iter().any(|h| h["fstype"] == "btrfs"
+            && h["in_host_namespace"] == true
+            && h["mount_point"] == utf8(&mnt)),
+        "btrfs on {} is mounted on the host at {} (mountinfo: {line}), yet no btrfs mount holder: {v:#}",
+        lo.dev,
+        mnt.display()
+    );
+    assert_eq!(v["verdict"], "in_use", "{v:#}");
+
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["--grace-period", "0", "clean", &lo.dev, "--apply"]));
+    let said = format!("stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    assert!(lo.is_bound(), "clean detached a loop device under a mounted btrfs: {said}");
+    assert_eq!(
+        autoclear(&lo),
+        "0",
+        "clean set autoclear (a deferred LOOP_CLR_FD) under a mounted btrfs: {said}"
+    );
+    assert_eq!(out.status.code(), Some(2), "refused, still held: {said}");
+    assert!(intents(&s, "detach_loop").is_empty(), "no detach_loop intent: {}", journal_text(&s));
+    assert!(m.is_mounted());
+}
+
+#[test]
+fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
+    if !require_real_kernel(BTRFS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let mnt = s.mkdir("mnt");
+    let m = HostMount::new(&lo.dev, &mnt, &[]);
+    let holder = NsProcess::spawn("exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
+    m.umount();
+    assert!(!m.is_mounted() && holder.has_mount(&mnt), "only the foreign copy is left");
+
+    let v = holders(&s, &lo.dev, &[]);
+    let mounts = holders_of_kind(&v, "mount");
+    let found = mounts.iter().find(|h| {
+        h["fstype"] == "btrfs"
+            && h["in_host_namespace"] == false
+            && h["pids"].as_array().is_some_and(|p| p.contains(&Value::from(holder.pid())))
+    });
+    assert!(
+        found.is_some(),
+        "btrfs on {} is mounted in the namespace of pid {} (mountinfo: {:?}), yet no foreign btrfs mount holder with that pid: {v:#}",
+        lo.dev,
+        holder.pid(),
+        mountinfo_line(&holder.pid().to_string(), &mnt)
+    );
+    let h = found.expect("found");
+    assert_eq!(h["mount_namespace"], holder.ns_inode(), "{h:#}");
+    assert_eq!(h["mount_point"], utf8(&mnt), "{h:#}");
+    assert_eq!(v["verdict"], "in_use", "{v:#}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3: a loop device on top of another loop device's node.
+
+#[test]
+fn root_loop_on_loop_is_a_loop_backing_holder_and_clean_refuses() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lower = LoopDev::attach(&blank_file(&s, "lower.img", 8));
+    // Declared after `lower`, so dropped first.
+    let upper = LoopDev::attach(Path::new(&lower.dev));
+    assert!(upper.is_bound(), "{} is backed by the node {}", upper.dev, lower.dev);
+
+    let v = holders(&s, &lower.dev, &[]);
+    let lb = holders_of_kind(&v, "loop_backing");
+    assert!(
+        lb.iter().any(|h| h["device"] == upper.name()),
+        "{} is backed by the device node {} (lo_rdevice), yet no loop_backing holder {}: {v:#}",
+        upper.name(),
+        lower.dev,
+        upper.name()
+    );
+    assert_eq!(v["verdict"], "in_use", "{v:#}");
+
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["--grace-period", "0", "clean", &lower.dev, "--apply"]));
+    let said = format!("stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(
+        autoclear(&lower),
+        "0",
+        "clean set autoclear on {} under {}: {said}",
+        lower.name(),
+        upper.name()
+    );
+    assert_eq!(out.status.code(), Some(2), "refused, still held: {said}");
+    assert!(lower.is_bound() && upper.is_bound(), "both still bound: {said}");
+    assert!(intents(&s, "detach_loop").is_empty(), "no detach_loop intent: {}", journal_text(&s));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4: identity, not numbers.
+
+/// Polls GetDevice until `f` holds (15 s at most); returns the last answer.
+async fn wait_device(sock: &Path, name: &str, mut f: impl FnMut(&pb::Device) -> bool) -> Option<pb::Device> {
+    let mut c = unix_client(sock).await;
+    let start = Instant::now();
+    loop {
+        let d = c.get_device(pb::GetDeviceRequest { device: name.into() }).await.ok().map(|d| d.into_inner());
+        if d.as_ref().is_some_and(&mut f) || start.elapsed() > Duration::from_secs(15) {
+            return d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let img_a = blank_file(&s, "a.img", 8);
+    let img_b = blank_file(&s, "b.img", 8);
+    let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--rescan-interval", "1"]);
+    let lo_a = LoopDev::attach(&img_a);
+    let name = lo_a.name().to_owned();
+    let rt = rt();
+
+    let seen = rt.block_on(wait_device(&d.socket, &name, |dev| dev.loop_backing_file == utf8(&img_a)));
+    assert!(
+        seen.as_ref().is_some_and(|dev| dev.loop_backing_file == utf8(&img_a)),
+        "the daemon never listed {name} bound to {}: {seen:?}; log:\n{}",
+        img_a.display(),
+        d.log_text()
+    );
+    let plan = rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        c.plan(pb::PlanRequest { devices: vec![name.clone()] }).await.expect("Plan").into_inner()
+    });
+    let p = plan
+        .plans
+        .iter()
+        .find(|p| p.device == name)
+        .unwrap_or_else(|| panic!("no plan for {name}: {plan:?}"));
+    let planned = p.identity.clone();
+
+    // The number now stands for another device.
+    sh("losetup", &["-d", &lo_a.dev]);
+    sh("losetup", &[&lo_a.dev, utf8(&img_b)]);
+    let lo_b = LoopDev::adopt(&name, &img_b);
+    assert!(lo_b.is_bound());
+    let now = rt.block_on(wait_device(&d.socket, &name, |dev| dev.loop_backing_file == utf8(&img_b)));
+    let now = now.filter(|dev| dev.loop_backing_file == utf8(&img_b)).unwrap_or_else(|| {
+        panic!("the daemon never rescanned {name} bound to {}; log:\n{}", img_b.display(), d.log_text())
+    });
+    let current = now.identity.clone();
+
+    let applied = rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        c.apply(pb::ApplyRequest { devices: vec![name.clone()], identities: vec![planned.clone()] }).await
+    });
+    let bound = lo_b.is_bound();
+    let e = match applied {
+        Err(e) => e,
+        Ok(r) => panic!(
+            "Apply carried out a plan made for {name} = {} on {name} = {} (planned identity {planned:?}, now {current:?}); \
+             {name} still bound to {}: {bound}; response: {:?}",
+            img_a.display(),
+            img_b.display(),
+            img_b.display(),
+            r.into_inner()
+        ),
+    };
+    assert!(bound, "{name} was detached from {} although Apply failed: {e:?}", img_b.display());
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(!planned.is_empty(), "Plan gave no identity for {name}: {p:?}");
+    assert!(!current.is_empty(), "GetDevice gave no identity for {name}: {now:?}");
+    assert_ne!(planned, current, "a loop device re-bound to another file has another identity");
+    assert!(
+        e.message().contains(&planned) && e.message().contains(&current),
+        "the refusal names the planned identity {planned:?} and the current one {current:?}: {:?}",
+        e.message()
+    );
+    assert!(intents(&s, "detach_loop").is_empty(), "no detach_loop intent: {}", journal_text(&s));
+    drop(d);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5: the state file belongs to one boot.
+
+#[test]
+fn root_state_file_from_another_boot_restarts_the_grace_clock() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&blank_file(&s, "idle.img", 8));
+    let state = s.path("state.json");
+    let run = || holders(&s, &lo.dev, &["--grace-period", "2"]);
+
+    let v = run();
+    assert_eq!(v["verdict"], "suspect", "first sight: {v:#}");
+    std::thread::sleep(Duration::from_secs(3));
+    let v = run();
+    assert_eq!(v["verdict"], "stale", "unheld for longer than the grace period: {v:#}");
+
+    let mut saved: Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state file written")).expect("JSON");
+    assert!(
+        saved.get("boot_id").is_some_and(|b| b.as_str().is_some_and(|b| !b.is_empty())),
+        "the state file is not stamped with the boot id (top-level \"boot_id\"), so its clocks survive a reboot: {saved}"
+    );
+    saved["boot_id"] = Value::from("00000000-0000-0000-0000-000000000000");
+    std::fs::write(&state, serde_json::to_vec(&saved).expect("JSON")).expect("rewrite state");
+
+    let v = run();
+    assert_eq!(
+        v["verdict"], "suspect",
+        "clocks from another boot mean nothing: the grace period starts again: {v:#}"
+    );
+    let restamped: Value =
+        serde_json::from_str(&std::fs::read_to_string(&state).expect("state")).expect("JSON");
+    assert_ne!(
+        restamped["boot_id"], "00000000-0000-0000-0000-000000000000",
+        "re-stamped with this boot: {restamped}"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let v = run();
+    assert_eq!(v["verdict"], "stale", "the restarted clock runs on: {v:#}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6: release and propagation.
+
+#[test]
+fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let m = HostMount::new(&lo.dev, &mnt, &[]);
+    sh("mount", &["--make-shared", utf8(&mnt)]);
+    let host_line = mountinfo_line("self", &mnt).expect("mounted");
+    let group = host_line
+        .split(' ')
+        .find_map(|f| f.strip_prefix("shared:"))
+        .unwrap_or_else(|| panic!("--make-shared gave no peer group: {host_line}"))
+        .to_owned();
+    // As a systemd unit with PrivateTmp: a slave copy, receiving the host's mount events.
+    let holder = ns_process("slave", "exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
+    let copy = mountinfo_line(&holder.pid().to_string(), &mnt).expect("copy");
+    assert!(
+        copy.split(' ').any(|f| f == format!("master:{group}")),
+        "a slave copy of shared:{group}: {copy}"
+    );
+
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["release", &lo.dev, "--apply", "--output", "json"]));
+    let said = format!("stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        holder.has_mount(&mnt),
+        "release detached a slave (master:{group}) copy of a mount that is live on the host: {said}"
+    );
+    assert!(intents(&s, "detach_mount").is_empty(), "no detach_mount intent: {}", journal_text(&s));
+    assert!(matches!(out.status.code(), Some(0 | 2)), "nothing to do (0) or still held (2): {said}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {said}"));
+    let ns = holder.ns_inode();
+    let left = r["plan"]["left_alone"].as_array().cloned().unwrap_or_default();
+    assert!(
+        left.iter().any(|l| l["holder"]["mount_namespace"] == ns
+            && l["reason"].as_str().is_some_and(|t| t.contains("slave"))),
+        "the copy in namespace {ns} is left alone because it is a slave: {r:#}"
+    );
+    let table = text(&agent(&with_files(&f, &["release", &lo.dev])).stdout);
+    assert!(table.contains("slave"), "the table says why: {table}");
+    assert!(m.is_mounted(), "the host's mount is untouched");
+}
+
+#[test]
+fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let m = HostMount::new(&lo.dev, &mnt, &[]);
+    sh("mount", &["--make-shared", utf8(&mnt)]);
+    // The same shared host mount as above, but a private copy (node_exporter, incident 5).
+    let mut holder = ns_process("private", "exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
+    let copy = mountinfo_line(&holder.pid().to_string(), &mnt).expect("copy");
+    assert!(!copy.contains("master:") && !copy.contains("shared:"), "a private copy: {copy}");
+    m.umount();
+    assert!(holder.has_mount(&mnt), "the private copy outlives the host's unmount");
+
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["release", &lo.dev, "--apply"]));
+    let said = format!("stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(!holder.has_mount(&mnt), "the private copy was detached: {said}");
+    assert!(holder.is_alive(), "no process is killed");
+    assert_eq!(done(&s, "detach_mount"), 1, "{}", journal_text(&s));
+    assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "the filesystem is gone");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7: the per-minute budget never starves a plan.
+
+#[test]
+fn root_release_mode_runs_a_plan_larger_than_the_per_minute_budget() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
+    let kdir = s.mkdir("kubelet");
+    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-two");
+    let gm = pv_dir.join("globalmount");
+    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
+    std::fs::write(
+        pv_dir.join("vol_data.json"),
+        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-two","volumeHandle":"0001-0024-two","attachmentID":"csi-two","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
+    )
+    .expect("vol_data.json");
+    let img = s.ext4_image("two.img", 32);
+    let host_mount = HostMount::new(utf8(&img), &gm, &["-o", "loop"]);
+    let name = loop_for(&img).expect("loop device");
+    let lo = LoopDev::adopt(&name, &img);
+    // Two processes in namespaces of their own keep copies; kubelet unmounts on the host.
+    let mut first = NsProcess::spawn("exec sleep 1000");
+    let mut second = NsProcess::spawn("exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || first.has_mount(&gm) && second.has_mount(&gm)));
+    host_mount.umount();
+
+    let d = Daemon::start(
+        s.dir.path(),
+        &[
+            "--mode",
+            "release",
+            "--max-actions-per-minute",
+            "1",
+            "--rescan-interval",
+            "1",
+            "--kubelet-dir",
+            utf8(&kdir),
+        ],
+    );
+    // Wait for the journal's results, not only for the mounts to vanish (a result line is
+    // written after the umount2 it records).
+    let finished = wait_until(Duration::from_secs(20), || {
+        !first.has_mount(&gm) && !second.has_mount(&gm) && done(&s, "detach_mount") == 2
+    });
+    assert!(
+        finished,
+        "one plan of 2 steps with a budget of 1 a minute must still run: copies left: first {}, second {}; \
+         journal:\n{}\nlog:\n{}",
+        first.has_mount(&gm),
+        second.has_mount(&gm),
+        journal_text(&s),
+        d.log_text()
+    );
+    assert!(first.is_alive() && second.is_alive(), "no process is killed");
+    assert!(
+        wait_until(Duration::from_secs(10), || !lo.is_bound()),
+        "the loop device auto-cleared once released"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8: hostPID.
+
+/// `unshare --pid --fork --mount-proc --kill-child <agent> ARGS`: the agent as PID 1 of a PID
+/// namespace of its own (as in a pod without hostPID).
+fn in_pid_namespace(args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    trust_init(&mut c).args(["--pid", "--fork", "--mount-proc", "--kill-child"]).arg(agent_bin()).args(args);
+    c.stdin(Stdio::null());
+    c
+}
+
+/// A child that is killed (with its PID namespace) on drop.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn root_acting_outside_the_host_pid_namespace_is_refused() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let f = files(&s);
+
+    let out = in_pid_namespace(&with_files(&f, &["clean", &lo.dev, "--grace-period", "0", "--apply"]))
+        .output()
+        .expect("unshare");
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert!(
+        lo.is_bound(),
+        "clean --apply acted from a PID namespace of its own, seeing none of the host's processes: {said}"
+    );
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(text(&out.stderr).contains("hostPID: true"), "{said}");
+    assert!(intents(&s, "detach_loop").is_empty(), "no detach_loop intent: {}", journal_text(&s));
+
+    // serve in clean mode refuses to start there.
+    let log = s.path("serve-clean.log");
+    let sock = s.path("clean.sock");
+    let mut c = in_pid_namespace(&[
+        "--journal",
+        &f[3],
+        "serve",
+        "--socket",
+        utf8(&sock),
+        "--mode",
+        "clean",
+        "--grace-period",
+        "0",
+        "--rescan-interval",
+        "1",
+    ]);
+    c.stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log"));
+    let mut serve = Killed(c.spawn().expect("spawn serve"));
+    let mut status = None;
+    wait_until(Duration::from_secs(10), || {
+        status = serve.0.try_wait().ok().flatten();
+        status.is_some()
+    });
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(lo.is_bound(), "serve --mode clean acted from a PID namespace of its own: {serve_log}");
+    let status = status.unwrap_or_else(|| {
+        panic!("serve --mode clean kept running outside the host's PID namespace:\n{serve_log}")
+    });
+    assert_eq!(status.code(), Some(1), "{serve_log}");
+    assert!(serve_log.contains("hostPID: true"), "{serve_log}");
+    drop(serve);
+
+    // Reading is allowed: serve in report mode starts and answers.
+    let log = s.path("serve-report.log");
+    let sock = s.path("report.sock");
+    let mut c = in_pid_namespace(&["--journal", &f[3], "serve", "--socket", utf8(&sock)]);
+    c.stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log"));
+    let mut serve = Killed(c.spawn().expect("spawn serve"));
+    let node = rt().block_on(async {
+        let start = Instant::now();
+        loop {
+            if sock.exists() {
+                if let Ok(ch) = blockjanitor_tests::daemon::unix_channel(&sock).await {
+                    let mut c = blockjanitor_proto::v1::agent_client::AgentClient::new(ch);
+                    if let Ok(n) = c.get_node(pb::GetNodeRequest {}).await {
+                        return Some(n.into_inner());
+                    }
+                }
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let serve_log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(node.is_some(), "serve (report mode) must run outside the host's PID namespace:\n{serve_log}");
+    assert!(matches!(serve.0.try_wait(), Ok(None)), "still serving:\n{serve_log}");
+    assert!(lo.is_bound());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9, 10: blind spots.
+
+/// `setpriv` dropping CAP_SYS_PTRACE, then the agent: other root processes keep that capability,
+/// so their ns/ and fd/ links cannot be read (EACCES).
+fn without_ptrace(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new("setpriv");
+    trust_init(&mut c)
+        .args(["--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace"])
+        .arg(agent_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv")
+}
+
+#[test]
+fn root_a_process_the_agent_cannot_inspect_makes_candidates_unknown() {
+    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let f = files(&s);
+    // This test process keeps every capability: an agent without CAP_SYS_PTRACE cannot read it.
+    let me = std::process::id();
+    let probe = Command::new("setpriv")
+        .args([
+            "--inh-caps=-sys_ptrace",
+            "--bounding-set=-sys_ptrace",
+            "readlink",
+            &format!("/proc/{me}/ns/mnt"),
+        ])
+        .output()
+        .expect("setpriv readlink");
+    assert!(!probe.status.success(), "without CAP_SYS_PTRACE, /proc/{me}/ns/mnt should be unreadable");
+
+    let out =
+        without_ptrace(&with_files(&f, &["--grace-period", "0", "holders", &lo.dev, "--output", "json"]));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "a partial scan is still a scan (with blind spots): {said}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {said}"));
+    assert_eq!(v["verdict"], "unknown", "processes it could not inspect could hold {}: {v:#}", lo.name());
+    assert!(reasons_mention(&v, "blind spot"), "the reasons name the blind spot: {v:#}");
+    let spots = blind_spots(&v);
+    assert!(spots.iter().any(|(what, _)| names_some_pid(what)), "a blind spot names a pid: {spots:?}");
+
+    let out = without_ptrace(&with_files(&f, &["--grace-period", "0", "clean", &lo.dev, "--apply"]));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert!(lo.is_bound(), "{said}");
+    assert_eq!(out.status.code(), Some(2), "refused: {said}");
+    assert!(intents(&s, "detach_loop").is_empty(), "no detach_loop intent: {}", journal_text(&s));
+
+    // With every capability, the same device is a plain stale candidate.
+    let v = holders(&s, &lo.dev, &["--grace-period", "0"]);
+    assert_eq!(v["verdict"], "stale", "{v:#}");
+    blind_spots(&v);
+}
+
+#[test]
+fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    if !pid1_uninspectable() {
+        eprintln!("SKIPPED: PID 1 can be inspected on this machine (readlink /proc/1/ns/mnt works): nothing to show");
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let f = files(&s);
+    let out = Command::new(agent_bin())
+        .env_remove(TRUST_INIT_ENV)
+        .args(with_files(&f, &["--grace-period", "0", "holders", &lo.dev, "--output", "json"]))
+        .stdin(Stdio::null())
+        .output()
+        .expect("agent");
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {said}"));
+    assert_eq!(
+        v["verdict"],
+        "unknown",
+        "PID 1 could not be inspected, so it could hold {}: {v:#}",
+        lo.name()
+    );
+    assert!(reasons_mention(&v, "blind spot"), "the reasons name the blind spot: {v:#}");
+    let spots = blind_spots(&v);
+    assert!(
+        spots.iter().any(|(what, hide)| names_pid(what, 1) && hide == "any device"),
+        "a blind spot names pid 1 and could hide any device: {spots:?}"
+    );
+    // Trusted (as every other test here runs on this machine): a plain stale candidate.
+    let v = holders(&s, &lo.dev, &["--grace-period", "0"]);
+    assert_eq!(v["verdict"], "stale", "{v:#}");
+}
