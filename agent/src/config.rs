@@ -8,7 +8,8 @@
 //! protected_devices = ["sda"]            # never touched, in addition to those behind protected_paths
 //! protected_paths = ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
 //! mode = "report"                        # report | release | clean (what it does by itself)
-//! max_actions_per_minute = 6             # destructive steps a minute in release/clean mode
+//! max_actions_per_minute = 6             # destructive steps a minute in release/clean mode (a
+//!                                        # plan runs whole: a bigger one waits for an empty minute)
 //! kubelet_dir = "/var/lib/kubelet"
 //!
 //! [socket]
@@ -146,6 +147,11 @@ pub struct Config {
     pub max_actions_per_minute: u32,
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
+    /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
+    /// from root): trust that it holds no device instead of treating it as a blind spot that
+    /// makes every cleanup candidate `unknown`. Never needed on a normal node.
+    #[serde(default)]
+    pub trust_unreadable_init: bool,
 }
 
 fn default_socket() -> PathBuf {
@@ -195,6 +201,7 @@ impl Default for Config {
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
             kubernetes: KubernetesConfig::default(),
+            trust_unreadable_init: false,
         }
     }
 }

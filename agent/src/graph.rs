@@ -1,9 +1,10 @@
 //! The join: for every block device, who holds it and how.
 //!
-//! Built from a [`Snapshot`] without further I/O. A holder is a mount in some namespace, a
-//! process's fd/cwd/root/mapping, swap, a device stacked on top (dm/md holder or partition), or a
-//! loop device backed by a file on it. Kernel threads named after the device are kept apart: they
-//! are symptoms of a live mount, not holders.
+//! Built from a [`Snapshot`] without further I/O. A holder is a mount in some namespace (a btrfs
+//! mount joined to each member device), a process's fd/cwd/root/mapping, swap, a device stacked
+//! on top (dm/md holder or partition), a loop device backed by a file on it or by its node, or a
+//! filesystem the kernel keeps alive on it when no mount table shows one (`/sys/fs`, a journal
+//! thread). Other kernel threads named after the device are symptoms, kept apart.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use serde::Serialize;
 
 use crate::discover::namespaces::NsEntry;
 use crate::discover::nbd::NbdDevice;
-use crate::discover::processes::kthread_serves;
+use crate::discover::processes::{fs_kthread_serves, kthread_serves};
 use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
@@ -52,6 +53,13 @@ pub struct Holder {
     /// For mounts: the shared peer group (`shared:N`); an unmount propagates to every peer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_group: Option<u32>,
+    /// For mounts: the peer group it is a slave of (`master:N`): a copy that follows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub master_group: Option<u32>,
+    /// For mounts: the mount's own superblock device as mountinfo shows it (an anonymous
+    /// `0:NN` for btrfs, joined to this block device through `/sys/fs/btrfs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mount_dev: Option<DevNum>,
     /// How the mount's namespace can be entered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace_entry: Option<NsEntry>,
@@ -83,6 +91,8 @@ impl Holder {
             fstype: None,
             source: None,
             shared_group: None,
+            master_group: None,
+            mount_dev: None,
             namespace_entry: None,
             path: None,
             fds: Vec::new(),
@@ -123,6 +133,10 @@ pub struct DeviceEntry {
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceGraph {
     pub host_ns: MountNsId,
+    /// Why the host's namespace is only a guess (`None`: known): then no mount can be told host
+    /// from foreign, and none is released.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_ns_unsure: Option<String>,
     pub devices: Vec<DeviceEntry>,
 }
 
@@ -145,8 +159,10 @@ impl DeviceGraph {
             h.fstype = Some(m.mount.fstype.clone());
             h.source = Some(m.mount.source.clone());
             h.shared_group = m.mount.shared_group();
+            h.master_group = m.mount.master_group();
+            h.mount_dev = Some(m.mount.devnum);
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
-            per_dev.entry(m.mount.devnum).or_default().push(h);
+            per_dev.entry(m.device()).or_default().push(h);
         }
         // Process references, one holder per (device, kind, pid).
         let mut grouped: BTreeMap<(DevNum, HolderKind, u32), Holder> = BTreeMap::new();
@@ -190,11 +206,45 @@ impl DeviceGraph {
                 h.device = Some(child);
                 per_dev.entry(d.devnum).or_default().push(h);
             }
-            if let Some(backing_dev) = d.loop_info.as_ref().and_then(|l| l.backing_dev) {
-                let mut h = Holder::bare(HolderKind::LoopBacking);
-                h.device = Some(d.name.clone());
-                h.path = d.loop_info.as_ref().map(|l| l.backing_file.clone());
-                per_dev.entry(backing_dev).or_default().push(h);
+            if let Some(l) = &d.loop_info {
+                // The filesystem its backing file lives on, and the device when the backing
+                // file is a device node (`losetup /dev/loop5 /dev/nbd0`).
+                let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")];
+                for (dev, what) in on.into_iter().filter_map(|(d, w)| Some((d?, w))) {
+                    let mut h = Holder::bare(HolderKind::LoopBacking);
+                    h.device = Some(d.name.clone());
+                    h.path = Some(l.backing_file.clone());
+                    h.source = Some(what.into());
+                    per_dev.entry(dev).or_default().push(h);
+                }
+            }
+        }
+        // A filesystem the kernel keeps alive on a device with no mount of it in any namespace
+        // the scan read (an overlay's upper directory, a detached mount with open files): the
+        // kernel's claim is the truth, the mount tables only a map to the holder.
+        for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum)) {
+            let held =
+                per_dev.get(&d.devnum).is_some_and(|hs| hs.iter().any(|h| h.kind == HolderKind::Mount));
+            if held {
+                continue;
+            }
+            let live = s
+                .live_fs
+                .iter()
+                .filter(|f| f.members.contains(&d.name))
+                .map(|f| (KernelText::from(f.fstype.as_str()), KernelText::from(f.sysfs_path())));
+            let threads = s.kernel_threads.iter().filter_map(|k| {
+                let fstype = fs_kthread_serves(&k.comm.escaped(), d.name.as_str(), &d.devnum.to_string())?;
+                Some((
+                    KernelText::from(fstype),
+                    KernelText::from(format!("kernel thread {} (pid {})", k.comm, k.pid)),
+                ))
+            });
+            if let Some((fstype, path)) = live.chain(threads).next() {
+                let mut h = Holder::bare(HolderKind::Filesystem);
+                h.fstype = Some(fstype);
+                h.path = Some(path);
+                per_dev.entry(d.devnum).or_default().push(h);
             }
         }
         let by_devnum = |dn: DevNum| s.devices.iter().find(|d| d.devnum == dn).map(|d| d.name.clone());
@@ -239,7 +289,7 @@ impl DeviceGraph {
                 }
             })
             .collect();
-        Self { host_ns: s.host_ns, devices }
+        Self { host_ns: s.host_ns, host_ns_unsure: s.host_ns_unsure.clone(), devices }
     }
 
     /// The entry of one device.

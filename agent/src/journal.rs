@@ -114,15 +114,23 @@ pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::identity::{Backing, Identity};
     use crate::model::{DevNum, DeviceName};
+    use crate::plan::Action;
 
     fn step() -> Step {
-        Step::DetachLoop {
-            device: DeviceName::new("loop9").expect("name"),
-            devnum: DevNum::new(7, 9),
-            backing_file: "/x.img".into(),
-            backing_dev: None,
-            backing_inode: None,
+        let device = DeviceName::new("loop9").expect("name");
+        let devnum = DevNum::new(7, 9);
+        let backing = Backing::Loop { dev: None, inode: None, rdev: None, offset: 0 };
+        Step {
+            identity: Identity { name: device.clone(), devnum, diskseq: Some(4), backing },
+            device,
+            devnum,
+            action: Action::DetachLoop {
+                backing_file: "/x.img".into(),
+                backing_dev: None,
+                backing_inode: None,
+            },
         }
     }
 
@@ -146,6 +154,7 @@ mod tests {
         assert_eq!(p.len(), 1);
         assert_eq!(p[0]["step"]["action"], "detach_loop");
         assert_eq!(p[0]["step"]["device"], "loop9");
+        assert_eq!(p[0]["step"]["identity"], "loop9@7:9#4;loop=?/?+0", "the identity it was planned for");
         assert!(pending(&dir.path().join("none")).expect("missing").is_empty());
     }
 }

@@ -358,6 +358,10 @@ pub struct LoopInfo {
     pub backing_dev: Option<DevNum>,
     /// Inode of the backing file, from `LOOP_GET_STATUS64` when readable.
     pub backing_inode: Option<u64>,
+    /// When the backing file is a block device node (`losetup /dev/loop5 /dev/nbd0`): that
+    /// device (`lo_rdevice`). A loop device opens its backing node without claiming it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_rdev: Option<DevNum>,
 }
 
 /// Device-mapper identity from `dm/`.
@@ -385,6 +389,10 @@ pub struct BlockDevice {
     pub slaves: Vec<DeviceName>,
     pub loop_info: Option<LoopInfo>,
     pub dm: Option<DmInfo>,
+    /// `diskseq` (Linux 5.15+): a number the kernel gives each disk it creates and each loop
+    /// attach, never reused within a boot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diskseq: Option<u64>,
 }
 
 impl BlockDevice {
@@ -414,13 +422,17 @@ pub enum HolderKind {
     Swap,
     /// Another block device is stacked on this one (dm/md holder, or a partition).
     StackedDevice,
-    /// A loop device whose backing file lives on this device's filesystem.
+    /// A loop device whose backing file lives on this device's filesystem, or is its node.
     LoopBacking,
+    /// A filesystem the kernel keeps alive on the device although no mount table shows it
+    /// (an overlay's upper directory, a detached mount with open files, a namespace the scan
+    /// cannot see): `/sys/fs/<type>/<dev>`, btrfs member devices, a journal thread.
+    Filesystem,
 }
 
 impl HolderKind {
     /// Every kind, in a fixed order (metrics export each, even at zero).
-    pub const ALL: [HolderKind; 9] = [
+    pub const ALL: [HolderKind; 10] = [
         Self::Mount,
         Self::OpenDevice,
         Self::OpenFile,
@@ -430,6 +442,7 @@ impl HolderKind {
         Self::Swap,
         Self::StackedDevice,
         Self::LoopBacking,
+        Self::Filesystem,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -443,6 +456,7 @@ impl HolderKind {
             Self::Swap => "swap",
             Self::StackedDevice => "stacked_device",
             Self::LoopBacking => "loop_backing",
+            Self::Filesystem => "filesystem",
         }
     }
 }

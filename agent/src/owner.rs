@@ -55,7 +55,7 @@ pub fn owner_of(
     scan: &KubeletScan,
 ) -> Option<KubeOwner> {
     let mut matched: Vec<&KubeletVolume> = Vec::new();
-    for m in mounts.iter().filter(|m| m.mount.devnum == device.devnum) {
+    for m in mounts.iter().filter(|m| m.device() == device.devnum) {
         // kubelet's paths are UTF-8: a mount point that is not matches no volume.
         let Some(mount_point) = m.mount.mount_point.to_str() else { continue };
         let hit = if m.ns == host_ns {

@@ -1,115 +1,126 @@
 //! Pure planning: from a device's holders to ordered, idempotent steps, plus what is left alone
-//! and why. Nothing here reads or writes the host.
+//! and why. Nothing here reads or writes the host, and nothing here decides whether a plan may
+//! run: the gates ([`crate::gates`]) and the engine do that.
 //!
-//! `release` detaches every mount of the device that lives in a namespace other than the host's;
-//! it never kills a process, and mounts in the host's own namespace are left for the host (or
-//! kubelet) to unmount. `clean` unbinds a loop device, and only when nothing holds it.
+//! `release` detaches every mount of the device that lives in a namespace other than the host's,
+//! except a copy (shared peer or slave) of a mount that is live in the host's namespace; it never
+//! kills a process. `clean` tears a device down by its kind. Every step carries the kernel
+//! identity of the device it acts on, re-checked right before it runs.
 
 use serde::Serialize;
 
 use crate::discover::namespaces::NsEntry;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::identity::Identity;
 use crate::model::{DevNum, DeviceKind, DeviceName, HolderKind, KernelText, MountNsId};
 
-/// One destructive step. Each is idempotent: a target already gone is a success.
+/// What a step does.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
-pub enum Step {
-    /// `umount2(MNT_DETACH)` of one mount, inside its own namespace.
+pub enum Action {
+    /// `umount2(MNT_DETACH)` of one mount, inside its own namespace. `mount_dev` is the mount's
+    /// own superblock device as mountinfo shows it (an anonymous `0:NN` for btrfs), which may
+    /// differ from the step's block device.
     DetachMount {
-        device: DeviceName,
-        devnum: DevNum,
         namespace: MountNsId,
         via: NsEntry,
         mount_id: u32,
-        /// Bytes from the kernel; JSON and [`Step::describe`] show them escaped.
+        mount_dev: DevNum,
         mount_point: KernelText,
         fstype: KernelText,
     },
     /// `LOOP_CLR_FD` on a loop device whose binding still matches.
-    DetachLoop {
-        device: DeviceName,
-        devnum: DevNum,
-        backing_file: KernelText,
-        backing_dev: Option<DevNum>,
-        backing_inode: Option<u64>,
-    },
+    DetachLoop { backing_file: KernelText, backing_dev: Option<DevNum>, backing_inode: Option<u64> },
     /// A device-mapper target message (`fail_if_no_path`: stop queueing, so I/O that would hang
     /// forever fails instead), to the map with this uuid.
-    DmMessage { device: DeviceName, devnum: DevNum, uuid: String, message: String },
+    DmMessage { uuid: String, message: String },
     /// Removes the dm device with this uuid (refused by the kernel while it is open, unless
     /// deferred, which only ever happens on request).
-    DmRemove { device: DeviceName, devnum: DevNum, uuid: String, deferred: bool },
+    DmRemove { uuid: String, deferred: bool },
     /// `echo offline > /sys/block/<disk>/device/state`: no more commands (not even the
-    /// SYNCHRONIZE CACHE a delete would send to a dead LUN).
-    ScsiOffline { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
-    /// `echo 1 > /sys/block/<disk>/device/delete`: removes the SCSI device.
-    ScsiDelete { device: DeviceName, devnum: DevNum, wwid: Option<String>, address: String },
+    /// SYNCHRONIZE CACHE a delete would send to a dead LUN). `require_offline`: the disk must
+    /// still be offline (a standalone disk judged stale because it is offline).
+    ScsiOffline { wwid: String, address: String, require_offline: bool },
+    /// `echo 1 > /sys/block/<disk>/device/delete`: removes the SCSI device, which must be
+    /// offline (the step before made it so).
+    ScsiDelete { wwid: String, address: String },
     /// `echo <id> > /sys/bus/rbd/remove_single_major` (`<id> force` only on request).
-    RbdUnmap {
-        device: DeviceName,
-        devnum: DevNum,
-        id: u32,
-        pool: String,
-        image: String,
-        image_id: String,
-        force: bool,
-    },
-    /// `NBD_DISCONNECT` and `NBD_CLEAR_SOCK` on `/dev/nbdN`.
-    NbdDisconnect { device: DeviceName, devnum: DevNum },
+    RbdUnmap { id: u32, pool: String, image: String, image_id: String, force: bool },
+    /// `NBD_DISCONNECT` and `NBD_CLEAR_SOCK` on `/dev/nbdN`, still served by the same process
+    /// and backend.
+    NbdDisconnect { server_pid: Option<u32>, backend: Option<String> },
+}
+
+/// One destructive step on one device. Each is idempotent: a target already gone is a success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Step {
+    pub device: DeviceName,
+    pub devnum: DevNum,
+    /// The device's kernel identity when planned; the engine refuses the step if it changed.
+    #[serde(serialize_with = "identity_token")]
+    pub identity: Identity,
+    #[serde(flatten)]
+    pub action: Action,
+}
+
+fn identity_token<S: serde::Serializer>(id: &Identity, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&id.token())
 }
 
 impl Step {
-    pub fn device(&self) -> &DeviceName {
-        match self {
-            Self::DetachMount { device, .. }
-            | Self::DetachLoop { device, .. }
-            | Self::DmMessage { device, .. }
-            | Self::DmRemove { device, .. }
-            | Self::ScsiOffline { device, .. }
-            | Self::ScsiDelete { device, .. }
-            | Self::RbdUnmap { device, .. }
-            | Self::NbdDisconnect { device, .. } => device,
+    fn on(entry: &DeviceEntry, action: Action) -> Self {
+        Self {
+            device: entry.device.name.clone(),
+            devnum: entry.device.devnum,
+            identity: Identity::of(entry),
+            action,
         }
     }
 
     pub fn action(&self) -> &'static str {
-        match self {
-            Self::DetachMount { .. } => "detach_mount",
-            Self::DetachLoop { .. } => "detach_loop",
-            Self::DmMessage { .. } => "dm_message",
-            Self::DmRemove { .. } => "dm_remove",
-            Self::ScsiOffline { .. } => "scsi_offline",
-            Self::ScsiDelete { .. } => "scsi_delete",
-            Self::RbdUnmap { .. } => "rbd_unmap",
-            Self::NbdDisconnect { .. } => "nbd_disconnect",
+        match self.action {
+            Action::DetachMount { .. } => "detach_mount",
+            Action::DetachLoop { .. } => "detach_loop",
+            Action::DmMessage { .. } => "dm_message",
+            Action::DmRemove { .. } => "dm_remove",
+            Action::ScsiOffline { .. } => "scsi_offline",
+            Action::ScsiDelete { .. } => "scsi_delete",
+            Action::RbdUnmap { .. } => "rbd_unmap",
+            Action::NbdDisconnect { .. } => "nbd_disconnect",
         }
+    }
+
+    /// A mount release: detaches one mount in one namespace; no data is destroyed.
+    pub fn is_release(&self) -> bool {
+        matches!(self.action, Action::DetachMount { .. })
     }
 
     /// One line for humans.
     pub fn describe(&self) -> String {
-        match self {
-            Self::DetachMount { device, namespace, via, mount_point, mount_id, .. } => format!(
+        let device = &self.device;
+        match &self.action {
+            Action::DetachMount { namespace, via, mount_point, mount_id, .. } => format!(
                 "detach mount {mount_point} (id {mount_id}) of {device} in mount namespace {} via {} (umount2 MNT_DETACH)",
                 namespace.0,
                 via.describe()
             ),
-                        Self::DetachLoop { device, backing_file, .. } => {
+            Action::DetachLoop { backing_file, .. } => {
                 format!("detach loop device {device} from {backing_file} (LOOP_CLR_FD)")
             }
-            Self::DmMessage { device, uuid, message, .. } => {
+            Action::DmMessage { uuid, message } => {
                 format!("send '{message}' to map {device} ({uuid}): queued and future I/O fails instead of hanging")
             }
-            Self::DmRemove { device, uuid, deferred, .. } => {
-                format!("remove dm device {device} ({uuid}){}", if *deferred { " on last close (deferred)" } else { "" })
-            }
-            Self::ScsiOffline { device, address, .. } => format!("set SCSI disk {device} ({address}) offline"),
-                        Self::ScsiDelete { device, address, .. } => format!("delete SCSI disk {device} ({address})"),
-            Self::RbdUnmap { device, id, pool, image, force, .. } => format!(
+            Action::DmRemove { uuid, deferred } => format!(
+                "remove dm device {device} ({uuid}){}",
+                if *deferred { " on last close (deferred)" } else { "" }
+            ),
+            Action::ScsiOffline { address, .. } => format!("set SCSI disk {device} ({address}) offline"),
+            Action::ScsiDelete { address, .. } => format!("delete SCSI disk {device} ({address})"),
+            Action::RbdUnmap { id, pool, image, force, .. } => format!(
                 "unmap rbd {pool}/{image} ({device}, id {id}){}",
                 if *force { " with force (in-flight I/O fails)" } else { "" }
             ),
-            Self::NbdDisconnect { device, .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
+            Action::NbdDisconnect { .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
         }
     }
 }
@@ -127,6 +138,9 @@ pub struct Plan {
     pub operation: &'static str,
     pub device: DeviceName,
     pub devnum: DevNum,
+    /// The device's kernel identity the plan was made for.
+    #[serde(serialize_with = "identity_token")]
+    pub identity: Identity,
     pub steps: Vec<Step>,
     pub left_alone: Vec<LeftAlone>,
     /// Why nothing may be done at all (device still held, a path active, not stale yet).
@@ -138,6 +152,10 @@ pub struct Plan {
     /// What the plan leaves for someone else to do, e.g. an iSCSI session left with no LUN.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Processes stuck in D state reading a dead map when planned: stopping its queueing frees
+    /// them, so the re-checks before the map's steps expect them (and nothing else).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub expected_openers: Vec<u32>,
 }
 
 impl Plan {
@@ -147,106 +165,53 @@ impl Plan {
             operation,
             device: entry.device.name.clone(),
             devnum: entry.device.devnum,
+            identity: Identity::of(entry),
             steps: Vec::new(),
             left_alone: Vec::new(),
             refusal: None,
             unsupported: false,
             notes: Vec::new(),
+            expected_openers: Vec::new(),
         }
     }
-}
 
-/// The gate every plan passes, whatever the device: nothing is done to a protected device, or to
-/// one a pod on this node uses per kubelet (its mounts in the pod's own namespaces are foreign
-/// to the host, so without this `release` would pull the volume from under a running pod).
-pub fn safety_gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::policy::Judgement>) {
-    let reason = if judgement.is_some_and(|j| j.verdict == crate::policy::Verdict::Protected) {
-        Some(format!(
-            "{} is protected: {}",
-            p.device,
-            judgement.map(|j| j.reasons.join("; ")).unwrap_or_default()
-        ))
-    } else if let Some(j) = judgement.filter(|j| crate::policy::api_forbids(j)) {
-        Some(format!(
-            "{} is {} per the Kubernetes API: {}",
-            p.device,
-            j.verdict.as_str(),
-            j.reasons.join("; ")
-        ))
-    } else {
-        entry.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()).map(|k| {
-            format!("pod(s) {} on this node use {} per kubelet: left alone", k.pod_uids.join(", "), p.device)
-        })
-    };
-    if let Some(r) = reason {
-        p.steps.clear();
-        p.refusal = Some(r);
-        p.unsupported = false;
+    /// Refuses the whole plan: no step is left.
+    pub fn refuse(&mut self, reason: String) {
+        self.steps.clear();
+        self.refusal = Some(reason);
+        self.unsupported = false;
+    }
+
+    fn unsupported(&mut self, reason: String) {
+        self.steps.clear();
+        self.refusal = Some(reason);
+        self.unsupported = true;
+    }
+
+    fn held(&mut self, holders: &[&Holder], what: &str) {
+        self.left_alone =
+            holders.iter().map(|h| LeftAlone { holder: (*h).clone(), reason: holder_reason(h) }).collect();
+        let what = if what.is_empty() { String::new() } else { format!(" {what}") };
+        self.refuse(format!("{} is still held by {} holder(s){what}", self.device, holders.len()));
     }
 }
 
-/// The re-check right before a step runs: unbinding a loop device needs a fresh scan (`fresh`)
-/// to find no holder at all. The other steps are re-checked by the actuator itself (mount IDs,
-/// dm uuid, open count and paths, sysfs holders), their expected holders being part of the plan.
-pub fn recheck<E: std::fmt::Display>(
-    step: &Step,
-    fresh: impl FnOnce() -> Result<Option<DeviceEntry>, E>,
-) -> Result<(), String> {
-    if !matches!(step, Step::DetachLoop { .. }) {
-        return Ok(());
-    }
-    match fresh() {
-        Ok(Some(e)) if !e.holders.is_empty() => Err(format!(
-            "a fresh scan found {} holder(s): {}",
-            e.holders.len(),
-            e.holders.iter().map(holder_reason).collect::<Vec<_>>().join("; ")
-        )),
-        Ok(_) => Ok(()),
-        Err(e) => Err(format!("cannot re-check holders: {e}")),
-    }
-}
-
-/// Both gates a cleanup plan passes: stale only, for the kinds that need it (see
-/// [`needs_stale_verdict`]), then [`safety_gate`] for every kind.
-pub fn gate(p: &mut Plan, entry: &DeviceEntry, judgement: Option<&crate::policy::Judgement>) {
-    if needs_stale_verdict(entry) {
-        gate_on_verdict(p, judgement);
-    }
-    safety_gate(p, entry, judgement);
-}
-
-/// Keeps a plan only when the device's verdict is stale: clears its steps and says why
-/// otherwise (`None`: not judged yet). Plans already refused keep their own reason.
-pub fn gate_on_verdict(p: &mut Plan, judgement: Option<&crate::policy::Judgement>) {
-    use crate::policy::Verdict;
-    if p.refusal.is_some() {
-        return;
-    }
-    let reason = match judgement {
-        Some(j) if j.verdict == Verdict::Stale => return,
-        Some(j) => format!("{} is {}, not stale: {}", p.device, j.verdict.as_str(), j.reasons.join("; ")),
-        None => format!("{} has not been judged yet; wait for the next scan", p.device),
-    };
-    p.steps.clear();
-    p.refusal = Some(reason);
-}
-
-/// Why a holder keeps a device busy, in words.
+/// Why a holder keeps a device busy, in words (process holders by pid and comm: command lines
+/// are shown to operators in the holder listing only).
 pub fn holder_reason(h: &Holder) -> String {
     let who = match (&h.pids.first(), &h.comm) {
         (Some(p), Some(c)) => format!("pid {p} ({c})"),
         (Some(p), None) => format!("pid {p}"),
         _ => String::new(),
     };
-    let path = h.path.as_ref().map_or("?".into(), KernelText::escaped);
+    let path = h.path.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+    let mount_point = h.mount_point.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
     match h.kind {
-        HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
-            "mounted at {} in the host's mount namespace: left alone (unmount it on the host)",
-            h.mount_point.as_ref().map_or("?".into(), KernelText::escaped)
-        ),
+        HolderKind::Mount if h.in_host_namespace == Some(true) => {
+            format!("mounted at {mount_point} in the host's mount namespace: left alone (unmount it on the host)")
+        }
         HolderKind::Mount => format!(
-            "mounted at {} in mount namespace {}",
-            h.mount_point.as_ref().map_or("?".into(), KernelText::escaped),
+            "mounted at {mount_point} in mount namespace {}",
             h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
         ),
         HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
@@ -259,124 +224,111 @@ pub fn holder_reason(h: &Holder) -> String {
             format!("device {} is stacked on it", h.device.as_ref().map_or("?", |d| d.as_str()))
         }
         HolderKind::LoopBacking => format!(
-            "loop device {} is backed by a file on it ({path})",
-            h.device.as_ref().map_or("?", |d| d.as_str())
+            "loop device {} is backed by {} ({path})",
+            h.device.as_ref().map_or("?", |d| d.as_str()),
+            if h.source.as_ref().is_some_and(|s| *s == "device node") { "its device node" } else { "a file on it" }
+        ),
+        HolderKind::Filesystem => format!(
+            "a {} filesystem still lives on it with no mount in any namespace ({path}): an overlay, a detached mount with open files, or a namespace the scan cannot see keeps it",
+            h.fstype.as_ref().map_or_else(|| "?".to_owned(), |t| t.to_string())
         ),
     }
 }
 
-/// Plans the release of every foreign-namespace mount of `entry`'s device.
-pub fn release(entry: &DeviceEntry) -> Plan {
-    let d = &entry.device;
-    let mut steps = Vec::new();
-    let mut left_alone = Vec::new();
-    // Unmounting a shared mount propagates to its peers: never touch one that is a peer of a
-    // mount in the host's namespace.
-    let host_groups: Vec<u32> = entry
+/// Peer groups of the device's mounts in the host's namespace: a foreign mount that is a shared
+/// peer (`shared:N`) or a slave (`master:N`) of one is a copy of a mount live on the host.
+fn host_peer_groups(entry: &DeviceEntry) -> Vec<u32> {
+    entry
         .holders
         .iter()
         .filter(|h| h.kind == HolderKind::Mount && h.in_host_namespace == Some(true))
         .filter_map(|h| h.shared_group)
-        .collect();
+        .collect()
+}
+
+/// Why a foreign mount must not be detached: it is a copy of a mount live on the host.
+fn host_copy(h: &Holder, host_groups: &[u32]) -> Option<String> {
+    if let Some(g) = h.shared_group.filter(|g| host_groups.contains(g)) {
+        return Some(format!(
+            "{}: it is a shared peer (shared:{g}) of a mount in the host's namespace, so detaching it would unmount the host's copy too: left alone",
+            holder_reason(h)
+        ));
+    }
+    if let Some(g) = h.master_group.filter(|g| host_groups.contains(g)) {
+        return Some(format!(
+            "{}: it is a slave copy (master:{g}) of a mount live in the host's namespace (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on: left alone",
+            holder_reason(h)
+        ));
+    }
+    None
+}
+
+/// Plans the release of every foreign-namespace mount of `entry`'s device that is not a copy of
+/// a mount live in the host's namespace.
+pub fn release(entry: &DeviceEntry) -> Plan {
+    let mut p = Plan::new("release", entry);
+    let host_groups = host_peer_groups(entry);
     for h in &entry.holders {
-        if let Some(g) = h.shared_group.filter(|g| h.is_foreign_mount() && host_groups.contains(g)) {
-            let reason = format!(
-                "{}: it is a shared peer (shared:{g}) of a mount in the host's namespace, so detaching it would \
-                 unmount the host's copy too: left alone",
-                holder_reason(h)
-            );
-            left_alone.push(LeftAlone { holder: h.clone(), reason });
-            continue;
+        if h.is_foreign_mount() {
+            if let Some(reason) = host_copy(h, &host_groups) {
+                p.left_alone.push(LeftAlone { holder: h.clone(), reason });
+                continue;
+            }
         }
-        match (h.is_foreign_mount(), &h.namespace_entry, h.mount_namespace, h.mount_id) {
-            (true, Some(via), Some(ns), Some(id)) => steps.push(Step::DetachMount {
-                device: d.name.clone(),
-                devnum: d.devnum,
-                namespace: ns,
-                via: via.clone(),
-                mount_id: id,
-                mount_point: h.mount_point.clone().unwrap_or_default(),
-                fstype: h.fstype.clone().unwrap_or_default(),
-            }),
+        match (h.is_foreign_mount(), &h.namespace_entry, h.mount_namespace, h.mount_id, h.mount_dev) {
+            (true, Some(via), Some(ns), Some(id), Some(dev)) => p.steps.push(Step::on(
+                entry,
+                Action::DetachMount {
+                    namespace: ns,
+                    via: via.clone(),
+                    mount_id: id,
+                    mount_dev: dev,
+                    mount_point: h.mount_point.clone().unwrap_or_default(),
+                    fstype: h.fstype.clone().unwrap_or_default(),
+                },
+            )),
             _ => {
                 let mut reason = holder_reason(h);
                 if h.kind != HolderKind::Mount {
                     reason.push_str(": release does not touch processes or other devices");
                 }
-                left_alone.push(LeftAlone { holder: h.clone(), reason });
+                p.left_alone.push(LeftAlone { holder: h.clone(), reason });
             }
         }
     }
-    Plan {
-        operation: "release",
-        device: d.name.clone(),
-        devnum: d.devnum,
-        steps,
-        left_alone,
-        refusal: None,
-        unsupported: false,
-        notes: Vec::new(),
-    }
+    p
 }
 
-/// Plans unbinding a loop device; refused while anything holds it.
-pub fn clean(entry: &DeviceEntry) -> Plan {
-    let d = &entry.device;
-    let mut plan = Plan::new("clean", entry);
-    if d.kind != DeviceKind::Loop {
-        plan.refusal = Some(format!(
-            "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices",
-            d.name,
-            d.kind.as_str()
-        ));
-        plan.unsupported = true;
-        return plan;
-    }
-    let Some(info) = &d.loop_info else {
-        return plan; // unbound already: nothing to do
-    };
-    if !entry.holders.is_empty() {
-        plan.left_alone =
-            entry.holders.iter().map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) }).collect();
-        plan.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
-        return plan;
-    }
-    plan.steps.push(Step::DetachLoop {
-        device: d.name.clone(),
-        devnum: d.devnum,
-        backing_file: info.backing_file.clone(),
-        backing_dev: info.backing_dev,
-        backing_inode: info.backing_inode,
-    });
-    plan
-}
-
-/// The full cleanup of a device, for the daemon's Plan and Apply: release its foreign-namespace
-/// mounts, then, for a loop device whose only holders are those mounts, unbind it (re-checked by
-/// a fresh scan right before that step). A device held otherwise keeps its holders listed.
-pub fn cleanup(entry: &DeviceEntry) -> Plan {
+/// Releases a device's foreign mounts, then runs `last` on it; anything else that holds it (or
+/// a mount release leaves alone) refuses the plan.
+fn release_then(entry: &DeviceEntry, operation: &'static str, last: Action) -> Plan {
     let mut p = release(entry);
-    p.operation = "cleanup";
+    p.operation = operation;
+    if !p.left_alone.is_empty() {
+        let n = p.left_alone.len();
+        p.refuse(format!("{} is still held by {n} holder(s) release cannot detach", p.device));
+        return p;
+    }
+    p.steps.push(Step::on(entry, last));
+    p
+}
+
+/// Plans unbinding a loop device, releasing its foreign mounts first; refused while anything
+/// else holds it.
+pub fn clean_loop(entry: &DeviceEntry) -> Plan {
     let d = &entry.device;
-    let only_released = p.left_alone.is_empty();
-    match &d.loop_info {
-        Some(info) if d.kind == DeviceKind::Loop && only_released => p.steps.push(Step::DetachLoop {
-            device: d.name.clone(),
-            devnum: d.devnum,
+    let Some(info) = &d.loop_info else {
+        return Plan::new("clean", entry); // unbound already: nothing to do
+    };
+    release_then(
+        entry,
+        "clean",
+        Action::DetachLoop {
             backing_file: info.backing_file.clone(),
             backing_dev: info.backing_dev,
             backing_inode: info.backing_inode,
-        }),
-        _ if p.steps.is_empty() && !p.left_alone.is_empty() => {
-            p.refusal = Some(format!(
-                "{} is still held by {} holder(s) release cannot detach",
-                d.name,
-                p.left_alone.len()
-            ));
-        }
-        _ => {}
-    }
-    p
+        },
+    )
 }
 
 /// The teardown of a multipath map with no active path (incident 3), in the only safe order:
@@ -387,46 +339,44 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
     let d = &entry.device;
     let mut p = Plan::new("teardown", entry);
     let Some(m) = &entry.multipath else {
-        p.refusal = Some(format!("{} is not a multipath map", d.name));
-        p.unsupported = true;
+        p.unsupported(format!("{} is not a multipath map", d.name));
         return p;
     };
     if m.active_paths > 0 {
-        p.refusal = Some(format!(
+        p.refuse(format!(
             "map {} ({}): {} path(s) active: a map with an active path is never torn down",
             m.name, d.name, m.active_paths
         ));
         return p;
     }
     if m.queue_if_no_path.is_none() {
-        p.refusal = Some(format!("map {} ({}): its table and status could not be read", m.name, d.name));
+        p.refuse(format!("map {} ({}): its table and status could not be read", m.name, d.name));
         return p;
     }
     let blocking: Vec<&Holder> =
         entry.holders.iter().filter(|h| !crate::policy::releasable(h, &m.partitions)).collect();
     if !blocking.is_empty() {
-        p.left_alone =
-            blocking.iter().map(|h| LeftAlone { holder: (*h).clone(), reason: holder_reason(h) }).collect();
-        p.refusal = Some(format!(
-            "{} is still held by {} holder(s) the teardown cannot release",
-            d.name,
-            blocking.len()
-        ));
+        p.held(&blocking, "the teardown cannot release");
         return p;
     }
     let release = release(entry);
-    if !release.left_alone.iter().all(|l| l.holder.kind != HolderKind::Mount) {
+    if let Some(l) = release.left_alone.iter().find(|l| l.holder.kind == HolderKind::Mount) {
+        let reason = l.reason.clone();
         p.left_alone = release.left_alone;
-        p.refusal = Some(format!("{}: a mount of it cannot be released (see above)", d.name));
+        p.refuse(format!("{}: a mount of it cannot be released ({reason})", d.name));
         return p;
     }
+    p.expected_openers = entry
+        .holders
+        .iter()
+        .filter(|h| h.kind == HolderKind::OpenDevice && h.process_state == Some('D'))
+        .flat_map(|h| h.pids.iter().copied())
+        .collect();
     if m.queue_if_no_path == Some(true) {
-        p.steps.push(Step::DmMessage {
-            device: d.name.clone(),
-            devnum: d.devnum,
-            uuid: m.uuid.clone(),
-            message: "fail_if_no_path".into(),
-        });
+        p.steps.push(Step::on(
+            entry,
+            Action::DmMessage { uuid: m.uuid.clone(), message: "fail_if_no_path".into() },
+        ));
     }
     p.steps.extend(release.steps);
     for part in &m.partitions {
@@ -440,24 +390,13 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
                     reason: format!("partition map {part}: {}", holder_reason(h)),
                 })
                 .collect();
-            p.refusal = Some(format!("partition map {part} of {} is still held", d.name));
-            p.steps.clear();
+            p.refuse(format!("partition map {part} of {} is still held", d.name));
             return p;
         }
         let uuid = pe.device.dm.as_ref().map(|x| x.uuid.clone()).unwrap_or_default();
-        p.steps.push(Step::DmRemove {
-            device: part.clone(),
-            devnum: pe.device.devnum,
-            uuid,
-            deferred: false,
-        });
+        p.steps.push(Step::on(pe, Action::DmRemove { uuid, deferred: false }));
     }
-    p.steps.push(Step::DmRemove {
-        device: d.name.clone(),
-        devnum: d.devnum,
-        uuid: m.uuid.clone(),
-        deferred: deferred_remove,
-    });
+    p.steps.push(Step::on(entry, Action::DmRemove { uuid: m.uuid.clone(), deferred: deferred_remove }));
     let mut deleted = Vec::new();
     for path in &m.paths {
         let Some(disk) =
@@ -465,7 +404,13 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         else {
             continue;
         };
-        p.steps.extend(scsi_steps(disk));
+        match scsi_steps(disk, false) {
+            Ok(steps) => p.steps.extend(steps),
+            Err(why) => {
+                p.refuse(why);
+                return p;
+            }
+        }
         deleted.push(disk.device.name.clone());
     }
     p.notes = emptied_sessions(graph, &deleted);
@@ -496,22 +441,19 @@ fn emptied_sessions(graph: &DeviceGraph, deleted: &[DeviceName]) -> Vec<String> 
         .collect()
 }
 
-fn scsi_steps(disk: &DeviceEntry) -> Vec<Step> {
+/// Offline, then delete. A disk whose wwid is unknown is never touched: nothing could tell it
+/// from another disk that takes its name.
+fn scsi_steps(disk: &DeviceEntry, require_offline: bool) -> Result<Vec<Step>, String> {
     let d = &disk.device;
-    let (wwid, address) = disk
-        .scsi
-        .as_ref()
-        .map(|s| (s.disk.wwid.clone(), s.disk.address.to_string()))
-        .unwrap_or((None, String::new()));
-    vec![
-        Step::ScsiOffline {
-            device: d.name.clone(),
-            devnum: d.devnum,
-            wwid: wwid.clone(),
-            address: address.clone(),
-        },
-        Step::ScsiDelete { device: d.name.clone(), devnum: d.devnum, wwid, address },
-    ]
+    let s = disk.scsi.as_ref().ok_or_else(|| format!("{} is not a SCSI disk", d.name))?;
+    let wwid = s.disk.wwid.clone().ok_or_else(|| {
+        format!("{} has no wwid: it could not be told apart from another disk that takes its name, so it is never deleted", d.name)
+    })?;
+    let address = s.disk.address.to_string();
+    Ok(vec![
+        Step::on(disk, Action::ScsiOffline { wwid: wwid.clone(), address: address.clone(), require_offline }),
+        Step::on(disk, Action::ScsiDelete { wwid, address }),
+    ])
 }
 
 /// Deleting a standalone SCSI disk (offline, nothing holds it): offline, then delete. A path of
@@ -520,29 +462,23 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
     let d = &entry.device;
     let mut p = Plan::new("delete", entry);
     match &entry.scsi {
-        None => {
-            p.refusal = Some(format!("{} is not a SCSI disk", d.name));
-            p.unsupported = true;
-        }
-        Some(s) if s.path_of.is_some() => {
-            p.refusal = Some(format!(
-                "{} is a path of multipath map {}: clean the map, which removes its paths",
-                d.name,
-                s.path_of.as_ref().map_or("?", |m| m.as_str())
-            ));
-        }
+        None => p.unsupported(format!("{} is not a SCSI disk", d.name)),
+        Some(s) if s.path_of.is_some() => p.refuse(format!(
+            "{} is a path of multipath map {}: clean the map, which removes its paths",
+            d.name,
+            s.path_of.as_ref().map_or("?", |m| m.as_str())
+        )),
         Some(_) if !entry.holders.is_empty() => {
-            p.left_alone = entry
-                .holders
-                .iter()
-                .map(|h| LeftAlone { holder: h.clone(), reason: holder_reason(h) })
-                .collect();
-            p.refusal = Some(format!("{} is still held by {} holder(s)", d.name, entry.holders.len()));
+            let held: Vec<&Holder> = entry.holders.iter().collect();
+            p.held(&held, "");
         }
-        Some(_) => {
-            p.steps = scsi_steps(entry);
-            p.notes = emptied_sessions(graph, std::slice::from_ref(&d.name));
-        }
+        Some(_) => match scsi_steps(entry, true) {
+            Ok(steps) => {
+                p.steps = steps;
+                p.notes = emptied_sessions(graph, std::slice::from_ref(&d.name));
+            }
+            Err(why) => p.refuse(why),
+        },
     }
     p
 }
@@ -551,33 +487,25 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
 /// released first; anything else that holds it refuses the plan.
 pub fn unmap(entry: &DeviceEntry, force: bool) -> Plan {
     let d = &entry.device;
-    let mut p = release(entry);
-    p.operation = "unmap";
-    if !p.left_alone.is_empty() {
-        p.refusal = Some(format!(
-            "{} is still held by {} holder(s) release cannot detach",
-            d.name,
-            p.left_alone.len()
-        ));
-        p.steps.clear();
-        return p;
-    }
     if let Some(r) = &entry.rbd {
-        p.steps.push(Step::RbdUnmap {
-            device: d.name.clone(),
-            devnum: d.devnum,
+        let last = Action::RbdUnmap {
             id: r.id,
             pool: r.pool.clone(),
             image: r.image.clone(),
             image_id: r.image_id.clone(),
             force,
-        });
-    } else if entry.nbd.is_some() {
-        p.steps.push(Step::NbdDisconnect { device: d.name.clone(), devnum: d.devnum });
-    } else {
-        p.refusal = Some(format!("{} is neither an rbd nor a connected nbd device", d.name));
-        p.unsupported = true;
+        };
+        return release_then(entry, "unmap", last);
     }
+    if let Some(n) = &entry.nbd {
+        return release_then(
+            entry,
+            "unmap",
+            Action::NbdDisconnect { server_pid: n.pid, backend: n.backend.clone() },
+        );
+    }
+    let mut p = Plan::new("unmap", entry);
+    p.unsupported(format!("{} is neither an rbd nor a connected nbd device", d.name));
     p
 }
 
@@ -590,8 +518,8 @@ pub struct CleanOptions {
     pub force_unmap: bool,
 }
 
-/// What `clean` does to a device, by kind: unbind a loop device, tear down a multipath map,
-/// delete a standalone SCSI disk, unmap an rbd image, disconnect an nbd device.
+/// What `clean` does to a device, by kind: tear down a multipath map, delete a standalone SCSI
+/// disk, unmap an rbd image, disconnect an nbd device, unbind a loop device.
 pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -> Plan {
     if entry.multipath.is_some() {
         teardown_map(entry, graph, opts.deferred_remove)
@@ -599,13 +527,15 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
         delete_disk(entry, graph)
     } else if entry.rbd.is_some() || entry.nbd.is_some() {
         unmap(entry, opts.force_unmap)
+    } else if entry.device.kind == DeviceKind::Loop {
+        clean_loop(entry)
     } else {
-        clean(entry)
+        let mut p = Plan::new("clean", entry);
+        p.unsupported(format!(
+            "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices",
+            entry.device.name,
+            entry.device.kind.as_str()
+        ));
+        p
     }
-}
-
-/// Devices `clean` acts on only once they are stale (the rest: loop devices, which are unbound
-/// when free).
-pub fn needs_stale_verdict(entry: &DeviceEntry) -> bool {
-    entry.multipath.is_some() || entry.scsi.is_some() || entry.rbd.is_some() || entry.nbd.is_some()
 }

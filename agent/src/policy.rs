@@ -1,19 +1,27 @@
-//! Verdicts with reasons: in use, unused, suspect, stale, protected. Pure: the caller supplies
-//! the graph, the protected device numbers and the clock.
+//! Verdicts with reasons: in use, unused, suspect, stale, protected, unknown. Pure: the caller
+//! hands in one [`Scan`], the grace clocks and the Kubernetes API's view.
 //!
-//! Only mappings the agent could clean (bound loop devices, rbd, nbd) can become stale, and only
-//! after nothing has held them for the whole grace period across consecutive scans ([`Tracker`]).
-//! Identity is the device number plus what the mapping points at (loop backing device and inode),
-//! so a reused name never inherits another device's history.
+//! Only devices the agent could clean (bound loop devices, rbd and nbd mappings nothing holds,
+//! multipath maps with no active path and nothing but releasable holders, offline standalone
+//! disks) are candidates, and a candidate becomes stale only after complete scans have observed
+//! it unheld for the whole grace period ([`crate::grace`]). A candidate that a blind spot of the
+//! scan could hide a holder of is `unknown`, and so is one the Kubernetes API should vouch for
+//! but cannot: nothing destructive rests on missing evidence.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::clock::{human, BootTime};
+use crate::gates::{self, ApiWord};
+use crate::grace::Clocks;
+use crate::graph::{DeviceEntry, Holder};
+use crate::identity::Identity;
+use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
 use crate::plan::holder_reason;
+use crate::scan::Scan;
 
 /// The agent's judgement of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -25,14 +33,14 @@ pub enum Verdict {
     InUse,
     /// Nothing holds it, and it is not a kind the agent cleans.
     Unused,
-    /// A mapping nothing holds, not yet for the whole grace period.
+    /// A candidate nothing holds, not yet for the whole grace period.
     Suspect,
-    /// A mapping nothing has held for at least the grace period.
+    /// A candidate nothing has held for at least the grace period, observed by complete scans.
     Stale,
     /// Backs the host root, the kubelet or the runtime, or is listed in the config.
     Protected,
-    /// A candidate the Kubernetes API should vouch for but cannot (unreachable, not synced):
-    /// nothing destructive rests on missing evidence.
+    /// A candidate the agent cannot vouch for: a blind spot of the scan could hide a holder of
+    /// it, or the Kubernetes API should vouch for it but cannot.
     Unknown,
 }
 
@@ -49,119 +57,33 @@ impl Verdict {
     }
 }
 
-/// The suffix of the reasons [`with_api`] gives when the API says a device is in use.
-const PER_THE_API: &str = "per the API";
-
-/// True when the verdict rests on the API saying a pod or an attachment uses the device, or on
-/// the API being unable to vouch for it: then nothing at all is done to it.
-pub fn api_forbids(j: &Judgement) -> bool {
-    j.verdict == Verdict::Unknown
-        || j.reasons.iter().any(|r| r.ends_with(NO_API))
-        || (j.verdict == Verdict::InUse && j.reasons.iter().any(|r| r.ends_with(PER_THE_API)))
-}
-
-/// The suffix of the reason [`with_api`] adds when the API is configured but cannot vouch.
-const NO_API: &str = "nothing destructive rests on missing API evidence";
-
-/// Weighs what the Kubernetes API says about a device (protected ones aside): a running pod on
-/// this node using its PV, or a VolumeAttachment of its PV attached to this node, makes it in use
-/// (and forbids every plan for it, including releasing its foreign mounts); an API that is
-/// configured but not synced makes a candidate unknown and forbids every plan too.
-/// `api` is `None` when the agent runs without the API.
-pub fn with_api(j: Judgement, e: &DeviceEntry, api: Option<&crate::kube::ClusterView>) -> Judgement {
-    let Some(view) = api else { return j };
-    if !view.synced && j.verdict != Verdict::Protected {
-        // Whatever the node's evidence says, a plan for it would rest on missing API evidence.
-        let why = view.last_error.as_deref().unwrap_or("not synced yet");
-        let mut reasons = j.reasons.clone();
-        reasons.push(format!("the Kubernetes API cannot vouch for it ({why}): {NO_API}"));
-        let verdict =
-            if matches!(j.verdict, Verdict::Stale | Verdict::Suspect) { Verdict::Unknown } else { j.verdict };
-        return Judgement { verdict, reasons };
-    }
-    if j.verdict == Verdict::Protected {
-        return j;
-    }
-    let mut reasons = j.reasons.clone();
-    let mut pvs: Vec<String> = e.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default();
-    if let Some(k) = &e.kubernetes {
-        for pv in &view.pvs {
-            if pv.csi.as_ref().is_some_and(|c| k.volume_handles.contains(&c.volume_handle))
-                && !pvs.contains(&pv.name)
-            {
-                pvs.push(pv.name.clone());
-            }
-        }
-    }
-    if let Some(pv) = e.rbd.as_ref().and_then(|r| view.pv_for_rbd(&r.pool, &r.image)) {
-        if !pvs.contains(&pv.name) {
-            pvs.push(pv.name.clone());
-        }
-    }
-    let mut users = Vec::new();
-    for pv in &pvs {
-        for pod in view.running_pods_using_pv(pv) {
-            users.push(format!(
-                "pod {}/{} ({}) uses PV {pv} {PER_THE_API}",
-                pod.namespace, pod.name, pod.phase
-            ));
-        }
-        if view.pv_attached_to_node(pv) {
-            users.push(format!("a VolumeAttachment of PV {pv} is attached to this node {PER_THE_API}"));
-        }
-    }
-    if !users.is_empty() {
-        users.extend(reasons);
-        return Judgement { verdict: Verdict::InUse, reasons: users };
-    }
-    if !matches!(j.verdict, Verdict::Stale | Verdict::Suspect) {
-        return j;
-    }
-    reasons.push(if pvs.is_empty() {
-        "the API knows no PV for it".to_owned()
-    } else {
-        format!(
-            "no running pod on this node and no attached VolumeAttachment for PV {} per the API",
-            pvs.join(", ")
-        )
-    });
-    Judgement { verdict: j.verdict, reasons }
-}
-
 /// A verdict and the evidence behind it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Judgement {
     pub verdict: Verdict,
+    /// One sentence per piece of evidence (ages included), for operators.
     pub reasons: Vec<String>,
+    /// One line that stays the same while the facts do (no age, no command line): what Node
+    /// Events say, so that repeated scans de-duplicate.
+    pub summary: String,
 }
 
-/// What identifies a cleanup candidate across scans: device number and name, plus what it
-/// points at (a loop device's backing file) or who it is (a map's uuid, a disk's wwid), so a
-/// reused name never inherits another device's history.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Identity {
-    devnum: DevNum,
-    name: String,
-    target: Option<(DevNum, u64)>,
-    tag: String,
-}
-
-fn identity(e: &DeviceEntry) -> Identity {
-    let l = e.device.loop_info.as_ref();
-    let tag = e
-        .multipath
-        .as_ref()
-        .map(|m| m.uuid.clone())
-        .or_else(|| e.rbd.as_ref().map(|r| format!("{}/{}/{}", r.cluster_fsid, r.image_id, r.client_id)))
-        .or_else(|| e.nbd.as_ref().and_then(|n| n.pid.map(|p| format!("pid {p}"))))
-        .or_else(|| e.scsi.as_ref().and_then(|s| s.disk.wwid.clone()))
-        .unwrap_or_default();
-    Identity {
-        devnum: e.device.devnum,
-        name: e.device.name.as_str().to_owned(),
-        target: l.and_then(|l| Some((l.backing_dev?, l.backing_inode?))),
-        tag,
+impl Judgement {
+    fn new(verdict: Verdict, reasons: Vec<String>) -> Self {
+        let summary = reasons.first().cloned().unwrap_or_default();
+        Self { verdict, reasons, summary }
     }
+}
+
+/// What [`judge`] weighs besides the scan.
+#[derive(Debug, Clone)]
+pub struct JudgeInput<'a> {
+    pub grace: Duration,
+    /// The largest gap between observations that keeps a grace clock running.
+    pub max_gap: Duration,
+    pub now: BootTime,
+    /// The Kubernetes API's view (`None`: the agent runs without the API).
+    pub api: Option<&'a ClusterView>,
 }
 
 /// A holder the teardown of a dead map can get rid of: a mount in another namespace (released),
@@ -182,7 +104,7 @@ enum Assessment {
 }
 
 fn fin(verdict: Verdict, reasons: Vec<String>) -> Assessment {
-    Assessment::Final(Judgement { verdict, reasons })
+    Assessment::Final(Judgement::new(verdict, reasons))
 }
 
 /// What kubelet says about a device, as evidence: the PV, and the pods on this node using it.
@@ -298,7 +220,7 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
             (Some(pid), true) => {
                 format!(
                     "served by pid {pid} ({})",
-                    n.server_cmdline.as_ref().map_or("?".into(), |c| c.escaped())
+                    n.server_comm.as_ref().map_or("?".into(), |c| c.to_string())
                 )
             }
             (Some(pid), false) => format!("its server process {pid} is gone"),
@@ -345,71 +267,6 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
     ))
 }
 
-/// Remembers since when each mapping has been unheld.
-#[derive(Debug, Default)]
-pub struct Tracker {
-    unheld_since: HashMap<Identity, SystemTime>,
-}
-
-/// One remembered clock, as saved between runs of the one-shot CLI.
-#[derive(Debug, Serialize, serde::Deserialize)]
-struct SavedClock {
-    major: u32,
-    minor: u32,
-    name: String,
-    target: Option<(DevNum, u64)>,
-    #[serde(default)]
-    tag: String,
-    since_unix: f64,
-}
-
-impl Tracker {
-    /// Loads the clocks a previous run saved; a missing or unreadable file starts afresh (the
-    /// grace period then starts now, which only ever delays a verdict).
-    pub fn load(path: &std::path::Path) -> Self {
-        let Ok(text) = std::fs::read_to_string(path) else { return Self::default() };
-        let Ok(saved) = serde_json::from_str::<Vec<SavedClock>>(&text) else {
-            tracing::warn!(path = %path.display(), "ignoring an unreadable state file");
-            return Self::default();
-        };
-        let unheld_since = saved
-            .into_iter()
-            .map(|c| {
-                let id = Identity {
-                    devnum: DevNum::new(c.major, c.minor),
-                    name: c.name,
-                    target: c.target,
-                    tag: c.tag,
-                };
-                (id, std::time::UNIX_EPOCH + Duration::from_secs_f64(c.since_unix.max(0.0)))
-            })
-            .collect();
-        Self { unheld_since }
-    }
-
-    /// Saves the clocks (atomically: a temp file renamed over the old one).
-    pub fn save(&self, path: &std::path::Path) -> std::io::Result<()> {
-        let saved: Vec<SavedClock> = self
-            .unheld_since
-            .iter()
-            .map(|(id, t)| SavedClock {
-                major: id.devnum.major,
-                minor: id.devnum.minor,
-                name: id.name.clone(),
-                target: id.target,
-                tag: id.tag.clone(),
-                since_unix: t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0),
-            })
-            .collect();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec(&saved).map_err(std::io::Error::other)?)?;
-        std::fs::rename(tmp, path)
-    }
-}
-
 /// Kinds the agent may clean once stale.
 fn is_mapping(e: &DeviceEntry) -> bool {
     match e.device.kind {
@@ -419,118 +276,122 @@ fn is_mapping(e: &DeviceEntry) -> bool {
     }
 }
 
-fn human(d: Duration) -> String {
-    let s = d.as_secs();
-    if s >= 60 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
-    }
-}
-
-impl Tracker {
-    /// Like [`Tracker::judge`], but clocks of devices outside `graph` are kept: for scans of a
-    /// few devices, which say nothing about the others.
-    pub fn judge_some(
-        &mut self,
-        graph: &DeviceGraph,
-        protected: &HashSet<DevNum>,
-        grace: Duration,
-        now: SystemTime,
-    ) -> HashMap<DevNum, Judgement> {
-        let outside: HashMap<Identity, SystemTime> = self
-            .unheld_since
-            .iter()
-            .filter(|(id, _)| !graph.devices.iter().any(|e| e.device.devnum == id.devnum))
-            .map(|(id, t)| (id.clone(), *t))
-            .collect();
-        let out = self.judge(graph, protected, grace, now);
-        self.unheld_since.extend(outside);
-        out
-    }
-
-    /// Judges every device of `graph` at `now`, updating the candidate clocks (a device absent
-    /// from this scan forgets its history).
-    pub fn judge(
-        &mut self,
-        graph: &DeviceGraph,
-        protected: &HashSet<DevNum>,
-        grace: Duration,
-        now: SystemTime,
-    ) -> HashMap<DevNum, Judgement> {
-        let mut seen = HashSet::new();
-        let mut out = HashMap::new();
-        let mut paths = Vec::new();
-        for e in &graph.devices {
-            let d = &e.device;
-            let j = if protected.contains(&d.devnum) {
-                Judgement {
-                    verdict: Verdict::Protected,
-                    reasons: vec![format!(
-                        "{} backs the host root, the kubelet or container runtime directories, or is listed as protected",
-                        d.name
-                    )],
+/// Judges every device `scan` covers, advancing `clocks`: a candidate observed unheld by this
+/// complete scan keeps (or starts) its clock; one a blind spot reaches, one that is held and
+/// one that is gone lose it.
+pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMap<DevNum, Judgement> {
+    let mut out = HashMap::new();
+    let mut paths = Vec::new();
+    let mut observed: HashSet<Identity> = HashSet::new();
+    for e in scan.graph.devices.iter().filter(|e| scan.covers(e.device.devnum)) {
+        let d = &e.device;
+        let j = if let Some(r) = gates::protection(e, &scan.protected) {
+            Judgement::new(Verdict::Protected, vec![r])
+        } else {
+            match assess(e) {
+                Assessment::Final(j) => j,
+                Assessment::PathOf(map) => {
+                    paths.push((d.devnum, d.name.clone(), map));
+                    continue;
                 }
-            } else {
-                match assess(e) {
-                    Assessment::Final(j) => j,
-                    Assessment::PathOf(map) => {
-                        paths.push((d.devnum, d.name.clone(), map));
-                        continue;
-                    }
-                    Assessment::Candidate(text) => {
-                        let id = identity(e);
-                        let since = *self.unheld_since.entry(id.clone()).or_insert(now);
-                        seen.insert(id);
-                        let age = now.duration_since(since).unwrap_or_default();
-                        let base = text.replace("{age}", &human(age));
-                        if age >= grace {
-                            Judgement {
-                                verdict: Verdict::Stale,
-                                reasons: vec![format!("{base}: stale (grace {})", human(grace))],
-                            }
-                        } else {
-                            Judgement {
-                                verdict: Verdict::Suspect,
-                                reasons: vec![format!(
-                                    "{base}: stale after the grace period of {}",
-                                    human(grace)
-                                )],
-                            }
-                        }
-                    }
-                }
-            };
-            out.insert(d.devnum, j);
-        }
-        // A path follows its map: removable only with it.
-        for (devnum, name, map) in paths {
-            let map_j = graph
-                .devices
-                .iter()
-                .find(|e| e.device.name == map)
-                .and_then(|e| out.get(&e.device.devnum))
-                .cloned();
-            let j = match map_j {
-                Some(mj) if matches!(mj.verdict, Verdict::Stale | Verdict::Suspect) => Judgement {
-                    verdict: mj.verdict,
-                    reasons: vec![format!(
+                Assessment::Candidate(text) => candidate(e, &text, scan, clocks, input, &mut observed),
+            }
+        };
+        out.insert(d.devnum, weigh_api(j, e, input));
+    }
+    // A path follows its map: removable only with it.
+    for (devnum, name, map) in paths {
+        let map_j =
+            scan.graph.devices.iter().find(|e| e.device.name == map).and_then(|e| out.get(&e.device.devnum));
+        let j = match map_j {
+            Some(mj) if matches!(mj.verdict, Verdict::Stale | Verdict::Suspect | Verdict::Unknown) => {
+                Judgement::new(
+                    mj.verdict,
+                    vec![format!(
                         "{name} is a path of {map}, which is {}: removed with it",
                         mj.verdict.as_str()
                     )],
-                },
-                Some(mj) if mj.verdict == Verdict::Protected => Judgement {
-                    verdict: Verdict::Protected,
-                    reasons: vec![format!("{name} is a path of {map}, which is protected")],
-                },
-                _ => Judgement {
-                    verdict: Verdict::InUse,
-                    reasons: vec![format!("{name} is a path of multipath map {map}")],
-                },
-            };
-            out.insert(devnum, j);
+                )
+            }
+            Some(mj) if mj.verdict == Verdict::Protected => Judgement::new(
+                Verdict::Protected,
+                vec![format!("{name} is a path of {map}, which is protected")],
+            ),
+            _ => Judgement::new(Verdict::InUse, vec![format!("{name} is a path of multipath map {map}")]),
+        };
+        out.insert(devnum, j);
+    }
+    clocks.retain(|id| !scan.covers(id.devnum) || observed.contains(id));
+    out
+}
+
+/// A candidate's verdict: unknown through a blind spot, else suspect or stale by its clock.
+fn candidate(
+    e: &DeviceEntry,
+    text: &str,
+    scan: &Scan,
+    clocks: &mut Clocks,
+    input: &JudgeInput<'_>,
+    observed: &mut HashSet<Identity>,
+) -> Judgement {
+    let id = Identity::of(e);
+    let timeless = text.replace(" for {age}", "");
+    if let Some(blind) = gates::completeness(e, &scan.blind_spots) {
+        // Not a complete observation: the clock cannot go on.
+        clocks.forget(&id);
+        return Judgement {
+            verdict: Verdict::Unknown,
+            summary: format!("{timeless}; {blind}"),
+            reasons: vec![timeless, blind],
+        };
+    }
+    let (since, restarted) = clocks.observe(&id, input.now, input.max_gap);
+    observed.insert(id);
+    let age = input.now.since(since);
+    let base = text.replace("{age}", &human(age));
+    let grace = human(input.grace);
+    if age >= input.grace {
+        Judgement {
+            verdict: Verdict::Stale,
+            reasons: vec![format!("{base}: stale (grace {grace})")],
+            summary: format!("{timeless}: stale after the grace period of {grace}"),
         }
-        self.unheld_since.retain(|id, _| seen.contains(id));
-        out
+    } else {
+        let mut reasons = vec![format!("{base}: stale after the grace period of {grace}")];
+        reasons.extend(restarted);
+        Judgement { verdict: Verdict::Suspect, summary: reasons[0].clone(), reasons }
+    }
+}
+
+/// Weighs what the Kubernetes API says (protected devices aside): a running pod on this node
+/// using the device's PV, or its VolumeAttachment attached here, makes it in use; an API that
+/// cannot vouch (not synced, a watch broken, silent, no such Node) makes a candidate unknown.
+fn weigh_api(j: Judgement, e: &DeviceEntry, input: &JudgeInput<'_>) -> Judgement {
+    if j.verdict == Verdict::Protected {
+        return j;
+    }
+    let candidate = matches!(j.verdict, Verdict::Stale | Verdict::Suspect);
+    match gates::api(e, input.api, input.now) {
+        ApiWord::NotConfigured => j,
+        word @ ApiWord::CannotVouch(_) => {
+            let why = word.refusal().unwrap_or_default();
+            let mut reasons = j.reasons;
+            reasons.push(why.clone());
+            if candidate {
+                Judgement { verdict: Verdict::Unknown, summary: format!("{}; {why}", j.summary), reasons }
+            } else {
+                Judgement { verdict: j.verdict, summary: j.summary, reasons }
+            }
+        }
+        ApiWord::InUse(mut users) => {
+            users.extend(j.reasons);
+            Judgement::new(Verdict::InUse, users)
+        }
+        ApiWord::NoUser(why) if candidate => {
+            let mut reasons = j.reasons;
+            reasons.push(why);
+            Judgement { verdict: j.verdict, summary: j.summary, reasons }
+        }
+        ApiWord::NoUser(_) => j,
     }
 }

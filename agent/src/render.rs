@@ -5,15 +5,15 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use crate::act::StepReport;
+use crate::engine::Judged;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::identity::Identity;
 use crate::model::DevNum;
 use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
 use crate::plan::{holder_reason, Plan};
 use crate::policy::{Judgement, Verdict};
+use crate::scan::Scan;
 use crate::snapshot::ScanStats;
-
-/// Verdicts by device, for the renderers.
-pub type Verdicts = std::collections::HashMap<DevNum, Judgement>;
 
 /// Holder lines shown per device in a table before the rest is summarised.
 const TABLE_HOLDERS: usize = 6;
@@ -60,6 +60,7 @@ pub fn device_json(d: &BlockDevice) -> Value {
 pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     let mut v = json!({
         "device": device_json(&e.device),
+        "identity": Identity::of(e).token(),
         "holders": e.holders,
         "kernel_threads": e.kernel_threads,
     });
@@ -85,22 +86,46 @@ pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     v
 }
 
-/// `holders DEVICE --output json`.
-pub fn holders_json(e: &DeviceEntry, j: Option<&Judgement>, stats: &ScanStats, warnings: &[String]) -> Value {
+/// One device of a scan as a document: the device, its holders and verdict (when judged), the
+/// scan's figures, warnings and blind spots.
+pub fn entry_doc(scan: &Scan, e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     let mut v = entry_json(e, j);
     v["in_use"] = json!(!e.holders.is_empty());
-    v["scan"] = json!(stats);
-    v["warnings"] = json!(warnings);
+    v["scan"] = json!(scan.stats);
+    v["warnings"] = json!(scan.warnings);
+    v["blind_spots"] = json!(scan.blind_spots);
     v
 }
 
+/// The judged device `devnum`, or an error naming it.
+fn judged_entry(judged: &Judged, devnum: DevNum) -> Result<(&DeviceEntry, Option<&Judgement>), RenderError> {
+    let e = judged.scan.entry(devnum).ok_or(RenderError::Gone(devnum))?;
+    Ok((e, judged.verdict(devnum)))
+}
+
+/// A device to render is not in the scan.
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("device {0} disappeared during the scan")]
+    Gone(DevNum),
+}
+
+/// `holders DEVICE --output json`.
+pub fn holders_json(judged: &Judged, devnum: DevNum) -> Result<Value, RenderError> {
+    let (e, j) = judged_entry(judged, devnum)?;
+    Ok(entry_doc(&judged.scan, e, j))
+}
+
 /// `scan --output json`.
-pub fn scan_json(g: &DeviceGraph, verdicts: &Verdicts, stats: &ScanStats, warnings: &[String]) -> Value {
+pub fn scan_json(judged: &Judged) -> Value {
+    let g = &judged.scan.graph;
     json!({
         "host_mount_namespace": g.host_ns,
-        "devices": g.devices.iter().map(|e| entry_json(e, verdicts.get(&e.device.devnum))).collect::<Vec<_>>(),
-        "summary": summary_json(g, stats),
-        "warnings": warnings,
+        "devices": g.devices.iter().map(|e| entry_json(e, judged.verdict(e.device.devnum))).collect::<Vec<_>>(),
+        "summary": summary_json(g, &judged.scan.stats),
+        "warnings": judged.scan.warnings,
+        "blind_spots": judged.scan.blind_spots,
+        "kubernetes": judged.api_state,
     })
 }
 
@@ -299,23 +324,41 @@ fn verdict_lines(out: &mut String, j: Option<&Judgement>) {
 }
 
 /// `holders DEVICE` as a table.
-pub fn holders_table(
-    e: &DeviceEntry,
-    j: Option<&Judgement>,
-    stats: &ScanStats,
-    warnings: &[String],
-) -> String {
+pub fn holders_table(judged: &Judged, devnum: DevNum) -> Result<String, RenderError> {
+    let (e, j) = judged_entry(judged, devnum)?;
+    Ok(entry_table(&judged.scan, e, j))
+}
+
+/// One device of a scan as a table: the device, verdict, holders, then the scan's figures,
+/// warnings and blind spots.
+pub fn entry_table(scan: &Scan, e: &DeviceEntry, j: Option<&Judgement>) -> String {
     let mut out = format!("{}\n", device_line(&e.device));
+    let _ = writeln!(out, "    identity: {}", Identity::of(e));
     verdict_lines(&mut out, j);
     if e.holders.is_empty() {
         out.push_str("    no holders: nothing mounts it, has it open, swaps on it or is stacked on it\n");
     }
     holders_block(&mut out, e, usize::MAX);
-    let _ = writeln!(out, "{}", stats_line(stats));
-    for w in warnings {
+    footer(&mut out, scan);
+    out
+}
+
+/// The scan's figures, warnings and blind spots, under a table.
+fn footer(out: &mut String, scan: &Scan) {
+    let _ = writeln!(out, "{}", stats_line(&scan.stats));
+    for w in &scan.warnings {
         let _ = writeln!(out, "warning: {w}");
     }
-    out
+    if !scan.blind_spots.is_empty() {
+        let _ = writeln!(
+            out,
+            "blind spots ({}): a cleanup candidate any of these could hide a holder of is unknown, never stale",
+            scan.blind_spots.len()
+        );
+        for b in &scan.blind_spots {
+            let _ = writeln!(out, "  - {b}");
+        }
+    }
 }
 
 fn stats_line(s: &ScanStats) -> String {
@@ -331,7 +374,9 @@ fn stats_line(s: &ScanStats) -> String {
 }
 
 /// `scan` as a table: every device with its holders, then a summary.
-pub fn scan_table(g: &DeviceGraph, verdicts: &Verdicts, stats: &ScanStats, warnings: &[String]) -> String {
+pub fn scan_table(judged: &Judged) -> String {
+    let g = &judged.scan.graph;
+    let verdicts = &judged.verdicts;
     let mut out = String::new();
     let mut hidden = 0;
     for e in &g.devices {
@@ -360,10 +405,8 @@ pub fn scan_table(g: &DeviceGraph, verdicts: &Verdicts, stats: &ScanStats, warni
     if hidden > 0 {
         let _ = writeln!(out, "{hidden} unbound loop devices not shown");
     }
-    let _ = writeln!(out, "{}", stats_line(stats));
-    for w in warnings {
-        let _ = writeln!(out, "warning: {w}");
-    }
+    let _ = writeln!(out, "Kubernetes API: {}", judged.api_state);
+    footer(&mut out, &judged.scan);
     out
 }
 

@@ -1,6 +1,12 @@
 //! One scan of the host: every block device, mount namespace, holder process and swap area, as
 //! seen at one instant. The scanners in [`crate::discover`] each read one source; this file runs
 //! them in order and keeps what matters for the devices in scope.
+//!
+//! Nothing that could not be read is dropped silently: a process, namespace, file or inventory
+//! the scan could not see becomes a [`BlindSpot`] saying which devices it could hide a holder of
+//! (only things that cannot hide a holder, like a holder's command line, are mere warnings).
+//! Anonymous-device filesystems are joined to their block devices here: a btrfs mount (`0:NN`)
+//! becomes a mount of each member device listed in `/sys/fs/btrfs/<fsid>/devices/`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -8,13 +14,15 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::blindspot::BlindSpot;
 use crate::discover::fds::{self, ProcRef};
-use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount};
+use crate::discover::livefs::{self, LiveFs};
+use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount, Wanted};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
 use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
-use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
+use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, KernelText, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
 
 /// Which devices a scan looks for holders of.
@@ -66,6 +74,9 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 #[derive(Debug, Clone, Serialize)]
 pub struct Snapshot {
     pub host_ns: MountNsId,
+    /// Why the host's namespace is only a guess (`None`: it is known). Mounts cannot then be
+    /// told host from foreign, so nothing is released.
+    pub host_ns_unsure: Option<String>,
     pub devices: Vec<BlockDevice>,
     pub namespaces: Vec<MountNamespace>,
     /// Mounts of in-scope devices, in every namespace.
@@ -76,11 +87,19 @@ pub struct Snapshot {
     pub kernel_threads: Vec<KernelThread>,
     /// Holder processes, labelled.
     pub processes: BTreeMap<u32, ProcessInfo>,
-    /// Processes in D state (their mappings were not read).
+    /// Processes in D state.
     pub stuck_pids: Vec<u32>,
     pub stats: ScanStats,
-    /// Things that could not be read but did not stop the scan.
+    /// Things that could not be read and cannot hide a holder (labels, command lines).
     pub warnings: Vec<String>,
+    /// Things that could not be read and could hide a holder, with the devices they reach.
+    pub blind_spots: Vec<BlindSpot>,
+    /// Filesystems the kernel keeps alive on block devices (`/sys/fs`).
+    #[serde(skip)]
+    pub live_fs: Vec<LiveFs>,
+    /// The devices whose holders this scan looked for.
+    #[serde(skip)]
+    pub in_scope: HashSet<DevNum>,
     /// Device-mapper devices, with their tables and status when the control node is there.
     #[serde(skip)]
     pub dm_devices: Vec<dm::DmDevice>,
@@ -104,33 +123,56 @@ pub struct ScanOptions {
     pub reader: MountReader,
     /// The kubelet directory as the host sees it.
     pub kubelet_dir: std::path::PathBuf,
+    /// PID 1 cannot be inspected here and the operator vouches that it holds no device: it is a
+    /// warning, not a blind spot.
+    pub trust_unreadable_init: bool,
+    /// Paths whose devices are protected (the host root, the kubelet and runtime directories).
+    pub protected_paths: Vec<std::path::PathBuf>,
+    /// Device or dm names that are protected.
+    pub protected_devices: Vec<String>,
 }
 
 impl Default for ScanOptions {
     fn default() -> Self {
-        Self { reader: MountReader::Auto, kubelet_dir: kubelet::DEFAULT_KUBELET_DIR.into() }
+        let c = crate::config::Config::default();
+        Self {
+            reader: MountReader::Auto,
+            kubelet_dir: kubelet::DEFAULT_KUBELET_DIR.into(),
+            trust_unreadable_init: false,
+            protected_paths: c.protected_paths,
+            protected_devices: c.protected_devices,
+        }
+    }
+}
+
+/// What could not be read of a process: a blind spot, or (PID 1, trusted) a warning.
+fn unreadable_process(
+    pid: u32,
+    what: String,
+    opts: &ScanOptions,
+    warnings: &mut Vec<String>,
+    blind: &mut Vec<BlindSpot>,
+) {
+    if pid == 1 && opts.trust_unreadable_init {
+        warnings.push(format!("{what} (PID 1 trusted to hold no device: --trust-unreadable-init)"));
+    } else {
+        blind.push(BlindSpot::any(what));
     }
 }
 
 impl Snapshot {
-    /// Runs a scan.
-    pub fn take(host: &HostRoot, scope: &Scope) -> Result<Self, DiscoverError> {
-        let started = Instant::now();
-        let devices = blockdev::scan(host)?;
-        Self::take_with(host, devices, scope, started, &ScanOptions::default())
-    }
-
     /// Runs a scan with these options.
     pub fn take_opts(host: &HostRoot, scope: &Scope, opts: &ScanOptions) -> Result<Self, DiscoverError> {
         let started = Instant::now();
-        let devices = blockdev::scan(host)?;
+        let devices = blockdev::scan_all(host)?;
         Self::take_with(host, devices, scope, started, opts)
     }
 
-    /// Runs a scan on devices already read from sysfs (at `started`).
+    /// Runs a scan on devices already read from sysfs (at `started`): the readable ones, and
+    /// those that could not be read (each a blind spot reaching it).
     pub fn take_with(
         host: &HostRoot,
-        devices: Vec<BlockDevice>,
+        blockdev::SysfsDevices { devices, unreadable: unreadable_devices }: blockdev::SysfsDevices,
         scope: &Scope,
         started: Instant,
         opts: &ScanOptions,
@@ -141,30 +183,55 @@ impl Snapshot {
             Scope::Devices(v) => v.iter().copied().collect(),
         };
         let mut warnings = Vec::new();
+        let mut blind: Vec<BlindSpot> = Vec::new();
+        for (name, e) in unreadable_devices {
+            blind.push(match DeviceName::new(&name) {
+                Ok(n) => BlindSpot::devices(vec![n], e.to_string()),
+                Err(_) => BlindSpot::any(e.to_string()),
+            });
+        }
 
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
-        let entries: Vec<ProcEntry> = parallel::map(&pids, |&pid| processes::read_entry(host, pid))
-            .into_iter()
-            .filter_map(|r| {
-                r.unwrap_or_else(|issue| {
-                    warnings.push(issue.what);
-                    None
-                })
-            })
-            .collect();
-        let host_ns = host_namespace(host, &mut warnings)?;
+        let mut entries = Vec::new();
+        for r in parallel::map(&pids, |&pid| processes::read_entry(host, pid)) {
+            match r {
+                Ok(Some(e)) => entries.push(e),
+                Ok(None) => {} // exited while we looked
+                Err(issue) => unreadable_process(issue.pid, issue.what, opts, &mut warnings, &mut blind),
+            }
+        }
+        for e in &entries {
+            for what in &e.unreadable {
+                unreadable_process(e.pid, what.clone(), opts, &mut warnings, &mut blind);
+            }
+        }
+        let (host_ns, host_ns_guess) = host_namespace(host, &mut warnings)?;
+        if let Some(why) = &host_ns_guess {
+            blind.push(BlindSpot::any(why.clone()));
+        }
         tracing::debug!(
             phase = "processes",
             ms = started.elapsed().as_secs_f64() * 1e3,
             count = entries.len()
         );
 
+        let live_fs = {
+            let names: HashSet<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+            livefs::scan(host, &names).unwrap_or_else(|e| {
+                blind.push(BlindSpot::any(format!("live filesystems: {e}")));
+                Vec::new()
+            })
+        };
+
         let mut ns_map = namespaces::group(&entries);
         let live = host.is_live();
         let nsfs_dev =
             if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
-        let scan = namespaces::read_mounts(host, &mut ns_map, &targets, nsfs_dev, reader)?;
-        warnings.extend(scan.warnings);
+        let scan =
+            namespaces::read_mounts(host, &mut ns_map, Wanted { targets: &targets, nsfs_dev }, reader)?;
+        for (_, devnum, why) in &scan.hidden {
+            blind.push(hidden_mount(*devnum, why, &devices, &live_fs));
+        }
         let mut mounts = scan.mounts;
         let via_statmount = scan.via_statmount;
         tracing::debug!(
@@ -185,6 +252,9 @@ impl Snapshot {
             if s.stuck {
                 stuck_pids.push(e.pid);
             }
+            for what in s.unreadable {
+                unreadable_process(e.pid, what, opts, &mut warnings, &mut blind);
+            }
         }
         tracing::debug!(
             phase = "files",
@@ -199,10 +269,10 @@ impl Snapshot {
                 continue;
             }
             if !live {
-                warnings.push(format!(
-                    "mount namespace {id} ({}) has no process; not entered (not a live host)",
+                blind.push(BlindSpot::any(format!(
+                    "mount namespace {id} ({}) has no process and was not entered (not a live host)",
                     entry.describe()
-                ));
+                )));
                 continue;
             }
             match namespaces::read_pinned(host, id, entry.clone(), &targets) {
@@ -210,28 +280,42 @@ impl Snapshot {
                     mounts.extend(m);
                     ns_map.insert(id, ns);
                 }
-                Err(e) => warnings.push(format!("mount namespace {id} ({}): {e}", entry.describe())),
+                Err(e) => {
+                    blind.push(BlindSpot::any(format!("mount namespace {id} ({}): {e}", entry.describe())))
+                }
             }
         }
+        join_anonymous(host, &mut mounts, &devices, &live_fs, &mut blind);
 
-        let swaps = read_swaps(host, &targets, &mut warnings)?;
-        let dm_devices = match dm::scan_any(host) {
-            Ok(d) => d,
-            Err(e) => {
-                warnings.push(format!("device-mapper: {e}"));
-                Vec::new()
-            }
-        };
-        let scsi = scsi::scan(host)?;
-        let mut rbd = rbd::scan(host)?;
+        let swaps = read_swaps(host, &targets, &mut blind);
+        let dm_devices = dm::scan_any(host).unwrap_or_else(|e| {
+            blind.push(BlindSpot::kind(DeviceKind::Dm, format!("device-mapper: {e}")));
+            Vec::new()
+        });
+        let scsi = scsi::scan(host).unwrap_or_else(|e| {
+            blind.push(BlindSpot::kind(DeviceKind::Disk, format!("SCSI: {e}")));
+            scsi::ScsiScan::default()
+        });
+        let mut rbd = rbd::scan(host).unwrap_or_else(|e| {
+            blind.push(BlindSpot::kind(DeviceKind::Rbd, format!("rbd: {e}")));
+            Vec::new()
+        });
         if !rbd.is_empty() {
             let log = kmsg::read_rbd(host);
             for m in &mut rbd {
                 m.fenced = log.fenced.get(m.device.as_str()).cloned();
             }
         }
-        let nbd = nbd::scan(host, &devices)?;
-        let kubelet = kubelet::scan(host, &opts.kubelet_dir)?;
+        let nbd = nbd::scan(host, &devices).unwrap_or_else(|e| {
+            blind.push(BlindSpot::kind(DeviceKind::Nbd, format!("nbd: {e}")));
+            Vec::new()
+        });
+        let kubelet = kubelet::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
+            blind.push(BlindSpot::any(format!(
+                "the kubelet directory cannot be read ({e}): which pods use which volumes is not known"
+            )));
+            kubelet::KubeletScan::default()
+        });
         warnings.extend(kubelet.warnings.iter().map(|w| format!("kubelet: {w}")));
         let kernel_threads: Vec<KernelThread> = entries
             .iter()
@@ -265,8 +349,11 @@ impl Snapshot {
             mountinfo_bytes: ns_map.values().map(|n| n.mountinfo_bytes).sum(),
             duration: started.elapsed(),
         };
+        blind.sort_by(|a, b| a.what.cmp(&b.what));
+        blind.dedup();
         Ok(Self {
             host_ns,
+            host_ns_unsure: host_ns_guess,
             devices,
             namespaces: ns_map.into_values().collect(),
             mounts,
@@ -277,6 +364,9 @@ impl Snapshot {
             stuck_pids,
             stats,
             warnings,
+            blind_spots: blind,
+            live_fs,
+            in_scope: targets,
             dm_devices,
             scsi,
             rbd,
@@ -292,50 +382,69 @@ impl Snapshot {
 }
 
 /// The host's mount namespace: PID 1's. When PID 1 cannot be inspected (a sandbox supervisor,
-/// an LSM), kthreadd's: kernel threads live in the initial mount namespace.
-fn host_namespace(host: &HostRoot, warnings: &mut Vec<String>) -> Result<MountNsId, DiscoverError> {
+/// an LSM), kthreadd's: kernel threads live in the initial mount namespace. When neither can be
+/// read, this agent's own namespace, which is then only a guess: `None` comes back as the
+/// second value with why, and the caller must not act on "foreign" mounts.
+fn host_namespace(
+    host: &HostRoot,
+    warnings: &mut Vec<String>,
+) -> Result<(MountNsId, Option<String>), DiscoverError> {
     if let Some(ns) = processes::task_mount_ns(&host.proc_pid(1)) {
-        return Ok(ns);
+        return Ok((ns, None));
     }
     let path = host.proc_pid(1).join("ns/mnt");
     let why = std::fs::read_link(&path)
         .err()
         .map_or_else(|| "not a mnt:[INODE] link".to_owned(), |e| e.to_string());
-    match processes::task_mount_ns(&host.proc_pid(2)) {
-        Some(ns) => {
-            warnings.push(format!(
-                "cannot read {} ({why}); taking the initial mount namespace (kthreadd's, {ns}) as the host's",
-                path.display()
-            ));
-            Ok(ns)
-        }
+    if let Some(ns) = processes::task_mount_ns(&host.proc_pid(2)) {
+        warnings.push(format!(
+            "cannot read {} ({why}); taking the initial mount namespace (kthreadd's, {ns}) as the host's",
+            path.display()
+        ));
+        return Ok((ns, None));
+    }
+    match processes::task_mount_ns(&host.proc().join("self")).filter(|_| host.is_live()) {
+        Some(ns) => Ok((
+            ns,
+            Some(format!(
+                "cannot read the mount namespace of PID 1 or kthreadd ({why}): which namespace is the host's is a guess (this agent's own, {ns})"
+            )),
+        )),
         None => Err(DiscoverError::attr(&path, &why, "expected a link to mnt:[INODE] (is this a procfs?)")),
     }
 }
 
-fn read_swaps(
-    host: &HostRoot,
-    targets: &HashSet<DevNum>,
-    warnings: &mut Vec<String>,
-) -> Result<Vec<SwapUse>, DiscoverError> {
+fn read_swaps(host: &HostRoot, targets: &HashSet<DevNum>, blind: &mut Vec<BlindSpot>) -> Vec<SwapUse> {
     let path = host.proc().join("swaps");
     let text = match std::fs::read(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(DiscoverError::read(&path, e)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => {
+            blind.push(BlindSpot::any(format!("swap areas: cannot read {}: {e}", path.display())));
+            return Vec::new();
+        }
     };
-    let areas = swaps::parse(&text).map_err(|(line, reason)| DiscoverError::Line {
-        path: path.clone(),
-        line,
-        reason,
-    })?;
+    let areas = match swaps::parse(&text) {
+        Ok(a) => a,
+        Err((line, reason)) => {
+            blind.push(BlindSpot::any(format!(
+                "swap areas: malformed {}: line {line}: {reason}",
+                path.display()
+            )));
+            return Vec::new();
+        }
+    };
     let mut out = Vec::new();
     for a in areas {
         let file = host.host_path(a.filename.as_path());
         let id = match sys::stat_cached(&file) {
             Ok(id) => id,
             Err(e) => {
-                warnings.push(format!("swap area {}: cannot stat {}: {e}", a.filename, file.display()));
+                blind.push(BlindSpot::any(format!(
+                    "swap area {}: cannot stat {} ({e}), so its device is not known",
+                    a.filename,
+                    file.display()
+                )));
                 continue;
             }
         };
@@ -347,5 +456,79 @@ fn read_swaps(
             out.push(SwapUse { devnum, filename: a.filename, swap_type: a.swap_type });
         }
     }
-    Ok(out)
+    out
+}
+
+/// The block device a mount source names (`/dev/loop0`, `/dev/mapper/vg-lv`, a `/dev/disk/...`
+/// link): by the node's device number when it can be stat'ed here, else by name.
+fn source_device<'a>(
+    host: &HostRoot,
+    source: &KernelText,
+    devices: &'a [BlockDevice],
+) -> Option<&'a BlockDevice> {
+    let text = source.to_str()?;
+    if !text.starts_with("/dev/") {
+        return None;
+    }
+    if let Ok(id) = sys::stat_cached(&host.host_path(Path::new(text))) {
+        if id.is_block_device() {
+            return devices.iter().find(|d| d.devnum == id.rdev);
+        }
+    }
+    let name = text.trim_start_matches("/dev/");
+    if let Some(dm_name) = name.strip_prefix("mapper/") {
+        return devices.iter().find(|d| d.dm.as_ref().is_some_and(|dm| dm.name == dm_name));
+    }
+    devices.iter().find(|d| d.name.as_str() == name)
+}
+
+/// Joins btrfs mounts (anonymous `0:NN`) to their member devices: a mount whose source is a
+/// member of a live btrfs filesystem becomes a mount of every member of that filesystem. One
+/// that cannot be tied to a filesystem is a blind spot over every btrfs member device.
+fn join_anonymous(
+    host: &HostRoot,
+    mounts: &mut Vec<NsMount>,
+    devices: &[BlockDevice],
+    live_fs: &[LiveFs],
+    blind: &mut Vec<BlindSpot>,
+) {
+    let btrfs: Vec<&LiveFs> = live_fs.iter().filter(|f| f.fstype == "btrfs").collect();
+    let anonymous = |m: &NsMount| m.mount.devnum.major == 0 && m.mount.fstype == "btrfs";
+    let (anon, rest): (Vec<NsMount>, Vec<NsMount>) = std::mem::take(mounts).into_iter().partition(anonymous);
+    *mounts = rest;
+    for m in anon {
+        let member = source_device(host, &m.mount.source, devices);
+        let fs = member.and_then(|d| btrfs.iter().find(|f| f.members.contains(&d.name)));
+        let Some(fs) = fs else {
+            let all: Vec<DeviceName> = btrfs.iter().flat_map(|f| f.members.iter().cloned()).collect();
+            let what = format!(
+                "a btrfs mount at {} (source {}, device {}) in mount namespace {} cannot be tied to its devices",
+                m.mount.mount_point, m.mount.source, m.mount.devnum, m.ns.0
+            );
+            if !all.is_empty() {
+                blind.push(BlindSpot::devices(all, what));
+            }
+            continue;
+        };
+        for name in &fs.members {
+            if let Some(d) = devices.iter().find(|d| &d.name == name) {
+                mounts.push(NsMount { block: Some(d.devnum), ..m.clone() });
+            }
+        }
+    }
+}
+
+/// A mount the statmount list shows but no mountinfo text did: a blind spot over its device (a
+/// btrfs superblock: over every btrfs member device).
+fn hidden_mount(devnum: DevNum, why: &str, devices: &[BlockDevice], live_fs: &[LiveFs]) -> BlindSpot {
+    if let Some(d) = devices.iter().find(|d| d.devnum == devnum) {
+        return BlindSpot::devices(vec![d.name.clone()], why);
+    }
+    let members: Vec<DeviceName> =
+        live_fs.iter().filter(|f| f.fstype == "btrfs").flat_map(|f| f.members.iter().cloned()).collect();
+    if devnum.major == 0 && !members.is_empty() {
+        BlindSpot::devices(members, why)
+    } else {
+        BlindSpot::any(why)
+    }
 }

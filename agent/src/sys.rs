@@ -61,6 +61,32 @@ pub fn stat_cached(path: &Path) -> io::Result<FileId> {
     })
 }
 
+/// The ID of the mount an open file (or `O_PATH` fd) lives on: what mountinfo's first field
+/// says of that mount.
+pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the empty path is a valid NUL-terminated string, the fd is open for the call, and
+    // `buf` is writable memory the size of `struct statx`.
+    let rc = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_MNT_ID,
+            buf.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx returned 0, so it filled in the buffer.
+    let s = unsafe { buf.assume_init() };
+    if s.stx_mask & libc::STATX_MNT_ID == 0 {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    Ok(s.stx_mnt_id)
+}
+
 /// `struct loop_info64` from `<linux/loop.h>`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -144,7 +170,8 @@ pub mod mount_api {
         mask: u64,
         sb_dev_major: u32,
         sb_dev_minor: u32,
-        rest: [u64; 61],
+        sb_magic: u64,
+        rest: [u64; 60],
     }
 
     /// True for errors meaning "this kernel does not offer the call": fall back to mountinfo.
@@ -190,8 +217,9 @@ pub mod mount_api {
         }
     }
 
-    /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount.
-    pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<DevNum> {
+    /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount, and its filesystem's
+    /// magic number (`BTRFS_SUPER_MAGIC`...).
+    pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64)> {
         let req =
             MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: STATMOUNT_SB_BASIC, mnt_ns_id: ns_id };
         let mut buf = std::mem::MaybeUninit::<StatmountBuf>::zeroed();
@@ -213,8 +241,11 @@ pub mod mount_api {
         if b.mask & STATMOUNT_SB_BASIC == 0 {
             return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
         }
-        Ok(DevNum::new(b.sb_dev_major, b.sb_dev_minor))
+        Ok((DevNum::new(b.sb_dev_major, b.sb_dev_minor), b.sb_magic))
     }
+
+    /// `BTRFS_SUPER_MAGIC` from `<linux/magic.h>`.
+    pub const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
 }
 
 #[cfg(test)]
@@ -230,6 +261,11 @@ mod tests {
             io::ErrorKind::NotFound
         );
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232, "struct loop_info64 is 232 bytes");
+        let root = std::fs::File::open("/").expect("open /");
+        let id = mount_id(std::os::fd::AsFd::as_fd(&root)).expect("statx mount id");
+        let text = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        let root_line = text.lines().find(|l| l.split(' ').nth(4) == Some("/")).expect("a mount on /");
+        assert_eq!(root_line.split(' ').next().and_then(|f| f.parse::<u64>().ok()), Some(id), "{root_line}");
     }
 
     #[test]
@@ -246,7 +282,7 @@ mod tests {
         let mut from_text: Vec<DevNum> =
             crate::discover::mountinfo::parse(&text).expect("parse").iter().map(|m| m.devnum).collect();
         let mut from_api: Vec<DevNum> =
-            ids.iter().map(|m| mount_api::sb_dev(id, *m).expect("statmount")).collect();
+            ids.iter().map(|m| mount_api::sb_dev(id, *m).expect("statmount").0).collect();
         from_text.sort();
         from_api.sort();
         assert_eq!(from_api, from_text);

@@ -91,7 +91,7 @@ fn incident5_release_plans_one_detach_and_refuses_to_apply_on_a_fixture() {
     let journal = j.path().join("journal.jsonl");
     let err = assert_one_line_error(
         &["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"],
-        "--apply needs the live host",
+        "is not this process's procfs (a fixture tree?)",
     );
     assert!(err.contains("incident5/proc"), "{err}");
     assert!(!journal.exists(), "nothing journaled when nothing may be done");
@@ -153,26 +153,40 @@ fn truncated_mountinfo_names_file_and_line() {
     assert!(err.contains("line 5") && err.contains("truncated"), "{err}");
 }
 
-#[test]
-fn garbage_in_sysfs_names_the_attribute() {
-    let (_d, root) = broken_copy();
-    std::fs::write(root.join("sys/devices/rbd/3/block/rbd3/dev"), "garbage\n").expect("write");
-    let err =
-        assert_one_line_error(&["--root", root.to_str().expect("utf8"), "scan"], "sys/class/block/rbd3/dev");
-    assert!(err.contains("'garbage'") && err.contains("MAJ:MIN"), "{err}");
-    let (_d2, root2) = broken_copy();
-    std::fs::write(root2.join("sys/devices/rbd/3/block/rbd3/size"), "\u{7f}lots\n").expect("write");
-    assert_one_line_error(&["--root", root2.to_str().expect("utf8"), "holders", "sda"], "rbd3/size");
+/// The blind spot of a scan document whose text mentions `needle`.
+fn blind_spot<'a>(v: &'a serde_json::Value, needle: &str) -> &'a serde_json::Value {
+    v["blind_spots"]
+        .as_array()
+        .expect("blind_spots")
+        .iter()
+        .find(|b| b["what"].as_str().is_some_and(|w| w.contains(needle)))
+        .unwrap_or_else(|| panic!("no blind spot mentions {needle:?}: {:#}", v["blind_spots"]))
 }
 
 #[test]
-fn malformed_stat_is_a_warning_about_that_process_only() {
+fn garbage_in_sysfs_blinds_the_scan_to_that_device_only() {
+    let (_d, root) = broken_copy();
+    std::fs::write(root.join("sys/devices/rbd/3/block/rbd3/dev"), "garbage\n").expect("write");
+    let v = agent_json(&["--root", root.to_str().expect("utf8"), "scan", "--output", "json"], 0);
+    let b = blind_spot(&v, "sys/class/block/rbd3/dev");
+    let what = b["what"].as_str().expect("what");
+    assert!(what.contains("'garbage'") && what.contains("MAJ:MIN"), "{what}");
+    assert_eq!(b["could_hide"], "rbd3", "it reaches that device only: {b:#}");
+    assert!(v["devices"].as_array().expect("devices").iter().all(|d| d["device"]["name"] != "rbd3"));
+    assert!(v["devices"].as_array().expect("devices").iter().any(|d| d["device"]["name"] == "sda"));
+    let (_d2, root2) = broken_copy();
+    std::fs::write(root2.join("sys/devices/rbd/3/block/rbd3/size"), "\u{7f}lots\n").expect("write");
+    let v = agent_json(&["--root", root2.to_str().expect("utf8"), "holders", "sda", "--output", "json"], 0);
+    blind_spot(&v, "rbd3/size");
+}
+
+#[test]
+fn a_malformed_process_is_a_blind_spot_and_the_rest_is_still_seen() {
     let (_d, root) = broken_copy();
     std::fs::write(root.join("proc/1187/stat"), "1187 (kubelet").expect("write");
     let v = agent_json(&["--root", root.to_str().expect("utf8"), "holders", "rbd3", "--output", "json"], 0);
-    assert_eq!(v["holders"][0]["pids"], serde_json::json!([21839]));
-    let w = v["warnings"].to_string();
-    assert!(w.contains("proc/1187/stat"), "{w}");
+    assert_eq!(v["holders"][0]["pids"], serde_json::json!([21839]), "the other processes are still seen");
+    assert_eq!(blind_spot(&v, "proc/1187/stat")["could_hide"], "any device");
 }
 
 #[test]

@@ -275,11 +275,28 @@ fn root_clean_detaches_a_free_loop_device_and_is_idempotent() {
     let _serial = serial();
     let s = Scratch::new();
     let lo = LoopDev::attach(&s.ext4_image("free.img", 8));
+    // Stale only after the grace period, observed unheld: the default (300 s) refuses it now.
     let out = agent(&["--journal", &journal_in(&s), "clean", &lo.dev]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("not stale"), "{}", text(&out.stdout));
+    let out = agent(&["--journal", &journal_in(&s), "--grace-period", "0", "clean", &lo.dev]);
     assert_eq!(out.status.code(), Some(0));
     assert!(text(&out.stdout).contains("detach loop device"), "{}", text(&out.stdout));
     assert!(lo.is_bound(), "dry run changes nothing");
-    let r = agent_json(&["--journal", &journal_in(&s), "clean", &lo.dev, "--apply", "--output", "json"], 0);
+    let r = agent_json(
+        &[
+            "--journal",
+            &journal_in(&s),
+            "--grace-period",
+            "0",
+            "clean",
+            &lo.dev,
+            "--apply",
+            "--output",
+            "json",
+        ],
+        0,
+    );
     assert_eq!(r["results"][0]["result"], "done", "{r:#}");
     assert!(!lo.is_bound());
     // Again: an unbound loop device needs nothing.
@@ -467,7 +484,7 @@ fn root_non_utf8_loop_backing_file() {
     let entry = find_device(&scan, loop_name);
     let want = format!("{}/img\\xfe.img", s.dir.path().to_str().expect("utf8"));
     assert_eq!(entry["device"]["loop"]["backing_file"], want.as_str(), "{entry:#}");
-    let out = agent(&["--journal", &journal_in(&s), "clean", &dev, "--apply"]);
+    let out = agent(&["--journal", &journal_in(&s), "--grace-period", "0", "clean", &dev, "--apply"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains(&want), "{stdout}");

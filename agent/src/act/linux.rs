@@ -23,7 +23,7 @@ use crate::discover::namespaces::NsEntry;
 use crate::discover::{is_gone, processes};
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
-use crate::plan::Step;
+use crate::plan::{Action, Step};
 use crate::{nsenter, sys};
 
 /// Default deadline for one kernel call.
@@ -52,31 +52,61 @@ impl LinuxActuator {
 
 impl Actuator for LinuxActuator {
     fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
-        match step {
-            Step::DetachMount { device, devnum, namespace, via, mount_id, .. } => {
-                self.detach_mount(device, *devnum, *namespace, via, *mount_id)
+        let (device, devnum) = (&step.device, step.devnum);
+        match &step.action {
+            Action::DetachMount { namespace, via, mount_id, mount_dev, .. } => {
+                self.detach_mount(device, *mount_dev, *namespace, via, *mount_id)
             }
-            Step::DetachLoop { device, devnum, backing_dev, backing_inode, .. } => {
-                self.detach_loop(device, *devnum, *backing_dev, *backing_inode)
+            Action::DetachLoop { backing_dev, backing_inode, .. } => {
+                self.detach_loop(device, devnum, *backing_dev, *backing_inode)
             }
-            Step::DmMessage { device, devnum, uuid, message } => {
-                self.dm_message(device, *devnum, uuid, message)
+            Action::DmMessage { uuid, message } => self.dm_message(device, devnum, uuid, message),
+            Action::DmRemove { uuid, deferred } => self.dm_remove(device, devnum, uuid, *deferred),
+            Action::ScsiOffline { wwid, require_offline, .. } => {
+                self.scsi_offline(device, devnum, wwid, *require_offline)
             }
-            Step::DmRemove { device, devnum, uuid, deferred } => {
-                self.dm_remove(device, *devnum, uuid, *deferred)
+            Action::ScsiDelete { wwid, .. } => self.scsi_delete(device, devnum, wwid),
+            Action::RbdUnmap { id, pool, image, image_id, force } => {
+                self.rbd_unmap(device, devnum, *id, (pool, image, image_id), *force)
             }
-            Step::ScsiOffline { device, devnum, wwid, .. } => {
-                self.scsi_offline(device, *devnum, wwid.as_deref())
+            Action::NbdDisconnect { server_pid, backend } => {
+                self.nbd_disconnect(device, devnum, *server_pid, backend.as_deref())
             }
-            Step::ScsiDelete { device, devnum, wwid, .. } => {
-                self.scsi_delete(device, *devnum, wwid.as_deref())
-            }
-            Step::RbdUnmap { device, devnum, id, pool, image, image_id, force } => {
-                self.rbd_unmap(device, *devnum, *id, (pool, image, image_id), *force)
-            }
-            Step::NbdDisconnect { device, devnum } => self.nbd_disconnect(device, *devnum),
         }
     }
+}
+
+/// Detaches exactly the mount `mount_id` at `rel` (below `root`), in the current thread's mount
+/// namespace. The path is resolved inside an untrusted namespace, so a container could swap any
+/// directory on it for a symlink between the check and the unmount: it is opened with `openat2`
+/// refusing every symlink and staying beneath `root`, the open mount's ID must be the planned
+/// one, and the unmount goes through that open file (`/proc/thread-self/fd/N` of our own procfs),
+/// never through the path again.
+fn unmount_exactly(
+    root: &OwnedFd,
+    rel: &std::path::Path,
+    mount_id: u32,
+    proc_fd: &OwnedFd,
+) -> io::Result<()> {
+    use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW).resolve(
+        ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS,
+    );
+    let target = openat2(root.as_fd(), rel, how).map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!("cannot open the mount point without following symlinks: {}", io::Error::from(e)),
+        )
+    })?;
+    let found = sys::mount_id(target.as_fd())?;
+    if found != u64::from(mount_id) {
+        return Err(io::Error::other(format!(
+            "the mount point now leads to mount {found}, not {mount_id}: something was mounted over it or it moved"
+        )));
+    }
+    nix::unistd::fchdir(proc_fd.as_fd()).map_err(io::Error::from)?;
+    let via_fd = format!("thread-self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&target));
+    umount2(via_fd.as_str(), MntFlags::MNT_DETACH).map_err(io::Error::from)
 }
 
 /// Runs `f` on its own thread and waits at most `timeout`. A call that hangs (a dead device)
@@ -117,7 +147,7 @@ impl LinuxActuator {
                     Err(e) => return Err(fail(format!("cannot read {}: {e}", path.display()))),
                 }
             }
-            NsEntry::Nsfs { .. } | NsEntry::Fd { .. } => {
+            NsEntry::Nsfs { .. } | NsEntry::Fd { .. } | NsEntry::TaskNamespace { .. } => {
                 let file = via.ns_file(&self.host);
                 let proc = self.host.proc().to_owned();
                 let text = bounded(device, "read mountinfo", self.timeout, move || {
@@ -135,17 +165,21 @@ impl LinuxActuator {
 
     fn ns_of(&self, via: &NsEntry) -> Option<MountNsId> {
         match via {
-            NsEntry::Task { pid, tid } => processes::task_mount_ns(&self.host.proc_task(*pid, *tid)),
+            NsEntry::Task { pid, tid } | NsEntry::TaskNamespace { pid, tid } => {
+                processes::task_mount_ns(&self.host.proc_task(*pid, *tid))
+            }
             NsEntry::Nsfs { .. } | NsEntry::Fd { .. } => {
                 sys::stat_cached(&via.ns_file(&self.host)).ok().map(|s| MountNsId(s.ino))
             }
         }
     }
 
+    /// `mount_dev` is the mount's own device as mountinfo shows it (a btrfs mount's anonymous
+    /// `0:NN`, not the block device the step is for).
     fn detach_mount(
         &self,
         device: &DeviceName,
-        devnum: DevNum,
+        mount_dev: DevNum,
         namespace: MountNsId,
         via: &NsEntry,
         mount_id: u32,
@@ -183,9 +217,9 @@ impl LinuxActuator {
         let Some(target) = table.iter().find(|m| m.mount_id == mount_id) else {
             return Ok(StepOutcome::AlreadyAbsent);
         };
-        if target.devnum != devnum {
+        if target.devnum != mount_dev {
             return Err(fail(format!(
-                "mount {mount_id} is now device {} at {}, not {devnum}",
+                "mount {mount_id} is now device {} at {}, not {mount_dev}",
                 target.devnum, target.mount_point
             )));
         }
@@ -200,8 +234,8 @@ impl LinuxActuator {
             )));
         }
         let ns_file = via.ns_file(&self.host);
-        // For a task, resolve the mount point from the task's own root (it may be chrooted);
-        // for a pinned namespace, from the namespace root that setns gives us.
+        // For a task, resolve the mount point from the task's own root (it may be chrooted); for
+        // an entered namespace, from the namespace root that setns gives us.
         let root: Option<OwnedFd> = match via {
             NsEntry::Task { pid, tid } => {
                 let p = self.host.proc_task(*pid, *tid).join("root");
@@ -214,6 +248,10 @@ impl LinuxActuator {
             }
             _ => None,
         };
+        // Our procfs, opened before entering: the namespace may have none of its own.
+        let proc_fd: OwnedFd = File::open(self.host.proc())
+            .map_err(|e| fail(format!("cannot open {}: {e}", self.host.proc().display())))?
+            .into();
         // The raw bytes, never the escaped text: a name need not be UTF-8.
         let bytes = target.mount_point.as_bytes();
         let rel = PathBuf::from(match &bytes[bytes.iter().take_while(|&&b| b == b'/').count()..] {
@@ -222,11 +260,15 @@ impl LinuxActuator {
         });
         bounded(device, "umount2(MNT_DETACH)", self.timeout, move || {
             nsenter::in_mount_ns(&ns_file, move || {
-                match &root {
-                    Some(fd) => nix::unistd::fchdir(fd.as_fd()).map_err(io::Error::from)?,
-                    None => nix::unistd::chdir("/").map_err(io::Error::from)?,
-                }
-                umount2(&rel, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(io::Error::from)
+                let root = match root {
+                    Some(fd) => fd,
+                    None => File::options()
+                        .read(true)
+                        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+                        .open("/")?
+                        .into(),
+                };
+                unmount_exactly(&root, &rel, mount_id, &proc_fd)
             })
         })?;
         match self.mount_table(device, via)? {

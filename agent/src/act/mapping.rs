@@ -81,10 +81,14 @@ impl LinuxActuator {
         Ok(StepOutcome::Done)
     }
 
+    /// Disconnects the device if it is still set up by the planned server process with the
+    /// planned backend (nbd indexes are reused as soon as a device is free).
     pub(super) fn nbd_disconnect(
         &self,
         device: &DeviceName,
         devnum: DevNum,
+        server_pid: Option<u32>,
+        backend: Option<&str>,
     ) -> Result<StepOutcome, ActError> {
         let sys = self.host().sys_class_block().join(device.as_str());
         let connected = || {
@@ -93,6 +97,21 @@ impl LinuxActuator {
         };
         if !connected() {
             return Ok(StepOutcome::AlreadyAbsent);
+        }
+        let attr = |n: &str| std::fs::read_to_string(sys.join(n)).ok().map(|s| s.trim().to_owned());
+        let pid_now = attr("pid").and_then(|p| p.parse::<u32>().ok());
+        let backend_now = attr("backend").filter(|b| !b.is_empty());
+        if pid_now != server_pid || backend_now.as_deref() != backend {
+            return Err(precondition(
+                device,
+                format!(
+                    "it is now set up by pid {} with backend {}, not pid {} with backend {}: reconnected or reused",
+                    pid_now.map_or("?".into(), |p| p.to_string()),
+                    backend_now.as_deref().unwrap_or("none"),
+                    server_pid.map_or("?".into(), |p| p.to_string()),
+                    backend.unwrap_or("none"),
+                ),
+            ));
         }
         let node = self.host().dev_node(device.as_str());
         let id = crate::sys::stat_cached(&node)

@@ -134,12 +134,13 @@ impl LinuxActuator {
         }
     }
 
-    /// The disk's sysfs directory, checked to still be this device: `Ok(None)` when it is gone.
+    /// The disk's sysfs directory, checked to still be this device (number and wwid) with
+    /// nothing stacked on it: `Ok(None)` when it is gone.
     fn scsi_check(
         &self,
         device: &DeviceName,
         devnum: DevNum,
-        wwid: Option<&str>,
+        wwid: &str,
     ) -> Result<Option<PathBuf>, ActError> {
         let dir = self.host().sys_class_block().join(device.as_str());
         let Ok(dev) = std::fs::read_to_string(dir.join("dev")) else { return Ok(None) };
@@ -149,11 +150,12 @@ impl LinuxActuator {
                 format!("{} is now {}, not {devnum}: name reused?", device, dev.trim()),
             ));
         }
-        if let Some(w) = wwid {
-            let now = std::fs::read_to_string(dir.join("device/wwid")).unwrap_or_default();
-            if now.trim() != w {
-                return Err(precondition(device, format!("wwid is now '{}', not '{w}'", now.trim())));
-            }
+        let now = std::fs::read_to_string(dir.join("device/wwid")).unwrap_or_default();
+        if now.trim() != wwid {
+            return Err(precondition(
+                device,
+                format!("wwid is now '{}', not '{wwid}': another disk", now.trim()),
+            ));
         }
         let holders: Vec<String> = std::fs::read_dir(dir.join("holders"))
             .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -164,18 +166,31 @@ impl LinuxActuator {
         Ok(Some(dir))
     }
 
+    /// The disk's SCSI state (`device/state`), trimmed.
+    fn scsi_state(dir: &std::path::Path) -> String {
+        std::fs::read_to_string(dir.join("device/state")).map(|s| s.trim().to_owned()).unwrap_or_default()
+    }
+
     pub(super) fn scsi_offline(
         &self,
         device: &DeviceName,
         devnum: DevNum,
-        wwid: Option<&str>,
+        wwid: &str,
+        require_offline: bool,
     ) -> Result<StepOutcome, ActError> {
         let Some(dir) = self.scsi_check(device, devnum, wwid)? else { return Ok(StepOutcome::AlreadyAbsent) };
-        let state = dir.join("device/state");
-        if std::fs::read_to_string(&state).is_ok_and(|s| s.trim() == "offline") {
+        let state = Self::scsi_state(&dir);
+        if OFFLINE.contains(&state.as_str()) {
             return Ok(StepOutcome::Done);
         }
-        bounded(device, "write device/state", self.timeout(), move || std::fs::write(state, "offline\n"))?;
+        if require_offline {
+            return Err(precondition(
+                device,
+                format!("it was planned as an offline disk, but its state is now '{state}': it came back"),
+            ));
+        }
+        let path = dir.join("device/state");
+        bounded(device, "write device/state", self.timeout(), move || std::fs::write(path, "offline\n"))?;
         Ok(StepOutcome::Done)
     }
 
@@ -183,9 +198,16 @@ impl LinuxActuator {
         &self,
         device: &DeviceName,
         devnum: DevNum,
-        wwid: Option<&str>,
+        wwid: &str,
     ) -> Result<StepOutcome, ActError> {
         let Some(dir) = self.scsi_check(device, devnum, wwid)? else { return Ok(StepOutcome::AlreadyAbsent) };
+        let state = Self::scsi_state(&dir);
+        if !OFFLINE.contains(&state.as_str()) {
+            return Err(precondition(
+                device,
+                format!("its state is '{state}', not offline: a disk is deleted only while offline"),
+            ));
+        }
         let delete = dir.join("device/delete");
         bounded(device, "write device/delete", self.timeout(), move || std::fs::write(delete, "1\n"))?;
         let started = Instant::now();
@@ -202,3 +224,6 @@ impl LinuxActuator {
         Ok(StepOutcome::Done)
     }
 }
+
+/// SCSI device states in which the disk takes no commands (`scsi_device_state` names).
+const OFFLINE: [&str; 2] = ["offline", "transport-offline"];

@@ -5,30 +5,29 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use blockjanitor::act::linux::LinuxActuator;
-use blockjanitor::act::{execute, StepOutcome, StepReport};
+use blockjanitor::act::{StepOutcome, StepReport};
 use blockjanitor::config::Config;
-use blockjanitor::daemon::protect::protected_devices;
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
 use blockjanitor::discover::namespaces::MountReader;
-use blockjanitor::graph::{DeviceEntry, DeviceGraph};
+use blockjanitor::engine::world::LinuxWorld;
+use blockjanitor::engine::{Engine, Operation, Settings, World};
+use blockjanitor::grace::Clocks;
 use blockjanitor::host::HostRoot;
 use blockjanitor::journal::{self, Journal};
 use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan::{self, Plan};
-use blockjanitor::policy::{Judgement, Tracker};
-use blockjanitor::snapshot::{ScanOptions, Scope, Snapshot};
+use blockjanitor::scan::Target;
+use blockjanitor::snapshot::ScanOptions;
 use blockjanitor::{render, resolve, server};
 use std::sync::Arc;
-use std::time::SystemTime;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -76,6 +75,11 @@ struct Cli {
     /// period spans runs. Not written for fixture trees.
     #[arg(long, global = true, default_value = "/var/lib/blockjanitor/state.json", value_name = "FILE")]
     state: PathBuf,
+    /// Seconds between scans: the daemon rescans at least this often, and a grace clock keeps
+    /// running only while observations are at most twice this apart (for the one-shot commands:
+    /// between runs) [default: 60, or the config's for serve].
+    #[arg(long, global = true, value_name = "SECONDS")]
+    rescan_interval: Option<u64>,
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
@@ -90,7 +94,13 @@ struct Cli {
     /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
     /// from root): trust that it holds no device. Without this, PID 1 is a blind spot and every
     /// cleanup candidate is `unknown`. Never needed on a normal node.
-    #[arg(long, global = true, env = "BLOCKJANITOR_TRUST_UNREADABLE_INIT")]
+    #[arg(
+        long,
+        global = true,
+        env = "BLOCKJANITOR_TRUST_UNREADABLE_INIT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     trust_unreadable_init: bool,
     /// Log format on stderr (audit lines included).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -149,8 +159,11 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
-    /// Detach a loop device (LOOP_CLR_FD) when nothing holds it; refuse with the holders
-    /// otherwise. Dry run unless --apply.
+    /// Tear DEVICE down by its kind once it is stale (observed unheld for the grace period):
+    /// unbind a loop device (LOOP_CLR_FD), disconnect nbd, unmap rbd, tear down a dead
+    /// multipath map and its paths, delete an offline SCSI disk; its mounts in other namespaces
+    /// are released first. Refused, with the holders, while anything else holds it. Dry run
+    /// unless --apply.
     Clean {
         device: String,
         /// Carry out the plan.
@@ -205,9 +218,6 @@ struct ServeArgs {
     /// Address for /metrics over HTTP.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// Seconds between periodic rescans [default: 60].
-    #[arg(long, value_name = "SECONDS")]
-    rescan_interval: Option<u64>,
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     grace_period: Option<u64>,
@@ -286,128 +296,97 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
 
 /// How the one-shot commands read the host.
 fn scan_options(cli: &Cli) -> ScanOptions {
-    ScanOptions { reader: MountReader::from(cli.mount_reader), kubelet_dir: cli.kubelet_dir.clone() }
-}
-
-/// One device's scan: its entry, the graph and snapshot it came from, and the devices in scope
-/// (it and what is stacked on it).
-struct DeviceScan {
-    entry: DeviceEntry,
-    graph: DeviceGraph,
-    snap: Snapshot,
-    scope: Vec<DevNum>,
-}
-
-impl DeviceScan {
-    /// The device's verdict (the grace clocks of the devices in scope are updated).
-    fn judgement(&self, cli: &Cli, host: &HostRoot) -> Option<Judgement> {
-        judge(cli, host, &self.graph, Some(&self.scope)).remove(&self.entry.device.devnum)
+    ScanOptions {
+        reader: MountReader::from(cli.mount_reader),
+        kubelet_dir: cli.kubelet_dir.clone(),
+        trust_unreadable_init: cli.trust_unreadable_init,
+        ..ScanOptions::default()
     }
 }
 
-/// Scans for one device and what is stacked on it.
-fn scan_device(host: &HostRoot, opts: &ScanOptions, arg: &str) -> Result<DeviceScan> {
-    let started = Instant::now();
-    let devices = blockdev::scan(host)?;
-    let devnum = resolve::device(host, &devices, arg)?.devnum;
-    let scope = blockdev::with_descendants(&devices, devnum);
-    let snap = Snapshot::take_with(host, devices, &Scope::Devices(scope.clone()), started, opts)?;
-    let graph = DeviceGraph::build(&snap);
-    let entry =
-        graph.get(devnum).cloned().with_context(|| format!("device {devnum} disappeared during the scan"))?;
-    Ok(DeviceScan { entry, graph, snap, scope })
+/// The engine the one-shot commands drive.
+fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<LinuxWorld> {
+    let interval = Duration::from_secs(cli.rescan_interval.unwrap_or(60).max(1));
+    let world = LinuxWorld::new(host, scan_options(cli), Duration::from_secs(cli.timeout));
+    Engine::new(
+        world,
+        Settings { grace: Duration::from_secs(cli.grace_period), max_gap: interval * 2, clean },
+    )
 }
 
-/// Verdicts for the devices in `scope` (all when `None`): the grace clocks come from and go back
-/// to `--state`, so the grace period spans runs (not for fixture trees).
-fn judge(cli: &Cli, host: &HostRoot, graph: &DeviceGraph, scope: Option<&[DevNum]>) -> render::Verdicts {
-    let live = host.is_live();
-    let mut tracker = if live { Tracker::load(&cli.state) } else { Tracker::default() };
-    let scoped = DeviceGraph {
-        host_ns: graph.host_ns,
-        devices: graph
-            .devices
-            .iter()
-            .filter(|e| scope.is_none_or(|s| s.contains(&e.device.devnum)))
-            .cloned()
-            .collect(),
-    };
-    let protected = protected_devices(host, graph, &Config::default().protected_paths, &[]);
-    let verdicts =
-        tracker.judge_some(&scoped, &protected, Duration::from_secs(cli.grace_period), SystemTime::now());
-    if live {
-        if let Err(e) = tracker.save(&cli.state) {
-            tracing::warn!(
-                "cannot save {}: {e}; the grace period restarts on the next run",
-                cli.state.display()
-            );
+/// The grace clocks the one-shot commands keep in `--state` between runs (stamped with the boot
+/// id; a fixture tree keeps none).
+struct StateFile<'a> {
+    path: &'a std::path::Path,
+    live: bool,
+    clocks: Clocks,
+}
+
+impl<'a> StateFile<'a> {
+    fn load(cli: &'a Cli, host: &HostRoot) -> Self {
+        let live = host.is_live();
+        let boot = blockjanitor::clock::boot_id(host);
+        let clocks = if live { Clocks::load(&cli.state, boot) } else { Clocks::new(None) };
+        Self { path: &cli.state, live, clocks }
+    }
+
+    fn save(&self) {
+        if self.live {
+            if let Err(e) = self.clocks.save(self.path) {
+                tracing::warn!(
+                    "cannot save {}: {e}; the grace period restarts on the next run",
+                    self.path.display()
+                );
+            }
         }
     }
-    verdicts
 }
 
-/// Rescans a device by number; `None` when it is gone.
-fn rescan(host: &HostRoot, opts: &ScanOptions, devnum: DevNum) -> Result<Option<DeviceScan>> {
-    match scan_device(host, opts, &devnum.to_string()) {
-        Ok(x) => Ok(Some(x)),
-        Err(e) if e.downcast_ref::<resolve::ResolveError>().is_some() => Ok(None),
-        Err(e) => Err(e),
-    }
+/// The device an operator named.
+fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
+    let devices = blockdev::scan(host)?;
+    Ok(resolve::device(host, &devices, arg)?.devnum)
 }
 
 fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
-    let opts = scan_options(cli);
+    let mut state = StateFile::load(cli, &host);
     match &cli.command {
         Command::Scan { output } => {
-            let started = Instant::now();
-            let devices = blockdev::scan(&host)?;
-            let snap = Snapshot::take_with(&host, devices, &Scope::All, started, &opts)?;
-            let graph = DeviceGraph::build(&snap);
-            let verdicts = judge(cli, &host, &graph, None);
+            let e = engine(cli, host, plan::CleanOptions::default());
+            let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
+            state.save();
             match output {
-                Output::Json => {
-                    print_json(&render::scan_json(&graph, &verdicts, &snap.stats, &snap.warnings))?
-                }
-                Output::Table => {
-                    print!("{}", render::scan_table(&graph, &verdicts, &snap.stats, &snap.warnings))
-                }
+                Output::Json => print_json(&render::scan_json(&judged))?,
+                Output::Table => print!("{}", render::scan_table(&judged)),
             }
             Ok(0)
         }
         Command::Holders { device, output } => {
-            let d = scan_device(&host, &opts, device)?;
-            let j = d.judgement(cli, &host);
-            let (stats, warnings) = (&d.snap.stats, &d.snap.warnings);
+            let devnum = device_arg(&host, device)?;
+            let e = engine(cli, host, plan::CleanOptions::default());
+            let judged = e.judge(e.scan(Target::Device(devnum))?, &mut state.clocks);
+            state.save();
             match output {
-                Output::Json => print_json(&render::holders_json(&d.entry, j.as_ref(), stats, warnings))?,
-                Output::Table => print!("{}", render::holders_table(&d.entry, j.as_ref(), stats, warnings)),
+                Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
+                Output::Table => print!("{}", render::holders_table(&judged, devnum)?),
             }
             Ok(0)
         }
         Command::Release { device, apply, output } => {
-            let d = scan_device(&host, &opts, device)?;
-            let mut plan = plan::release(&d.entry);
-            plan::safety_gate(&mut plan, &d.entry, d.judgement(cli, &host).as_ref());
-            carry_out(cli, &host, &plan, *apply, *output, |_| Ok(()))
+            let devnum = device_arg(&host, device)?;
+            let e = engine(cli, host, plan::CleanOptions::default());
+            let (_, plan) = e.plan_fresh(devnum, Operation::Release, &mut state.clocks)?;
+            state.save();
+            carry_out(cli, &e, &plan, *apply, *output)
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
-            let d = scan_device(&host, &opts, device)?;
-            let clean_opts = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
-            let mut plan = plan::for_clean(&d.entry, &d.graph, clean_opts);
-            // Maps, disks, rbd and nbd go only once stale (grace measured across runs); nothing is
-            // done to a protected device or one a pod uses.
-            plan::gate(&mut plan, &d.entry, d.judgement(cli, &host).as_ref());
-            let devnum = plan.devnum;
-            let recheck_host = host.clone();
-            let recheck_opts = opts.clone();
-            carry_out(cli, &host, &plan, *apply, *output, move |step| {
-                plan::recheck(step, || {
-                    rescan(&recheck_host, &recheck_opts, devnum)
-                        .map(|d| d.map(|d| d.entry))
-                        .map_err(|e| blockjanitor::errors::one_line(e.as_ref()))
-                })
-            })
+            let devnum = device_arg(&host, device)?;
+            let clean = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
+            let e = engine(cli, host, clean);
+            let (_, plan) = e.plan_fresh(devnum, Operation::Clean, &mut state.clocks)?;
+            state.save();
+            carry_out(cli, &e, &plan, *apply, *output)
         }
         Command::Serve(args) => serve(cli, args, host),
         Command::Journal => {
@@ -458,7 +437,7 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = a.metrics_listen {
         c.metrics.listen = Some(v);
     }
-    if let Some(v) = a.rescan_interval {
+    if let Some(v) = cli.rescan_interval {
         c.rescan_interval_seconds = v;
     }
     if let Some(v) = a.grace_period {
@@ -487,6 +466,7 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
         c.journal = j.clone();
     }
     c.kubelet_dir = cli.kubelet_dir.clone();
+    c.trust_unreadable_init |= cli.trust_unreadable_init;
     c.validate()?;
     Ok(c)
 }
@@ -500,10 +480,32 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
+    let world = LinuxWorld::new(
+        host.clone(),
+        ScanOptions {
+            reader: MountReader::from(cli.mount_reader),
+            kubelet_dir: config.kubelet_dir.clone(),
+            trust_unreadable_init: config.trust_unreadable_init,
+            protected_paths: config.protected_paths.clone(),
+            protected_devices: config.protected_devices.clone(),
+        },
+        Duration::from_secs(cli.timeout),
+    );
+    if config.mode != blockjanitor::config::Mode::Report {
+        world
+            .can_act()
+            .map_err(|why| anyhow::anyhow!("mode {} acts by itself, but {why}", config.mode.as_str()))?;
+    }
+    let settings = Settings {
+        grace: config.grace_period(),
+        max_gap: config.rescan_interval() * 2,
+        clean: plan::CleanOptions::default(),
+    };
+    let engine = Engine::new(world, settings);
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new()?);
         let every = config.rescan_interval();
-        let state = AgentState::new(host, config, metrics);
+        let state = AgentState::new(host, config, metrics, engine);
         let (stop_tx, stop) = watch::channel(false);
         tokio::spawn(async move {
             let mut term = match signal(SignalKind::terminate()) {
@@ -557,17 +559,11 @@ async fn connect_kubernetes(state: &Arc<AgentState>) {
     }
 }
 
-fn carry_out(
-    cli: &Cli,
-    host: &HostRoot,
-    plan: &Plan,
-    apply: bool,
-    output: Output,
-    recheck: impl FnMut(&plan::Step) -> Result<(), String>,
-) -> Result<u8> {
+fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output: Output) -> Result<u8> {
     let refused_held = plan.refusal.is_some() && !plan.unsupported;
+    let live = e.world.can_act().is_ok();
     if output == Output::Table {
-        print!("{}", render::plan_text(plan, apply && host.is_live()));
+        print!("{}", render::plan_text(plan, apply && live));
     }
     if plan.refusal.is_some() || !apply || plan.steps.is_empty() {
         if output == Output::Json {
@@ -579,12 +575,8 @@ fn carry_out(
             (None, _) => 0,
         });
     }
-    if !host.is_live() {
-        anyhow::bail!(
-            "--apply needs the live host: {} is not this process's procfs (a fixture tree?); \
-             namespaces and devices cannot be acted on through it",
-            host.proc().display()
-        );
+    if let Err(why) = e.world.can_act() {
+        anyhow::bail!("--apply refused: {why}");
     }
     let journal_file = journal_path(cli);
     for p in journal::pending(&journal_file).unwrap_or_default() {
@@ -593,24 +585,28 @@ fn carry_out(
     let mut journal = Journal::open(&journal_file).with_context(|| {
         format!("cannot open the journal {} (needed before any change)", journal_file.display())
     })?;
-    let actuator = LinuxActuator::new(host.clone(), Duration::from_secs(cli.timeout));
-    let reports: Vec<StepReport> = execute(plan, &actuator, &mut journal, recheck);
+    let reports: Vec<StepReport> = e.execute(plan, &mut journal)?;
     let failed = reports.iter().any(|r| r.result.is_err());
     let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
-    let after = rescan(host, &scan_options(cli), plan.devnum)?;
-    let still_held = after.as_ref().is_some_and(|d| !d.entry.holders.is_empty());
+    let after = match e.scan(Target::Device(plan.devnum)) {
+        Ok(scan) => Some(scan),
+        Err(blockjanitor::engine::EngineError::NotFound(_)) => None,
+        Err(err) => return Err(err.into()),
+    };
+    let after_entry = after.as_ref().and_then(|s| s.entry(plan.devnum).map(|entry| (s, entry)));
+    let still_held = after_entry.is_some_and(|(_, entry)| !entry.holders.is_empty());
     match output {
         Output::Table => {
             print!("{}", render::reports_text(&reports));
-            match &after {
-                Some(d) if !d.entry.holders.is_empty() => {
+            match after_entry {
+                Some((scan, entry)) if !entry.holders.is_empty() => {
                     println!("still held after {}:", plan.operation);
-                    print!("{}", render::holders_table(&d.entry, None, &d.snap.stats, &d.snap.warnings));
+                    print!("{}", render::entry_table(scan, entry, None));
                 }
-                Some(d) if d.entry.device.is_unbound_loop() => {
-                    println!("{} is free and unbound", d.entry.device.name)
+                Some((_, entry)) if entry.device.is_unbound_loop() => {
+                    println!("{} is free and unbound", entry.device.name)
                 }
-                Some(d) => println!("{} is free: nothing holds it any more", d.entry.device.name),
+                Some((_, entry)) => println!("{} is free: nothing holds it any more", entry.device.name),
                 None => println!("{} is gone", plan.device),
             }
         }
@@ -618,7 +614,7 @@ fn carry_out(
             "plan": plan,
             "applied": true,
             "results": reports,
-            "after": after.as_ref().map(|d| render::holders_json(&d.entry, None, &d.snap.stats, &d.snap.warnings)),
+            "after": after_entry.map(|(scan, entry)| render::entry_doc(scan, entry, None)),
         }))?,
     }
     Ok(if failed {

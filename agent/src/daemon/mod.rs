@@ -2,7 +2,7 @@
 //! (block uevents, host mount-table changes, a slow timer), coalescing triggers so scans never
 //! stack, and publishes what changed as events.
 
+pub mod budget;
 pub mod events;
-pub mod protect;
 pub mod state;
 pub mod triggers;

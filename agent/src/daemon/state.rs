@@ -1,33 +1,38 @@
-//! The daemon's state: the latest scan (a [`View`]), the rescan loop, plans and actions on
-//! request, and the event stream.
+//! The daemon's state: the engine and its grace clocks, the latest judged scan (a [`View`]), the
+//! rescan loop, plans and actions on request and by mode, and the event stream. Every scan,
+//! verdict, plan and action goes through the one engine ([`crate::engine`]); this file only
+//! schedules it.
 //!
 //! Scans run on a blocking thread with a deadline; while one runs, further triggers collapse into
 //! a single follow-up scan (a `Notify` holds at most one permit), so scans never stack. A scan
 //! that overruns its deadline is reported; no new scan starts until it has finished.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde::Serialize;
 use tokio::sync::{broadcast, Notify};
 
+use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
-use super::protect::protected_devices;
-use crate::act::linux::LinuxActuator;
-use crate::act::{execute, StepReport};
-use crate::config::Config;
-use crate::discover::blockdev;
-use crate::discover::namespaces::MountReader;
-use crate::graph::{DeviceEntry, DeviceGraph};
+use crate::act::StepReport;
+use crate::blindspot::BlindSpot;
+use crate::config::{Config, Mode};
+use crate::engine::world::LinuxWorld;
+use crate::engine::{Engine, EngineError, Judged, Operation};
+use crate::grace::Clocks;
+use crate::graph::DeviceEntry;
 use crate::host::HostRoot;
+use crate::identity::Identity;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::model::{DevNum, MountNsId};
-use crate::plan::{self, Plan};
-use crate::policy::{Judgement, Tracker, Verdict};
+use crate::plan::Plan;
+use crate::policy::{Judgement, Verdict};
 use crate::resolve;
-use crate::snapshot::{ScanOptions, ScanStats, Scope, Snapshot};
+use crate::scan::Target;
+use crate::snapshot::ScanStats;
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
@@ -37,6 +42,7 @@ pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
 pub struct DeviceView {
     pub entry: DeviceEntry,
     pub judgement: Judgement,
+    pub identity: Identity,
 }
 
 /// The result of one scan.
@@ -48,6 +54,9 @@ pub struct View {
     pub host_ns: MountNsId,
     pub devices: Vec<DeviceView>,
     pub warnings: Vec<String>,
+    pub blind_spots: Vec<BlindSpot>,
+    /// Whether the Kubernetes API vouched for the verdicts, in words.
+    pub api_state: String,
 }
 
 impl View {
@@ -59,6 +68,36 @@ impl View {
             host_ns: MountNsId(0),
             devices: Vec::new(),
             warnings: Vec::new(),
+            blind_spots: Vec::new(),
+            api_state: String::new(),
+        }
+    }
+
+    fn of(judged: Judged, scan_number: u64) -> Self {
+        let Judged { scan, mut verdicts, api_state, .. } = judged;
+        let devices = scan
+            .graph
+            .devices
+            .into_iter()
+            .map(|entry| {
+                let judgement = verdicts.remove(&entry.device.devnum).unwrap_or_else(|| Judgement {
+                    verdict: Verdict::Unused,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                });
+                let identity = Identity::of(&entry);
+                DeviceView { entry, judgement, identity }
+            })
+            .collect();
+        Self {
+            scan_number,
+            scanned_at: Some(SystemTime::now()),
+            stats: scan.stats,
+            host_ns: scan.graph.host_ns,
+            devices,
+            warnings: scan.warnings,
+            blind_spots: scan.blind_spots,
+            api_state,
         }
     }
 }
@@ -72,13 +111,27 @@ pub enum ApiError {
     NotFound(String),
     #[error("{0}")]
     PermissionDenied(String),
-    /// The request is well-formed but the device's state forbids it (e.g. it is protected).
+    /// The request is well-formed but the device's state forbids it (protected, its identity
+    /// changed since it was planned, the agent may not act here).
     #[error("{0}")]
     FailedPrecondition(String),
     #[error("{0}")]
     Unavailable(String),
     #[error("{0}")]
     Internal(String),
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::NotFound(m) => ApiError::NotFound(m),
+            e @ (EngineError::IdentityChanged { .. } | EngineError::CannotAct(_)) => {
+                ApiError::FailedPrecondition(e.to_string())
+            }
+            e @ EngineError::Journal { .. } => ApiError::Unavailable(e.to_string()),
+            e @ EngineError::Discover(_) => ApiError::Internal(e.to_string()),
+        }
+    }
 }
 
 /// Everything the server and the background tasks share.
@@ -89,31 +142,16 @@ pub struct AgentState {
     pub kernel: String,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<AgentEvent>,
+    engine: Engine<LinuxWorld>,
+    clocks: Mutex<Clocks>,
     view: RwLock<Arc<View>>,
-    tracker: Mutex<Tracker>,
     rescan: Notify,
     pending_trigger: Mutex<Option<&'static str>>,
     act_lock: tokio::sync::Mutex<()>,
-    /// The Kubernetes API's view of this node, when the API is in use.
-    cluster: std::sync::OnceLock<tokio::sync::watch::Receiver<crate::kube::ClusterView>>,
     /// Events and the Node condition, when the API is in use.
     reporter: std::sync::OnceLock<crate::kube::Reporter>,
-    /// When recent destructive steps of release/clean mode ran (the rate limit's window).
-    recent_actions: Mutex<std::collections::VecDeque<Instant>>,
-}
-
-/// The plan for one device: loop devices are unbound once free (releasing foreign mounts
-/// first); multipath maps and SCSI disks are torn down only once the daemon has judged them
-/// stale (all paths failed, or offline, for the grace period across scans).
-fn plan_for(e: &DeviceEntry, graph: &DeviceGraph, view: &View) -> Plan {
-    let judged = view.devices.iter().find(|d| d.entry.device.devnum == e.device.devnum).map(|d| &d.judgement);
-    let mut p = if plan::needs_stale_verdict(e) {
-        plan::for_clean(e, graph, plan::CleanOptions::default())
-    } else {
-        plan::cleanup(e)
-    };
-    plan::gate(&mut p, e, judged);
-    p
+    /// Destructive steps of release/clean mode in the last minute (the rate limit's window).
+    budget: Mutex<Budget>,
 }
 
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
@@ -132,7 +170,12 @@ pub fn check_device_arg(arg: &str) -> Result<(), ApiError> {
 }
 
 impl AgentState {
-    pub fn new(host: HostRoot, config: Config, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        host: HostRoot,
+        config: Config,
+        metrics: Arc<Metrics>,
+        engine: Engine<LinuxWorld>,
+    ) -> Arc<Self> {
         let node_name = config.node_name.clone().unwrap_or_else(|| {
             nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
@@ -142,6 +185,8 @@ impl AgentState {
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_default();
         let (events, _) = broadcast::channel(1024);
+        let clocks = Clocks::new(crate::clock::boot_id(&host));
+        let budget = Budget::new(config.max_actions_per_minute as usize, Duration::from_secs(60));
         Arc::new(Self {
             host,
             config,
@@ -149,30 +194,32 @@ impl AgentState {
             kernel,
             metrics,
             events,
+            engine,
+            clocks: Mutex::new(clocks),
             view: RwLock::new(Arc::new(View::empty())),
-            tracker: Mutex::new(Tracker::default()),
             rescan: Notify::new(),
             pending_trigger: Mutex::new(None),
             act_lock: tokio::sync::Mutex::new(()),
-            cluster: std::sync::OnceLock::new(),
             reporter: std::sync::OnceLock::new(),
-            recent_actions: Mutex::new(std::collections::VecDeque::new()),
+            budget: Mutex::new(budget),
         })
     }
 
-    /// Uses the Kubernetes API from now on: its view weighs in on verdicts, and stale devices
-    /// and actions are reported as Events and a Node condition.
+    /// Uses the Kubernetes API from now on: its view weighs in on verdicts and gates, and stale
+    /// devices and actions are reported as Events and a Node condition.
     pub fn use_kubernetes(
         &self,
         cluster: tokio::sync::watch::Receiver<crate::kube::ClusterView>,
         reporter: crate::kube::Reporter,
     ) {
-        let _ = self.cluster.set(cluster);
+        let _ = self.engine.world.cluster.set(cluster);
         let _ = self.reporter.set(reporter);
     }
 
-    fn scan_options(&self) -> ScanOptions {
-        ScanOptions { reader: MountReader::Auto, kubelet_dir: self.config.kubelet_dir.clone() }
+    /// Whether this agent may act on the host (hostPID, a live procfs); why not otherwise.
+    pub fn can_act(&self) -> Result<(), String> {
+        use crate::engine::World;
+        self.engine.world.can_act()
     }
 
     /// The latest scan.
@@ -188,44 +235,15 @@ impl AgentState {
         self.rescan.notify_one();
     }
 
-    /// Scans the whole host (blocking) and returns the new view.
+    fn clocks(&self) -> std::sync::MutexGuard<'_, Clocks> {
+        self.clocks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Scans the whole host and judges it (blocking).
     fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
-        let snap =
-            Snapshot::take_opts(&self.host, &Scope::All, &self.scan_options()).map_err(|e| e.to_string())?;
-        let graph = DeviceGraph::build(&snap);
-        let protected = protected_devices(
-            &self.host,
-            &graph,
-            &self.config.protected_paths,
-            &self.config.protected_devices,
-        );
-        let judgements = self.tracker.lock().map_err(|_| "policy tracker poisoned".to_owned())?.judge(
-            &graph,
-            &protected,
-            self.config.grace_period(),
-            SystemTime::now(),
-        );
-        let api = self.cluster.get().map(|rx| rx.borrow().clone());
-        let devices = graph
-            .devices
-            .into_iter()
-            .map(|entry| {
-                let judgement = judgements
-                    .get(&entry.device.devnum)
-                    .cloned()
-                    .unwrap_or(Judgement { verdict: Verdict::Unused, reasons: Vec::new() });
-                let judgement = crate::policy::with_api(judgement, &entry, api.as_ref());
-                DeviceView { entry, judgement }
-            })
-            .collect();
-        Ok(View {
-            scan_number,
-            scanned_at: Some(SystemTime::now()),
-            stats: snap.stats,
-            host_ns: snap.host_ns,
-            devices,
-            warnings: snap.warnings,
-        })
+        let scan = self.engine.scan(Target::All).map_err(|e| e.to_string())?;
+        let judged = self.engine.judge(scan, &mut self.clocks());
+        Ok(View::of(judged, scan_number))
     }
 
     /// Runs one scan now on a blocking thread, publishes it and its events. Returns false when
@@ -281,17 +299,19 @@ impl AgentState {
         }
     }
 
-    /// Events for devices that are stale, and the Node condition naming every stale one (the
-    /// reporter de-duplicates repeated events).
+    /// Events for devices that are stale, and the Node condition naming every stale one. An
+    /// Event says the verdict's summary (no age, no command line), so the reporter's
+    /// de-duplication holds across scans.
     async fn report_to_kubernetes(&self) {
         let Some(reporter) = self.reporter.get() else { return };
         let view = self.view();
         let stale: Vec<&DeviceView> =
             view.devices.iter().filter(|d| d.judgement.verdict == Verdict::Stale).collect();
         for d in &stale {
-            let why = d.judgement.reasons.first().cloned().unwrap_or_default();
             let name = d.entry.device.name.as_str();
-            if let Err(e) = reporter.event(crate::kube::EventReason::StaleBlockDevice, name, &why).await {
+            if let Err(e) =
+                reporter.event(crate::kube::EventReason::StaleBlockDevice, name, &d.judgement.summary).await
+            {
                 tracing::warn!(device = name, "cannot post a StaleBlockDevice event: {e}");
             }
         }
@@ -301,17 +321,18 @@ impl AgentState {
         }
     }
 
-    /// In release and clean modes, acts on what the latest scan found, at most
-    /// `max_actions_per_minute` destructive steps a minute. Every plan passes the same gates as an
-    /// operator's Apply; each step is journaled and audited.
+    /// In release and clean modes, acts on what the latest scan found. Each device's plan comes
+    /// from a fresh scan through the engine's gates, and runs as a unit within the per-minute
+    /// step budget (a plan larger than the whole budget runs once the window is empty).
     async fn act_by_mode(self: &Arc<Self>) {
-        use crate::config::Mode;
         let mode = self.config.mode;
-        if mode == Mode::Report {
-            return;
-        }
+        let op = match mode {
+            Mode::Report => return,
+            Mode::Release => Operation::Release,
+            Mode::Clean => Operation::Clean,
+        };
         let view = self.view();
-        let names: Vec<String> = view
+        let targets: Vec<DevNum> = view
             .devices
             .iter()
             .filter(|d| match mode {
@@ -324,36 +345,15 @@ impl AgentState {
                 }
                 Mode::Report => false,
             })
-            .map(|d| d.entry.device.name.to_string())
+            .map(|d| d.entry.device.devnum)
             .collect();
-        if names.is_empty() {
+        if targets.is_empty() {
             return;
         }
         let _guard = self.act_lock.lock().await;
-        let planned = match mode {
-            Mode::Release => self.plan_releases(&names).await,
-            _ => self.plan(&names).await,
-        };
-        let Ok(mut plans) = planned else { return };
-        let mut budget = self.action_budget();
-        plans.retain(|p| {
-            let n = p.steps.len();
-            if p.refusal.is_some() || n == 0 {
-                return false;
-            }
-            if n > budget {
-                tracing::warn!(device = %p.device, steps = n, limit = self.config.max_actions_per_minute, "rate limit reached: postponed");
-                return false;
-            }
-            budget -= n;
-            true
-        });
-        if plans.is_empty() {
-            return;
-        }
         let me = Arc::clone(self);
-        let todo = plans.clone();
-        let reports = match tokio::task::spawn_blocking(move || me.execute_blocking(&todo)).await {
+        let outcome = tokio::task::spawn_blocking(move || me.act_blocking(&targets, op)).await;
+        let reports = match outcome {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => {
                 tracing::error!(mode = mode.as_str(), "{e}");
@@ -364,15 +364,15 @@ impl AgentState {
                 return;
             }
         };
-        if let Ok(mut recent) = self.recent_actions.lock() {
-            recent.extend(std::iter::repeat_n(Instant::now(), reports.len()));
+        if reports.is_empty() {
+            return;
         }
         if let Some(reporter) = self.reporter.get() {
             for r in &reports {
                 let (word, detail) = r.word();
-                let reason = match (word, &r.step) {
-                    ("failed", _) => crate::kube::EventReason::CleanupFailed,
-                    (_, plan::Step::DetachMount { .. }) => crate::kube::EventReason::BlockDeviceReleased,
+                let reason = match (word, r.step.is_release()) {
+                    ("failed" | "skipped", _) => crate::kube::EventReason::CleanupFailed,
+                    (_, true) => crate::kube::EventReason::BlockDeviceReleased,
                     _ => crate::kube::EventReason::BlockDeviceCleaned,
                 };
                 let msg = if detail.is_empty() {
@@ -380,20 +380,34 @@ impl AgentState {
                 } else {
                     format!("{}: {detail}", r.step.describe())
                 };
-                let _ = reporter.event(reason, r.step.device().as_str(), &msg).await;
+                let _ = reporter.event(reason, r.step.device.as_str(), &msg).await;
             }
         }
         self.request_rescan("apply");
     }
 
-    /// Destructive steps still allowed in the current minute.
-    fn action_budget(&self) -> usize {
-        let Ok(mut recent) = self.recent_actions.lock() else { return 0 };
-        let now = Instant::now();
-        while recent.front().is_some_and(|t| now.duration_since(*t) > Duration::from_secs(60)) {
-            recent.pop_front();
+    /// Plans `op` for each target from a fresh scan and runs the plans the budget admits.
+    fn act_blocking(&self, targets: &[DevNum], op: Operation) -> Result<Vec<StepReport>, ApiError> {
+        let mut plans = Vec::new();
+        for &devnum in targets {
+            match self.engine.plan_fresh(devnum, op, &mut self.clocks()) {
+                Ok((_, p)) if p.refusal.is_none() && !p.steps.is_empty() => plans.push(p),
+                Ok(_) | Err(EngineError::NotFound(_)) => {}
+                Err(e) => tracing::warn!(device = %devnum, "cannot plan: {e}"),
+            }
         }
-        (self.config.max_actions_per_minute as usize).saturating_sub(recent.len())
+        let mut admitted = Vec::new();
+        {
+            let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+            for p in plans {
+                if budget.admit(p.steps.len(), Instant::now()) {
+                    admitted.push(p);
+                } else {
+                    tracing::warn!(device = %p.device, steps = p.steps.len(), limit = self.config.max_actions_per_minute, "rate limit reached: postponed to a later scan");
+                }
+            }
+        }
+        self.execute_blocking(&admitted)
     }
 
     /// Looks a device argument up in the latest view.
@@ -413,24 +427,37 @@ impl AgentState {
             .ok_or_else(|| ApiError::NotFound(format!("unknown device '{arg}'")))
     }
 
-    /// Plans for the named devices, or for every stale one when none is named. Plans come from
-    /// a fresh scan of each device, not the cached view.
-    /// Release mode's plans: only the detaching of the devices' mounts in other namespaces, from
-    /// a fresh scan of each, through the safety gate (a held device is `in_use`, so the stale
-    /// gate of [`AgentState::plan`] would leave nothing to release).
-    async fn plan_releases(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
-        let targets: Vec<DevNum> =
-            devices.iter().filter_map(|d| self.find(d).ok()).map(|d| d.entry.device.devnum).collect();
+    /// The devices named (each once), or every stale one when none is named.
+    fn targets(&self, devices: &[String]) -> Result<Vec<DevNum>, ApiError> {
+        if devices.is_empty() {
+            return Ok(self
+                .view()
+                .devices
+                .iter()
+                .filter(|d| d.judgement.verdict == Verdict::Stale)
+                .map(|d| d.entry.device.devnum)
+                .collect());
+        }
+        let mut seen = BTreeSet::new();
+        for d in devices {
+            seen.insert(self.find(d)?.entry.device.devnum);
+        }
+        Ok(seen.into_iter().collect())
+    }
+
+    /// Cleanup plans for the named devices (or every stale one), each from a fresh scan of the
+    /// device judged with the daemon's grace clocks. Changes nothing.
+    pub async fn plan(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
+        let targets = self.targets(devices)?;
         let me = Arc::clone(self);
-        let view = self.view();
         tokio::task::spawn_blocking(move || {
             let mut plans = Vec::new();
-            for dn in targets {
-                let Some((e, _)) = me.fresh_entry(dn)? else { continue };
-                let judged = view.devices.iter().find(|d| d.entry.device.devnum == dn).map(|d| &d.judgement);
-                let mut p = plan::release(&e);
-                plan::safety_gate(&mut p, &e, judged);
-                plans.push(p);
+            for devnum in targets {
+                match me.engine.plan_fresh(devnum, Operation::Clean, &mut me.clocks()) {
+                    Ok((_, p)) => plans.push(p),
+                    Err(EngineError::NotFound(_)) => {}
+                    Err(e) => return Err(ApiError::from(e)),
+                }
             }
             Ok(plans)
         })
@@ -438,93 +465,70 @@ impl AgentState {
         .map_err(|e| ApiError::Internal(format!("planning thread failed: {e}")))?
     }
 
-    pub async fn plan(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
-        let targets: Vec<DevNum> = if devices.is_empty() {
-            self.view()
-                .devices
-                .iter()
-                .filter(|d| d.judgement.verdict == Verdict::Stale)
-                .map(|d| d.entry.device.devnum)
-                .collect()
-        } else {
-            let mut seen = BTreeSet::new();
-            for d in devices {
-                seen.insert(self.find(d)?.entry.device.devnum);
-            }
-            seen.into_iter().collect()
-        };
-        let me = Arc::clone(self);
-        let view = self.view();
-        tokio::task::spawn_blocking(move || {
-            targets
-                .into_iter()
-                .filter_map(|dn| me.fresh_entry(dn).transpose())
-                .map(|r| r.map(|(e, graph)| plan_for(&e, &graph, &view)))
-                .collect()
-        })
-        .await
-        .map_err(|e| ApiError::Internal(format!("planning thread failed: {e}")))?
-    }
-
-    /// A fresh scan of one device and what is stacked on it; `None` when it is gone.
-    fn fresh_entry(&self, devnum: DevNum) -> Result<Option<(DeviceEntry, DeviceGraph)>, ApiError> {
-        let started = Instant::now();
-        let devices = blockdev::scan(&self.host).map_err(|e| ApiError::Internal(e.to_string()))?;
-        if !devices.iter().any(|d| d.devnum == devnum) {
-            return Ok(None);
-        }
-        let scope = blockdev::with_descendants(&devices, devnum);
-        let snap =
-            Snapshot::take_with(&self.host, devices, &Scope::Devices(scope), started, &self.scan_options())
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-        let graph = DeviceGraph::build(&snap);
-        Ok(graph.get(devnum).cloned().map(|e| (e, graph)))
-    }
-
-    /// Plans and carries out the cleanup of the named devices, one Apply at a time. Protected
-    /// devices are refused.
+    /// Plans and carries out the cleanup of the named devices, one Apply at a time.
+    /// `identities`, when given, are the identities a Plan answered for the same devices (same
+    /// order, "" for none): a device that is now another one is refused (FailedPrecondition
+    /// naming both) before anything runs.
     pub async fn apply(
         self: &Arc<Self>,
         devices: &[String],
+        identities: &[String],
     ) -> Result<(Vec<Plan>, Vec<StepReport>), ApiError> {
         if devices.is_empty() {
             return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
         }
-        let protected: HashSet<DevNum> = self
-            .view()
-            .devices
-            .iter()
-            .filter(|d| d.judgement.verdict == Verdict::Protected)
-            .map(|d| d.entry.device.devnum)
-            .collect();
-        for d in devices {
+        if !identities.is_empty() && identities.len() != devices.len() {
+            return Err(ApiError::InvalidArgument(format!(
+                "{} identities for {} devices: give one per device (\"\" for none), in the same order",
+                identities.len(),
+                devices.len()
+            )));
+        }
+        self.can_act().map_err(ApiError::FailedPrecondition)?;
+        let mut wanted = Vec::new();
+        for (i, d) in devices.iter().enumerate() {
             let v = self.find(d)?;
-            if protected.contains(&v.entry.device.devnum) {
+            if v.judgement.verdict == Verdict::Protected {
                 return Err(ApiError::FailedPrecondition(format!(
                     "{} is protected: {}",
                     v.entry.device.name,
                     v.judgement.reasons.join("; ")
                 )));
             }
+            let expected = identities.get(i).filter(|t| !t.is_empty()).cloned();
+            wanted.push((v.entry.device.devnum, expected));
         }
         let _guard = self.act_lock.lock().await;
-        let plans = self.plan(devices).await?;
         let me = Arc::clone(self);
-        let plans2 = plans.clone();
-        let reports = tokio::task::spawn_blocking(move || me.execute_blocking(&plans2))
-            .await
-            .map_err(|e| ApiError::Internal(format!("apply thread failed: {e}")))??;
+        let (plans, reports) = tokio::task::spawn_blocking(move || {
+            let mut plans = Vec::new();
+            for (devnum, expected) in wanted {
+                let (judged, plan) = me.engine.plan_fresh(devnum, Operation::Clean, &mut me.clocks())?;
+                if let Some(token) = expected {
+                    me.engine.expect_identity(&judged, devnum, &token)?;
+                }
+                plans.push(plan);
+            }
+            let reports = me.execute_blocking(&plans)?;
+            Ok::<_, ApiError>((plans, reports))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("apply thread failed: {e}")))??;
         self.request_rescan("apply");
         Ok((plans, reports))
     }
 
     fn execute_blocking(&self, plans: &[Plan]) -> Result<Vec<StepReport>, ApiError> {
+        let runnable: Vec<&Plan> =
+            plans.iter().filter(|p| p.refusal.is_none() && !p.steps.is_empty()).collect();
+        if runnable.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut journal = Journal::open(&self.config.journal).map_err(|e| {
             ApiError::Unavailable(format!("cannot open the journal {}: {e}", self.config.journal.display()))
         })?;
-        let actuator = LinuxActuator::new(self.host.clone(), crate::act::linux::DEFAULT_TIMEOUT);
         let mut out = Vec::new();
-        for p in plans.iter().filter(|p| p.refusal.is_none() && !p.steps.is_empty()) {
+        for p in runnable {
             let name = p.device.as_str();
             let _ = self.events.send(AgentEvent::new(
                 EventKind::ActionStarted,
@@ -532,10 +536,7 @@ impl AgentState {
                 format!("{} {name}: {} step(s)", p.operation, p.steps.len()),
                 None,
             ));
-            let devnum = p.devnum;
-            let reports = execute(p, &actuator, &mut journal, |step| {
-                plan::recheck(step, || self.fresh_entry(devnum).map(|found| found.map(|(e, _)| e)))
-            });
+            let reports = self.engine.execute(p, &mut journal)?;
             let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &reports {
                 let (word, _) = r.word();

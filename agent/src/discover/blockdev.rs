@@ -17,21 +17,39 @@ use super::{list_dir, loopdev, names_in, read_attr, read_attr_opt, read_bool, re
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, DmInfo};
 
-/// Every block device and partition sysfs lists, sorted by name.
+/// Every block device and partition sysfs lists, sorted by name. A device whose directory
+/// cannot be read or makes no sense is left out (see [`scan_all`] for what was left out).
 pub fn scan(host: &HostRoot) -> Result<Vec<BlockDevice>, DiscoverError> {
+    scan_all(host).map(|s| s.devices)
+}
+
+/// What sysfs shows: the devices that could be read, and those that could not.
+#[derive(Debug, Default)]
+pub struct SysfsDevices {
+    pub devices: Vec<BlockDevice>,
+    /// A device whose directory could not be read or makes no sense: its name, and the error
+    /// naming the file.
+    pub unreadable: Vec<(String, DiscoverError)>,
+}
+
+/// Every block device sysfs lists, and the devices that could not be read: one garbage
+/// attribute never blinds the scan to the other devices. Only a missing or unreadable
+/// `/sys/class/block` is an error.
+pub fn scan_all(host: &HostRoot) -> Result<SysfsDevices, DiscoverError> {
     let class = host.sys_class_block();
     if let Err(e) = std::fs::metadata(&class) {
         return Err(DiscoverError::read(&class, e));
     }
     let mut out = Vec::new();
+    let mut unreadable = Vec::new();
     for name in list_dir(&class)? {
         match read_device(host, &class.join(&name), &name) {
             Ok(Some(d)) => out.push(d),
             Ok(None) => {} // removed while we looked
-            Err(e) => return Err(e),
+            Err(e) => unreadable.push((name, e)),
         }
     }
-    Ok(out)
+    Ok(SysfsDevices { devices: out, unreadable })
 }
 
 /// Reads one device directory. `Ok(None)` when it vanished under us.
@@ -59,6 +77,14 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
     let loop_info =
         if dir.join("loop").is_dir() { loopdev::read(host, &dir.join("loop"), &name, devnum)? } else { None };
     let kind = classify(name.as_str(), is_partition, dm.is_some(), dir);
+    let diskseq = match read_attr_opt(&dir.join("diskseq"))? {
+        Some(t) => Some(
+            t.trim()
+                .parse::<u64>()
+                .map_err(|_| DiscoverError::attr(&dir.join("diskseq"), &t, "expected a decimal number"))?,
+        ),
+        None => None,
+    };
     Ok(Some(BlockDevice {
         name,
         devnum,
@@ -70,6 +96,7 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
         slaves,
         loop_info,
         dm,
+        diskseq,
     }))
 }
 

@@ -39,10 +39,12 @@ pub fn read(
         read_only: false,
         backing_dev: None,
         backing_inode: None,
+        backing_rdev: None,
     };
     if let Some(st) = status_from_node(host, name, devnum) {
         info.backing_dev = Some(DevNum::from_dev_t(st.lo_device));
         info.backing_inode = Some(st.lo_inode);
+        info.backing_rdev = (st.lo_rdevice != 0).then(|| DevNum::from_dev_t(st.lo_rdevice));
         info.read_only = st.lo_flags & LO_FLAGS_READ_ONLY != 0;
     }
     Ok(Some(info))

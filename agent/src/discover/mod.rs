@@ -10,6 +10,7 @@ pub mod dm;
 pub mod fds;
 pub mod kmsg;
 pub mod kubelet;
+pub mod livefs;
 pub mod loopdev;
 pub mod maps;
 pub mod mountinfo;

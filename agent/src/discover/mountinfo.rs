@@ -40,6 +40,14 @@ impl MountEntry {
     pub fn shared_group(&self) -> Option<u32> {
         self.optional.iter().find_map(|f| f.strip_prefix("shared:")?.parse().ok())
     }
+
+    /// The peer group this mount is a slave of (`master:N`, or `propagate_from:N` when the
+    /// master is not reachable from the reader's root): it receives that group's mounts and
+    /// unmounts, so it is a copy of a mount that lives on in that group.
+    pub fn master_group(&self) -> Option<u32> {
+        let find = |prefix: &str| self.optional.iter().find_map(|f| f.strip_prefix(prefix)?.parse().ok());
+        find("propagate_from:").or_else(|| find("master:"))
+    }
 }
 
 /// What was wrong with a mountinfo text, and on which line (1-based).
@@ -150,18 +158,18 @@ pub fn parse_line(text: &[u8], line: usize) -> Result<MountEntry, ParseError> {
 /// Parses a whole mountinfo text.
 pub fn parse(text: &[u8]) -> Result<Vec<MountEntry>, ParseError> {
     let mut out = Vec::new();
-    scan(text, |_| true, |e| out.push(e))?;
+    scan(text, |_, _| true, |e| out.push(e))?;
     Ok(out)
 }
 
-/// Walks a mountinfo text, fully parsing only lines whose device `want` accepts and handing them
-/// to `found`. Returns the number of lines. Every line is still checked for the shape of
-/// mountinfo (IDs, `MAJ:MIN`, the `-` separator and the fields after it), and a text that does not
+/// Walks a mountinfo text, fully parsing only lines whose device and filesystem type (as the
+/// kernel escapes it) `want` accepts and handing them to `found`. Returns the number of lines.
+/// Every line is still checked for the shape of mountinfo (IDs, `MAJ:MIN`, the `-` separator and the fields after it), and a text that does not
 /// end in a newline is truncated: both are errors. The text is bytes: the kernel escapes only
 /// space, tab, newline and backslash, so a path can hold any other byte, UTF-8 or not.
 pub fn scan(
     text: &[u8],
-    mut want: impl FnMut(DevNum) -> bool,
+    mut want: impl FnMut(DevNum, &[u8]) -> bool,
     mut found: impl FnMut(MountEntry),
 ) -> Result<usize, ParseError> {
     let sep = memchr::memmem::Finder::new(" - ");
@@ -178,18 +186,18 @@ pub fn scan(
             // Re-parse fully for a precise message.
             parse_line(line, count).err().unwrap_or_else(|| err(count, "not a mountinfo line"))
         })?;
-        if want(devnum) {
+        let tail = sep
+            .find(line)
+            .map(|p| &line[p + 3..])
+            .ok_or_else(|| err(count, "truncated: no '-' separator before the filesystem type"))?;
+        if memchr::memchr_iter(b' ', tail).count() != 2 {
+            return Err(parse_line(line, count).err().unwrap_or_else(|| {
+                err(count, "expected filesystem type, source and super options after '-'")
+            }));
+        }
+        let fstype = tail.split(|&b| b == b' ').next().unwrap_or_default();
+        if want(devnum, fstype) {
             found(parse_line(line, count)?);
-        } else {
-            let tail = sep
-                .find(line)
-                .map(|p| &line[p + 3..])
-                .ok_or_else(|| err(count, "truncated: no '-' separator before the filesystem type"))?;
-            if memchr::memchr_iter(b' ', tail).count() != 2 {
-                return Err(parse_line(line, count).err().unwrap_or_else(|| {
-                    err(count, "expected filesystem type, source and super options after '-'")
-                }));
-            }
         }
     }
     Ok(count)
@@ -251,6 +259,7 @@ mod tests {
         assert_eq!(e.root, "/dir with space");
         assert_eq!(e.mount_point, "/mnt/a\tb");
         assert_eq!(e.shared_group(), Some(310));
+        assert_eq!(e.master_group(), Some(12));
         assert_eq!(e.optional.len(), 2);
         assert_eq!(unescape(br"back\134slash\012nl"), "back\\slash\nnl");
         assert_eq!(unescape(br"not\09escape\"), "not\\09escape\\");
@@ -294,11 +303,18 @@ mod tests {
         let text =
             format!("1 0 8:1 / / rw - ext4 /dev/sda1 rw\n{INCIDENT5}\n3 1 0:22 / /proc rw - proc proc rw\n");
         let mut got = Vec::new();
-        let n = scan(text.as_bytes(), |d| d == DevNum::new(250, 0), |e| got.push(e.mount_id)).expect("scans");
+        let n =
+            scan(text.as_bytes(), |d, _| d == DevNum::new(250, 0), |e| got.push(e.mount_id)).expect("scans");
         assert_eq!(n, 3);
         assert_eq!(got, vec![2892]);
         let broken = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n3 1 0:22 / /proc rw - proc\n";
-        let e = scan(broken.as_bytes(), |_| false, |_| {}).expect_err("unwanted line is still checked");
+        let e = scan(broken.as_bytes(), |_, _| false, |_| {}).expect_err("unwanted line is still checked");
+        // Anonymous devices are wanted by filesystem type (btrfs: 0:NN, never the block device).
+        let btrfs = b"44 27 0:39 / /mnt rw,relatime - btrfs /dev/loop0 rw,space_cache=v2,subvolid=5,subvol=/\n45 27 0:40 / /t rw - tmpfs tmpfs rw\n";
+        let mut types = Vec::new();
+        scan(btrfs, |d, t| d.major == 0 && t == b"btrfs", |e| types.push(e.source.to_string()))
+            .expect("scans");
+        assert_eq!(types, vec!["/dev/loop0"]);
         assert_eq!(e.line, 2);
         assert!(parse(b"").expect("empty").is_empty());
     }
@@ -355,9 +371,12 @@ mod tests {
         let mut text = b"1 0 8:1 / / rw - ext4 /dev/sda1 rw\n".to_vec();
         text.extend_from_slice(&raw);
         let mut got = Vec::new();
-        assert_eq!(scan(&text, |d| d == DevNum::new(7, 5), |e| got.push(e.mount_point)).expect("scans"), 2);
+        assert_eq!(
+            scan(&text, |d, _| d == DevNum::new(7, 5), |e| got.push(e.mount_point)).expect("scans"),
+            2
+        );
         assert_eq!(got, vec![KernelText::from_bytes(b"/var/tmp/d\xff".to_vec())]);
-        assert_eq!(scan(&text, |_| false, |_| {}).expect("scans"), 2);
+        assert_eq!(scan(&text, |_, _| false, |_| {}).expect("scans"), 2);
         // Bad bytes in an error message come out escaped.
         let e = parse(b"1 0 8:1 / \xffrel rw - ext4 /dev/sda1 rw\n").expect_err("relative");
         assert!(e.reason.contains(r"\xffrel"), "{e}");

@@ -5,6 +5,16 @@
 //! A namespace can outlive its processes, pinned by an nsfs bind mount (fstype `nsfs`, root
 //! `mnt:[INODE]`) or an open fd whose link reads `mnt:[INODE]`. Those are read by entering them
 //! through that file (live hosts only).
+//!
+//! A task's mountinfo shows only the mounts reachable from its root: a chrooted task hides the
+//! rest. The table is therefore read through a task whose root is its namespace's root, or, when
+//! every task is chrooted, by entering the namespace (whose root `setns` gives). Mounts
+//! `statmount` sees that the text still lacks are reported ([`MountScan::hidden`]), never
+//! dropped silently.
+//!
+//! Wanted are the mounts of the devices in scope and every btrfs mount: btrfs shows an
+//! anonymous `0:NN` superblock device, never its block devices, so its mounts are joined to their
+//! devices later through `/sys/fs/btrfs`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -48,13 +58,18 @@ pub enum NsEntry {
     Nsfs { path: PathBuf },
     /// An open fd of a process: `/proc/PID/fd/FD`.
     Fd { pid: u32, fd: u32 },
+    /// The namespace of a chrooted task, entered through its `ns/mnt`: paths are relative to
+    /// the namespace's root (not the task's).
+    TaskNamespace { pid: u32, tid: u32 },
 }
 
 impl NsEntry {
     /// The file to open and pass to `setns`.
     pub fn ns_file(&self, host: &HostRoot) -> PathBuf {
         match self {
-            Self::Task { pid, tid } => host.proc_task(*pid, *tid).join("ns/mnt"),
+            Self::Task { pid, tid } | Self::TaskNamespace { pid, tid } => {
+                host.proc_task(*pid, *tid).join("ns/mnt")
+            }
             Self::Nsfs { path } => path.clone(),
             Self::Fd { pid, fd } => host.proc_pid(*pid).join("fd").join(fd.to_string()),
         }
@@ -67,6 +82,7 @@ impl NsEntry {
             Self::Task { pid, tid } => format!("pid {pid} tid {tid}"),
             Self::Nsfs { path } => format!("nsfs {}", path.display()),
             Self::Fd { pid, fd } => format!("fd {fd} of pid {pid}"),
+            Self::TaskNamespace { pid, tid } => format!("the namespace of pid {pid} tid {tid} (entered)"),
         }
     }
 }
@@ -95,6 +111,47 @@ pub struct NsMount {
     /// How the namespace was read; `mount.mount_point` is relative to this entry's root.
     pub via: NsEntry,
     pub mount: MountEntry,
+    /// The block device this mount holds, when it is not `mount.devnum` (a btrfs mount's
+    /// anonymous device joined to a member device); set by the snapshot's join.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block: Option<DevNum>,
+}
+
+impl NsMount {
+    /// The block device this mount holds.
+    pub fn device(&self) -> DevNum {
+        self.block.unwrap_or(self.mount.devnum)
+    }
+}
+
+/// Which mounts a scan wants the full line of.
+#[derive(Debug, Clone, Copy)]
+pub struct Wanted<'a> {
+    /// Devices in scope.
+    pub targets: &'a HashSet<DevNum>,
+    /// nsfs's device on a live host (namespace pins); `None`: every line is wanted.
+    pub nsfs_dev: Option<DevNum>,
+}
+
+impl Wanted<'_> {
+    fn device(&self, d: DevNum) -> bool {
+        self.targets.contains(&d) || self.nsfs_dev.is_none_or(|n| n == d)
+    }
+
+    /// By mountinfo's device and filesystem type.
+    pub fn text(&self, d: DevNum, fstype: &[u8]) -> bool {
+        self.device(d) || (d.major == 0 && fstype == b"btrfs")
+    }
+
+    /// By `statmount`'s device and filesystem magic.
+    fn magic(&self, d: DevNum, magic: u64) -> bool {
+        self.device(d) || (d.major == 0 && magic == mount_api::BTRFS_SUPER_MAGIC)
+    }
+
+    /// Whether a full line is one to keep (not only a pin candidate).
+    fn keeps(&self, m: &MountEntry) -> bool {
+        self.targets.contains(&m.devnum) || (m.devnum.major == 0 && m.fstype == "btrfs")
+    }
 }
 
 /// Groups tasks by namespace.
@@ -128,23 +185,21 @@ pub struct MountScan {
     pub nsfs_pins: Vec<(MountNsId, NsEntry)>,
     /// Namespaces checked with `statmount` alone (no mountinfo text needed).
     pub via_statmount: usize,
-    /// Wanted mounts `statmount` saw that the representative task's mountinfo did not show.
-    pub warnings: Vec<String>,
+    /// Wanted mounts `statmount` saw that no mountinfo text showed: `(namespace, device, why)`.
+    pub hidden: Vec<(MountNsId, DevNum, String)>,
 }
 
-/// Reads one mountinfo per namespace (in parallel) and keeps the mounts of devices in `targets`.
-/// `nsfs_dev` is the device number of nsfs on a live host (to spot pins cheaply); without it,
-/// every line is parsed.
+/// Reads one mountinfo per namespace (in parallel) and keeps the mounts `wanted` asks for.
 pub fn read_mounts(
     host: &HostRoot,
     namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
-    targets: &HashSet<DevNum>,
-    nsfs_dev: Option<DevNum>,
+    wanted: Wanted<'_>,
     reader: MountReader,
 ) -> Result<MountScan, DiscoverError> {
     let list: Vec<&MountNamespace> = namespaces.values().filter(|n| !n.tasks.is_empty()).collect();
-    let use_api = reader == MountReader::Auto && host.is_live();
-    let results = parallel::map(&list, |ns| read_task_ns(host, ns, targets, nsfs_dev, use_api));
+    let live = host.is_live();
+    let use_api = reader == MountReader::Auto && live;
+    let results = parallel::map(&list, |ns| read_task_ns(host, ns, wanted, use_api, live));
     let known: HashSet<MountNsId> = namespaces.keys().copied().collect();
     let mut scan = MountScan::default();
     let mut seen_pins = HashSet::new();
@@ -153,14 +208,15 @@ pub fn read_mounts(
         if one.bytes == 0 {
             scan.via_statmount += 1;
         }
-        let shown =
-            one.mounts.iter().filter(|m| targets.contains(&m.devnum) || Some(m.devnum) == nsfs_dev).count();
-        if shown < one.api_hits {
-            scan.warnings.push(format!(
-                "mount namespace {}: {} mount(s) of wanted devices lie outside the root of {}, whose mountinfo was read",
+        for d in one.api_hits.iter().filter(|d| !one.mounts.iter().any(|m| m.devnum == **d)) {
+            scan.hidden.push((
                 one.ns,
-                one.api_hits - shown,
-                one.via.describe()
+                *d,
+                format!(
+                    "statmount sees a mount of {d} in mount namespace {} that its mountinfo (read via {}) does not show",
+                    one.ns,
+                    one.via.describe()
+                ),
             ));
         }
         if let Some(ns) = namespaces.get_mut(&one.ns) {
@@ -174,8 +230,8 @@ pub fn read_mounts(
                     scan.nsfs_pins.push(pin);
                 }
             }
-            if targets.contains(&m.devnum) {
-                scan.mounts.push(NsMount { ns: one.ns, via: one.via.clone(), mount: m });
+            if wanted.keeps(&m) {
+                scan.mounts.push(NsMount { ns: one.ns, via: one.via.clone(), mount: m, block: None });
             }
         }
     }
@@ -188,38 +244,49 @@ struct OneNs {
     lines: usize,
     bytes: usize,
     mounts: Vec<MountEntry>,
-    /// Wanted mounts `statmount` counted (0 when it was not used).
-    api_hits: usize,
+    /// Devices of the wanted mounts `statmount` counted (empty when it was not used).
+    api_hits: Vec<DevNum>,
 }
 
 thread_local! {
     static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Whether a task's root is its namespace's root (its `root` link reads `/`), so its
+/// mountinfo shows every mount of the namespace. Unknown (a fixture tree) counts as yes.
+fn at_namespace_root(host: &HostRoot, pid: u32, tid: u32) -> bool {
+    match std::fs::read_link(host.proc_task(pid, tid).join("root")) {
+        Ok(p) => p.as_os_str() == "/",
+        Err(_) => true,
+    }
+}
+
 fn read_task_ns(
     host: &HostRoot,
     ns: &MountNamespace,
-    targets: &HashSet<DevNum>,
-    nsfs_dev: Option<DevNum>,
+    wanted: Wanted<'_>,
     use_api: bool,
+    live: bool,
 ) -> Result<Option<OneNs>, DiscoverError> {
-    let want = |d: DevNum| targets.contains(&d) || nsfs_dev.is_none_or(|n| n == d);
+    // Tasks at the namespace's root first: their mountinfo shows everything.
+    let mut tasks: Vec<(u32, u32, bool)> =
+        ns.tasks.iter().map(|&(pid, tid)| (pid, tid, at_namespace_root(host, pid, tid))).collect();
+    tasks.sort_by_key(|t| !t.2);
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
-        for &(pid, tid) in &ns.tasks {
-            let via = NsEntry::Task { pid, tid };
-            let mut api_hits = 0;
+        for &(pid, tid, rooted) in &tasks {
+            let mut api_hits = Vec::new();
             if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
-                match count_with_api(host, pid, tid, &want) {
+                match hits_with_api(host, pid, tid, wanted) {
                     Ok(None) => continue,
-                    Ok(Some((total, 0))) => {
+                    Ok(Some((total, hits))) if hits.is_empty() => {
                         return Ok(Some(OneNs {
                             ns: ns.id,
-                            via,
+                            via: NsEntry::Task { pid, tid },
                             lines: total,
                             bytes: 0,
                             mounts: Vec::new(),
-                            api_hits,
+                            api_hits: hits,
                         }));
                     }
                     Ok(Some((_, hits))) => api_hits = hits,
@@ -230,18 +297,31 @@ fn read_task_ns(
                     Err(e) => tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text"),
                 }
             }
-            let path = host.proc_task(pid, tid).join("mountinfo");
-            buf.clear();
-            match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
-                Ok(_) => {}
-                Err(e) if is_gone(&e) => continue,
-                Err(e) => return Err(DiscoverError::read(&path, e)),
-            }
+            let (via, path) = if rooted || !live {
+                buf.clear();
+                let path = host.proc_task(pid, tid).join("mountinfo");
+                match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
+                    Ok(_) => {}
+                    Err(e) if is_gone(&e) => continue,
+                    Err(e) => return Err(DiscoverError::read(&path, e)),
+                }
+                (NsEntry::Task { pid, tid }, path)
+            } else {
+                // Every task is chrooted: enter the namespace, whose root setns gives.
+                let via = NsEntry::TaskNamespace { pid, tid };
+                let file = via.ns_file(host);
+                match nsenter::read_mountinfo(&file, host.proc()) {
+                    Ok(text) => *buf = text,
+                    Err(e) if is_gone(&e) => continue,
+                    Err(e) => return Err(DiscoverError::read(&file, e)),
+                }
+                (via, file)
+            };
             if buf.is_empty() {
                 continue; // the task exited between open and read
             }
             let mut mounts = Vec::new();
-            let lines = mountinfo::scan(&buf, want, |m| mounts.push(m))
+            let lines = mountinfo::scan(&buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
                 .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
             return Ok(Some(OneNs { ns: ns.id, via, lines, bytes: buf.len(), mounts, api_hits }));
         }
@@ -249,14 +329,14 @@ fn read_task_ns(
     })
 }
 
-/// Counts a task's namespace's mounts, and those `want` accepts, with `statmount`.
-/// `Ok(None)` when the task is gone.
-fn count_with_api(
+/// A task's namespace's mount count, and the devices of the mounts `wanted` asks for, with
+/// `statmount`. `Ok(None)` when the task is gone.
+fn hits_with_api(
     host: &HostRoot,
     pid: u32,
     tid: u32,
-    want: &dyn Fn(DevNum) -> bool,
-) -> std::io::Result<Option<(usize, usize)>> {
+    wanted: Wanted<'_>,
+) -> std::io::Result<Option<(usize, Vec<DevNum>)>> {
     use std::os::fd::AsFd;
     let ns_file = match std::fs::File::open(host.proc_task(pid, tid).join("ns/mnt")) {
         Ok(f) => f,
@@ -265,10 +345,10 @@ fn count_with_api(
     };
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     let ids = mount_api::list(id)?;
-    let mut hits = 0;
+    let mut hits = Vec::new();
     for m in &ids {
         match mount_api::sb_dev(id, *m) {
-            Ok(d) if want(d) => hits += 1,
+            Ok((d, magic)) if wanted.magic(d, magic) => hits.push(d),
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // unmounted meanwhile
             Err(e) => return Err(e),
@@ -283,6 +363,8 @@ fn nsfs_pin(host: &HostRoot, via: &NsEntry, m: &MountEntry) -> Option<(MountNsId
         return None;
     }
     let id = MountNsId::from_link(m.root.to_str()?)?;
+    // Through the task's own root: only a task at its namespace's root resolves the mount
+    // point right (a namespace read by entering it has its pins found through their fds).
     let NsEntry::Task { pid, .. } = via else { return None };
     let bytes = m.mount_point.as_bytes();
     let rel = Path::new(OsStr::from_bytes(&bytes[bytes.iter().take_while(|&&b| b == b'/').count()..]));
@@ -299,10 +381,11 @@ pub fn read_pinned(
     let file = entry.ns_file(host);
     let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
     let mut mounts = Vec::new();
+    let wanted = Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)) };
     let lines = mountinfo::scan(
         &text,
-        |d| targets.contains(&d),
-        |m| mounts.push(NsMount { ns: id, via: entry.clone(), mount: m }),
+        |d, t| wanted.text(d, t),
+        |m| mounts.push(NsMount { ns: id, via: entry.clone(), mount: m, block: None }),
     )
     .map_err(|source| DiscoverError::MountInfo { path: file.clone(), source })?;
     let ns = MountNamespace {

@@ -19,6 +19,9 @@ pub struct NbdDevice {
     pub server_alive: bool,
     /// Its command line (bounded), e.g. `rbd-nbd map k8s/image`.
     pub server_cmdline: Option<KernelText>,
+    /// Its command name (`comm`): what reasons and Events say (a command line can carry secrets,
+    /// `qemu-nbd --object secret,...,data=...`, and is shown to operators only).
+    pub server_comm: Option<KernelText>,
     /// `backend`: the identifier given at connect time (netlink), when set.
     pub backend: Option<String>,
 }
@@ -42,10 +45,17 @@ pub fn scan(host: &HostRoot, devices: &[BlockDevice]) -> Result<Vec<NbdDevice>, 
         }
         let proc_dir = pid.map(|p| host.proc_pid(p));
         let server_alive = proc_dir.as_ref().is_some_and(|p| p.join("stat").exists());
-        let server_cmdline = proc_dir.filter(|_| server_alive).and_then(|p| {
+        let server_cmdline = proc_dir.as_ref().filter(|_| server_alive).and_then(|p| {
             let mut b = std::fs::read(p.join("cmdline")).ok()?;
             b.truncate(super::processes::CMDLINE_MAX);
             Some(super::processes::cmdline_text(b))
+        });
+        let server_comm = proc_dir.as_ref().filter(|_| server_alive).and_then(|p| {
+            let mut b = std::fs::read(p.join("comm")).ok()?;
+            while b.last() == Some(&b'\n') {
+                b.pop();
+            }
+            Some(KernelText::from_bytes(b))
         });
         let backend =
             read_attr_opt(&dir.join("backend"))?.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty());
@@ -55,6 +65,7 @@ pub fn scan(host: &HostRoot, devices: &[BlockDevice]) -> Result<Vec<NbdDevice>, 
             pid,
             server_alive,
             server_cmdline,
+            server_comm,
             backend,
         });
     }

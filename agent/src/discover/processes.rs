@@ -28,6 +28,9 @@ pub struct ProcEntry {
     pub kthread: bool,
     /// `(tid, namespace)` for every task that could be read; empty for kernel threads.
     pub tasks: Vec<(u32, MountNsId)>,
+    /// Tasks whose namespace could not be read (a thread can unshare its own namespace): what
+    /// the scan therefore cannot see, naming each.
+    pub unreadable: Vec<String>,
 }
 
 impl ProcEntry {
@@ -66,6 +69,7 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
     let comm = stat_comm(&bytes).map_or_else(|| KernelText::from(stat.comm.as_str()), KernelText::from);
     let kthread = stat.flags & PF_KTHREAD != 0;
     let mut tasks = Vec::new();
+    let mut unreadable = Vec::new();
     if !kthread {
         let tids = match numeric_entries(&dir.join("task")) {
             Ok(t) => t,
@@ -77,10 +81,20 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         let mut denied = None;
         for tid in tids {
             let task = host.proc_task(pid, tid);
-            match std::fs::read_link(task.join("ns/mnt")) {
-                Ok(link) => tasks.extend(link.to_str().and_then(MountNsId::from_link).map(|ns| (tid, ns))),
+            let link = task.join("ns/mnt");
+            match std::fs::read_link(&link) {
+                Ok(text) => match text.to_str().and_then(MountNsId::from_link) {
+                    Some(ns) => tasks.push((tid, ns)),
+                    None => unreadable.push(format!(
+                        "{} of pid {pid} ({comm}) reads {text:?}, not mnt:[INODE]",
+                        link.display()
+                    )),
+                },
                 Err(e) if is_gone(&e) => {}
-                Err(e) => denied = Some(e),
+                Err(e) => {
+                    unreadable.push(format!("cannot read {} of pid {pid} ({comm}): {e}", link.display()));
+                    denied = Some(e);
+                }
             }
         }
         if let (true, Some(e)) = (tasks.is_empty(), denied) {
@@ -97,6 +111,7 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         kthread,
         tasks,
+        unreadable,
     }))
 }
 
@@ -158,6 +173,25 @@ pub fn kthread_serves(comm: &str, device: &str, devnum: &str) -> bool {
     token_in(comm, device) || token_in(comm, devnum)
 }
 
+/// The filesystem type whose journal or writeback kernel thread this is, when it serves
+/// `device`: `jbd2/loop0-8` (ext4), `xfsaild/dm-3` and `xfs-buf/dm-3` (xfs), `f2fs_gc-7:0` (f2fs).
+/// Such a thread lives exactly as long as a filesystem on the device, mounted or not. (Device
+/// threads like `kdmflush/253:0` or `rbd3-task` serve the device itself, not a filesystem.)
+pub fn fs_kthread_serves(comm: &str, device: &str, devnum: &str) -> Option<&'static str> {
+    if !kthread_serves(comm, device, devnum) {
+        return None;
+    }
+    if comm.starts_with("jbd2/") {
+        Some("ext4")
+    } else if comm.starts_with("xfs") {
+        Some("xfs")
+    } else if comm.starts_with("f2fs_") {
+        Some("f2fs")
+    } else {
+        None
+    }
+}
+
 fn token_in(hay: &str, needle: &str) -> bool {
     let boundary = |c: Option<char>| c.is_none_or(|c| !c.is_ascii_alphanumeric() && c != ':');
     hay.match_indices(needle).any(|(i, _)| {
@@ -179,6 +213,12 @@ mod tests {
         assert!(!kthread_serves("jbd2/loop01-8", "loop0", "7:0"));
         assert!(!kthread_serves("kdmflush/253:01", "dm-0", "253:0"));
         assert!(!kthread_serves("ext4-rsv-conver", "loop0", "7:0"));
+        assert_eq!(fs_kthread_serves("jbd2/loop0-8", "loop0", "7:0"), Some("ext4"));
+        assert_eq!(fs_kthread_serves("xfsaild/dm-3", "dm-3", "253:3"), Some("xfs"));
+        assert_eq!(fs_kthread_serves("f2fs_gc-7:0", "loop0", "7:0"), Some("f2fs"));
+        assert_eq!(fs_kthread_serves("kdmflush/253:0", "dm-0", "253:0"), None, "a device thread");
+        assert_eq!(fs_kthread_serves("rbd3-task", "rbd3", "252:48"), None);
+        assert_eq!(fs_kthread_serves("jbd2/loop01-8", "loop0", "7:0"), None);
     }
 
     #[test]

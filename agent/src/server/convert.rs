@@ -52,6 +52,7 @@ fn holder_kind(k: HolderKind) -> pb::HolderKind {
         HolderKind::Swap => pb::HolderKind::Swap,
         HolderKind::StackedDevice => pb::HolderKind::StackedDevice,
         HolderKind::LoopBacking => pb::HolderKind::LoopBacking,
+        HolderKind::Filesystem => pb::HolderKind::Filesystem,
     }
 }
 
@@ -107,12 +108,12 @@ pub fn device(v: &DeviceView) -> pb::Device {
         pv_names: v.entry.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default(),
         pod_uids: v.entry.kubernetes.as_ref().map(|k| k.pod_uids.clone()).unwrap_or_default(),
         kubelet_paths: v.entry.kubernetes.as_ref().map(|k| k.paths.clone()).unwrap_or_default(),
-        identity: String::new(),
+        identity: v.identity.token(),
     }
 }
 
 pub fn step(s: &Step) -> pb::Step {
-    pb::Step { action: s.action().to_owned(), device: s.device().to_string(), description: s.describe() }
+    pb::Step { action: s.action().to_owned(), device: s.device.to_string(), description: s.describe() }
 }
 
 pub fn plan(p: &Plan) -> pb::DevicePlan {
@@ -121,7 +122,7 @@ pub fn plan(p: &Plan) -> pb::DevicePlan {
         steps: p.steps.iter().map(step).collect(),
         left_alone: p.left_alone.iter().map(|l| l.reason.clone()).collect(),
         refusal: p.refusal.clone().unwrap_or_default(),
-        identity: String::new(),
+        identity: p.identity.token(),
     }
 }
 

@@ -49,6 +49,17 @@ impl AgentService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
+/// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
+/// operators only. A viewer gets every device with its holders' command lines blanked.
+fn for_role(mut d: pb::Device, role: Role) -> pb::Device {
+    if role < Role::Operator {
+        for h in &mut d.holders {
+            h.cmdline.clear();
+        }
+    }
+    d
+}
+
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn get_node(&self, req: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
@@ -64,8 +75,8 @@ impl Agent for AgentService {
             devices: v.devices.len() as u32,
             warnings: v.warnings.clone(),
             mode: self.state.config.mode.as_str().into(),
-            kubernetes: String::new(),
-            blind_spots: Vec::new(),
+            kubernetes: v.api_state.clone(),
+            blind_spots: v.blind_spots.iter().map(|b| b.to_string()).collect(),
         }))
     }
 
@@ -73,7 +84,7 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        self.policy.require(&req, Role::Viewer)?;
+        let role = self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
         let kind = pb::DeviceKind::try_from(r.kind)
             .map_err(|_| Status::invalid_argument(format!("unknown device kind {}", r.kind)))?;
@@ -85,7 +96,7 @@ impl Agent for AgentService {
             .iter()
             .filter(|d| kind == pb::DeviceKind::Unspecified || d.kind == kind as i32)
             .filter(|d| verdict == pb::Verdict::Unspecified || d.verdict == verdict as i32)
-            .cloned()
+            .map(|d| for_role(d.clone(), role))
             .collect();
         Ok(Response::new(pb::ListDevicesResponse {
             devices,
@@ -94,18 +105,18 @@ impl Agent for AgentService {
     }
 
     async fn get_device(&self, req: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
-        self.policy.require(&req, Role::Viewer)?;
+        let role = self.policy.require(&req, Role::Viewer)?;
         let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
-        Ok(Response::new(convert::device(&d)))
+        Ok(Response::new(for_role(convert::device(&d), role)))
     }
 
     async fn list_holders(
         &self,
         req: Request<pb::ListHoldersRequest>,
     ) -> Result<Response<pb::ListHoldersResponse>, Status> {
-        self.policy.require(&req, Role::Viewer)?;
+        let role = self.policy.require(&req, Role::Viewer)?;
         let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
-        Ok(Response::new(pb::ListHoldersResponse { device: Some(convert::device(&d)) }))
+        Ok(Response::new(pb::ListHoldersResponse { device: Some(for_role(convert::device(&d), role)) }))
     }
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
@@ -116,7 +127,8 @@ impl Agent for AgentService {
 
     async fn apply(&self, req: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
         self.policy.require(&req, Role::Operator)?;
-        let (plans, reports) = self.state.apply(&req.into_inner().devices).await.map_err(to_status)?;
+        let r = req.into_inner();
+        let (plans, reports) = self.state.apply(&r.devices, &r.identities).await.map_err(to_status)?;
         Ok(Response::new(pb::ApplyResponse {
             plans: plans.iter().map(convert::plan).collect(),
             results: reports.iter().map(convert::report).collect(),
@@ -129,7 +141,7 @@ impl Agent for AgentService {
         &self,
         req: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
-        self.policy.require(&req, Role::Viewer)?;
+        let role = self.policy.require(&req, Role::Viewer)?;
         let mut events = self.state.events.subscribe();
         let mut shutdown = self.shutdown.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
@@ -141,7 +153,11 @@ impl Agent for AgentService {
                 let msg = tokio::select! {
                     _ = shutdown.changed() => continue,
                     r = events.recv() => match r {
-                        Ok(e) => convert::event(&e),
+                        Ok(e) => {
+                            let mut ev = convert::event(&e);
+                            ev.current = ev.current.map(|d| for_role(d, role));
+                            ev
+                        }
                         // A slow client missed events: tell it, and go on.
                         Err(RecvError::Lagged(n)) => pb::Event {
                             r#type: pb::event::Type::EventsDropped as i32,

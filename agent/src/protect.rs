@@ -1,12 +1,16 @@
 //! Which devices are protected: those behind the host root and the kubelet and container
 //! runtime directories (and everything they are stacked on), plus any the config names.
+//!
+//! A protected path on a filesystem with an anonymous device number (btrfs: `/` stats as `0:NN`)
+//! is followed to its block devices through the host's mounts of that filesystem, which the scan
+//! joined to their member devices.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
 
 use crate::graph::DeviceGraph;
 use crate::host::HostRoot;
-use crate::model::DevNum;
+use crate::model::{DevNum, HolderKind};
 use crate::sys;
 
 /// Device numbers never to be touched.
@@ -18,8 +22,22 @@ pub fn protected_devices(
 ) -> HashSet<DevNum> {
     let mut out: HashSet<DevNum> = HashSet::new();
     for p in paths {
-        if let Ok(id) = sys::stat_cached(&host.host_path(p)) {
+        let Ok(id) = sys::stat_cached(&host.host_path(p)) else { continue };
+        if graph.get(id.dev).is_some() {
             out.insert(id.dev);
+            continue;
+        }
+        // An anonymous device (btrfs and the like): the block devices whose host-namespace
+        // mounts carry that superblock device.
+        for e in &graph.devices {
+            let mounted_here = e.holders.iter().any(|h| {
+                h.kind == HolderKind::Mount
+                    && h.in_host_namespace == Some(true)
+                    && h.mount_dev == Some(id.dev)
+            });
+            if mounted_here {
+                out.insert(e.device.devnum);
+            }
         }
     }
     for e in &graph.devices {

@@ -1,0 +1,95 @@
+//! What a scan could not see, and which devices that could hide a holder of.
+//!
+//! A scan that skips something (a process whose `ns/mnt`, `fd/` or `maps` cannot be read, a
+//! namespace that cannot be entered, mounts hidden outside a chrooted task's root, a failed
+//! device-mapper or sysfs read) is not a complete scan, and "nothing holds it" is then not
+//! evidence. Every such gap is recorded as a [`BlindSpot`] with its [`Reach`]; policy makes a
+//! cleanup candidate within reach of one `unknown`, never `stale`, and the engine refuses a
+//! destructive step while one reaches the device.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::graph::DeviceEntry;
+use crate::model::{DeviceKind, DeviceName};
+
+/// Which devices a blind spot could hide a holder of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reach {
+    /// Any device: an unreadable process could mount, open or map anything.
+    AnyDevice,
+    /// These devices (mounts of them hidden from the task whose table was read, a device whose
+    /// sysfs directory could not be read, the members of a filesystem whose mount was not joined).
+    Devices(Vec<DeviceName>),
+    /// Every device of this kind (the device-mapper tables, the rbd or nbd inventory, the SCSI
+    /// inventory could not be read).
+    Kind(DeviceKind),
+}
+
+impl fmt::Display for Reach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AnyDevice => f.write_str("any device"),
+            Self::Devices(d) => {
+                let names: Vec<&str> = d.iter().map(DeviceName::as_str).collect();
+                f.write_str(&names.join(", "))
+            }
+            Self::Kind(k) => write!(f, "every {} device", k.as_str()),
+        }
+    }
+}
+
+/// One thing a scan could not see.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlindSpot {
+    /// What could not be read, and why: one line naming the file, process or device.
+    pub what: String,
+    pub reach: Reach,
+}
+
+impl Serialize for BlindSpot {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Flat<'a> {
+            what: &'a str,
+            could_hide: String,
+        }
+        Flat { what: &self.what, could_hide: self.reach.to_string() }.serialize(s)
+    }
+}
+
+impl fmt::Display for BlindSpot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (could hide a holder of {})", self.what, self.reach)
+    }
+}
+
+impl BlindSpot {
+    pub fn any(what: impl Into<String>) -> Self {
+        Self { what: what.into(), reach: Reach::AnyDevice }
+    }
+
+    pub fn kind(kind: DeviceKind, what: impl Into<String>) -> Self {
+        Self { what: what.into(), reach: Reach::Kind(kind) }
+    }
+
+    pub fn devices(devices: Vec<DeviceName>, what: impl Into<String>) -> Self {
+        Self { what: what.into(), reach: Reach::Devices(devices) }
+    }
+
+    /// Whether this blind spot could hide a holder of `device`.
+    pub fn reaches(&self, device: &DeviceEntry) -> bool {
+        let d = &device.device;
+        match &self.reach {
+            Reach::AnyDevice => true,
+            Reach::Devices(list) => list.contains(&d.name),
+            Reach::Kind(k) => d.kind == *k,
+        }
+    }
+}
+
+/// The blind spots among `spots` that reach `device`.
+pub fn reaching<'a>(spots: &'a [BlindSpot], device: &DeviceEntry) -> Vec<&'a BlindSpot> {
+    spots.iter().filter(|b| b.reaches(device)).collect()
+}

@@ -1,0 +1,318 @@
+//! The one engine: scan → judge → plan → execute. The one-shot CLI, the daemon (its scans, its
+//! Plan and Apply, its modes) and the property test all drive this, and nothing else strings the
+//! stages together.
+//!
+//! - [`Engine::scan`] reads the host (all of it, or one device and what is stacked on it) into a
+//!   [`Scan`], with its blind spots;
+//! - [`Engine::judge`] gives every device of that scan a verdict, advancing the grace clocks;
+//! - [`Engine::plan`] turns one device of a judged scan into ordered steps and passes them
+//!   through the gates: a verdict and the plan built on it always come from the same scan;
+//! - [`Engine::execute`] runs a plan: no journal, no action; before every destructive step a
+//!   fresh scan of its device and the kernel's own word must agree with the plan (identity,
+//!   completeness, holders, claims, the API); a step whose prerequisite failed does not run.
+//!
+//! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
+//! host, a simulated one in the property test.
+
+pub mod recheck;
+pub mod world;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::act::{ActError, StepOutcome, StepReport};
+use crate::clock::BootTime;
+use crate::gates;
+use crate::grace::Clocks;
+use crate::identity::Identity;
+use crate::journal::Journal;
+use crate::model::DevNum;
+use crate::plan::{self, CleanOptions, Plan, Step};
+use crate::policy::{self, Judgement, Verdict};
+use crate::scan::{Scan, Target};
+pub use world::World;
+
+/// Why the engine could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The host could not be read at all (sysfs or procfs missing, a malformed kernel file).
+    #[error(transparent)]
+    Discover(#[from] crate::discover::DiscoverError),
+    /// No such device now.
+    #[error("{0}")]
+    NotFound(String),
+    /// The device's identity is not the one the caller expected (Apply bound to a Plan).
+    #[error(
+        "{device}: the device changed since it was planned: planned for [{planned}], now [{now}]; plan again"
+    )]
+    IdentityChanged { device: String, planned: String, now: String },
+    /// This agent may not act on the host (not in its PID namespace, not its procfs).
+    #[error("{0}")]
+    CannotAct(String),
+    /// The journal could not be opened: nothing acts without it.
+    #[error("cannot open the journal {}: {source}", path.display())]
+    Journal { path: std::path::PathBuf, source: std::io::Error },
+}
+
+/// What an engine is asked to do to a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// Detach the device's mounts in namespaces other than the host's (never a copy of a mount
+    /// live in the host's namespace), nothing else.
+    Release,
+    /// Tear the device down by its kind (releasing its foreign mounts first where that kind
+    /// allows): unbind a loop device, disconnect nbd, unmap rbd, tear down a dead multipath map
+    /// and its paths, delete an offline SCSI disk. Only once it is stale.
+    Clean,
+}
+
+/// The engine's settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How long a candidate must be observed unheld before it is stale.
+    pub grace: Duration,
+    /// The largest gap between observations that keeps a grace clock running (twice the
+    /// rescan interval).
+    pub max_gap: Duration,
+    /// Opt-ins for clean.
+    pub clean: CleanOptions,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            grace: Duration::from_secs(300),
+            max_gap: Duration::from_secs(120),
+            clean: CleanOptions::default(),
+        }
+    }
+}
+
+/// A scan with a verdict for every device in it.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub scan: Scan,
+    pub verdicts: HashMap<DevNum, Judgement>,
+    /// What the Kubernetes API could vouch for when judged, in words.
+    pub api_state: String,
+    pub judged_at: BootTime,
+}
+
+impl Judged {
+    /// The verdict of one device.
+    pub fn verdict(&self, devnum: DevNum) -> Option<&Judgement> {
+        self.verdicts.get(&devnum)
+    }
+}
+
+/// The engine over one world.
+pub struct Engine<W: World> {
+    pub world: W,
+    pub settings: Settings,
+}
+
+impl<W: World> Engine<W> {
+    pub fn new(world: W, settings: Settings) -> Self {
+        Self { world, settings }
+    }
+
+    /// Reads the host.
+    pub fn scan(&self, target: Target) -> Result<Scan, EngineError> {
+        self.world.scan(target)
+    }
+
+    /// Judges every device of `scan` now, advancing `clocks` (only for the devices the scan
+    /// covers: a scan of one device says nothing about the others).
+    pub fn judge(&self, scan: Scan, clocks: &mut Clocks) -> Judged {
+        let now = self.world.now();
+        let api = self.world.cluster();
+        let verdicts = policy::judge(
+            &scan,
+            clocks,
+            &policy::JudgeInput {
+                grace: self.settings.grace,
+                max_gap: self.settings.max_gap,
+                now,
+                api: api.as_ref(),
+            },
+        );
+        let api_state = match &api {
+            None => "not configured".to_owned(),
+            Some(v) => match v.vouch(now) {
+                Ok(()) => "vouching".to_owned(),
+                Err(why) => format!("cannot vouch: {why}"),
+            },
+        };
+        Judged { scan, verdicts, api_state, judged_at: now }
+    }
+
+    /// Scans one device, judges it and plans `op` for it: the usual way to plan.
+    pub fn plan_fresh(
+        &self,
+        devnum: DevNum,
+        op: Operation,
+        clocks: &mut Clocks,
+    ) -> Result<(Judged, Plan), EngineError> {
+        let judged = self.judge(self.scan(Target::Device(devnum))?, clocks);
+        let plan = self.plan(&judged, devnum, op)?;
+        Ok((judged, plan))
+    }
+
+    /// The plan for `op` on one device of `judged`, through every gate: nothing is done to a
+    /// protected device, one a pod uses (kubelet or the API), one the API cannot vouch for; a
+    /// cleanup also needs a complete scan of the device and a `stale` verdict.
+    pub fn plan(&self, judged: &Judged, devnum: DevNum, op: Operation) -> Result<Plan, EngineError> {
+        let scan = &judged.scan;
+        let entry = scan
+            .entry(devnum)
+            .ok_or_else(|| EngineError::NotFound(format!("device {devnum} is not in the scan")))?;
+        let judgement = judged.verdict(devnum);
+        let mut p = match op {
+            Operation::Release => plan::release(entry),
+            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
+        };
+        let api = self.world.cluster();
+        let safety = gates::protection(entry, &scan.protected)
+            .or_else(|| gates::api(entry, api.as_ref(), self.world.now()).refusal())
+            .or_else(|| gates::kubelet_pods(entry));
+        let unsure_host = match (&scan.graph.host_ns_unsure, p.steps.iter().any(Step::is_release)) {
+            (Some(why), true) => {
+                Some(format!("{why}: no mount can be told host from foreign, so none is released"))
+            }
+            _ => None,
+        };
+        if let Some(r) = safety.or(unsure_host) {
+            p.refuse(r);
+        } else if op == Operation::Clean && p.refusal.is_none() {
+            // A plan already refused (still held, a path active) keeps its own reason.
+            let r = gates::completeness(entry, &scan.blind_spots).or_else(|| not_stale(&p, judgement));
+            if let Some(r) = r {
+                p.refuse(r);
+            }
+        }
+        Ok(p)
+    }
+
+    /// Runs a plan's steps in order. Refuses outright when this agent may not act on the host.
+    /// Every step is journaled before and after (no journal, no action) and audited; before
+    /// each step that is not a mount release, a fresh scan of its device and the kernel's word
+    /// must agree with the plan ([`recheck`]); a step whose prerequisite did not finish is not
+    /// run. Failures are collected, not short-circuited across independent steps.
+    pub fn execute(&self, plan: &Plan, journal: &mut Journal) -> Result<Vec<StepReport>, EngineError> {
+        if plan.refusal.is_some() || plan.steps.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.world.can_act().map_err(EngineError::CannotAct)?;
+        let mut reports: Vec<StepReport> = Vec::new();
+        let mut unfinished: Vec<usize> = Vec::new();
+        for (i, step) in plan.steps.iter().enumerate() {
+            if let Some(k) = unfinished.iter().copied().find(|&k| depends_on(step, &plan.steps[k])) {
+                let earlier = &plan.steps[k];
+                reports.push(StepReport {
+                    step: step.clone(),
+                    result: Err(ActError::Skipped {
+                        device: step.device.clone(),
+                        reason: format!(
+                            "step {} ({} of {}) did not finish",
+                            k + 1,
+                            earlier.action(),
+                            earlier.device
+                        ),
+                    }),
+                });
+                unfinished.push(i);
+                continue;
+            }
+            let id = match journal.begin(step) {
+                Ok(id) => id,
+                Err(e) => {
+                    let reason = format!("cannot write the journal {}: {e}", journal.path().display());
+                    reports.push(StepReport {
+                        step: step.clone(),
+                        result: Err(ActError::Precondition { device: step.device.clone(), reason }),
+                    });
+                    unfinished.push(i);
+                    continue;
+                }
+            };
+            tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id);
+            let result = match self.recheck(plan, step) {
+                Some(reason) => Err(ActError::Precondition { device: step.device.clone(), reason }),
+                None => self.world.run(step),
+            };
+            let (word, detail) = crate::act::outcome_word(&result);
+            if let Err(e) = journal.finish(&id, word, &detail) {
+                tracing::error!(device = %step.device, journal_id = %id, "cannot record the step's result in the journal: {e}");
+            }
+            tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word, detail = %detail, journal_id = %id);
+            if !matches!(result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent)) {
+                unfinished.push(i);
+            }
+            reports.push(StepReport { step: step.clone(), result });
+        }
+        Ok(reports)
+    }
+
+    /// Checks, right before `step` runs, that the device is still what was planned and nothing
+    /// the plan does not account for holds it. `None`: go.
+    fn recheck(&self, plan: &Plan, step: &Step) -> Option<String> {
+        if step.is_release() {
+            // The actuator re-reads the namespace and the mount (ID, device, nothing beneath,
+            // resolved without symlinks) itself; a release destroys no data.
+            return None;
+        }
+        let fresh = match self.world.scan(Target::Device(step.devnum)) {
+            Ok(s) => s,
+            // Gone: the actuator finds it gone too and reports it already absent.
+            Err(EngineError::NotFound(_)) => return None,
+            Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
+        };
+        let entry = fresh.entry(step.devnum)?;
+        let word = self.world.kernel_word(&step.device, step.devnum);
+        let api = self.world.cluster();
+        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+    }
+
+    /// Binds an operator's request to the identities they saw (a Plan's answer): refuses when
+    /// the device now is another one.
+    pub fn expect_identity(
+        &self,
+        judged: &Judged,
+        devnum: DevNum,
+        expected: &str,
+    ) -> Result<(), EngineError> {
+        let Some(entry) = judged.scan.entry(devnum) else {
+            return Err(EngineError::NotFound(format!("device {devnum} is gone")));
+        };
+        let now = Identity::of(entry);
+        if now.token() == expected {
+            return Ok(());
+        }
+        Err(EngineError::IdentityChanged {
+            device: entry.device.name.to_string(),
+            planned: expected.to_owned(),
+            now: now.token(),
+        })
+    }
+}
+
+/// Whether `later` may only run once `earlier` finished: a mount release depends only on the
+/// steps before it that are not releases (stopping a dead map's queueing first); every other
+/// step depends on all the steps before it.
+fn depends_on(later: &Step, earlier: &Step) -> bool {
+    !later.is_release() || !earlier.is_release()
+}
+
+/// A cleanup needs a `stale` verdict: observed unheld for the whole grace period.
+fn not_stale(p: &Plan, judgement: Option<&Judgement>) -> Option<String> {
+    if p.steps.is_empty() && p.refusal.is_none() {
+        return None; // nothing to do (already unbound)
+    }
+    match judgement {
+        Some(j) if j.verdict == Verdict::Stale => None,
+        Some(j) => {
+            Some(format!("{} is {}, not stale: {}", p.device, j.verdict.as_str(), j.reasons.join("; ")))
+        }
+        None => Some(format!("{} has not been judged", p.device)),
+    }
+}

@@ -1,0 +1,194 @@
+//! The gates between evidence and a destructive step. Each gate is one pure function, used
+//! everywhere its question is asked: by policy (a verdict), by planning (a refusal) and by the
+//! engine right before a step runs (a veto). So no path can skip one, and removing one is
+//! visible everywhere at once (the property test is mutation-checked against each).
+//!
+//! - [`completeness`]: no blind spot of the scan could hide a holder of the device;
+//! - [`identity`]: the number still stands for the device the plan was made for;
+//! - [`api`]: the Kubernetes API vouches (watches synced and answering, this Node exists) and
+//!   no running pod on this node or attached VolumeAttachment uses the device;
+//! - [`kernel_word`]: the kernel's own claims on the device are all accounted for by the plan;
+//! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
+//!   this node uses it per the kubelet directory.
+
+use std::collections::HashSet;
+
+use crate::act::probe::{Claim, KernelWord};
+use crate::blindspot::{self, BlindSpot};
+use crate::clock::BootTime;
+use crate::graph::DeviceEntry;
+use crate::identity::Identity;
+use crate::kube::ClusterView;
+use crate::model::{DevNum, DeviceName};
+
+/// A blind spot that could hide a holder of the device: nothing destructive rests on an
+/// incomplete scan.
+pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<String> {
+    let reaching = blindspot::reaching(blind_spots, entry);
+    if reaching.is_empty() {
+        return None;
+    }
+    let what: Vec<String> = reaching.iter().take(3).map(|b| b.what.clone()).collect();
+    let more = if reaching.len() > 3 { format!(" and {} more", reaching.len() - 3) } else { String::new() };
+    Some(format!(
+        "blind spot: the scan could not see everything that could hold {} ({}{more}): nothing destructive rests on an incomplete scan",
+        entry.device.name,
+        what.join("; ")
+    ))
+}
+
+/// The device at the planned number is no longer the device the plan was made for.
+pub fn identity(planned: &Identity, now: &Identity) -> Option<String> {
+    (planned != now).then(|| {
+        format!(
+            "{} changed identity since it was planned: planned for {} [{}], now {} [{}]",
+            planned.name,
+            planned,
+            planned.token(),
+            now,
+            now.token()
+        )
+    })
+}
+
+/// What the Kubernetes API says about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiWord {
+    /// The agent runs without the API: the node's own evidence decides.
+    NotConfigured,
+    /// The API is configured but cannot vouch now (why).
+    CannotVouch(String),
+    /// Running pods or attached VolumeAttachments use it (one reason each).
+    InUse(Vec<String>),
+    /// The API vouches that nothing in the cluster uses it (why it believes so).
+    NoUser(String),
+}
+
+impl ApiWord {
+    /// Why nothing destructive may be done, if the API forbids it.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            Self::NotConfigured | Self::NoUser(_) => None,
+            Self::CannotVouch(why) => {
+                Some(format!("the Kubernetes API cannot vouch for it ({why}): nothing destructive rests on missing API evidence"))
+            }
+            Self::InUse(users) => Some(users.join("; ")),
+        }
+    }
+}
+
+/// The suffix of every reason [`api`] gives for a user.
+pub const PER_THE_API: &str = "per the API";
+
+/// Asks the cluster's view about `entry` at `now` (`None`: no API configured).
+pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> ApiWord {
+    let Some(view) = view else { return ApiWord::NotConfigured };
+    if let Err(why) = view.vouch(now) {
+        return ApiWord::CannotVouch(why);
+    }
+    let mut pvs: Vec<String> = entry.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default();
+    if let Some(k) = &entry.kubernetes {
+        for pv in &view.pvs {
+            if pv.csi.as_ref().is_some_and(|c| k.volume_handles.contains(&c.volume_handle))
+                && !pvs.contains(&pv.name)
+            {
+                pvs.push(pv.name.clone());
+            }
+        }
+    }
+    if let Some(pv) = entry.rbd.as_ref().and_then(|r| view.pv_for_rbd(&r.pool, &r.image)) {
+        if !pvs.contains(&pv.name) {
+            pvs.push(pv.name.clone());
+        }
+    }
+    let mut users = Vec::new();
+    for pv in &pvs {
+        for pod in view.running_pods_using_pv(pv) {
+            users.push(format!(
+                "pod {}/{} ({}) uses PV {pv} {PER_THE_API}",
+                pod.namespace, pod.name, pod.phase
+            ));
+        }
+        if view.pv_attached_to_node(pv) {
+            users.push(format!("a VolumeAttachment of PV {pv} is attached to this node {PER_THE_API}"));
+        }
+    }
+    if !users.is_empty() {
+        return ApiWord::InUse(users);
+    }
+    ApiWord::NoUser(if pvs.is_empty() {
+        "the API knows no PV for it".to_owned()
+    } else {
+        format!(
+            "no running pod on this node and no attached VolumeAttachment for PV {} {PER_THE_API}",
+            pvs.join(", ")
+        )
+    })
+}
+
+/// What a plan accounts for on one device, so the kernel's claims from it are expected: mounts
+/// it releases before this step, and devices stacked on it that it removes first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Accounted {
+    /// The plan releases mounts of the device's filesystem before this step (so the filesystem
+    /// legitimately claims the device, and lives on it, until then).
+    pub filesystem_released: bool,
+    /// Devices stacked on it that the plan removes before this step (kpartx partition maps).
+    pub stacked_removed: Vec<DeviceName>,
+    /// An inconclusive exclusive open is acceptable (an offline SCSI disk refuses opens).
+    pub open_may_fail: bool,
+}
+
+/// The kernel says the device is used in a way the plan does not account for.
+pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted) -> Option<String> {
+    let mut unexplained = Vec::new();
+    match &word.claim {
+        Claim::Unclaimed => {}
+        Claim::Claimed if accounted.filesystem_released => {}
+        Claim::Claimed => {
+            unexplained.push("an exclusive open fails with EBUSY: something claims it".to_owned())
+        }
+        Claim::Inconclusive(_) if accounted.open_may_fail => {}
+        Claim::Inconclusive(why) => {
+            unexplained.push(format!("the exclusive-open probe could not tell ({why})"))
+        }
+    }
+    let stacked: Vec<&str> = word
+        .sysfs_holders
+        .iter()
+        .filter(|h| !accounted.stacked_removed.contains(h))
+        .map(DeviceName::as_str)
+        .collect();
+    if !stacked.is_empty() {
+        unexplained.push(format!("sysfs holders/ lists {}", stacked.join(", ")));
+    }
+    if !accounted.filesystem_released {
+        unexplained.extend(word.live_filesystems.iter().map(|fs| format!("a filesystem lives on it ({fs})")));
+    }
+    if !word.loops_on_top.is_empty() {
+        let names: Vec<&str> = word.loops_on_top.iter().map(DeviceName::as_str).collect();
+        unexplained.push(format!("loop device(s) {} are backed by its device node", names.join(", ")));
+    }
+    unexplained.extend(word.unreadable.iter().map(|u| format!("cannot ask the kernel: {u}")));
+    if unexplained.is_empty() {
+        return None;
+    }
+    Some(format!("the kernel says {device} is in use: {}", unexplained.join("; ")))
+}
+
+/// The device is protected (behind the host root, the kubelet or the runtime, or listed).
+pub fn protection(entry: &DeviceEntry, protected: &HashSet<DevNum>) -> Option<String> {
+    protected.contains(&entry.device.devnum).then(|| {
+        format!(
+            "{} backs the host root, the kubelet or container runtime directories, or is listed as protected",
+            entry.device.name
+        )
+    })
+}
+
+/// A pod on this node uses the device, per the kubelet directory.
+pub fn kubelet_pods(entry: &DeviceEntry) -> Option<String> {
+    entry.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()).map(|k| {
+        format!("pod(s) {} on this node use {} per kubelet", k.pod_uids.join(", "), entry.device.name)
+    })
+}
