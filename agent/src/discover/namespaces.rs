@@ -268,13 +268,9 @@ fn read_task_ns(
     use_api: bool,
     live: bool,
 ) -> Result<Option<OneNs>, DiscoverError> {
-    // Tasks at the namespace's root first: their mountinfo shows everything.
-    let mut tasks: Vec<(u32, u32, bool)> =
-        ns.tasks.iter().map(|&(pid, tid)| (pid, tid, at_namespace_root(host, pid, tid))).collect();
-    tasks.sort_by_key(|t| !t.2);
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
-        for &(pid, tid, rooted) in &tasks {
+        for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
             let mut api_hits = Vec::new();
             if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
                 match hits_with_api(host, pid, tid, wanted) {
@@ -297,25 +293,31 @@ fn read_task_ns(
                     Err(e) => tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text"),
                 }
             }
-            let (via, path) = if rooted || !live {
-                buf.clear();
-                let path = host.proc_task(pid, tid).join("mountinfo");
-                match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
-                    Ok(_) => {}
-                    Err(e) if is_gone(&e) => continue,
-                    Err(e) => return Err(DiscoverError::read(&path, e)),
+            // The text is read through a task at the namespace's root (its mountinfo shows every
+            // mount); when every task is chrooted, by entering the namespace.
+            let rooted = ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t));
+            // A fixture tree cannot be entered: its tasks are taken as they are.
+            let (via, path) = match rooted.or((!live).then_some((pid, tid))) {
+                Some((pid, tid)) => {
+                    buf.clear();
+                    let path = host.proc_task(pid, tid).join("mountinfo");
+                    match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
+                        Ok(_) => {}
+                        Err(e) if is_gone(&e) => continue,
+                        Err(e) => return Err(DiscoverError::read(&path, e)),
+                    }
+                    (NsEntry::Task { pid, tid }, path)
                 }
-                (NsEntry::Task { pid, tid }, path)
-            } else {
-                // Every task is chrooted: enter the namespace, whose root setns gives.
-                let via = NsEntry::TaskNamespace { pid, tid };
-                let file = via.ns_file(host);
-                match nsenter::read_mountinfo(&file, host.proc()) {
-                    Ok(text) => *buf = text,
-                    Err(e) if is_gone(&e) => continue,
-                    Err(e) => return Err(DiscoverError::read(&file, e)),
+                _ => {
+                    let via = NsEntry::TaskNamespace { pid, tid };
+                    let file = via.ns_file(host);
+                    match nsenter::read_mountinfo(&file, host.proc()) {
+                        Ok(text) => *buf = text,
+                        Err(e) if is_gone(&e) => continue,
+                        Err(e) => return Err(DiscoverError::read(&file, e)),
+                    }
+                    (via, file)
                 }
-                (via, file)
             };
             if buf.is_empty() {
                 continue; // the task exited between open and read
