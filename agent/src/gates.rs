@@ -1,7 +1,8 @@
 //! The gates between evidence and a destructive step. Each gate is one pure function, used
 //! everywhere its question is asked: by policy (a verdict), by planning (a refusal) and by the
 //! engine right before a step runs (a veto). So no path can skip one, and removing one is
-//! visible everywhere at once (the property test is mutation-checked against each).
+//! visible everywhere at once: `scripts/mutation-check.sh` removes each (at its `mutation-check`
+//! marker) and requires the property test to fail.
 //!
 //! - [`completeness`]: no blind spot of the scan could hide a holder of the device;
 //! - [`identity`]: the number still stands for the device the plan was made for;
@@ -24,6 +25,7 @@ use crate::model::{DevNum, DeviceName};
 /// A blind spot that could hide a holder of the device: nothing destructive rests on an
 /// incomplete scan.
 pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<String> {
+    // mutation-check: completeness
     let reaching = blindspot::reaching(blind_spots, entry);
     if reaching.is_empty() {
         return None;
@@ -39,6 +41,7 @@ pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<St
 
 /// The device at the planned number is no longer the device the plan was made for.
 pub fn identity(planned: &Identity, now: &Identity) -> Option<String> {
+    // mutation-check: identity
     (planned != now).then(|| {
         format!(
             "{} changed identity since it was planned: planned for {} [{}], now {} [{}]",
@@ -82,6 +85,7 @@ pub const PER_THE_API: &str = "per the API";
 
 /// Asks the cluster's view about `entry` at `now` (`None`: no API configured).
 pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> ApiWord {
+    // mutation-check: api
     let Some(view) = view else { return ApiWord::NotConfigured };
     if let Err(why) = view.vouch(now) {
         return ApiWord::CannotVouch(why);
@@ -141,6 +145,7 @@ pub struct Accounted {
 
 /// The kernel says the device is used in a way the plan does not account for.
 pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted) -> Option<String> {
+    // mutation-check: kernel-word
     let mut unexplained = Vec::new();
     match &word.claim {
         Claim::Unclaimed => {}

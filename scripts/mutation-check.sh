@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Mutation check of the safety property test: removes each gate of agent/src/gates.rs in turn
+# (completeness, identity, the Kubernetes API, the kernel's word), in a copy of the sources, and
+# requires tests/tests/safety_property.rs to FAIL against every mutant. A mutant that passes
+# means the property test no longer guards that gate: this script then exits 1.
+#
+# Usage: scripts/mutation-check.sh [GATE...]   (default: all four)
+# The copy shares this checkout's target/ directory for dependencies (the mutant's own crates are
+# built under their own copy's path, and no binary of this checkout is replaced).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+gates=("$@")
+[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word)
+cases=${BLOCKJANITOR_MUTATION_CASES:-20000}
+work=$(mktemp -d /var/tmp/bj-mutants.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+survivors=()
+for gate in "${gates[@]}"; do
+  case "$gate" in
+    api) body='        return ApiWord::NotConfigured;' ;;
+    completeness | identity | kernel-word) body='        return None;' ;;
+    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word)" >&2; exit 2 ;;
+  esac
+  copy="$work/$gate"
+  mkdir -p "$copy"
+  cp -r Cargo.toml Cargo.lock rustfmt.toml agent proto tests "$copy/"
+  marker="// mutation-check: $gate"
+  grep -qF "$marker" "$copy/agent/src/gates.rs" || { echo "mutation-check: no marker '$marker' in gates.rs" >&2; exit 2; }
+  # Replace the gate's body by an early "let everything through".
+  sed -i "s|^\(\s*\)$marker\$|&\n$body|" "$copy/agent/src/gates.rs"
+  echo "== mutant without the $gate gate"
+  start=$(date +%s)
+  set +e
+  (cd "$copy" && CARGO_TARGET_DIR="$repo/target" BLOCKJANITOR_PROPERTY_CASES="$cases" \
+    cargo test --locked --quiet -p blockjanitor-tests --test safety_property -- --test-threads=2 \
+    >"$work/$gate.log" 2>&1)
+  rc=$?
+  set -e
+  secs=$(( $(date +%s) - start ))
+  if [ $rc -eq 0 ]; then
+    echo "SURVIVED: the property test passes without the $gate gate (${secs}s)"
+    tail -20 "$work/$gate.log"
+    survivors+=("$gate")
+  elif grep -q "error\[E" "$work/$gate.log"; then
+    echo "mutation-check: the $gate mutant does not build:" >&2
+    grep -A8 "error\[E" "$work/$gate.log" >&2 | head -40
+    exit 2
+  else
+    why=$(grep -m1 -oE '"[^"]*(ran|detached)[^"]*"' "$work/$gate.log" || true)
+    echo "killed: the property test fails without the $gate gate (${secs}s) ${why}"
+  fi
+done
+if [ ${#survivors[@]} -gt 0 ]; then
+  echo "mutation-check: ${#survivors[@]} mutant(s) survived: ${survivors[*]}" >&2
+  exit 1
+fi
+echo "mutation-check: every gate is guarded (${#gates[@]} mutants killed)"

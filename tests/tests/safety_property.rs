@@ -1,0 +1,753 @@
+//! The safety contract as a property of the one engine the binary and the daemon run
+//! (`blockjanitor::engine::Engine`), driven over a simulated machine whose truth the engine can
+//! only partly see.
+//!
+//! Each case is a device (loop, rbd, nbd, a multipath map with two paths, an offline disk) with
+//! holders the scan sees, maybe a holder it cannot see (a filesystem claim no mount table shows,
+//! or an open fd of a process it cannot read, which comes with a blind spot), a history of
+//! observations (gaps in time, incomplete scans, moments it was held), the Kubernetes API's state,
+//! protection, kubelet's pods, failing steps, and maybe the device number reused by another
+//! device between plan and execute. The engine scans, judges (with grace clocks that persist
+//! across observations), plans `clean` or `release` and executes; the simulated machine checks,
+//! at the instant each step reaches it, against the truth:
+//!
+//! - a destructive step acts only on the device it was planned for (same identity);
+//! - nothing the plan does not release holds the device (no hidden holder, no visible one but the
+//!   mounts it releases and the readers stuck on a dead map);
+//! - the device was seen unheld by complete scans, continuously (no gap over the allowed one),
+//!   for the whole grace period;
+//! - the API, when in use, vouches and says no pod or attachment uses it; it is not protected
+//!   and no pod uses it per kubelet;
+//! - a step runs only after every step it depends on finished;
+//! - a release never detaches a mount in the host's namespace or a copy of one.
+//!
+//! `scripts/mutation-check.sh` removes each gate in turn (completeness, identity, the API, the
+//! kernel's word) and requires this test to fail.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashSet, VecDeque};
+use std::rc::Rc;
+use std::time::Duration;
+
+use blockjanitor::act::probe::{Claim, KernelWord};
+use blockjanitor::act::{ActError, StepOutcome};
+use blockjanitor::blindspot::BlindSpot;
+use blockjanitor::clock::BootTime;
+use blockjanitor::discover::namespaces::NsEntry;
+use blockjanitor::discover::nbd::NbdDevice;
+use blockjanitor::discover::rbd::RbdMapping;
+use blockjanitor::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
+use blockjanitor::engine::{Engine, EngineError, Operation, Settings, World};
+use blockjanitor::grace::Clocks;
+use blockjanitor::graph::{DeviceEntry, DeviceGraph, Holder};
+use blockjanitor::identity::Identity;
+use blockjanitor::journal::Journal;
+use blockjanitor::kube::{ClusterView, PodInfo, VaInfo};
+use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
+use blockjanitor::owner::KubeOwner;
+use blockjanitor::plan::{Action, CleanOptions, Step};
+use blockjanitor::scan::{Scan, Target};
+use blockjanitor::snapshot::ScanStats;
+use blockjanitor::storage::{MultipathView, PathView, ScsiView};
+use proptest::prelude::*;
+
+const HOST_NS: MountNsId = MountNsId(4026531840);
+const GRACE: Duration = Duration::from_secs(300);
+const MAX_GAP: Duration = Duration::from_secs(120);
+
+fn name(s: &str) -> DeviceName {
+    DeviceName::new(s).expect("name")
+}
+
+/// What kind of device the case is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Loop,
+    Rbd,
+    Nbd,
+    Map,
+    Disk,
+}
+
+/// A holder the scan cannot see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hidden {
+    /// A filesystem alive on the device that no mount table shows (btrfs not joined, an overlay
+    /// upper directory): only the kernel's word (its claim, /sys/fs) tells.
+    Claim,
+    /// An open fd of a process the scan could not read: the scan knows it is blind.
+    Open,
+}
+
+/// The Kubernetes API's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    NotConfigured,
+    Vouches,
+    Unsynced,
+    Silent,
+    NoNode,
+    PodUses,
+    Attached,
+}
+
+/// A holder the scan sees: (kind, in the host's namespace, D state, shared/master group).
+type Seen = (usize, bool, bool, Option<(bool, u32)>);
+
+/// One observation before the plan: seconds since the last one, whether the scan was blind,
+/// whether something held the device at that moment.
+type Observation = (u64, bool, bool);
+
+#[derive(Debug, Clone)]
+struct Case {
+    kind: Kind,
+    op: Operation,
+    holders: Vec<Seen>,
+    hidden: Option<Hidden>,
+    extra_blind: bool,
+    history: Vec<Observation>,
+    protected: bool,
+    kubelet_pods: bool,
+    api: Api,
+    paths_active: usize,
+    /// The device number is reused by another device between plan and execute.
+    swap: bool,
+    /// Step indexes whose run fails.
+    failing: Vec<usize>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let kind = prop_oneof![Just(Kind::Loop), Just(Kind::Rbd), Just(Kind::Nbd), Just(Kind::Map), Just(Kind::Disk)];
+    let op = prop_oneof![4 => Just(Operation::Clean), 1 => Just(Operation::Release)];
+    let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of((any::<bool>(), 1u32..3)));
+    let hidden = proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open)]);
+    let api = prop_oneof![
+        3 => Just(Api::NotConfigured),
+        3 => Just(Api::Vouches),
+        1 => Just(Api::Unsynced),
+        1 => Just(Api::Silent),
+        1 => Just(Api::NoNode),
+        1 => Just(Api::PodUses),
+        1 => Just(Api::Attached),
+    ];
+    let observation = (prop_oneof![3 => 1u64..100, 1 => 100u64..400], prop::bool::weighted(0.1), prop::bool::weighted(0.1));
+    (
+        (kind, op, proptest::collection::vec(seen, 0..3), hidden, prop::bool::weighted(0.1)),
+        (proptest::collection::vec(observation, 0..8), prop::bool::weighted(0.1), prop::bool::weighted(0.1), api),
+        (0usize..3, prop::bool::weighted(0.15), proptest::collection::vec(0usize..8, 0..2)),
+    )
+        .prop_map(|((kind, op, holders, hidden, extra_blind), (history, protected, kubelet_pods, api), (paths_active, swap, failing))| Case {
+            kind,
+            op,
+            holders,
+            hidden,
+            extra_blind,
+            history,
+            protected,
+            kubelet_pods,
+            api,
+            paths_active,
+            swap,
+            failing,
+        })
+}
+
+/// One device of the simulated machine.
+#[derive(Debug, Clone)]
+struct Dev {
+    name: DeviceName,
+    devnum: DevNum,
+    /// The kernel's disk sequence: a new device at the same number gets a new one.
+    seq: u64,
+    holders: Vec<Holder>,
+    gone: bool,
+}
+
+/// The simulated machine: its truth, its clock, and what reached its "kernel".
+struct Machine {
+    case: Case,
+    devs: RefCell<Vec<Dev>>,
+    hidden: Cell<Option<Hidden>>,
+    blind: Cell<bool>,
+    now: Cell<BootTime>,
+    /// Complete, unheld observations of the subject's current identity, as (time, seq).
+    history: RefCell<Vec<(BootTime, Option<u64>)>>,
+    runs: RefCell<Vec<Step>>,
+    violations: RefCell<Vec<String>>,
+    failing: RefCell<VecDeque<usize>>,
+}
+
+fn holder(i: usize, (kind_ix, host, stuck, group): Seen) -> Holder {
+    let kind = HolderKind::ALL[kind_ix % 9]; // every kind the scan reports (not the kernel-only one)
+    let n = i as u32;
+    let (shared, master) = match group {
+        Some((true, g)) => (Some(g), None),
+        Some((false, g)) => (None, Some(g)),
+        None => (None, None),
+    };
+    Holder {
+        kind,
+        pids: vec![1000 + n],
+        pid_count: 1,
+        comm: Some("proc".into()),
+        cmdline: None,
+        process_state: Some(if stuck { 'D' } else { 'S' }),
+        mount_namespace: Some(if host { HOST_NS } else { MountNsId(4026532000 + u64::from(n)) }),
+        in_host_namespace: Some(host),
+        mount_point: Some(format!("/mnt/v{n}").as_str().into()),
+        container_id: None,
+        pod_uid: None,
+        mount_id: Some(100 + n),
+        fstype: Some("ext4".into()),
+        source: None,
+        shared_group: shared,
+        master_group: master,
+        mount_dev: Some(DevNum::new(7, 0)),
+        namespace_entry: Some(NsEntry::Task { pid: 1000 + n, tid: 1000 + n }),
+        path: Some(format!("/p{n}").as_str().into()),
+        fds: vec![3],
+        device: Some(name(&format!("dm-{}", 10 + n))),
+    }
+}
+
+impl Machine {
+    fn new(case: &Case) -> Self {
+        let (subject, devnum) = match case.kind {
+            Kind::Loop => ("loop3", DevNum::new(7, 3)),
+            Kind::Rbd => ("rbd0", DevNum::new(252, 0)),
+            Kind::Nbd => ("nbd0", DevNum::new(43, 0)),
+            Kind::Map => ("dm-0", DevNum::new(253, 0)),
+            Kind::Disk => ("sdx", DevNum::new(8, 240)),
+        };
+        let mut devs = vec![Dev { name: name(subject), devnum, seq: 1, holders: Vec::new(), gone: false }];
+        if case.kind == Kind::Map {
+            for (i, p) in ["sda", "sdb"].iter().enumerate() {
+                let mut h = Holder { device: Some(name("dm-0")), ..holder(50, (7, true, false, None)) };
+                h.kind = HolderKind::StackedDevice;
+                devs.push(Dev { name: name(p), devnum: DevNum::new(8, 16 * i as u32), seq: 10 + i as u64, holders: vec![h], gone: false });
+            }
+        }
+        Self {
+            case: case.clone(),
+            devs: RefCell::new(devs),
+            hidden: Cell::new(None),
+            blind: Cell::new(false),
+            now: Cell::new(BootTime::from_since_boot(Duration::from_secs(10_000))),
+            history: RefCell::new(Vec::new()),
+            runs: RefCell::new(Vec::new()),
+            violations: RefCell::new(Vec::new()),
+            failing: RefCell::new(case.failing.iter().copied().collect()),
+        }
+    }
+
+    fn subject(&self) -> Dev {
+        self.devs.borrow()[0].clone()
+    }
+
+    fn entry(&self, d: &Dev, i: usize) -> DeviceEntry {
+        let c = &self.case;
+        let kind = match (i, c.kind) {
+            (0, Kind::Loop) => DeviceKind::Loop,
+            (0, Kind::Rbd) => DeviceKind::Rbd,
+            (0, Kind::Nbd) => DeviceKind::Nbd,
+            (0, Kind::Map) => DeviceKind::Dm,
+            _ => DeviceKind::Disk,
+        };
+        let device = BlockDevice {
+            name: d.name.clone(),
+            devnum: d.devnum,
+            kind,
+            size_bytes: 1 << 30,
+            read_only: false,
+            parent: None,
+            holders: d.holders.iter().filter(|h| h.kind == HolderKind::StackedDevice).filter_map(|h| h.device.clone()).collect(),
+            slaves: Vec::new(),
+            loop_info: (kind == DeviceKind::Loop).then(|| LoopInfo {
+                backing_file: "/var/lib/images/v.img".into(),
+                backing_deleted: false,
+                offset: 0,
+                sizelimit: 0,
+                autoclear: false,
+                read_only: false,
+                backing_dev: Some(DevNum::new(254, 0)),
+                backing_inode: Some(d.seq),
+                backing_rdev: None,
+            }),
+            dm: (kind == DeviceKind::Dm).then(|| blockjanitor::model::DmInfo {
+                name: "mpatha".into(),
+                uuid: format!("mpath-3600{}", d.seq),
+                suspended: false,
+            }),
+            diskseq: Some(d.seq),
+        };
+        let multipath = (kind == DeviceKind::Dm).then(|| MultipathView {
+            name: "mpatha".into(),
+            uuid: format!("mpath-3600{}", d.seq),
+            wwid: "3600".into(),
+            open_count: Some(0),
+            suspended: false,
+            queue_if_no_path: Some(true),
+            active_paths: c.paths_active.min(2),
+            io_would_hang: c.paths_active == 0,
+            paths: (0..2)
+                .map(|p| PathView {
+                    devnum: DevNum::new(8, 16 * p as u32),
+                    device: Some(name(["sda", "sdb"][p])),
+                    state: if p < c.paths_active { "active" } else { "failed" },
+                    fail_count: 1,
+                    scsi_state: None,
+                })
+                .collect(),
+            partitions: Vec::new(),
+        });
+        let scsi = (i > 0 || c.kind == Kind::Disk).then(|| ScsiView {
+            disk: ScsiDisk {
+                name: d.name.clone(),
+                devnum: d.devnum,
+                address: ScsiAddress { host: i as u32, channel: 0, target: 0, lun: 1 },
+                state: if i > 0 || c.paths_active == 0 { ScsiState::Offline } else { ScsiState::Running },
+                vendor: "V".into(),
+                model: "M".into(),
+                wwid: Some(format!("naa.{}", d.seq)),
+                ioerr_cnt: 0,
+                iorequest_cnt: 0,
+                transport: Transport::Other,
+            },
+            transport_state: None,
+            path_of: (i > 0 && !self.devs.borrow()[0].gone).then(|| name("dm-0")),
+        });
+        let kubernetes = (i == 0 && (c.kubelet_pods || matches!(c.api, Api::PodUses | Api::Attached))).then(|| KubeOwner {
+            pv_names: vec!["pvc-1".into()],
+            pod_uids: if c.kubelet_pods { vec!["uid-1".into()] } else { Vec::new() },
+            paths: vec!["/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount".into()],
+            ..Default::default()
+        });
+        DeviceEntry {
+            device,
+            holders: d.holders.clone(),
+            kernel_threads: Vec::new(),
+            multipath,
+            scsi,
+            rbd: (i == 0 && c.kind == Kind::Rbd).then(|| RbdMapping {
+                id: 0,
+                device: d.name.clone(),
+                devnum: d.devnum,
+                pool: "k8s".into(),
+                pool_ns: String::new(),
+                image: format!("img{}", d.seq),
+                image_id: format!("abc{}", d.seq),
+                snap: "-".into(),
+                client_id: "client4122".into(),
+                watcher_client: "client.4122".into(),
+                client_addr: "10.0.0.1:0/1".into(),
+                cluster_fsid: "f".into(),
+                dev_paths: Vec::new(),
+                fenced: None,
+            }),
+            nbd: (i == 0 && c.kind == Kind::Nbd).then(|| NbdDevice {
+                device: d.name.clone(),
+                devnum: d.devnum,
+                pid: Some(4000 + d.seq as u32),
+                server_alive: false,
+                server_cmdline: None,
+                server_comm: None,
+                backend: None,
+            }),
+            kubernetes,
+        }
+    }
+
+    /// Whether the subject is held now, by anything (seen or hidden) but what `allowed` accepts.
+    fn held_beyond(&self, allowed: impl Fn(&Holder) -> bool) -> Option<String> {
+        if let Some(h) = self.hidden.get() {
+            return Some(format!("a hidden holder ({h:?})"));
+        }
+        self.subject().holders.iter().find(|h| !allowed(h)).map(|h| format!("a {:?} holder", h.kind))
+    }
+
+    /// Records one observation of the subject as it is now: complete and unheld, or not.
+    fn observe(&self, complete: bool) {
+        let s = self.subject();
+        let unheld = self.hidden.get().is_none() && candidate_holders(&s.holders, self.case.kind);
+        let mut h = self.history.borrow_mut();
+        if complete && unheld && !s.gone {
+            h.push((self.now.get(), Some(s.seq)));
+        } else {
+            h.push((self.now.get(), None));
+        }
+    }
+
+    /// Since when the subject's current identity has been seen unheld by complete scans with no
+    /// gap over `MAX_GAP`, up to now (`None`: not now).
+    fn unheld_since(&self) -> Option<BootTime> {
+        let seq = self.subject().seq;
+        let h = self.history.borrow();
+        let mut since = None;
+        let mut last: Option<BootTime> = None;
+        for (t, s) in h.iter() {
+            match (s, last) {
+                (Some(q), Some(l)) if *q == seq && since.is_some() && t.since(l) <= MAX_GAP => {}
+                (Some(q), _) if *q == seq => since = Some(*t),
+                _ => since = None,
+            }
+            last = Some(*t);
+        }
+        since
+    }
+
+    fn violation(&self, v: String) {
+        self.violations.borrow_mut().push(v);
+    }
+}
+
+/// Holders a cleanup candidate may have: none, or for a map only mounts in other namespaces (not
+/// copies of host mounts) and readers stuck in D state on it.
+fn candidate_holders(holders: &[Holder], kind: Kind) -> bool {
+    holders.iter().all(|h| kind == Kind::Map && (foreign_plain_mount(h, holders) || stuck_reader(h)))
+}
+
+fn foreign_plain_mount(h: &Holder, all: &[Holder]) -> bool {
+    let host_groups: Vec<u32> = all
+        .iter()
+        .filter(|x| x.kind == HolderKind::Mount && x.in_host_namespace == Some(true))
+        .filter_map(|x| x.shared_group)
+        .collect();
+    h.kind == HolderKind::Mount
+        && h.in_host_namespace == Some(false)
+        && !h.shared_group.is_some_and(|g| host_groups.contains(&g))
+        && !h.master_group.is_some_and(|g| host_groups.contains(&g))
+}
+
+fn stuck_reader(h: &Holder) -> bool {
+    h.kind == HolderKind::OpenDevice && h.process_state == Some('D')
+}
+
+#[derive(Clone)]
+struct Sim(Rc<Machine>);
+
+impl World for Sim {
+    fn scan(&self, target: Target) -> Result<Scan, EngineError> {
+        let m = &self.0;
+        let devs = m.devs.borrow().clone();
+        if let Target::Device(d) = target {
+            if !devs.iter().any(|x| x.devnum == d && !x.gone) {
+                return Err(EngineError::NotFound(format!("no {d}")));
+            }
+        }
+        let devices = devs.iter().enumerate().filter(|(_, d)| !d.gone).map(|(i, d)| m.entry(d, i)).collect();
+        let mut blind_spots = Vec::new();
+        if m.blind.get() || m.hidden.get() == Some(Hidden::Open) {
+            blind_spots.push(BlindSpot::any("pid 999 (hidden) cannot be inspected"));
+        }
+        let protected = if m.case.protected { devs.iter().map(|d| d.devnum).collect() } else { HashSet::new() };
+        Ok(Scan {
+            graph: DeviceGraph { host_ns: HOST_NS, host_ns_unsure: None, devices },
+            blind_spots,
+            protected,
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at: m.now.get(),
+            scope: None,
+        })
+    }
+
+    fn kernel_word(&self, device: &DeviceName, _devnum: DevNum) -> KernelWord {
+        let m = &self.0;
+        let dev = m.devs.borrow().iter().find(|d| &d.name == device).cloned();
+        let holders = dev.map(|d| d.holders).unwrap_or_default();
+        let subject = *device == m.subject().name;
+        let fs = holders.iter().any(|h| h.kind == HolderKind::Mount) || (subject && m.hidden.get() == Some(Hidden::Claim));
+        let offline_disk = m.case.kind == Kind::Disk || !subject;
+        KernelWord {
+            claim: if fs {
+                Claim::Claimed
+            } else if offline_disk {
+                Claim::Inconclusive("the kernel refuses opens of an offline disk (ENXIO)".into())
+            } else {
+                Claim::Unclaimed
+            },
+            sysfs_holders: holders.iter().filter(|h| h.kind == HolderKind::StackedDevice).filter_map(|h| h.device.clone()).collect(),
+            live_filesystems: if fs { vec!["ext4 at /sys/fs/ext4/x".into()] } else { Vec::new() },
+            loops_on_top: Vec::new(),
+            dm_open_count: None,
+            unreadable: Vec::new(),
+        }
+    }
+
+    fn cluster(&self) -> Option<ClusterView> {
+        let now = self.0.now.get();
+        let vouching = ClusterView {
+            node_name: "node-a".into(),
+            synced: true,
+            node_found: Some(true),
+            last_contact: Some(now),
+            ..Default::default()
+        };
+        let pod = PodInfo {
+            uid: "uid-9".into(),
+            namespace: "ns".into(),
+            name: "app".into(),
+            phase: "Running".into(),
+            pvc_names: vec!["data".into()],
+            pv_names: vec!["pvc-1".into()],
+        };
+        let va = VaInfo { name: "csi-1".into(), attacher: "x".into(), node: "node-a".into(), pv: Some("pvc-1".into()), attached: true };
+        match self.0.case.api {
+            Api::NotConfigured => None,
+            Api::Vouches => Some(vouching),
+            Api::Unsynced => Some(ClusterView { synced: false, last_error: Some("pods: connection refused".into()), ..vouching }),
+            Api::Silent => Some(ClusterView { last_contact: Some(BootTime::from_since_boot(Duration::from_secs(1))), ..vouching }),
+            Api::NoNode => Some(ClusterView { node_found: Some(false), ..vouching }),
+            Api::PodUses => Some(ClusterView { pods_on_node: vec![pod], ..vouching }),
+            Api::Attached => Some(ClusterView { volume_attachments: vec![va], ..vouching }),
+        }
+    }
+
+    fn can_act(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
+        let m = &self.0;
+        if let Action::DetachMount { mount_id, .. } = &step.action {
+            // The actuator's own check: the planned mount must still be there.
+            let present = m.devs.borrow().iter().any(|d| d.devnum == step.devnum && d.holders.iter().any(|h| h.mount_id == Some(*mount_id)));
+            if !present {
+                return Ok(StepOutcome::AlreadyAbsent);
+            }
+        }
+        let index = m.runs.borrow().len();
+        m.runs.borrow_mut().push(step.clone());
+        m.check(step);
+        if m.failing.borrow().contains(&index) {
+            return Err(ActError::Syscall { device: step.device.clone(), op: "simulated", source: std::io::Error::other("simulated failure") });
+        }
+        m.apply(step);
+        Ok(StepOutcome::Done)
+    }
+
+    fn now(&self) -> BootTime {
+        self.0.now.get()
+    }
+}
+
+impl Machine {
+    /// The oracle: what must hold, in truth, when `step` reaches the kernel.
+    fn check(&self, step: &Step) {
+        let c = &self.case;
+        let devs = self.devs.borrow().clone();
+        let Some(dev) = devs.iter().find(|d| d.devnum == step.devnum && !d.gone) else {
+            return; // already gone: the step finds nothing to do
+        };
+        let i = devs.iter().position(|d| d.devnum == dev.devnum).unwrap_or(0);
+        if Identity::of(&self.entry(dev, i)) != step.identity {
+            self.violation(format!("{} ran on {} although the device there changed identity", step.action(), step.device));
+        }
+        if c.protected {
+            self.violation(format!("{} ran on a protected device", step.action()));
+        }
+        if c.kubelet_pods {
+            self.violation(format!("{} ran on a device a pod uses per kubelet", step.action()));
+        }
+        if !matches!(c.api, Api::NotConfigured | Api::Vouches) {
+            self.violation(format!("{} ran while the API said {:?}", step.action(), c.api));
+        }
+        if let Action::DetachMount { mount_id, .. } = &step.action {
+            match dev.holders.iter().find(|h| h.mount_id == Some(*mount_id) && h.kind == HolderKind::Mount) {
+                Some(h) if !foreign_plain_mount(h, &dev.holders) => {
+                    self.violation(format!("a mount in the host's namespace or a copy of one was detached: {h:?}"))
+                }
+                _ => {}
+            }
+            return;
+        }
+        if i != 0 {
+            // A path of a map: only once the map is gone.
+            if !devs[0].gone {
+                self.violation(format!("{} on path {} while its map is still there", step.action(), step.device));
+            }
+            return;
+        }
+        if c.kind == Kind::Map && c.paths_active > 0 {
+            self.violation(format!("{} on a map with an active path", step.action()));
+        }
+        let stops_queueing = matches!(step.action, Action::DmMessage { .. });
+        let released: Vec<u32> = self
+            .runs
+            .borrow()
+            .iter()
+            .filter_map(|s| match &s.action {
+                Action::DetachMount { mount_id, .. } => Some(*mount_id),
+                _ => None,
+            })
+            .collect();
+        let allowed = |h: &Holder| {
+            (stops_queueing && foreign_plain_mount(h, &dev.holders) && !released.contains(&h.mount_id.unwrap_or(0)))
+                || (stuck_reader(h) && c.kind == Kind::Map)
+        };
+        if let Some(what) = self.held_beyond(allowed) {
+            self.violation(format!("{} ran on {} while {what} held it", step.action(), step.device));
+        }
+        let stale = self.unheld_since().is_some_and(|since| self.now.get().since(since) >= GRACE);
+        if !stale {
+            self.violation(format!("{} ran on {} before it was seen unheld, continuously, for the grace period", step.action(), step.device));
+        }
+    }
+
+    /// What a step does to the truth.
+    fn apply(&self, step: &Step) {
+        let mut devs = self.devs.borrow_mut();
+        let Some(i) = devs.iter().position(|d| d.devnum == step.devnum && !d.gone) else { return };
+        match &step.action {
+            Action::DetachMount { mount_id, .. } => devs[i].holders.retain(|h| h.mount_id != Some(*mount_id)),
+            // Stuck readers get EIO and exit.
+            Action::DmMessage { .. } => devs[i].holders.retain(|h| !stuck_reader(h)),
+            Action::ScsiOffline { .. } => {}
+            _ => {
+                devs[i].gone = true;
+                if i == 0 {
+                    for d in devs.iter_mut().skip(1) {
+                        d.holders.clear(); // the map on top is gone
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A directory for a case's journal, in memory when the machine has /dev/shm (the journal
+/// fsyncs every record; a disk would make the 100,000 cases wait on it).
+fn scratch() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// Runs one case; returns the violations the machine saw.
+fn run(c: &Case) -> Vec<String> {
+    let machine = Rc::new(Machine::new(c));
+    let engine = Engine::new(Sim(Rc::clone(&machine)), Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() });
+    let mut clocks = Clocks::new(Some("boot".into()));
+    // The history: observations by complete (or blind) scans, the device held at some.
+    for &(gap, blind, held) in &c.history {
+        machine.now.set(machine.now.get().after(Duration::from_secs(gap)));
+        machine.blind.set(blind);
+        if held {
+            machine.devs.borrow_mut()[0].holders.push(holder(40, (1, false, false, None)));
+        }
+        if let Ok(scan) = engine.scan(Target::All) {
+            engine.judge(scan, &mut clocks);
+        }
+        machine.observe(!blind);
+        machine.devs.borrow_mut()[0].holders.clear();
+    }
+    // The final state: then plan from a fresh scan, as every caller does.
+    machine.now.set(machine.now.get().after(Duration::from_secs(30)));
+    machine.blind.set(c.extra_blind);
+    machine.hidden.set(c.hidden);
+    machine.devs.borrow_mut()[0].holders = c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
+    let devnum = machine.subject().devnum;
+    let Ok((_, plan)) = engine.plan_fresh(devnum, c.op, &mut clocks) else { return Vec::new() };
+    machine.observe(!(c.extra_blind || c.hidden == Some(Hidden::Open)));
+    if c.swap {
+        // The device was let go and another one took its number: a new disk sequence and
+        // backing, and none of the old one's mounts (a mounted device cannot be let go).
+        let mut devs = machine.devs.borrow_mut();
+        devs[0].seq += 100;
+        devs[0].holders.retain(|h| h.kind != HolderKind::Mount);
+    }
+    let dir = scratch();
+    let mut journal = Journal::open(&dir.path().join("journal.jsonl")).expect("journal");
+    let reports = engine.execute(&plan, &mut journal).expect("the simulated machine lets the engine act");
+    // A step whose prerequisite did not finish never reached the kernel.
+    let runs = machine.runs.borrow();
+    for (k, r) in reports.iter().enumerate() {
+        let reached = runs.iter().any(|s| s == &r.step);
+        if reached {
+            for earlier in &reports[..k] {
+                let finished = matches!(earlier.result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent));
+                let depends = !r.step.is_release() || !earlier.step.is_release();
+                if depends && !finished {
+                    machine.violation(format!("{} ran although {} before it did not finish", r.step.action(), earlier.step.action()));
+                }
+            }
+        }
+    }
+    drop(runs);
+    let v = machine.violations.borrow().clone();
+    v
+}
+
+/// Cases in CI: `BLOCKJANITOR_PROPERTY_CASES` (at least 100,000 in CI; fewer for the mutation
+/// check, which only needs each gate's counterexample to come up).
+fn cases() -> u32 {
+    std::env::var("BLOCKJANITOR_PROPERTY_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_destructive_step_on_blind_stale_or_reused_evidence(c in case()) {
+        let v = run(&c);
+        prop_assert!(v.is_empty(), "{:#?}\ncase: {:#?}", v, c);
+    }
+}
+
+/// The property is not vacuous: the engine does act in the cases where it may (a stale loop
+/// device, a dead map with a foreign mount and a stuck reader), and refuses when a gate says no.
+#[test]
+fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
+    let base = Case {
+        kind: Kind::Loop,
+        op: Operation::Clean,
+        holders: Vec::new(),
+        hidden: None,
+        extra_blind: false,
+        history: vec![(60, false, false); 6],
+        protected: false,
+        kubelet_pods: false,
+        api: Api::Vouches,
+        paths_active: 0,
+        swap: false,
+        failing: Vec::new(),
+    };
+    assert!(run(&base).is_empty());
+    let count_runs = |c: &Case| -> usize {
+        let machine = Rc::new(Machine::new(c));
+        let engine = Engine::new(Sim(Rc::clone(&machine)), Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() });
+        let mut clocks = Clocks::new(Some("boot".into()));
+        for &(gap, _, _) in &c.history {
+            machine.now.set(machine.now.get().after(Duration::from_secs(gap)));
+            engine.judge(engine.scan(Target::All).expect("scan"), &mut clocks);
+        }
+        machine.now.set(machine.now.get().after(Duration::from_secs(30)));
+        machine.hidden.set(c.hidden);
+        machine.blind.set(c.extra_blind);
+        machine.devs.borrow_mut()[0].holders = c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
+        let (_, plan) = engine.plan_fresh(machine.subject().devnum, c.op, &mut clocks).expect("plan");
+        let dir = scratch();
+        let mut journal = Journal::open(&dir.path().join("j")).expect("journal");
+        engine.execute(&plan, &mut journal).expect("execute");
+        let n = machine.runs.borrow().len();
+        n
+    };
+    assert_eq!(count_runs(&base), 1, "a loop device unheld for 6 minutes is unbound");
+    let map = Case { kind: Kind::Map, holders: vec![(0, false, false, None), (1, false, true, None)], ..base.clone() };
+    assert_eq!(count_runs(&map), 7, "fail_if_no_path, release, remove, then offline and delete both paths");
+    for (what, c) in [
+        ("hidden claim", Case { hidden: Some(Hidden::Claim), ..base.clone() }),
+        ("blind scan", Case { extra_blind: true, ..base.clone() }),
+        ("API silent", Case { api: Api::Silent, ..base.clone() }),
+        ("no Node", Case { api: Api::NoNode, ..base.clone() }),
+        ("gap in observation", Case { history: vec![(60, false, false), (200, false, false), (60, false, false)], ..base.clone() }),
+    ] {
+        assert_eq!(count_runs(&c), 0, "{what}: nothing may run");
+    }
+    let swapped = Case { swap: true, ..base.clone() };
+    assert!(run(&swapped).is_empty());
+}
