@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # prepare.sh — build, once, what the qemu guest harness boots: Debian's 6.1 kernel (vmlinuz) and a
 # base initramfs (raw newc cpio) with busybox, the storage tools (dmsetup, multipath-tools,
-# sg3-utils, nbd-client/nbd-server), the kernel modules they need and an /init that runs a scenario.
+# sg3-utils, nbd-client/nbd-server, mkfs.btrfs), the kernel modules they need and an /init that
+# runs a scenario.
 #
 # Idempotent and cached: a warm run only checks the cache and prints where the build is.
 #   cache:   ${BLOCKJANITOR_GUEST_CACHE:-/var/cache/blockjanitor-guest}
@@ -27,6 +28,14 @@ TOOL_PKGS=(
     sg3-utils libsgutils2-1.46-2
     nbd-client libnl-3-200 libnl-genl-3-200
     nbd-server
+    btrfs-progs
+)
+
+# Packages of which only these files go into the image (default: the whole package minus docs).
+# btrfs-progs: mkfs.btrfs alone (0.5 MB; it needs only libuuid, libblkid, libudev and libc, which
+# the host has); the other seven tools (3.4 MB, and liblzo2 for `btrfs`) no scenario uses.
+declare -A TOOL_FILES=(
+    [btrfs-progs]='./sbin/mkfs.btrfs'
 )
 
 # Modules whose dependency closure goes into the image (modprobe --show-depends).
@@ -37,6 +46,7 @@ CLOSURE_MODS=(
     nbd
     crc32c crc32c_generic crc32c_intel libcrc32c libceph rbd
     loop ext4
+    btrfs
     virtio_pci virtio_net 9pnet_virtio 9p
 )
 
@@ -234,6 +244,7 @@ OUT=$CACHE/builds/$KEY
 
 if [[ -f $OUT/stamp ]]; then
     ln -sfn "builds/$KEY" "$CACHE/current"
+    touch "$OUT/used"
     log "up to date: $OUT (kernel $KVER), checked in $(elapsed "$T_START") s"
     cat "$OUT/guest.env"
     exit 0
@@ -298,11 +309,12 @@ done_step "${#KO[@]} modules, $(du -sh "$MODDIR" | cut -f1)"
 step "user-space tools and their shared libraries"
 for p in "${TOOL_PKGS[@]}"; do
     [[ $p == busybox-static ]] && continue
+    read -ra files <<<"${TOOL_FILES[$p]:-.}"
     # merged-/usr: --keep-directory-symlink lets lib/ and sbin/ land in usr/lib and usr/sbin.
     tar -C "$WORK/pkg/$p" -cf - \
         --exclude=./usr/share --exclude=./usr/include --exclude='./lib/systemd' --exclude='./lib/udev' \
         --exclude='./etc/init.d' --exclude='*/pkgconfig' --exclude='*.a' --exclude='./lib/modules-load.d' \
-        --exclude='./usr/lib/tmpfiles.d' --exclude='./etc/modprobe.d' . \
+        --exclude='./usr/lib/tmpfiles.d' --exclude='./etc/modprobe.d' "${files[@]}" \
         | tar -C "$ROOT" -xf - --keep-directory-symlink
 done
 # Libraries that are dlopen()ed (ldd cannot see them): libgcc_s for pthread_cancel (multipathd).
@@ -459,8 +471,21 @@ EOF
 printf '%s\n' "$DEB_LIST" >"$OUT/debs.txt"
 date -u +%FT%TZ >"$OUT/stamp"
 ln -sfn "builds/$KEY" "$CACHE/current"
-# Drop older builds and .debs no longer used.
-for d in "$CACHE"/builds/*; do [[ $d == "$OUT" ]] || rm -rf "$d"; done
-for f in "$DEBS"/*.deb; do grep -qxF "$(basename "$f")" "$OUT/debs.txt" || rm -f "$f"; done
+touch "$OUT/used"
+# Drop old builds and the .debs no kept build lists. Checkouts whose prepare.sh differs (branches)
+# share this cache, each with its own build: keep the most recently used ones (every warm check
+# touches `used`), so that two branches' test runs do not rebuild each other's image every time.
+KEEP_BUILDS=${BLOCKJANITOR_GUEST_KEEP_BUILDS:-3}
+kept=("$OUT")
+while IFS= read -r d; do
+    [[ $d == "$OUT" ]] && continue
+    if (( ${#kept[@]} < KEEP_BUILDS )) && [[ -f $d/stamp ]]; then kept+=("$d"); else rm -rf "$d"; fi
+done < <(ls -dt "$CACHE"/builds/*/used 2>/dev/null | xargs -r -n1 dirname; \
+         for d in "$CACHE"/builds/*; do [[ -e $d/used ]] || echo "$d"; done)
+for f in "$DEBS"/*.deb; do
+    b=$(basename "$f")
+    for d in "${kept[@]}"; do grep -qxF "$b" "$d/debs.txt" 2>/dev/null && continue 2; done
+    rm -f "$f"
+done
 log "built $OUT in $(elapsed "$T_START") s"
 cat "$OUT/guest.env"

@@ -5,8 +5,8 @@
 # given, the files of EXTRA_FILES_DIR under /extra/; exit with the scenario's exit code.
 #
 # stdout: the scenario's output (its stdout+stderr, from the guest's second serial port), ending
-#         with the line "GUEST-EXIT <code>". stderr: harness messages; on failure the tail of the
-#         guest console and the whole guest output.
+#         with the line "GUEST-EXIT <code>", whatever the exit code. stderr: harness messages; on
+#         failure qemu's stderr and the tail of the guest console.
 # Exit:   the guest's code; 124 if the host timeout hit; 125 if the guest printed no GUEST-EXIT
 #         (kernel panic, init died); 126 on a harness error (bad arguments, prepare failed).
 #
@@ -44,16 +44,21 @@ SHARE=${BLOCKJANITOR_GUEST_SHARE:-}
 [[ -z $SHARE || -d $SHARE ]] || fail "BLOCKJANITOR_GUEST_SHARE is not a directory: $SHARE"
 
 T0=$EPOCHREALTIME
+# The build to boot: the one this checkout's prepare.sh names (it prints its guest.env). Checkouts
+# whose prepare.sh differ share the cache, so `current` is only whichever was prepared last.
 if [[ -z ${BLOCKJANITOR_GUEST_NO_PREPARE:-} ]]; then
-    "$HERE/prepare.sh" >/dev/null || fail "prepare.sh failed"
+    GUEST_ENV=$("$HERE/prepare.sh") || fail "prepare.sh failed"
+else
+    [[ -f $CACHE/current/guest.env ]] || fail "no guest build in $CACHE (run tests/guest/prepare.sh)"
+    GUEST_ENV=$(<"$CACHE/current/guest.env")
 fi
-[[ -f $CACHE/current/guest.env ]] || fail "no guest build in $CACHE (run tests/guest/prepare.sh)"
-# shellcheck disable=SC1091
-. "$CACHE/current/guest.env"
+# shellcheck disable=SC1090
+. <(printf '%s\n' "$GUEST_ENV")
+[[ -n ${GUEST_BASE_CPIO:-} ]] || fail "prepare.sh printed no GUEST_BASE_CPIO"
 
 if [[ -n ${BLOCKJANITOR_GUEST_OUTDIR:-} ]]; then
     WORK=$BLOCKJANITOR_GUEST_OUTDIR; mkdir -p "$WORK" || fail "cannot create $WORK"
-    rm -f "$WORK"/{console.log,out.log,initrd.cpio,extra.cpio}
+    rm -f "$WORK"/{console.log,out.log,initrd.cpio,extra.cpio,kernel}
     KEEP=1
 else
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/blockjanitor-guest.XXXXXX") || fail "mktemp failed"
@@ -85,7 +90,16 @@ fi
 (cd "$STAGE" && find . -mindepth 1 -print0 | LC_ALL=C sort -z \
     | cpio --null --quiet -o -H newc -R 0:0) >"$WORK/extra.cpio" || fail "cpio of the extra files failed"
 rm -rf "$STAGE"
+# Another checkout's prepare.sh may prune builds: take what this run needs out of the build under
+# the cache lock (shared; a prepare holds it exclusively): the initrd as a copy, the kernel as a
+# hard link (a copy across filesystems), so a later prune cannot pull them from under qemu.
+if [[ -e $CACHE/.lock ]]; then exec 8<"$CACHE/.lock" && flock -s 8; fi
+[[ -f $GUEST_BASE_CPIO && -f $KERNEL ]] || fail "$(dirname "$GUEST_BASE_CPIO") is gone (pruned by another prepare.sh?): run again"
 cat "$GUEST_BASE_CPIO" "$WORK/extra.cpio" >"$WORK/initrd.cpio" || fail "writing the initrd failed"
+ln -f "$KERNEL" "$WORK/kernel" 2>/dev/null || cp "$KERNEL" "$WORK/kernel" || fail "copying the kernel failed"
+exec 8<&-
+KERNEL_NAME=$(basename "$KERNEL")
+KERNEL=$WORK/kernel
 
 # ---- qemu (flags from shared/real-kernel-harness.md)
 # shellcheck disable=SC2054  # commas belong to qemu option values
@@ -100,7 +114,7 @@ QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M pc -smp 2 -m 1024
 # shellcheck disable=SC2206
 [[ -n ${BLOCKJANITOR_GUEST_QEMU_ARGS:-} ]] && QEMU+=(${BLOCKJANITOR_GUEST_QEMU_ARGS})
 
-say "booting $(basename "$SCENARIO") (kernel $GUEST_KVER $(basename "$KERNEL"), initrd $(du -h "$WORK/initrd.cpio" | cut -f1), timeout ${TIMEOUT}s)"
+say "booting $(basename "$SCENARIO") (kernel $GUEST_KVER $KERNEL_NAME, initrd $(du -h "$WORK/initrd.cpio" | cut -f1), timeout ${TIMEOUT}s)"
 T1=$EPOCHREALTIME
 timeout -k 5 "$TIMEOUT" "${QEMU[@]}" </dev/null >"$WORK/qemu.log" 2>&1 &
 QPID=$!
@@ -120,8 +134,10 @@ else
     [[ $QRC == 0 ]] || { WHY="$WHY, qemu exit $QRC"; [[ $RC == 0 ]] && RC=125; }
 fi
 
+# The scenario's output goes to stdout whatever its exit code: a caller (tests/src/guest.rs) reads
+# its sections from there, also when the scenario failed.
+tr -d '\r' <"$WORK/out.log" 2>/dev/null
 if [[ $RC == 0 ]]; then
-    tr -d '\r' <"$WORK/out.log"
     say "ok: $(basename "$SCENARIO") in $(elapsed "$T1") s (boot+scenario), $(elapsed "$T0") s in all"
 else
     KEEP=1
@@ -130,9 +146,7 @@ else
         if [[ -s $WORK/qemu.log ]]; then echo "----- qemu stderr"; cat "$WORK/qemu.log"; fi
         echo "----- guest console (last $TAIL lines of $WORK/console.log)"
         tr -d '\r' <"$WORK/console.log" 2>/dev/null | tail -n "$TAIL"
-        echo "----- guest output ($WORK/out.log)"
-        tr -d '\r' <"$WORK/out.log" 2>/dev/null
-        echo "----- end of guest output"
+        echo "----- end of guest console (the guest's output is on stdout and in $WORK/out.log)"
     } >&2
 fi
 exit "$RC"

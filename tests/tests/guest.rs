@@ -173,3 +173,146 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
         "{clean}"
     );
 }
+
+// ---- Issue 9: btrfs (an anonymous 0:NN device in mountinfo) on a device the agent tears down.
+// These state the contract the fixed agent must meet; today's agent sees no holder, judges the
+// device stale and sends fail_if_no_path / NBD_DISCONNECT under the mounted filesystem. Every
+// broken clause is reported, not only the first, so a failure shows the whole picture.
+
+/// Fails with everything the guest said unless the scenario got as far as running the agent
+/// (`marker` is a section it prints after the setup).
+fn require_reached(run: &blockjanitor_tests::guest::Run, marker: &str) {
+    if !run.output.lines().any(|l| l.trim() == format!("BEGIN {marker}")) {
+        run.assert_ok();
+        panic!("the scenario printed no section {marker}:\n{}", run.output);
+    }
+}
+
+/// The clauses of the contract a run broke.
+#[derive(Default)]
+struct Violations(Vec<String>);
+
+impl Violations {
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            self.0.push(what());
+        }
+    }
+
+    /// `holders --output json` shows the btrfs filesystem as what holds the device: verdict
+    /// in_use and a mount of fstype btrfs, or a holder of kind `filesystem` (a live filesystem on
+    /// the device with no visible mount, as the kernel-side probe reports it).
+    fn btrfs_holds(&mut self, run: &blockjanitor_tests::guest::Run, section: &str) {
+        let h = json_section(run, section);
+        let btrfs = h["holders"].as_array().is_some_and(|hs| {
+            hs.iter().any(|x| (x["kind"] == "mount" && x["fstype"] == "btrfs") || x["kind"] == "filesystem")
+        });
+        self.check(btrfs && h["verdict"] == "in_use", || {
+            format!(
+                "{section}: the mounted btrfs must hold the device (verdict in_use, a holder of kind mount \
+                 with fstype btrfs, or of kind filesystem); got verdict {}, holders {}, reasons {}",
+                h["verdict"], h["holders"], h["reasons"]
+            )
+        });
+    }
+
+    /// `clean --apply` refused because the device is still held: exit code 2.
+    fn clean_refused(&mut self, run: &blockjanitor_tests::guest::Run, section: &str) {
+        let clean = run.section(section);
+        let rc =
+            clean.lines().rev().find_map(|l| l.trim().strip_prefix("rc=")).unwrap_or("(none)").to_owned();
+        let steps: Vec<&str> =
+            clean.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).collect();
+        self.check(rc == "2", || {
+            format!("{section}: clean --apply must refuse (exit 2, still held); it exited {rc}, steps: {steps:#?}")
+        });
+    }
+
+    /// The journal has no intent record (written before a step touches the kernel) for `actions`.
+    fn no_intent(&mut self, run: &blockjanitor_tests::guest::Run, actions: &[&str]) {
+        let found: Vec<String> = run
+            .section("journal")
+            .lines()
+            .filter(|l| l.trim_start().starts_with('{'))
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .unwrap_or_else(|e| panic!("journal line {l:?}: {e}"))
+            })
+            .filter(|r| r["phase"] == "intent")
+            .filter_map(|r| r["step"]["action"].as_str().map(str::to_owned))
+            .filter(|a| actions.contains(&a.as_str()))
+            .collect();
+        self.check(found.is_empty(), || format!("journal: intents {found:?} under a mounted btrfs"));
+    }
+
+    fn assert_none(self, run: &blockjanitor_tests::guest::Run) {
+        assert!(
+            self.0.is_empty(),
+            "{} clause(s) of the contract broken:\n- {}\n--- mountinfo and btrfs sysfs in the guest ---\n{}\n\
+             --- journal ---\n{}",
+            self.0.len(),
+            self.0.join("\n- "),
+            run.section("mountinfo"),
+            run.section("journal")
+        );
+        // Anything else the scenario itself found wrong (its setup, the foreign namespace's holder).
+        run.assert_ok();
+    }
+}
+
+#[test]
+fn root_guest_btrfs_on_a_dead_map_is_never_torn_down() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("btrfs-on-dead-map.sh");
+    require_reached(&run, "clean");
+    let mut v = Violations::default();
+    v.btrfs_holds(&run, "holders");
+    v.clean_refused(&run, "clean");
+    v.no_intent(&run, &["dm_message", "dm_remove"]);
+    // The kernel's side: queueing was not stopped (fail_if_no_path removes the feature from the
+    // table), the map and both its paths are still there, the mount too.
+    let table = run.section("table");
+    let line = table.lines().next().unwrap_or_default().to_owned();
+    v.check(line.contains("multipath") && line.contains("queue_if_no_path"), || {
+        format!("table: queueing was stopped (fail_if_no_path): {line:?}")
+    });
+    let exists = run.section("exists");
+    for want in ["map mpathb (dm-0) exists", "sda offline", "sdb offline"] {
+        v.check(exists.contains(want), || format!("exists: missing {want:?} in {exists:?}"));
+    }
+    let mount = run.section("mount");
+    v.check(mount.contains(" /mnt/vol "), || format!("mount: the btrfs mount is gone: {mount:?}"));
+    v.assert_none(&run);
+}
+
+#[test]
+fn root_guest_btrfs_on_nbd_is_never_disconnected() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("btrfs-on-nbd.sh");
+    require_reached(&run, "clean-nbd1");
+    let mut v = Violations::default();
+    // nbd0: mounted in the root namespace; nbd1: mounted only in a foreign namespace.
+    for dev in ["nbd0", "nbd1"] {
+        v.btrfs_holds(&run, &format!("holders-{dev}"));
+        v.clean_refused(&run, &format!("clean-{dev}"));
+        let after = run.section(&format!("after-{dev}"));
+        v.check(after.contains("size=") && !after.contains("size=0") && !after.contains("pid=none"), || {
+            format!("after-{dev}: disconnected: {after:?}")
+        });
+    }
+    v.no_intent(&run, &["nbd_disconnect"]);
+    // While btrfs keeps the device open the kernel keeps its size and pid even after a disconnect,
+    // so sysfs is not enough: the kernel logs each NBD_DISCONNECT it gets.
+    let got: Vec<String> =
+        run.section("kernel").lines().filter(|l| l.contains("NBD_DISCONNECT")).map(str::to_owned).collect();
+    v.check(got.is_empty(), || format!("kernel: got NBD_DISCONNECT: {got:?}"));
+    let mount = run.section("mount");
+    v.check(mount.contains(" /mnt/nbd0 ") && mount.contains(" /mnt/nbd1 "), || {
+        format!("mount: a btrfs mount is gone: {mount:?}")
+    });
+    v.assert_none(&run);
+}
