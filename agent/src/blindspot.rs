@@ -11,8 +11,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::graph::DeviceEntry;
-use crate::model::{DeviceKind, DeviceName};
+use crate::model::{BlockDevice, DeviceKind, DeviceName};
 
 /// Which devices a blind spot could hide a holder of.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -78,9 +77,8 @@ impl BlindSpot {
         Self { what: what.into(), reach: Reach::Devices(devices) }
     }
 
-    /// Whether this blind spot could hide a holder of `device`.
-    pub fn reaches(&self, device: &DeviceEntry) -> bool {
-        let d = &device.device;
+    /// Whether this blind spot could hide a holder of `d`.
+    pub fn reaches(&self, d: &BlockDevice) -> bool {
         match &self.reach {
             Reach::AnyDevice => true,
             Reach::Devices(list) => list.contains(&d.name),
@@ -90,6 +88,6 @@ impl BlindSpot {
 }
 
 /// The blind spots among `spots` that reach `device`.
-pub fn reaching<'a>(spots: &'a [BlindSpot], device: &DeviceEntry) -> Vec<&'a BlindSpot> {
+pub fn reaching<'a>(spots: &'a [BlindSpot], device: &BlockDevice) -> Vec<&'a BlindSpot> {
     spots.iter().filter(|b| b.reaches(device)).collect()
 }

@@ -173,10 +173,7 @@ fn default_kubelet_dir() -> PathBuf {
     PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)
 }
 fn default_protected_paths() -> Vec<PathBuf> {
-    ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
-        .iter()
-        .map(PathBuf::from)
-        .collect()
+    crate::host::DEFAULT_PROTECTED_PATHS.iter().map(PathBuf::from).collect()
 }
 
 impl Default for SocketConfig {

@@ -26,7 +26,7 @@ use crate::model::{DevNum, DeviceName};
 /// incomplete scan.
 pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<String> {
     // mutation-check: completeness
-    let reaching = blindspot::reaching(blind_spots, entry);
+    let reaching = blindspot::reaching(blind_spots, &entry.device);
     if reaching.is_empty() {
         return None;
     }

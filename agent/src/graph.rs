@@ -100,6 +100,56 @@ impl Holder {
         }
     }
 
+    /// Why a holder keeps a device busy, in words (process holders by pid and comm: command lines
+    /// are shown to operators in the holder listing only).
+    pub fn describe(&self) -> String {
+        let h = self;
+        let who = match (&h.pids.first(), &h.comm) {
+            (Some(p), Some(c)) => format!("pid {p} ({c})"),
+            (Some(p), None) => format!("pid {p}"),
+            _ => String::new(),
+        };
+        let path = h.path.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        let mount_point = h.mount_point.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        match h.kind {
+            HolderKind::Mount if h.in_host_namespace == Some(true) => {
+                format!("mounted at {mount_point} in the host's mount namespace: left alone (unmount it on the host)")
+            }
+            HolderKind::Mount => format!(
+                "mounted at {mount_point} in mount namespace {}",
+                h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
+            ),
+            HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
+            HolderKind::OpenFile => format!("{who} has a file on it open ({path}, fd {:?})", h.fds),
+            HolderKind::Cwd => format!("{who} has its working directory on it ({path})"),
+            HolderKind::Root => format!("{who} has its root directory on it ({path})"),
+            HolderKind::Mmap => format!("{who} maps a file on it ({path})"),
+            HolderKind::Swap => format!("it is active swap ({path})"),
+            HolderKind::StackedDevice => {
+                format!("device {} is stacked on it", h.device.as_ref().map_or("?", |d| d.as_str()))
+            }
+            HolderKind::LoopBacking => format!(
+                "loop device {} is backed by {} ({path})",
+                h.device.as_ref().map_or("?", |d| d.as_str()),
+                if h.source.as_ref().is_some_and(|s| *s == "device node") { "its device node" } else { "a file on it" }
+            ),
+            HolderKind::Filesystem => format!(
+                "a {} filesystem still lives on it with no mount in any namespace ({path}): an overlay, a detached mount with open files, or a namespace the scan cannot see keeps it",
+                h.fstype.as_ref().map_or_else(|| "?".to_owned(), |t| t.to_string())
+            ),
+        }
+    }
+
+    /// A holder the teardown of a dead map can get rid of: a mount in another namespace
+    /// (released), a process stuck in D state on the device (freed by `fail_if_no_path`), a
+    /// kpartx partition map of it (removed first).
+    pub fn releasable_from_dead_map(&self, partitions: &[DeviceName]) -> bool {
+        self.is_foreign_mount()
+            || (self.kind == HolderKind::OpenDevice && self.process_state == Some('D'))
+            || (self.kind == HolderKind::StackedDevice
+                && self.device.as_ref().is_some_and(|d| partitions.contains(d)))
+    }
+
     /// A mount in a namespace other than the host's: what `release` detaches.
     pub fn is_foreign_mount(&self) -> bool {
         self.kind == HolderKind::Mount && self.in_host_namespace == Some(false)

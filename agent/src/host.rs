@@ -6,6 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+/// Host paths whose devices are never touched by default: the root, and the kubelet's and the
+/// container runtimes' directories.
+pub const DEFAULT_PROTECTED_PATHS: [&str; 5] =
+    ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"];
+
 /// The roots of the host's `/`, `/proc`, `/sys` and `/dev`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostRoot {

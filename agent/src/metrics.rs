@@ -8,7 +8,7 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
-use crate::daemon::state::View;
+use crate::daemon::view::View;
 use crate::model::{DeviceKind, HolderKind};
 use crate::policy::Verdict;
 

@@ -190,48 +190,9 @@ impl Plan {
 
     fn held(&mut self, holders: &[&Holder], what: &str) {
         self.left_alone =
-            holders.iter().map(|h| LeftAlone { holder: (*h).clone(), reason: holder_reason(h) }).collect();
+            holders.iter().map(|h| LeftAlone { holder: (*h).clone(), reason: h.describe() }).collect();
         let what = if what.is_empty() { String::new() } else { format!(" {what}") };
         self.refuse(format!("{} is still held by {} holder(s){what}", self.device, holders.len()));
-    }
-}
-
-/// Why a holder keeps a device busy, in words (process holders by pid and comm: command lines
-/// are shown to operators in the holder listing only).
-pub fn holder_reason(h: &Holder) -> String {
-    let who = match (&h.pids.first(), &h.comm) {
-        (Some(p), Some(c)) => format!("pid {p} ({c})"),
-        (Some(p), None) => format!("pid {p}"),
-        _ => String::new(),
-    };
-    let path = h.path.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
-    let mount_point = h.mount_point.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
-    match h.kind {
-        HolderKind::Mount if h.in_host_namespace == Some(true) => {
-            format!("mounted at {mount_point} in the host's mount namespace: left alone (unmount it on the host)")
-        }
-        HolderKind::Mount => format!(
-            "mounted at {mount_point} in mount namespace {}",
-            h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
-        ),
-        HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
-        HolderKind::OpenFile => format!("{who} has a file on it open ({path}, fd {:?})", h.fds),
-        HolderKind::Cwd => format!("{who} has its working directory on it ({path})"),
-        HolderKind::Root => format!("{who} has its root directory on it ({path})"),
-        HolderKind::Mmap => format!("{who} maps a file on it ({path})"),
-        HolderKind::Swap => format!("it is active swap ({path})"),
-        HolderKind::StackedDevice => {
-            format!("device {} is stacked on it", h.device.as_ref().map_or("?", |d| d.as_str()))
-        }
-        HolderKind::LoopBacking => format!(
-            "loop device {} is backed by {} ({path})",
-            h.device.as_ref().map_or("?", |d| d.as_str()),
-            if h.source.as_ref().is_some_and(|s| *s == "device node") { "its device node" } else { "a file on it" }
-        ),
-        HolderKind::Filesystem => format!(
-            "a {} filesystem still lives on it with no mount in any namespace ({path}): an overlay, a detached mount with open files, or a namespace the scan cannot see keeps it",
-            h.fstype.as_ref().map_or_else(|| "?".to_owned(), |t| t.to_string())
-        ),
     }
 }
 
@@ -251,13 +212,13 @@ fn host_copy(h: &Holder, host_groups: &[u32]) -> Option<String> {
     if let Some(g) = h.shared_group.filter(|g| host_groups.contains(g)) {
         return Some(format!(
             "{}: it is a shared peer (shared:{g}) of a mount in the host's namespace, so detaching it would unmount the host's copy too: left alone",
-            holder_reason(h)
+            h.describe()
         ));
     }
     if let Some(g) = h.master_group.filter(|g| host_groups.contains(g)) {
         return Some(format!(
             "{}: it is a slave copy (master:{g}) of a mount live in the host's namespace (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on: left alone",
-            holder_reason(h)
+            h.describe()
         ));
     }
     None
@@ -288,7 +249,7 @@ pub fn release(entry: &DeviceEntry) -> Plan {
                 },
             )),
             _ => {
-                let mut reason = holder_reason(h);
+                let mut reason = h.describe();
                 if h.kind != HolderKind::Mount {
                     reason.push_str(": release does not touch processes or other devices");
                 }
@@ -354,7 +315,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         return p;
     }
     let blocking: Vec<&Holder> =
-        entry.holders.iter().filter(|h| !crate::policy::releasable(h, &m.partitions)).collect();
+        entry.holders.iter().filter(|h| !h.releasable_from_dead_map(&m.partitions)).collect();
     if !blocking.is_empty() {
         p.held(&blocking, "the teardown cannot release");
         return p;
@@ -387,7 +348,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
                 .iter()
                 .map(|h| LeftAlone {
                     holder: h.clone(),
-                    reason: format!("partition map {part}: {}", holder_reason(h)),
+                    reason: format!("partition map {part}: {}", h.describe()),
                 })
                 .collect();
             p.refuse(format!("partition map {part} of {} is still held", d.name));

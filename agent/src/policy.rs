@@ -20,7 +20,6 @@ use crate::graph::{DeviceEntry, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
-use crate::plan::holder_reason;
 use crate::scan::Scan;
 
 /// The agent's judgement of a device.
@@ -86,15 +85,6 @@ pub struct JudgeInput<'a> {
     pub api: Option<&'a ClusterView>,
 }
 
-/// A holder the teardown of a dead map can get rid of: a mount in another namespace (released),
-/// a process stuck in D state on the device (freed by `fail_if_no_path`), a kpartx partition map
-/// of it (removed first).
-pub fn releasable(h: &Holder, partitions: &[crate::model::DeviceName]) -> bool {
-    h.is_foreign_mount()
-        || (h.kind == HolderKind::OpenDevice && h.process_state == Some('D'))
-        || (h.kind == HolderKind::StackedDevice && h.device.as_ref().is_some_and(|d| partitions.contains(d)))
-}
-
 /// First look at a device: a final verdict, or a cleanup candidate (stale after the grace).
 enum Assessment {
     Final(Judgement),
@@ -138,7 +128,7 @@ fn assess(e: &DeviceEntry) -> Assessment {
         // A pod on this node uses it: never a cleanup candidate, whatever else is true.
         (Assessment::Candidate(_) | Assessment::Final(_), Some((true, why))) => {
             let mut reasons = vec![why];
-            reasons.extend(e.holders.iter().map(holder_reason));
+            reasons.extend(e.holders.iter().map(Holder::describe));
             fin(Verdict::InUse, reasons)
         }
         (Assessment::Candidate(text), Some((false, why))) => Assessment::Candidate(format!("{text}; {why}")),
@@ -159,15 +149,19 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
             return fin(Verdict::Unused, vec![format!("{name}: its table and status could not be read (no device-mapper control node), so its paths cannot be judged")]);
         }
         if m.active_paths > 0 {
-            let mut reasons: Vec<String> = e.holders.iter().map(holder_reason).collect();
+            let mut reasons: Vec<String> = e.holders.iter().map(Holder::describe).collect();
             reasons.push(format!(
                 "{name}: {} of {total} path(s) active: a map with an active path is never stale",
                 m.active_paths
             ));
             return fin(if e.holders.is_empty() { Verdict::Unused } else { Verdict::InUse }, reasons);
         }
-        let blocking: Vec<String> =
-            e.holders.iter().filter(|h| !releasable(h, &m.partitions)).map(holder_reason).collect();
+        let blocking: Vec<String> = e
+            .holders
+            .iter()
+            .filter(|h| !h.releasable_from_dead_map(&m.partitions))
+            .map(Holder::describe)
+            .collect();
         if !blocking.is_empty() {
             let mut reasons = blocking;
             reasons.push(format!("{name}: every path failed, but it is still in use"));
@@ -205,7 +199,7 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         if !e.holders.is_empty() {
-            return fin(Verdict::InUse, e.holders.iter().map(holder_reason).collect());
+            return fin(Verdict::InUse, e.holders.iter().map(Holder::describe).collect());
         }
         if sc.is_offline() {
             return Assessment::Candidate(format!(
@@ -227,14 +221,14 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
             (None, _) => "no server process recorded".to_owned(),
         };
         if !e.holders.is_empty() {
-            let mut reasons: Vec<String> = e.holders.iter().map(holder_reason).collect();
+            let mut reasons: Vec<String> = e.holders.iter().map(Holder::describe).collect();
             reasons.push(format!("{}: {server}", d.name));
             return fin(Verdict::InUse, reasons);
         }
         return Assessment::Candidate(format!("nothing holds {} for {{age}}; {server}", d.name));
     }
     if !e.holders.is_empty() {
-        let mut reasons: Vec<String> = e.holders.iter().map(holder_reason).collect();
+        let mut reasons: Vec<String> = e.holders.iter().map(Holder::describe).collect();
         if let Some(line) = e.rbd.as_ref().and_then(|r| r.fenced.as_ref()) {
             reasons.push(format!("fenced at the cluster ({line}): release its holders, then unmap it"));
         }

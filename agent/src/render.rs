@@ -10,7 +10,7 @@ use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::identity::Identity;
 use crate::model::DevNum;
 use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
-use crate::plan::{holder_reason, Plan};
+use crate::plan::Plan;
 use crate::policy::{Judgement, Verdict};
 use crate::scan::Scan;
 use crate::snapshot::ScanStats;
@@ -180,7 +180,7 @@ pub fn holder_line(h: &Holder) -> String {
                 _ => {}
             }
         }
-        _ => s.push_str(&holder_reason(h)),
+        _ => s.push_str(&h.describe()),
     }
     if let Some(c) = &h.container_id {
         let _ = write!(s, " container {}", &c[..c.len().min(13)]);

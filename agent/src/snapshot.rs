@@ -134,13 +134,15 @@ pub struct ScanOptions {
 
 impl Default for ScanOptions {
     fn default() -> Self {
-        let c = crate::config::Config::default();
         Self {
             reader: MountReader::Auto,
             kubelet_dir: kubelet::DEFAULT_KUBELET_DIR.into(),
             trust_unreadable_init: false,
-            protected_paths: c.protected_paths,
-            protected_devices: c.protected_devices,
+            protected_paths: crate::host::DEFAULT_PROTECTED_PATHS
+                .iter()
+                .map(std::path::PathBuf::from)
+                .collect(),
+            protected_devices: Vec::new(),
         }
     }
 }

@@ -117,7 +117,8 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let kind = prop_oneof![Just(Kind::Loop), Just(Kind::Rbd), Just(Kind::Nbd), Just(Kind::Map), Just(Kind::Disk)];
+    let kind =
+        prop_oneof![Just(Kind::Loop), Just(Kind::Rbd), Just(Kind::Nbd), Just(Kind::Map), Just(Kind::Disk)];
     let op = prop_oneof![4 => Just(Operation::Clean), 1 => Just(Operation::Release)];
     let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of((any::<bool>(), 1u32..3)));
     let hidden = proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open)]);
@@ -130,26 +131,38 @@ fn case() -> impl Strategy<Value = Case> {
         1 => Just(Api::PodUses),
         1 => Just(Api::Attached),
     ];
-    let observation = (prop_oneof![3 => 1u64..100, 1 => 100u64..400], prop::bool::weighted(0.1), prop::bool::weighted(0.1));
+    let observation =
+        (prop_oneof![3 => 1u64..100, 1 => 100u64..400], prop::bool::weighted(0.1), prop::bool::weighted(0.1));
     (
         (kind, op, proptest::collection::vec(seen, 0..3), hidden, prop::bool::weighted(0.1)),
-        (proptest::collection::vec(observation, 0..8), prop::bool::weighted(0.1), prop::bool::weighted(0.1), api),
+        (
+            proptest::collection::vec(observation, 0..8),
+            prop::bool::weighted(0.1),
+            prop::bool::weighted(0.1),
+            api,
+        ),
         (0usize..3, prop::bool::weighted(0.15), proptest::collection::vec(0usize..8, 0..2)),
     )
-        .prop_map(|((kind, op, holders, hidden, extra_blind), (history, protected, kubelet_pods, api), (paths_active, swap, failing))| Case {
-            kind,
-            op,
-            holders,
-            hidden,
-            extra_blind,
-            history,
-            protected,
-            kubelet_pods,
-            api,
-            paths_active,
-            swap,
-            failing,
-        })
+        .prop_map(
+            |(
+                (kind, op, holders, hidden, extra_blind),
+                (history, protected, kubelet_pods, api),
+                (paths_active, swap, failing),
+            )| Case {
+                kind,
+                op,
+                holders,
+                hidden,
+                extra_blind,
+                history,
+                protected,
+                kubelet_pods,
+                api,
+                paths_active,
+                swap,
+                failing,
+            },
+        )
 }
 
 /// One device of the simulated machine.
@@ -224,7 +237,13 @@ impl Machine {
             for (i, p) in ["sda", "sdb"].iter().enumerate() {
                 let mut h = Holder { device: Some(name("dm-0")), ..holder(50, (7, true, false, None)) };
                 h.kind = HolderKind::StackedDevice;
-                devs.push(Dev { name: name(p), devnum: DevNum::new(8, 16 * i as u32), seq: 10 + i as u64, holders: vec![h], gone: false });
+                devs.push(Dev {
+                    name: name(p),
+                    devnum: DevNum::new(8, 16 * i as u32),
+                    seq: 10 + i as u64,
+                    holders: vec![h],
+                    gone: false,
+                });
             }
         }
         Self {
@@ -260,7 +279,12 @@ impl Machine {
             size_bytes: 1 << 30,
             read_only: false,
             parent: None,
-            holders: d.holders.iter().filter(|h| h.kind == HolderKind::StackedDevice).filter_map(|h| h.device.clone()).collect(),
+            holders: d
+                .holders
+                .iter()
+                .filter(|h| h.kind == HolderKind::StackedDevice)
+                .filter_map(|h| h.device.clone())
+                .collect(),
             slaves: Vec::new(),
             loop_info: (kind == DeviceKind::Loop).then(|| LoopInfo {
                 backing_file: "/var/lib/images/v.img".into(),
@@ -316,12 +340,15 @@ impl Machine {
             transport_state: None,
             path_of: (i > 0 && !self.devs.borrow()[0].gone).then(|| name("dm-0")),
         });
-        let kubernetes = (i == 0 && (c.kubelet_pods || matches!(c.api, Api::PodUses | Api::Attached))).then(|| KubeOwner {
-            pv_names: vec!["pvc-1".into()],
-            pod_uids: if c.kubelet_pods { vec!["uid-1".into()] } else { Vec::new() },
-            paths: vec!["/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount".into()],
-            ..Default::default()
-        });
+        let kubernetes =
+            (i == 0 && (c.kubelet_pods || matches!(c.api, Api::PodUses | Api::Attached))).then(|| {
+                KubeOwner {
+                    pv_names: vec!["pvc-1".into()],
+                    pod_uids: if c.kubelet_pods { vec!["uid-1".into()] } else { Vec::new() },
+                    paths: vec!["/var/lib/kubelet/pods/uid-1/volumes/kubernetes.io~csi/pvc-1/mount".into()],
+                    ..Default::default()
+                }
+            });
         DeviceEntry {
             device,
             holders: d.holders.clone(),
@@ -439,7 +466,8 @@ impl World for Sim {
         if m.blind.get() || m.hidden.get() == Some(Hidden::Open) {
             blind_spots.push(BlindSpot::any("pid 999 (hidden) cannot be inspected"));
         }
-        let protected = if m.case.protected { devs.iter().map(|d| d.devnum).collect() } else { HashSet::new() };
+        let protected =
+            if m.case.protected { devs.iter().map(|d| d.devnum).collect() } else { HashSet::new() };
         Ok(Scan {
             graph: DeviceGraph { host_ns: HOST_NS, host_ns_unsure: None, devices },
             blind_spots,
@@ -456,7 +484,8 @@ impl World for Sim {
         let dev = m.devs.borrow().iter().find(|d| &d.name == device).cloned();
         let holders = dev.map(|d| d.holders).unwrap_or_default();
         let subject = *device == m.subject().name;
-        let fs = holders.iter().any(|h| h.kind == HolderKind::Mount) || (subject && m.hidden.get() == Some(Hidden::Claim));
+        let fs = holders.iter().any(|h| h.kind == HolderKind::Mount)
+            || (subject && m.hidden.get() == Some(Hidden::Claim));
         let offline_disk = m.case.kind == Kind::Disk || !subject;
         KernelWord {
             claim: if fs {
@@ -466,7 +495,11 @@ impl World for Sim {
             } else {
                 Claim::Unclaimed
             },
-            sysfs_holders: holders.iter().filter(|h| h.kind == HolderKind::StackedDevice).filter_map(|h| h.device.clone()).collect(),
+            sysfs_holders: holders
+                .iter()
+                .filter(|h| h.kind == HolderKind::StackedDevice)
+                .filter_map(|h| h.device.clone())
+                .collect(),
             live_filesystems: if fs { vec!["ext4 at /sys/fs/ext4/x".into()] } else { Vec::new() },
             loops_on_top: Vec::new(),
             dm_open_count: None,
@@ -491,12 +524,25 @@ impl World for Sim {
             pvc_names: vec!["data".into()],
             pv_names: vec!["pvc-1".into()],
         };
-        let va = VaInfo { name: "csi-1".into(), attacher: "x".into(), node: "node-a".into(), pv: Some("pvc-1".into()), attached: true };
+        let va = VaInfo {
+            name: "csi-1".into(),
+            attacher: "x".into(),
+            node: "node-a".into(),
+            pv: Some("pvc-1".into()),
+            attached: true,
+        };
         match self.0.case.api {
             Api::NotConfigured => None,
             Api::Vouches => Some(vouching),
-            Api::Unsynced => Some(ClusterView { synced: false, last_error: Some("pods: connection refused".into()), ..vouching }),
-            Api::Silent => Some(ClusterView { last_contact: Some(BootTime::from_since_boot(Duration::from_secs(1))), ..vouching }),
+            Api::Unsynced => Some(ClusterView {
+                synced: false,
+                last_error: Some("pods: connection refused".into()),
+                ..vouching
+            }),
+            Api::Silent => Some(ClusterView {
+                last_contact: Some(BootTime::from_since_boot(Duration::from_secs(1))),
+                ..vouching
+            }),
             Api::NoNode => Some(ClusterView { node_found: Some(false), ..vouching }),
             Api::PodUses => Some(ClusterView { pods_on_node: vec![pod], ..vouching }),
             Api::Attached => Some(ClusterView { volume_attachments: vec![va], ..vouching }),
@@ -511,7 +557,10 @@ impl World for Sim {
         let m = &self.0;
         if let Action::DetachMount { mount_id, .. } = &step.action {
             // The actuator's own check: the planned mount must still be there.
-            let present = m.devs.borrow().iter().any(|d| d.devnum == step.devnum && d.holders.iter().any(|h| h.mount_id == Some(*mount_id)));
+            let present =
+                m.devs.borrow().iter().any(|d| {
+                    d.devnum == step.devnum && d.holders.iter().any(|h| h.mount_id == Some(*mount_id))
+                });
             if !present {
                 return Ok(StepOutcome::AlreadyAbsent);
             }
@@ -520,7 +569,11 @@ impl World for Sim {
         m.runs.borrow_mut().push(step.clone());
         m.check(step);
         if m.failing.borrow().contains(&index) {
-            return Err(ActError::Syscall { device: step.device.clone(), op: "simulated", source: std::io::Error::other("simulated failure") });
+            return Err(ActError::Syscall {
+                device: step.device.clone(),
+                op: "simulated",
+                source: std::io::Error::other("simulated failure"),
+            });
         }
         m.apply(step);
         Ok(StepOutcome::Done)
@@ -541,7 +594,11 @@ impl Machine {
         };
         let i = devs.iter().position(|d| d.devnum == dev.devnum).unwrap_or(0);
         if Identity::of(&self.entry(dev, i)) != step.identity {
-            self.violation(format!("{} ran on {} although the device there changed identity", step.action(), step.device));
+            self.violation(format!(
+                "{} ran on {} although the device there changed identity",
+                step.action(),
+                step.device
+            ));
         }
         if c.protected {
             self.violation(format!("{} ran on a protected device", step.action()));
@@ -554,9 +611,9 @@ impl Machine {
         }
         if let Action::DetachMount { mount_id, .. } = &step.action {
             match dev.holders.iter().find(|h| h.mount_id == Some(*mount_id) && h.kind == HolderKind::Mount) {
-                Some(h) if !foreign_plain_mount(h, &dev.holders) => {
-                    self.violation(format!("a mount in the host's namespace or a copy of one was detached: {h:?}"))
-                }
+                Some(h) if !foreign_plain_mount(h, &dev.holders) => self.violation(format!(
+                    "a mount in the host's namespace or a copy of one was detached: {h:?}"
+                )),
                 _ => {}
             }
             return;
@@ -564,7 +621,11 @@ impl Machine {
         if i != 0 {
             // A path of a map: only once the map is gone.
             if !devs[0].gone {
-                self.violation(format!("{} on path {} while its map is still there", step.action(), step.device));
+                self.violation(format!(
+                    "{} on path {} while its map is still there",
+                    step.action(),
+                    step.device
+                ));
             }
             return;
         }
@@ -582,7 +643,9 @@ impl Machine {
             })
             .collect();
         let allowed = |h: &Holder| {
-            (stops_queueing && foreign_plain_mount(h, &dev.holders) && !released.contains(&h.mount_id.unwrap_or(0)))
+            (stops_queueing
+                && foreign_plain_mount(h, &dev.holders)
+                && !released.contains(&h.mount_id.unwrap_or(0)))
                 || (stuck_reader(h) && c.kind == Kind::Map)
         };
         if let Some(what) = self.held_beyond(allowed) {
@@ -590,7 +653,11 @@ impl Machine {
         }
         let stale = self.unheld_since().is_some_and(|since| self.now.get().since(since) >= GRACE);
         if !stale {
-            self.violation(format!("{} ran on {} before it was seen unheld, continuously, for the grace period", step.action(), step.device));
+            self.violation(format!(
+                "{} ran on {} before it was seen unheld, continuously, for the grace period",
+                step.action(),
+                step.device
+            ));
         }
     }
 
@@ -630,7 +697,10 @@ fn scratch() -> tempfile::TempDir {
 /// Runs one case; returns the violations the machine saw.
 fn run(c: &Case) -> Vec<String> {
     let machine = Rc::new(Machine::new(c));
-    let engine = Engine::new(Sim(Rc::clone(&machine)), Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() });
+    let engine = Engine::new(
+        Sim(Rc::clone(&machine)),
+        Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() },
+    );
     let mut clocks = Clocks::new(Some("boot".into()));
     // The history: observations by complete (or blind) scans, the device held at some.
     for &(gap, blind, held) in &c.history {
@@ -672,7 +742,11 @@ fn run(c: &Case) -> Vec<String> {
                 let finished = matches!(earlier.result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent));
                 let depends = !r.step.is_release() || !earlier.step.is_release();
                 if depends && !finished {
-                    machine.violation(format!("{} ran although {} before it did not finish", r.step.action(), earlier.step.action()));
+                    machine.violation(format!(
+                        "{} ran although {} before it did not finish",
+                        r.step.action(),
+                        earlier.step.action()
+                    ));
                 }
             }
         }
@@ -719,7 +793,10 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
     assert!(run(&base).is_empty());
     let count_runs = |c: &Case| -> usize {
         let machine = Rc::new(Machine::new(c));
-        let engine = Engine::new(Sim(Rc::clone(&machine)), Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() });
+        let engine = Engine::new(
+            Sim(Rc::clone(&machine)),
+            Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() },
+        );
         let mut clocks = Clocks::new(Some("boot".into()));
         for &(gap, _, _) in &c.history {
             machine.now.set(machine.now.get().after(Duration::from_secs(gap)));
@@ -728,7 +805,8 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         machine.now.set(machine.now.get().after(Duration::from_secs(30)));
         machine.hidden.set(c.hidden);
         machine.blind.set(c.extra_blind);
-        machine.devs.borrow_mut()[0].holders = c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
+        machine.devs.borrow_mut()[0].holders =
+            c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
         let (_, plan) = engine.plan_fresh(machine.subject().devnum, c.op, &mut clocks).expect("plan");
         let dir = scratch();
         let mut journal = Journal::open(&dir.path().join("j")).expect("journal");
@@ -737,14 +815,24 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         n
     };
     assert_eq!(count_runs(&base), 1, "a loop device unheld for 6 minutes is unbound");
-    let map = Case { kind: Kind::Map, holders: vec![(0, false, false, None), (1, false, true, None)], ..base.clone() };
+    let map = Case {
+        kind: Kind::Map,
+        holders: vec![(0, false, false, None), (1, false, true, None)],
+        ..base.clone()
+    };
     assert_eq!(count_runs(&map), 7, "fail_if_no_path, release, remove, then offline and delete both paths");
     for (what, c) in [
         ("hidden claim", Case { hidden: Some(Hidden::Claim), ..base.clone() }),
         ("blind scan", Case { extra_blind: true, ..base.clone() }),
         ("API silent", Case { api: Api::Silent, ..base.clone() }),
         ("no Node", Case { api: Api::NoNode, ..base.clone() }),
-        ("gap in observation", Case { history: vec![(60, false, false), (200, false, false), (60, false, false)], ..base.clone() }),
+        (
+            "gap in observation",
+            Case {
+                history: vec![(60, false, false), (200, false, false), (60, false, false)],
+                ..base.clone()
+            },
+        ),
     ] {
         assert_eq!(count_runs(&c), 0, "{what}: nothing may run");
     }

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::state::{DeviceView, View};
+use super::view::{DeviceView, View};
 
 /// Kinds of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

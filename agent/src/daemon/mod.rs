@@ -6,3 +6,4 @@ pub mod budget;
 pub mod events;
 pub mod state;
 pub mod triggers;
+pub mod view;

@@ -9,98 +9,29 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::{broadcast, Notify};
 
 use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
+pub use super::view::{DeviceView, View};
 use crate::act::StepReport;
-use crate::blindspot::BlindSpot;
 use crate::config::{Config, Mode};
 use crate::engine::world::LinuxWorld;
-use crate::engine::{Engine, EngineError, Judged, Operation};
+use crate::engine::{Engine, EngineError, Operation};
 use crate::grace::Clocks;
-use crate::graph::DeviceEntry;
 use crate::host::HostRoot;
-use crate::identity::Identity;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::model::{DevNum, MountNsId};
+use crate::model::DevNum;
 use crate::plan::Plan;
-use crate::policy::{Judgement, Verdict};
+use crate::policy::Verdict;
 use crate::resolve;
 use crate::scan::Target;
-use crate::snapshot::ScanStats;
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
-
-/// A device with its verdict.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceView {
-    pub entry: DeviceEntry,
-    pub judgement: Judgement,
-    pub identity: Identity,
-}
-
-/// The result of one scan.
-#[derive(Debug, Clone, Serialize)]
-pub struct View {
-    pub scan_number: u64,
-    pub scanned_at: Option<SystemTime>,
-    pub stats: ScanStats,
-    pub host_ns: MountNsId,
-    pub devices: Vec<DeviceView>,
-    pub warnings: Vec<String>,
-    pub blind_spots: Vec<BlindSpot>,
-    /// Whether the Kubernetes API vouched for the verdicts, in words.
-    pub api_state: String,
-}
-
-impl View {
-    fn empty() -> Self {
-        Self {
-            scan_number: 0,
-            scanned_at: None,
-            stats: ScanStats::default(),
-            host_ns: MountNsId(0),
-            devices: Vec::new(),
-            warnings: Vec::new(),
-            blind_spots: Vec::new(),
-            api_state: String::new(),
-        }
-    }
-
-    fn of(judged: Judged, scan_number: u64) -> Self {
-        let Judged { scan, mut verdicts, api_state, .. } = judged;
-        let devices = scan
-            .graph
-            .devices
-            .into_iter()
-            .map(|entry| {
-                let judgement = verdicts.remove(&entry.device.devnum).unwrap_or_else(|| Judgement {
-                    verdict: Verdict::Unused,
-                    reasons: Vec::new(),
-                    summary: String::new(),
-                });
-                let identity = Identity::of(&entry);
-                DeviceView { entry, judgement, identity }
-            })
-            .collect();
-        Self {
-            scan_number,
-            scanned_at: Some(SystemTime::now()),
-            stats: scan.stats,
-            host_ns: scan.graph.host_ns,
-            devices,
-            warnings: scan.warnings,
-            blind_spots: scan.blind_spots,
-            api_state,
-        }
-    }
-}
 
 /// Why a request failed; mapped to a gRPC status by the server.
 #[derive(Debug, thiserror::Error)]

@@ -14,7 +14,7 @@ use crate::graph::{DeviceEntry, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::HolderKind;
-use crate::plan::{holder_reason, Action, Plan, Step};
+use crate::plan::{Action, Plan, Step};
 use crate::scan::Scan;
 
 /// Why `step` must not run now (`None`: it may).
@@ -79,7 +79,8 @@ fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<
         HolderKind::StackedDevice if stops_queueing => h.device.as_ref().is_some_and(|d| removed.contains(d)),
         _ => false,
     };
-    let unexpected: Vec<String> = entry.holders.iter().filter(|h| !accounted(h)).map(holder_reason).collect();
+    let unexpected: Vec<String> =
+        entry.holders.iter().filter(|h| !accounted(h)).map(Holder::describe).collect();
     if unexpected.is_empty() {
         return None;
     }

@@ -6,10 +6,10 @@ use blockjanitor_proto::v1 as pb;
 
 use crate::act::StepReport;
 use crate::daemon::events::{AgentEvent, EventKind};
-use crate::daemon::state::DeviceView;
+use crate::daemon::view::DeviceView;
 use crate::graph::Holder;
 use crate::model::{DeviceKind, HolderKind, KernelText};
-use crate::plan::{holder_reason, Plan, Step};
+use crate::plan::{Plan, Step};
 use crate::policy::Verdict;
 
 pub fn secs(t: SystemTime) -> f64 {
@@ -77,7 +77,7 @@ pub fn holder(h: &Holder) -> pb::Holder {
         device: h.device.as_ref().map(|d| d.to_string()).unwrap_or_default(),
         fstype: escaped(&h.fstype),
         fds: h.fds.clone(),
-        description: holder_reason(h),
+        description: h.describe(),
     }
 }
 

@@ -1,0 +1,80 @@
+//! What the daemon knows after a scan: every device with its verdict and identity, the scan's
+//! figures, blind spots and the Kubernetes API's state. Plain data, replaced whole after each
+//! scan; the server, the event stream and the metrics read it.
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::blindspot::BlindSpot;
+use crate::engine::Judged;
+use crate::graph::DeviceEntry;
+use crate::identity::Identity;
+use crate::model::MountNsId;
+use crate::policy::{Judgement, Verdict};
+use crate::snapshot::ScanStats;
+
+/// A device with its verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceView {
+    pub entry: DeviceEntry,
+    pub judgement: Judgement,
+    pub identity: Identity,
+}
+
+/// The result of one scan.
+#[derive(Debug, Clone, Serialize)]
+pub struct View {
+    pub scan_number: u64,
+    pub scanned_at: Option<SystemTime>,
+    pub stats: ScanStats,
+    pub host_ns: MountNsId,
+    pub devices: Vec<DeviceView>,
+    pub warnings: Vec<String>,
+    pub blind_spots: Vec<BlindSpot>,
+    /// Whether the Kubernetes API vouched for the verdicts, in words.
+    pub api_state: String,
+}
+
+impl View {
+    pub(super) fn empty() -> Self {
+        Self {
+            scan_number: 0,
+            scanned_at: None,
+            stats: ScanStats::default(),
+            host_ns: MountNsId(0),
+            devices: Vec::new(),
+            warnings: Vec::new(),
+            blind_spots: Vec::new(),
+            api_state: String::new(),
+        }
+    }
+
+    pub(super) fn of(judged: Judged, scan_number: u64) -> Self {
+        let Judged { scan, mut verdicts, api_state, .. } = judged;
+        let devices = scan
+            .graph
+            .devices
+            .into_iter()
+            .map(|entry| {
+                let judgement = verdicts.remove(&entry.device.devnum).unwrap_or_else(|| Judgement {
+                    verdict: Verdict::Unused,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                });
+                let identity = Identity::of(&entry);
+                DeviceView { entry, judgement, identity }
+            })
+            .collect();
+        Self {
+            scan_number,
+            scanned_at: Some(SystemTime::now()),
+            stats: scan.stats,
+            host_ns: scan.graph.host_ns,
+            devices,
+            warnings: scan.warnings,
+            blind_spots: scan.blind_spots,
+            api_state,
+        }
+    }
+}
