@@ -309,6 +309,8 @@ pub fn node_value(n: &pb::Node) -> Value {
         "devices": n.devices,
         "warnings": n.warnings,
         "mode": n.mode,
+        "kubernetes": n.kubernetes,
+        "blind_spots": n.blind_spots,
     })
 }
 
@@ -353,6 +355,7 @@ pub fn device_value(d: &pb::Device) -> Value {
         "pv_names": d.pv_names,
         "pod_uids": d.pod_uids,
         "kubelet_paths": d.kubelet_paths,
+        "identity": d.identity,
     })
 }
 
@@ -377,6 +380,7 @@ pub fn plan_value(p: &pb::DevicePlan) -> Value {
         "steps": p.steps.iter().map(step_value).collect::<Vec<_>>(),
         "left_alone": p.left_alone,
         "refusal": p.refusal,
+        "identity": p.identity,
     })
 }
 
@@ -388,8 +392,11 @@ pub fn step_result_value(r: &pb::StepResult) -> Value {
     json!({ "step": r.step.as_ref().map(step_value), "result": r.result, "detail": r.detail })
 }
 
-pub fn apply_value(r: &pb::ApplyResponse) -> Value {
+/// What `apply` did; `planned` holds the plans shown before applying (none when the apply was
+/// bound to identities from an earlier plan).
+pub fn apply_value(planned: &[pb::DevicePlan], r: &pb::ApplyResponse) -> Value {
     json!({
+        "planned": planned.iter().map(plan_value).collect::<Vec<_>>(),
         "plans": r.plans.iter().map(plan_value).collect::<Vec<_>>(),
         "results": r.results.iter().map(step_result_value).collect::<Vec<_>>(),
     })
@@ -502,7 +509,8 @@ pub fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
-/// `node` as `key: value` lines; `now` is for the age of the last scan.
+/// `node` as `key: value` lines; `now` is for the age of the last scan. The warnings and the
+/// blind spots follow their counts, one line each.
 pub fn node_table(n: &pb::Node, now: f64) -> String {
     let last = if n.last_scan_unix_seconds > 0.0 {
         format!(
@@ -519,17 +527,24 @@ pub fn node_table(n: &pb::Node, now: f64) -> String {
         ("kernel", clean(&n.kernel)),
         ("agent version", clean(&n.agent_version)),
         ("mode", clean(&n.mode)),
+        (
+            "Kubernetes API",
+            if n.kubernetes.is_empty() { "not reported".into() } else { clean(&n.kubernetes) },
+        ),
         ("last scan", last),
         ("scans", n.scans.to_string()),
         ("devices", n.devices.to_string()),
-        ("warnings", if n.warnings.is_empty() { "none".into() } else { n.warnings.len().to_string() }),
     ];
     let mut out = String::new();
     for (k, v) in rows {
-        let _ = writeln!(out, "{:<15}{v}", format!("{k}:"));
+        let _ = writeln!(out, "{:<16}{v}", format!("{k}:"));
     }
-    for w in &n.warnings {
-        let _ = writeln!(out, "  - {}", clean(w));
+    for (k, list) in [("warnings", &n.warnings), ("blind spots", &n.blind_spots)] {
+        let count = if list.is_empty() { "none".into() } else { list.len().to_string() };
+        let _ = writeln!(out, "{:<16}{count}", format!("{k}:"));
+        for w in list {
+            let _ = writeln!(out, "  - {}", clean(w));
+        }
     }
     out
 }
@@ -635,7 +650,7 @@ fn holder_details(h: &pb::Holder) -> Vec<String> {
     if !h.mount_point.is_empty() && !desc.contains(&h.mount_point) {
         parts.push(format!("mount point {}", clean(&h.mount_point)));
     }
-    if !h.fstype.is_empty() {
+    if !h.fstype.is_empty() && !desc.contains(&format!("{} filesystem", h.fstype)) {
         parts.push(clean(&h.fstype));
     }
     if !h.container_id.is_empty() {
@@ -662,6 +677,9 @@ pub fn holder_line(h: &pb::Holder) -> String {
 /// holder, kernel threads as symptoms. `stack` adds what is stacked on and below it.
 pub fn device_table(d: &pb::Device, stack: bool) -> String {
     let mut out = format!("{}\n", device_header(d));
+    if !d.identity.is_empty() {
+        let _ = writeln!(out, "identity: {}", clean(&d.identity));
+    }
     if stack {
         if !d.stacked_on_top.is_empty() {
             let _ = writeln!(out, "stacked on top: {}", clean(&d.stacked_on_top.join(", ")));
@@ -721,6 +739,13 @@ fn plan_head(p: &pb::DevicePlan) -> String {
     }
 }
 
+/// The identity a plan was made for: what `apply --identity` takes back.
+fn identity_line(out: &mut String, p: &pb::DevicePlan) {
+    if !p.identity.is_empty() {
+        let _ = writeln!(out, "  identity: {}", clean(&p.identity));
+    }
+}
+
 fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
     for l in &p.left_alone {
         let _ = writeln!(out, "  left alone: {}", clean(l));
@@ -735,6 +760,7 @@ pub fn plans_table(r: &pb::PlanResponse, all_stale: bool) -> String {
     let mut out = String::new();
     for p in &r.plans {
         let _ = writeln!(out, "{}", plan_head(p));
+        identity_line(&mut out, p);
         if p.refusal.is_empty() {
             for (i, s) in p.steps.iter().enumerate() {
                 let _ = writeln!(out, "  {}. {}", i + 1, step_text(s));
@@ -743,6 +769,30 @@ pub fn plans_table(r: &pb::PlanResponse, all_stale: bool) -> String {
         left_alone_lines(&mut out, p);
     }
     out
+}
+
+/// The Apply request bound to what a Plan answered: its devices by kernel name, each with the
+/// identity it was planned for, so that the agent refuses (FailedPrecondition, naming both
+/// identities) a device whose number now stands for another kernel object.
+pub fn apply_bound_to(plans: &pb::PlanResponse) -> pb::ApplyRequest {
+    pb::ApplyRequest {
+        devices: plans.plans.iter().map(|p| p.device.clone()).collect(),
+        identities: plans.plans.iter().map(|p| p.identity.clone()).collect(),
+    }
+}
+
+/// The Apply request for devices planned earlier: one identity (`--identity`, as `plan -o json`
+/// printed it; "" for none) per device, in the same order.
+pub fn apply_with_identities(devices: &[String], identities: &[String]) -> Result<pb::ApplyRequest, String> {
+    if identities.len() != devices.len() {
+        let n = identities.len();
+        return Err(format!(
+            "{n} {} for {}: give one --identity per device, in the same order (\"\" for none)",
+            if n == 1 { "identity" } else { "identities" },
+            plural(devices.len(), "device")
+        ));
+    }
+    Ok(pb::ApplyRequest { devices: devices.to_vec(), identities: identities.to_vec() })
 }
 
 /// What `apply` did, counted.
@@ -861,6 +911,7 @@ pub fn apply_table(r: &pb::ApplyResponse) -> String {
     }
     for (p, results) in r.plans.iter().zip(&per_plan) {
         let _ = writeln!(out, "{}", plan_head(p));
+        identity_line(&mut out, p);
         for (i, (s, res)) in p.steps.iter().zip(results).enumerate() {
             let what = res.map_or_else(|| "not run".to_owned(), result_text);
             let _ = writeln!(out, "  {}. {} -> {what}", i + 1, step_text(s));
@@ -997,6 +1048,116 @@ mod tests {
     }
 
     #[test]
+    fn node_shows_the_kubernetes_api_and_blind_spots() {
+        let n = pb::Node {
+            name: "node-a".into(),
+            mode: "report".into(),
+            kubernetes: "cannot vouch: no Node named 'node-b' in the cluster: its pods cannot be told".into(),
+            blind_spots: vec![
+                "cannot read /proc/1/ns/mnt of pid 1 (could hide a holder of any device)".into(),
+                "dm tables\x1b[2J (could hide a holder of every dm device)".into(),
+            ],
+            warnings: vec!["w1".into()],
+            ..Default::default()
+        };
+        let t = node_table(&n, 0.0);
+        assert!(
+            t.contains("\nKubernetes API: cannot vouch: no Node named 'node-b' in the cluster: its pods cannot be told\n"),
+            "{t}"
+        );
+        assert!(t.contains("\nwarnings:       1\n  - w1\n"), "{t}");
+        assert!(
+            t.contains(
+                "\nblind spots:    2\n  - cannot read /proc/1/ns/mnt of pid 1 (could hide a holder of any device)\n  - dm tables\\u{1b}[2J (could hide"
+            ),
+            "{t}"
+        );
+        let v = node_value(&n);
+        assert_eq!(v["kubernetes"], n.kubernetes.as_str());
+        assert_eq!(v["blind_spots"][0], n.blind_spots[0].as_str());
+        assert_eq!(v["blind_spots"].as_array().map(Vec::len), Some(2));
+        let yaml = serde_yaml_ng::to_string(&v).expect("yaml");
+        assert!(yaml.contains("kubernetes: ") && yaml.contains("blind_spots:\n- "), "{yaml}");
+        let quiet = pb::Node { kubernetes: "vouching".into(), ..Default::default() };
+        let t = node_table(&quiet, 0.0);
+        assert!(t.contains("Kubernetes API: vouching\n") && t.contains("blind spots:    none\n"), "{t}");
+        assert!(node_table(&pb::Node::default(), 0.0).contains("Kubernetes API: not reported\n"));
+    }
+
+    #[test]
+    fn a_filesystem_holder_shows_its_kind_and_description() {
+        let mut d = loop_device();
+        d.verdict = pb::Verdict::Unknown as i32;
+        d.holders = vec![pb::Holder {
+            kind: pb::HolderKind::Filesystem as i32,
+            fstype: "ext4".into(),
+            path: "/sys/fs/ext4/loop3".into(),
+            description:
+                "a ext4 filesystem still lives on it with no mount in any namespace (/sys/fs/ext4/loop3)"
+                    .into(),
+            ..Default::default()
+        }];
+        let t = device_table(&d, true);
+        assert!(
+            t.contains("holders (1):\n  - filesystem: a ext4 filesystem still lives on it with no mount in any namespace (/sys/fs/ext4/loop3)\n"),
+            "{t}"
+        );
+        assert_eq!(device_value(&d)["holders"][0]["kind"], "filesystem");
+    }
+
+    #[test]
+    fn identities_are_shown_and_bind_apply_to_the_plan() {
+        let mut d = loop_device();
+        d.identity = "loop3@7:3#12;loop=8:1/77+0".into();
+        let t = device_table(&d, true);
+        assert!(
+            t.starts_with(
+                "loop3 (7:3, loop, 64.0M) backed by /var/lib/x.img\nidentity: loop3@7:3#12;loop=8:1/77+0\n"
+            ),
+            "{t}"
+        );
+        assert_eq!(device_value(&d)["identity"], "loop3@7:3#12;loop=8:1/77+0");
+        let plan = |dev: &str, id: &str| pb::DevicePlan {
+            device: dev.into(),
+            identity: id.into(),
+            steps: vec![pb::Step {
+                action: "detach_loop".into(),
+                device: dev.into(),
+                description: "detach".into(),
+            }],
+            ..Default::default()
+        };
+        let r = pb::PlanResponse {
+            plans: vec![plan("loop3", "loop3@7:3#12;a"), plan("loop4", "loop4@7:4#13;b")],
+        };
+        let t = plans_table(&r, false);
+        assert!(
+            t.starts_with("loop3: 1 step\n  identity: loop3@7:3#12;a\n  1. detach_loop: detach\n"),
+            "{t}"
+        );
+        assert_eq!(plans_value(&r)["plans"][1]["identity"], "loop4@7:4#13;b");
+        let req = apply_bound_to(&r);
+        assert_eq!(req.devices, ["loop3", "loop4"]);
+        assert_eq!(req.identities, ["loop3@7:3#12;a", "loop4@7:4#13;b"]);
+        let applied = pb::ApplyResponse { plans: vec![r.plans[0].clone()], results: vec![] };
+        assert!(apply_table(&applied).contains("\n  identity: loop3@7:3#12;a\n"));
+        let v = apply_value(&r.plans, &applied);
+        assert_eq!(v["planned"][1]["identity"], "loop4@7:4#13;b");
+        assert_eq!(v["plans"][0]["identity"], "loop3@7:3#12;a");
+        assert_eq!(apply_value(&[], &applied)["planned"], json!([]));
+
+        let devs = vec!["loop3".to_owned(), "/dev/loop4".to_owned()];
+        let req = apply_with_identities(&devs, &["x".into(), String::new()]).expect("one per device");
+        assert_eq!(req.devices, devs);
+        assert_eq!(req.identities, ["x", ""]);
+        let e = apply_with_identities(&devs, &["x".into()]).expect_err("too few");
+        assert_eq!(
+            e,
+            "1 identity for 2 devices: give one --identity per device, in the same order (\"\" for none)"
+        );
+    }
+
+    #[test]
     fn control_characters_are_escaped_in_tables() {
         let mut d = loop_device();
         d.holders[0].description = "evil\x1b[2Jname\n".into();
@@ -1074,6 +1235,13 @@ mod tests {
         assert_eq!(status_line(&Status::internal("")), "Internal: Internal error");
         let s = Status::unknown("h2 protocol error: error reading a body: error reading a body: broken pipe");
         assert_eq!(status_line(&s), "Unknown: h2 protocol error: error reading a body: broken pipe");
+        let s = Status::failed_precondition(
+            "loop3: the device changed since it was planned: planned for [loop3@7:3#12;loop=8:1/77+0], now [loop3@7:3#13;loop=8:1/78+0]; plan again",
+        );
+        assert_eq!(
+            status_line(&s),
+            "FailedPrecondition: loop3: the device changed since it was planned: planned for [loop3@7:3#12;loop=8:1/77+0], now [loop3@7:3#13;loop=8:1/78+0]; plan again"
+        );
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub struct Holder {
 }
 
 impl Holder {
-    fn bare(kind: HolderKind) -> Self {
+    pub(crate) fn bare(kind: HolderKind) -> Self {
         Self {
             kind,
             pids: Vec::new(),

@@ -389,3 +389,148 @@ fn weigh_api(j: Judgement, e: &DeviceEntry, input: &JudgeInput<'_>) -> Judgement
         ApiWord::NoUser(_) => j,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::discover::nbd::NbdDevice;
+    use crate::graph::DeviceGraph;
+    use crate::model::{BlockDevice, DeviceName, KernelText, MountNsId};
+    use crate::snapshot::ScanStats;
+
+    /// A qemu-nbd server whose command line carries a secret, as they do.
+    const CMDLINE: &str = "qemu-nbd --object secret,id=s0,data=SECRET --connect /dev/nbd0 /var/lib/vm.qcow2";
+
+    fn nbd0(server_alive: bool, holders: Vec<Holder>) -> DeviceEntry {
+        let name = DeviceName::new("nbd0").expect("name");
+        let devnum = DevNum::new(43, 0);
+        DeviceEntry {
+            device: BlockDevice {
+                name: name.clone(),
+                devnum,
+                kind: DeviceKind::Nbd,
+                size_bytes: 1 << 30,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(7),
+            },
+            holders,
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: Some(NbdDevice {
+                device: name,
+                devnum,
+                pid: Some(4242),
+                server_alive,
+                server_cmdline: Some(KernelText::from(CMDLINE)),
+                server_comm: Some(KernelText::from("qemu-nbd")),
+                backend: None,
+            }),
+            kubernetes: None,
+        }
+    }
+
+    /// The server holding the device node open, as qemu-nbd does.
+    fn server_holds_it() -> Holder {
+        let mut h = Holder::bare(HolderKind::OpenDevice);
+        h.pids = vec![4242];
+        h.pid_count = 1;
+        h.comm = Some(KernelText::from("qemu-nbd"));
+        h.cmdline = Some(KernelText::from(CMDLINE));
+        h.path = Some(KernelText::from("/dev/nbd0"));
+        h.fds = vec![9];
+        h
+    }
+
+    fn judge_alone(entry: DeviceEntry, grace: Duration) -> Judgement {
+        let devnum = entry.device.devnum;
+        let scan = Scan {
+            graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry] },
+            blind_spots: Vec::new(),
+            protected: HashSet::new(),
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
+            scope: None,
+        };
+        let mut clocks = Clocks::new(None);
+        let input = JudgeInput {
+            grace,
+            max_gap: Duration::from_secs(120),
+            now: BootTime::from_since_boot(Duration::from_secs(100)),
+            api: None,
+        };
+        judge(&scan, &mut clocks, &input).remove(&devnum).expect("nbd0 judged")
+    }
+
+    #[test]
+    fn command_lines_stay_out_of_reasons_and_summaries() {
+        let cases = [
+            ("stale, served", judge_alone(nbd0(true, Vec::new()), Duration::ZERO), Verdict::Stale),
+            (
+                "suspect, served",
+                judge_alone(nbd0(true, Vec::new()), Duration::from_secs(60)),
+                Verdict::Suspect,
+            ),
+            (
+                "in use by its server",
+                judge_alone(nbd0(true, vec![server_holds_it()]), Duration::ZERO),
+                Verdict::InUse,
+            ),
+        ];
+        for (what, j, verdict) in cases {
+            assert_eq!(j.verdict, verdict, "{what}: {j:?}");
+            for text in j.reasons.iter().chain([&j.summary]) {
+                assert!(
+                    !text.contains("SECRET") && !text.contains("--object"),
+                    "{what}: a command line in {text:?}"
+                );
+            }
+            // The server is named by its command name.
+            assert!(j.reasons.iter().any(|r| r.contains("qemu-nbd")), "{what}: {j:?}");
+            assert!(j.summary.contains("qemu-nbd") || verdict == Verdict::InUse, "{what}: {j:?}");
+        }
+    }
+
+    #[test]
+    fn a_stale_summary_has_no_age_and_stays_the_same_across_scans() {
+        let entry = nbd0(false, Vec::new());
+        let devnum = entry.device.devnum;
+        let scan = |at: u64| Scan {
+            graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry.clone()] },
+            blind_spots: Vec::new(),
+            protected: HashSet::new(),
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at: BootTime::from_since_boot(Duration::from_secs(at)),
+            scope: None,
+        };
+        let mut clocks = Clocks::new(None);
+        let mut summaries = Vec::new();
+        for at in [100, 103, 106] {
+            let input = JudgeInput {
+                grace: Duration::from_secs(2),
+                max_gap: Duration::from_secs(120),
+                now: BootTime::from_since_boot(Duration::from_secs(at)),
+                api: None,
+            };
+            let j = judge(&scan(at), &mut clocks, &input).remove(&devnum).expect("judged");
+            if at > 100 {
+                assert_eq!(j.verdict, Verdict::Stale, "{j:?}");
+                // The reasons carry the age; the summary does not.
+                assert!(j.reasons[0].contains(&format!("for {}s", at - 100)), "{j:?}");
+                summaries.push(j.summary);
+            }
+        }
+        assert!(!summaries[0].contains("for 3s"), "{summaries:?}");
+        assert_eq!(summaries[0], summaries[1], "the summary is what Events de-duplicate on");
+    }
+}

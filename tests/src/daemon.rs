@@ -33,9 +33,23 @@ impl Daemon {
     /// Like [`Daemon::start`], with global flags (`--root`...) placed before `serve`.
     /// [`crate::trust_init`] applies.
     pub fn start_with_global(dir: &Path, global: &[&str], args: &[&str]) -> Self {
+        Self::start_configured(dir, global, args, |_| {})
+    }
+
+    /// Like [`Daemon::start_with_global`], with `configure` applied to the command after
+    /// [`crate::trust_init`] (e.g. to remove [`crate::TRUST_INIT_ENV`] again).
+    pub fn start_configured(
+        dir: &Path,
+        global: &[&str],
+        args: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
         let socket = dir.join("agent.sock");
         let journal = dir.join("journal.jsonl");
-        let mut child = crate::trust_init(&mut Command::new(crate::agent_bin()))
+        let mut command = Command::new(crate::agent_bin());
+        crate::trust_init(&mut command);
+        configure(&mut command);
+        let mut child = command
             .args(global)
             .args(["--log-format", "json", "--journal"])
             .arg(&journal)

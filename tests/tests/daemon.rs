@@ -1,6 +1,9 @@
-//! End-to-end tests of `blockjanitor-agent serve`: real unix socket, real TCP with certificates
-//! made here, health, reflection, roles, bad requests, events on a real loop device, metrics,
-//! concurrency and graceful shutdown.
+//! End-to-end tests of `blockjanitor-agent serve` and `agentctl`: real unix socket, real TCP with
+//! certificates made here, health, reflection, roles, bad requests, events on a real loop device,
+//! metrics, concurrency and graceful shutdown; `agentctl apply` bound to the identities of the
+//! plan it showed (and refusing a reused loop number), holders' command lines kept from viewers,
+//! Node Events without ages that de-duplicate across scans, and `agentctl node` showing whether
+//! the Kubernetes API vouches and what the scan could not see.
 
 use std::time::Duration;
 
@@ -551,10 +554,319 @@ fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
         d.log_text()
     );
     assert!(holder.is_alive(), "no process is killed");
-    let journal = std::fs::read_to_string(s.path("journal.jsonl")).expect("journal");
-    assert!(journal.contains("detach_mount") && journal.contains("\"result\":\"done\""), "{journal}");
+    // The result is journaled right after the unmount returns.
+    let journal = || std::fs::read_to_string(s.path("journal.jsonl")).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let j = journal();
+            j.contains("detach_mount") && j.contains("\"result\":\"done\"")
+        }),
+        "{}",
+        journal()
+    );
     assert!(
         wait_until(Duration::from_secs(10), || !lo.is_bound()),
         "the loop device auto-cleared once released"
     );
+}
+
+/// Runs agentctl (as root: an operator) against the daemon on `socket`.
+fn agentctl(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(agent_bin().with_file_name("agentctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run agentctl")
+}
+
+/// Runs agentctl with `-o json`, asserting it succeeds; its stdout parsed.
+fn agentctl_json(socket: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let args: Vec<&str> = args.iter().copied().chain(["-o", "json"]).collect();
+    let out = agentctl(socket, &args);
+    assert!(out.status.success(), "agentctl {args:?}: {}{}", text(&out.stdout), text(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
+}
+
+/// The identity `agentctl plan DEVICE` answers for it.
+fn planned_identity(socket: &std::path::Path, device: &str) -> String {
+    let v = agentctl_json(socket, &["plan", device]);
+    let id = v["plans"][0]["identity"].as_str().unwrap_or_default().to_owned();
+    assert!(id.starts_with(&format!("{device}@")), "an identity for {device}: {v:#}");
+    id
+}
+
+/// An 8 MiB file to back a loop device.
+fn image(s: &Scratch, name: &str) -> std::path::PathBuf {
+    let img = s.path(name);
+    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    img
+}
+
+#[test]
+fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
+    let stale = |name: &str| {
+        assert!(
+            wait_until(Duration::from_secs(15), || device_verdict(&d.socket, name)
+                == Some(pb::Verdict::Stale as i32)),
+            "{name} never turned stale; log:\n{}",
+            d.log_text()
+        );
+    };
+
+    // agentctl plans, shows the plan with its identity, and applies bound to it.
+    let lo = LoopDev::attach(&image(&s, "first.img"));
+    let name = lo.name().to_owned();
+    stale(&name);
+    let identity = planned_identity(&d.socket, &name);
+    let shown = agentctl(&d.socket, &["device", &name]);
+    assert!(text(&shown.stdout).contains(&format!("\nidentity: {identity}\n")), "{}", text(&shown.stdout));
+    let out = agentctl(&d.socket, &["apply", &name, "--yes"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    let plan_at = stdout.find(&format!("{name}: 1 step\n  identity: {identity}\n  1. detach_loop: "));
+    let done_at = stdout.find(" -> done\n");
+    assert!(plan_at.is_some() && plan_at < done_at, "the plan, then what was done:\n{stdout}");
+    assert!(stdout.ends_with("1 done, 0 deferred, 0 failed\n"), "{stdout}");
+    assert!(!lo.is_bound(), "detached");
+    let journal = std::fs::read_to_string(s.path("journal.jsonl")).expect("journal");
+    assert!(journal.contains("detach_loop") && journal.contains(&name), "{journal}");
+
+    // The reuse race: planned, then the number is detached and attached to another file.
+    let old_img = image(&s, "planned.img");
+    let lo = LoopDev::attach(&old_img);
+    let name = lo.name().to_owned();
+    stale(&name);
+    let old = planned_identity(&d.socket, &name);
+    sh("losetup", &["-d", &lo.dev]);
+    let new_img = image(&s, "reused.img");
+    let new_path = new_img.to_str().expect("utf8");
+    // The detach completes on last close (a scan may hold it open a moment).
+    assert!(
+        wait_until(Duration::from_secs(5), || std::process::Command::new("losetup")
+            .args([lo.dev.as_str(), new_path])
+            .status()
+            .is_ok_and(|s| s.success())),
+        "cannot attach {} again",
+        lo.dev
+    );
+    let reused = LoopDev::adopt(&name, &new_img);
+    assert!(reused.is_bound());
+    let out = agentctl(&d.socket, &["apply", &name, "--yes", "--identity", &old]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "refused: {}{err}", text(&out.stdout));
+    let new = planned_identity(&d.socket, &name);
+    assert_ne!(new, old, "a new attach is a new identity");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.starts_with("error: FailedPrecondition: ")
+            && err.contains(&format!("[{old}]"))
+            && err.contains(&format!("[{new}]")),
+        "names both identities: {err}"
+    );
+    assert!(reused.is_bound(), "the device that replaced the planned one is left alone");
+    // Too few identities is the caller's mistake, said before anything is sent.
+    let out = agentctl(&d.socket, &["apply", &name, "loop0", "--yes", "--identity", &new]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("1 identity for 2 devices"), "{}", text(&out.stderr));
+    assert!(reused.is_bound());
+}
+
+/// A process that keeps `device` open with `marker` in its command line; killed on drop.
+struct OpenHolder(std::process::Child);
+
+impl OpenHolder {
+    fn spawn(device: &str, marker: &str) -> Self {
+        // `$0` is the marker; `read` waits on a pipe that never delivers.
+        let child = std::process::Command::new("sh")
+            .args(["-c", &format!("exec 3<{device}; read x"), marker])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn holder");
+        Self(child)
+    }
+}
+
+impl Drop for OpenHolder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn root_viewers_get_holders_without_command_lines() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = Daemon::start(s.dir.path(), &["--socket-group", "1", "--rescan-interval", "1"]);
+    let sock = d.socket.to_str().expect("utf8");
+    let lo = LoopDev::attach(&image(&s, "held.img"));
+    let name = lo.name().to_owned();
+    const MARKER: &str = "bj-holder-marker-6d1f";
+    let _holder = OpenHolder::spawn(&lo.dev, MARKER);
+    // Root (an operator) sees the holder's command line.
+    let mut root_view = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            root_view = agentctl_json(&d.socket, &["device", &name]);
+            root_view["holders"].as_array().is_some_and(|hs| {
+                hs.iter().any(|h| {
+                    h["kind"] == "open_device" && h["cmdline"].as_str().is_some_and(|c| c.contains(MARKER))
+                })
+            })
+        }),
+        "root never saw the holder's command line: {root_view:#}\nlog:\n{}",
+        d.log_text()
+    );
+    // A viewer sees the same holders, named by their command, with no command line anywhere.
+    for args in [
+        vec!["device", name.as_str(), "-o", "json"],
+        vec!["holders", name.as_str(), "-o", "yaml"],
+        vec!["devices", "-o", "json"],
+        vec!["device", name.as_str()],
+    ] {
+        let out = agentctl_as_nobody("1", &[&["--socket", sock][..], &args].concat());
+        let stdout = text(&out.stdout);
+        assert!(out.status.success(), "viewer {args:?}: {}", text(&out.stderr));
+        assert!(!stdout.contains(MARKER), "viewer {args:?} got a command line:\n{stdout}");
+    }
+    let out = agentctl_as_nobody("1", &["--socket", sock, "device", &name, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let holders = v["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), root_view["holders"].as_array().map_or(0, Vec::len), "{v:#}");
+    assert!(holders.iter().all(|h| h["cmdline"] == ""), "{v:#}");
+    assert!(holders.iter().any(|h| h["kind"] == "open_device" && h["comm"] == "sh"), "{v:#}");
+}
+
+/// Whether an Event message says how long something has lasted (`for 0s`, `for 3m`).
+fn says_an_age(message: &str) -> bool {
+    message.split("for ").skip(1).any(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+}
+
+#[test]
+fn root_events_hold_no_age_and_de_duplicate_across_scans() {
+    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let rt = rt();
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let s = Scratch::new();
+    let url = server.url();
+    let d = Daemon::start(
+        s.dir.path(),
+        &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
+    );
+    let lo = LoopDev::attach(&image(&s, "reported.img"));
+    let name = lo.name().to_owned();
+    let stale_events = || -> Vec<String> {
+        server
+            .requests()
+            .iter()
+            .filter(|r| {
+                r.method == hyper::Method::POST
+                    && r.path.ends_with("/events")
+                    && r.body["reason"] == "StaleBlockDevice"
+            })
+            .filter_map(|r| r.body["message"].as_str().map(str::to_owned))
+            .filter(|m| m.starts_with(&format!("{name}:")))
+            .collect()
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || !stale_events().is_empty()),
+        "no StaleBlockDevice event for {name}; log:\n{}",
+        d.log_text()
+    );
+    let scans = || {
+        rt.block_on(async {
+            unix_client(&d.socket)
+                .await
+                .get_node(pb::GetNodeRequest {})
+                .await
+                .expect("node")
+                .into_inner()
+                .scans
+        })
+    };
+    // Three more scans (about 4 s at one a second; longer on a loaded machine).
+    let before = scans();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(wait_until(Duration::from_secs(20), || scans() >= before + 3), "three more scans");
+    assert_eq!(device_verdict(&d.socket, &name), Some(pb::Verdict::Stale as i32), "still stale");
+    let events = stale_events();
+    assert_eq!(events.len(), 1, "one Event over several scans: {events:#?}");
+    assert!(!says_an_age(&events[0]), "no age in {:?}", events[0]);
+    assert!(events[0].contains("stale"), "{:?}", events[0]);
+    drop(d);
+    drop(rt);
+}
+
+#[test]
+fn root_agentctl_node_shows_the_kubernetes_api_and_blind_spots() {
+    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer};
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let rt = rt();
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let s = Scratch::new();
+    let url = server.url();
+    // No Node by this name in the cluster (the mock answers 404), and PID 1 is not trusted.
+    let d = Daemon::start_configured(
+        s.dir.path(),
+        &[],
+        &["--kube-url", &url, "--node-name", "node-zz", "--rescan-interval", "1"],
+        |c| {
+            c.env_remove(TRUST_INIT_ENV);
+        },
+    );
+    let want = "cannot vouch: no Node named 'node-zz' in the cluster";
+    let mut node = serde_json::Value::Null;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            node = agentctl_json(&d.socket, &["node"]);
+            node["kubernetes"].as_str().is_some_and(|k| k.starts_with(want))
+        }),
+        "the Kubernetes line: {node:#}\nlog:\n{}",
+        d.log_text()
+    );
+    let spots: Vec<String> = node["blind_spots"]
+        .as_array()
+        .expect("blind_spots")
+        .iter()
+        .map(|b| b.as_str().unwrap_or_default().to_owned())
+        .collect();
+    let out = agentctl(&d.socket, &["node"]);
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(table.contains(&format!("\nKubernetes API: {want}")), "{table}");
+    let yaml = text(&agentctl(&d.socket, &["node", "-o", "yaml"]).stdout);
+    // (YAML quotes the value, doubling its single quotes.)
+    assert!(yaml.contains("\nkubernetes: 'cannot vouch: no Node named ''node-zz'' in the cluster"), "{yaml}");
+    if pid1_uninspectable() {
+        let pid1 = spots.iter().find(|b| b.contains("pid 1 (")).unwrap_or_else(|| {
+            panic!("PID 1 is not inspectable here and not trusted: a blind spot names it: {node:#}")
+        });
+        assert!(pid1.contains("could hide a holder of any device"), "{pid1}");
+        assert!(table.contains(&format!("\nblind spots:    {}\n", spots.len())), "{table}");
+        assert!(table.contains(&format!("\n  - {pid1}\n")), "{table}");
+        assert!(yaml.contains("blind_spots:\n- ") && yaml.contains("pid 1 ("), "{yaml}");
+    } else {
+        assert!(table.contains("\nblind spots:    none\n"), "{table}");
+    }
+    drop(d);
+    drop(rt);
 }

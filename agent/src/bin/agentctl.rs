@@ -1,6 +1,9 @@
 //! `agentctl`: talk to the blockjanitor agent on this node (unix socket) or on another node (TCP
-//! with mutual TLS). Parses flags, makes one call (or watches), prints. Exit codes: 0 ok, 1
-//! error, 2 not carried out (no --yes, a plan refused, a step deferred).
+//! with mutual TLS). Parses flags, makes one call (`apply --yes`: a Plan, shown, then the Apply
+//! bound to the identities it answered; `watch`: a stream), prints; the formatting is in
+//! [`blockjanitor::client`]. Exit codes: 0 ok, 1 error (the agent refused the call, e.g. a
+//! device changed since it was planned), 2 not carried out (no --yes, a plan refused, a step
+//! deferred).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -35,7 +38,7 @@ changes anything.",
     after_help = "EXAMPLES:\n  agentctl node\n  agentctl devices --stale\n  agentctl devices --kind loop -o yaml\n  \
 agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
 agentctl apply loop3                   # show the plan, change nothing\n  \
-agentctl apply loop3 --yes             # carry it out\n  agentctl watch -o json\n  \
+agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  agentctl watch -o json\n  \
 agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
 agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
 EXIT CODES:\n  0  ok\n  1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
@@ -84,9 +87,16 @@ enum Output {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// This node and its agent: name, kernel, version, last scan, warnings.
-    #[command(after_help = "EXAMPLES:\n  agentctl node\n  agentctl node -o json\n  \
-agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT CODES:\n  0  ok\n  1  error")]
+    /// This node and its agent: name, kernel, version, whether the Kubernetes API vouches, last
+    /// scan, warnings and blind spots.
+    #[command(
+        long_about = "This node and its agent: name, kernel, agent version, mode, whether the Kubernetes API \
+vouches for the verdicts (`vouching`, `not configured`, or `cannot vouch: <why>`), the last scan, its warnings, \
+and its blind spots: what the scan could not see. A cleanup candidate a blind spot could hide a holder of is \
+`unknown`, never `stale`.",
+        after_help = "EXAMPLES:\n  agentctl node\n  agentctl node -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT CODES:\n  0  ok\n  1  error"
+    )]
     Node,
     /// Block devices from the agent's latest scan with their verdicts, optionally filtered.
     #[command(
@@ -107,9 +117,10 @@ EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
         #[arg(long)]
         stale: bool,
     },
-    /// One device: its stack, its verdict with every reason, and who holds it.
+    /// One device: its identity, its stack, its verdict with every reason, and who holds it.
     #[command(
-        long_about = "One device: what it is and what is stacked on or below it, its verdict with every reason, \
+        long_about = "One device: what it is, its kernel identity (what its number stands for now), what is \
+stacked on or below it, its verdict with every reason, \
 and one line per holder (mounts in every mount namespace, open fds, working directories, memory maps, swap, \
 stacked devices, loop devices backed by it). Kernel threads named after it are shown as symptoms, not holders.\n\n\
 DEVICE is a kernel name (loop3), a /dev path, a dm name or MAJ:MIN.",
@@ -135,9 +146,11 @@ EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
     /// The steps that would clean the given devices (default: every stale one). Changes nothing.
     #[command(
         long_about = "The ordered steps that would clean the given devices, planned by the agent from a fresh \
-scan: detach mounts in other mount namespaces (detach_mount), then detach unheld loop devices (detach_loop). \
-Shows what each plan leaves alone and why, and why a plan is refused. Changes nothing.\n\nWith no DEVICE: every \
-device whose verdict is stale.",
+scan: detach mounts in other mount namespaces (detach_mount), then tear the device down by its kind \
+(detach_loop, nbd_disconnect, rbd_unmap, dm_message and dm_remove, scsi_offline and scsi_delete). Shows the \
+identity each plan was made for, what it leaves alone and why, and why a plan is refused. Changes \
+nothing.\n\nWith no DEVICE: every device whose verdict is stale. A script that applies later passes each plan's \
+`identity` (JSON) to `apply --identity`.",
         after_help = "EXAMPLES:\n  agentctl plan\n  agentctl plan loop3 rbd0\n  agentctl plan loop3 -o json\n\n\
 EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
     )]
@@ -147,12 +160,21 @@ EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
     },
     /// Carry out the plans for the given devices; without --yes only show them.
     #[command(
-        long_about = "Carry out the plans for the given devices. The agent re-plans each device from a fresh \
-scan, re-checks every step right before it runs, and journals and audits it. Needs the operator role (root on \
-the socket, or an operator certificate).\n\nWithout --yes, shows the plan and changes nothing.",
+        long_about = "Carry out the plans for the given devices. With --yes, agentctl asks the agent for the \
+plans, shows them, and applies them bound to the identities they were made for: if a device number now \
+stands for another kernel object (a loop device detached and attached to another file, an nbd index or rbd \
+id reused), the agent refuses with FailedPrecondition naming both identities, and nothing is done. The agent \
+re-plans each device from a fresh scan, re-checks every step right before it runs, and journals and audits \
+it. Needs the operator role (root on the socket, or an operator certificate).\n\nWith --identity (one per \
+device, in the same order, as `agentctl plan -o json` printed them), the apply is bound to that earlier plan \
+instead and no plan is asked for.\n\nWithout --yes, shows the plans and changes nothing.",
         after_help = "EXAMPLES:\n  agentctl apply loop3                 # show the plan, change nothing\n  \
-agentctl apply loop3 --yes\n  agentctl apply loop3 loop4 --yes -o json\n\n\
-EXIT CODES:\n  0  every step done (or already absent)\n  1  error, or a step failed\n  \
+agentctl apply loop3 --yes           # plan, show it, carry out exactly that\n  \
+agentctl apply loop3 loop4 --yes -o json\n  \
+id=$(agentctl plan loop3 -o json | jq -r '.plans[0].identity')\n  \
+agentctl apply loop3 --yes --identity \"$id\"\n\n\
+EXIT CODES:\n  0  every step done (or already absent)\n  \
+1  error (e.g. FailedPrecondition: the device changed since it was planned), or a step failed\n  \
 2  not carried out: no --yes, a plan was refused, or a step was deferred"
     )]
     Apply {
@@ -162,6 +184,10 @@ EXIT CODES:\n  0  every step done (or already absent)\n  1  error, or a step fai
         /// Carry out the plans (without it: show them only).
         #[arg(long)]
         yes: bool,
+        /// The identity an earlier plan was made for, one per device in the same order ("" for
+        /// none): the agent refuses a device that is now another one. Repeatable; needs --yes.
+        #[arg(long = "identity", value_name = "TOKEN", requires = "yes")]
+        identities: Vec<String>,
     },
     /// Stream what changes (devices, holders, verdicts, actions) until Ctrl-C or the agent stops.
     #[command(
@@ -336,17 +362,35 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             )?)?;
             Ok(0)
         }
-        Command::Apply { devices, yes: false } => {
+        Command::Apply { devices, yes: false, .. } => {
             let r = pb::PlanRequest { devices: devices.clone() };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || client::plans_value(&r), || client::plans_table(&r, false))?)?;
             eprintln!("not applied: add --yes to carry it out");
             Ok(EXIT_NOT_DONE)
         }
-        Command::Apply { devices, yes: true } => {
-            let r = pb::ApplyRequest { devices: devices.clone(), ..Default::default() };
-            let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || client::apply_value(&r), || client::apply_table(&r))?)?;
+        Command::Apply { devices, yes: true, identities } => {
+            // Bound to identities: from --identity (planned earlier), else from a plan shown now.
+            let (planned, request) = if identities.is_empty() {
+                let r = pb::PlanRequest { devices: devices.clone() };
+                let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+                if out == Output::Table {
+                    write_out(&format!("{}\n", client::plans_table(&r, false)))?;
+                }
+                if r.plans.is_empty() {
+                    eprintln!("not applied: nothing was planned");
+                    return Ok(EXIT_NOT_DONE);
+                }
+                let request = client::apply_bound_to(&r);
+                (r.plans, request)
+            } else {
+                let request =
+                    client::apply_with_identities(devices, identities).map_err(anyhow::Error::msg)?;
+                (Vec::new(), request)
+            };
+            let r =
+                client::call(timeout, c.apply(client::request(request, timeout))).await.map_err(status)?;
+            write_out(&render(out, || client::apply_value(&planned, &r), || client::apply_table(&r))?)?;
             Ok(client::apply_summary(&r).exit_code())
         }
         Command::Watch => watch(&mut c, timeout, out).await,
@@ -426,6 +470,18 @@ mod tests {
     fn apply_needs_devices_and_timeout_is_bounded() {
         assert!(parse(&["apply"]).is_err());
         assert!(parse(&["apply", "loop3", "--yes"]).is_ok());
+        // --identity binds an apply to an earlier plan: repeatable, may be "", needs --yes.
+        let cli =
+            parse(&["apply", "loop3", "loop4", "--yes", "--identity", "a", "--identity", ""]).expect("parse");
+        match cli.command {
+            Command::Apply { devices, yes, identities } => {
+                assert_eq!(devices, ["loop3", "loop4"]);
+                assert!(yes);
+                assert_eq!(identities, ["a", ""]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(parse(&["apply", "loop3", "--identity", "a"]).is_err(), "--identity without --yes");
         assert!(parse(&["--timeout", "0", "node"]).is_err());
         assert!(parse(&["node", "--timeout", "5"]).is_ok());
     }
