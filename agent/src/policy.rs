@@ -333,10 +333,11 @@ fn candidate(
     if let Some(blind) = gates::completeness(e, &scan.blind_spots) {
         // Not a complete observation: the clock cannot go on.
         clocks.forget(&id);
+        // Why it is unknown comes first: it is what an operator looks for.
         return Judgement {
             verdict: Verdict::Unknown,
-            summary: format!("{timeless}; {blind}"),
-            reasons: vec![timeless, blind],
+            summary: format!("{blind}; {timeless}"),
+            reasons: vec![blind, timeless],
         };
     }
     let (since, restarted) = clocks.observe(&id, input.now, input.max_gap);
@@ -369,11 +370,14 @@ fn weigh_api(j: Judgement, e: &DeviceEntry, input: &JudgeInput<'_>) -> Judgement
         ApiWord::NotConfigured => j,
         word @ ApiWord::CannotVouch(_) => {
             let why = word.refusal().unwrap_or_default();
-            let mut reasons = j.reasons;
-            reasons.push(why.clone());
             if candidate {
-                Judgement { verdict: Verdict::Unknown, summary: format!("{}; {why}", j.summary), reasons }
+                // Why it is unknown comes first.
+                let mut reasons = vec![why.clone()];
+                reasons.extend(j.reasons);
+                Judgement { verdict: Verdict::Unknown, summary: format!("{why}; {}", j.summary), reasons }
             } else {
+                let mut reasons = j.reasons;
+                reasons.push(why);
                 Judgement { verdict: j.verdict, summary: j.summary, reasons }
             }
         }

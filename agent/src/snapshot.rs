@@ -229,10 +229,15 @@ impl Snapshot {
         let live = host.is_live();
         let nsfs_dev =
             if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
-        let scan =
-            namespaces::read_mounts(host, &mut ns_map, Wanted { targets: &targets, nsfs_dev }, reader)?;
+        let scan = namespaces::read_mounts(host, &mut ns_map, Wanted { targets: &targets, nsfs_dev }, reader);
         for (_, devnum, why) in &scan.hidden {
             blind.push(hidden_mount(*devnum, why, &devices, &live_fs));
+        }
+        for (ns, e) in &scan.unreadable {
+            blind.push(BlindSpot::any(format!(
+                "the mount table of mount namespace {} cannot be read: {e}",
+                ns.0
+            )));
         }
         let mut mounts = scan.mounts;
         let via_statmount = scan.via_statmount;

@@ -795,3 +795,94 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
     let v = holders(&s, &lo.dev, &["--grace-period", "0"]);
     assert_eq!(v["verdict"], "stale", "{v:#}");
 }
+
+/// A holder whose only task is chrooted: its mountinfo shows only what lies under its root, so
+/// the mount outside it is invisible there. The namespace is read by entering it, and the mount
+/// is released from the namespace's root.
+#[test]
+fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
+    if !require_real_kernel(&[TOOLS, &["chroot"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let mnt = s.mkdir("mnt");
+    let jail = s.mkdir("jail");
+    let img = s.ext4_image("vol.img", 32);
+    let lo = LoopDev::attach(&img);
+    let host_mount = HostMount::new(&lo.dev, &mnt, &[]);
+    // In its own namespace: bind the system into the jail, then chroot there. The loop mount at
+    // `mnt` lies outside the jail.
+    let script = format!(
+        "set -e; for d in usr bin lib lib64; do [ -e /$d ] || continue; mkdir -p {j}/$d; mount --bind /$d {j}/$d; done; exec chroot {j} sleep 1000",
+        j = utf8(&jail)
+    );
+    let holder = ns_process("private", &script);
+    let pid = holder.pid();
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/root"))
+            .is_ok_and(|r| r.as_os_str() != "/")),
+        "the holder never chrooted"
+    );
+    host_mount.umount();
+    assert!(jbd2_alive(lo.name()), "the holder's namespace keeps the filesystem");
+    assert!(mountinfo_line(&pid.to_string(), &mnt).is_none(), "its own mountinfo hides the mount");
+    for reader in ["auto", "mountinfo"] {
+        let v = holders(&s, &lo.dev, &["--mount-reader", reader]);
+        let mounts = holders_of_kind(&v, "mount");
+        assert_eq!(mounts.len(), 1, "{reader}: the mount outside the jail is found: {v:#}");
+        assert_eq!(mounts[0]["mount_point"], utf8(&mnt), "relative to the namespace's root: {v:#}");
+        assert_eq!(mounts[0]["namespace_entry"]["via"], "task_namespace", "{v:#}");
+        assert_eq!(v["verdict"], "in_use", "{v:#}");
+    }
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["release", &lo.dev, "--apply"]));
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())),
+        "released: the filesystem is gone"
+    );
+    let mut holder = holder;
+    assert!(holder.is_alive(), "no process is killed");
+}
+
+/// Gotcha 17: an overlay whose upper directory lives on a filesystem keeps that filesystem alive
+/// after it is unmounted everywhere. No mount table shows the device; the kernel does
+/// (/sys/fs/ext4/<dev>, its journal thread, its exclusive claim): in use, never cleaned.
+#[test]
+fn root_a_filesystem_kept_alive_by_an_overlay_is_in_use() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let (lower, ov, fsmnt) = (s.mkdir("lower"), s.mkdir("ov"), s.mkdir("fs"));
+    let lo = LoopDev::attach(&s.ext4_image("upper.img", 32));
+    let fs = HostMount::new(&lo.dev, &fsmnt, &[]);
+    for d in ["upper", "work"] {
+        std::fs::create_dir(fsmnt.join(d)).expect("mkdir");
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        utf8(&lower),
+        utf8(&fsmnt.join("upper")),
+        utf8(&fsmnt.join("work"))
+    );
+    let overlay = HostMount::new("overlay", &ov, &["-t", "overlay", "-o", &opts]);
+    sh("umount", &["-l", utf8(&fsmnt)]);
+    drop(fs);
+    assert!(mountinfo_line("self", &fsmnt).is_none(), "no mount of the device is left");
+    assert!(Path::new("/sys/fs/ext4").join(lo.name()).exists(), "but the kernel keeps its filesystem");
+    let v = holders(&s, &lo.dev, &["--grace-period", "0"]);
+    assert_eq!(v["verdict"], "in_use", "{v:#}");
+    let fsh = holders_of_kind(&v, "filesystem");
+    assert_eq!(fsh.len(), 1, "{v:#}");
+    assert_eq!(fsh[0]["fstype"], "ext4");
+    let f = files(&s);
+    let out = agent(&with_files(&f, &["--grace-period", "0", "clean", &lo.dev, "--apply"]));
+    assert_eq!(out.status.code(), Some(2), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(text(&out.stdout).contains("filesystem still lives on it"), "{}", text(&out.stdout));
+    assert!(lo.is_bound(), "the loop device stays bound");
+    assert!(intents(&s, "detach_loop").is_empty(), "{}", journal_text(&s));
+    drop(overlay);
+}

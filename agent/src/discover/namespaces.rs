@@ -187,15 +187,20 @@ pub struct MountScan {
     pub via_statmount: usize,
     /// Wanted mounts `statmount` saw that no mountinfo text showed: `(namespace, device, why)`.
     pub hidden: Vec<(MountNsId, DevNum, String)>,
+    /// Namespaces whose table could not be read or made no sense (the error names the file and
+    /// line): their mounts are not seen.
+    pub unreadable: Vec<(MountNsId, DiscoverError)>,
 }
 
-/// Reads one mountinfo per namespace (in parallel) and keeps the mounts `wanted` asks for.
+/// Reads one mountinfo per namespace (in parallel) and keeps the mounts `wanted` asks for. A
+/// namespace whose table cannot be read is reported in [`MountScan::unreadable`]; the others
+/// are still read.
 pub fn read_mounts(
     host: &HostRoot,
     namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
     wanted: Wanted<'_>,
     reader: MountReader,
-) -> Result<MountScan, DiscoverError> {
+) -> MountScan {
     let list: Vec<&MountNamespace> = namespaces.values().filter(|n| !n.tasks.is_empty()).collect();
     let live = host.is_live();
     let use_api = reader == MountReader::Auto && live;
@@ -203,8 +208,16 @@ pub fn read_mounts(
     let known: HashSet<MountNsId> = namespaces.keys().copied().collect();
     let mut scan = MountScan::default();
     let mut seen_pins = HashSet::new();
-    for r in results {
-        let Some(one) = r? else { continue };
+    let ids: Vec<MountNsId> = list.iter().map(|n| n.id).collect();
+    for (ns, r) in ids.into_iter().zip(results) {
+        let one = match r {
+            Ok(Some(one)) => one,
+            Ok(None) => continue,
+            Err(e) => {
+                scan.unreadable.push((ns, e));
+                continue;
+            }
+        };
         if one.bytes == 0 {
             scan.via_statmount += 1;
         }
@@ -235,7 +248,7 @@ pub fn read_mounts(
             }
         }
     }
-    Ok(scan)
+    scan
 }
 
 struct OneNs {
