@@ -5,7 +5,9 @@
 # pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; prometheus for
 # promtool; the guest and Ceph tests install qemu and ceph themselves). Then it checks formatting
 # and lints, builds the binaries the integration tests run, and runs every test: unit, fixture
-# trees, real-kernel (`root_*`), guest (`root_guest_*`), Ceph (`root_ceph_*`) and property tests. Real-kernel tests fail loudly when a
+# trees, real-kernel (`root_*`), guest (`root_guest_*`), Ceph (`root_ceph_*`) and property tests
+# (the safety property over 100,000 cases), then the mutation check of that property (each gate
+# of the engine removed in turn must make it fail). Real-kernel tests fail loudly when a
 # prerequisite is missing and CI=true; elsewhere they print SKIPPED and the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,3 +30,5 @@ echo "== build"
 cargo build --locked --workspace --bins
 echo "== tests"
 cargo test --locked --workspace
+echo "== mutation check of the safety property"
+scripts/mutation-check.sh
