@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +37,9 @@ pub struct Clocks {
     clocks: HashMap<Identity, Clock>,
     /// Why the clocks loaded from a file were dropped, said once in the next restart reason.
     load_note: Option<String>,
+    /// The file the clocks were loaded from, and what it held: saving them unchanged to it is a
+    /// no-op.
+    on_disk: Option<(PathBuf, HashMap<Identity, Clock>)>,
 }
 
 /// The saved form.
@@ -56,7 +59,7 @@ struct SavedClock {
 impl Clocks {
     /// No clocks yet, for the boot `boot_id` (`None`: unknown, so nothing saved is ever trusted).
     pub fn new(boot_id: Option<String>) -> Self {
-        Self { boot_id, clocks: HashMap::new(), load_note: None }
+        Self { boot_id, clocks: HashMap::new(), load_note: None, on_disk: None }
     }
 
     /// The clocks a previous run saved, if they belong to this boot. A missing file starts
@@ -82,6 +85,7 @@ impl Clocks {
         match (&saved.boot_id, &me.boot_id) {
             (Some(then), Some(now)) if then == now => {
                 me.clocks = saved.clocks.into_iter().map(|c| (c.identity, c.clock)).collect();
+                me.on_disk = Some((path.to_owned(), me.clocks.clone()));
             }
             (then, now) => {
                 me.load_note = Some(format!(
@@ -97,7 +101,13 @@ impl Clocks {
 
     /// Saves the clocks: a temporary file written and fsync'd, renamed over the old one, and the
     /// directory fsync'd, so a crash leaves the old file or the new one, never half of one.
+    /// Clocks unchanged since they were loaded from `path` are not written again.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        // A run that changed no clock (`holders` of a held device, say) leaves the file as it
+        // is: rewriting it costs two fsyncs, tens of milliseconds on a busy disk, for nothing.
+        if self.on_disk.as_ref().is_some_and(|(p, c)| p == path && *c == self.clocks) {
+            return Ok(());
+        }
         let saved = Saved {
             boot_id: self.boot_id.clone(),
             clocks: self
@@ -204,6 +214,17 @@ mod tests {
         let (_, why) = other.observe(&id(1), at(5), Duration::from_secs(120));
         assert!(why.expect("why").contains("from another boot"));
         assert_eq!(Clocks::load(&path, None).get(&id(1)), None, "no boot id: nothing is trusted");
+        // Unchanged clocks are not written again; changed ones are.
+        // (a save renames a new file over the old one: a new inode)
+        let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).expect("stat"));
+        let before = inode();
+        same.save(&path).expect("save unchanged");
+        assert_eq!(inode(), before, "not rewritten");
+        let mut changed = Clocks::load(&path, Some("boot-a".into()));
+        changed.forget(&id(1));
+        changed.save(&path).expect("save changed");
+        assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None, "the change was saved");
+        c.save(&path).expect("save again");
         std::fs::write(&path, "[]").expect("old format");
         assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None);
     }

@@ -249,7 +249,8 @@ impl Snapshot {
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
-        let fd_scans = parallel::map(&user_procs, |e| fds::scan_process(host, e, &targets, nsfs_dev, &known));
+        let fd_scans =
+            parallel::map(&user_procs, |e| fds::scan_process(host, e, &targets, nsfs_dev, &known, live));
         let mut proc_refs = Vec::new();
         let mut stuck_pids = Vec::new();
         let mut pins = scan.nsfs_pins;

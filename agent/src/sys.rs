@@ -87,6 +87,25 @@ pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(s.stx_mnt_id)
 }
 
+/// `KCMP_FS` from `<linux/kcmp.h>`: compare the tasks' `fs_struct` (root, cwd, umask).
+const KCMP_FS: libc::c_int = 3;
+
+/// Whether two tasks (TIDs in this process's PID namespace) share one `fs_struct`, so they have
+/// the same working directory and root by construction: `kcmp(KCMP_FS)`, which compares the
+/// kernel's pointers without any path walk. Threads share it unless created without `CLONE_FS`
+/// or they called `unshare(CLONE_FS)`/`setns`. Errors: `ENOSYS` (no `CONFIG_KCMP`), `EPERM` (no
+/// ptrace access), `ESRCH` (a task is gone).
+pub fn same_fs_context(tid1: u32, tid2: u32) -> io::Result<bool> {
+    let (a, b) = (libc::pid_t::try_from(tid1), libc::pid_t::try_from(tid2));
+    let (Ok(a), Ok(b)) = (a, b) else { return Err(io::Error::from_raw_os_error(libc::ESRCH)) };
+    // SAFETY: kcmp takes two pids, a type and two unused (for KCMP_FS) integers; no memory.
+    let rc = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_FS, 0 as libc::c_ulong, 0 as libc::c_ulong) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc == 0)
+}
+
 /// `struct loop_info64` from `<linux/loop.h>`.
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -49,14 +49,17 @@ pub struct FdScan {
 }
 
 /// Scans one process. `nsfs_dev` (live hosts) lets fds on namespace files be recognised;
-/// `known_ns` are the namespaces that already have tasks. What cannot be read (other than the
-/// process exiting) is listed in [`FdScan::unreadable`]: it is a blind spot, never a silent skip.
+/// `known_ns` are the namespaces that already have tasks; `live` ([`HostRoot::is_live`]) says
+/// the PIDs are this process's own, so the kernel can be asked about them directly. What cannot
+/// be read (other than the process exiting) is listed in [`FdScan::unreadable`]: it is a blind
+/// spot, never a silent skip.
 pub fn scan_process(
     host: &HostRoot,
     entry: &ProcEntry,
     targets: &HashSet<DevNum>,
     nsfs_dev: Option<DevNum>,
     known_ns: &HashSet<MountNsId>,
+    live: bool,
 ) -> FdScan {
     let mut out = FdScan::default();
     let who = format!("pid {} ({})", entry.pid, entry.comm);
@@ -113,13 +116,20 @@ pub fn scan_process(
             fd_dir.display()
         ));
     }
-    dir_refs(&dir, entry.pid, None, targets, &mut out);
+    let leader_seen = dir_refs(&dir, entry.pid, None, targets, &mut out);
     // A task can have a working directory and root of its own (it unshared CLONE_FS, or its
-    // mount namespace): check every task's.
+    // mount namespace): every task's is checked. A task that shares the leader's fs_struct (the
+    // pthread default) has the leader's cwd and root, just seen: `kcmp(KCMP_FS)` proves it in
+    // one syscall, without the two procfs path walks a stat of its links costs (on a busy node,
+    // 4,000 threads made those most of this phase). Only a live host's PIDs can be compared, and
+    // only with a leader whose cwd and root were both seen; any kcmp error (no CONFIG_KCMP, no
+    // ptrace access, a task gone) falls back to the task's own links, whose errors are reported.
+    let by_kcmp = live && leader_seen;
     for &(tid, _) in &entry.tasks {
-        if tid != entry.pid {
-            dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, &mut out);
+        if tid == entry.pid || (by_kcmp && sys::same_fs_context(entry.pid, tid).unwrap_or(false)) {
+            continue;
         }
+        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, &mut out);
     }
     out.stuck = entry.state == 'D';
     match read_maps(&dir, entry.pid, out.stuck) {
@@ -186,7 +196,9 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     })
 }
 
-fn dir_refs(dir: &Path, pid: u32, tid: Option<u32>, targets: &HashSet<DevNum>, out: &mut FdScan) {
+/// Checks a task's cwd and root. True when both were seen (not gone, not unreadable).
+fn dir_refs(dir: &Path, pid: u32, tid: Option<u32>, targets: &HashSet<DevNum>, out: &mut FdScan) -> bool {
+    let mut seen = true;
     for (name, kind) in [("cwd", HolderKind::Cwd), ("root", HolderKind::Root)] {
         let path = dir.join(name);
         match sys::stat_cached(&path) {
@@ -195,13 +207,81 @@ fn dir_refs(dir: &Path, pid: u32, tid: Option<u32>, targets: &HashSet<DevNum>, o
             }
             Ok(_) => {}
             // Gone, or a zombie (no files any more).
-            Err(e) if is_gone(&e) => {}
-            Err(e) => out.unreadable.push(format!("cannot stat {}: {e}", path.display())),
+            Err(e) if is_gone(&e) => seen = false,
+            Err(e) => {
+                seen = false;
+                out.unreadable.push(format!("cannot stat {}: {e}", path.display()))
+            }
         }
     }
+    seen
 }
 
 /// The link's text as bytes (`read_link` gives an `OsString`, which may be any bytes).
 fn link_text(path: &Path) -> Option<KernelText> {
     std::fs::read_link(path).ok().map(|p| KernelText::from_bytes(p.into_os_string().into_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::processes;
+
+    fn gettid() -> u32 {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+    }
+
+    /// A thread with an fs context of its own (`unshare(CLONE_FS)`, then `chdir`) is seen with
+    /// its own cwd whether or not kcmp proves the other threads share the leader's.
+    #[test]
+    fn a_thread_with_its_own_cwd_is_seen() {
+        use std::sync::mpsc;
+        let host = HostRoot::default();
+        let procfs = sys::stat_cached(Path::new("/proc")).expect("stat /proc").dev;
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let own = std::thread::spawn(move || {
+            // SAFETY: unshare(CLONE_FS) gives this thread its own fs_struct; no memory involved.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_FS) }, 0, "unshare(CLONE_FS)");
+            std::env::set_current_dir("/proc").expect("chdir /proc");
+            tid_tx.send(gettid()).expect("send");
+            let _ = done_rx.recv();
+        });
+        let (shared_tx, shared_rx) = mpsc::channel();
+        let (shared_done_tx, shared_done_rx) = mpsc::channel::<()>();
+        let shared = std::thread::spawn(move || {
+            shared_tx.send(gettid()).expect("send");
+            let _ = shared_done_rx.recv();
+        });
+        let own_tid = tid_rx.recv().expect("own tid");
+        let shared_tid = shared_rx.recv().expect("shared tid");
+        let me = std::process::id();
+
+        assert_eq!(sys::same_fs_context(me, shared_tid).ok(), Some(true), "a pthread shares the leader's");
+        assert_eq!(sys::same_fs_context(me, own_tid).ok(), Some(false), "unshare(CLONE_FS) gives its own");
+
+        let entry = processes::read_entry(&host, me).expect("readable").expect("alive");
+        let targets: HashSet<DevNum> = [procfs].into();
+        let dirs = |live: bool| -> Vec<(Option<u32>, HolderKind)> {
+            let s = scan_process(&host, &entry, &targets, None, &HashSet::new(), live);
+            assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
+            let mut v: Vec<_> = s
+                .refs
+                .iter()
+                .filter(|r| matches!(r.kind, HolderKind::Cwd | HolderKind::Root))
+                .map(|r| (r.tid, r.kind))
+                .collect();
+            v.sort_by_key(|(t, _)| *t);
+            v
+        };
+        let with_kcmp = dirs(host.is_live());
+        assert_eq!(with_kcmp, vec![(Some(own_tid), HolderKind::Cwd)]);
+        assert_eq!(dirs(false), with_kcmp, "every task stat'ed gives the same answer");
+
+        done_tx.send(()).expect("done");
+        shared_done_tx.send(()).expect("done");
+        own.join().expect("join");
+        shared.join().expect("join");
+    }
 }
