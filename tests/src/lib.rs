@@ -276,8 +276,14 @@ pub struct NsProcess {
 impl NsProcess {
     /// Runs `sh -c script` in a new private mount namespace.
     pub fn spawn(script: &str) -> Self {
+        Self::spawn_with("private", script)
+    }
+
+    /// Runs `sh -c script` in a new mount namespace with the given propagation of its copies
+    /// (`unshare --propagation private|slave|shared|unchanged`).
+    pub fn spawn_with(propagation: &str, script: &str) -> Self {
         let child = Command::new("unshare")
-            .args(["-m", "--propagation", "private", "sh", "-c", script])
+            .args(["-m", "--propagation", propagation, "sh", "-c", script])
             .stdin(Stdio::null())
             .spawn()
             .expect("spawn unshare");

@@ -140,24 +140,6 @@ fn mountinfo_line(who: &str, path: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Like `NsProcess::spawn`, with the given `unshare --propagation` (private, slave...).
-fn ns_process(propagation: &str, script: &str) -> NsProcess {
-    let child = Command::new("unshare")
-        .args(["-m", "--propagation", propagation, "sh", "-c", script])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("spawn unshare");
-    let p = NsProcess { child };
-    let me = std::fs::read_link("/proc/self/ns/mnt").expect("own ns");
-    let pid = p.pid();
-    assert!(
-        wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
-            .is_ok_and(|n| n != me)),
-        "process {pid} never entered its own mount namespace"
-    );
-    p
-}
-
 /// True when `text` mentions `pid <pid>` (and not a longer number that starts the same).
 fn names_pid(text: &str, pid: u32) -> bool {
     let needle = format!("pid {pid}");
@@ -465,7 +447,7 @@ fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
         .unwrap_or_else(|| panic!("--make-shared gave no peer group: {host_line}"))
         .to_owned();
     // As a systemd unit with PrivateTmp: a slave copy, receiving the host's mount events.
-    let holder = ns_process("slave", "exec sleep 1000");
+    let holder = NsProcess::spawn_with("slave", "exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     let copy = mountinfo_line(&holder.pid().to_string(), &mnt).expect("copy");
     assert!(
@@ -507,7 +489,7 @@ fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
     let m = HostMount::new(&lo.dev, &mnt, &[]);
     sh("mount", &["--make-shared", utf8(&mnt)]);
     // The same shared host mount as above, but a private copy (node_exporter, incident 5).
-    let mut holder = ns_process("private", "exec sleep 1000");
+    let mut holder = NsProcess::spawn_with("private", "exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     let copy = mountinfo_line(&holder.pid().to_string(), &mnt).expect("copy");
     assert!(!copy.contains("master:") && !copy.contains("shared:"), "a private copy: {copy}");
@@ -817,7 +799,7 @@ fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
         "set -e; for d in usr bin lib lib64; do [ -e /$d ] || continue; mkdir -p {j}/$d; mount --bind /$d {j}/$d; done; exec chroot {j} sleep 1000",
         j = utf8(&jail)
     );
-    let holder = ns_process("private", &script);
+    let holder = NsProcess::spawn_with("private", &script);
     let pid = holder.pid();
     assert!(
         wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/root"))

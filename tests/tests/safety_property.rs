@@ -682,6 +682,22 @@ impl Machine {
     }
 }
 
+/// The holders the scan sees when the case is planned. A device carries one filesystem: a
+/// hidden claim next to visible mounts of the device is a user of that same filesystem, which
+/// the kernel's claim cannot tell from those mounts (what makes such users visible is the scan:
+/// btrfs joined through /sys/fs, live filesystems, fds, loop backing, swap). So a hidden claim
+/// is generated only where no mount of the device is visible: the filesystem is alive with no
+/// mount table showing it (an unjoined btrfs, an overlay's upper directory), which only the
+/// kernel's word reveals.
+fn final_holders(c: &Case) -> Vec<Holder> {
+    c.holders
+        .iter()
+        .enumerate()
+        .map(|(i, s)| holder(i, *s))
+        .filter(|h| c.hidden != Some(Hidden::Claim) || h.kind != HolderKind::Mount)
+        .collect()
+}
+
 /// A directory for a case's journal, in memory when the machine has /dev/shm (the journal
 /// fsyncs every record; a disk would make the 100,000 cases wait on it).
 fn scratch() -> tempfile::TempDir {
@@ -694,8 +710,11 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
 }
 
-/// Runs one case; returns the violations the machine saw.
-fn run(c: &Case) -> Vec<String> {
+/// Drives the engine through one case, as the daemon and the CLI do: observations by scans over
+/// time (grace clocks kept across them), then a plan from a fresh scan, maybe the device number
+/// reused meanwhile, then execute. Returns the machine (what reached it, what it saw) and the
+/// step reports (none when the device could not be planned).
+fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     let machine = Rc::new(Machine::new(c));
     let engine = Engine::new(
         Sim(Rc::clone(&machine)),
@@ -719,9 +738,9 @@ fn run(c: &Case) -> Vec<String> {
     machine.now.set(machine.now.get().after(Duration::from_secs(30)));
     machine.blind.set(c.extra_blind);
     machine.hidden.set(c.hidden);
-    machine.devs.borrow_mut()[0].holders = c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
+    machine.devs.borrow_mut()[0].holders = final_holders(c);
     let devnum = machine.subject().devnum;
-    let Ok((_, plan)) = engine.plan_fresh(devnum, c.op, &mut clocks) else { return Vec::new() };
+    let Ok((_, plan)) = engine.plan_fresh(devnum, c.op, &mut clocks) else { return (machine, Vec::new()) };
     machine.observe(!(c.extra_blind || c.hidden == Some(Hidden::Open)));
     if c.swap {
         // The device was let go and another one took its number: a new disk sequence and
@@ -733,25 +752,30 @@ fn run(c: &Case) -> Vec<String> {
     let dir = scratch();
     let mut journal = Journal::open(&dir.path().join("journal.jsonl")).expect("journal");
     let reports = engine.execute(&plan, &mut journal).expect("the simulated machine lets the engine act");
+    (machine, reports)
+}
+
+/// Runs one case; returns the violations the machine saw.
+fn run(c: &Case) -> Vec<String> {
+    let (machine, reports) = drive(c);
     // A step whose prerequisite did not finish never reached the kernel.
-    let runs = machine.runs.borrow();
+    let runs = machine.runs.borrow().clone();
     for (k, r) in reports.iter().enumerate() {
-        let reached = runs.iter().any(|s| s == &r.step);
-        if reached {
-            for earlier in &reports[..k] {
-                let finished = matches!(earlier.result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent));
-                let depends = !r.step.is_release() || !earlier.step.is_release();
-                if depends && !finished {
-                    machine.violation(format!(
-                        "{} ran although {} before it did not finish",
-                        r.step.action(),
-                        earlier.step.action()
-                    ));
-                }
+        if !runs.iter().any(|s| s == &r.step) {
+            continue;
+        }
+        for earlier in &reports[..k] {
+            let finished = matches!(earlier.result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent));
+            let depends = !r.step.is_release() || !earlier.step.is_release();
+            if depends && !finished {
+                machine.violation(format!(
+                    "{} ran although {} before it did not finish",
+                    r.step.action(),
+                    earlier.step.action()
+                ));
             }
         }
     }
-    drop(runs);
     let v = machine.violations.borrow().clone();
     v
 }
@@ -791,29 +815,7 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         failing: Vec::new(),
     };
     assert!(run(&base).is_empty());
-    let count_runs = |c: &Case| -> usize {
-        let machine = Rc::new(Machine::new(c));
-        let engine = Engine::new(
-            Sim(Rc::clone(&machine)),
-            Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() },
-        );
-        let mut clocks = Clocks::new(Some("boot".into()));
-        for &(gap, _, _) in &c.history {
-            machine.now.set(machine.now.get().after(Duration::from_secs(gap)));
-            engine.judge(engine.scan(Target::All).expect("scan"), &mut clocks);
-        }
-        machine.now.set(machine.now.get().after(Duration::from_secs(30)));
-        machine.hidden.set(c.hidden);
-        machine.blind.set(c.extra_blind);
-        machine.devs.borrow_mut()[0].holders =
-            c.holders.iter().enumerate().map(|(i, s)| holder(i, *s)).collect();
-        let (_, plan) = engine.plan_fresh(machine.subject().devnum, c.op, &mut clocks).expect("plan");
-        let dir = scratch();
-        let mut journal = Journal::open(&dir.path().join("j")).expect("journal");
-        engine.execute(&plan, &mut journal).expect("execute");
-        let n = machine.runs.borrow().len();
-        n
-    };
+    let count_runs = |c: &Case| -> usize { drive(c).0.runs.borrow().len() };
     assert_eq!(count_runs(&base), 1, "a loop device unheld for 6 minutes is unbound");
     let map = Case {
         kind: Kind::Map,
