@@ -163,13 +163,6 @@ fn unreadable_process(
 }
 
 impl Snapshot {
-    /// Runs a scan with these options.
-    pub fn take_opts(host: &HostRoot, scope: &Scope, opts: &ScanOptions) -> Result<Self, DiscoverError> {
-        let started = Instant::now();
-        let devices = blockdev::scan_all(host)?;
-        Self::take_with(host, devices, scope, started, opts)
-    }
-
     /// Runs a scan on devices already read from sysfs (at `started`): the readable ones, and
     /// those that could not be read (each a blind spot reaching it).
     pub fn take_with(

@@ -316,3 +316,237 @@ fn not_stale(p: &Plan, judgement: Option<&Judgement>) -> Option<String> {
         None => Some(format!("{} has not been judged", p.device)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::collections::HashSet;
+
+    use super::*;
+    use crate::act::probe::{Claim, KernelWord};
+    use crate::act::recording::RecordingActuator;
+    use crate::act::Actuator;
+    use crate::discover::namespaces::NsEntry;
+    use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+    use crate::kube::ClusterView;
+    use crate::model::{BlockDevice, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
+    use crate::plan::Action;
+    use crate::snapshot::ScanStats;
+
+    /// A loop device held by two mounts in other namespaces: its release is two independent
+    /// steps, its clean two releases and an unbind that depends on both.
+    fn entry(seq: u64) -> DeviceEntry {
+        let mount = |id: u32| {
+            let mut h = Holder::bare(HolderKind::Mount);
+            h.pids = vec![100 + id];
+            h.mount_namespace = Some(MountNsId(4026532000 + u64::from(id)));
+            h.in_host_namespace = Some(false);
+            h.mount_id = Some(id);
+            h.mount_dev = Some(DevNum::new(7, 3));
+            h.mount_point = Some("/mnt/x".into());
+            h.namespace_entry = Some(NsEntry::Task { pid: 100 + id, tid: 100 + id });
+            h
+        };
+        DeviceEntry {
+            device: BlockDevice {
+                name: DeviceName::new("loop3").expect("name"),
+                devnum: DevNum::new(7, 3),
+                kind: DeviceKind::Loop,
+                size_bytes: 1 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: Some(LoopInfo {
+                    backing_file: "/img".into(),
+                    backing_deleted: false,
+                    offset: 0,
+                    sizelimit: 0,
+                    autoclear: false,
+                    read_only: false,
+                    backing_dev: Some(DevNum::new(254, 0)),
+                    backing_inode: Some(seq),
+                    backing_rdev: None,
+                }),
+                dm: None,
+                diskseq: Some(seq),
+            },
+            holders: vec![mount(1), mount(2)],
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: None,
+            kubernetes: None,
+        }
+    }
+
+    /// A machine of one loop device; what the kernel runs is recorded.
+    #[derive(Default)]
+    struct Test {
+        actuator: RecordingActuator,
+        seq: Cell<u64>,
+        act_refused: Option<String>,
+        /// Fresh scans show the two mounts (else the device is unheld).
+        held: bool,
+    }
+
+    impl World for &Test {
+        fn scan(&self, _target: Target) -> Result<Scan, EngineError> {
+            let mut e = entry(self.seq.get().max(1));
+            if !self.held {
+                e.holders.clear();
+            }
+            Ok(Scan {
+                graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![e] },
+                blind_spots: Vec::new(),
+                protected: HashSet::new(),
+                stats: ScanStats::default(),
+                warnings: Vec::new(),
+                taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
+                scope: None,
+            })
+        }
+        fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
+            KernelWord {
+                claim: Claim::Unclaimed,
+                sysfs_holders: Vec::new(),
+                live_filesystems: Vec::new(),
+                loops_on_top: Vec::new(),
+                dm_open_count: None,
+                unreadable: Vec::new(),
+            }
+        }
+        fn cluster(&self) -> Option<ClusterView> {
+            None
+        }
+        fn can_act(&self) -> Result<(), String> {
+            self.act_refused.clone().map_or(Ok(()), Err)
+        }
+        fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
+            self.actuator.run(step)
+        }
+        fn now(&self) -> BootTime {
+            BootTime::from_since_boot(Duration::from_secs(100))
+        }
+    }
+
+    fn plan_of(op: &'static str, steps: Vec<Action>) -> Plan {
+        let e = entry(1);
+        let mut p = Plan::new(op, &e);
+        p.steps = steps
+            .into_iter()
+            .map(|action| Step {
+                device: e.device.name.clone(),
+                devnum: e.device.devnum,
+                identity: Identity::of(&e),
+                action,
+            })
+            .collect();
+        p
+    }
+
+    fn release(id: u32) -> Action {
+        Action::DetachMount {
+            namespace: MountNsId(4026532000 + u64::from(id)),
+            via: NsEntry::Task { pid: 100 + id, tid: 100 + id },
+            mount_id: id,
+            mount_dev: DevNum::new(7, 3),
+            mount_point: "/mnt/x".into(),
+            fstype: "ext4".into(),
+        }
+    }
+
+    fn unbind() -> Action {
+        Action::DetachLoop {
+            backing_file: "/img".into(),
+            backing_dev: Some(DevNum::new(254, 0)),
+            backing_inode: Some(1),
+        }
+    }
+
+    fn journal(dir: &tempfile::TempDir) -> Journal {
+        Journal::open(&dir.path().join("j.jsonl")).expect("journal")
+    }
+
+    #[test]
+    fn independent_releases_run_past_a_failure_and_the_unbind_after_them_is_skipped() {
+        let t = Test { seq: Cell::new(1), ..Test::default() };
+        t.actuator.script.borrow_mut().push_back(Err(ActError::Syscall {
+            device: DeviceName::new("loop3").expect("n"),
+            op: "umount2",
+            source: std::io::Error::other("boom"),
+        }));
+        let engine = Engine::new(&t, Settings::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reports = engine
+            .execute(&plan_of("clean", vec![release(1), release(2), unbind()]), &mut journal(&dir))
+            .expect("may act");
+        let words: Vec<&str> = reports.iter().map(|r| r.word().0).collect();
+        assert_eq!(words, ["failed", "done", "skipped"], "a release does not depend on another");
+        assert_eq!(t.actuator.calls.borrow().len(), 2, "the unbind never reached the kernel");
+        let text = std::fs::read_to_string(dir.path().join("j.jsonl")).expect("journal");
+        assert_eq!(text.lines().count(), 4, "an intent and a result for each step that ran:\n{text}");
+        assert!(crate::journal::pending(&dir.path().join("j.jsonl")).expect("pending").is_empty());
+    }
+
+    #[test]
+    fn a_step_on_a_device_that_changed_identity_never_reaches_the_kernel() {
+        let t = Test { seq: Cell::new(2), ..Test::default() }; // planned for seq 1
+        let engine = Engine::new(&t, Settings::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reports = engine.execute(&plan_of("clean", vec![unbind()]), &mut journal(&dir)).expect("may act");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("changed identity")),
+            "{:?}",
+            reports[0].result
+        );
+        assert!(t.actuator.calls.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_holder_that_appeared_since_the_plan_vetoes_the_step() {
+        let t = Test { seq: Cell::new(1), held: true, ..Test::default() };
+        let engine = Engine::new(&t, Settings::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reports = engine.execute(&plan_of("clean", vec![unbind()]), &mut journal(&dir)).expect("may act");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("does not account for")),
+            "{:?}",
+            reports[0].result
+        );
+        assert!(t.actuator.calls.borrow().is_empty());
+    }
+
+    #[test]
+    fn no_journal_no_action() {
+        let t = Test { seq: Cell::new(1), ..Test::default() };
+        let engine = Engine::new(&t, Settings::default());
+        // /dev/full opens but every write fails with ENOSPC.
+        let mut j = Journal::open(std::path::Path::new("/dev/full")).expect("/dev/full opens on Linux");
+        let reports = engine.execute(&plan_of("release", vec![release(1)]), &mut j).expect("may act");
+        assert!(t.actuator.calls.borrow().is_empty(), "nothing acts without its intent on record");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("cannot write the journal"))
+        );
+    }
+
+    #[test]
+    fn an_agent_that_may_not_act_acts_on_nothing() {
+        let t = Test {
+            seq: Cell::new(1),
+            act_refused: Some("hostPID: true is needed".into()),
+            ..Test::default()
+        };
+        let engine = Engine::new(&t, Settings::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e =
+            engine.execute(&plan_of("release", vec![release(1)]), &mut journal(&dir)).expect_err("refused");
+        assert!(e.to_string().contains("hostPID: true"), "{e}");
+        assert!(t.actuator.calls.borrow().is_empty());
+        assert!(
+            !dir.path().join("j.jsonl").exists()
+                || std::fs::read_to_string(dir.path().join("j.jsonl")).is_ok_and(|t| t.is_empty())
+        );
+    }
+}
