@@ -41,3 +41,4 @@ pub mod server;
 pub mod snapshot;
 pub mod storage;
 pub mod sys;
+pub mod view;

@@ -8,9 +8,9 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
-use crate::daemon::view::View;
 use crate::model::{DeviceKind, HolderKind};
 use crate::policy::Verdict;
+use crate::view::View;
 
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];

@@ -143,6 +143,11 @@ pub fn sh(cmd: &str, args: &[&str]) -> String {
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
+/// How long a test gives the daemon to react to something (a uevent, a mount, an API change)
+/// before it calls the reaction missing. Generous because CI is 2 cores shared with builds and
+/// qemu guests; a wait ends as soon as its condition holds, so passing runs are not slower.
+pub const REACT: Duration = Duration::from_secs(60);
+
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < timeout {

@@ -418,8 +418,9 @@ fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit()
     }
     // The uevents wake the scanner; clean mode unbinds what is stale, one step a minute.
     assert!(
-        wait_until(Duration::from_secs(15), || devs.iter().any(|l| !l.is_bound())),
-        "nothing was cleaned; log:\n{}",
+        wait_until(REACT, || devs.iter().any(|l| !l.is_bound())),
+        "nothing was cleaned; verdicts {:?}; log:\n{}",
+        devs.iter().map(|l| (l.name().to_owned(), device_verdict(&d.socket, l.name()))).collect::<Vec<_>>(),
         d.log_text()
     );
     std::thread::sleep(Duration::from_secs(3));
@@ -456,8 +457,7 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
     let lo = LoopDev::attach(&img);
     let name = lo.name().to_owned();
     assert!(
-        wait_until(Duration::from_secs(15), || device_verdict(&d.socket, &name)
-            == Some(pb::Verdict::Unknown as i32)),
+        wait_until(REACT, || device_verdict(&d.socket, &name) == Some(pb::Verdict::Unknown as i32)),
         "unheld, stale by the node's evidence, but the API cannot vouch for it: unknown; log:\n{}",
         d.log_text()
     );
@@ -509,7 +509,7 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
         })
     };
     assert!(
-        wait_until(Duration::from_secs(20), || event_posted() && condition_set()),
+        wait_until(REACT, || event_posted() && condition_set()),
         "no StaleBlockDevice event and condition for {name}; requests: {:#?}\nlog:\n{}",
         server.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect::<Vec<_>>(),
         d.log_text()
@@ -542,14 +542,14 @@ fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
     let lo = LoopDev::adopt(&name, &img);
     // Incident 5: a process in its own namespace keeps a copy; kubelet unmounts on the host.
     let mut holder = NsProcess::spawn("exec sleep 1000");
-    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&gm)));
+    assert!(wait_until(REACT, || holder.has_mount(&gm)));
     host_mount.umount();
     let d = Daemon::start(
         s.dir.path(),
         &["--mode", "release", "--kubelet-dir", kdir.to_str().expect("utf8"), "--rescan-interval", "1"],
     );
     assert!(
-        wait_until(Duration::from_secs(20), || !holder.has_mount(&gm)),
+        wait_until(REACT, || !holder.has_mount(&gm)),
         "release mode did not detach the stale mount; log:\n{}",
         d.log_text()
     );
@@ -557,17 +557,14 @@ fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
     // The result is journaled right after the unmount returns.
     let journal = || std::fs::read_to_string(s.path("journal.jsonl")).unwrap_or_default();
     assert!(
-        wait_until(Duration::from_secs(5), || {
+        wait_until(REACT, || {
             let j = journal();
             j.contains("detach_mount") && j.contains("\"result\":\"done\"")
         }),
         "{}",
         journal()
     );
-    assert!(
-        wait_until(Duration::from_secs(10), || !lo.is_bound()),
-        "the loop device auto-cleared once released"
-    );
+    assert!(wait_until(REACT, || !lo.is_bound()), "the loop device auto-cleared once released");
 }
 
 /// Runs agentctl (as root: an operator) against the daemon on `socket`.
@@ -614,8 +611,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
     let stale = |name: &str| {
         assert!(
-            wait_until(Duration::from_secs(15), || device_verdict(&d.socket, name)
-                == Some(pb::Verdict::Stale as i32)),
+            wait_until(REACT, || device_verdict(&d.socket, name) == Some(pb::Verdict::Stale as i32)),
             "{name} never turned stale; log:\n{}",
             d.log_text()
         );
@@ -650,7 +646,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     let new_path = new_img.to_str().expect("utf8");
     // The detach completes on last close (a scan may hold it open a moment).
     assert!(
-        wait_until(Duration::from_secs(5), || std::process::Command::new("losetup")
+        wait_until(REACT, || std::process::Command::new("losetup")
             .args([lo.dev.as_str(), new_path])
             .status()
             .is_ok_and(|s| s.success())),
@@ -719,7 +715,7 @@ fn root_viewers_get_holders_without_command_lines() {
     // Root (an operator) sees the holder's command line.
     let mut root_view = serde_json::Value::Null;
     assert!(
-        wait_until(Duration::from_secs(15), || {
+        wait_until(REACT, || {
             root_view = agentctl_json(&d.socket, &["device", &name]);
             root_view["holders"].as_array().is_some_and(|hs| {
                 hs.iter().any(|h| {
@@ -786,7 +782,7 @@ fn root_events_hold_no_age_and_de_duplicate_across_scans() {
             .collect()
     };
     assert!(
-        wait_until(Duration::from_secs(20), || !stale_events().is_empty()),
+        wait_until(REACT, || !stale_events().is_empty()),
         "no StaleBlockDevice event for {name}; log:\n{}",
         d.log_text()
     );
@@ -804,7 +800,7 @@ fn root_events_hold_no_age_and_de_duplicate_across_scans() {
     // Three more scans (about 4 s at one a second; longer on a loaded machine).
     let before = scans();
     std::thread::sleep(Duration::from_secs(4));
-    assert!(wait_until(Duration::from_secs(20), || scans() >= before + 3), "three more scans");
+    assert!(wait_until(REACT, || scans() >= before + 3), "three more scans");
     assert_eq!(device_verdict(&d.socket, &name), Some(pb::Verdict::Stale as i32), "still stale");
     let events = stale_events();
     assert_eq!(events.len(), 1, "one Event over several scans: {events:#?}");
@@ -836,7 +832,7 @@ fn root_agentctl_node_shows_the_kubernetes_api_and_blind_spots() {
     let want = "cannot vouch: no Node named 'node-zz' in the cluster";
     let mut node = serde_json::Value::Null;
     assert!(
-        wait_until(Duration::from_secs(20), || {
+        wait_until(REACT, || {
             node = agentctl_json(&d.socket, &["node"]);
             node["kubernetes"].as_str().is_some_and(|k| k.starts_with(want))
         }),

@@ -321,3 +321,104 @@ fn incident5_kubelet_directory_ties_rbd3_to_its_in_tree_volume() {
     let v = agent_json(&["--root", &incident5(), "holders", "rbd3", "--output", "json"], 0);
     assert!(v.get("kubernetes").is_none() || v["kubernetes"].is_null());
 }
+
+/// A copy of incident 1 (rbd4 mapped, nothing holds it: `stale` with no grace) with one more
+/// user process, pid 4242 (`csi-rbdplugin`), in the host's mount namespace: built from PID 1's
+/// entries as the kernel lays them out (`stat`, `comm`, `cmdline`, `cgroup`, `ns/mnt`,
+/// `task/<tid>/{ns/mnt,mountinfo}`), with an empty `fd/` and `maps`: it holds nothing.
+fn incident1_with_a_plugin() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("incident1");
+    std::fs::create_dir_all(&root).expect("mkdir");
+    copy_tree(&fixtures().join("incident1"), &root);
+    let (init, pid) = (root.join("proc/1"), root.join("proc/4242"));
+    std::fs::create_dir_all(pid.join("task/4242")).expect("mkdir");
+    copy_tree(&init.join("task/1"), &pid.join("task/4242"));
+    std::fs::create_dir_all(pid.join("ns")).expect("mkdir");
+    copy_tree(&init.join("ns"), &pid.join("ns"));
+    let stat = std::fs::read_to_string(init.join("stat")).expect("stat");
+    let rest = stat.split_once(") ").expect("stat has a comm").1;
+    // ppid 1, pgrp and session its own; flags 0x400100 (a user task).
+    let rest = rest.replacen("S 0 1 1 ", "S 1 4242 4242 ", 1);
+    std::fs::write(pid.join("stat"), format!("4242 (csi-rbdplugin) {rest}")).expect("stat");
+    std::fs::write(pid.join("comm"), "csi-rbdplugin\n").expect("comm");
+    std::fs::write(pid.join("cmdline"), b"/usr/local/bin/cephcsi\0--type=rbd\0").expect("cmdline");
+    std::fs::write(pid.join("cgroup"), "0::/system.slice/csi.scope\n").expect("cgroup");
+    std::fs::create_dir_all(pid.join("fd")).expect("fd");
+    std::fs::write(pid.join("maps"), "").expect("maps");
+    (dir, root)
+}
+
+/// `holders rbd4` and `clean rbd4` (a dry run) on `root`: the verdict document, and clean's exit
+/// code and output.
+fn rbd4_verdict_and_clean(root: &Path) -> (serde_json::Value, Option<i32>, String) {
+    let r = root.to_str().expect("utf8");
+    let v = agent_json(&["--root", r, "--grace-period", "0", "holders", "rbd4", "--output", "json"], 0);
+    let journal = root.join("journal.jsonl");
+    let out = agent(&[
+        "--root",
+        r,
+        "--grace-period",
+        "0",
+        "--journal",
+        journal.to_str().expect("utf8"),
+        "clean",
+        "rbd4",
+    ]);
+    (v, out.status.code(), format!("{}{}", text(&out.stdout), text(&out.stderr)))
+}
+
+#[test]
+fn an_unreadable_ns_mnt_fd_dir_or_maps_makes_the_candidate_unknown() {
+    // Intact, the extra process holds nothing: rbd4 is stale and clean plans the unmap.
+    let (_d, root) = incident1_with_a_plugin();
+    let (v, code, said) = rbd4_verdict_and_clean(&root);
+    assert_eq!(v["verdict"], "stale", "{v:#}");
+    assert_eq!(v["blind_spots"], serde_json::json!([]), "{v:#}");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("unmap rbd"), "{said}");
+
+    // Each way the kernel (an LSM, a race) can refuse part of a process: the file is replaced by
+    // something reading it fails on, never by nothing (a missing file is a process that exited).
+    type Break = fn(&Path);
+    let breaks: [(&str, Break, &str); 3] = [
+        (
+            "ns/mnt",
+            |p| {
+                let link = p.join("task/4242/ns/mnt");
+                std::fs::remove_file(&link).expect("rm");
+                std::fs::write(&link, "").expect("not a link");
+            },
+            "proc/4242/task/4242/ns/mnt",
+        ),
+        (
+            "fd/",
+            |p| {
+                std::fs::remove_dir(p.join("fd")).expect("rm");
+                std::fs::write(p.join("fd"), "").expect("not a directory");
+            },
+            "proc/4242/fd",
+        ),
+        (
+            "maps",
+            |p| {
+                std::fs::remove_file(p.join("maps")).expect("rm");
+                std::fs::create_dir(p.join("maps")).expect("not a file");
+            },
+            "memory maps of pid 4242",
+        ),
+    ];
+    for (what, break_it, needle) in breaks {
+        let (_d, root) = incident1_with_a_plugin();
+        break_it(&root.join("proc/4242"));
+        let (v, code, said) = rbd4_verdict_and_clean(&root);
+        assert_eq!(v["verdict"], "unknown", "unreadable {what}: pid 4242 could hold rbd4: {v:#}");
+        let spot = blind_spot(&v, needle);
+        assert_eq!(spot["could_hide"], "any device", "unreadable {what}: {spot:#}");
+        let reasons = v["reasons"].to_string();
+        assert!(reasons.contains("blind spot") && reasons.contains("4242"), "unreadable {what}: {reasons}");
+        assert_eq!(code, Some(2), "unreadable {what}: clean refuses an unknown device: {said}");
+        assert!(said.contains("unknown, not stale"), "unreadable {what}: {said}");
+        assert!(!said.contains("unmap rbd"), "unreadable {what}: no unmap planned: {said}");
+    }
+}

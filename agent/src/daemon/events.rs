@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::view::{DeviceView, View};
+use crate::view::{DeviceView, View};
 
 /// Kinds of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

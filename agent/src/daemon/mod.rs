@@ -6,4 +6,3 @@ pub mod budget;
 pub mod events;
 pub mod state;
 pub mod triggers;
-pub mod view;

@@ -15,7 +15,6 @@ use tokio::sync::{broadcast, Notify};
 
 use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
-pub use super::view::{DeviceView, View};
 use crate::act::StepReport;
 use crate::config::{Config, Mode};
 use crate::engine::world::LinuxWorld;
@@ -29,6 +28,7 @@ use crate::plan::Plan;
 use crate::policy::Verdict;
 use crate::resolve;
 use crate::scan::Target;
+pub use crate::view::{DeviceView, View};
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
@@ -323,6 +323,12 @@ impl AgentState {
         for &devnum in targets {
             match self.engine.plan_fresh(devnum, op, &mut self.clocks()) {
                 Ok((_, p)) if p.refusal.is_none() && !p.steps.is_empty() => plans.push(p),
+                // The latest view called it a candidate; the fresh scan behind the plan did not
+                // agree. Said, so an operator can see why a stale device was left alone.
+                Ok((_, p)) if p.refusal.is_some() => {
+                    let why = p.refusal.as_deref().unwrap_or_default();
+                    tracing::info!(device = %p.device, op = ?op, "not acting on it: {why}");
+                }
                 Ok(_) | Err(EngineError::NotFound(_)) => {}
                 Err(e) => tracing::warn!(device = %devnum, "cannot plan: {e}"),
             }

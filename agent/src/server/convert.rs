@@ -6,11 +6,11 @@ use blockjanitor_proto::v1 as pb;
 
 use crate::act::StepReport;
 use crate::daemon::events::{AgentEvent, EventKind};
-use crate::daemon::view::DeviceView;
 use crate::graph::Holder;
 use crate::model::{DeviceKind, HolderKind, KernelText};
 use crate::plan::{Plan, Step};
 use crate::policy::Verdict;
+use crate::view::DeviceView;
 
 pub fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)

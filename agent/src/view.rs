@@ -1,6 +1,7 @@
-//! What the daemon knows after a scan: every device with its verdict and identity, the scan's
-//! figures, blind spots and the Kubernetes API's state. Plain data, replaced whole after each
-//! scan; the server, the event stream and the metrics read it.
+//! What one judged scan looks like to its readers: every device with its verdict and identity,
+//! the scan's figures, blind spots and the Kubernetes API's state. Plain data, built from the
+//! engine's [`Judged`] result and replaced whole after each scan; the daemon keeps it, and the
+//! server, the event stream and the metrics read it (none of them reach into the daemon for it).
 
 use std::time::SystemTime;
 
@@ -37,7 +38,7 @@ pub struct View {
 }
 
 impl View {
-    pub(super) fn empty() -> Self {
+    pub(crate) fn empty() -> Self {
         Self {
             scan_number: 0,
             scanned_at: None,
@@ -50,7 +51,7 @@ impl View {
         }
     }
 
-    pub(super) fn of(judged: Judged, scan_number: u64) -> Self {
+    pub(crate) fn of(judged: Judged, scan_number: u64) -> Self {
         let Judged { scan, mut verdicts, api_state, .. } = judged;
         let devices = scan
             .graph
