@@ -218,6 +218,9 @@ struct ServeArgs {
     /// Address for /metrics over HTTP.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Address for the gRPC health service alone, without TLS (kubelet's `grpc` probes).
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<std::net::SocketAddr>,
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     grace_period: Option<u64>,
@@ -436,6 +439,9 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     c.tcp.viewers.extend(a.tls_viewer.iter().cloned());
     if let Some(v) = a.metrics_listen {
         c.metrics.listen = Some(v);
+    }
+    if let Some(v) = a.health_listen {
+        c.health.listen = Some(v);
     }
     if let Some(v) = cli.rescan_interval {
         c.rescan_interval_seconds = v;
