@@ -21,7 +21,7 @@
 //! Needs root, podman and runc, and (once, for the cached base image) mmdebstrap and Debian's
 //! mirror; `CI=true` fails when one is missing, elsewhere the test is skipped with the reason.
 //! The base image (`localhost/bookworm-base`) and its tarball under
-//! `/var/cache/blockjanitor-test/` are kept between runs. Set `BLOCKJANITOR_IMAGE_BIN_DIR` to
+//! `/var/cache/blockjanitor-test/` are kept between runs; the image under test is removed. Set `BLOCKJANITOR_IMAGE_BIN_DIR` to
 //! build the image from other binaries (e.g. `target/release`); the image size and the agent's
 //! RSS after a scan are printed (BENCHMARKS.md).
 
@@ -36,7 +36,11 @@ use blockjanitor_tests::{
 };
 
 const BASE_IMAGE: &str = "localhost/bookworm-base";
-const IMAGE: &str = "localhost/blockjanitor:test";
+/// The image under test: one tag per test process (removed at the end), so that two runs of the
+/// suite on one machine never remove each other's image.
+fn image() -> String {
+    format!("localhost/blockjanitor:test-{}", std::process::id())
+}
 const CACHE: &str = "/var/cache/blockjanitor-test";
 
 /// podman with the flags that work on this kernel (runc, cgroupfs; crun refuses the hybrid
@@ -56,13 +60,16 @@ fn run(mut c: Command, what: &str) -> String {
     text(&out.stdout)
 }
 
-/// The bookworm base image, made from Debian's packages once and cached.
+/// The bookworm base image, made from Debian's packages once and cached (under a lock: another
+/// test run may be making it).
 fn base_image() {
+    std::fs::create_dir_all(CACHE).expect("cache dir");
+    let lock = std::fs::File::create(Path::new(CACHE).join(".lock")).expect("lock file");
+    lock.lock().expect("lock the base image cache");
     let exists = podman().args(["image", "exists", BASE_IMAGE]).status().is_ok_and(|s| s.success());
     if exists {
         return;
     }
-    std::fs::create_dir_all(CACHE).expect("cache dir");
     let tar = Path::new(CACHE).join("bookworm-minbase.tar");
     if !tar.exists() {
         // mmdebstrap picks the output format from the name: keep ".tar" at the end.
@@ -94,17 +101,24 @@ fn build_image(bins: &Path, ctx: &Path) -> u64 {
         );
         total += std::fs::metadata(&out).expect("stat").len();
     }
-    // The previous run's image would be left dangling by the new tag.
-    let _ = podman().args(["rmi", "-f", IMAGE]).stdout(Stdio::null()).stderr(Stdio::null()).status();
     let mut c = podman();
     c.arg("build")
         .args(ULIMITS)
         .args(["--layers=false", "--network", "none", "--target", "runtime-prebuilt"])
         .args(["--build-arg", &format!("BASE={BASE_IMAGE}"), "--build-arg", "BIN_DIR=bin"])
-        .args(["-t", IMAGE])
+        .args(["-t", &image()])
         .arg(ctx);
     run(c, "podman build");
     total
+}
+
+/// The image built by this test; removed on drop (after the containers using it).
+struct Image;
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = podman().args(["rmi", &image()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
 }
 
 /// The agent's container; removed (with `podman rm -f`) on drop.
@@ -200,17 +214,19 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     let bins = std::env::var_os("BLOCKJANITOR_IMAGE_BIN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| agent_bin().parent().expect("bin dir").to_owned());
+    let image_guard = Image;
     let bin_bytes = build_image(&bins, &s.path("context"));
     let mut c = podman();
-    c.args(["image", "inspect", "--format", "{{.Size}}", IMAGE]);
+    c.args(["image", "inspect", "--format", "{{.Size}}", &image()]);
     let size: u64 = run(c, "podman image inspect").trim().parse().expect("size");
     println!(
-        "image {IMAGE}: {size} bytes ({:.1} MB; binaries {bin_bytes} bytes, from {})",
+        "image {}: {size} bytes ({:.1} MB; binaries {bin_bytes} bytes, from {})",
+        image(),
         size as f64 / 1e6,
         bins.display()
     );
-    // The image is the two binaries and the libraries they load, nothing more (bookworm-slim
-    // alone is 75 MB).
+    // The image is the two binaries and the libraries they load, nothing more (the bookworm
+    // minbase it comes from is 170 MB).
     assert!(
         size < bin_bytes + 8_000_000,
         "the image holds more than the binaries and their libraries: {size} bytes"
@@ -219,7 +235,13 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         assert!(size < 60_000_000, "the runtime image is {size} bytes, over 60 MB");
     }
     let mut c = podman();
-    c.args(["image", "inspect", "--format", "{{index .Labels \"org.opencontainers.image.title\"}}", IMAGE]);
+    c.args([
+        "image",
+        "inspect",
+        "--format",
+        "{{index .Labels \"org.opencontainers.image.title\"}}",
+        &image(),
+    ]);
     assert_eq!(run(c, "labels").trim(), "blockjanitor", "OCI labels");
 
     // Host paths as the DaemonSet mounts them; the kubelet-like directory at the same path inside
@@ -246,7 +268,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         if pid1_uninspectable() {
             c.args(["-e", &format!("{TRUST_INIT_ENV}=true")]);
         }
-        c.arg(IMAGE).args(["--kubelet-dir", &k, "--rescan-interval", "1", "--log-format", "json"]).args([
+        c.arg(image()).args(["--kubelet-dir", &k, "--rescan-interval", "1", "--log-format", "json"]).args([
             "serve",
             "--config",
             "/etc/blockjanitor/agent.toml",
@@ -379,4 +401,5 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     drop(container);
     drop(holder);
     drop(kubelet_bind);
+    drop(image_guard);
 }
