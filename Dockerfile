@@ -2,8 +2,10 @@
 #
 #   docker build -t blockjanitor .                      # builds the binaries from source (default target)
 #   cargo build --locked --release --bins && \
+#   strip --strip-debug target/release/blockjanitor-agent target/release/agentctl && \
 #   docker build --target runtime-prebuilt --build-arg BIN_DIR=target/release -t blockjanitor .
 #                                                       # takes binaries already built on a bookworm host
+#                                                       # (the release profile keeps debug info: strip it)
 #
 # Build args: BASE (the Debian bookworm image the runtime's libraries come from; default
 # debian:bookworm-slim), BUILDER (the Rust toolchain image; default rust:1-bookworm), BIN_DIR
