@@ -308,6 +308,16 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         wait_until(Duration::from_secs(5), || !mounts_of(agent_pid, &maj_min).is_empty()),
         "the host's mount did not propagate into the container (rslave)"
     );
+    // The kernel's word on whether anything claims the device: an exclusive open (closed at once,
+    // so as not to become a holder in turn).
+    let exclusive = || {
+        nix::fcntl::open(
+            Path::new(&lo.dev),
+            nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_EXCL | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )
+        .is_ok()
+    };
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&target)), "the holder has its copy");
     host_mount.umount();
@@ -319,6 +329,10 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         mounts_of(agent_pid, &maj_min)
     );
     assert!(holder.has_mount(&target), "the holder still pins the device (incident 5)");
+    assert!(
+        !exclusive(),
+        "{dev} is free although the holder's copy is mounted: the check below would prove nothing"
+    );
 
     // agentctl on the host shows the holder, by its pid.
     let mut last = String::new();
@@ -367,6 +381,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     );
     assert!(holder.is_alive(), "the holder process lives on");
     assert!(agent_clean_of(agent_pid), "the agent holds no mount of {dev}");
+    assert!(wait_until(Duration::from_secs(10), exclusive), "{dev} is still claimed after the release");
     let journal = std::fs::read_to_string(state_dir.join("journal.jsonl")).unwrap_or_default();
     assert!(
         journal.contains("detach_mount") && journal.contains(&dev),
