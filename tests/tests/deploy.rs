@@ -10,6 +10,8 @@
 //!   server (`kube_mock`), makes only requests the ClusterRole allows, and uses every rule;
 //! - the PrometheusRule passes `promtool check rules`, and every metric name in its alerts and in
 //!   the Grafana dashboard is served by a live agent's /metrics;
+//! - within each rendering every reference resolves (namespaces, the binding's subjects, the
+//!   DaemonSet's ConfigMap and Secrets, the Service's pods and ports, the ServiceMonitor's Service);
 //! - the plain-text health listener the probes use serves the health service and nothing else;
 //! - `deploy/tls/make-certs.sh` makes certificates the agent and agentctl accept, with the roles
 //!   the TLS overlays configure.
@@ -689,4 +691,117 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     let stranger = agentctl_tls(addr, &other, "console", &["node"]);
     assert!(!stranger.status.success(), "a client certificate from another CA was accepted");
     drop(d);
+}
+
+/// Within each rendering, every name an object refers to exists: the namespace of every
+/// namespaced object, the ServiceAccount and ClusterRole of the binding, the DaemonSet's
+/// ServiceAccount, ConfigMaps and Secrets (made by a cert-manager Certificate in the same
+/// rendering, or by deploy/tls/make-certs.sh), the pods a Service selects and the port it
+/// targets, the Service a ServiceMonitor selects and its port, the Issuers of Certificates.
+#[test]
+fn references_resolve_within_each_rendering() {
+    let Some(all) = rendered("rendering deploy/") else { return };
+    let make_certs =
+        std::fs::read_to_string(deploy::repo().join("deploy/tls/make-certs.sh")).expect("make-certs.sh");
+    let labels_match = |selector: &Value, labels: &Value| {
+        selector.as_object().is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| &labels[k] == v))
+    };
+    for (dir, objects) in &all {
+        let ns = find(objects, "Namespace", None).unwrap_or_else(|| panic!("{dir}: no Namespace"));
+        let ns = ns["metadata"]["name"].as_str().expect("name");
+        let named = |kind: &str, name: &str| find(objects, kind, Some(name)).is_some();
+        for o in objects {
+            let kind = o["kind"].as_str().unwrap_or_default();
+            if !["Namespace", "ClusterRole", "ClusterRoleBinding"].contains(&kind) {
+                assert_eq!(
+                    o["metadata"]["namespace"], ns,
+                    "deploy/{dir}: {kind} {} is outside {ns}",
+                    o["metadata"]["name"]
+                );
+            }
+        }
+        for b in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding") {
+            assert!(
+                named("ClusterRole", b["roleRef"]["name"].as_str().expect("roleRef")),
+                "deploy/{dir}: roleRef"
+            );
+            for s in b["subjects"].as_array().expect("subjects") {
+                assert!(
+                    s["kind"] == "ServiceAccount"
+                        && s["namespace"] == ns
+                        && named("ServiceAccount", s["name"].as_str().expect("name")),
+                    "deploy/{dir}: subject {s}"
+                );
+            }
+        }
+        let ds = find(objects, "DaemonSet", None).expect("DaemonSet");
+        let pod = &ds["spec"]["template"];
+        assert!(named(
+            "ServiceAccount",
+            pod["spec"]["serviceAccountName"].as_str().expect("serviceAccountName")
+        ));
+        let produced_secrets: Vec<&str> = objects
+            .iter()
+            .filter(|o| o["kind"] == "Certificate")
+            .filter_map(|o| o["spec"]["secretName"].as_str())
+            .collect();
+        for v in pod["spec"]["volumes"].as_array().expect("volumes") {
+            if let Some(cm) = v["configMap"]["name"].as_str() {
+                assert!(named("ConfigMap", cm), "deploy/{dir}: ConfigMap {cm} is not deployed");
+            }
+            if let Some(secret) = v["secret"]["secretName"].as_str() {
+                assert!(
+                    produced_secrets.contains(&secret) || make_certs.contains(secret),
+                    "deploy/{dir}: nothing makes Secret {secret}"
+                );
+            }
+        }
+        let container_ports: Vec<&Value> = pod["spec"]["containers"]
+            .as_array()
+            .expect("containers")
+            .iter()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .collect();
+        for svc in objects.iter().filter(|o| o["kind"] == "Service") {
+            assert!(
+                labels_match(&svc["spec"]["selector"], &pod["metadata"]["labels"]),
+                "deploy/{dir}: the Service selects no agent pod"
+            );
+            for p in svc["spec"]["ports"].as_array().expect("ports") {
+                let target = &p["targetPort"];
+                assert!(
+                    container_ports.iter().any(|c| &c["name"] == target || &c["containerPort"] == target),
+                    "deploy/{dir}: no container port {target}"
+                );
+            }
+        }
+        for sm in objects.iter().filter(|o| o["kind"] == "ServiceMonitor") {
+            let svc = objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == "Service"
+                        && labels_match(&sm["spec"]["selector"]["matchLabels"], &o["metadata"]["labels"])
+                })
+                .unwrap_or_else(|| panic!("deploy/{dir}: the ServiceMonitor selects no Service"));
+            for e in sm["spec"]["endpoints"].as_array().expect("endpoints") {
+                assert!(
+                    svc["spec"]["ports"].as_array().expect("ports").iter().any(|p| p["name"] == e["port"]),
+                    "deploy/{dir}: the Service has no port {}",
+                    e["port"]
+                );
+            }
+        }
+        for cert in objects.iter().filter(|o| o["kind"] == "Certificate") {
+            let issuer = cert["spec"]["issuerRef"]["name"].as_str().expect("issuer");
+            assert!(named("Issuer", issuer), "deploy/{dir}: no Issuer {issuer}");
+        }
+        for issuer in objects.iter().filter(|o| o["kind"] == "Issuer") {
+            if let Some(secret) = issuer["spec"]["ca"]["secretName"].as_str() {
+                assert!(
+                    produced_secrets.contains(&secret),
+                    "deploy/{dir}: no Certificate makes the CA Secret {secret}"
+                );
+            }
+        }
+    }
 }
