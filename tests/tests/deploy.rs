@@ -5,7 +5,8 @@
 //!   its typed model with no field lost (so nothing is misspelled or misplaced); the DaemonSet has
 //!   what the agent needs to see the host safely;
 //! - every ConfigMap's `agent.toml` loads through the agent's own config code, and the mode
-//!   overlays change only the mode and the action budget;
+//!   overlays change only the mode and the action budget; `serve` uses the config's
+//!   `kubelet_dir` (the flag overrode it even when not given);
 //! - RBAC is exactly enough: the agent's real Kubernetes code, run against the recording API
 //!   server (`kube_mock`), makes only requests the ClusterRole allows, and uses every rule;
 //! - the PrometheusRule passes `promtool check rules`, and every metric name in its alerts and in
@@ -804,4 +805,50 @@ fn references_resolve_within_each_rendering() {
             }
         }
     }
+}
+
+/// The deployed config's `kubelet_dir` is the one `serve` uses (the `--kubelet-dir` flag overrides
+/// it only when given): a volume mounted under a kubelet directory named only in the config is
+/// recognised as kubelet's.
+#[test]
+fn root_serve_takes_the_kubelet_dir_from_its_config() {
+    use blockjanitor_tests::HostMount;
+    if !require_real_kernel(&["losetup", "mkfs.ext4", "mount", "umount"]) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let kdir = s.mkdir("kubelet-elsewhere");
+    let target = kdir.join("plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-1");
+    std::fs::create_dir_all(&target).expect("mkdir");
+    let img = s.ext4_image("vol.img", 16);
+    let lo = LoopDev::attach(&img);
+    let mount = HostMount::new(&lo.dev, &target, &[]);
+    // deploy/base's config, with the kubelet directory moved and the listeners on free ports.
+    let base = std::fs::read_to_string(deploy::repo().join("deploy/base/agent.toml")).expect("read");
+    let moved =
+        base.replace("kubelet_dir = \"/var/lib/kubelet\"", &format!("kubelet_dir = \"{}\"", kdir.display()));
+    assert_ne!(moved, base, "deploy/base/agent.toml names kubelet_dir");
+    let moved = moved.replace("0.0.0.0:9910", "127.0.0.1:0").replace("0.0.0.0:9911", "127.0.0.1:0");
+    let config = s.path("agent.toml");
+    std::fs::write(&config, moved).expect("write config");
+    let d = Daemon::start(s.dir.path(), &["--config", config.to_str().expect("utf8")]);
+    let name = lo.name().to_owned();
+    let mut last = Value::Null;
+    let seen = wait_until(Duration::from_secs(20), || {
+        let out = Command::new(agent_bin().with_file_name("agentctl"))
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(["device", &name, "-o", "json"])
+            .output()
+            .expect("agentctl");
+        last = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let dev = if last["device"].is_object() { &last["device"] } else { &last };
+        dev["kubelet_paths"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p.as_str() == Some(target.to_str().expect("utf8"))))
+    });
+    assert!(seen, "the config's kubelet_dir was not used: {last:#}\nlog:\n{}", d.log_text());
+    drop(d);
+    drop(mount);
 }
