@@ -1,9 +1,10 @@
 //! The container proof: the runtime image, built from the repository's Dockerfile
 //! (`--target runtime-prebuilt`, the binaries cargo built, the base swapped for a bookworm image
 //! made here from Debian's packages, since registry images cannot be pulled), run as the
-//! DaemonSet runs it (`--privileged --pid=host`, /sys, /dev and a kubelet-like directory with
-//! HostToContainer = `rslave` propagation, the socket and state directories on host paths, a
-//! read-only root), handles incident 5 from inside the container:
+//! DaemonSet runs it (the `podman run` flags are derived from deploy/base/daemonset.yaml:
+//! `--privileged --pid=host`, a read-only root, /sys, /dev and a kubelet-like directory with
+//! HostToContainer = `rslave` propagation, the socket and state directories on host paths, the
+//! config where the ConfigMap goes, the container's args), handles incident 5 from inside:
 //!
 //! an ext4 loop device is mounted on the host under the kubelet-like directory, a process in its
 //! own mount namespace (`unshare -m --propagation private`) keeps a private copy, the host
@@ -148,6 +149,68 @@ impl Container {
     }
 }
 
+/// The `podman run` flags and the agent's arguments that run the image as deploy/base's DaemonSet
+/// runs it: hostPID, privileged, read-only root, every hostPath mount with its propagation
+/// (HostToContainer = rslave, None = rprivate, Bidirectional = rshared) at the path `moved` gives
+/// it, the config file from `config` where the ConfigMap is mounted, and the container's args with
+/// the downward API's NODE_NAME filled in.
+fn as_the_daemonset_runs_it(
+    moved: &dyn Fn(&str, &str) -> (String, String),
+    config: &Path,
+) -> (Vec<String>, Vec<String>) {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let text = std::fs::read_to_string(repo().join("deploy/base/daemonset.yaml")).expect("daemonset.yaml");
+    let ds: DaemonSet = serde_yaml_ng::from_str(&text).expect("a DaemonSet");
+    let pod = ds.spec.and_then(|s| s.template.spec).expect("pod spec");
+    let c = pod.containers.first().expect("a container");
+    let mut flags = Vec::new();
+    assert_eq!(pod.host_pid, Some(true), "the DaemonSet runs in the host's PID namespace");
+    flags.push("--pid=host".to_owned());
+    let sc = c.security_context.as_ref().expect("securityContext");
+    if sc.privileged == Some(true) {
+        flags.push("--privileged".to_owned());
+    }
+    if sc.read_only_root_filesystem == Some(true) {
+        flags.push("--read-only".to_owned());
+    }
+    let volumes = pod.volumes.as_deref().unwrap_or_default();
+    for m in c.volume_mounts.as_deref().unwrap_or_default() {
+        let v = volumes.iter().find(|v| v.name == m.name).expect("the mount's volume");
+        let ro = if m.read_only == Some(true) { ",ro" } else { "" };
+        if let Some(h) = &v.host_path {
+            let (src, dst) = moved(&h.path, &m.mount_path);
+            let propagation = match m.mount_propagation.as_deref() {
+                Some("HostToContainer") => "rslave",
+                Some("Bidirectional") => "rshared",
+                None | Some("None") => "rprivate",
+                Some(other) => panic!("unknown mountPropagation {other}"),
+            };
+            flags.push("-v".to_owned());
+            flags.push(format!("{src}:{dst}:{propagation}{ro}"));
+        } else if v.config_map.is_some() {
+            assert_eq!(m.sub_path.as_deref(), Some("agent.toml"), "the config is mounted as one file");
+            flags.push("-v".to_owned());
+            flags.push(format!("{}:{}:ro", config.display(), m.mount_path));
+        } else {
+            panic!("the DaemonSet mounts volume {} of a kind this test does not know", v.name);
+        }
+    }
+    let mut args = c.args.clone().unwrap_or_default();
+    for e in c.env.as_deref().unwrap_or_default() {
+        let field = e.value_from.as_ref().and_then(|v| v.field_ref.as_ref()).map(|f| f.field_path.as_str());
+        let value = match field {
+            Some("spec.nodeName") => "container-node".to_owned(),
+            Some(other) => panic!("env {} from {other}: unknown to this test", e.name),
+            None => e.value.clone().unwrap_or_default(),
+        };
+        for a in &mut args {
+            *a = a.replace(&format!("$({})", e.name), &value);
+        }
+    }
+    assert!(args.iter().all(|a| !a.contains("$(")), "unresolved variables in {args:?}");
+    (flags, args)
+}
+
 /// `MAJ:MIN` of a block device.
 fn devnum(name: &str) -> String {
     std::fs::read_to_string(format!("/sys/class/block/{name}/dev")).expect("dev").trim().to_owned()
@@ -254,29 +317,29 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     let sock_dir = s.mkdir("run-blockjanitor");
     let state_dir = s.mkdir("var-lib-blockjanitor");
     let k = kubelet.to_str().expect("utf8").to_owned();
+    // Host paths of the DaemonSet, moved for the test: the kubelet directory (at the same path
+    // inside), the socket and state directories; /sys and /dev are the host's own.
+    let moved = |host_path: &str, mount_path: &str| -> (String, String) {
+        match host_path {
+            "/var/lib/kubelet" => (k.clone(), k.clone()),
+            "/run/blockjanitor" => (sock_dir.display().to_string(), mount_path.to_owned()),
+            "/var/lib/blockjanitor" => (state_dir.display().to_string(), mount_path.to_owned()),
+            "/sys" | "/dev" => (host_path.to_owned(), mount_path.to_owned()),
+            other => panic!("the DaemonSet mounts host path {other}, which this test does not know"),
+        }
+    };
     let start = |config: &Path, tag: &str| -> Container {
         let name = format!("bj-test-{}-{tag}", std::process::id());
+        let (flags, args) = as_the_daemonset_runs_it(&moved, config);
         let mut c = podman();
-        c.args(["run", "-d", "--name", &name])
-            .args(ULIMITS)
-            .args(["--privileged", "--pid=host", "--network", "none", "--read-only"])
-            .args(["-v", "/sys:/sys:rslave", "-v", "/dev:/dev:rslave"])
-            .args(["-v", &format!("{k}:{k}:rslave")])
-            .args(["-v", &format!("{}:/run/blockjanitor", sock_dir.display())])
-            .args(["-v", &format!("{}:/var/lib/blockjanitor", state_dir.display())])
-            .args(["-v", &format!("{}:/etc/blockjanitor/agent.toml:ro", config.display())]);
+        c.args(["run", "-d", "--name", &name]).args(ULIMITS).args(["--network", "none"]).args(&flags);
         if pid1_uninspectable() {
             c.args(["-e", &format!("{TRUST_INIT_ENV}=true")]);
         }
-        c.arg(image()).args(["--kubelet-dir", &k, "--rescan-interval", "1", "--log-format", "json"]).args([
-            "serve",
-            "--config",
-            "/etc/blockjanitor/agent.toml",
-            "--grace-period",
-            "0",
-            "--node-name",
-            "container-node",
-        ]);
+        c.arg(image())
+            .args(["--kubelet-dir", &k, "--rescan-interval", "1", "--log-format", "json"])
+            .args(&args)
+            .args(["--grace-period", "0"]);
         run(c, "podman run");
         Container { name }
     };
@@ -306,7 +369,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     // below is the propagation at work, not a mount that was never there).
     assert!(
         wait_until(Duration::from_secs(5), || !mounts_of(agent_pid, &maj_min).is_empty()),
-        "the host's mount did not propagate into the container (rslave)"
+        "the host's mount did not propagate into the container (the DaemonSet's kubelet mount must be HostToContainer)"
     );
     // The kernel's word on whether anything claims the device: an exclusive open (closed at once,
     // so as not to become a holder in turn).
