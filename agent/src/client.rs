@@ -356,6 +356,23 @@ pub fn device_value(d: &pb::Device) -> Value {
         "pod_uids": d.pod_uids,
         "kubelet_paths": d.kubelet_paths,
         "identity": d.identity,
+        "rbd": d.rbd.as_ref().map(rbd_value),
+        "wwid": d.wwid,
+        "nbd_backend": d.nbd_backend,
+    })
+}
+
+pub fn rbd_value(r: &pb::RbdMapping) -> Value {
+    json!({
+        "id": r.id,
+        "pool": r.pool,
+        "pool_namespace": r.pool_namespace,
+        "image": r.image,
+        "image_id": r.image_id,
+        "snap": r.snap,
+        "client_id": r.client_id,
+        "client_addr": r.client_addr,
+        "cluster_fsid": r.cluster_fsid,
     })
 }
 

@@ -72,6 +72,10 @@ pub struct TcpConfig {
     /// Client identities with the viewer role.
     #[serde(default)]
     pub viewers: Vec<String>,
+    /// Client identities with the console role: read, and Apply on behalf of an operator the
+    /// console names (recorded in the audit log).
+    #[serde(default)]
+    pub consoles: Vec<String>,
 }
 
 /// `[metrics]`.
@@ -228,7 +232,7 @@ impl Config {
                     .into(),
             ));
         }
-        if t.listen.is_some() && t.operators.is_empty() && t.viewers.is_empty() {
+        if t.listen.is_some() && t.operators.is_empty() && t.viewers.is_empty() && t.consoles.is_empty() {
             return Err(ConfigError::Invalid(
                 "a TCP listener with no client identities would refuse everyone: set tcp.operators and/or tcp.viewers".into(),
             ));

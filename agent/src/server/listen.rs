@@ -98,6 +98,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         socket_group_name: Some(cfg.socket.group.clone().unwrap_or_else(|| "root".into())),
         tcp_operators: cfg.tcp.operators.clone(),
         tcp_viewers: cfg.tcp.viewers.clone(),
+        tcp_consoles: cfg.tcp.consoles.clone(),
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
