@@ -69,7 +69,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let mut relist: Option<BTreeMap<String, Arc<K>>> = None;
-    let mut stream = std::pin::pin!(watcher::watcher(api, watcher::Config::default().any_semantic()).default_backoff());
+    let mut stream =
+        std::pin::pin!(watcher::watcher(api, watcher::Config::default().any_semantic()).default_backoff());
     while let Some(ev) = stream.next().await {
         let mut t = table.inner.write().unwrap_or_else(|p| p.into_inner());
         match ev {

@@ -46,7 +46,12 @@ pub fn parse_static(list: &str) -> Result<BTreeMap<String, AgentSpec>, DiscoverE
         if node.is_empty() || blockjanitor::client::split_host_port(addr).is_none() {
             return Err(bad());
         }
-        let spec = AgentSpec { node: node.to_owned(), address: addr.to_owned(), source: "static".into(), error: None };
+        let spec = AgentSpec {
+            node: node.to_owned(),
+            address: addr.to_owned(),
+            source: "static".into(),
+            error: None,
+        };
         if out.insert(node.to_owned(), spec).is_some() {
             return Err(DiscoverError::Duplicate(node.to_owned()));
         }
@@ -56,7 +61,10 @@ pub fn parse_static(list: &str) -> Result<BTreeMap<String, AgentSpec>, DiscoverE
 
 /// The agents the pods stand for: one per node (a pod with an IP wins over one without; then
 /// the one created last, as during a rolling update).
-pub fn agents_from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, port: u16) -> BTreeMap<String, AgentSpec> {
+pub fn agents_from_pods<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    port: u16,
+) -> BTreeMap<String, AgentSpec> {
     let mut best: BTreeMap<String, (bool, String, AgentSpec)> = BTreeMap::new();
     for p in pods {
         let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()) else {
@@ -75,9 +83,12 @@ pub fn agents_from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, port: u16) 
                 source: "kubernetes".into(),
                 error: None,
             },
-            Some(ip) => {
-                AgentSpec { node: node.clone(), address: format!("{ip}:{port}"), source: "kubernetes".into(), error: None }
-            }
+            Some(ip) => AgentSpec {
+                node: node.clone(),
+                address: format!("{ip}:{port}"),
+                source: "kubernetes".into(),
+                error: None,
+            },
             None => AgentSpec {
                 node: node.clone(),
                 address: String::new(),

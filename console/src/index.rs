@@ -214,10 +214,10 @@ impl Inner {
 
     /// Adds a node (or updates its address and source), keeping what is known about it.
     pub fn upsert_node(&mut self, name: &str, address: &str, source: &str, error: Option<&str>) {
-        let n = self.nodes.entry(name.to_owned()).or_insert_with(|| NodeEntry {
-            name: name.to_owned(),
-            ..Default::default()
-        });
+        let n = self
+            .nodes
+            .entry(name.to_owned())
+            .or_insert_with(|| NodeEntry { name: name.to_owned(), ..Default::default() });
         if n.address != address {
             n.reachable = false;
         }

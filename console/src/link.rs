@@ -216,9 +216,10 @@ pub async fn sync(
     let agent = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
         .await
         .map_err(|s| format!("GetNode: {}", client::status_line(&s)))?;
-    let list = client::call(timeout, c.list_devices(client::request(pb::ListDevicesRequest::default(), timeout)))
-        .await
-        .map_err(|s| format!("ListDevices: {}", client::status_line(&s)))?;
+    let list =
+        client::call(timeout, c.list_devices(client::request(pb::ListDevicesRequest::default(), timeout)))
+            .await
+            .map_err(|s| format!("ListDevices: {}", client::status_line(&s)))?;
     let mut w = index.write();
     w.replace_devices(node, list.devices);
     if let Some(n) = w.nodes.get_mut(node) {
@@ -254,12 +255,12 @@ async fn session(
         Err(e) => return (false, e.to_string()),
     };
     // Subscribe first, then read the list: nothing that changes in between is lost.
-    let mut stream = match tokio::time::timeout(opts.call_timeout, c.watch_events(pb::WatchEventsRequest {})).await
-    {
-        Ok(Ok(s)) => s.into_inner(),
-        Ok(Err(s)) => return (false, format!("WatchEvents: {}", client::status_line(&s))),
-        Err(_) => return (false, format!("WatchEvents: no answer within {:?}", opts.call_timeout)),
-    };
+    let mut stream =
+        match tokio::time::timeout(opts.call_timeout, c.watch_events(pb::WatchEventsRequest {})).await {
+            Ok(Ok(s)) => s.into_inner(),
+            Ok(Err(s)) => return (false, format!("WatchEvents: {}", client::status_line(&s))),
+            Err(_) => return (false, format!("WatchEvents: no answer within {:?}", opts.call_timeout)),
+        };
     if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
         return (false, e);
     }

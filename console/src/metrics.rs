@@ -17,7 +17,8 @@ use tokio::sync::watch;
 use crate::index::Index;
 
 /// Every method of the Fleet service (the `method` label).
-pub const METHODS: [&str; 7] = ["ListNodes", "ListDevices", "Where", "WhoWatches", "MultiAttach", "Plan", "Apply"];
+pub const METHODS: [&str; 7] =
+    ["ListNodes", "ListDevices", "Where", "WhoWatches", "MultiAttach", "Plan", "Apply"];
 
 /// The console's metrics.
 pub struct Metrics {
@@ -36,14 +37,18 @@ pub struct MetricsError(#[from] prometheus::Error);
 impl Metrics {
     pub fn new(index: Index) -> Result<Self, MetricsError> {
         let registry = Registry::new_custom(Some("blockjanitor_console".into()), None)?;
-        let agents = GaugeVec::new(Opts::new("agents", "Agents known to the console, by state (up, down)."), &["state"])?;
+        let agents = GaugeVec::new(
+            Opts::new("agents", "Agents known to the console, by state (up, down)."),
+            &["state"],
+        )?;
         let index_size = GaugeVec::new(
             Opts::new("index_entries", "What the fleet index holds, by what (nodes, devices)."),
             &["what"],
         )?;
         let latency = HistogramVec::new(
-            HistogramOpts::new("query_duration_seconds", "Time to answer a Fleet call, by method.")
-                .buckets(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]),
+            HistogramOpts::new("query_duration_seconds", "Time to answer a Fleet call, by method.").buckets(
+                vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
+            ),
             &["method"],
         )?;
         registry.register(Box::new(agents.clone()))?;

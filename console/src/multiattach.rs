@@ -63,7 +63,9 @@ pub fn volume_id(pv: &PersistentVolume) -> VolumeId {
 pub fn names_volume(entry: &str, v: &VolumeId) -> bool {
     v.unique_names.iter().any(|u| u == entry)
         || (!v.pv.is_empty() && entry.ends_with(&v.pv))
-        || v.images.iter().any(|i| i.rsplit('/').next().is_some_and(|img| !img.is_empty() && entry.ends_with(img)))
+        || v.images
+            .iter()
+            .any(|i| i.rsplit('/').next().is_some_and(|img| !img.is_empty() && entry.ends_with(img)))
 }
 
 /// Devices for the volume on every node of the index.
@@ -106,7 +108,8 @@ pub fn diagnose(
 ) -> Vec<pb::NodeDiagnosis> {
     let mut per: BTreeMap<String, pb::NodeDiagnosis> = BTreeMap::new();
     let entry = |per: &mut BTreeMap<String, pb::NodeDiagnosis>, n: &str| {
-        per.entry(n.to_owned()).or_insert_with(|| pb::NodeDiagnosis { node: n.to_owned(), ..Default::default() });
+        per.entry(n.to_owned())
+            .or_insert_with(|| pb::NodeDiagnosis { node: n.to_owned(), ..Default::default() });
     };
     for va in vas {
         let n = &va.spec.node_name;
@@ -123,7 +126,9 @@ pub fn diagnose(
         let attached = status
             .and_then(|s| s.volumes_attached.as_ref())
             .is_some_and(|l| l.iter().any(|a| names_volume(&a.name, v)));
-        let in_use = status.and_then(|s| s.volumes_in_use.as_ref()).is_some_and(|l| l.iter().any(|a| names_volume(a, v)));
+        let in_use = status
+            .and_then(|s| s.volumes_in_use.as_ref())
+            .is_some_and(|l| l.iter().any(|a| names_volume(a, v)));
         if attached || in_use {
             entry(&mut per, &name);
             if let Some(d) = per.get_mut(&name) {
@@ -173,7 +178,8 @@ mapping and no mount of it"
             d.detail = format!("the agent cannot vouch for {names}: {}", devs[0].reasons.join("; "));
         } else if let Some(h) = devs.iter().find(|x| held(x)) {
             d.diagnosis = pb::Diagnosis::InUseCorrect as i32;
-            let by = h.holders.first().map(|x| x.description.clone()).unwrap_or_else(|| verdict_name(h.verdict));
+            let by =
+                h.holders.first().map(|x| x.description.clone()).unwrap_or_else(|| verdict_name(h.verdict));
             d.detail = format!("{} maps the volume and is held: {by}", h.name);
         } else {
             d.diagnosis = pb::Diagnosis::StaleMapping as i32;

@@ -72,7 +72,9 @@ pub enum ConsoleError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("Kubernetes API: {0}")]
     Kube(String),
-    #[error("pod discovery needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster), or give --agents")]
+    #[error(
+        "pod discovery needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster), or give --agents"
+    )]
     NoDiscovery,
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
@@ -88,7 +90,8 @@ async fn kube_client(k: &KubeSource) -> Result<kube::Client, ConsoleError> {
     let config = if let Some(url) = &k.url {
         Config::new(url.parse().map_err(|e| ConsoleError::Kube(format!("invalid URL '{url}': {e}")))?)
     } else if let Some(path) = &k.kubeconfig {
-        let kc = Kubeconfig::read_from(path).map_err(|e| ConsoleError::Kube(format!("{}: {e}", path.display())))?;
+        let kc = Kubeconfig::read_from(path)
+            .map_err(|e| ConsoleError::Kube(format!("{}: {e}", path.display())))?;
         Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
             .await
             .map_err(|e| ConsoleError::Kube(format!("{}: {e}", path.display())))?
@@ -171,7 +174,9 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
         tasks.push(tokio::spawn(metrics::serve(l, Arc::clone(&metrics), shutdown.clone())));
     }
-    let l = TcpListener::bind(opts.listen).await.map_err(|source| ConsoleError::Bind { addr: opts.listen, source })?;
+    let l = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ConsoleError::Bind { addr: opts.listen, source })?;
     let bound = l.local_addr().map_or(opts.listen.to_string(), |a| a.to_string());
     tracing::info!(listener = "tcp", address = %bound, "serving blockjanitor.v1.Fleet on tcp {bound} (mutual TLS)");
     let result = Server::builder()

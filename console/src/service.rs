@@ -40,7 +40,9 @@ fn uninterpretable(what: &str) -> Status {
 impl FleetService {
     fn cluster(&self) -> Result<&Cluster, Status> {
         let c = self.cluster.as_ref().ok_or_else(|| {
-            Status::failed_precondition("the console runs without the Kubernetes API: PVs and PVCs are unknown")
+            Status::failed_precondition(
+                "the console runs without the Kubernetes API: PVs and PVCs are unknown",
+            )
         })?;
         if let Some(why) = c.not_synced() {
             return Err(Status::unavailable(why));
@@ -87,7 +89,9 @@ impl FleetService {
             }
             return Ok((format!("rbd image {q}"), vec![Key::Image(q.to_owned())]));
         }
-        if cluster.is_some_and(|c| c.pv(q).is_some()) || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty() {
+        if cluster.is_some_and(|c| c.pv(q).is_some())
+            || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
+        {
             return self.pv_keys(q, format!("PV {q}"));
         }
         Ok((format!("WWID {q}"), vec![Key::Wwid(q.to_ascii_lowercase())]))
@@ -116,7 +120,8 @@ impl FleetService {
         for k in keys {
             for d in ix.lookup(k) {
                 let same = |o: &pb::FleetDevice| {
-                    o.node == d.node && o.device.as_ref().map(|x| &x.name) == d.device.as_ref().map(|x| &x.name)
+                    o.node == d.node
+                        && o.device.as_ref().map(|x| &x.name) == d.device.as_ref().map(|x| &x.name)
                 };
                 if !out.iter().any(same) {
                     out.push(d);
@@ -126,7 +131,10 @@ impl FleetService {
         (out, ix.missing())
     }
 
-    fn agent_for(&self, node: &str) -> Result<blockjanitor_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, Status> {
+    fn agent_for(
+        &self,
+        node: &str,
+    ) -> Result<blockjanitor_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, Status> {
         if node.is_empty() {
             return Err(uninterpretable("name the node"));
         }
@@ -135,14 +143,20 @@ impl FleetService {
             Some(n) => n.missing_reason(),
         };
         self.links.client(node).ok_or_else(|| {
-            Status::unavailable(format!("the agent on {node} is not connected ({})", reason.unwrap_or_default()))
+            Status::unavailable(format!(
+                "the agent on {node} is not connected ({})",
+                reason.unwrap_or_default()
+            ))
         })
     }
 }
 
 #[tonic::async_trait]
 impl Fleet for FleetService {
-    async fn list_nodes(&self, req: Request<pb::ListNodesRequest>) -> Result<Response<pb::ListNodesResponse>, Status> {
+    async fn list_nodes(
+        &self,
+        req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let ix = self.index.read();
@@ -180,7 +194,11 @@ impl Fleet for FleetService {
         let missing_nodes =
             ix.missing().into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
         drop(ix);
-        self.timed("ListDevices", t, Ok(Response::new(pb::FleetListDevicesResponse { devices, missing_nodes })))
+        self.timed(
+            "ListDevices",
+            t,
+            Ok(Response::new(pb::FleetListDevicesResponse { devices, missing_nodes })),
+        )
     }
 
     async fn r#where(&self, req: Request<pb::WhereRequest>) -> Result<Response<pb::WhereResponse>, Status> {
@@ -212,10 +230,15 @@ impl Fleet for FleetService {
             let client = if r.client_id.is_empty() {
                 String::new()
             } else {
-                watchers::normalize_client(&r.client_id)
-                    .ok_or_else(|| uninterpretable(&format!("'{}' is not a client id (client.N)", r.client_id)))?
+                watchers::normalize_client(&r.client_id).ok_or_else(|| {
+                    uninterpretable(&format!("'{}' is not a client id (client.N)", r.client_id))
+                })?
             };
-            asked.push(watchers::Watcher { addr: r.client_addr.trim().to_owned(), client, cookie: String::new() });
+            asked.push(watchers::Watcher {
+                addr: r.client_addr.trim().to_owned(),
+                client,
+                cookie: String::new(),
+            });
         } else {
             return Err(uninterpretable("give client_addr, client_id or text"));
         }
@@ -239,10 +262,15 @@ impl Fleet for FleetService {
             let (mappings, m) = self.lookup(&keys);
             missing = m;
             let (unfence_safe, detail) = match (mappings.is_empty(), missing.is_empty()) {
-                (true, true) => (true, "no node maps anything for this client and every node answered".to_owned()),
+                (true, true) => {
+                    (true, "no node maps anything for this client and every node answered".to_owned())
+                }
                 (true, false) => (
                     false,
-                    format!("no answering node maps anything for this client, but {} node(s) did not answer", missing.len()),
+                    format!(
+                        "no answering node maps anything for this client, but {} node(s) did not answer",
+                        missing.len()
+                    ),
                 ),
                 (false, _) => (
                     false,
@@ -269,7 +297,11 @@ impl Fleet for FleetService {
                 detail,
             });
         }
-        self.timed("WhoWatches", t, Ok(Response::new(pb::WhoWatchesResponse { watchers: out, missing_nodes: missing })))
+        self.timed(
+            "WhoWatches",
+            t,
+            Ok(Response::new(pb::WhoWatchesResponse { watchers: out, missing_nodes: missing })),
+        )
     }
 
     async fn multi_attach(
@@ -303,29 +335,45 @@ impl Fleet for FleetService {
                         d.clear_steps.extend(plan.steps);
                         d.identities.push(plan.identity);
                         if !plan.refusal.is_empty() {
-                            d.detail.push_str(&format!("; the agent refuses to clean {}: {}", plan.device, plan.refusal));
+                            d.detail.push_str(&format!(
+                                "; the agent refuses to clean {}: {}",
+                                plan.device, plan.refusal
+                            ));
                         }
                     }
                 }
-                Err(s) => d.detail.push_str(&format!("; the agent's plan could not be read: {}", client::status_line(&s))),
+                Err(s) => d
+                    .detail
+                    .push_str(&format!("; the agent's plan could not be read: {}", client::status_line(&s))),
             }
         }
-        self.timed("MultiAttach", t, Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing })))
+        self.timed(
+            "MultiAttach",
+            t,
+            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing })),
+        )
     }
 
-    async fn plan(&self, req: Request<pb::FleetPlanRequest>) -> Result<Response<pb::FleetPlanResponse>, Status> {
+    async fn plan(
+        &self,
+        req: Request<pb::FleetPlanRequest>,
+    ) -> Result<Response<pb::FleetPlanResponse>, Status> {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
         let mut c = self.agent_for(&r.node)?;
         let timeout = self.links.options().call_timeout;
-        let plan = client::call(timeout, c.plan(client::request(pb::PlanRequest { devices: r.devices }, timeout)))
-            .await
-            .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
+        let plan =
+            client::call(timeout, c.plan(client::request(pb::PlanRequest { devices: r.devices }, timeout)))
+                .await
+                .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
         self.timed("Plan", t, Ok(Response::new(pb::FleetPlanResponse { node: r.node, plan: Some(plan) })))
     }
 
-    async fn apply(&self, req: Request<pb::FleetApplyRequest>) -> Result<Response<pb::FleetApplyResponse>, Status> {
+    async fn apply(
+        &self,
+        req: Request<pb::FleetApplyRequest>,
+    ) -> Result<Response<pb::FleetApplyResponse>, Status> {
         let t = Instant::now();
         let caller = self.policy.caller(&req)?;
         if caller.role < Role::Operator {
@@ -349,7 +397,11 @@ impl Fleet for FleetService {
         self.timed(
             "Apply",
             t,
-            Ok(Response::new(pb::FleetApplyResponse { node: r.node, result: Some(result), on_behalf_of: caller.identity })),
+            Ok(Response::new(pb::FleetApplyResponse {
+                node: r.node,
+                result: Some(result),
+                on_behalf_of: caller.identity,
+            })),
         )
     }
 }

@@ -72,7 +72,8 @@ mod tests {
     use super::*;
 
     /// Captured from `rbd status k8s/smoke` in the Ceph guest (tests/ceph/README.md).
-    const RBD_STATUS: &str = "Watchers:\n\twatcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961\n";
+    const RBD_STATUS: &str =
+        "Watchers:\n\twatcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961\n";
     /// The same image from `rados -p k8s listwatchers rbd_header.10152ed9df86`.
     const LISTWATCHERS: &str = "watcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961\n";
 

@@ -131,12 +131,7 @@ pub fn wwid(e: &crate::graph::DeviceEntry) -> String {
     if let Some(s) = &e.scsi {
         return s.disk.multipath_wwid().or_else(|| s.disk.wwid.clone()).unwrap_or_default();
     }
-    e.device
-        .dm
-        .as_ref()
-        .and_then(|dm| dm.uuid.strip_prefix("mpath-"))
-        .map(str::to_owned)
-        .unwrap_or_default()
+    e.device.dm.as_ref().and_then(|dm| dm.uuid.strip_prefix("mpath-")).map(str::to_owned).unwrap_or_default()
 }
 
 pub fn step(s: &Step) -> pb::Step {

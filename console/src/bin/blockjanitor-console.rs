@@ -117,7 +117,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<()> {
     let discovery = match &cli.agents {
         Some(list) => Discovery::Static(discover::parse_static(list)?),
-        None => Discovery::Pods { namespace: cli.namespace.clone(), selector: cli.selector.clone(), port: cli.agent_port },
+        None => Discovery::Pods {
+            namespace: cli.namespace.clone(),
+            selector: cli.selector.clone(),
+            port: cli.agent_port,
+        },
     };
     let mut links = LinkOptions::new(
         TlsFiles { cert: cli.agent_cert.clone(), key: cli.agent_key.clone(), ca: cli.agent_ca.clone() },
