@@ -159,6 +159,14 @@ fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {
 
 /// Connects to the agent; the whole attempt is bounded by `timeout`.
 pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<Channel>, ConnectError> {
+    Ok(AgentClient::new(connect_channel(target, timeout).await?)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
+}
+
+/// A channel to the agent (or, over TCP, to the fleet console, which speaks the same mutual
+/// TLS); the whole attempt is bounded by `timeout`.
+pub async fn connect_channel(target: &Target, timeout: Duration) -> Result<Channel, ConnectError> {
     let transport = |e: &(dyn std::error::Error + 'static)| ConnectError::Transport {
         target: target.describe(),
         message: error_chain(e),
@@ -198,9 +206,7 @@ pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<C
                     .map_err(|e| transport(&e))?
             }
         };
-        Ok(AgentClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE))
+        Ok(channel)
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,

@@ -16,9 +16,12 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
 
+/// Whether a table is synced, and its objects by key.
+type Contents<K> = (bool, BTreeMap<String, Arc<K>>);
+
 /// One collection, keyed by `namespace/name` (`name` for cluster-scoped objects).
 pub struct Table<K> {
-    inner: Arc<RwLock<(bool, BTreeMap<String, Arc<K>>)>>,
+    inner: Arc<RwLock<Contents<K>>>,
 }
 
 impl<K> Clone for Table<K> {

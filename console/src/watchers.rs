@@ -1,10 +1,7 @@
 //! Parsing what Ceph prints about an image's watchers: `rbd status POOL/IMAGE`
 //!
-//! ```text
-//! Watchers:
-//! 	watcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961
-//! ```
-//!
+//! `Watchers:` then, after a tab, one line per watcher:
+//! `watcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961`
 //! (`Watchers: none` when there is none) and `rados -p POOL listwatchers rbd_header.<id>`, which
 //! prints the same line without the tab. Each watcher is an address `IP:PORT/NONCE` (port 0 for a
 //! kernel client), a client id `client.N` and a cookie. Any other line is ignored, so a whole

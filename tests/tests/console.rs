@@ -192,7 +192,7 @@ impl Drop for Console {
 
 /// The whole cluster: API, agents, console, and the certificates to talk to it.
 struct Cluster {
-    _s: Scratch,
+    s: Scratch,
     pki: Pki,
     api: ApiServer,
     agents: Vec<(String, Daemon)>,
@@ -333,7 +333,7 @@ async fn start_cluster() -> Cluster {
     .map(|s| s.to_string())
     .collect();
     let console = Console::start(&args);
-    let cl = Cluster { _s: s, pki, api, agents, console };
+    let cl = Cluster { s, pki, api, agents, console };
     // Converged: three agents synced, the fourth known and unreachable.
     let mut c = cl.client("dashboard").await;
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -706,4 +706,80 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
         "the rbd4 series stayed after the device went"
     );
     assert!(http_get(addr, "/metrics").contains("device=\"sda\""));
+}
+
+/// Runs `bin` (agentctl, or its kubectl-plugin symlink) against the console as `dashboard`.
+fn ctl(cl: &Cluster, bin: &Path, args: &[&str]) -> (i32, String, String) {
+    let pem = cl.pki.issue("dashboard", &["dashboard"]);
+    let (c, k, ca) = (cl.s.path("dashboard.crt"), cl.s.path("dashboard.key"), cl.s.path("ca.crt"));
+    std::fs::write(&c, pem.cert).expect("write cert");
+    std::fs::write(&k, pem.key).expect("write key");
+    let out = Command::new(bin)
+        .args(args)
+        .env("BLOCKJANITOR_CONSOLE", cl.console.tcp.to_string())
+        .env("BLOCKJANITOR_CERT", &c)
+        .env("BLOCKJANITOR_KEY", &k)
+        .env("BLOCKJANITOR_CA", &ca)
+        .args(["--server-name", "localhost", "--timeout", "10"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl");
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let agentctl = bin("agentctl");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "where", PVC, "-o", "json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        let mut found: Vec<(String, String)> = v["matches"]
+            .as_array()
+            .expect("matches")
+            .iter()
+            .map(|m| {
+                (
+                    m["node"].as_str().unwrap_or("").to_owned(),
+                    m["device"]["name"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect();
+        found.sort();
+        assert_eq!(found, vec![pair("node-new", "rbd0"), pair("node-old", "rbd4")], "{v:#}");
+        assert_eq!(v["matches"][1]["device"]["verdict"], "stale", "{v:#}");
+        assert_eq!(v["missing_nodes"][0]["node"], "node-gone");
+
+        // The kubectl plugin: the same binary named kubectl-blockjanitor is `agentctl fleet`.
+        let plugin = cl.s.path("kubectl-blockjanitor");
+        std::os::unix::fs::symlink(&agentctl, &plugin).expect("symlink");
+        let (code, out, err) = ctl(&cl, &plugin, &["where", PVC]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with(&format!("PVC {PVC} -> PV {PV}")), "{out}");
+        let row = out.lines().find(|l| l.starts_with("node-old")).unwrap_or_else(|| panic!("{out}"));
+        assert!(row.contains("rbd4") && row.contains("stale") && row.contains("client.1138525"), "{out}");
+        assert!(out.contains("node-gone: unreachable"), "{out}");
+
+        let (code, out, err) = ctl(&cl, &plugin, &["multiattach", PVC, "-o", "yaml"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("diagnosis: safe_to_delete_va"), "{out}");
+        assert!(out.contains("diagnosis: stale_mapping"), "{out}");
+        let (code, out, _) = ctl(&cl, &plugin, &["multiattach", PVC]);
+        assert_eq!(code, 0);
+        assert!(out.contains("to clear the stale mapping on node-old:\n  rbd_unmap:"), "{out}");
+
+        let (code, out, err) = ctl(&cl, &plugin, &["who-watches", "client.1138525"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("unfence safe: no") && out.contains("node-old"), "{out}");
+        let (code, out, _) = ctl(&cl, &plugin, &["nodes", "-o", "json"]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["nodes"].as_array().map(Vec::len), Some(4));
+        // Without a console: one clear line, exit 1.
+        let out =
+            Command::new(&plugin).args(["nodes"]).env_remove("BLOCKJANITOR_CONSOLE").output().expect("run");
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains("fleet needs --console"), "{}", text(&out.stderr));
+    });
 }
