@@ -126,26 +126,26 @@ impl Policy {
     }
 
     /// For Apply: an operator, or the console on behalf of someone it names in [`ON_BEHALF_OF`].
-    /// Returns the caller and, for the console, whom it acts for.
+    /// Returns the caller and whom it says it acts for (required of the console).
     pub fn require_apply<T>(&self, req: &Request<T>) -> Result<(Caller, Option<String>), Status> {
         let caller = self.caller(req)?;
+        let on_behalf = req
+            .metadata()
+            .get(ON_BEHALF_OF)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
         match caller.role {
-            Role::Operator => Ok((caller, None)),
-            Role::Console => {
-                let on_behalf = req
-                    .metadata()
-                    .get(ON_BEHALF_OF)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::trim)
-                    .filter(|v| !v.is_empty())
-                    .map(str::to_owned);
-                match on_behalf {
-                    Some(who) => Ok((caller, Some(who))),
-                    None => Err(Status::permission_denied(format!(
-                        "the console may call Apply only on behalf of an operator named in {ON_BEHALF_OF}"
-                    ))),
-                }
-            }
+            // An operator may act anyway; whom it says it acts for is recorded as said (a
+            // console configured as an operator forwards this too).
+            Role::Operator => Ok((caller, on_behalf)),
+            Role::Console => match on_behalf {
+                Some(who) => Ok((caller, Some(who))),
+                None => Err(Status::permission_denied(format!(
+                    "the console may call Apply only on behalf of an operator named in {ON_BEHALF_OF}"
+                ))),
+            },
             Role::Viewer => Err(Status::permission_denied(
                 "this call needs the operator role (root on the socket, or an operator certificate)",
             )),
