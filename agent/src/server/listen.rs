@@ -142,7 +142,15 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let stop = wait(shutdown.clone());
         tasks.spawn(async move {
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)
+                // Nagle off: small answers go out at once, not after the peer's delayed ACK.
+                .serve_with_incoming_shutdown(
+                    tokio_stream::StreamExt::map(TcpListenerStream::new(l), |r| {
+                        r.inspect(|s| {
+                            let _ = s.set_nodelay(true);
+                        })
+                    }),
+                    stop,
+                )
                 .await
                 .map_err(ServeError::from)
         });
