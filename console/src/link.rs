@@ -160,20 +160,33 @@ impl Links {
                 })
                 .collect()
         };
+        let started = std::time::Instant::now();
+        let asked = clients.len();
         let mut set = tokio::task::JoinSet::new();
         for (node, mut c) in clients {
             let index = self.index.clone();
             let timeout = self.opts.call_timeout;
             set.spawn(async move {
-                if let Err(e) = sync(&mut c, &index, &node, timeout).await {
+                let t = std::time::Instant::now();
+                if let Err(e) = sync_devices(&mut c, &index, &node, timeout, None).await {
                     index.with_node(&node, |n| {
                         n.error = e;
                         n.reachable = false;
                     });
                 }
+                (node, t.elapsed())
             });
         }
-        while set.join_next().await.is_some() {}
+        let mut slowest = (String::new(), Duration::ZERO);
+        while let Some(r) = set.join_next().await {
+            if let Ok((node, took)) = r {
+                if took > slowest.1 {
+                    slowest = (node, took);
+                }
+            }
+        }
+        tracing::info!(agents = asked, took_ms = started.elapsed().as_millis() as u64, slowest = %slowest.0,
+            slowest_ms = slowest.1.as_millis() as u64, "fan-out done");
     }
 }
 
@@ -216,6 +229,17 @@ pub async fn sync(
     let agent = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
         .await
         .map_err(|s| format!("GetNode: {}", client::status_line(&s)))?;
+    sync_devices(c, index, node, timeout, Some(agent)).await
+}
+
+/// Reads the device list (and records `agent`, when given) and puts them in the index.
+pub async fn sync_devices(
+    c: &mut AgentClient<Channel>,
+    index: &Index,
+    node: &str,
+    timeout: Duration,
+    agent: Option<pb::Node>,
+) -> Result<(), String> {
     let list =
         client::call(timeout, c.list_devices(client::request(pb::ListDevicesRequest::default(), timeout)))
             .await
@@ -224,7 +248,9 @@ pub async fn sync(
     w.replace_devices(node, list.devices);
     if let Some(n) = w.nodes.get_mut(node) {
         let now = now_secs();
-        n.agent = Some(agent);
+        if agent.is_some() {
+            n.agent = agent;
+        }
         n.reachable = true;
         n.synced = true;
         n.last_seen = now;

@@ -277,6 +277,9 @@ fn main() {
         use std::io::BufRead;
         for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if std::env::var_os("BENCH_CONSOLE_LOG").is_some() {
+                    eprintln!("console: {line}");
+                }
                 if v["listener"] == "tcp" {
                     if let Some(a) = v["address"].as_str().and_then(|a| a.parse().ok()) {
                         let _ = tx.send(a);
