@@ -67,6 +67,7 @@ pub fn who_watches_value(r: &pb::WhoWatchesResponse) -> Value {
             "mappings": w.mappings.iter().map(fleet_device_value).collect::<Vec<_>>(),
             "unfence_safe": w.unfence_safe,
             "detail": w.detail,
+            "node_by_address": w.node_by_address,
         })).collect::<Vec<_>>(),
         "missing_nodes": missing_value(&r.missing_nodes),
     })

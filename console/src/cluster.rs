@@ -159,6 +159,14 @@ impl Cluster {
             .collect()
     }
 
+    /// The Node whose `status.addresses` include `ip`.
+    pub fn node_with_address(&self, ip: &str) -> Option<String> {
+        self.nodes.all().into_iter().find_map(|n| {
+            let has = n.status.as_ref()?.addresses.as_ref()?.iter().any(|a| a.address == ip);
+            has.then(|| n.metadata.name.clone().unwrap_or_default())
+        })
+    }
+
     /// The name of an object.
     pub fn name_of<K: Resource>(o: &K) -> String {
         o.name_any()

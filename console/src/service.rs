@@ -114,6 +114,25 @@ impl FleetService {
         Ok((resolved, keys))
     }
 
+    /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
+    /// Kubernetes API, every Node with no agent at all.
+    fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
+        let mut m = ix.missing();
+        if let Some(c) = &self.cluster {
+            for n in c.nodes.all() {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                if !ix.nodes.contains_key(&name) {
+                    m.push(pb::MissingNode {
+                        node: name,
+                        reason: "no blockjanitor agent pod on this node".into(),
+                    });
+                }
+            }
+            m.sort_by(|a, b| a.node.cmp(&b.node));
+        }
+        m
+    }
+
     fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
         let ix = self.index.read();
         let mut out: Vec<pb::FleetDevice> = Vec::new();
@@ -128,7 +147,7 @@ impl FleetService {
                 }
             }
         }
-        (out, ix.missing())
+        (out, self.missing_of(&ix))
     }
 
     fn agent_for(
@@ -162,7 +181,7 @@ impl Fleet for FleetService {
         let ix = self.index.read();
         let r = pb::ListNodesResponse {
             nodes: ix.nodes.values().map(|n| n.to_message()).collect(),
-            missing_nodes: ix.missing(),
+            missing_nodes: self.missing_of(&ix),
         };
         drop(ix);
         self.timed("ListNodes", t, Ok(Response::new(r)))
@@ -192,7 +211,7 @@ impl Fleet for FleetService {
             .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) })
             .collect();
         let missing_nodes =
-            ix.missing().into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
+            self.missing_of(&ix).into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
         drop(ix);
         self.timed(
             "ListDevices",
@@ -288,7 +307,17 @@ impl Fleet for FleetService {
                     ),
                 ),
             };
+            let node_by_address = match (&self.cluster, w.addr.is_empty()) {
+                (Some(c), false) => c.node_with_address(watchers::addr_ip(&w.addr)).unwrap_or_default(),
+                _ => String::new(),
+            };
+            let detail = if node_by_address.is_empty() {
+                detail
+            } else {
+                format!("{detail}; the client's address is node {node_by_address}'s")
+            };
             out.push(pb::WatcherMatch {
+                node_by_address,
                 client_addr: w.addr,
                 client_id: w.client,
                 cookie: w.cookie,
@@ -321,7 +350,7 @@ impl Fleet for FleetService {
         let v = multiattach::volume_id(&obj);
         let vas = cluster.vas_of(&pv);
         let nodes = cluster.nodes.all();
-        let mut missing = self.index.read().missing();
+        let mut missing = self.missing_of(&self.index.read());
         let mut diags = multiattach::diagnose(&v, &vas, &nodes, &self.index.read(), &mut missing);
         // A stale mapping: the agent's own plan is the exact way to clear it.
         let timeout = self.links.options().call_timeout;

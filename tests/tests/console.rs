@@ -73,10 +73,11 @@ fn agent_pod(name: &str, node: &str, ip: &str, app: &str) -> Value {
     })
 }
 
-fn node(name: &str, attached: bool, in_use: bool) -> Value {
+fn node(name: &str, ip: &str, attached: bool, in_use: bool) -> Value {
     let vol = format!("kubernetes.io/rbd/k8s:{IMAGE}");
     let mut status = json!({"conditions": kube_mock::ready_only(),
-                            "addresses": [{"type": "Hostname", "address": name}]});
+                            "addresses": [{"type": "InternalIP", "address": ip},
+                                          {"type": "Hostname", "address": name}]});
     if attached {
         status["volumesAttached"] = json!([{"name": vol, "devicePath": ""}]);
     }
@@ -271,10 +272,11 @@ async fn start_cluster() -> Cluster {
         st.lists.insert(
             "/api/v1/nodes",
             vec![
-                node("node-old", true, false),
-                node("node-new", true, true),
-                node("node-gone", true, false),
-                node("node-free", false, false),
+                node("node-old", "10.125.53.47", true, false),
+                node("node-new", "10.125.53.48", true, true),
+                // Incident 4's node: down, its watcher still on the image.
+                node("node-gone", "192.168.73.52", true, false),
+                node("node-free", "10.125.53.49", false, false),
             ],
         );
         st.lists.insert("/api/v1/persistentvolumes", vec![rbd_pv()]);
@@ -486,16 +488,39 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
             .into_inner();
         assert!(r.watchers[0].mappings.is_empty());
         assert!(!r.watchers[0].unfence_safe, "node-gone did not answer: {r:#?}");
+        assert_eq!(r.watchers[0].node_by_address, "node-gone", "the watcher's IP is node-gone's InternalIP");
         assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
 
-        // The agent pod on node-gone is deleted (the node was drained): every node answers now.
+        // The agent pod on node-gone is deleted.
         let pod = cl.api.state.lock().expect("state").lists["/api/v1/namespaces/blockjanitor/pods"]
             .iter()
             .find(|p| p["spec"]["nodeName"] == "node-gone")
             .cloned()
             .expect("pod");
         cl.api.publish("/api/v1/namespaces/blockjanitor/pods", "DELETED", pod);
+        // Still a Node with no agent to ask: not safe.
         let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = c
+                .who_watches(pb::WhoWatchesRequest { text: dead.into(), ..Default::default() })
+                .await
+                .expect("dead")
+                .into_inner();
+            let reasons: Vec<&str> = r.missing_nodes.iter().map(|m| m.reason.as_str()).collect();
+            if reasons == ["no blockjanitor agent pod on this node"] {
+                assert!(!r.watchers[0].unfence_safe, "{r:#?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the agent pod's deletion was not seen: {r:#?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // The node is deleted from the cluster: every node answers now.
+        let node_gone = cl.api.state.lock().expect("state").lists["/api/v1/nodes"]
+            .iter()
+            .find(|n| n["metadata"]["name"] == "node-gone")
+            .cloned()
+            .expect("node");
+        cl.api.publish("/api/v1/nodes", "DELETED", node_gone);
         loop {
             let r = c
                 .who_watches(pb::WhoWatchesRequest { text: dead.into(), ..Default::default() })
