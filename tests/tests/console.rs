@@ -808,3 +808,182 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         assert!(text(&out.stderr).contains("fleet needs --console"), "{}", text(&out.stderr));
     });
 }
+
+fn start_agent(
+    dir: &Path,
+    fixture: &str,
+    node: &str,
+    listen: &str,
+    tls: &(PathBuf, PathBuf, PathBuf),
+) -> Daemon {
+    let root = fixtures().join(fixture).to_string_lossy().into_owned();
+    let (cert, key, ca) = tls;
+    Daemon::start_with_global(
+        dir,
+        &["--root", &root],
+        &[
+            "--listen",
+            listen,
+            "--tls-cert",
+            cert.to_str().expect("utf8"),
+            "--tls-key",
+            key.to_str().expect("utf8"),
+            "--tls-client-ca",
+            ca.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+            "--grace-period",
+            "0",
+            "--node-name",
+            node,
+        ],
+    )
+}
+
+async fn wait_for<F: Fn(&pb::ListNodesResponse) -> bool>(c: &mut FleetClient<Channel>, what: &str, ok: F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        if ok(&n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {n:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reachable(n: &pb::ListNodesResponse, node: &str) -> bool {
+    n.nodes.iter().any(|x| x.name == node && x.reachable)
+}
+
+#[test]
+fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let port = free_port();
+    let (old_addr, late_addr) = (format!("127.0.0.2:{port}"), format!("127.0.0.4:{port}"));
+    let mut old = start_agent(&s.mkdir("old"), "incident1", "node-old", &old_addr, &tls);
+    let console_pem = pki.issue("console", &["console"]);
+    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+    std::fs::write(&ccert, console_pem.cert).expect("write cert");
+    std::fs::write(&ckey, console_pem.key).expect("write key");
+    let args: Vec<String> = [
+        "--tls-cert",
+        tls.0.to_str().expect("utf8"),
+        "--tls-key",
+        tls.1.to_str().expect("utf8"),
+        "--tls-client-ca",
+        tls.2.to_str().expect("utf8"),
+        "--viewer",
+        "dashboard",
+        "--agent-cert",
+        ccert.to_str().expect("utf8"),
+        "--agent-key",
+        ckey.to_str().expect("utf8"),
+        "--agent-ca",
+        tls.2.to_str().expect("utf8"),
+        "--agent-server-name",
+        "localhost",
+        "--agents",
+        &format!("node-old=https://{old_addr},node-late={late_addr}"),
+        "--call-timeout-ms",
+        "2000",
+        "--connect-timeout-ms",
+        "1000",
+        "--backoff-max-seconds",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let console = Console::start(&args);
+    let viewer = pki.issue("dashboard", &["dashboard"]);
+    rt().block_on(async {
+        let ch =
+            tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
+        // Health and reflection.
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+        for service in ["", "blockjanitor.v1.Fleet"] {
+            let r = h
+                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+                .await
+                .expect("health");
+            assert_eq!(
+                r.into_inner().status,
+                tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            );
+        }
+        let services = reflected_services(ch.clone()).await;
+        assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "{services:?}");
+        let mut c = FleetClient::new(ch);
+
+        wait_for(&mut c, "node-old synced, node-late refused", |n| {
+            reachable(n, "node-old")
+                && n.missing_nodes.iter().any(|m| m.node == "node-late" && m.reason.contains("refused"))
+        })
+        .await;
+        let image = format!("k8s/{IMAGE}");
+        let r = c
+            .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-old", "rbd4")]);
+        // Without the Kubernetes API, volume questions say so.
+        let e = c
+            .multi_attach(pb::MultiAttachRequest { pv: PV.into(), ..Default::default() })
+            .await
+            .expect_err("no API");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("without the Kubernetes API"), "{e:?}");
+
+        // The late agent comes up: the link's retries find it.
+        let _late = start_agent(&s.mkdir("late"), "incident1-newnode", "node-late", &late_addr, &tls);
+        wait_for(&mut c, "node-late connected on a retry", |n| reachable(n, "node-late")).await;
+        let r = c
+            .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0"), pair("node-old", "rbd4")]);
+        assert!(r.missing_nodes.is_empty(), "{r:#?}");
+
+        // The old node's agent stops: the link notices, and the node is missing from answers.
+        old.stop();
+        wait_for(&mut c, "node-old lost", |n| !reachable(n, "node-old")).await;
+        let r =
+            c.r#where(pb::WhereRequest { image, ..Default::default() }).await.expect("Where").into_inner();
+        assert_eq!(
+            r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),
+            ["node-old"],
+            "{r:#?}"
+        );
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        let o = n.nodes.iter().find(|x| x.name == "node-old").expect("node-old");
+        assert!(!o.error.is_empty() && o.last_seen_unix_seconds > 0.0, "{o:#?}");
+    });
+    drop(console);
+}
+
+async fn reflected_services(ch: Channel) -> Vec<String> {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(ch)
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let resp = stream.next().await.expect("one response").expect("ok");
+    match resp.message_response {
+        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
