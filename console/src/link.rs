@@ -244,6 +244,10 @@ pub async fn sync_devices(
         client::call(timeout, c.list_devices(client::request(pb::ListDevicesRequest::default(), timeout)))
             .await
             .map_err(|s| format!("ListDevices: {}", client::status_line(&s)))?;
+    // An agent that has not finished a scan lists nothing: that is no evidence of absence.
+    if list.scan_unix_seconds <= 0.0 {
+        return Err("the agent has not finished a scan yet".into());
+    }
     let mut w = index.write();
     w.replace_devices(node, list.devices);
     if let Some(n) = w.nodes.get_mut(node) {

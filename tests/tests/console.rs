@@ -863,7 +863,29 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
     let tls = pki.write_server(s.dir.path());
     let port = free_port();
     let (old_addr, late_addr) = (format!("127.0.0.2:{port}"), format!("127.0.0.4:{port}"));
-    let mut old = start_agent(&s.mkdir("old"), "incident1", "node-old", &old_addr, &tls);
+    // The old node's agent scans a copy of incident 1 every second: its rbd4 goes later.
+    let root = s.path("incident1");
+    copy_tree(&fixtures().join("incident1"), &root);
+    let mut old = Daemon::start_with_global(
+        &s.mkdir("old"),
+        &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
+        &[
+            "--listen",
+            &old_addr,
+            "--tls-cert",
+            tls.0.to_str().expect("utf8"),
+            "--tls-key",
+            tls.1.to_str().expect("utf8"),
+            "--tls-client-ca",
+            tls.2.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+            "--grace-period",
+            "0",
+            "--node-name",
+            "node-old",
+        ],
+    );
     let console_pem = pki.issue("console", &["console"]);
     let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
     std::fs::write(&ccert, console_pem.cert).expect("write cert");
@@ -948,6 +970,26 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
             .into_inner();
         assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0"), pair("node-old", "rbd4")]);
         assert!(r.missing_nodes.is_empty(), "{r:#?}");
+
+        // rbd4 is unmapped on the old node (sysfs as `rbd unmap` leaves it): the agent's event
+        // reaches the index long before the next full resync (60 s).
+        for p in ["sys/class/block/rbd4", "sys/bus/rbd/devices/4"] {
+            std::fs::remove_file(root.join(p)).expect("remove link");
+        }
+        std::fs::remove_dir_all(root.join("sys/devices/rbd/4")).expect("remove rbd 4");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = c
+                .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+                .await
+                .expect("Where")
+                .into_inner();
+            if devs(&r.matches) == vec![pair("node-late", "rbd0")] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the DEVICE_REMOVED event never reached the index: {r:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
 
         // The old node's agent stops: the link notices, and the node is missing from answers.
         old.stop();
