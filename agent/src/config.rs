@@ -274,6 +274,7 @@ cert = "/c"
 key = "/k"
 client_ca = "/ca"
 operators = ["console"]
+consoles = ["console.blockjanitor.svc"]
 [metrics]
 listen = "127.0.0.1:9910"
 "#;
@@ -282,6 +283,7 @@ listen = "127.0.0.1:9910"
         assert_eq!(c.node_name.as_deref(), Some("worker-3"));
         assert_eq!(c.grace_period(), Duration::from_secs(300));
         assert_eq!(c.tcp.operators, vec!["console"]);
+        assert_eq!(c.tcp.consoles, vec!["console.blockjanitor.svc"]);
     }
 
     /// The example in the README is a working config (keys after a `[table]` header belong to

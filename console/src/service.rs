@@ -87,7 +87,14 @@ impl FleetService {
             if let Some(pv) = cluster.and_then(|c| c.pv_of_pvc(q).ok()) {
                 return self.pv_keys(&pv, format!("PVC {q} -> PV {pv}"));
             }
-            return Ok((format!("rbd image {q}"), vec![Key::Image(q.to_owned())]));
+            // An image, or the same spec as an rbd-nbd backend.
+            return Ok((
+                format!("rbd image {q}"),
+                vec![Key::Image(q.to_owned()), Key::NbdBackend(q.to_owned())],
+            ));
+        }
+        if !self.index.read().lookup(&Key::NbdBackend(q.to_owned())).is_empty() {
+            return Ok((format!("nbd backend {q}"), vec![Key::NbdBackend(q.to_owned())]));
         }
         if cluster.is_some_and(|c| c.pv(q).is_some())
             || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()

@@ -443,6 +443,19 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
         assert!(m.contains("blockjanitor_console_agents{state=\"up\"} 3"), "{m}");
         assert!(m.contains("blockjanitor_console_agents{state=\"down\"} 1"), "{m}");
         assert!(m.contains("blockjanitor_console_query_duration_seconds_count{method=\"Where\"} 8"), "{m}");
+        assert!(m.contains("blockjanitor_console_index_entries{what=\"nodes\"} 4"), "{m}");
+        if require_real_kernel(&["promtool"]) {
+            let mut child = Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("promtool");
+            std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), m.as_bytes()).expect("write");
+            let out = child.wait_with_output().expect("promtool");
+            assert!(out.status.success(), "promtool: {}{}", text(&out.stdout), text(&out.stderr));
+        }
     });
 }
 
