@@ -21,7 +21,8 @@
 //! cert = "/etc/blockjanitor/tls/tls.crt"
 //! key = "/etc/blockjanitor/tls/tls.key"
 //! client_ca = "/etc/blockjanitor/tls/ca.crt"
-//! operators = ["console.blockjanitor.svc"]   # client certificate DNS SAN or CN
+//! operators = ["admin.blockjanitor.svc"]     # client certificate DNS SAN or CN
+//! consoles = ["console.blockjanitor.svc"]    # the fleet console: reads; Apply on behalf of someone
 //! viewers = ["dashboard"]
 //!
 //! [metrics]

@@ -213,6 +213,77 @@ mod tests {
         assert!(!names_volume("kubernetes.io/rbd/k8s:other", &v));
     }
 
+    fn va(name: &str, node: &str) -> std::sync::Arc<VolumeAttachment> {
+        std::sync::Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"attacher": "x", "nodeName": node, "source": {"persistentVolumeName": "pvc-0a5e"}},
+                "status": {"attached": true}
+            }))
+            .expect("va"),
+        )
+    }
+
+    fn mapping(verdict: pb::Verdict, held: bool) -> pb::Device {
+        pb::Device {
+            name: "rbd0".into(),
+            verdict: verdict as i32,
+            holders: if held {
+                vec![pb::Holder { description: "mounted at /mnt".into(), ..Default::default() }]
+            } else {
+                vec![]
+            },
+            rbd: Some(pb::RbdMapping {
+                pool: "k8s".into(),
+                image: "kubernetes-dynamic-pvc-0a5e".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_diagnosis_per_node() {
+        let v = volume_id(&pv());
+        let index = crate::index::Index::new();
+        {
+            let mut w = index.write();
+            for (n, devs) in [
+                ("stale", vec![mapping(pb::Verdict::Stale, false)]),
+                ("used", vec![mapping(pb::Verdict::InUse, true)]),
+                ("blind", vec![mapping(pb::Verdict::Unknown, false)]),
+                ("free", vec![]),
+                ("status-only", vec![]),
+            ] {
+                w.upsert_node(n, "127.0.0.1:1", "static", None);
+                w.replace_devices(n, devs);
+                if let Some(e) = w.nodes.get_mut(n) {
+                    e.reachable = true;
+                    e.synced = true;
+                }
+            }
+        }
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "status-only"},
+            "status": {"volumesAttached": [{"name": "kubernetes.io/rbd/k8s:kubernetes-dynamic-pvc-0a5e", "devicePath": ""}]}
+        }))
+        .expect("node");
+        let mut missing = Vec::new();
+        let d =
+            diagnose(&v, &[va("va-free", "free")], &[std::sync::Arc::new(node)], &index.read(), &mut missing);
+        let by = |n: &str| d.iter().find(|x| x.node == n).map(|x| x.diagnosis);
+        assert_eq!(by("stale"), Some(pb::Diagnosis::StaleMapping as i32));
+        assert_eq!(by("used"), Some(pb::Diagnosis::InUseCorrect as i32));
+        assert_eq!(
+            by("blind"),
+            Some(pb::Diagnosis::Unknown as i32),
+            "an agent that cannot vouch is never safe"
+        );
+        assert_eq!(by("free"), Some(pb::Diagnosis::SafeToDeleteVa as i32));
+        assert_eq!(by("status-only"), Some(pb::Diagnosis::NoMapping as i32));
+        assert!(missing.is_empty());
+    }
+
     #[test]
     fn an_unknown_node_is_never_safe() {
         let v = volume_id(&pv());
