@@ -744,6 +744,22 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
         "the rbd4 series stayed after the device went"
     );
     assert!(http_get(addr, "/metrics").contains("device=\"sda\""));
+
+    // A multipath node (incident 3): the map and its SCSI paths carry the WWID multipath uses.
+    let mp = Daemon::start_with_global(
+        &s.mkdir("mp"),
+        &["--root", fixtures().join("multipath-incident3").to_str().expect("utf8")],
+        &["--metrics-listen", "127.0.0.1:0", "--node-name", "node-fc"],
+    );
+    let m = http_get(mp.metrics.expect("metrics address"), "/metrics");
+    for dev in ["dm-12", "sdi", "sdj"] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with("blockjanitor_device_info{") && l.contains(&format!("device=\"{dev}\"")))
+            .unwrap_or_else(|| panic!("no device_info for {dev}: {m}"));
+        assert!(line.contains("wwid=\"3618cf24100f8f457014a764c000001f6\""), "{line}");
+        assert!(line.contains("node=\"node-fc\""), "{line}");
+    }
 }
 
 /// Runs `bin` (agentctl, or its kubectl-plugin symlink) against the console as `dashboard`.
