@@ -1058,3 +1058,90 @@ async fn reflected_services(ch: Channel) -> Vec<String> {
         other => panic!("unexpected reflection answer {other:?}"),
     }
 }
+
+#[test]
+fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let port = free_port();
+    let late_addr = format!("127.0.0.3:{port}");
+    rt().block_on(async {
+        let api = ApiServer::start(kube_mock::node_object(kube_mock::ready_only())).await;
+        let mut pending = agent_pod("blockjanitor-agent-p4n2d", "node-late", "", "blockjanitor-agent");
+        pending["status"] = json!({"phase": "Pending"});
+        api.state
+            .lock()
+            .expect("state")
+            .lists
+            .insert("/api/v1/namespaces/blockjanitor/pods", vec![pending.clone()]);
+        api.state
+            .lock()
+            .expect("state")
+            .lists
+            .insert("/api/v1/nodes", vec![node("node-late", "10.0.0.3", false, false)]);
+        api.state.lock().expect("state").lists.insert("/api/v1/persistentvolumeclaims", vec![]);
+        let console_pem = pki.issue("console", &["console"]);
+        let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+        std::fs::write(&ccert, console_pem.cert).expect("write cert");
+        std::fs::write(&ckey, console_pem.key).expect("write key");
+        let url = api.url();
+        let port_text = port.to_string();
+        let args: Vec<String> = [
+            "--tls-cert",
+            tls.0.to_str().expect("utf8"),
+            "--tls-key",
+            tls.1.to_str().expect("utf8"),
+            "--tls-client-ca",
+            tls.2.to_str().expect("utf8"),
+            "--viewer",
+            "dashboard",
+            "--agent-cert",
+            ccert.to_str().expect("utf8"),
+            "--agent-key",
+            ckey.to_str().expect("utf8"),
+            "--agent-ca",
+            tls.2.to_str().expect("utf8"),
+            "--agent-server-name",
+            "localhost",
+            "--namespace",
+            NS,
+            "--selector",
+            SELECTOR,
+            "--agent-port",
+            &port_text,
+            "--kube-url",
+            &url,
+            "--backoff-max-seconds",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let console = Console::start(&args);
+        let viewer = pki.issue("dashboard", &["dashboard"]);
+        let ch =
+            tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
+        let mut c = FleetClient::new(ch);
+        wait_for(&mut c, "the pending pod's node listed, with why it cannot be asked", |n| {
+            n.missing_nodes.iter().any(|m| m.node == "node-late" && m.reason.contains("has no IP yet"))
+        })
+        .await;
+        // The pod gets its IP and the agent runs: the console connects to the new address.
+        let _agent = start_agent(&s.mkdir("late"), "incident1-newnode", "node-late", &late_addr, &tls);
+        let running = agent_pod("blockjanitor-agent-p4n2d", "node-late", "127.0.0.3", "blockjanitor-agent");
+        api.publish("/api/v1/namespaces/blockjanitor/pods", "MODIFIED", running);
+        wait_for(&mut c, "node-late reachable at its pod IP", |n| reachable(n, "node-late")).await;
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        assert_eq!(n.nodes[0].address, late_addr);
+        assert_eq!(n.nodes[0].source, "kubernetes");
+        assert!(n.missing_nodes.is_empty(), "{n:#?}");
+        let r = c
+            .r#where(pb::WhereRequest { image: format!("k8s/{IMAGE}"), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0")]);
+        drop(console);
+    });
+}
