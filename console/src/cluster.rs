@@ -11,7 +11,6 @@ use std::sync::{Arc, RwLock};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
@@ -66,35 +65,48 @@ impl<K: Resource> Table<K> {
     }
 }
 
-/// Follows one collection into `table` until the task is aborted.
+/// Follows one collection into `table` until the task is aborted. A watch that fails in any way
+/// is not resumed: the table is marked unsynced at once, the watcher dropped and, after a backoff
+/// (1 s doubling to 30 s, reset by a complete list), a fresh one lists again; only a complete
+/// list marks the table synced (as the agent's `kube/cache.rs` does: a resumed watch could have
+/// missed changes).
 async fn follow<K>(api: Api<K>, table: Table<K>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let mut relist: Option<BTreeMap<String, Arc<K>>> = None;
-    let mut stream =
-        std::pin::pin!(watcher::watcher(api, watcher::Config::default().any_semantic()).default_backoff());
-    while let Some(ev) = stream.next().await {
-        let mut t = table.inner.write().unwrap_or_else(|p| p.into_inner());
-        match ev {
-            Ok(Event::Init) => relist = Some(BTreeMap::new()),
-            Ok(Event::InitApply(o)) => {
-                if let Some(r) = relist.as_mut() {
-                    r.insert(Table::key(&o), Arc::new(o));
+    let mut backoff = std::time::Duration::from_secs(1);
+    loop {
+        let mut relist: Option<BTreeMap<String, Arc<K>>> = None;
+        let mut stream =
+            std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default().any_semantic()));
+        while let Some(ev) = stream.next().await {
+            let mut t = table.inner.write().unwrap_or_else(|p| p.into_inner());
+            match ev {
+                Ok(Event::Init) => relist = Some(BTreeMap::new()),
+                Ok(Event::InitApply(o)) => {
+                    if let Some(r) = relist.as_mut() {
+                        r.insert(Table::key(&o), Arc::new(o));
+                    }
+                }
+                Ok(Event::InitDone) => {
+                    *t = (true, relist.take().unwrap_or_default());
+                    backoff = std::time::Duration::from_secs(1);
+                }
+                Ok(Event::Apply(o)) => {
+                    t.1.insert(Table::key(&o), Arc::new(o));
+                }
+                Ok(Event::Delete(o)) => {
+                    t.1.remove(&Table::key(&o));
+                }
+                Err(e) => {
+                    t.0 = false;
+                    tracing::warn!(kind = %K::kind(&()), error = %e, retry_in = ?backoff, "watch failed; relisting");
+                    break;
                 }
             }
-            Ok(Event::InitDone) => *t = (true, relist.take().unwrap_or_default()),
-            Ok(Event::Apply(o)) => {
-                t.1.insert(Table::key(&o), Arc::new(o));
-            }
-            Ok(Event::Delete(o)) => {
-                t.1.remove(&Table::key(&o));
-            }
-            Err(e) => {
-                t.0 = false;
-                tracing::warn!(kind = %K::kind(&()), error = %e, "watch failed; relisting");
-            }
         }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
     }
 }
 

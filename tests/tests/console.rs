@@ -1142,6 +1142,37 @@ fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
             .expect("Where")
             .into_inner();
         assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0")]);
+
+        // The PVC watch breaks and lists fail: PVC questions say the view is not synced, instead
+        // of answering from a table that may have missed changes; once lists work again, a
+        // complete relist makes it answer again.
+        let pvcs = "/api/v1/persistentvolumeclaims";
+        let ask = || pb::WhereRequest { pvc: "shop/data-db-0".into(), ..Default::default() };
+        let e = c.r#where(ask()).await.expect_err("no such PVC");
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        api.fail_lists(pvcs, true);
+        api.fail_watches(pvcs, true);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = c.r#where(ask()).await.expect_err("no answer");
+            if e.code() == Code::Unavailable {
+                assert!(e.message().contains("persistentvolumeclaims"), "{e:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the broken watch was never noticed: {e:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        api.fail_lists(pvcs, false);
+        api.fail_watches(pvcs, false);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = c.r#where(ask()).await.expect_err("no such PVC");
+            if e.code() == Code::NotFound {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never relisted: {e:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         drop(console);
     });
 }
