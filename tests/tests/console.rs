@@ -826,6 +826,28 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         let (code, out, err) = ctl(&cl, &plugin, &["who-watches", "client.1138525"]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("unfence safe: no") && out.contains("node-old"), "{out}");
+        // `rbd status ... | kubectl blockjanitor who-watches -`
+        let mut child = Command::new(&plugin)
+            .args(["who-watches", "-", "-o", "json", "--server-name", "localhost"])
+            .env("BLOCKJANITOR_CONSOLE", cl.console.tcp.to_string())
+            .env("BLOCKJANITOR_CERT", cl.s.path("dashboard.crt"))
+            .env("BLOCKJANITOR_KEY", cl.s.path("dashboard.key"))
+            .env("BLOCKJANITOR_CA", cl.s.path("ca.crt"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the plugin");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), RBD_STATUS_OLD.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("plugin");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["watchers"][0]["client_addr"], "10.125.53.47:0/3423687629", "{v:#}");
+        assert_eq!(v["watchers"][0]["mappings"][0]["node"], "node-old", "{v:#}");
+        assert_eq!(v["watchers"][0]["mappings"][0]["device"]["name"], "rbd4", "{v:#}");
+        assert_eq!(v["watchers"][0]["unfence_safe"], false);
+
         let (code, out, _) = ctl(&cl, &plugin, &["nodes", "-o", "json"]);
         assert_eq!(code, 0);
         let v: Value = serde_json::from_str(&out).expect("json");
