@@ -61,14 +61,16 @@ struct Cli {
         value_name = "HOST:PORT"
     )]
     console: Option<String>,
-    /// Client certificate (PEM), for --addr and --console.
-    #[arg(long, global = true, help_heading = "Connection", env = "BLOCKJANITOR_CERT", value_name = "FILE")]
+    /// Client certificate (PEM), for --addr and --console (fleet: also BLOCKJANITOR_CERT).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM), for --addr and --console.
-    #[arg(long, global = true, help_heading = "Connection", env = "BLOCKJANITOR_KEY", value_name = "FILE")]
+    /// The client certificate's private key (PEM), for --addr and --console (fleet: also
+    /// BLOCKJANITOR_KEY).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     key: Option<PathBuf>,
-    /// CA certificate that signed the agent's (or console's) certificate (PEM).
-    #[arg(long, global = true, help_heading = "Connection", env = "BLOCKJANITOR_CA", value_name = "FILE")]
+    /// CA certificate that signed the agent's (or console's) certificate (PEM) (fleet: also
+    /// BLOCKJANITOR_CA).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     ca: Option<PathBuf>,
     /// Name the agent's certificate must carry [default: the host part of --addr].
     #[arg(long, global = true, help_heading = "Connection", value_name = "NAME")]
@@ -375,14 +377,22 @@ fn console_target(cli: &Cli) -> Result<Target> {
     }
     let (host, _) = client::split_host_port(addr)
         .with_context(|| format!("--console '{addr}' is not HOST:PORT (e.g. blockjanitor-console:9444)"))?;
-    let (Some(cert), Some(key), Some(ca)) = (&cli.cert, &cli.key, &cli.ca) else {
-        bail!("--console needs --cert, --key and --ca (mutual TLS)");
+    // For fleet only, the files may come from the environment (the kubectl plugin's usual way);
+    // the local commands never pick them up from there.
+    let file =
+        |flag: &Option<PathBuf>, var: &str| flag.clone().or_else(|| std::env::var_os(var).map(PathBuf::from));
+    let (Some(cert), Some(key), Some(ca)) = (
+        file(&cli.cert, "BLOCKJANITOR_CERT"),
+        file(&cli.key, "BLOCKJANITOR_KEY"),
+        file(&cli.ca, "BLOCKJANITOR_CA"),
+    ) else {
+        bail!("--console needs --cert, --key and --ca (or BLOCKJANITOR_CERT, _KEY, _CA): mutual TLS");
     };
     Ok(Target::Tcp(TcpTarget {
         addr: addr.clone(),
-        cert: cert.clone(),
-        key: key.clone(),
-        ca: ca.clone(),
+        cert,
+        key,
+        ca,
         server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
     }))
 }
@@ -671,6 +681,35 @@ mod tests {
         assert!(parse(&["apply", "loop3", "--identity", "a"]).is_err(), "--identity without --yes");
         assert!(parse(&["--timeout", "0", "node"]).is_err());
         assert!(parse(&["node", "--timeout", "5"]).is_ok());
+    }
+
+    #[test]
+    fn fleet_targets_the_console() {
+        let cli = parse(&[
+            "fleet",
+            "where",
+            "shop/db",
+            "--console",
+            "console:9444",
+            "--cert",
+            "c",
+            "--key",
+            "k",
+            "--ca",
+            "a",
+        ])
+        .expect("parse");
+        match console_target(&cli).expect("target") {
+            Target::Tcp(t) => {
+                assert_eq!((t.addr.as_str(), t.server_name.as_str()), ("console:9444", "console"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = parse(&["fleet", "nodes", "--console", "console:9444", "--addr", "n:1"]).expect("parse");
+        assert!(console_target(&cli).is_err(), "--addr is one agent, not the console");
+        let cli = parse(&["fleet", "multiattach", "pvc/shop/db", "-o", "yaml"]).expect("parse");
+        assert!(matches!(cli.command, Command::Fleet { command: FleetCommand::Multiattach { .. } }));
+        assert!(parse(&["fleet", "where"]).is_err(), "where needs something to look for");
     }
 
     #[test]
