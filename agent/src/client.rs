@@ -159,6 +159,14 @@ fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {
 
 /// Connects to the agent; the whole attempt is bounded by `timeout`.
 pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<Channel>, ConnectError> {
+    Ok(AgentClient::new(connect_channel(target, timeout).await?)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
+}
+
+/// A channel to the agent (or, over TCP, to the fleet console, which speaks the same mutual
+/// TLS); the whole attempt is bounded by `timeout`.
+pub async fn connect_channel(target: &Target, timeout: Duration) -> Result<Channel, ConnectError> {
     let transport = |e: &(dyn std::error::Error + 'static)| ConnectError::Transport {
         target: target.describe(),
         message: error_chain(e),
@@ -198,9 +206,7 @@ pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<C
                     .map_err(|e| transport(&e))?
             }
         };
-        Ok(AgentClient::new(channel)
-            .max_decoding_message_size(MAX_MESSAGE)
-            .max_encoding_message_size(MAX_MESSAGE))
+        Ok(channel)
     };
     match tokio::time::timeout(timeout, attempt).await {
         Ok(r) => r,
@@ -356,6 +362,23 @@ pub fn device_value(d: &pb::Device) -> Value {
         "pod_uids": d.pod_uids,
         "kubelet_paths": d.kubelet_paths,
         "identity": d.identity,
+        "rbd": d.rbd.as_ref().map(rbd_value),
+        "wwid": d.wwid,
+        "nbd_backend": d.nbd_backend,
+    })
+}
+
+pub fn rbd_value(r: &pb::RbdMapping) -> Value {
+    json!({
+        "id": r.id,
+        "pool": r.pool,
+        "pool_namespace": r.pool_namespace,
+        "image": r.image,
+        "image_id": r.image_id,
+        "snap": r.snap,
+        "client_id": r.client_id,
+        "client_addr": r.client_addr,
+        "cluster_fsid": r.cluster_fsid,
     })
 }
 

@@ -21,7 +21,8 @@
 //! cert = "/etc/blockjanitor/tls/tls.crt"
 //! key = "/etc/blockjanitor/tls/tls.key"
 //! client_ca = "/etc/blockjanitor/tls/ca.crt"
-//! operators = ["console.blockjanitor.svc"]   # client certificate DNS SAN or CN
+//! operators = ["admin.blockjanitor.svc"]     # client certificate DNS SAN or CN
+//! consoles = ["console.blockjanitor.svc"]    # the fleet console: reads; Apply on behalf of someone
 //! viewers = ["dashboard"]
 //!
 //! [metrics]
@@ -75,6 +76,10 @@ pub struct TcpConfig {
     /// Client identities with the viewer role.
     #[serde(default)]
     pub viewers: Vec<String>,
+    /// Client identities with the console role: read, and Apply on behalf of an operator the
+    /// console names (recorded in the audit log).
+    #[serde(default)]
+    pub consoles: Vec<String>,
 }
 
 /// `[metrics]`.
@@ -242,7 +247,7 @@ impl Config {
                     .into(),
             ));
         }
-        if t.listen.is_some() && t.operators.is_empty() && t.viewers.is_empty() {
+        if t.listen.is_some() && t.operators.is_empty() && t.viewers.is_empty() && t.consoles.is_empty() {
             return Err(ConfigError::Invalid(
                 "a TCP listener with no client identities would refuse everyone: set tcp.operators and/or tcp.viewers".into(),
             ));
@@ -284,6 +289,7 @@ cert = "/c"
 key = "/k"
 client_ca = "/ca"
 operators = ["console"]
+consoles = ["console.blockjanitor.svc"]
 [metrics]
 listen = "127.0.0.1:9910"
 [health]
@@ -295,6 +301,7 @@ listen = "0.0.0.0:9911"
         assert_eq!(c.node_name.as_deref(), Some("worker-3"));
         assert_eq!(c.grace_period(), Duration::from_secs(300));
         assert_eq!(c.tcp.operators, vec!["console"]);
+        assert_eq!(c.tcp.consoles, vec!["console.blockjanitor.svc"]);
     }
 
     /// The example in the README is a working config (keys after a `[table]` header belong to

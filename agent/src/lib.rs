@@ -19,6 +19,7 @@ pub mod discover;
 pub mod dmioctl;
 pub mod engine;
 pub mod errors;
+pub mod fleet_render;
 pub mod gates;
 pub mod grace;
 pub mod graph;

@@ -1,6 +1,9 @@
 //! Every Prometheus series the agent exports, in one place, with the prefix `blockjanitor_` and
 //! bounded label values (device kinds, verdicts, holder kinds, triggers, actions, results are
-//! closed sets; no device names, PIDs or paths as labels).
+//! closed sets; no device names, PIDs or paths as labels), except `device_info`: one series per
+//! rbd, nbd, multipath or SCSI device (bounded by the node's devices of those kinds, reset on
+//! every scan so a device that went takes its series with it), for joining a device to its image,
+//! client, WWID and PV in queries.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -27,6 +30,7 @@ pub struct Metrics {
     scan_failures: IntCounterVec,
     actions: IntCounterVec,
     last_scan: Gauge,
+    device_info: GaugeVec,
 }
 
 /// A metric could not be defined (a bug: names and labels are constants).
@@ -70,6 +74,13 @@ impl Metrics {
             &["version"],
         )?;
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        let device_info = GaugeVec::new(
+            Opts::new(
+                "device_info",
+                "Always 1: an rbd, nbd, multipath or SCSI device in the latest scan, with what it is a view of.",
+            ),
+            &["node", "device", "kind", "pool", "image", "client_addr", "wwid", "pv", "verdict"],
+        )?;
         for c in [
             Box::new(devices.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(holders.clone()),
@@ -79,6 +90,7 @@ impl Metrics {
             Box::new(actions.clone()),
             Box::new(last_scan.clone()),
             Box::new(build_info),
+            Box::new(device_info.clone()),
         ] {
             registry.register(c)?;
         }
@@ -101,11 +113,49 @@ impl Metrics {
                 actions.with_label_values(&[a, r]);
             }
         }
-        Ok(Self { registry, devices, holders, scan_duration, scans, scan_failures, actions, last_scan })
+        Ok(Self {
+            registry,
+            devices,
+            holders,
+            scan_duration,
+            scans,
+            scan_failures,
+            actions,
+            last_scan,
+            device_info,
+        })
     }
 
-    /// Records a finished scan and the state it found.
-    pub fn observe_scan(&self, trigger: &'static str, took: Duration, view: &View) {
+    /// Records a finished scan of `node` and the state it found.
+    pub fn observe_scan(&self, node: &str, trigger: &'static str, took: Duration, view: &View) {
+        self.device_info.reset();
+        for d in &view.devices {
+            let e = &d.entry;
+            let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
+            if !(e.rbd.is_some() || e.device.kind == DeviceKind::Nbd || multipath || e.scsi.is_some()) {
+                continue;
+            }
+            let (pool, image, client_addr) = e
+                .rbd
+                .as_ref()
+                .map(|r| (r.pool.as_str(), r.image.as_str(), r.client_addr.as_str()))
+                .unwrap_or_default();
+            let wwid = crate::server::convert::wwid(e);
+            let pv = e.kubernetes.as_ref().map(|k| k.pv_names.join(",")).unwrap_or_default();
+            self.device_info
+                .with_label_values(&[
+                    node,
+                    e.device.name.as_str(),
+                    e.device.kind.as_str(),
+                    pool,
+                    image,
+                    client_addr,
+                    wwid.as_str(),
+                    pv.as_str(),
+                    d.judgement.verdict.as_str(),
+                ])
+                .set(1.0);
+        }
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         for k in DeviceKind::ALL {

@@ -1,4 +1,5 @@
-//! The blockjanitor agent's gRPC API, generated from `blockjanitor/v1/agent.proto`. Nothing but
+//! The blockjanitor agent's gRPC API, generated from `blockjanitor/v1/agent.proto`, and the
+//! fleet console's (`fleet.proto`, same package). Nothing but
 //! generated code lives here.
 
 /// Version 1 of the API.

@@ -2,7 +2,9 @@
 //! lists with resource versions, chunked watch streams that close after a while and resume from
 //! the last resource version, Node lookups (full or metadata-only, 404 for a name with no Node),
 //! Event creation and Node status patches, serving the real API's JSON shapes. Every request is
-//! recorded for the assertions. Used by `tests/kube_api.rs` and the daemon's end-to-end tests.
+//! recorded for the assertions. Used by `tests/kube_api.rs`, the daemon's end-to-end tests and the
+//! console's (which replaces the collections in [`State::lists`]: agent pods by label, Nodes,
+//! PVCs).
 //!
 //! Faults, for the tests of a view that must stop vouching: lists or watches of a collection
 //! answered with HTTP 500 ([`ApiServer::fail_lists`], [`ApiServer::fail_watches`]), open watch
@@ -344,9 +346,18 @@ impl ApiServer {
             let node = sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector").to_string();
             items.retain(|i| i["spec"]["nodeName"] == json!(node));
         }
-        let kind = match collection {
-            "/api/v1/pods" => ("v1", "PodList"),
-            "/api/v1/persistentvolumes" => ("v1", "PersistentVolumeList"),
+        if let Some(sel) = rec.query.get("labelSelector") {
+            // Equality selectors (`a=b,c=d`), what the console uses.
+            for term in sel.split(',').filter(|t| !t.is_empty()) {
+                let (k, v) = term.split_once('=').expect("equality label selector");
+                items.retain(|i| i["metadata"]["labels"][k] == json!(v));
+            }
+        }
+        let kind = match collection.rsplit('/').next().unwrap_or("") {
+            "pods" => ("v1", "PodList"),
+            "persistentvolumes" => ("v1", "PersistentVolumeList"),
+            "persistentvolumeclaims" => ("v1", "PersistentVolumeClaimList"),
+            "nodes" => ("v1", "NodeList"),
             _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
         };
         let list = json!({"apiVersion": kind.0, "kind": kind.1,

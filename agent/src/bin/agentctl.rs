@@ -6,7 +6,7 @@
 //! deferred).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -52,13 +52,24 @@ struct Cli {
     /// (needs --cert, --key and --ca).
     #[arg(long, global = true, help_heading = "Connection", value_name = "HOST:PORT")]
     addr: Option<String>,
-    /// Client certificate (PEM), for --addr.
+    /// The fleet console, for `fleet` (needs --cert, --key and --ca).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "BLOCKJANITOR_CONSOLE",
+        value_name = "HOST:PORT"
+    )]
+    console: Option<String>,
+    /// Client certificate (PEM), for --addr and --console (fleet: also BLOCKJANITOR_CERT).
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     cert: Option<PathBuf>,
-    /// The client certificate's private key (PEM), for --addr.
+    /// The client certificate's private key (PEM), for --addr and --console (fleet: also
+    /// BLOCKJANITOR_KEY).
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     key: Option<PathBuf>,
-    /// CA certificate that signed the agent's certificate (PEM), for --addr.
+    /// CA certificate that signed the agent's (or console's) certificate (PEM) (fleet: also
+    /// BLOCKJANITOR_CA).
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     ca: Option<PathBuf>,
     /// Name the agent's certificate must carry [default: the host part of --addr].
@@ -199,6 +210,22 @@ YAML: one document per event.",
 EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect, stream broken)"
     )]
     Watch,
+    /// Ask the fleet console about every node at once (see `agentctl fleet --help`).
+    #[command(
+        long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
+image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
+stuck in Multi-Attach. Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
+the nodes it could not speak for.\n\nInstalled as `kubectl-blockjanitor` (a symlink), this is the kubectl \
+plugin: `kubectl blockjanitor where shop/data-db-0`.",
+        after_help = "EXAMPLES:\n  agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
+agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
+rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n\n\
+EXIT CODES:\n  0  ok\n  1  error"
+    )]
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
     /// Print a shell completion script to stdout.
     #[command(after_help = "EXAMPLES:\n  agentctl completions bash > /etc/bash_completion.d/agentctl\n  \
 agentctl completions zsh > \"${fpath[1]}/_agentctl\"\n  agentctl completions fish > ~/.config/fish/completions/agentctl.fish\n\n\
@@ -210,8 +237,70 @@ EXIT CODES:\n  0  ok\n  1  error")]
     },
 }
 
+/// The fleet console's questions.
+#[derive(Subcommand, Debug)]
+enum FleetCommand {
+    /// Every node's agent: reachable or not, devices, last sync, last error.
+    Nodes,
+    /// Devices across the fleet, optionally filtered.
+    Devices {
+        /// Only devices of this kind.
+        #[arg(long, value_enum)]
+        kind: Option<DeviceKind>,
+        /// Only devices with this verdict.
+        #[arg(long, value_enum, conflicts_with = "stale")]
+        verdict: Option<Verdict>,
+        /// Only stale devices.
+        #[arg(long)]
+        stale: bool,
+        /// Only this node.
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+        /// Ask every agent now instead of answering from the console's index.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// Which nodes map a Ceph image (POOL/IMAGE), a PV (NAME or pv/NAME), a PVC (NAMESPACE/NAME
+    /// or pvc/NAMESPACE/NAME) or a WWID, with holders and verdicts.
+    Where {
+        /// POOL/IMAGE, NAMESPACE/PVC, pvc/NAMESPACE/NAME, pv/NAME, a PV name or a WWID.
+        what: String,
+        /// Ask every agent now instead of answering from the console's index.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// Which node and device a Ceph watcher belongs to, and whether unfencing it is safe. WATCHER
+    /// is a client address (IP:0/NONCE or IP), a client id (client.N), or `-` to read `rbd
+    /// status` / `rados listwatchers` output from stdin.
+    WhoWatches {
+        /// IP:0/NONCE, IP, client.N, or `-` for text on stdin.
+        watcher: String,
+        /// Ask every agent now instead of answering from the console's index.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// For a PV or PVC: one diagnosis per node (in_use_correct, stale_mapping with the steps that
+    /// clear it, safe_to_delete_va, unknown).
+    Multiattach {
+        /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME.
+        volume: String,
+    },
+}
+
+/// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
+/// arguments are those of `agentctl fleet`.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin =
+        args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|n| n == "kubectl-blockjanitor");
+    if plugin {
+        args.insert(1, "fleet".into());
+    }
+    args
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(arguments()) {
         Ok(c) => c,
         Err(e) => {
             let code = if e.use_stderr() { 1 } else { 0 };
@@ -262,12 +351,120 @@ fn run(cli: &Cli) -> Result<u8> {
         write_out(&String::from_utf8_lossy(&buf))?;
         return Ok(0);
     }
+    if let Command::Fleet { command } = &cli.command {
+        let target = console_target(cli)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the runtime")?;
+        return rt.block_on(fleet(cli, command, &target)).map_err(tls_hint(&target));
+    }
     let target = target(cli)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
     rt.block_on(run_async(cli, &target)).map_err(tls_hint(&target))
+}
+
+/// Where the console is, from the flags.
+fn console_target(cli: &Cli) -> Result<Target> {
+    let Some(addr) = &cli.console else {
+        bail!("fleet needs --console HOST:PORT (or BLOCKJANITOR_CONSOLE) with --cert, --key and --ca");
+    };
+    if cli.addr.is_some() {
+        bail!("--addr names one agent; fleet talks to the console: use --console only");
+    }
+    let (host, _) = client::split_host_port(addr)
+        .with_context(|| format!("--console '{addr}' is not HOST:PORT (e.g. blockjanitor-console:9444)"))?;
+    // For fleet only, the files may come from the environment (the kubectl plugin's usual way);
+    // the local commands never pick them up from there.
+    let file =
+        |flag: &Option<PathBuf>, var: &str| flag.clone().or_else(|| std::env::var_os(var).map(PathBuf::from));
+    let (Some(cert), Some(key), Some(ca)) = (
+        file(&cli.cert, "BLOCKJANITOR_CERT"),
+        file(&cli.key, "BLOCKJANITOR_KEY"),
+        file(&cli.ca, "BLOCKJANITOR_CA"),
+    ) else {
+        bail!("--console needs --cert, --key and --ca (or BLOCKJANITOR_CERT, _KEY, _CA): mutual TLS");
+    };
+    Ok(Target::Tcp(TcpTarget {
+        addr: addr.clone(),
+        cert,
+        key,
+        ca,
+        server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
+    }))
+}
+
+/// One question to the fleet console.
+async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8> {
+    use blockjanitor::fleet_render as fr;
+    use blockjanitor_proto::v1::fleet_client::FleetClient;
+    let timeout = Duration::from_secs(cli.timeout);
+    let mut c =
+        FleetClient::new(client::connect_channel(target, timeout).await?).max_decoding_message_size(64 << 20);
+    let out = cli.output;
+    let text = match command {
+        FleetCommand::Nodes => {
+            let r = client::call(timeout, c.list_nodes(client::request(pb::ListNodesRequest {}, timeout)))
+                .await
+                .map_err(status)?;
+            render(out, || fr::nodes_value(&r), || fr::nodes_table(&r, client::now_secs()))?
+        }
+        FleetCommand::Devices { kind, verdict, stale, node, fresh } => {
+            let verdict = if *stale { Some(Verdict::Stale) } else { *verdict };
+            let req = pb::FleetListDevicesRequest {
+                kind: kind.map_or(pb::DeviceKind::Unspecified, convert::kind) as i32,
+                verdict: verdict.map_or(pb::Verdict::Unspecified, convert::verdict) as i32,
+                node: node.clone().unwrap_or_default(),
+                fresh: *fresh,
+            };
+            let r =
+                client::call(timeout, c.list_devices(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::devices_value(&r), || fr::devices_table(&r))?
+        }
+        FleetCommand::Where { what, fresh } => {
+            let req = pb::WhereRequest { query: what.clone(), fresh: *fresh, ..Default::default() };
+            let r = client::call(timeout, c.r#where(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::where_value(&r), || fr::where_table(&r))?
+        }
+        FleetCommand::WhoWatches { watcher, fresh } => {
+            let mut req = pb::WhoWatchesRequest { fresh: *fresh, ..Default::default() };
+            if watcher == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+                    .context("cannot read the watcher text from stdin")?;
+                req.text = text;
+            } else if watcher.contains("watcher=") {
+                req.text = watcher.clone();
+            } else if watcher.starts_with("client") || watcher.bytes().all(|b| b.is_ascii_digit()) {
+                req.client_id = watcher.clone();
+            } else {
+                req.client_addr = watcher.clone();
+            }
+            let r =
+                client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
+        }
+        FleetCommand::Multiattach { volume } => {
+            let mut req = pb::MultiAttachRequest::default();
+            if let Some(pv) = volume.strip_prefix("pv/") {
+                req.pv = pv.to_owned();
+            } else if let Some(pvc) = volume.strip_prefix("pvc/") {
+                req.pvc = pvc.to_owned();
+            } else if volume.contains('/') {
+                req.pvc = volume.clone();
+            } else {
+                req.pv = volume.clone();
+            }
+            let r =
+                client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?
+        }
+    };
+    write_out(&text)?;
+    Ok(0)
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
@@ -315,7 +512,7 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
     let mut c: AgentClient<Channel> = client::connect(target, timeout).await?;
     let out = cli.output;
     match &cli.command {
-        Command::Completions { .. } => Ok(0),
+        Command::Completions { .. } | Command::Fleet { .. } => Ok(0),
         Command::Node => {
             let n = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
                 .await
@@ -484,6 +681,35 @@ mod tests {
         assert!(parse(&["apply", "loop3", "--identity", "a"]).is_err(), "--identity without --yes");
         assert!(parse(&["--timeout", "0", "node"]).is_err());
         assert!(parse(&["node", "--timeout", "5"]).is_ok());
+    }
+
+    #[test]
+    fn fleet_targets_the_console() {
+        let cli = parse(&[
+            "fleet",
+            "where",
+            "shop/db",
+            "--console",
+            "console:9444",
+            "--cert",
+            "c",
+            "--key",
+            "k",
+            "--ca",
+            "a",
+        ])
+        .expect("parse");
+        match console_target(&cli).expect("target") {
+            Target::Tcp(t) => {
+                assert_eq!((t.addr.as_str(), t.server_name.as_str()), ("console:9444", "console"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli = parse(&["fleet", "nodes", "--console", "console:9444", "--addr", "n:1"]).expect("parse");
+        assert!(console_target(&cli).is_err(), "--addr is one agent, not the console");
+        let cli = parse(&["fleet", "multiattach", "pvc/shop/db", "-o", "yaml"]).expect("parse");
+        assert!(matches!(cli.command, Command::Fleet { command: FleetCommand::Multiattach { .. } }));
+        assert!(parse(&["fleet", "where"]).is_err(), "where needs something to look for");
     }
 
     #[test]

@@ -216,6 +216,10 @@ struct ServeArgs {
     /// Client identity with the viewer role; repeatable.
     #[arg(long, value_name = "NAME")]
     tls_viewer: Vec<String>,
+    /// Client identity with the console role (reads; Apply only on behalf of an operator it
+    /// names, which the audit log records); repeatable.
+    #[arg(long, value_name = "NAME")]
+    tls_console: Vec<String>,
     /// Address for /metrics over HTTP.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
@@ -441,6 +445,7 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     }
     c.tcp.operators.extend(a.tls_operator.iter().cloned());
     c.tcp.viewers.extend(a.tls_viewer.iter().cloned());
+    c.tcp.consoles.extend(a.tls_console.iter().cloned());
     if let Some(v) = a.metrics_listen {
         c.metrics.listen = Some(v);
     }

@@ -194,7 +194,7 @@ impl AgentState {
         let elapsed = started.elapsed();
         match result {
             Ok(view) => {
-                self.metrics.observe_scan(trigger, elapsed, &view);
+                self.metrics.observe_scan(&self.node_name, trigger, elapsed, &view);
                 let old = self.view();
                 let events = diff(&old, &view);
                 if let Ok(mut v) = self.view.write() {

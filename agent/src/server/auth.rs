@@ -3,7 +3,11 @@
 //! Unix socket: the peer's credentials (`SO_PEERCRED`): uid 0 is an operator; a member of the
 //! socket's group (primary or supplementary, from `/proc/PID/status`) is a viewer; anyone else is
 //! refused. TCP: the verified client certificate's DNS SANs and CN, matched against the config's
-//! `operators` and `viewers`.
+//! `operators`, `consoles` and `viewers`.
+//!
+//! The console role is the fleet console's: it reads like a viewer and may call Apply only on
+//! behalf of someone, named in the [`ON_BEHALF_OF`] metadata, which the audit log records next to
+//! the console's own identity. (The console checks that the caller it forwards is an operator.)
 
 use std::sync::Arc;
 
@@ -15,7 +19,20 @@ use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Role {
     Viewer,
+    /// The fleet console: a viewer that may forward an operator's Apply (with [`ON_BEHALF_OF`]).
+    Console,
     Operator,
+}
+
+/// The metadata key in which the console names the operator it forwards an Apply for.
+pub const ON_BEHALF_OF: &str = "x-blockjanitor-on-behalf-of";
+
+/// Who is calling: the role and a name for the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub role: Role,
+    /// `uid N` on the unix socket; the certificate's first identity on TCP.
+    pub identity: String,
 }
 
 /// The rules, from the config.
@@ -26,6 +43,8 @@ pub struct Policy {
     pub socket_group_name: Option<String>,
     pub tcp_operators: Vec<String>,
     pub tcp_viewers: Vec<String>,
+    /// Client identities with the console role.
+    pub tcp_consoles: Vec<String>,
 }
 
 /// Identities (DNS SANs, then CN) in a DER certificate.
@@ -61,20 +80,26 @@ fn groups_of(pid: i32) -> Vec<u32> {
 impl Policy {
     /// The caller's role, or PermissionDenied saying why.
     pub fn role<T>(&self, req: &Request<T>) -> Result<Role, Status> {
+        self.caller(req).map(|c| c.role)
+    }
+
+    /// The caller's role and identity, or PermissionDenied saying why.
+    pub fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
         if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
             let Some(cred) = info.peer_cred else {
                 return Err(Status::permission_denied(
                     "cannot read the peer's credentials on the unix socket",
                 ));
             };
+            let identity = format!("uid {}", cred.uid());
             if cred.uid() == 0 {
-                return Ok(Role::Operator);
+                return Ok(Caller { role: Role::Operator, identity });
             }
             let member = self.socket_gid.is_some_and(|g| {
                 cred.gid() == g || cred.pid().is_some_and(|pid| groups_of(pid).contains(&g))
             });
             if member {
-                return Ok(Role::Viewer);
+                return Ok(Caller { role: Role::Viewer, identity });
             }
             return Err(Status::permission_denied(format!(
                 "uid {} is neither root nor a member of the socket's group{}",
@@ -87,13 +112,44 @@ impl Policy {
             return Err(Status::unauthenticated("a client certificate is required"));
         };
         let ids = cert_identities(certs[0].as_ref());
-        if ids.iter().any(|i| self.tcp_operators.contains(i)) {
-            return Ok(Role::Operator);
+        let found = |list: &[String]| ids.iter().find(|i| list.contains(i)).cloned();
+        if let Some(identity) = found(&self.tcp_operators) {
+            return Ok(Caller { role: Role::Operator, identity });
         }
-        if ids.iter().any(|i| self.tcp_viewers.contains(i)) {
-            return Ok(Role::Viewer);
+        if let Some(identity) = found(&self.tcp_consoles) {
+            return Ok(Caller { role: Role::Console, identity });
+        }
+        if let Some(identity) = found(&self.tcp_viewers) {
+            return Ok(Caller { role: Role::Viewer, identity });
         }
         Err(Status::permission_denied(format!("client identity {ids:?} has no role in this agent's config")))
+    }
+
+    /// For Apply: an operator, or the console on behalf of someone it names in [`ON_BEHALF_OF`].
+    /// Returns the caller and whom it says it acts for (required of the console).
+    pub fn require_apply<T>(&self, req: &Request<T>) -> Result<(Caller, Option<String>), Status> {
+        let caller = self.caller(req)?;
+        let on_behalf = req
+            .metadata()
+            .get(ON_BEHALF_OF)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
+        match caller.role {
+            // An operator may act anyway; whom it says it acts for is recorded as said (a
+            // console configured as an operator forwards this too).
+            Role::Operator => Ok((caller, on_behalf)),
+            Role::Console => match on_behalf {
+                Some(who) => Ok((caller, Some(who))),
+                None => Err(Status::permission_denied(format!(
+                    "the console may call Apply only on behalf of an operator named in {ON_BEHALF_OF}"
+                ))),
+            },
+            Role::Viewer => Err(Status::permission_denied(
+                "this call needs the operator role (root on the socket, or an operator certificate)",
+            )),
+        }
     }
 
     /// Checks that the caller has at least `need`.

@@ -109,7 +109,29 @@ pub fn device(v: &DeviceView) -> pb::Device {
         pod_uids: v.entry.kubernetes.as_ref().map(|k| k.pod_uids.clone()).unwrap_or_default(),
         kubelet_paths: v.entry.kubernetes.as_ref().map(|k| k.paths.clone()).unwrap_or_default(),
         identity: v.identity.token(),
+        rbd: v.entry.rbd.as_ref().map(|r| pb::RbdMapping {
+            id: r.id,
+            pool: r.pool.clone(),
+            pool_namespace: r.pool_ns.clone(),
+            image: r.image.clone(),
+            image_id: r.image_id.clone(),
+            snap: r.snap.clone(),
+            client_id: r.watcher_client.clone(),
+            client_addr: r.client_addr.clone(),
+            cluster_fsid: r.cluster_fsid.clone(),
+        }),
+        wwid: wwid(&v.entry),
+        nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
     }
+}
+
+/// The WWID multipath-tools uses for a SCSI disk (`3<naa>`, `2<eui>`, else the raw `device/wwid`)
+/// or a multipath map (its dm uuid without `mpath-`); "" for anything else.
+pub fn wwid(e: &crate::graph::DeviceEntry) -> String {
+    if let Some(s) = &e.scsi {
+        return s.disk.multipath_wwid().or_else(|| s.disk.wwid.clone()).unwrap_or_default();
+    }
+    e.device.dm.as_ref().and_then(|dm| dm.uuid.strip_prefix("mpath-")).map(str::to_owned).unwrap_or_default()
 }
 
 pub fn step(s: &Step) -> pb::Step {

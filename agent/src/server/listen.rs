@@ -99,6 +99,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         socket_group_name: Some(cfg.socket.group.clone().unwrap_or_else(|| "root".into())),
         tcp_operators: cfg.tcp.operators.clone(),
         tcp_viewers: cfg.tcp.viewers.clone(),
+        tcp_consoles: cfg.tcp.consoles.clone(),
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
@@ -158,7 +159,15 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let stop = wait(shutdown.clone());
         tasks.spawn(async move {
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), stop)
+                // Nagle off: small answers go out at once, not after the peer's delayed ACK.
+                .serve_with_incoming_shutdown(
+                    tokio_stream::StreamExt::map(TcpListenerStream::new(l), |r| {
+                        r.inspect(|s| {
+                            let _ = s.set_nodelay(true);
+                        })
+                    }),
+                    stop,
+                )
                 .await
                 .map_err(ServeError::from)
         });

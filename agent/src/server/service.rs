@@ -126,8 +126,12 @@ impl Agent for AgentService {
     }
 
     async fn apply(&self, req: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
-        self.policy.require(&req, Role::Operator)?;
+        let (caller, on_behalf_of) = self.policy.require_apply(&req)?;
         let r = req.into_inner();
+        tracing::info!(target: "audit", phase = "request", caller = %caller.identity,
+            role = ?caller.role, on_behalf_of = %on_behalf_of.as_deref().unwrap_or(""),
+            devices = %r.devices.join(","), "Apply requested by {}{}", caller.identity,
+            on_behalf_of.as_deref().map(|w| format!(" on behalf of {w}")).unwrap_or_default());
         let (plans, reports) = self.state.apply(&r.devices, &r.identities).await.map_err(to_status)?;
         Ok(Response::new(pb::ApplyResponse {
             plans: plans.iter().map(convert::plan).collect(),

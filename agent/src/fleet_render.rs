@@ -1,0 +1,261 @@
+//! The fleet console's answers for `agentctl fleet` (and `kubectl blockjanitor`): values for
+//! JSON and YAML (the proto's field names, enums as lower-case names, every field present) and
+//! tables for people. Every table ends with the nodes the answer could not speak for.
+
+use blockjanitor_proto::v1 as pb;
+use serde_json::{json, Value};
+
+use crate::client::{
+    ago, clean, columns, cut, device_value, kind_name, node_value, step_value, verdict_name,
+};
+
+/// `stale_mapping`, `safe_to_delete_va`... for a raw `Diagnosis`.
+pub fn diagnosis_name(raw: i32) -> String {
+    match pb::Diagnosis::try_from(raw) {
+        Ok(d) => d.as_str_name().trim_start_matches("DIAGNOSIS_").to_ascii_lowercase(),
+        Err(_) => format!("unknown({raw})"),
+    }
+}
+
+fn missing_value(m: &[pb::MissingNode]) -> Value {
+    Value::Array(m.iter().map(|m| json!({"node": m.node, "reason": m.reason})).collect())
+}
+
+fn fleet_device_value(d: &pb::FleetDevice) -> Value {
+    json!({"node": d.node, "device": d.device.as_ref().map(device_value)})
+}
+
+pub fn nodes_value(r: &pb::ListNodesResponse) -> Value {
+    json!({
+        "nodes": r.nodes.iter().map(|n| json!({
+            "name": n.name,
+            "address": n.address,
+            "source": n.source,
+            "reachable": n.reachable,
+            "last_seen_unix_seconds": n.last_seen_unix_seconds,
+            "last_sync_unix_seconds": n.last_sync_unix_seconds,
+            "error": n.error,
+            "devices": n.devices,
+            "failures": n.failures,
+            "agent": n.agent.as_ref().map(node_value),
+        })).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+pub fn devices_value(r: &pb::FleetListDevicesResponse) -> Value {
+    json!({
+        "devices": r.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+pub fn where_value(r: &pb::WhereResponse) -> Value {
+    json!({
+        "resolved": r.resolved,
+        "matches": r.matches.iter().map(fleet_device_value).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+pub fn who_watches_value(r: &pb::WhoWatchesResponse) -> Value {
+    json!({
+        "watchers": r.watchers.iter().map(|w| json!({
+            "client_addr": w.client_addr,
+            "client_id": w.client_id,
+            "cookie": w.cookie,
+            "mappings": w.mappings.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "unfence_safe": w.unfence_safe,
+            "detail": w.detail,
+            "node_by_address": w.node_by_address,
+        })).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+pub fn multiattach_value(r: &pb::MultiAttachResponse) -> Value {
+    json!({
+        "pv": r.pv,
+        "nodes": r.nodes.iter().map(|d| json!({
+            "node": d.node,
+            "diagnosis": diagnosis_name(d.diagnosis),
+            "detail": d.detail,
+            "volume_attachments": d.volume_attachments,
+            "in_volumes_attached": d.in_volumes_attached,
+            "in_volumes_in_use": d.in_volumes_in_use,
+            "devices": d.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "clear_steps": d.clear_steps.iter().map(step_value).collect::<Vec<_>>(),
+            "identities": d.identities,
+        })).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+fn missing_lines(m: &[pb::MissingNode]) -> String {
+    if m.is_empty() {
+        return String::new();
+    }
+    let mut out = format!(
+        "\nnot answered for ({} node{}): the answer may be incomplete\n",
+        m.len(),
+        if m.len() == 1 { "" } else { "s" }
+    );
+    for n in m {
+        out.push_str(&format!("  {}: {}\n", clean(&n.node), clean(&n.reason)));
+    }
+    out
+}
+
+fn what_it_is(d: &pb::Device) -> String {
+    if let Some(r) = &d.rbd {
+        let ns = if r.pool_namespace.is_empty() { String::new() } else { format!("{}/", r.pool_namespace) };
+        return format!("rbd {}/{ns}{} {} {}", r.pool, r.image, r.client_id, r.client_addr);
+    }
+    if !d.wwid.is_empty() {
+        return format!("wwid {}", d.wwid);
+    }
+    if !d.nbd_backend.is_empty() {
+        return format!("nbd {}", d.nbd_backend);
+    }
+    String::new()
+}
+
+fn device_rows(list: &[pb::FleetDevice]) -> Vec<Vec<String>> {
+    list.iter()
+        .filter_map(|f| {
+            let d = f.device.as_ref()?;
+            Some(vec![
+                clean(&f.node),
+                clean(&d.name),
+                kind_name(d.kind),
+                verdict_name(d.verdict),
+                d.holders.first().map_or_else(|| "-".to_owned(), |h| cut(&clean(&h.description), 60)),
+                clean(&what_it_is(d)),
+            ])
+        })
+        .collect()
+}
+
+const DEVICE_HEADER: [&str; 6] = ["NODE", "DEVICE", "KIND", "VERDICT", "HELD BY", "WHAT"];
+
+pub fn nodes_table(r: &pb::ListNodesResponse, now: f64) -> String {
+    let rows: Vec<Vec<String>> = r
+        .nodes
+        .iter()
+        .map(|n| {
+            vec![
+                clean(&n.name),
+                if n.address.is_empty() { "-".into() } else { clean(&n.address) },
+                if n.reachable { "yes".into() } else { "no".into() },
+                n.devices.to_string(),
+                if n.last_sync_unix_seconds > 0.0 {
+                    ago(n.last_sync_unix_seconds, now)
+                } else {
+                    "never".into()
+                },
+                cut(&clean(&n.error), 80),
+            ]
+        })
+        .collect();
+    columns(&["NODE", "ADDRESS", "REACHABLE", "DEVICES", "SYNCED", "ERROR"], &rows)
+        + &missing_lines(&r.missing_nodes)
+}
+
+pub fn devices_table(r: &pb::FleetListDevicesResponse) -> String {
+    columns(&DEVICE_HEADER, &device_rows(&r.devices)) + &missing_lines(&r.missing_nodes)
+}
+
+pub fn where_table(r: &pb::WhereResponse) -> String {
+    let mut out = format!("{}\n", clean(&r.resolved));
+    if r.matches.is_empty() {
+        out.push_str("not mapped on any node that answered\n");
+    } else {
+        out.push_str(&columns(&DEVICE_HEADER, &device_rows(&r.matches)));
+    }
+    out + &missing_lines(&r.missing_nodes)
+}
+
+pub fn who_watches_table(r: &pb::WhoWatchesResponse) -> String {
+    let mut out = String::new();
+    for w in &r.watchers {
+        out.push_str(&format!(
+            "watcher {} {}: unfence safe: {} ({})\n",
+            clean(&w.client_addr),
+            clean(&w.client_id),
+            if w.unfence_safe { "yes" } else { "no" },
+            clean(&w.detail)
+        ));
+        if !w.mappings.is_empty() {
+            out.push_str(&columns(&DEVICE_HEADER, &device_rows(&w.mappings)));
+        }
+    }
+    out + &missing_lines(&r.missing_nodes)
+}
+
+pub fn multiattach_table(r: &pb::MultiAttachResponse) -> String {
+    let rows: Vec<Vec<String>> = r
+        .nodes
+        .iter()
+        .map(|d| {
+            vec![
+                clean(&d.node),
+                diagnosis_name(d.diagnosis),
+                if d.volume_attachments.is_empty() {
+                    "-".into()
+                } else {
+                    clean(&d.volume_attachments.join(", "))
+                },
+                format!(
+                    "{}/{}",
+                    if d.in_volumes_attached { "attached" } else { "-" },
+                    if d.in_volumes_in_use { "in-use" } else { "-" }
+                ),
+                clean(
+                    &d.devices
+                        .iter()
+                        .filter_map(|f| f.device.as_ref().map(|x| x.name.clone()))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                clean(&d.detail),
+            ]
+        })
+        .collect();
+    let mut out = format!("PV {}\n", clean(&r.pv));
+    out.push_str(&columns(
+        &["NODE", "DIAGNOSIS", "VOLUMEATTACHMENTS", "NODE STATUS", "DEVICES", "DETAIL"],
+        &rows,
+    ));
+    for d in r.nodes.iter().filter(|d| !d.clear_steps.is_empty()) {
+        out.push_str(&format!("\nto clear the stale mapping on {}:\n", clean(&d.node)));
+        for s in &d.clear_steps {
+            out.push_str(&format!("  {}: {}\n", clean(&s.action), clean(&s.description)));
+        }
+    }
+    out + &missing_lines(&r.missing_nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn diagnosis_names() {
+        assert_eq!(diagnosis_name(pb::Diagnosis::SafeToDeleteVa as i32), "safe_to_delete_va");
+        assert_eq!(diagnosis_name(pb::Diagnosis::InUseCorrect as i32), "in_use_correct");
+        assert_eq!(diagnosis_name(99), "unknown(99)");
+    }
+
+    #[test]
+    fn missing_nodes_are_always_said() {
+        let r = pb::WhereResponse {
+            resolved: "rbd image k8s/x".into(),
+            matches: vec![],
+            missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
+        };
+        let t = where_table(&r);
+        assert!(t.contains("not mapped on any node that answered"), "{t}");
+        assert!(t.contains("n1: unreachable: refused"), "{t}");
+        assert_eq!(where_value(&r)["missing_nodes"][0]["node"], "n1");
+    }
+}

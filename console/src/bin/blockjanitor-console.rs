@@ -1,0 +1,167 @@
+//! `blockjanitor-console`: the fleet console. Parses flags, installs logging, runs
+//! [`blockjanitor_console::serve::run`] until SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use blockjanitor_console::discover;
+use blockjanitor_console::link::{LinkOptions, TlsFiles};
+use blockjanitor_console::serve::{self, ConsoleOptions, Discovery, KubeSource};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "blockjanitor-console",
+    version,
+    about = "The blockjanitor fleet console: follows every node's agent and answers where a volume is mapped, \
+who watches an image, and why a volume is stuck in Multi-Attach.",
+    after_help = "EXAMPLES:\n  blockjanitor-console --in-cluster --tls-cert tls.crt --tls-key tls.key --tls-client-ca ca.crt \\\n    \
+--agent-cert tls.crt --agent-key tls.key --agent-ca ca.crt --operator admin\n  \
+blockjanitor-console --agents node1=https://10.0.0.5:9443,node2=https://10.0.0.6:9443 ..."
+)]
+struct Cli {
+    /// Address for gRPC with mutual TLS.
+    #[arg(long, default_value = "0.0.0.0:9444", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// The console's server certificate (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_cert: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_key: PathBuf,
+    /// CA that signs the certificates of the console's callers (PEM).
+    #[arg(long, value_name = "FILE")]
+    tls_client_ca: PathBuf,
+    /// Caller identity (certificate DNS SAN or CN) with the operator role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    operator: Vec<String>,
+    /// Caller identity with the viewer role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    viewer: Vec<String>,
+    /// The console's client certificate towards the agents (the agents give it the console role).
+    #[arg(long, value_name = "FILE")]
+    agent_cert: PathBuf,
+    /// Its private key.
+    #[arg(long, value_name = "FILE")]
+    agent_key: PathBuf,
+    /// CA that signed the agents' certificates.
+    #[arg(long, value_name = "FILE")]
+    agent_ca: PathBuf,
+    /// The name every agent's certificate carries.
+    #[arg(long, default_value = "blockjanitor-agent", value_name = "NAME")]
+    agent_server_name: String,
+    /// Static agents instead of pod discovery: NODE=https://HOST:PORT,...
+    #[arg(long, value_name = "LIST")]
+    agents: Option<String>,
+    /// Namespace of the agent pods.
+    #[arg(long, default_value = "blockjanitor", value_name = "NS")]
+    namespace: String,
+    /// Label selector of the agent pods.
+    #[arg(long, default_value = "app.kubernetes.io/name=blockjanitor-agent", value_name = "SELECTOR")]
+    selector: String,
+    /// The agents' gRPC port (pod IP + this port).
+    #[arg(long, default_value_t = 9443, value_name = "PORT")]
+    agent_port: u16,
+    /// Kubernetes API URL (no credentials: kubectl proxy, tests).
+    #[arg(long, value_name = "URL")]
+    kube_url: Option<String>,
+    /// Kubeconfig file.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Use the pod's service account.
+    #[arg(long)]
+    in_cluster: bool,
+    /// Address for /metrics over HTTP.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<SocketAddr>,
+    /// Deadline of one call to an agent, in milliseconds.
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
+    call_timeout_ms: u64,
+    /// Deadline of one connection attempt to an agent, in milliseconds.
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
+    connect_timeout_ms: u64,
+    /// Seconds between two full reads of a connected agent's devices.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    resync_seconds: u64,
+    /// Longest wait between two connection attempts, in seconds.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    backoff_max_seconds: u64,
+    /// Log format on stderr.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let sub = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cli.log_format == "json" {
+        sub.json().flatten_event(true).init();
+    } else {
+        sub.init();
+    }
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", blockjanitor::errors::one_line(e.as_ref()));
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let discovery = match &cli.agents {
+        Some(list) => Discovery::Static(discover::parse_static(list)?),
+        None => Discovery::Pods {
+            namespace: cli.namespace.clone(),
+            selector: cli.selector.clone(),
+            port: cli.agent_port,
+        },
+    };
+    let mut links = LinkOptions::new(
+        TlsFiles { cert: cli.agent_cert.clone(), key: cli.agent_key.clone(), ca: cli.agent_ca.clone() },
+        &cli.agent_server_name,
+    );
+    links.call_timeout = Duration::from_millis(cli.call_timeout_ms.max(1));
+    links.connect_timeout = Duration::from_millis(cli.connect_timeout_ms.max(1));
+    links.resync_interval = Duration::from_secs(cli.resync_seconds.max(1));
+    links.backoff_max = Duration::from_secs(cli.backoff_max_seconds.max(1));
+    let opts = ConsoleOptions {
+        listen: cli.listen,
+        tls_cert: cli.tls_cert,
+        tls_key: cli.tls_key,
+        tls_client_ca: cli.tls_client_ca,
+        operators: cli.operator,
+        viewers: cli.viewer,
+        metrics_listen: cli.metrics_listen,
+        discovery,
+        kube: KubeSource { url: cli.kube_url, kubeconfig: cli.kubeconfig, in_cluster: cli.in_cluster },
+        links,
+        apply_timeout: Duration::from_secs(300),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
+    rt.block_on(async move {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!("cannot listen for SIGTERM: {e}");
+                    return;
+                }
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+            let _ = tx.send(true);
+        });
+        serve::run(opts, rx).await
+    })?;
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! Where the agents are: a static list (`node=https://host:port,...`), or the agent DaemonSet's
+//! pods in the agent namespace, selected by label, kept current with a watch. Each pod gives a
+//! node (`spec.nodeName`) and an address (`status.podIP` and the agent port from the console's
+//! config: pods do not say which of their ports is the gRPC one). A pod with no IP yet is still
+//! a node: answers name it as missing, with that reason.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+
+/// One agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// The node's name.
+    pub node: String,
+    /// `HOST:PORT` ("" when unknown).
+    pub address: String,
+    /// `static` or `kubernetes`.
+    pub source: String,
+    /// Why it cannot be reached, known without trying (no pod IP yet).
+    pub error: Option<String>,
+}
+
+/// A static list could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoverError {
+    #[error("--agents entry '{0}' is not NODE=HOST:PORT (or NODE=https://HOST:PORT)")]
+    BadEntry(String),
+    #[error("--agents names node '{0}' twice")]
+    Duplicate(String),
+}
+
+/// Parses `node=https://host:port,node2=host2:port` (whitespace and empty entries ignored).
+pub fn parse_static(list: &str) -> Result<BTreeMap<String, AgentSpec>, DiscoverError> {
+    let mut out = BTreeMap::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = || DiscoverError::BadEntry(entry.to_owned());
+        let (node, url) = entry.split_once('=').ok_or_else(bad)?;
+        let node = node.trim();
+        let addr = url.trim().trim_start_matches("https://").trim_end_matches('/');
+        if node.is_empty() || blockjanitor::client::split_host_port(addr).is_none() {
+            return Err(bad());
+        }
+        let spec = AgentSpec {
+            node: node.to_owned(),
+            address: addr.to_owned(),
+            source: "static".into(),
+            error: None,
+        };
+        if out.insert(node.to_owned(), spec).is_some() {
+            return Err(DiscoverError::Duplicate(node.to_owned()));
+        }
+    }
+    Ok(out)
+}
+
+/// The agents the pods stand for: one per node (a pod with an IP wins over one without; then
+/// the one created last, as during a rolling update).
+pub fn agents_from_pods<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    port: u16,
+) -> BTreeMap<String, AgentSpec> {
+    let mut best: BTreeMap<String, (bool, String, AgentSpec)> = BTreeMap::new();
+    for p in pods {
+        let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()) else {
+            continue; // not scheduled yet: no node to speak for
+        };
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).filter(|i| !i.is_empty());
+        let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
+        let spec = match &ip {
+            Some(ip) if ip.contains(':') => AgentSpec {
+                node: node.clone(),
+                address: format!("[{ip}]:{port}"),
+                source: "kubernetes".into(),
+                error: None,
+            },
+            Some(ip) => AgentSpec {
+                node: node.clone(),
+                address: format!("{ip}:{port}"),
+                source: "kubernetes".into(),
+                error: None,
+            },
+            None => AgentSpec {
+                node: node.clone(),
+                address: String::new(),
+                source: "kubernetes".into(),
+                error: Some(format!("the agent pod {name} has no IP yet")),
+            },
+        };
+        let rank = (ip.is_some(), created);
+        match best.get(&node) {
+            Some((has_ip, c, _)) if (*has_ip, c.clone()) >= rank => {}
+            _ => {
+                best.insert(node, (rank.0, rank.1, spec));
+            }
+        }
+    }
+    best.into_iter().map(|(n, (_, _, s))| (n, s)).collect()
+}
+
+/// Watches the agent pods in `namespace` matching `selector`; the receiver always holds the
+/// current agents. The task ends when every receiver is gone.
+pub fn watch_pods(
+    client: Client,
+    namespace: &str,
+    selector: &str,
+    port: u16,
+) -> (watch::Receiver<BTreeMap<String, AgentSpec>>, tokio::task::JoinHandle<()>) {
+    let api: Api<Pod> = Api::namespaced(client, namespace);
+    let cfg = watcher::Config::default().labels(selector).any_semantic();
+    let (tx, rx) = watch::channel(BTreeMap::new());
+    let ns = namespace.to_owned();
+    let task = tokio::spawn(async move {
+        let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
+        let mut relist: Option<BTreeMap<String, Pod>> = None;
+        let mut stream = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
+        while let Some(ev) = stream.next().await {
+            let changed = match ev {
+                Ok(Event::Init) => {
+                    relist = Some(BTreeMap::new());
+                    false
+                }
+                Ok(Event::InitApply(p)) => {
+                    if let Some(r) = relist.as_mut() {
+                        r.insert(p.metadata.name.clone().unwrap_or_default(), p);
+                    }
+                    false
+                }
+                Ok(Event::InitDone) => {
+                    pods = relist.take().unwrap_or_default();
+                    true
+                }
+                Ok(Event::Apply(p)) => {
+                    pods.insert(p.metadata.name.clone().unwrap_or_default(), p);
+                    true
+                }
+                Ok(Event::Delete(p)) => {
+                    pods.remove(&p.metadata.name.clone().unwrap_or_default());
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = %ns, error = %e, "watching the agent pods failed; retrying");
+                    false
+                }
+            };
+            if changed {
+                let agents = agents_from_pods(pods.values(), port);
+                if tx.send(agents).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    (rx, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn static_list() {
+        let a = parse_static("node-a=https://127.0.0.2:9443, node-b=10.0.0.7:9443,").expect("parses");
+        assert_eq!(a.len(), 2);
+        assert_eq!(a["node-a"].address, "127.0.0.2:9443");
+        assert_eq!(a["node-b"].address, "10.0.0.7:9443");
+        assert!(parse_static("node-a").is_err());
+        assert!(parse_static("node-a=nohost").is_err());
+        assert!(matches!(parse_static("a=h:1,a=h:2"), Err(DiscoverError::Duplicate(_))));
+    }
+
+    fn pod(name: &str, node: &str, ip: Option<&str>, created: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "blockjanitor", "creationTimestamp": created},
+            "spec": {"nodeName": node, "containers": []},
+            "status": ip.map_or(serde_json::json!({}), |ip| serde_json::json!({"podIP": ip}))
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn pods_to_agents() {
+        let pods = [
+            pod("a-1", "node-a", Some("10.244.1.5"), "2026-01-01T00:00:00Z"),
+            pod("a-2", "node-a", Some("10.244.1.9"), "2026-01-02T00:00:00Z"),
+            pod("b-1", "node-b", None, "2026-01-01T00:00:00Z"),
+            pod("c-1", "node-c", Some("fd00::7"), "2026-01-01T00:00:00Z"),
+        ];
+        let a = agents_from_pods(pods.iter(), 9443);
+        assert_eq!(a["node-a"].address, "10.244.1.9:9443", "the newer pod");
+        assert_eq!(a["node-b"].address, "");
+        assert!(a["node-b"].error.as_deref().is_some_and(|e| e.contains("b-1 has no IP")));
+        assert_eq!(a["node-c"].address, "[fd00::7]:9443");
+    }
+}

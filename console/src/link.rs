@@ -1,0 +1,333 @@
+//! One task per agent: connect over mutual TLS with the console's certificate, read the node and
+//! its full device list, then follow `WatchEvents`; read the full list again periodically, when
+//! the agent says this client missed events, and on every reconnect. Every call has a deadline,
+//! so a slow agent delays nobody but its own task. Failures are recorded in the index
+//! (reachability, last error, failures in a row) and retried with exponential backoff (jittered,
+//! bounded).
+//!
+//! [`Links`] keeps the tasks in step with discovery (one per node and address) and hands out the
+//! live clients for forwarded calls and forced fan-outs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use blockjanitor::client::{self, now_secs, Target, TcpTarget};
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::agent_client::AgentClient;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+use crate::discover::AgentSpec;
+use crate::index::Index;
+
+/// The console's client certificate and the CA agents' certificates are signed by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+/// How links connect, wait and retry.
+#[derive(Debug, Clone)]
+pub struct LinkOptions {
+    pub tls: TlsFiles,
+    /// The name every agent's certificate carries.
+    pub server_name: String,
+    /// Bound on one connection attempt (TCP + TLS + HTTP/2).
+    pub connect_timeout: Duration,
+    /// Bound on one unary call.
+    pub call_timeout: Duration,
+    /// Between two full reads of a connected agent's device list.
+    pub resync_interval: Duration,
+    /// The first wait after a failure; doubled after each further one.
+    pub backoff_initial: Duration,
+    /// The longest wait.
+    pub backoff_max: Duration,
+}
+
+impl LinkOptions {
+    /// Defaults around the given TLS files and server name.
+    pub fn new(tls: TlsFiles, server_name: &str) -> Self {
+        Self {
+            tls,
+            server_name: server_name.to_owned(),
+            connect_timeout: Duration::from_secs(3),
+            call_timeout: Duration::from_secs(3),
+            resync_interval: Duration::from_secs(60),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+type ClientSlot = Arc<Mutex<Option<AgentClient<Channel>>>>;
+
+struct Link {
+    address: String,
+    task: JoinHandle<()>,
+    client: ClientSlot,
+    resync: Arc<Notify>,
+}
+
+/// Every agent's link.
+pub struct Links {
+    index: Index,
+    opts: Arc<LinkOptions>,
+    links: Mutex<HashMap<String, Link>>,
+}
+
+impl Drop for Links {
+    fn drop(&mut self) {
+        for (_, l) in self.links.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            l.task.abort();
+        }
+    }
+}
+
+impl Links {
+    pub fn new(index: Index, opts: LinkOptions) -> Self {
+        Self { index, opts: Arc::new(opts), links: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn options(&self) -> &LinkOptions {
+        &self.opts
+    }
+
+    /// Brings the links in step with `agents`: starts one for each new node (or new address),
+    /// stops those whose node went, and records every node in the index.
+    pub fn set(&self, agents: &BTreeMap<String, AgentSpec>) {
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let gone: Vec<String> = links
+            .iter()
+            .filter(|(n, l)| agents.get(*n).is_none_or(|a| a.address != l.address))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for n in gone {
+            if let Some(l) = links.remove(&n) {
+                l.task.abort();
+            }
+            if !agents.contains_key(&n) {
+                self.index.write().remove_node(&n);
+            }
+        }
+        for (name, spec) in agents {
+            self.index.write().upsert_node(name, &spec.address, &spec.source, spec.error.as_deref());
+            if spec.address.is_empty() || links.contains_key(name) {
+                continue;
+            }
+            let client: ClientSlot = Arc::new(Mutex::new(None));
+            let resync = Arc::new(Notify::new());
+            let task = tokio::spawn(run(
+                spec.clone(),
+                Arc::clone(&self.opts),
+                self.index.clone(),
+                Arc::clone(&client),
+                Arc::clone(&resync),
+            ));
+            links.insert(name.clone(), Link { address: spec.address.clone(), task, client, resync });
+        }
+    }
+
+    /// The live client for a node, when its link is connected.
+    pub fn client(&self, node: &str) -> Option<AgentClient<Channel>> {
+        let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let l = links.get(node)?;
+        let c = l.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        c
+    }
+
+    /// Asks a node's link to read the full device list again soon.
+    pub fn request_resync(&self, node: &str) {
+        if let Some(l) = self.links.lock().unwrap_or_else(|p| p.into_inner()).get(node) {
+            l.resync.notify_one();
+        }
+    }
+
+    /// Reads every connected agent's device list now, all at once, each bounded by the call
+    /// deadline, and puts the answers in the index. Returns when all have answered or timed out.
+    pub async fn refresh_all(&self, only: Option<&str>) {
+        let clients: Vec<(String, AgentClient<Channel>)> = {
+            let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+            links
+                .iter()
+                .filter(|(n, _)| only.is_none_or(|o| o == n.as_str()))
+                .filter_map(|(n, l)| {
+                    l.client.lock().unwrap_or_else(|p| p.into_inner()).clone().map(|c| (n.clone(), c))
+                })
+                .collect()
+        };
+        let started = std::time::Instant::now();
+        let asked = clients.len();
+        let mut set = tokio::task::JoinSet::new();
+        for (node, mut c) in clients {
+            let index = self.index.clone();
+            let timeout = self.opts.call_timeout;
+            set.spawn(async move {
+                let t = std::time::Instant::now();
+                if let Err(e) = sync_devices(&mut c, &index, &node, timeout, None).await {
+                    index.with_node(&node, |n| {
+                        n.error = e;
+                        n.reachable = false;
+                    });
+                }
+                (node, t.elapsed())
+            });
+        }
+        let mut slowest = (String::new(), Duration::ZERO);
+        while let Some(r) = set.join_next().await {
+            if let Ok((node, took)) = r {
+                if took > slowest.1 {
+                    slowest = (node, took);
+                }
+            }
+        }
+        tracing::info!(agents = asked, took_ms = started.elapsed().as_millis() as u64, slowest = %slowest.0,
+            slowest_ms = slowest.1.as_millis() as u64, "fan-out done");
+    }
+}
+
+/// A jittered wait: between half and all of `d`.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    d / 2 + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// The link's loop: a session, then a backoff, until aborted.
+async fn run(spec: AgentSpec, opts: Arc<LinkOptions>, index: Index, slot: ClientSlot, resync: Arc<Notify>) {
+    let mut backoff = opts.backoff_initial;
+    loop {
+        let (synced, error) = session(&spec, &opts, &index, &slot, &resync).await;
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        tracing::info!(node = %spec.node, address = %spec.address, error = %error, "link to the agent lost");
+        index.with_node(&spec.node, |n| {
+            n.reachable = false;
+            n.error = error;
+            n.failures = n.failures.saturating_add(1);
+        });
+        if synced {
+            backoff = opts.backoff_initial;
+        }
+        tokio::time::sleep(jitter(backoff)).await;
+        backoff = (backoff * 2).min(opts.backoff_max);
+    }
+}
+
+/// Reads the node and its device list and puts them in the index.
+pub async fn sync(
+    c: &mut AgentClient<Channel>,
+    index: &Index,
+    node: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let agent = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
+        .await
+        .map_err(|s| format!("GetNode: {}", client::status_line(&s)))?;
+    sync_devices(c, index, node, timeout, Some(agent)).await
+}
+
+/// Reads the device list (and records `agent`, when given) and puts them in the index.
+pub async fn sync_devices(
+    c: &mut AgentClient<Channel>,
+    index: &Index,
+    node: &str,
+    timeout: Duration,
+    agent: Option<pb::Node>,
+) -> Result<(), String> {
+    let list =
+        client::call(timeout, c.list_devices(client::request(pb::ListDevicesRequest::default(), timeout)))
+            .await
+            .map_err(|s| format!("ListDevices: {}", client::status_line(&s)))?;
+    // An agent that has not finished a scan lists nothing: that is no evidence of absence.
+    if list.scan_unix_seconds <= 0.0 {
+        return Err("the agent has not finished a scan yet".into());
+    }
+    let mut w = index.write();
+    w.replace_devices(node, list.devices);
+    if let Some(n) = w.nodes.get_mut(node) {
+        let now = now_secs();
+        if agent.is_some() {
+            n.agent = agent;
+        }
+        n.reachable = true;
+        n.synced = true;
+        n.last_seen = now;
+        n.last_sync = now;
+        n.error.clear();
+        n.failures = 0;
+    }
+    Ok(())
+}
+
+/// One connection: returns whether it got as far as a full sync, and why it ended.
+async fn session(
+    spec: &AgentSpec,
+    opts: &LinkOptions,
+    index: &Index,
+    slot: &ClientSlot,
+    resync: &Notify,
+) -> (bool, String) {
+    let target = Target::Tcp(TcpTarget {
+        addr: spec.address.clone(),
+        cert: opts.tls.cert.clone(),
+        key: opts.tls.key.clone(),
+        ca: opts.tls.ca.clone(),
+        server_name: opts.server_name.clone(),
+    });
+    let mut c = match client::connect(&target, opts.connect_timeout).await {
+        Ok(c) => c,
+        Err(e) => return (false, e.to_string()),
+    };
+    // Subscribe first, then read the list: nothing that changes in between is lost.
+    let mut stream =
+        match tokio::time::timeout(opts.call_timeout, c.watch_events(pb::WatchEventsRequest {})).await {
+            Ok(Ok(s)) => s.into_inner(),
+            Ok(Err(s)) => return (false, format!("WatchEvents: {}", client::status_line(&s))),
+            Err(_) => return (false, format!("WatchEvents: no answer within {:?}", opts.call_timeout)),
+        };
+    if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
+        return (false, e);
+    }
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+    tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
+    let mut tick = tokio::time::interval(opts.resync_interval);
+    tick.tick().await;
+    loop {
+        let again = tokio::select! {
+            m = stream.message() => match m {
+                Ok(Some(ev)) => apply_event(index, &spec.node, ev),
+                Ok(None) => return (true, "the agent ended the event stream".into()),
+                Err(s) => return (true, format!("WatchEvents: {}", client::status_line(&s))),
+            },
+            _ = tick.tick() => true,
+            _ = resync.notified() => true,
+        };
+        if again {
+            if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
+                return (true, e);
+            }
+        }
+    }
+}
+
+/// Applies one event to the index; true when the full list must be read again.
+fn apply_event(index: &Index, node: &str, ev: pb::Event) -> bool {
+    let kind = pb::event::Type::try_from(ev.r#type).unwrap_or(pb::event::Type::Unspecified);
+    let mut w = index.write();
+    if let Some(n) = w.nodes.get_mut(node) {
+        n.last_seen = now_secs();
+    }
+    match (kind, ev.current) {
+        (pb::event::Type::EventsDropped, _) => return true,
+        (pb::event::Type::DeviceRemoved, _) => w.remove_device(node, &ev.device),
+        (_, Some(d)) => w.upsert_device(node, d),
+        (_, None) => {}
+    }
+    false
+}

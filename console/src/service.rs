@@ -1,0 +1,443 @@
+//! `blockjanitor.v1.Fleet`: answers from the fleet index (or, with `fresh`, after asking every
+//! connected agent at once), diagnoses Multi-Attach from the Kubernetes view and the index, and
+//! forwards Plan and Apply to one node's agent. Every answer names the nodes it cannot speak for.
+//! Roles come from the caller's client certificate, as on the agent; Apply needs an operator and
+//! reaches the agent with the caller's identity in [`ON_BEHALF_OF`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockjanitor::client;
+use blockjanitor::server::auth::{Policy, Role, ON_BEHALF_OF};
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::fleet_server::Fleet;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status};
+
+use crate::cluster::Cluster;
+use crate::index::{Index, Key};
+use crate::link::Links;
+use crate::metrics::Metrics;
+use crate::multiattach;
+use crate::watchers;
+
+/// Everything the service reads.
+pub struct FleetService {
+    pub index: Index,
+    pub links: Arc<Links>,
+    /// The Kubernetes view (`None`: the console runs without the API; PV/PVC questions fail).
+    pub cluster: Option<Cluster>,
+    pub policy: Arc<Policy>,
+    pub metrics: Arc<Metrics>,
+    /// Bound on a forwarded Apply.
+    pub apply_timeout: Duration,
+}
+
+fn uninterpretable(what: &str) -> Status {
+    Status::invalid_argument(what.to_owned())
+}
+
+impl FleetService {
+    fn cluster(&self) -> Result<&Cluster, Status> {
+        let c = self.cluster.as_ref().ok_or_else(|| {
+            Status::failed_precondition(
+                "the console runs without the Kubernetes API: PVs and PVCs are unknown",
+            )
+        })?;
+        if let Some(why) = c.not_synced() {
+            return Err(Status::unavailable(why));
+        }
+        Ok(c)
+    }
+
+    fn timed<T>(&self, method: &'static str, started: Instant, r: T) -> T {
+        self.metrics.observe(method, started.elapsed());
+        r
+    }
+
+    /// What a Where request names.
+    fn resolve(&self, r: &pb::WhereRequest) -> Result<(String, Vec<Key>), Status> {
+        let set = [&r.query, &r.image, &r.pv, &r.pvc, &r.wwid].iter().filter(|s| !s.is_empty()).count();
+        if set != 1 {
+            return Err(uninterpretable("give exactly one of query, image, pv, pvc, wwid"));
+        }
+        if !r.image.is_empty() {
+            return Ok((format!("rbd image {}", r.image), vec![Key::Image(r.image.clone())]));
+        }
+        if !r.pv.is_empty() {
+            return self.pv_keys(&r.pv, format!("PV {}", r.pv));
+        }
+        if !r.pvc.is_empty() {
+            let pv = self.cluster()?.pv_of_pvc(&r.pvc).map_err(Status::not_found)?;
+            return self.pv_keys(&pv, format!("PVC {} -> PV {pv}", r.pvc));
+        }
+        if !r.wwid.is_empty() {
+            return Ok((format!("WWID {}", r.wwid), vec![Key::Wwid(r.wwid.to_ascii_lowercase())]));
+        }
+        let q = r.query.trim();
+        if let Some(pv) = q.strip_prefix("pv/") {
+            return self.pv_keys(pv, format!("PV {pv}"));
+        }
+        if let Some(pvc) = q.strip_prefix("pvc/") {
+            let pv = self.cluster()?.pv_of_pvc(pvc).map_err(Status::not_found)?;
+            return self.pv_keys(&pv, format!("PVC {pvc} -> PV {pv}"));
+        }
+        let cluster = self.cluster.as_ref().filter(|c| c.not_synced().is_none());
+        if q.contains('/') {
+            if let Some(pv) = cluster.and_then(|c| c.pv_of_pvc(q).ok()) {
+                return self.pv_keys(&pv, format!("PVC {q} -> PV {pv}"));
+            }
+            // An image, or the same spec as an rbd-nbd backend.
+            return Ok((
+                format!("rbd image {q}"),
+                vec![Key::Image(q.to_owned()), Key::NbdBackend(q.to_owned())],
+            ));
+        }
+        if !self.index.read().lookup(&Key::NbdBackend(q.to_owned())).is_empty() {
+            return Ok((format!("nbd backend {q}"), vec![Key::NbdBackend(q.to_owned())]));
+        }
+        if cluster.is_some_and(|c| c.pv(q).is_some())
+            || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
+        {
+            return self.pv_keys(q, format!("PV {q}"));
+        }
+        Ok((format!("WWID {q}"), vec![Key::Wwid(q.to_ascii_lowercase())]))
+    }
+
+    /// The keys of a PV: its name, and its images and WWIDs when the API has it.
+    fn pv_keys(&self, pv: &str, mut resolved: String) -> Result<(String, Vec<Key>), Status> {
+        let mut keys = vec![Key::Pv(pv.to_owned())];
+        if let Some(obj) = self.cluster.as_ref().and_then(|c| c.pv(pv)) {
+            let v = multiattach::volume_id(&obj);
+            for i in &v.images {
+                resolved.push_str(&format!(" -> rbd image {i}"));
+            }
+            for w in &v.wwids {
+                resolved.push_str(&format!(" -> WWID {w}"));
+            }
+            keys.extend(v.images.into_iter().map(Key::Image));
+            keys.extend(v.wwids.into_iter().map(Key::Wwid));
+        }
+        Ok((resolved, keys))
+    }
+
+    /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
+    /// Kubernetes API, every Node with no agent at all.
+    fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
+        let mut m = ix.missing();
+        if let Some(c) = &self.cluster {
+            for n in c.nodes.all() {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                if !ix.nodes.contains_key(&name) {
+                    m.push(pb::MissingNode {
+                        node: name,
+                        reason: "no blockjanitor agent pod on this node".into(),
+                    });
+                }
+            }
+            m.sort_by(|a, b| a.node.cmp(&b.node));
+        }
+        m
+    }
+
+    fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
+        let ix = self.index.read();
+        let mut out: Vec<pb::FleetDevice> = Vec::new();
+        for k in keys {
+            for d in ix.lookup(k) {
+                let same = |o: &pb::FleetDevice| {
+                    o.node == d.node
+                        && o.device.as_ref().map(|x| &x.name) == d.device.as_ref().map(|x| &x.name)
+                };
+                if !out.iter().any(same) {
+                    out.push(d);
+                }
+            }
+        }
+        (out, self.missing_of(&ix))
+    }
+
+    fn agent_for(
+        &self,
+        node: &str,
+    ) -> Result<blockjanitor_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, Status> {
+        if node.is_empty() {
+            return Err(uninterpretable("name the node"));
+        }
+        let reason = match self.index.read().nodes.get(node) {
+            None => return Err(Status::not_found(format!("no agent is known on node {node}"))),
+            Some(n) => n.missing_reason(),
+        };
+        self.links.client(node).ok_or_else(|| {
+            Status::unavailable(format!(
+                "the agent on {node} is not connected ({})",
+                reason.unwrap_or_default()
+            ))
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Fleet for FleetService {
+    async fn list_nodes(
+        &self,
+        req: Request<pb::ListNodesRequest>,
+    ) -> Result<Response<pb::ListNodesResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let ix = self.index.read();
+        let r = pb::ListNodesResponse {
+            nodes: ix.nodes.values().map(|n| n.to_message()).collect(),
+            missing_nodes: self.missing_of(&ix),
+        };
+        drop(ix);
+        self.timed("ListNodes", t, Ok(Response::new(r)))
+    }
+
+    async fn list_devices(
+        &self,
+        req: Request<pb::FleetListDevicesRequest>,
+    ) -> Result<Response<pb::FleetListDevicesResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        if r.fresh {
+            self.links.refresh_all((!r.node.is_empty()).then_some(r.node.as_str())).await;
+        }
+        let ix = self.index.read();
+        if !r.node.is_empty() && !ix.nodes.contains_key(&r.node) {
+            return Err(Status::not_found(format!("no agent is known on node {}", r.node)));
+        }
+        let devices = ix
+            .nodes
+            .values()
+            .filter(|n| r.node.is_empty() || n.name == r.node)
+            .flat_map(|n| n.devices.values().map(move |d| (n, d)))
+            .filter(|(_, d)| r.kind == 0 || d.kind == r.kind)
+            .filter(|(_, d)| r.verdict == 0 || d.verdict == r.verdict)
+            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) })
+            .collect();
+        let missing_nodes =
+            self.missing_of(&ix).into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
+        drop(ix);
+        self.timed(
+            "ListDevices",
+            t,
+            Ok(Response::new(pb::FleetListDevicesResponse { devices, missing_nodes })),
+        )
+    }
+
+    async fn r#where(&self, req: Request<pb::WhereRequest>) -> Result<Response<pb::WhereResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let (resolved, keys) = self.resolve(&r)?;
+        if r.fresh {
+            self.links.refresh_all(None).await;
+        }
+        let (matches, missing_nodes) = self.lookup(&keys);
+        self.timed("Where", t, Ok(Response::new(pb::WhereResponse { resolved, matches, missing_nodes })))
+    }
+
+    async fn who_watches(
+        &self,
+        req: Request<pb::WhoWatchesRequest>,
+    ) -> Result<Response<pb::WhoWatchesResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let mut asked: Vec<watchers::Watcher> = Vec::new();
+        if !r.text.is_empty() {
+            asked = watchers::parse(&r.text);
+            if asked.is_empty() {
+                return Err(uninterpretable("the text has no `watcher=ADDR client.N cookie=N` line"));
+            }
+        } else if !r.client_addr.is_empty() || !r.client_id.is_empty() {
+            let client = if r.client_id.is_empty() {
+                String::new()
+            } else {
+                watchers::normalize_client(&r.client_id).ok_or_else(|| {
+                    uninterpretable(&format!("'{}' is not a client id (client.N)", r.client_id))
+                })?
+            };
+            asked.push(watchers::Watcher {
+                addr: r.client_addr.trim().to_owned(),
+                client,
+                cookie: String::new(),
+            });
+        } else {
+            return Err(uninterpretable("give client_addr, client_id or text"));
+        }
+        if r.fresh {
+            self.links.refresh_all(None).await;
+        }
+        let mut out = Vec::new();
+        let mut missing = Vec::new();
+        for w in asked {
+            let mut keys = Vec::new();
+            if !w.addr.is_empty() {
+                keys.push(if w.addr.contains('/') {
+                    Key::ClientAddr(w.addr.clone())
+                } else {
+                    Key::ClientIp(watchers::addr_ip(&w.addr).to_owned())
+                });
+            }
+            if !w.client.is_empty() {
+                keys.push(Key::ClientId(w.client.clone()));
+            }
+            let (mappings, m) = self.lookup(&keys);
+            missing = m;
+            let (unfence_safe, detail) = match (mappings.is_empty(), missing.is_empty()) {
+                (true, true) => {
+                    (true, "no node maps anything for this client and every node answered".to_owned())
+                }
+                (true, false) => (
+                    false,
+                    format!(
+                        "no answering node maps anything for this client, but {} node(s) did not answer",
+                        missing.len()
+                    ),
+                ),
+                (false, _) => (
+                    false,
+                    format!(
+                        "still mapped on {}: unmap there first",
+                        mappings
+                            .iter()
+                            .map(|d| format!(
+                                "{}/{}",
+                                d.node,
+                                d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ),
+            };
+            let node_by_address = match (&self.cluster, w.addr.is_empty()) {
+                (Some(c), false) => c.node_with_address(watchers::addr_ip(&w.addr)).unwrap_or_default(),
+                _ => String::new(),
+            };
+            let detail = if node_by_address.is_empty() {
+                detail
+            } else {
+                format!("{detail}; the client's address is node {node_by_address}'s")
+            };
+            out.push(pb::WatcherMatch {
+                node_by_address,
+                client_addr: w.addr,
+                client_id: w.client,
+                cookie: w.cookie,
+                mappings,
+                unfence_safe,
+                detail,
+            });
+        }
+        self.timed(
+            "WhoWatches",
+            t,
+            Ok(Response::new(pb::WhoWatchesResponse { watchers: out, missing_nodes: missing })),
+        )
+    }
+
+    async fn multi_attach(
+        &self,
+        req: Request<pb::MultiAttachRequest>,
+    ) -> Result<Response<pb::MultiAttachResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let cluster = self.cluster()?;
+        let pv = match (r.pv.is_empty(), r.pvc.is_empty()) {
+            (false, true) => r.pv.clone(),
+            (true, false) => cluster.pv_of_pvc(&r.pvc).map_err(Status::not_found)?,
+            _ => return Err(uninterpretable("give exactly one of pv, pvc")),
+        };
+        let obj = cluster.pv(&pv).ok_or_else(|| Status::not_found(format!("no PersistentVolume {pv}")))?;
+        let v = multiattach::volume_id(&obj);
+        let vas = cluster.vas_of(&pv);
+        let nodes = cluster.nodes.all();
+        let mut missing = self.missing_of(&self.index.read());
+        let mut diags = multiattach::diagnose(&v, &vas, &nodes, &self.index.read(), &mut missing);
+        // A stale mapping: the agent's own plan is the exact way to clear it.
+        let timeout = self.links.options().call_timeout;
+        for d in diags.iter_mut().filter(|d| d.diagnosis == pb::Diagnosis::StaleMapping as i32) {
+            let devices: Vec<String> =
+                d.devices.iter().filter_map(|f| f.device.as_ref().map(|x| x.name.clone())).collect();
+            let Some(mut c) = self.links.client(&d.node) else { continue };
+            match client::call(timeout, c.plan(client::request(pb::PlanRequest { devices }, timeout))).await {
+                Ok(p) => {
+                    for plan in p.plans {
+                        d.clear_steps.extend(plan.steps);
+                        d.identities.push(plan.identity);
+                        if !plan.refusal.is_empty() {
+                            d.detail.push_str(&format!(
+                                "; the agent refuses to clean {}: {}",
+                                plan.device, plan.refusal
+                            ));
+                        }
+                    }
+                }
+                Err(s) => d
+                    .detail
+                    .push_str(&format!("; the agent's plan could not be read: {}", client::status_line(&s))),
+            }
+        }
+        self.timed(
+            "MultiAttach",
+            t,
+            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing })),
+        )
+    }
+
+    async fn plan(
+        &self,
+        req: Request<pb::FleetPlanRequest>,
+    ) -> Result<Response<pb::FleetPlanResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let mut c = self.agent_for(&r.node)?;
+        let timeout = self.links.options().call_timeout;
+        let plan =
+            client::call(timeout, c.plan(client::request(pb::PlanRequest { devices: r.devices }, timeout)))
+                .await
+                .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
+        self.timed("Plan", t, Ok(Response::new(pb::FleetPlanResponse { node: r.node, plan: Some(plan) })))
+    }
+
+    async fn apply(
+        &self,
+        req: Request<pb::FleetApplyRequest>,
+    ) -> Result<Response<pb::FleetApplyResponse>, Status> {
+        let t = Instant::now();
+        let caller = self.policy.caller(&req)?;
+        if caller.role < Role::Operator {
+            return Err(Status::permission_denied("Apply needs the operator role on the console"));
+        }
+        let r = req.into_inner();
+        let mut c = self.agent_for(&r.node)?;
+        let mut fwd = client::request(
+            pb::ApplyRequest { devices: r.devices.clone(), identities: r.identities.clone() },
+            self.apply_timeout,
+        );
+        let value = MetadataValue::try_from(caller.identity.as_str())
+            .map_err(|_| Status::invalid_argument("the caller's identity cannot travel as metadata"))?;
+        fwd.metadata_mut().insert(ON_BEHALF_OF, value);
+        tracing::info!(target: "audit", node = %r.node, caller = %caller.identity, devices = %r.devices.join(","),
+            "forwarding Apply to the agent on {}", r.node);
+        let result = client::call(self.apply_timeout, c.apply(fwd))
+            .await
+            .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
+        self.links.request_resync(&r.node);
+        self.timed(
+            "Apply",
+            t,
+            Ok(Response::new(pb::FleetApplyResponse {
+                node: r.node,
+                result: Some(result),
+                on_behalf_of: caller.identity,
+            })),
+        )
+    }
+}

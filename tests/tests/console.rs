@@ -1,0 +1,1200 @@
+//! End-to-end tests of the fleet console (`blockjanitor-console`) with real processes: a local
+//! stand-in kube-apiserver serving the agent DaemonSet's pods (by label), Nodes with
+//! `volumesAttached`/`volumesInUse`, the PV (in-tree RBD), its PVC and VolumeAttachments; real
+//! `blockjanitor-agent serve` processes on fixture roots: the old node of incident 1 (a stale rbd
+//! mapping of the image), the node the pod moved to (`incident1-newnode`: the same image mapped
+//! and mounted), a node with other storage (`multipath-incident3`: FC multipath), and a node whose agent pod is
+//! listed but where nothing listens. The console discovers them from the pod list (pod IPs
+//! 127.0.0.x, the agent port from its flags) and is asked over mutual TLS.
+//!
+//! Also: the agent's `blockjanitor_device_info` series on a real serve process, and
+//! `agentctl fleet` / `kubectl blockjanitor` against the console.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::fleet_client::FleetClient;
+use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::kube_mock::{self, ApiServer};
+use blockjanitor_tests::*;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+use tonic::Code;
+
+const IMAGE: &str = "kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c";
+const PV: &str = "pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c";
+const PVC: &str = "shop/data-db-0";
+const NS: &str = "blockjanitor";
+const SELECTOR: &str = "app.kubernetes.io/name=blockjanitor-agent";
+/// The old node's watcher, as `rbd status` printed it in incident 1 (the field notes), in the
+/// layout the Ceph guest captured (`Watchers:` then a tab: tests/ceph/README.md).
+const RBD_STATUS_OLD: &str =
+    "Watchers:\n\twatcher=10.125.53.47:0/3423687629 client.1138525 cookie=18446462598732840961\n";
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
+}
+
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join(name);
+    assert!(bin.exists(), "{} is missing: build it first (cargo build --workspace --bins)", bin.display());
+    bin
+}
+
+/// A port free on 127.0.0.2..6 (the agents' pod IPs share it, as pods share a containerPort).
+fn free_port() -> u16 {
+    for _ in 0..50 {
+        let l = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = l.local_addr().expect("addr").port();
+        drop(l);
+        if (3..=6).all(|i| std::net::TcpListener::bind(format!("127.0.0.{i}:{port}")).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no port free on 127.0.0.2-6");
+}
+
+fn agent_pod(name: &str, node: &str, ip: &str, app: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "resourceVersion": "50",
+                     "creationTimestamp": "2026-11-01T00:00:00Z",
+                     "labels": {"app.kubernetes.io/name": app, "controller-revision-hash": "7c9d"}},
+        "spec": {"nodeName": node, "hostPID": true,
+                 "containers": [{"name": "agent", "image": "blockjanitor-agent:0.1",
+                                 "ports": [{"name": "grpc", "containerPort": 9443}]}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": ip}
+    })
+}
+
+fn node(name: &str, ip: &str, attached: bool, in_use: bool) -> Value {
+    let vol = format!("kubernetes.io/rbd/k8s:{IMAGE}");
+    let mut status = json!({"conditions": kube_mock::ready_only(),
+                            "addresses": [{"type": "InternalIP", "address": ip},
+                                          {"type": "Hostname", "address": name}]});
+    if attached {
+        status["volumesAttached"] = json!([{"name": vol, "devicePath": ""}]);
+    }
+    if in_use {
+        status["volumesInUse"] = json!([vol]);
+    }
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": name, "uid": format!("uid-{name}"), "resourceVersion": "900",
+                        "labels": {"kubernetes.io/hostname": name}},
+           "spec": {}, "status": status})
+}
+
+fn rbd_pv() -> Value {
+    json!({
+        "metadata": {"name": PV, "resourceVersion": "17", "finalizers": ["kubernetes.io/pv-protection"],
+                     "annotations": {"pv.kubernetes.io/provisioned-by": "kubernetes.io/rbd"}},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"], "capacity": {"storage": "10Gi"},
+            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": "shop",
+                         "name": "data-db-0", "uid": "uid-claim-data-db-0", "resourceVersion": "16"},
+            "rbd": {"monitors": ["10.125.53.10:6789"], "image": IMAGE, "pool": "k8s", "user": "admin",
+                    "secretRef": {"name": "ceph-secret", "namespace": "kube-system"}, "fsType": "ext4"},
+            "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "rbd", "volumeMode": "Filesystem"
+        },
+        "status": {"phase": "Bound"}
+    })
+}
+
+fn rbd_pvc() -> Value {
+    json!({
+        "metadata": {"name": "data-db-0", "namespace": "shop", "uid": "uid-claim-data-db-0", "resourceVersion": "16"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}},
+                 "storageClassName": "rbd", "volumeName": PV, "volumeMode": "Filesystem"},
+        "status": {"phase": "Bound", "capacity": {"storage": "10Gi"}}
+    })
+}
+
+fn va(name: &str, node: &str) -> Value {
+    let mut v = kube_mock::volume_attachment(name, node, PV, true, 95);
+    v["spec"]["attacher"] = json!("kubernetes.io/rbd");
+    v
+}
+
+/// The console process, stopped on drop; its listeners' addresses from its JSON log.
+struct Console {
+    child: Child,
+    tcp: SocketAddr,
+    metrics: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Console {
+    fn start(args: &[String]) -> Self {
+        let mut child = Command::new(bin("blockjanitor-console"))
+            .args(args)
+            .args(["--log-format", "json", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn blockjanitor-console");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel::<(String, String)>();
+        let log2 = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    if let (Some(l), Some(a)) = (v["listener"].as_str(), v["address"].as_str()) {
+                        let _ = tx.send((l.to_owned(), a.to_owned()));
+                    }
+                }
+                if let Ok(mut g) = log2.lock() {
+                    g.push(line);
+                }
+            }
+        });
+        let (mut tcp, mut metrics) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tcp.is_none() || metrics.is_none() {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((l, a)) if l == "tcp" => tcp = a.parse().ok(),
+                Ok((l, a)) if l == "metrics" => metrics = a.parse().ok(),
+                Ok(_) => {}
+                Err(_) => panic!(
+                    "the console did not start listening; its log:\n{}",
+                    log.lock().map(|g| g.join("\n")).unwrap_or_default()
+                ),
+            }
+        }
+        Console { child, tcp: tcp.expect("tcp"), metrics: metrics.expect("metrics"), log }
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().map(|g| g.join("\n")).unwrap_or_default()
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        for _ in 0..250 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The whole cluster: API, agents, console, and the certificates to talk to it.
+struct Cluster {
+    s: Scratch,
+    pki: Pki,
+    api: ApiServer,
+    agents: Vec<(String, Daemon)>,
+    console: Console,
+}
+
+impl Cluster {
+    fn agent(&self, node: &str) -> &Daemon {
+        &self.agents.iter().find(|(n, _)| n == node).expect("agent").1
+    }
+
+    async fn client(&self, who: &str) -> FleetClient<Channel> {
+        let pem = self.pki.issue(who, &[who]);
+        let ch = tls_channel(self.console.tcp, &self.pki.ca.cert, Some((&pem.cert, &pem.key)))
+            .await
+            .expect("connect to the console");
+        FleetClient::new(ch)
+    }
+}
+
+async fn start_cluster() -> Cluster {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let port = free_port();
+    let mut agents = Vec::new();
+    for (node, ip, fixture) in [
+        ("node-old", "127.0.0.2", "incident1"),
+        ("node-new", "127.0.0.3", "incident1-newnode"),
+        ("node-free", "127.0.0.5", "multipath-incident3"),
+    ] {
+        let dir = s.mkdir(node);
+        let root = fixtures().join(fixture).to_string_lossy().into_owned();
+        let listen = format!("{ip}:{port}");
+        let d = Daemon::start_with_global(
+            &dir,
+            &["--root", &root],
+            &[
+                "--listen",
+                &listen,
+                "--tls-cert",
+                cert.to_str().expect("utf8"),
+                "--tls-key",
+                key.to_str().expect("utf8"),
+                "--tls-client-ca",
+                ca.to_str().expect("utf8"),
+                "--tls-console",
+                "console",
+                "--tls-viewer",
+                "dashboard",
+                "--grace-period",
+                "0",
+                "--node-name",
+                node,
+            ],
+        );
+        assert_eq!(d.tcp.map(|a| a.to_string()), Some(listen), "agent listens on its pod IP");
+        agents.push((node.to_owned(), d));
+    }
+
+    let api = ApiServer::start(kube_mock::node_object(kube_mock::ready_only())).await;
+    {
+        let mut st = api.state.lock().expect("state");
+        st.lists.insert(
+            "/api/v1/namespaces/blockjanitor/pods",
+            vec![
+                agent_pod("blockjanitor-agent-x7k2p", "node-old", "127.0.0.2", "blockjanitor-agent"),
+                agent_pod("blockjanitor-agent-m3q9d", "node-new", "127.0.0.3", "blockjanitor-agent"),
+                // Listed, Running, and nothing listens at its IP.
+                agent_pod("blockjanitor-agent-z8w4t", "node-gone", "127.0.0.4", "blockjanitor-agent"),
+                agent_pod("blockjanitor-agent-c5v1n", "node-free", "127.0.0.5", "blockjanitor-agent"),
+                // Another app in the namespace: not an agent (the label selector must leave it out).
+                agent_pod("log-shipper-4kd8s", "node-x", "127.0.0.6", "log-shipper"),
+            ],
+        );
+        st.lists.insert(
+            "/api/v1/nodes",
+            vec![
+                node("node-old", "10.125.53.47", true, false),
+                node("node-new", "10.125.53.48", true, true),
+                // Incident 4's node: down, its watcher still on the image.
+                node("node-gone", "192.168.73.52", true, false),
+                node("node-free", "10.125.53.49", false, false),
+            ],
+        );
+        st.lists.insert("/api/v1/persistentvolumes", vec![rbd_pv()]);
+        st.lists.insert("/api/v1/persistentvolumeclaims", vec![rbd_pvc()]);
+        st.lists.insert(
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            vec![
+                va("csi-old-1f0c7a4e", "node-old"),
+                va("csi-new-9e8d7c6b", "node-new"),
+                va("csi-gone-3b2a1f0e", "node-gone"),
+                va("csi-free-5d4c3b2a", "node-free"),
+            ],
+        );
+    }
+    let console_pem = pki.issue("console", &["console"]);
+    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+    std::fs::write(&ccert, console_pem.cert).expect("write cert");
+    std::fs::write(&ckey, console_pem.key).expect("write key");
+    let port_text = port.to_string();
+    let url = api.url();
+    let args: Vec<String> = [
+        "--tls-cert",
+        cert.to_str().expect("utf8"),
+        "--tls-key",
+        key.to_str().expect("utf8"),
+        "--tls-client-ca",
+        ca.to_str().expect("utf8"),
+        "--operator",
+        "admin",
+        "--viewer",
+        "dashboard",
+        "--agent-cert",
+        ccert.to_str().expect("utf8"),
+        "--agent-key",
+        ckey.to_str().expect("utf8"),
+        "--agent-ca",
+        ca.to_str().expect("utf8"),
+        "--agent-server-name",
+        "localhost",
+        "--namespace",
+        NS,
+        "--selector",
+        SELECTOR,
+        "--agent-port",
+        &port_text,
+        "--kube-url",
+        &url,
+        "--call-timeout-ms",
+        "2000",
+        "--connect-timeout-ms",
+        "1000",
+        "--backoff-max-seconds",
+        "2",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let console = Console::start(&args);
+    let cl = Cluster { s, pki, api, agents, console };
+    // Converged: three agents synced, the fourth known and unreachable.
+    let mut c = cl.client("dashboard").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        let up: Vec<&str> = nodes.nodes.iter().filter(|n| n.reachable).map(|n| n.name.as_str()).collect();
+        let gone = nodes.nodes.iter().find(|n| n.name == "node-gone");
+        if up == ["node-free", "node-new", "node-old"] && gone.is_some_and(|g| !g.error.is_empty()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console did not converge: {nodes:#?}\n{}",
+            cl.console.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cl
+}
+
+fn devs(list: &[pb::FleetDevice]) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = list
+        .iter()
+        .map(|d| (d.node.clone(), d.device.as_ref().map(|x| x.name.clone()).unwrap_or_default()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn pair(node: &str, dev: &str) -> (String, String) {
+    (node.to_owned(), dev.to_owned())
+}
+
+#[test]
+fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        let names: Vec<&str> = nodes.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["node-free", "node-gone", "node-new", "node-old"], "the log shipper is no agent");
+        let gone = nodes.nodes.iter().find(|n| n.name == "node-gone").expect("node-gone");
+        assert!(
+            !gone.reachable
+                && gone.address == format!("127.0.0.4:{}", cl.agent("node-old").tcp.expect("tcp").port())
+        );
+        assert_eq!(nodes.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+        let old = nodes.nodes.iter().find(|n| n.name == "node-old").expect("node-old");
+        assert_eq!(old.agent.as_ref().map(|a| a.name.as_str()), Some("node-old"), "GetNode was read");
+
+        let want = vec![pair("node-new", "rbd0"), pair("node-old", "rbd4")];
+        for (what, req) in [
+            ("image", pb::WhereRequest { image: format!("k8s/{IMAGE}"), ..Default::default() }),
+            ("pv", pb::WhereRequest { pv: PV.into(), ..Default::default() }),
+            ("pvc", pb::WhereRequest { pvc: PVC.into(), ..Default::default() }),
+            ("guessed pvc", pb::WhereRequest { query: PVC.into(), ..Default::default() }),
+            ("fresh", pb::WhereRequest { image: format!("k8s/{IMAGE}"), fresh: true, ..Default::default() }),
+        ] {
+            let r = c.r#where(req).await.unwrap_or_else(|e| panic!("Where {what}: {e:?}")).into_inner();
+            assert_eq!(devs(&r.matches), want, "Where by {what}: {r:#?}");
+            assert_eq!(r.missing_nodes.len(), 1, "{what}: {r:#?}");
+            assert_eq!(r.missing_nodes[0].node, "node-gone");
+            assert!(r.missing_nodes[0].reason.starts_with("unreachable"), "{:?}", r.missing_nodes);
+            let by_node = |n: &str| {
+                r.matches.iter().find(|d| d.node == n).and_then(|d| d.device.clone()).expect("device")
+            };
+            assert_eq!(by_node("node-old").verdict, pb::Verdict::Stale as i32);
+            assert!(by_node("node-old").holders.is_empty());
+            assert_eq!(by_node("node-new").verdict, pb::Verdict::InUse as i32);
+            assert_eq!(by_node("node-new").holders[0].kind, pb::HolderKind::Mount as i32);
+            assert_eq!(
+                by_node("node-new").rbd.as_ref().map(|r| r.client_addr.as_str()),
+                Some("10.125.53.48:0/2208145901")
+            );
+            if what.contains("pvc") {
+                assert!(
+                    r.resolved.starts_with(&format!("PVC {PVC} -> PV {PV} -> rbd image k8s/{IMAGE}")),
+                    "{}",
+                    r.resolved
+                );
+            }
+        }
+        // A WWID: the multipath map of incident 3 and both its paths.
+        for req in [
+            pb::WhereRequest { wwid: "3618CF24100F8F457014A764C000001F6".into(), ..Default::default() },
+            pb::WhereRequest { query: "3618cf24100f8f457014a764c000001f6".into(), ..Default::default() },
+        ] {
+            let r = c.r#where(req).await.expect("Where wwid").into_inner();
+            let want = vec![pair("node-free", "dm-12"), pair("node-free", "sdi"), pair("node-free", "sdj")];
+            assert_eq!(devs(&r.matches), want, "{r:#?}");
+        }
+        let none = c
+            .r#where(pb::WhereRequest { image: "k8s/no-such-image".into(), ..Default::default() })
+            .await
+            .expect("Where");
+        assert!(none.into_inner().matches.is_empty());
+        let e = c
+            .r#where(pb::WhereRequest { pvc: "shop/nope".into(), ..Default::default() })
+            .await
+            .expect_err("no PVC");
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+
+        // Metrics: agents up and down, the index's size.
+        let m = http_get(cl.console.metrics, "/metrics");
+        assert!(m.contains("blockjanitor_console_agents{state=\"up\"} 3"), "{m}");
+        assert!(m.contains("blockjanitor_console_agents{state=\"down\"} 1"), "{m}");
+        assert!(m.contains("blockjanitor_console_query_duration_seconds_count{method=\"Where\"} 8"), "{m}");
+        assert!(m.contains("blockjanitor_console_index_entries{what=\"nodes\"} 4"), "{m}");
+        if require_real_kernel(&["promtool"]) {
+            let mut child = Command::new("promtool")
+                .args(["check", "metrics"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("promtool");
+            std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), m.as_bytes()).expect("write");
+            let out = child.wait_with_output().expect("promtool");
+            assert!(out.status.success(), "promtool: {}{}", text(&out.stdout), text(&out.stderr));
+        }
+    });
+}
+
+#[test]
+fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { text: RBD_STATUS_OLD.into(), ..Default::default() })
+            .await
+            .expect("WhoWatches")
+            .into_inner();
+        assert_eq!(r.watchers.len(), 1, "{r:#?}");
+        let w = &r.watchers[0];
+        assert_eq!(
+            (w.client_addr.as_str(), w.client_id.as_str()),
+            ("10.125.53.47:0/3423687629", "client.1138525")
+        );
+        assert_eq!(devs(&w.mappings), vec![pair("node-old", "rbd4")]);
+        assert!(!w.unfence_safe, "the old node still maps the image: {w:#?}");
+        // By client id as sysfs prints it, and by the bare IP.
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { client_id: "client1140012".into(), ..Default::default() })
+            .await
+            .expect("by id")
+            .into_inner();
+        assert_eq!(devs(&r.watchers[0].mappings), vec![pair("node-new", "rbd0")]);
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { client_addr: "10.125.53.48".into(), ..Default::default() })
+            .await
+            .expect("by ip")
+            .into_inner();
+        assert_eq!(devs(&r.watchers[0].mappings), vec![pair("node-new", "rbd0")]);
+
+        // A watcher no answering node maps: still not safe while node-gone cannot be asked.
+        let dead =
+            "Watchers:\n\twatcher=192.168.73.52:0/319745466 client.2474196 cookie=18446462598732841025\n";
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { text: dead.into(), ..Default::default() })
+            .await
+            .expect("dead")
+            .into_inner();
+        assert!(r.watchers[0].mappings.is_empty());
+        assert!(!r.watchers[0].unfence_safe, "node-gone did not answer: {r:#?}");
+        assert_eq!(r.watchers[0].node_by_address, "node-gone", "the watcher's IP is node-gone's InternalIP");
+        assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+
+        // The agent pod on node-gone is deleted.
+        let pod = cl.api.state.lock().expect("state").lists["/api/v1/namespaces/blockjanitor/pods"]
+            .iter()
+            .find(|p| p["spec"]["nodeName"] == "node-gone")
+            .cloned()
+            .expect("pod");
+        cl.api.publish("/api/v1/namespaces/blockjanitor/pods", "DELETED", pod);
+        // Still a Node with no agent to ask: not safe.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = c
+                .who_watches(pb::WhoWatchesRequest { text: dead.into(), ..Default::default() })
+                .await
+                .expect("dead")
+                .into_inner();
+            let reasons: Vec<&str> = r.missing_nodes.iter().map(|m| m.reason.as_str()).collect();
+            if reasons == ["no blockjanitor agent pod on this node"] {
+                assert!(!r.watchers[0].unfence_safe, "{r:#?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the agent pod's deletion was not seen: {r:#?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // The node is deleted from the cluster: every node answers now.
+        let node_gone = cl.api.state.lock().expect("state").lists["/api/v1/nodes"]
+            .iter()
+            .find(|n| n["metadata"]["name"] == "node-gone")
+            .cloned()
+            .expect("node");
+        cl.api.publish("/api/v1/nodes", "DELETED", node_gone);
+        loop {
+            let r = c
+                .who_watches(pb::WhoWatchesRequest { text: dead.into(), ..Default::default() })
+                .await
+                .expect("dead")
+                .into_inner();
+            if r.watchers[0].unfence_safe {
+                assert!(r.missing_nodes.is_empty(), "{r:#?}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node-gone never left the fleet: {r:#?}\n{}",
+                cl.console.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        // The old node's client is still mapped there: never safe, whoever answers.
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { text: RBD_STATUS_OLD.into(), ..Default::default() })
+            .await
+            .expect("old")
+            .into_inner();
+        assert!(!r.watchers[0].unfence_safe);
+        let e = c
+            .who_watches(pb::WhoWatchesRequest { text: "Watchers: none\n".into(), ..Default::default() })
+            .await
+            .expect_err("no watcher");
+        assert_eq!(e.code(), Code::InvalidArgument);
+    });
+}
+
+#[test]
+fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_operator() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let r = c
+            .multi_attach(pb::MultiAttachRequest { pvc: PVC.into(), ..Default::default() })
+            .await
+            .expect("MultiAttach")
+            .into_inner();
+        assert_eq!(r.pv, PV);
+        let d = |n: &str| {
+            r.nodes.iter().find(|x| x.node == n).unwrap_or_else(|| panic!("no diagnosis for {n}: {r:#?}"))
+        };
+        assert_eq!(r.nodes.len(), 4, "{r:#?}");
+
+        let old = d("node-old");
+        assert_eq!(old.diagnosis, pb::Diagnosis::StaleMapping as i32, "{old:#?}");
+        assert_eq!(old.volume_attachments, ["csi-old-1f0c7a4e (attached=true)"]);
+        assert!(old.in_volumes_attached && !old.in_volumes_in_use);
+        let steps: Vec<(&str, &str)> =
+            old.clear_steps.iter().map(|s| (s.action.as_str(), s.device.as_str())).collect();
+        assert_eq!(steps, [("rbd_unmap", "rbd4")], "the agent's own plan: {old:#?}");
+        assert_eq!(old.identities.len(), 1);
+        assert!(old.identities[0].contains("rbd="), "{:?}", old.identities);
+
+        let new = d("node-new");
+        assert_eq!(new.diagnosis, pb::Diagnosis::InUseCorrect as i32, "{new:#?}");
+        assert!(new.in_volumes_attached && new.in_volumes_in_use);
+        assert!(new.clear_steps.is_empty());
+
+        let free = d("node-free");
+        assert_eq!(free.diagnosis, pb::Diagnosis::SafeToDeleteVa as i32, "{free:#?}");
+        assert!(free.devices.is_empty() && free.detail.contains("csi-free-5d4c3b2a"), "{free:#?}");
+
+        let gone = d("node-gone");
+        assert_eq!(gone.diagnosis, pb::Diagnosis::Unknown as i32, "never safe: {gone:#?}");
+        assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+
+        // By PV name too.
+        let by_pv = c
+            .multi_attach(pb::MultiAttachRequest { pv: PV.into(), ..Default::default() })
+            .await
+            .expect("by pv")
+            .into_inner();
+        assert_eq!(by_pv.nodes.len(), 4);
+
+        // Apply: a viewer is refused by the console; nothing reaches the agent.
+        let req = pb::FleetApplyRequest {
+            node: "node-old".into(),
+            devices: vec!["rbd4".into()],
+            identities: old.identities.clone(),
+        };
+        let e = c.apply(req.clone()).await.expect_err("viewer Apply");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(!cl.agent("node-old").log_text().contains("on_behalf_of"));
+        // An operator's Apply reaches the agent as the console on behalf of the operator and is
+        // audited so (on a fixture tree the agent then refuses to act: nothing changes).
+        let mut admin = cl.client("admin").await;
+        let e = admin.apply(req).await.expect_err("a fixture tree cannot be acted on");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("the agent on node-old"), "{e:?}");
+        let log = cl.agent("node-old").log_text();
+        let audit = log
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["target"] == "audit" && v["phase"] == "request")
+            .unwrap_or_else(|| panic!("no audit line: {log}"));
+        assert_eq!(audit["caller"], "console");
+        assert_eq!(audit["on_behalf_of"], "admin");
+        assert_eq!(audit["devices"], "rbd4");
+        // Plan forwarded.
+        let p = c
+            .plan(pb::FleetPlanRequest { node: "node-old".into(), devices: vec!["rbd4".into()] })
+            .await
+            .expect("Plan")
+            .into_inner();
+        assert_eq!(p.plan.expect("plan").plans[0].steps[0].action, "rbd_unmap");
+        let e = c
+            .plan(pb::FleetPlanRequest { node: "node-gone".into(), devices: vec![] })
+            .await
+            .expect_err("unreachable");
+        assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    });
+}
+
+#[test]
+fn the_console_role_cannot_apply_without_naming_an_operator() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let root = fixtures().join("incident1").to_string_lossy().into_owned();
+    let d = Daemon::start_with_global(
+        s.dir.path(),
+        &["--root", &root],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().expect("utf8"),
+            "--tls-key",
+            key.to_str().expect("utf8"),
+            "--tls-client-ca",
+            ca.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+        ],
+    );
+    let console = pki.issue("console", &["console"]);
+    rt().block_on(async {
+        let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
+            .await
+            .expect("connect");
+        let mut a = blockjanitor_proto::v1::agent_client::AgentClient::new(ch);
+        let list =
+            a.list_devices(pb::ListDevicesRequest::default()).await.expect("the console reads").into_inner();
+        assert!(list.devices.iter().any(|x| x.name == "rbd4"));
+        let e = a
+            .apply(pb::ApplyRequest { devices: vec!["rbd4".into()], ..Default::default() })
+            .await
+            .expect_err("no operator named");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("x-blockjanitor-on-behalf-of"), "{e:?}");
+        let mut req =
+            tonic::Request::new(pb::ApplyRequest { devices: vec!["rbd4".into()], ..Default::default() });
+        req.metadata_mut().insert("x-blockjanitor-on-behalf-of", "alice".parse().expect("value"));
+        let e = a.apply(req).await.expect_err("fixture tree");
+        assert_eq!(e.code(), Code::FailedPrecondition, "past the role check: {e:?}");
+    });
+    assert!(d.log_text().contains("\"on_behalf_of\":\"alice\""), "{}", d.log_text());
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).expect("read");
+    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    let st = Command::new("cp").arg("-a").arg(from).arg(to).status().expect("cp");
+    assert!(st.success());
+}
+
+#[test]
+fn device_info_series_follow_the_devices_of_the_latest_scan() {
+    let s = Scratch::new();
+    let root = s.path("incident1");
+    copy_tree(&fixtures().join("incident1"), &root);
+    let d = Daemon::start_with_global(
+        s.dir.path(),
+        &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
+        &["--metrics-listen", "127.0.0.1:0", "--node-name", "node-old", "--grace-period", "0"],
+    );
+    let addr = d.metrics.expect("metrics address");
+    let m = http_get(addr, "/metrics");
+    let rbd = "blockjanitor_device_info{client_addr=\"10.125.53.47:0/3423687629\",device=\"rbd4\",image=\"kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\",kind=\"rbd\",node=\"node-old\",pool=\"k8s\",pv=\"\",verdict=\"stale\",wwid=\"\"} 1";
+    assert!(m.contains(rbd), "{m}");
+    assert!(
+        m.lines().any(|l| l.starts_with("blockjanitor_device_info{")
+            && l.contains("device=\"sda\"")
+            && l.contains("kind=\"disk\"")),
+        "SCSI disks too: {m}"
+    );
+    assert!(!m.contains("device=\"sda1\""), "partitions are not listed: {m}");
+    // The mapping goes (as `rbd unmap` leaves sysfs): its series goes with the next scan.
+    for p in ["sys/class/block/rbd4", "sys/bus/rbd/devices/4"] {
+        std::fs::remove_file(root.join(p)).expect("remove link");
+    }
+    std::fs::remove_dir_all(root.join("sys/devices/rbd/4")).expect("remove rbd 4");
+    assert!(
+        wait_until(Duration::from_secs(20), || !http_get(addr, "/metrics").contains("device=\"rbd4\"")),
+        "the rbd4 series stayed after the device went"
+    );
+    assert!(http_get(addr, "/metrics").contains("device=\"sda\""));
+
+    // A multipath node (incident 3): the map and its SCSI paths carry the WWID multipath uses.
+    let mp = Daemon::start_with_global(
+        &s.mkdir("mp"),
+        &["--root", fixtures().join("multipath-incident3").to_str().expect("utf8")],
+        &["--metrics-listen", "127.0.0.1:0", "--node-name", "node-fc"],
+    );
+    let m = http_get(mp.metrics.expect("metrics address"), "/metrics");
+    for dev in ["dm-12", "sdi", "sdj"] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with("blockjanitor_device_info{") && l.contains(&format!("device=\"{dev}\"")))
+            .unwrap_or_else(|| panic!("no device_info for {dev}: {m}"));
+        assert!(line.contains("wwid=\"3618cf24100f8f457014a764c000001f6\""), "{line}");
+        assert!(line.contains("node=\"node-fc\""), "{line}");
+    }
+}
+
+/// Runs `bin` (agentctl, or its kubectl-plugin symlink) against the console as `dashboard`.
+fn ctl(cl: &Cluster, bin: &Path, args: &[&str]) -> (i32, String, String) {
+    let pem = cl.pki.issue("dashboard", &["dashboard"]);
+    let (c, k, ca) = (cl.s.path("dashboard.crt"), cl.s.path("dashboard.key"), cl.s.path("ca.crt"));
+    std::fs::write(&c, pem.cert).expect("write cert");
+    std::fs::write(&k, pem.key).expect("write key");
+    let out = Command::new(bin)
+        .args(args)
+        .env("BLOCKJANITOR_CONSOLE", cl.console.tcp.to_string())
+        .env("BLOCKJANITOR_CERT", &c)
+        .env("BLOCKJANITOR_KEY", &k)
+        .env("BLOCKJANITOR_CA", &ca)
+        .args(["--server-name", "localhost", "--timeout", "10"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run agentctl");
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let agentctl = bin("agentctl");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "where", PVC, "-o", "json"]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        let mut found: Vec<(String, String)> = v["matches"]
+            .as_array()
+            .expect("matches")
+            .iter()
+            .map(|m| {
+                (
+                    m["node"].as_str().unwrap_or("").to_owned(),
+                    m["device"]["name"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect();
+        found.sort();
+        assert_eq!(found, vec![pair("node-new", "rbd0"), pair("node-old", "rbd4")], "{v:#}");
+        assert_eq!(v["matches"][1]["device"]["verdict"], "stale", "{v:#}");
+        assert_eq!(v["missing_nodes"][0]["node"], "node-gone");
+
+        // The kubectl plugin: the same binary named kubectl-blockjanitor is `agentctl fleet`.
+        let plugin = cl.s.path("kubectl-blockjanitor");
+        std::os::unix::fs::symlink(&agentctl, &plugin).expect("symlink");
+        let (code, out, err) = ctl(&cl, &plugin, &["where", PVC]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with(&format!("PVC {PVC} -> PV {PV}")), "{out}");
+        let row = out.lines().find(|l| l.starts_with("node-old")).unwrap_or_else(|| panic!("{out}"));
+        assert!(row.contains("rbd4") && row.contains("stale") && row.contains("client.1138525"), "{out}");
+        assert!(out.contains("node-gone: unreachable"), "{out}");
+
+        let (code, out, err) = ctl(&cl, &plugin, &["multiattach", PVC, "-o", "yaml"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("diagnosis: safe_to_delete_va"), "{out}");
+        assert!(out.contains("diagnosis: stale_mapping"), "{out}");
+        let (code, out, _) = ctl(&cl, &plugin, &["multiattach", PVC]);
+        assert_eq!(code, 0);
+        assert!(out.contains("to clear the stale mapping on node-old:\n  rbd_unmap:"), "{out}");
+
+        let (code, out, err) = ctl(&cl, &plugin, &["who-watches", "client.1138525"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("unfence safe: no") && out.contains("node-old"), "{out}");
+        // `rbd status ... | kubectl blockjanitor who-watches -`
+        let mut child = Command::new(&plugin)
+            .args(["who-watches", "-", "-o", "json", "--server-name", "localhost"])
+            .env("BLOCKJANITOR_CONSOLE", cl.console.tcp.to_string())
+            .env("BLOCKJANITOR_CERT", cl.s.path("dashboard.crt"))
+            .env("BLOCKJANITOR_KEY", cl.s.path("dashboard.key"))
+            .env("BLOCKJANITOR_CA", cl.s.path("ca.crt"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the plugin");
+        std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), RBD_STATUS_OLD.as_bytes())
+            .expect("write");
+        let out = child.wait_with_output().expect("plugin");
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+        assert_eq!(v["watchers"][0]["client_addr"], "10.125.53.47:0/3423687629", "{v:#}");
+        assert_eq!(v["watchers"][0]["mappings"][0]["node"], "node-old", "{v:#}");
+        assert_eq!(v["watchers"][0]["mappings"][0]["device"]["name"], "rbd4", "{v:#}");
+        assert_eq!(v["watchers"][0]["unfence_safe"], false);
+
+        let (code, out, _) = ctl(&cl, &plugin, &["nodes", "-o", "json"]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["nodes"].as_array().map(Vec::len), Some(4));
+        // Without a console: one clear line, exit 1.
+        let out =
+            Command::new(&plugin).args(["nodes"]).env_remove("BLOCKJANITOR_CONSOLE").output().expect("run");
+        assert_eq!(out.status.code(), Some(1));
+        assert!(text(&out.stderr).contains("fleet needs --console"), "{}", text(&out.stderr));
+    });
+}
+
+fn start_agent(
+    dir: &Path,
+    fixture: &str,
+    node: &str,
+    listen: &str,
+    tls: &(PathBuf, PathBuf, PathBuf),
+) -> Daemon {
+    let root = fixtures().join(fixture).to_string_lossy().into_owned();
+    let (cert, key, ca) = tls;
+    Daemon::start_with_global(
+        dir,
+        &["--root", &root],
+        &[
+            "--listen",
+            listen,
+            "--tls-cert",
+            cert.to_str().expect("utf8"),
+            "--tls-key",
+            key.to_str().expect("utf8"),
+            "--tls-client-ca",
+            ca.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+            "--grace-period",
+            "0",
+            "--node-name",
+            node,
+        ],
+    )
+}
+
+async fn wait_for<F: Fn(&pb::ListNodesResponse) -> bool>(c: &mut FleetClient<Channel>, what: &str, ok: F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        if ok(&n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {n:#?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn reachable(n: &pb::ListNodesResponse, node: &str) -> bool {
+    n.nodes.iter().any(|x| x.name == node && x.reachable)
+}
+
+#[test]
+fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let port = free_port();
+    let (old_addr, late_addr) = (format!("127.0.0.2:{port}"), format!("127.0.0.4:{port}"));
+    // The old node's agent scans a copy of incident 1 every second: its rbd4 goes later.
+    let root = s.path("incident1");
+    copy_tree(&fixtures().join("incident1"), &root);
+    let mut old = Daemon::start_with_global(
+        &s.mkdir("old"),
+        &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
+        &[
+            "--listen",
+            &old_addr,
+            "--tls-cert",
+            tls.0.to_str().expect("utf8"),
+            "--tls-key",
+            tls.1.to_str().expect("utf8"),
+            "--tls-client-ca",
+            tls.2.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+            "--grace-period",
+            "0",
+            "--node-name",
+            "node-old",
+        ],
+    );
+    let console_pem = pki.issue("console", &["console"]);
+    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+    std::fs::write(&ccert, console_pem.cert).expect("write cert");
+    std::fs::write(&ckey, console_pem.key).expect("write key");
+    let args: Vec<String> = [
+        "--tls-cert",
+        tls.0.to_str().expect("utf8"),
+        "--tls-key",
+        tls.1.to_str().expect("utf8"),
+        "--tls-client-ca",
+        tls.2.to_str().expect("utf8"),
+        "--viewer",
+        "dashboard",
+        "--agent-cert",
+        ccert.to_str().expect("utf8"),
+        "--agent-key",
+        ckey.to_str().expect("utf8"),
+        "--agent-ca",
+        tls.2.to_str().expect("utf8"),
+        "--agent-server-name",
+        "localhost",
+        "--agents",
+        &format!("node-old=https://{old_addr},node-late={late_addr}"),
+        "--call-timeout-ms",
+        "2000",
+        "--connect-timeout-ms",
+        "1000",
+        "--backoff-max-seconds",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let console = Console::start(&args);
+    let viewer = pki.issue("dashboard", &["dashboard"]);
+    rt().block_on(async {
+        let ch =
+            tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
+        // Health and reflection.
+        let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+        for service in ["", "blockjanitor.v1.Fleet"] {
+            let r = h
+                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
+                .await
+                .expect("health");
+            assert_eq!(
+                r.into_inner().status,
+                tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            );
+        }
+        let services = reflected_services(ch.clone()).await;
+        assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "{services:?}");
+        let mut c = FleetClient::new(ch);
+
+        wait_for(&mut c, "node-old synced, node-late refused", |n| {
+            reachable(n, "node-old")
+                && n.missing_nodes.iter().any(|m| m.node == "node-late" && m.reason.contains("refused"))
+        })
+        .await;
+        let image = format!("k8s/{IMAGE}");
+        let r = c
+            .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-old", "rbd4")]);
+        // Without the Kubernetes API, volume questions say so.
+        let e = c
+            .multi_attach(pb::MultiAttachRequest { pv: PV.into(), ..Default::default() })
+            .await
+            .expect_err("no API");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("without the Kubernetes API"), "{e:?}");
+
+        // The late agent comes up: the link's retries find it.
+        let _late = start_agent(&s.mkdir("late"), "incident1-newnode", "node-late", &late_addr, &tls);
+        wait_for(&mut c, "node-late connected on a retry", |n| reachable(n, "node-late")).await;
+        let r = c
+            .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0"), pair("node-old", "rbd4")]);
+        assert!(r.missing_nodes.is_empty(), "{r:#?}");
+
+        // rbd4 is unmapped on the old node (sysfs as `rbd unmap` leaves it): the agent's event
+        // reaches the index long before the next full resync (60 s).
+        for p in ["sys/class/block/rbd4", "sys/bus/rbd/devices/4"] {
+            std::fs::remove_file(root.join(p)).expect("remove link");
+        }
+        std::fs::remove_dir_all(root.join("sys/devices/rbd/4")).expect("remove rbd 4");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = c
+                .r#where(pb::WhereRequest { image: image.clone(), ..Default::default() })
+                .await
+                .expect("Where")
+                .into_inner();
+            if devs(&r.matches) == vec![pair("node-late", "rbd0")] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the DEVICE_REMOVED event never reached the index: {r:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // The old node's agent stops: the link notices, and the node is missing from answers.
+        old.stop();
+        wait_for(&mut c, "node-old lost", |n| !reachable(n, "node-old")).await;
+        let r =
+            c.r#where(pb::WhereRequest { image, ..Default::default() }).await.expect("Where").into_inner();
+        assert_eq!(
+            r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(),
+            ["node-old"],
+            "{r:#?}"
+        );
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        let o = n.nodes.iter().find(|x| x.name == "node-old").expect("node-old");
+        assert!(!o.error.is_empty() && o.last_seen_unix_seconds > 0.0, "{o:#?}");
+    });
+    drop(console);
+}
+
+async fn reflected_services(ch: Channel) -> Vec<String> {
+    use tokio_stream::StreamExt;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = ServerReflectionClient::new(ch)
+        .server_reflection_info(tokio_stream::once(req))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let resp = stream.next().await.expect("one response").expect("ok");
+    match resp.message_response {
+        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
+        other => panic!("unexpected reflection answer {other:?}"),
+    }
+}
+
+#[test]
+fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let port = free_port();
+    let late_addr = format!("127.0.0.3:{port}");
+    rt().block_on(async {
+        let api = ApiServer::start(kube_mock::node_object(kube_mock::ready_only())).await;
+        let mut pending = agent_pod("blockjanitor-agent-p4n2d", "node-late", "", "blockjanitor-agent");
+        pending["status"] = json!({"phase": "Pending"});
+        api.state
+            .lock()
+            .expect("state")
+            .lists
+            .insert("/api/v1/namespaces/blockjanitor/pods", vec![pending.clone()]);
+        api.state
+            .lock()
+            .expect("state")
+            .lists
+            .insert("/api/v1/nodes", vec![node("node-late", "10.0.0.3", false, false)]);
+        api.state.lock().expect("state").lists.insert("/api/v1/persistentvolumeclaims", vec![]);
+        let console_pem = pki.issue("console", &["console"]);
+        let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+        std::fs::write(&ccert, console_pem.cert).expect("write cert");
+        std::fs::write(&ckey, console_pem.key).expect("write key");
+        let url = api.url();
+        let port_text = port.to_string();
+        let args: Vec<String> = [
+            "--tls-cert",
+            tls.0.to_str().expect("utf8"),
+            "--tls-key",
+            tls.1.to_str().expect("utf8"),
+            "--tls-client-ca",
+            tls.2.to_str().expect("utf8"),
+            "--viewer",
+            "dashboard",
+            "--agent-cert",
+            ccert.to_str().expect("utf8"),
+            "--agent-key",
+            ckey.to_str().expect("utf8"),
+            "--agent-ca",
+            tls.2.to_str().expect("utf8"),
+            "--agent-server-name",
+            "localhost",
+            "--namespace",
+            NS,
+            "--selector",
+            SELECTOR,
+            "--agent-port",
+            &port_text,
+            "--kube-url",
+            &url,
+            "--backoff-max-seconds",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let console = Console::start(&args);
+        let viewer = pki.issue("dashboard", &["dashboard"]);
+        let ch =
+            tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
+        let mut c = FleetClient::new(ch);
+        wait_for(&mut c, "the pending pod's node listed, with why it cannot be asked", |n| {
+            n.missing_nodes.iter().any(|m| m.node == "node-late" && m.reason.contains("has no IP yet"))
+        })
+        .await;
+        // The pod gets its IP and the agent runs: the console connects to the new address.
+        let _agent = start_agent(&s.mkdir("late"), "incident1-newnode", "node-late", &late_addr, &tls);
+        let running = agent_pod("blockjanitor-agent-p4n2d", "node-late", "127.0.0.3", "blockjanitor-agent");
+        api.publish("/api/v1/namespaces/blockjanitor/pods", "MODIFIED", running);
+        wait_for(&mut c, "node-late reachable at its pod IP", |n| reachable(n, "node-late")).await;
+        let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+        assert_eq!(n.nodes[0].address, late_addr);
+        assert_eq!(n.nodes[0].source, "kubernetes");
+        assert!(n.missing_nodes.is_empty(), "{n:#?}");
+        let r = c
+            .r#where(pb::WhereRequest { image: format!("k8s/{IMAGE}"), ..Default::default() })
+            .await
+            .expect("Where")
+            .into_inner();
+        assert_eq!(devs(&r.matches), vec![pair("node-late", "rbd0")]);
+
+        // The PVC watch breaks and lists fail: PVC questions say the view is not synced, instead
+        // of answering from a table that may have missed changes; once lists work again, a
+        // complete relist makes it answer again.
+        let pvcs = "/api/v1/persistentvolumeclaims";
+        let ask = || pb::WhereRequest { pvc: "shop/data-db-0".into(), ..Default::default() };
+        let e = c.r#where(ask()).await.expect_err("no such PVC");
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        api.fail_lists(pvcs, true);
+        api.fail_watches(pvcs, true);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = c.r#where(ask()).await.expect_err("no answer");
+            if e.code() == Code::Unavailable {
+                assert!(e.message().contains("persistentvolumeclaims"), "{e:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "the broken watch was never noticed: {e:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        api.fail_lists(pvcs, false);
+        api.fail_watches(pvcs, false);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let e = c.r#where(ask()).await.expect_err("no such PVC");
+            if e.code() == Code::NotFound {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never relisted: {e:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(console);
+    });
+}
