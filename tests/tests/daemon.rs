@@ -384,6 +384,17 @@ fn root_unix_socket_viewer_reads_but_cannot_apply() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("permission denied") && err.contains("group"), "{err}");
+    // The file mode stopped that one before the server saw it. With the mode opened up (an
+    // operator's mistake, or a umask gone wrong), the server's own check still refuses.
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod 0666");
+    let out = agentctl_as_nobody("65534", &["--socket", sock, "devices", "-o", "json"]);
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o660)).expect("chmod 0660");
+    assert_eq!(out.status.code(), Some(1), "stdout: {}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("PermissionDenied") && err.contains("uid 65534 is neither root nor a member"),
+        "the server refuses a non-member itself: {err}"
+    );
     // Root, on the same socket, is an operator.
     let out = std::process::Command::new(agent_bin().with_file_name("agentctl"))
         .args(["--socket", sock, "apply", "sdzz", "--yes"])
