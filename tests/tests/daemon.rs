@@ -175,9 +175,21 @@ fn root_unix_socket_roles_health_and_bad_requests() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         let e = c.list_devices(pb::ListDevicesRequest { kind: 99, verdict: 0 }).await.expect_err("bad kind");
         assert_eq!(e.code(), Code::InvalidArgument);
-        let e =
-            c.plan(pb::PlanRequest { devices: vec!["/etc/passwd".into()] }).await.expect_err("not a device");
-        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        // A path outside /dev is refused before the agent stats it: a viewer learns nothing of
+        // the host's files (an existing file and a missing one get the same answer).
+        for path in ["/etc/passwd", "/etc/no-such-file", "/dev/../etc/passwd", "/dev/./loop0", "/dev/"] {
+            let e = c.plan(pb::PlanRequest { devices: vec![path.into()] }).await.expect_err("not a device");
+            assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
+            assert!(e.message().contains("is not under /dev"), "{path}: {e:?}");
+            let e =
+                c.get_device(pb::GetDeviceRequest { device: path.into() }).await.expect_err("not a device");
+            assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
+        }
+        let e = c
+            .get_device(pb::GetDeviceRequest { device: "/dev/no-such-node".into() })
+            .await
+            .expect_err("no such node");
+        assert_eq!(e.code(), Code::NotFound, "a /dev path is still looked up: {e:?}");
         // Still serving.
         let node = c.get_node(pb::GetNodeRequest {}).await.expect("still serving").into_inner();
         assert_eq!(node.agent_version, env!("CARGO_PKG_VERSION"));
