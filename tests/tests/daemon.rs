@@ -114,32 +114,45 @@ fn root_tcp_mtls_roles_and_refusals() {
                 tonic_health::pb::health_check_response::ServingStatus::Serving as i32
             );
         }
-        let services = reflected_services(ch).await;
+        let services = reflected_services(ch.clone()).await;
         assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "{services:?}");
         assert!(services.contains(&"grpc.health.v1.Health".to_owned()), "{services:?}");
+        let services = reflected_services_v1alpha(ch).await;
+        assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "v1alpha over TCP: {services:?}");
     });
 }
 
-async fn reflected_services(ch: tonic::transport::Channel) -> Vec<String> {
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
+/// `async fn $name(channel) -> Vec<String>`: the services server reflection `$version` lists.
+/// Both versions are served: `v1alpha` is what Python's `grpc_reflection`, `grpc_cli` and
+/// older grpcurl speak.
+macro_rules! reflected_services_fn {
+    ($name:ident, $version:ident) => {
+        async fn $name(ch: tonic::transport::Channel) -> Vec<String> {
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            let req = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut stream = ServerReflectionClient::new(ch)
+                .server_reflection_info(tokio_stream::once(req))
+                .await
+                .expect(concat!("reflection ", stringify!($version)))
+                .into_inner();
+            let resp = stream.next().await.expect("one response").expect("ok");
+            match resp.message_response {
+                Some(MessageResponse::ListServicesResponse(l)) => {
+                    l.service.into_iter().map(|s| s.name).collect()
+                }
+                other => panic!("unexpected reflection answer {other:?}"),
+            }
+        }
     };
-    let mut stream = ServerReflectionClient::new(ch)
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let resp = stream.next().await.expect("one response").expect("ok");
-    match resp.message_response {
-        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
-        other => panic!("unexpected reflection answer {other:?}"),
-    }
 }
+reflected_services_fn!(reflected_services, v1);
+reflected_services_fn!(reflected_services_v1alpha, v1alpha);
 
 #[test]
 fn root_unix_socket_roles_health_and_bad_requests() {
@@ -202,7 +215,11 @@ fn root_unix_socket_roles_health_and_bad_requests() {
             r.into_inner().status,
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
-        assert!(reflected_services(ch).await.contains(&"blockjanitor.v1.Agent".to_owned()));
+        assert!(reflected_services(ch.clone()).await.contains(&"blockjanitor.v1.Agent".to_owned()));
+        assert!(
+            reflected_services_v1alpha(ch).await.contains(&"blockjanitor.v1.Agent".to_owned()),
+            "v1alpha on the unix socket"
+        );
     });
 }
 
