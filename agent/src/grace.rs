@@ -12,7 +12,6 @@
 //!   from another boot (or with no boot id) restarts every clock.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -67,7 +66,7 @@ impl Clocks {
     /// why in the next restart reason (the grace period only ever gets longer).
     pub fn load(path: &Path, boot_id: Option<String>) -> Self {
         let mut me = Self::new(boot_id);
-        let text = match std::fs::read_to_string(path) {
+        let text = match crate::durable::read(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return me,
             Err(e) => {
@@ -75,7 +74,7 @@ impl Clocks {
                 return me;
             }
         };
-        let saved = match serde_json::from_str::<Saved>(&text) {
+        let saved = match serde_json::from_slice::<Saved>(&text) {
             Ok(s) => s,
             Err(e) => {
                 me.load_note = Some(format!("the state file {} is not this version's ({e})", path.display()));
@@ -100,7 +99,8 @@ impl Clocks {
     }
 
     /// Saves the clocks: a temporary file written and fsync'd, renamed over the old one, and the
-    /// directory fsync'd, so a crash leaves the old file or the new one, never half of one.
+    /// directory fsync'd, so a crash leaves the old file or the new one, never half of one; a
+    /// symlink in the file's place is refused, never followed ([`crate::durable`]).
     /// Clocks unchanged since they were loaded from `path` are not written again.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         // A run that changed no clock (`holders` of a held device, say) leaves the file as it
@@ -116,16 +116,7 @@ impl Clocks {
                 .map(|(identity, clock)| SavedClock { identity: identity.clone(), clock: *clock })
                 .collect(),
         };
-        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let tmp = path.with_extension("tmp");
-        {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&serde_json::to_vec(&saved).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
-        }
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        crate::durable::write_atomically(path, &serde_json::to_vec(&saved).map_err(std::io::Error::other)?)
     }
 
     /// Records a complete observation of `id` unheld at `now`. Returns when its clock started

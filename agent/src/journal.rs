@@ -3,8 +3,12 @@
 //! Every step writes an `intent` record before it touches the kernel and a `result` record after.
 //! An intent without a result means the agent died mid-step: [`pending`] lists those so the next
 //! run can report them and re-plan (steps are idempotent, so re-running is safe).
+//!
+//! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
+//! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
+//! rotation never loses a step a crash left open (see [`crate::durable`]).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +16,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use crate::durable;
 use crate::plan::Step;
 
 /// Default location on a node.
 pub const DEFAULT_PATH: &str = "/var/lib/blockjanitor/journal.jsonl";
+
+/// Size past which [`Journal::open`] rotates the journal (a step writes about 1 KiB).
+pub const ROTATE_BYTES: u64 = 8 << 20;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -45,11 +53,19 @@ fn now() -> f64 {
 
 impl Journal {
     /// Opens (creating it and its directory) the journal at `path` for appending.
+    /// Rotates it first when it has grown past [`ROTATE_BYTES`]. A symlink at `path` is refused.
     pub fn open(path: &Path) -> io::Result<Self> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+        Self::open_bounded(path, ROTATE_BYTES)
+    }
+
+    /// [`Journal::open`] with another rotation size.
+    pub fn open_bounded(path: &Path, rotate_bytes: u64) -> io::Result<Self> {
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            if meta.is_file() && meta.len() > rotate_bytes {
+                rotate(path)?;
+            }
         }
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = durable::open_append(path)?;
         Ok(Self { file, path: path.to_owned() })
     }
 
@@ -90,10 +106,44 @@ impl Journal {
     }
 }
 
+/// The previous generation of the journal at `path` (`<name>.1`).
+pub fn previous_generation(path: &Path) -> std::path::PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".1");
+    path.with_file_name(name)
+}
+
+/// Keeps the journal bounded: the old file becomes `<name>.1` (replacing an older one), and the
+/// new one starts with the unfinished intents and a `rotated` record. The old file is linked
+/// to `.1` before the new one replaces it, so a crash at any point leaves every open intent in
+/// the journal.
+fn rotate(path: &Path) -> io::Result<()> {
+    let open = pending(path)?;
+    let mut text = Vec::new();
+    for v in &open {
+        serde_json::to_writer(&mut text, v).map_err(io::Error::other)?;
+        text.push(b'\n');
+    }
+    let previous = previous_generation(path);
+    let note = format!("rotated; the earlier records are in {}", previous.display());
+    let id = format!("rotate-{}", std::process::id());
+    let rec = Record { ts: now(), id: &id, phase: "rotated", step: None, result: None, detail: Some(&note) };
+    serde_json::to_writer(&mut text, &rec).map_err(io::Error::other)?;
+    text.push(b'\n');
+    match std::fs::remove_file(&previous) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::fs::hard_link(path, &previous)?;
+    durable::write_atomically(path, &text)?;
+    tracing::info!(target: "audit", journal = %path.display(), carried_over = open.len(), "journal rotated");
+    Ok(())
+}
+
 /// Intents with no result: steps a previous run started and never finished. A missing journal
 /// has none. Lines that do not parse (a torn last write) are skipped.
 pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
-    let file = match File::open(path) {
+    let file = match durable::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
@@ -156,5 +206,48 @@ mod tests {
         assert_eq!(p[0]["step"]["device"], "loop9");
         assert_eq!(p[0]["step"]["identity"], "loop9@7:9#4;loop=?/?+0", "the identity it was planned for");
         assert!(pending(&dir.path().join("none")).expect("missing").is_empty());
+    }
+
+    #[test]
+    fn rotation_bounds_the_journal_and_carries_open_intents_over() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open_bounded(&path, 4096).expect("open");
+        for _ in 0..20 {
+            let id = j.begin(&step()).expect("begin");
+            j.finish(&id, "done", "").expect("finish");
+        }
+        let open = j.begin(&step()).expect("begin the one a crash leaves open");
+        drop(j);
+        let before = std::fs::read(&path).expect("read");
+        assert!(before.len() > 4096, "{} bytes: past the bound", before.len());
+
+        let mut j = Journal::open_bounded(&path, 4096).expect("reopen rotates");
+        let after = std::fs::read_to_string(&path).expect("read");
+        assert!(after.len() < 2048, "bounded: {after}");
+        assert_eq!(
+            std::fs::read(previous_generation(&path)).expect(".1"),
+            before,
+            "the old records are kept whole"
+        );
+        let p = pending(&path).expect("pending");
+        assert_eq!(p.len(), 1, "the open intent is carried over: {after}");
+        assert_eq!(p[0]["id"], open.as_str());
+        assert!(after.contains("\"phase\":\"rotated\""), "{after}");
+        // Its result, written after the rotation, still closes it.
+        j.finish(&open, "done", "").expect("finish");
+        assert!(pending(&path).expect("pending").is_empty());
+    }
+
+    #[test]
+    fn a_symlink_in_place_of_the_journal_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "").expect("target");
+        let path = dir.path().join("journal.jsonl");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        let e = Journal::open(&path).expect_err("refused");
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        assert!(pending(&path).is_err(), "reading through it is refused too");
     }
 }

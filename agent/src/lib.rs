@@ -17,6 +17,7 @@ pub mod config;
 pub mod daemon;
 pub mod discover;
 pub mod dmioctl;
+pub mod durable;
 pub mod engine;
 pub mod errors;
 pub mod fleet_render;

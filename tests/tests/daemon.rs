@@ -114,32 +114,45 @@ fn root_tcp_mtls_roles_and_refusals() {
                 tonic_health::pb::health_check_response::ServingStatus::Serving as i32
             );
         }
-        let services = reflected_services(ch).await;
+        let services = reflected_services(ch.clone()).await;
         assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "{services:?}");
         assert!(services.contains(&"grpc.health.v1.Health".to_owned()), "{services:?}");
+        let services = reflected_services_v1alpha(ch).await;
+        assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "v1alpha over TCP: {services:?}");
     });
 }
 
-async fn reflected_services(ch: tonic::transport::Channel) -> Vec<String> {
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
+/// `async fn $name(channel) -> Vec<String>`: the services server reflection `$version` lists.
+/// Both versions are served: `v1alpha` is what Python's `grpc_reflection`, `grpc_cli` and
+/// older grpcurl speak.
+macro_rules! reflected_services_fn {
+    ($name:ident, $version:ident) => {
+        async fn $name(ch: tonic::transport::Channel) -> Vec<String> {
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            let req = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut stream = ServerReflectionClient::new(ch)
+                .server_reflection_info(tokio_stream::once(req))
+                .await
+                .expect(concat!("reflection ", stringify!($version)))
+                .into_inner();
+            let resp = stream.next().await.expect("one response").expect("ok");
+            match resp.message_response {
+                Some(MessageResponse::ListServicesResponse(l)) => {
+                    l.service.into_iter().map(|s| s.name).collect()
+                }
+                other => panic!("unexpected reflection answer {other:?}"),
+            }
+        }
     };
-    let mut stream = ServerReflectionClient::new(ch)
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let resp = stream.next().await.expect("one response").expect("ok");
-    match resp.message_response {
-        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
-        other => panic!("unexpected reflection answer {other:?}"),
-    }
 }
+reflected_services_fn!(reflected_services, v1);
+reflected_services_fn!(reflected_services_v1alpha, v1alpha);
 
 #[test]
 fn root_unix_socket_roles_health_and_bad_requests() {
@@ -175,9 +188,21 @@ fn root_unix_socket_roles_health_and_bad_requests() {
         assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
         let e = c.list_devices(pb::ListDevicesRequest { kind: 99, verdict: 0 }).await.expect_err("bad kind");
         assert_eq!(e.code(), Code::InvalidArgument);
-        let e =
-            c.plan(pb::PlanRequest { devices: vec!["/etc/passwd".into()] }).await.expect_err("not a device");
-        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        // A path outside /dev is refused before the agent stats it: a viewer learns nothing of
+        // the host's files (an existing file and a missing one get the same answer).
+        for path in ["/etc/passwd", "/etc/no-such-file", "/dev/../etc/passwd", "/dev/./loop0", "/dev/"] {
+            let e = c.plan(pb::PlanRequest { devices: vec![path.into()] }).await.expect_err("not a device");
+            assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
+            assert!(e.message().contains("is not under /dev"), "{path}: {e:?}");
+            let e =
+                c.get_device(pb::GetDeviceRequest { device: path.into() }).await.expect_err("not a device");
+            assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
+        }
+        let e = c
+            .get_device(pb::GetDeviceRequest { device: "/dev/no-such-node".into() })
+            .await
+            .expect_err("no such node");
+        assert_eq!(e.code(), Code::NotFound, "a /dev path is still looked up: {e:?}");
         // Still serving.
         let node = c.get_node(pb::GetNodeRequest {}).await.expect("still serving").into_inner();
         assert_eq!(node.agent_version, env!("CARGO_PKG_VERSION"));
@@ -190,7 +215,11 @@ fn root_unix_socket_roles_health_and_bad_requests() {
             r.into_inner().status,
             tonic_health::pb::health_check_response::ServingStatus::Serving as i32
         );
-        assert!(reflected_services(ch).await.contains(&"blockjanitor.v1.Agent".to_owned()));
+        assert!(reflected_services(ch.clone()).await.contains(&"blockjanitor.v1.Agent".to_owned()));
+        assert!(
+            reflected_services_v1alpha(ch).await.contains(&"blockjanitor.v1.Agent".to_owned()),
+            "v1alpha on the unix socket"
+        );
     });
 }
 
@@ -384,6 +413,17 @@ fn root_unix_socket_viewer_reads_but_cannot_apply() {
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("permission denied") && err.contains("group"), "{err}");
+    // The file mode stopped that one before the server saw it. With the mode opened up (an
+    // operator's mistake, or a umask gone wrong), the server's own check still refuses.
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).expect("chmod 0666");
+    let out = agentctl_as_nobody("65534", &["--socket", sock, "devices", "-o", "json"]);
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o660)).expect("chmod 0660");
+    assert_eq!(out.status.code(), Some(1), "stdout: {}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("PermissionDenied") && err.contains("uid 65534 is neither root nor a member"),
+        "the server refuses a non-member itself: {err}"
+    );
     // Root, on the same socket, is an operator.
     let out = std::process::Command::new(agent_bin().with_file_name("agentctl"))
         .args(["--socket", sock, "apply", "sdzz", "--yes"])

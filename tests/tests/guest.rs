@@ -163,6 +163,11 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
     }
     let run = run_scenario("nbd-dead-server.sh");
     run.assert_ok();
+    assert_eq!(
+        run.section("server").trim(),
+        "nbd-server processes after the kill: 0",
+        "the server process itself is gone before the agent looks"
+    );
     let h = json_section(&run, "holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["nbd"]["server_alive"], false, "{h:#}");

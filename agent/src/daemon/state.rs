@@ -97,6 +97,20 @@ pub fn check_device_arg(arg: &str) -> Result<(), ApiError> {
             "malformed device name {shown:?}: expected a kernel name, /dev path, dm name or MAJ:MIN"
         )));
     }
+    // A client names a device, never a host file: a path outside /dev would let any viewer
+    // probe the host's file tree through the agent's stat (and hang it on a dead NFS path).
+    if arg.starts_with('/') {
+        let under_dev = arg.strip_prefix("/dev/").is_some_and(|rest| {
+            !rest.is_empty() && rest.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+        });
+        if !under_dev {
+            let shown: String = arg.chars().take(64).collect();
+            return Err(ApiError::InvalidArgument(format!(
+                "{shown:?} is not under /dev: a path argument must name a device node in /dev \
+                 (or give a kernel name, dm name or MAJ:MIN)"
+            )));
+        }
+    }
     Ok(())
 }
 

@@ -76,6 +76,39 @@ pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeErr
     Ok(listener)
 }
 
+/// Server reflection (`grpc.reflection.v1`) over the given encoded descriptor sets.
+pub fn reflection_v1(
+    sets: &[&'static [u8]],
+) -> Result<
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    ServeError,
+> {
+    sets.iter()
+        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
+            b.register_encoded_file_descriptor_set(s)
+        })
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))
+}
+
+/// The same as `grpc.reflection.v1alpha`, which many clients still speak (Python's
+/// `grpc_reflection`, `grpc_cli`, older grpcurl and Postman) and get UNIMPLEMENTED without.
+pub fn reflection_v1alpha(
+    sets: &[&'static [u8]],
+) -> Result<
+    tonic_reflection::server::v1alpha::ServerReflectionServer<
+        impl tonic_reflection::server::v1alpha::ServerReflection,
+    >,
+    ServeError,
+> {
+    sets.iter()
+        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
+            b.register_encoded_file_descriptor_set(s)
+        })
+        .build_v1alpha()
+        .map_err(|e| ServeError::Reflection(e.to_string()))
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
     std::fs::read(path).map_err(|source| ServeError::ReadTls { path: path.to_owned(), source })
 }
@@ -103,13 +136,9 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| ServeError::Reflection(e.to_string()))
-    };
+    let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+    let reflection = || reflection_v1(&sets);
+    let reflection_v1alpha = || reflection_v1alpha(&sets);
     let agent =
         || AgentServer::new(AgentService::new(Arc::clone(&state), Arc::clone(&policy), shutdown.clone()));
 
@@ -155,6 +184,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .tls_config(tls)?
             .add_service(health.clone())
             .add_service(reflection()?)
+            .add_service(reflection_v1alpha()?)
             .add_service(agent());
         let stop = wait(shutdown.clone());
         tasks.spawn(async move {
@@ -174,7 +204,11 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     }
     let uds = bind_unix(&cfg.socket.path, gid)?;
     tracing::info!(listener = "unix", address = %cfg.socket.path.display(), "serving gRPC on unix:{}", cfg.socket.path.display());
-    let router = Server::builder().add_service(health).add_service(reflection()?).add_service(agent());
+    let router = Server::builder()
+        .add_service(health)
+        .add_service(reflection()?)
+        .add_service(reflection_v1alpha()?)
+        .add_service(agent());
     let stop = wait(shutdown.clone());
     tasks.spawn(async move {
         router

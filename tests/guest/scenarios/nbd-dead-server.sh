@@ -19,8 +19,13 @@ nbd-client -N disk 127.0.0.1 10809 /dev/nbd0 || fail "nbd-client"
 i=0; while [ "$(cat /sys/block/nbd0/size)" = 0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 [ "$(cat /sys/block/nbd0/size)" != 0 ] || fail "nbd0 did not connect"
 echo "nbd0 connected: pid $(cat /sys/block/nbd0/pid 2>/dev/null)"
+pidof nbd-server >/dev/null || fail "no nbd-server is running before the kill"
 killall -9 nbd-server || fail "kill nbd-server"
-sleep 0.3
+# nbd-client has exited (netlink mode), so the kernel's pid attribute says nothing about the
+# server: check the server process itself, every fork of it.
+i=0; while pidof nbd-server >/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+if pidof nbd-server >/dev/null; then fail "nbd-server still runs: pid $(pidof nbd-server)"; fi
+echo "BEGIN server"; echo "nbd-server processes after the kill: $(pidof nbd-server | wc -w)"; echo "END server"
 echo "BEGIN holders"; $A $J --grace-period 0 holders nbd0 --output json; echo "END holders"
 set +e; echo "BEGIN clean"; $A $J clean nbd0 --grace-period 0 --apply; echo "rc=$?"; echo "END clean"; set -e
 [ "$(cat /sys/block/nbd0/size)" = 0 ] || fail "nbd0 still connected"
