@@ -169,11 +169,11 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
     };
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<FleetServer<FleetService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| ConsoleError::Setup(format!("reflection: {e}")))?;
+    let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
+    let reflection =
+        blockjanitor::server::listen::reflection_v1(&sets).map_err(|e| ConsoleError::Setup(e.to_string()))?;
+    let reflection_v1alpha = blockjanitor::server::listen::reflection_v1alpha(&sets)
+        .map_err(|e| ConsoleError::Setup(e.to_string()))?;
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(read(&opts.tls_cert)?, read(&opts.tls_key)?))
         .client_ca_root(Certificate::from_pem(read(&opts.tls_client_ca)?))
@@ -194,6 +194,7 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         .tls_config(tls)?
         .add_service(health)
         .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .add_service(FleetServer::new(service).max_encoding_message_size(64 << 20))
         .serve_with_incoming_shutdown(nodelay(l), wait(shutdown))
         .await;

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::daemon::{reflected_services, reflected_services_v1alpha, tls_channel, Daemon, Pki};
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
@@ -989,6 +989,8 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
         }
         let services = reflected_services(ch.clone()).await;
         assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "{services:?}");
+        let services = reflected_services_v1alpha(ch.clone()).await;
+        assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "v1alpha: {services:?}");
         let mut c = FleetClient::new(ch);
 
         wait_for(&mut c, "node-old synced, node-late refused", |n| {
@@ -1057,28 +1059,6 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
         assert!(!o.error.is_empty() && o.last_seen_unix_seconds > 0.0, "{o:#?}");
     });
     drop(console);
-}
-
-async fn reflected_services(ch: Channel) -> Vec<String> {
-    use tokio_stream::StreamExt;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = ServerReflectionClient::new(ch)
-        .server_reflection_info(tokio_stream::once(req))
-        .await
-        .expect("reflection")
-        .into_inner();
-    let resp = stream.next().await.expect("one response").expect("ok");
-    match resp.message_response {
-        Some(MessageResponse::ListServicesResponse(l)) => l.service.into_iter().map(|s| s.name).collect(),
-        other => panic!("unexpected reflection answer {other:?}"),
-    }
 }
 
 #[test]

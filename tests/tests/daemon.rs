@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
-use blockjanitor_tests::daemon::{tls_channel, unix_client, Daemon, Pki};
+use blockjanitor_tests::daemon::{
+    reflected_services, reflected_services_v1alpha, tls_channel, unix_client, Daemon, Pki,
+};
 use blockjanitor_tests::*;
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -121,38 +123,6 @@ fn root_tcp_mtls_roles_and_refusals() {
         assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "v1alpha over TCP: {services:?}");
     });
 }
-
-/// `async fn $name(channel) -> Vec<String>`: the services server reflection `$version` lists.
-/// Both versions are served: `v1alpha` is what Python's `grpc_reflection`, `grpc_cli` and
-/// older grpcurl speak.
-macro_rules! reflected_services_fn {
-    ($name:ident, $version:ident) => {
-        async fn $name(ch: tonic::transport::Channel) -> Vec<String> {
-            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
-            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
-            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
-            use tonic_reflection::pb::$version::ServerReflectionRequest;
-            let req = ServerReflectionRequest {
-                host: String::new(),
-                message_request: Some(MessageRequest::ListServices(String::new())),
-            };
-            let mut stream = ServerReflectionClient::new(ch)
-                .server_reflection_info(tokio_stream::once(req))
-                .await
-                .expect(concat!("reflection ", stringify!($version)))
-                .into_inner();
-            let resp = stream.next().await.expect("one response").expect("ok");
-            match resp.message_response {
-                Some(MessageResponse::ListServicesResponse(l)) => {
-                    l.service.into_iter().map(|s| s.name).collect()
-                }
-                other => panic!("unexpected reflection answer {other:?}"),
-            }
-        }
-    };
-}
-reflected_services_fn!(reflected_services, v1);
-reflected_services_fn!(reflected_services_v1alpha, v1alpha);
 
 #[test]
 fn root_unix_socket_roles_health_and_bad_requests() {
