@@ -1,8 +1,9 @@
-# blockjanitor: the node agent's image (blockjanitor-agent and agentctl).
+# blockjanitor: the node agent's and the fleet console's image (blockjanitor-agent, agentctl,
+# blockjanitor-console; the DaemonSet runs the first, deploy/console the last).
 #
 #   docker build -t blockjanitor .                      # builds the binaries from source (default target)
 #   cargo build --locked --release --bins && \
-#   strip --strip-debug target/release/blockjanitor-agent target/release/agentctl && \
+#   strip --strip-debug target/release/blockjanitor-agent target/release/agentctl target/release/blockjanitor-console && \
 #   docker build --target runtime-prebuilt --build-arg BIN_DIR=target/release -t blockjanitor .
 #                                                       # takes binaries already built on a bookworm host
 #                                                       # (the release profile keeps debug info: strip it)
@@ -31,11 +32,11 @@ COPY deploy/image/collect-rootfs.sh /usr/local/sbin/collect-rootfs.sh
 # Binaries from the build context (a bookworm-compatible glibc build).
 FROM scratch AS bins-prebuilt
 ARG BIN_DIR=target/release
-COPY ${BIN_DIR}/blockjanitor-agent ${BIN_DIR}/agentctl /out/
+COPY ${BIN_DIR}/blockjanitor-agent ${BIN_DIR}/agentctl ${BIN_DIR}/blockjanitor-console /out/
 
 FROM runtime-base AS rootfs-prebuilt
 COPY --from=bins-prebuilt /out/ /in/
-RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl
+RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl /in/blockjanitor-console
 
 FROM scratch AS runtime-prebuilt
 COPY --from=rootfs-prebuilt /rootfs/ /
@@ -56,15 +57,17 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY agent agent
 COPY proto proto
+COPY console console
 COPY tests tests
 RUN cargo build --locked --release -p blockjanitor --bin blockjanitor-agent --bin agentctl \
+        -p blockjanitor-console --bin blockjanitor-console \
     && mkdir /out \
-    && cp target/release/blockjanitor-agent target/release/agentctl /out/ \
-    && strip --strip-debug /out/blockjanitor-agent /out/agentctl
+    && cp target/release/blockjanitor-agent target/release/agentctl target/release/blockjanitor-console /out/ \
+    && strip --strip-debug /out/blockjanitor-agent /out/agentctl /out/blockjanitor-console
 
 FROM runtime-base AS rootfs-built
 COPY --from=builder /out/ /in/
-RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl
+RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl /in/blockjanitor-console
 
 FROM scratch AS runtime
 COPY --from=rootfs-built /rootfs/ /

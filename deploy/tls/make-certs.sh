@@ -1,8 +1,8 @@
 #!/bin/sh
 # Makes, with openssl, the certificates deploy/overlays/tls-manual needs (clusters without
-# cert-manager): a private CA, the agents' server certificate and two client certificates.
+# cert-manager): a private CA, the agents' server certificate and three client certificates.
 #
-#   deploy/tls/make-certs.sh DIR            # writes DIR/{ca,agent,console,viewer}.{crt,key}
+#   deploy/tls/make-certs.sh DIR            # writes DIR/{ca,agent,console,operator,viewer}.{crt,key}
 #   kubectl create namespace blockjanitor   # if deploy/base is not applied yet
 #   kubectl -n blockjanitor create secret generic blockjanitor-agent-tls \
 #     --from-file=tls.crt=DIR/agent.crt --from-file=tls.key=DIR/agent.key --from-file=ca.crt=DIR/ca.crt
@@ -12,7 +12,8 @@
 # deploy/components/tls/agent.toml):
 #   agent.crt    server; DNS agent.blockjanitor.svc and localhost, IP 127.0.0.1
 #                (agentctl --server-name agent.blockjanitor.svc when connecting to a pod IP)
-#   console.crt  client; console.blockjanitor.svc: operator
+#   console.crt  client; console.blockjanitor.svc: the console role (tcp.consoles)
+#   operator.crt client; operator.blockjanitor.svc: operator (a person with agentctl)
 #   viewer.crt   client; viewer.blockjanitor.svc: viewer
 # Keys are ECDSA P-256; the CA lives 10 years, the others 1 year (DAYS=N to change). An existing
 # CA in DIR is reused, so re-running renews the leaf certificates under the same CA. Keys are
@@ -44,6 +45,7 @@ leaf() {
 
 leaf agent agent.blockjanitor.svc serverAuth "DNS:agent.blockjanitor.svc,DNS:localhost,IP:127.0.0.1"
 leaf console console.blockjanitor.svc clientAuth "DNS:console.blockjanitor.svc"
+leaf operator operator.blockjanitor.svc clientAuth "DNS:operator.blockjanitor.svc"
 leaf viewer viewer.blockjanitor.svc clientAuth "DNS:viewer.blockjanitor.svc"
 chmod 0644 "$dir"/*.crt
-echo "certificates in $dir: ca.crt agent.crt/key console.crt/key viewer.crt/key"
+echo "certificates in $dir: ca.crt agent.crt/key console.crt/key operator.crt/key viewer.crt/key"

@@ -73,9 +73,14 @@ fn agent_toml(objects: &[Value], what: &str) -> Config {
 #[test]
 fn every_kustomization_renders_and_round_trips_through_typed_models() {
     let Some(all) = rendered("rendering deploy/") else { return };
-    for must in
-        ["base", "overlays/release-mode", "overlays/clean-mode", "overlays/tls", "overlays/monitoring"]
-    {
+    for must in [
+        "base",
+        "overlays/release-mode",
+        "overlays/clean-mode",
+        "overlays/tls",
+        "overlays/monitoring",
+        "overlays/console",
+    ] {
         assert!(
             all.contains_key(must),
             "deploy/{must} is missing; found {:?}",
@@ -105,7 +110,16 @@ fn every_kustomization_renders_and_round_trips_through_typed_models() {
         // The agent can load the config each one deploys.
         agent_toml(objects, dir);
     }
-    for k in ["DaemonSet", "ClusterRole", "Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"] {
+    for k in [
+        "DaemonSet",
+        "Deployment",
+        "ClusterRole",
+        "Role",
+        "Certificate",
+        "Issuer",
+        "ServiceMonitor",
+        "PrometheusRule",
+    ] {
         assert!(kinds.contains(k), "no {k} was checked; kinds: {kinds:?}");
     }
 }
@@ -281,11 +295,11 @@ fn mode_overlays_change_only_the_mode_and_the_budget() {
         };
         assert_eq!(strip(all.get(overlay).expect("overlay")), strip(base(&all)), "{overlay}: objects differ");
     }
-    for overlay in ["overlays/tls", "overlays/tls-manual"] {
+    for overlay in ["overlays/tls", "overlays/tls-manual", "overlays/console"] {
         let Some(objects) = all.get(overlay) else { continue };
         let mut c = agent_toml(objects, overlay);
         assert!(
-            c.tcp.listen.is_some() && !c.tcp.operators.is_empty(),
+            c.tcp.listen.is_some() && !c.tcp.operators.is_empty() && !c.tcp.consoles.is_empty(),
             "{overlay}: a TCP listener with roles"
         );
         c.tcp = b.tcp.clone();
@@ -357,14 +371,17 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         return;
     }
     let Some(all) = rendered("RBAC check") else { return };
-    let role: ClusterRole =
-        serde_json::from_value(find(base(&all), "ClusterRole", None).expect("a ClusterRole").clone())
-            .expect("typed ClusterRole");
+    let role: ClusterRole = serde_json::from_value(
+        find(base(&all), "ClusterRole", Some("blockjanitor-agent")).expect("the agent's ClusterRole").clone(),
+    )
+    .expect("typed ClusterRole");
     let rules = role.rules.clone().unwrap_or_default();
     // Every kustomization deploys the same role (an overlay must not widen it silently).
     for (dir, objects) in &all {
-        let r: ClusterRole =
-            serde_json::from_value(find(objects, "ClusterRole", None).expect("role").clone()).expect("typed");
+        let r: ClusterRole = serde_json::from_value(
+            find(objects, "ClusterRole", Some("blockjanitor-agent")).expect("role").clone(),
+        )
+        .expect("typed");
         assert_eq!(r.rules, role.rules, "deploy/{dir} changes the ClusterRole");
     }
     let _serial = serial();
@@ -651,6 +668,9 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     for o in &cfg.tcp.operators {
         args.extend(["--tls-operator".to_owned(), o.clone()]);
     }
+    for c in &cfg.tcp.consoles {
+        args.extend(["--tls-console".to_owned(), c.clone()]);
+    }
     for v in &cfg.tcp.viewers {
         args.extend(["--tls-viewer".to_owned(), v.clone()]);
     }
@@ -659,12 +679,12 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = Daemon::start(s.dir.path(), &args);
     let addr = d.tcp.expect("tcp listener");
-    for who in ["console", "viewer"] {
+    for who in ["console", "operator", "viewer"] {
         let out = agentctl_tls(addr, &certs, who, &["node", "-o", "json"]);
         assert!(out.status.success(), "agentctl as {who}: {}{}", text(&out.stdout), text(&out.stderr));
     }
-    // An unheld loop device (grace 0: stale at once): the viewer may not clean it, the console
-    // (operator) may, and does.
+    // An unheld loop device (grace 0: stale at once): the viewer may not clean it, nor the console
+    // on its own; the operator may, and does.
     let img = s.path("tls.img");
     std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
     let lo = LoopDev::attach(&img);
@@ -677,12 +697,18 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     });
     assert!(refused, "the viewer's apply of {name} was not refused for its role: {last}");
     assert!(lo.is_bound(), "a viewer's apply changed something");
+    // The console's certificate alone may not act: it applies only on behalf of a named
+    // operator (the console itself adds the caller; agentctl does not).
+    let out = agentctl_tls(addr, &certs, "console", &["apply", &name, "--yes"]);
+    last = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(!out.status.success() && last.contains("only on behalf of"), "console without a caller: {last}");
+    assert!(lo.is_bound(), "the console's own apply changed something");
     let done = wait_until(Duration::from_secs(20), || {
-        let out = agentctl_tls(addr, &certs, "console", &["apply", &name, "--yes"]);
+        let out = agentctl_tls(addr, &certs, "operator", &["apply", &name, "--yes"]);
         last = format!("{}{}", text(&out.stdout), text(&out.stderr));
         out.status.success()
     });
-    assert!(done && !lo.is_bound(), "the console (operator) could not clean {name}: {last}");
+    assert!(done && !lo.is_bound(), "the operator could not clean {name}: {last}");
     // A certificate from another CA is refused.
     let other = s.path("other");
     let out =
@@ -721,10 +747,14 @@ fn references_resolve_within_each_rendering() {
                 );
             }
         }
-        for b in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding") {
+        for b in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding") {
+            let role_kind = b["roleRef"]["kind"].as_str().expect("roleRef kind");
             assert!(
-                named("ClusterRole", b["roleRef"]["name"].as_str().expect("roleRef")),
-                "deploy/{dir}: roleRef"
+                named(role_kind, b["roleRef"]["name"].as_str().expect("roleRef")),
+                "deploy/{dir}: {} {}: roleRef {}",
+                b["kind"],
+                b["metadata"]["name"],
+                b["roleRef"]
             );
             for s in b["subjects"].as_array().expect("subjects") {
                 assert!(
@@ -735,44 +765,60 @@ fn references_resolve_within_each_rendering() {
                 );
             }
         }
-        let ds = find(objects, "DaemonSet", None).expect("DaemonSet");
-        let pod = &ds["spec"]["template"];
-        assert!(named(
-            "ServiceAccount",
-            pod["spec"]["serviceAccountName"].as_str().expect("serviceAccountName")
-        ));
+        // Every workload (the agent's DaemonSet, the console's Deployment): its ServiceAccount,
+        // ConfigMaps and Secrets exist.
+        let workloads: Vec<&Value> =
+            objects.iter().filter(|o| o["kind"] == "DaemonSet" || o["kind"] == "Deployment").collect();
+        assert!(workloads.iter().any(|w| w["kind"] == "DaemonSet"), "deploy/{dir}: no DaemonSet");
         let produced_secrets: Vec<&str> = objects
             .iter()
             .filter(|o| o["kind"] == "Certificate")
             .filter_map(|o| o["spec"]["secretName"].as_str())
             .collect();
-        for v in pod["spec"]["volumes"].as_array().expect("volumes") {
-            if let Some(cm) = v["configMap"]["name"].as_str() {
-                assert!(named("ConfigMap", cm), "deploy/{dir}: ConfigMap {cm} is not deployed");
-            }
-            if let Some(secret) = v["secret"]["secretName"].as_str() {
-                assert!(
-                    produced_secrets.contains(&secret) || make_certs.contains(secret),
-                    "deploy/{dir}: nothing makes Secret {secret}"
-                );
+        for w in &workloads {
+            let pod = &w["spec"]["template"];
+            let what = format!("deploy/{dir}: {} {}", w["kind"], w["metadata"]["name"]);
+            assert!(
+                named(
+                    "ServiceAccount",
+                    pod["spec"]["serviceAccountName"].as_str().expect("serviceAccountName")
+                ),
+                "{what}: its ServiceAccount"
+            );
+            for v in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+                if let Some(cm) = v["configMap"]["name"].as_str() {
+                    assert!(named("ConfigMap", cm), "{what}: ConfigMap {cm} is not deployed");
+                }
+                if let Some(secret) = v["secret"]["secretName"].as_str() {
+                    assert!(
+                        produced_secrets.contains(&secret) || make_certs.contains(secret),
+                        "{what}: nothing makes Secret {secret}"
+                    );
+                }
             }
         }
-        let container_ports: Vec<&Value> = pod["spec"]["containers"]
-            .as_array()
-            .expect("containers")
-            .iter()
-            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
-            .collect();
+        // Every Service selects the pods of some workload, on ports its containers declare.
         for svc in objects.iter().filter(|o| o["kind"] == "Service") {
-            assert!(
-                labels_match(&svc["spec"]["selector"], &pod["metadata"]["labels"]),
-                "deploy/{dir}: the Service selects no agent pod"
-            );
+            let w = workloads
+                .iter()
+                .find(|w| {
+                    labels_match(&svc["spec"]["selector"], &w["spec"]["template"]["metadata"]["labels"])
+                })
+                .unwrap_or_else(|| {
+                    panic!("deploy/{dir}: Service {} selects no pod", svc["metadata"]["name"])
+                });
+            let container_ports: Vec<&Value> = w["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .expect("containers")
+                .iter()
+                .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+                .collect();
             for p in svc["spec"]["ports"].as_array().expect("ports") {
                 let target = &p["targetPort"];
                 assert!(
                     container_ports.iter().any(|c| &c["name"] == target || &c["containerPort"] == target),
-                    "deploy/{dir}: no container port {target}"
+                    "deploy/{dir}: Service {}: no container port {target}",
+                    svc["metadata"]["name"]
                 );
             }
         }

@@ -94,7 +94,7 @@ fn build_image(bins: &Path, ctx: &Path) -> u64 {
         std::fs::copy(repo().join(f), ctx.join(f)).unwrap_or_else(|e| panic!("copy {f}: {e}"));
     }
     let mut total = 0;
-    for b in ["blockjanitor-agent", "agentctl"] {
+    for b in ["blockjanitor-agent", "agentctl", "blockjanitor-console"] {
         let out = ctx.join("bin").join(b);
         sh(
             "strip",
