@@ -797,16 +797,21 @@ pub fn plans_table(r: &pb::PlanResponse, all_stale: bool) -> String {
 /// The Apply request bound to what a Plan answered: its devices by kernel name, each with the
 /// identity it was planned for, so that the agent refuses (FailedPrecondition, naming both
 /// identities) a device whose number now stands for another kernel object.
-pub fn apply_bound_to(plans: &pb::PlanResponse) -> pb::ApplyRequest {
+pub fn apply_bound_to(plans: &pb::PlanResponse, operation: pb::Operation) -> pb::ApplyRequest {
     pb::ApplyRequest {
         devices: plans.plans.iter().map(|p| p.device.clone()).collect(),
         identities: plans.plans.iter().map(|p| p.identity.clone()).collect(),
+        operation: operation as i32,
     }
 }
 
 /// The Apply request for devices planned earlier: one identity (`--identity`, as `plan -o json`
 /// printed it; "" for none) per device, in the same order.
-pub fn apply_with_identities(devices: &[String], identities: &[String]) -> Result<pb::ApplyRequest, String> {
+pub fn apply_with_identities(
+    devices: &[String],
+    identities: &[String],
+    operation: pb::Operation,
+) -> Result<pb::ApplyRequest, String> {
     if identities.len() != devices.len() {
         let n = identities.len();
         return Err(format!(
@@ -815,7 +820,11 @@ pub fn apply_with_identities(devices: &[String], identities: &[String]) -> Resul
             plural(devices.len(), "device")
         ));
     }
-    Ok(pb::ApplyRequest { devices: devices.to_vec(), identities: identities.to_vec() })
+    Ok(pb::ApplyRequest {
+        devices: devices.to_vec(),
+        identities: identities.to_vec(),
+        operation: operation as i32,
+    })
 }
 
 /// What `apply` did, counted.
@@ -1159,7 +1168,9 @@ mod tests {
             "{t}"
         );
         assert_eq!(plans_value(&r)["plans"][1]["identity"], "loop4@7:4#13;b");
-        let req = apply_bound_to(&r);
+        let req = apply_bound_to(&r, pb::Operation::Clean);
+        assert_eq!(req.operation, pb::Operation::Clean as i32);
+        assert_eq!(apply_bound_to(&r, pb::Operation::Release).operation, pb::Operation::Release as i32);
         assert_eq!(req.devices, ["loop3", "loop4"]);
         assert_eq!(req.identities, ["loop3@7:3#12;a", "loop4@7:4#13;b"]);
         let applied = pb::ApplyResponse { plans: vec![r.plans[0].clone()], results: vec![] };
@@ -1170,10 +1181,12 @@ mod tests {
         assert_eq!(apply_value(&[], &applied)["planned"], json!([]));
 
         let devs = vec!["loop3".to_owned(), "/dev/loop4".to_owned()];
-        let req = apply_with_identities(&devs, &["x".into(), String::new()]).expect("one per device");
+        let req = apply_with_identities(&devs, &["x".into(), String::new()], pb::Operation::Release)
+            .expect("one per device");
+        assert_eq!(req.operation, pb::Operation::Release as i32);
         assert_eq!(req.devices, devs);
         assert_eq!(req.identities, ["x", ""]);
-        let e = apply_with_identities(&devs, &["x".into()]).expect_err("too few");
+        let e = apply_with_identities(&devs, &["x".into()], pb::Operation::Clean).expect_err("too few");
         assert_eq!(
             e,
             "1 identity for 2 devices: give one --identity per device, in the same order (\"\" for none)"

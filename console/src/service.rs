@@ -365,7 +365,15 @@ impl Fleet for FleetService {
             let devices: Vec<String> =
                 d.devices.iter().filter_map(|f| f.device.as_ref().map(|x| x.name.clone())).collect();
             let Some(mut c) = self.links.client(&d.node) else { continue };
-            match client::call(timeout, c.plan(client::request(pb::PlanRequest { devices }, timeout))).await {
+            match client::call(
+                timeout,
+                c.plan(client::request(
+                    pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 },
+                    timeout,
+                )),
+            )
+            .await
+            {
                 Ok(p) => {
                     for plan in p.plans {
                         d.clear_steps.extend(plan.steps);
@@ -399,10 +407,15 @@ impl Fleet for FleetService {
         let r = req.into_inner();
         let mut c = self.agent_for(&r.node)?;
         let timeout = self.links.options().call_timeout;
-        let plan =
-            client::call(timeout, c.plan(client::request(pb::PlanRequest { devices: r.devices }, timeout)))
-                .await
-                .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
+        let plan = client::call(
+            timeout,
+            c.plan(client::request(
+                pb::PlanRequest { devices: r.devices, operation: pb::Operation::Clean as i32 },
+                timeout,
+            )),
+        )
+        .await
+        .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
         self.timed("Plan", t, Ok(Response::new(pb::FleetPlanResponse { node: r.node, plan: Some(plan) })))
     }
 
@@ -418,7 +431,11 @@ impl Fleet for FleetService {
         let r = req.into_inner();
         let mut c = self.agent_for(&r.node)?;
         let mut fwd = client::request(
-            pb::ApplyRequest { devices: r.devices.clone(), identities: r.identities.clone() },
+            pb::ApplyRequest {
+                devices: r.devices.clone(),
+                identities: r.identities.clone(),
+                operation: pb::Operation::Clean as i32,
+            },
             self.apply_timeout,
         );
         let value = MetadataValue::try_from(caller.identity.as_str())

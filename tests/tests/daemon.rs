@@ -161,13 +161,30 @@ fn root_unix_socket_roles_health_and_bad_requests() {
         // A path outside /dev is refused before the agent stats it: a viewer learns nothing of
         // the host's files (an existing file and a missing one get the same answer).
         for path in ["/etc/passwd", "/etc/no-such-file", "/dev/../etc/passwd", "/dev/./loop0", "/dev/"] {
-            let e = c.plan(pb::PlanRequest { devices: vec![path.into()] }).await.expect_err("not a device");
+            let e = c
+                .plan(pb::PlanRequest { devices: vec![path.into()], ..Default::default() })
+                .await
+                .expect_err("not a device");
             assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
             assert!(e.message().contains("is not under /dev"), "{path}: {e:?}");
             let e =
                 c.get_device(pb::GetDeviceRequest { device: path.into() }).await.expect_err("not a device");
             assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e:?}");
         }
+        // A release is planned only for devices named; an operation this agent does not know is
+        // refused, never taken for a cleanup.
+        let e = c
+            .plan(pb::PlanRequest { devices: vec![], operation: pb::Operation::Release as i32 })
+            .await
+            .expect_err("release needs devices");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("needs the devices named"), "{e:?}");
+        let e = c
+            .apply(pb::ApplyRequest { devices: vec!["sdzz".into()], operation: 7, ..Default::default() })
+            .await
+            .expect_err("unknown operation");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains("unknown operation 7"), "{e:?}");
         let e = c
             .get_device(pb::GetDeviceRequest { device: "/dev/no-such-node".into() })
             .await
@@ -227,7 +244,12 @@ fn root_watch_events_sees_a_loop_device_appear_and_apply_detaches_it() {
         assert_eq!(dev.verdict, pb::Verdict::Stale as i32, "unheld and grace 0: {dev:?}");
 
         // The plan for every stale device includes it; Apply (root = operator) detaches it.
-        let plans = c.plan(pb::PlanRequest { devices: vec![] }).await.expect("plan").into_inner().plans;
+        let plans = c
+            .plan(pb::PlanRequest { devices: vec![], ..Default::default() })
+            .await
+            .expect("plan")
+            .into_inner()
+            .plans;
         let p = plans.iter().find(|p| p.device == name).expect("planned");
         assert_eq!(p.steps[0].action, "detach_loop");
         let r = c

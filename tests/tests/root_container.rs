@@ -9,9 +9,8 @@
 //! an ext4 loop device is mounted on the host under the kubelet-like directory, a process in its
 //! own mount namespace (`unshare -m --propagation private`) keeps a private copy, the host
 //! unmounts; `agentctl` on the host, over the host path of the container's socket, shows that
-//! process as the holder (and `apply` refuses the held device). The agent is then redeployed with
-//! `deploy/overlays/release-mode`'s config, and releases the holder's copy by itself (Apply
-//! plans only the clean of a stale device, so releasing a held one is the release mode's job):
+//! process as the holder (and a cleanup `apply` refuses the held device); `agentctl apply
+//! --release` (Apply with RELEASE) has the agent detach the holder's copy inside its namespace:
 //! the process lives on, and `agentctl apply` then detaches the now unheld loop device. Throughout, the agent's own mount table (`/proc/<its host pid>/mountinfo`) drops the
 //! device's mount as soon as the host unmounts it (the agent never becomes a holder itself), and
 //! the host can detach the device at the end.
@@ -428,22 +427,22 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     assert!(!out.status.success() && refused.contains("in_use"), "a held device was not refused: {refused}");
     assert!(holder.has_mount(&target), "report mode released something");
 
-    // Switch to deploy/overlays/release-mode's config (as the overlay's rollout does: a new pod,
-    // the same host paths). Release mode detaches, by itself, foreign mounts of volumes kubelet
-    // knows and no pod uses: the holder's copy, entering its namespace from the container.
-    drop(container);
-    assert!(!socket.exists(), "the agent removed its socket on SIGTERM");
-    let container = start(&repo().join("deploy/overlays/release-mode/agent.toml"), "release");
-    reachable(&container);
-    let agent_pid = container.host_pid();
-    assert!(agent_clean_of(agent_pid), "the new agent starts with a mount of {dev}");
+    // The operator asks for the release (Apply with RELEASE): the agent enters the holder's mount
+    // namespace from the container and detaches its copy; the process is not touched.
+    let out = agentctl(&socket, &["apply", "--release", &dev, "--yes"]);
+    last = format!("{}{}", text(&out.stdout), text(&out.stderr));
     assert!(
-        wait_until(Duration::from_secs(30), || !holder.has_mount(&target)),
-        "release mode did not detach the holder's copy; agent log:\n{}",
+        out.status.success(),
+        "agentctl apply --release {dev} --yes failed: {last}
+agent log:
+{}",
         container.logs()
     );
+    println!("apply --release:\n{last}");
+    assert!(last.contains("detach_mount") && last.contains("-> done"), "the plan released the copy: {last}");
+    assert!(!holder.has_mount(&target), "the holder's copy is still mounted after the release: {last}");
     assert!(holder.is_alive(), "the holder process lives on");
-    assert!(agent_clean_of(agent_pid), "the agent holds no mount of {dev}");
+    assert!(agent_clean(), "the agent holds no mount of {dev}");
     assert!(wait_until(Duration::from_secs(10), exclusive), "{dev} is still claimed after the release");
     let journal = std::fs::read_to_string(state_dir.join("journal.jsonl")).unwrap_or_default();
     assert!(

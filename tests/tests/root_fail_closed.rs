@@ -331,7 +331,10 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
     );
     let plan = rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
-        c.plan(pb::PlanRequest { devices: vec![name.clone()] }).await.expect("Plan").into_inner()
+        c.plan(pb::PlanRequest { devices: vec![name.clone()], ..Default::default() })
+            .await
+            .expect("Plan")
+            .into_inner()
     });
     let p = plan
         .plans
@@ -353,7 +356,12 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
 
     let applied = rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
-        c.apply(pb::ApplyRequest { devices: vec![name.clone()], identities: vec![planned.clone()] }).await
+        c.apply(pb::ApplyRequest {
+            devices: vec![name.clone()],
+            identities: vec![planned.clone()],
+            ..Default::default()
+        })
+        .await
     });
     let bound = lo_b.is_bound();
     let e = match applied {

@@ -168,6 +168,10 @@ EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
     Plan {
         /// Devices to plan for [default: every stale device].
         devices: Vec<String>,
+        /// Plan only the release of the copies of their mounts that other mount namespaces keep
+        /// (incident 5); the devices themselves stay. Needs the devices named.
+        #[arg(long)]
+        release: bool,
     },
     /// Carry out the plans for the given devices; without --yes only show them.
     #[command(
@@ -192,6 +196,11 @@ EXIT CODES:\n  0  every step done (or already absent)\n  \
         /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN).
         #[arg(required = true)]
         devices: Vec<String>,
+        /// Only release the copies of their mounts that other mount namespaces keep, inside each
+        /// holder's namespace (no process is killed; live host mounts are never touched); the
+        /// devices stay. Needs no stale verdict.
+        #[arg(long)]
+        release: bool,
         /// Carry out the plans (without it: show them only).
         #[arg(long)]
         yes: bool,
@@ -549,8 +558,8 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             write_out(&render(out, || client::holders_value(&r), || client::device_table(d, false))?)?;
             Ok(0)
         }
-        Command::Plan { devices } => {
-            let r = pb::PlanRequest { devices: devices.clone() };
+        Command::Plan { devices, release } => {
+            let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(
                 out,
@@ -559,17 +568,18 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             )?)?;
             Ok(0)
         }
-        Command::Apply { devices, yes: false, .. } => {
-            let r = pb::PlanRequest { devices: devices.clone() };
+        Command::Apply { devices, yes: false, release, .. } => {
+            let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || client::plans_value(&r), || client::plans_table(&r, false))?)?;
             eprintln!("not applied: add --yes to carry it out");
             Ok(EXIT_NOT_DONE)
         }
-        Command::Apply { devices, yes: true, identities } => {
+        Command::Apply { devices, yes: true, identities, release } => {
+            let op = operation(*release);
             // Bound to identities: from --identity (planned earlier), else from a plan shown now.
             let (planned, request) = if identities.is_empty() {
-                let r = pb::PlanRequest { devices: devices.clone() };
+                let r = pb::PlanRequest { devices: devices.clone(), operation: op as i32 };
                 let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
                 if out == Output::Table {
                     write_out(&format!("{}\n", client::plans_table(&r, false)))?;
@@ -578,11 +588,11 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                     eprintln!("not applied: nothing was planned");
                     return Ok(EXIT_NOT_DONE);
                 }
-                let request = client::apply_bound_to(&r);
+                let request = client::apply_bound_to(&r, op);
                 (r.plans, request)
             } else {
                 let request =
-                    client::apply_with_identities(devices, identities).map_err(anyhow::Error::msg)?;
+                    client::apply_with_identities(devices, identities, op).map_err(anyhow::Error::msg)?;
                 (Vec::new(), request)
             };
             let r =
@@ -591,6 +601,15 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             Ok(client::apply_summary(&r).exit_code())
         }
         Command::Watch => watch(&mut c, timeout, out).await,
+    }
+}
+
+/// The operation `--release` asks for (else a cleanup).
+fn operation(release: bool) -> pb::Operation {
+    if release {
+        pb::Operation::Release
+    } else {
+        pb::Operation::Clean
     }
 }
 
@@ -671,11 +690,15 @@ mod tests {
         let cli =
             parse(&["apply", "loop3", "loop4", "--yes", "--identity", "a", "--identity", ""]).expect("parse");
         match cli.command {
-            Command::Apply { devices, yes, identities } => {
+            Command::Apply { devices, yes, identities, release } => {
                 assert_eq!(devices, ["loop3", "loop4"]);
-                assert!(yes);
+                assert!(yes && !release);
                 assert_eq!(identities, ["a", ""]);
             }
+            other => panic!("parsed as {other:?}"),
+        }
+        match parse(&["apply", "--release", "loop3", "--yes"]).expect("parse").command {
+            Command::Apply { release, .. } => assert!(release),
             other => panic!("parsed as {other:?}"),
         }
         assert!(parse(&["apply", "loop3", "--identity", "a"]).is_err(), "--identity without --yes");

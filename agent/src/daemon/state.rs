@@ -396,15 +396,18 @@ impl AgentState {
         Ok(seen.into_iter().collect())
     }
 
-    /// Cleanup plans for the named devices (or every stale one), each from a fresh scan of the
-    /// device judged with the daemon's grace clocks. Changes nothing.
-    pub async fn plan(self: &Arc<Self>, devices: &[String]) -> Result<Vec<Plan>, ApiError> {
+    /// `op` plans for the named devices (or, for a cleanup, every stale one), each from a fresh
+    /// scan of the device judged with the daemon's grace clocks. Changes nothing.
+    pub async fn plan(self: &Arc<Self>, devices: &[String], op: Operation) -> Result<Vec<Plan>, ApiError> {
+        if devices.is_empty() && op == Operation::Release {
+            return Err(ApiError::InvalidArgument("a release plan needs the devices named".into()));
+        }
         let targets = self.targets(devices)?;
         let me = Arc::clone(self);
         tokio::task::spawn_blocking(move || {
             let mut plans = Vec::new();
             for devnum in targets {
-                match me.engine.plan_fresh(devnum, Operation::Clean, &mut me.clocks()) {
+                match me.engine.plan_fresh(devnum, op, &mut me.clocks()) {
                     Ok((_, p)) => plans.push(p),
                     Err(EngineError::NotFound(_)) => {}
                     Err(e) => return Err(ApiError::from(e)),
@@ -416,7 +419,8 @@ impl AgentState {
         .map_err(|e| ApiError::Internal(format!("planning thread failed: {e}")))?
     }
 
-    /// Plans and carries out the cleanup of the named devices, one Apply at a time.
+    /// Plans and carries out `op` (a cleanup, or a release of foreign mount copies) on the named
+    /// devices, one Apply at a time.
     /// `identities`, when given, are the identities a Plan answered for the same devices (same
     /// order, "" for none): a device that is now another one is refused (FailedPrecondition
     /// naming both) before anything runs.
@@ -424,6 +428,7 @@ impl AgentState {
         self: &Arc<Self>,
         devices: &[String],
         identities: &[String],
+        op: Operation,
     ) -> Result<(Vec<Plan>, Vec<StepReport>), ApiError> {
         if devices.is_empty() {
             return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
@@ -454,7 +459,7 @@ impl AgentState {
         let (plans, reports) = tokio::task::spawn_blocking(move || {
             let mut plans = Vec::new();
             for (devnum, expected) in wanted {
-                let (judged, plan) = me.engine.plan_fresh(devnum, Operation::Clean, &mut me.clocks())?;
+                let (judged, plan) = me.engine.plan_fresh(devnum, op, &mut me.clocks())?;
                 if let Some(token) = expected {
                     me.engine.expect_identity(&judged, devnum, &token)?;
                 }

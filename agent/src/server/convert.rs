@@ -12,6 +12,18 @@ use crate::plan::{Plan, Step};
 use crate::policy::Verdict;
 use crate::view::DeviceView;
 
+/// The engine's operation for a request's `operation` field (unset: a cleanup).
+pub fn operation(op: i32) -> Result<crate::engine::Operation, crate::daemon::state::ApiError> {
+    use crate::engine::Operation;
+    match pb::Operation::try_from(op) {
+        Ok(pb::Operation::Unspecified | pb::Operation::Clean) => Ok(Operation::Clean),
+        Ok(pb::Operation::Release) => Ok(Operation::Release),
+        Err(_) => Err(crate::daemon::state::ApiError::InvalidArgument(format!(
+            "unknown operation {op}: expected CLEAN (1) or RELEASE (2)"
+        ))),
+    }
+}
+
 pub fn secs(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }

@@ -121,7 +121,9 @@ impl Agent for AgentService {
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
         self.policy.require(&req, Role::Viewer)?;
-        let plans = self.state.plan(&req.into_inner().devices).await.map_err(to_status)?;
+        let r = req.into_inner();
+        let op = convert::operation(r.operation).map_err(to_status)?;
+        let plans = self.state.plan(&r.devices, op).await.map_err(to_status)?;
         Ok(Response::new(pb::PlanResponse { plans: plans.iter().map(convert::plan).collect() }))
     }
 
@@ -130,9 +132,10 @@ impl Agent for AgentService {
         let r = req.into_inner();
         tracing::info!(target: "audit", phase = "request", caller = %caller.identity,
             role = ?caller.role, on_behalf_of = %on_behalf_of.as_deref().unwrap_or(""),
-            devices = %r.devices.join(","), "Apply requested by {}{}", caller.identity,
+            devices = %r.devices.join(","), operation = r.operation().as_str_name(), "Apply requested by {}{}", caller.identity,
             on_behalf_of.as_deref().map(|w| format!(" on behalf of {w}")).unwrap_or_default());
-        let (plans, reports) = self.state.apply(&r.devices, &r.identities).await.map_err(to_status)?;
+        let op = convert::operation(r.operation).map_err(to_status)?;
+        let (plans, reports) = self.state.apply(&r.devices, &r.identities, op).await.map_err(to_status)?;
         Ok(Response::new(pb::ApplyResponse {
             plans: plans.iter().map(convert::plan).collect(),
             results: reports.iter().map(convert::report).collect(),
