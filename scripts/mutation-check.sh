@@ -25,7 +25,11 @@ for gate in "${gates[@]}"; do
   esac
   copy="$work/$gate"
   mkdir -p "$copy"
-  cp -r Cargo.toml Cargo.lock rustfmt.toml agent proto tests "$copy/"
+  # The whole workspace (every member Cargo.toml names), so the copy builds as this checkout does.
+  cp -r Cargo.toml Cargo.lock rustfmt.toml "$copy/"
+  for member in $(sed -n '/^members *=/s/[][",=]/ /gp' Cargo.toml | sed 's/^ *members *//'); do
+    cp -r "$member" "$copy/"
+  done
   marker="// mutation-check: $gate"
   grep -qF "$marker" "$copy/agent/src/gates.rs" || { echo "mutation-check: no marker '$marker' in gates.rs" >&2; exit 2; }
   # Replace the gate's body by an early "let everything through".
@@ -46,6 +50,12 @@ for gate in "${gates[@]}"; do
   elif grep -q "error\[E" "$work/$gate.log"; then
     echo "mutation-check: the $gate mutant does not build:" >&2
     grep -A8 "error\[E" "$work/$gate.log" >&2 | head -40
+    exit 2
+  elif ! grep -q "^test result: FAILED" "$work/$gate.log"; then
+    # Killed means the property test ran and failed; anything else (a workspace that does not
+    # load, a missing tool) proves nothing about the gate.
+    echo "mutation-check: the $gate mutant failed before its property test ran:" >&2
+    tail -20 "$work/$gate.log" >&2
     exit 2
   else
     why=$(grep -m1 -oE '"[^"]*(ran|detached)[^"]*"' "$work/$gate.log" || true)
