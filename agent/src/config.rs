@@ -11,6 +11,7 @@
 //! max_actions_per_minute = 6             # destructive steps a minute in release/clean mode (a
 //!                                        # plan runs whole: a bigger one waits for an empty minute)
 //! kubelet_dir = "/var/lib/kubelet"
+//! plans_per_minute_per_client = 60       # Plan calls (each a fresh scan) a minute per caller; 0: no limit
 //!
 //! [socket]
 //! path = "/run/blockjanitor/agent.sock"  # created 0660
@@ -163,6 +164,9 @@ pub struct Config {
     /// At most this many destructive steps per minute in release and clean modes.
     #[serde(default = "default_actions_per_minute")]
     pub max_actions_per_minute: u32,
+    /// Plan calls (each scans its devices afresh) a minute per caller; 0: no limit.
+    #[serde(default = "default_plans_per_minute")]
+    pub plans_per_minute_per_client: u32,
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
     /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
@@ -186,6 +190,9 @@ fn default_journal() -> PathBuf {
 }
 fn default_actions_per_minute() -> u32 {
     6
+}
+fn default_plans_per_minute() -> u32 {
+    60
 }
 fn default_kubelet_dir() -> PathBuf {
     PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)
@@ -216,6 +223,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
+            plans_per_minute_per_client: default_plans_per_minute(),
             kubernetes: KubernetesConfig::default(),
             trust_unreadable_init: false,
         }

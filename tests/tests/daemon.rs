@@ -898,3 +898,37 @@ fn root_agentctl_node_shows_the_kubernetes_api_and_blind_spots() {
     drop(d);
     drop(rt);
 }
+
+#[test]
+fn root_plans_are_rate_limited_per_client() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let config = s.path("agent.toml");
+    std::fs::write(&config, "plans_per_minute_per_client = 3\n").expect("config");
+    let d = Daemon::start(s.dir.path(), &["--config", config.to_str().expect("utf8")]);
+    rt().block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        for _ in 0..3 {
+            let e = c
+                .plan(pb::PlanRequest { devices: vec!["sdzz".into()], ..Default::default() })
+                .await
+                .expect_err("no such device, but counted");
+            assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        }
+        let e = c
+            .plan(pb::PlanRequest { devices: vec![], ..Default::default() })
+            .await
+            .expect_err("a fourth plan in a minute");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("uid 0 asked for more than 3 plans a minute"), "{e:?}");
+        // Other calls are not limited, and another caller (a viewer on the socket) has its own minute.
+        c.get_node(pb::GetNodeRequest {}).await.expect("GetNode still answers");
+    });
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = agentctl_as_nobody("0", &["--socket", d.socket.to_str().expect("utf8"), "plan", "-o", "json"]);
+    assert!(out.status.success(), "another caller plans: {}", text(&out.stderr));
+}

@@ -283,7 +283,13 @@ fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
         .as_str()
         .expect("reason")
         .contains("client.1138525 at 10.125.53.47:0/3423687629"));
-    assert!(!v.to_string().contains("secret"), "config_info (which can hold the key) is never read");
+    // The fixture's config_info holds a (fake) cephx key, as the kernel's does: never read.
+    let config_info =
+        std::fs::read_to_string(format!("{root}/sys/devices/rbd/4/config_info")).expect("config_info");
+    assert!(config_info.contains("secret=AQBfAKE"), "the fixture has a key to leak: {config_info}");
+    assert!(!v.to_string().contains("secret"), "config_info (which holds the key) is never read: {v}");
+    let scan = agent(&["--root", &root, "scan", "--output", "json"]);
+    assert!(!text(&scan.stdout).contains("AQBfAKE"), "the key is in the scan: {}", text(&scan.stdout));
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", "rbd4"]);
     let t = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{t}");

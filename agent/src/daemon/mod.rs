@@ -4,5 +4,6 @@
 
 pub mod budget;
 pub mod events;
+pub mod peer_limit;
 pub mod state;
 pub mod triggers;

@@ -83,6 +83,8 @@ pub struct AgentState {
     reporter: std::sync::OnceLock<crate::kube::Reporter>,
     /// Destructive steps of release/clean mode in the last minute (the rate limit's window).
     budget: Mutex<Budget>,
+    /// Plan calls a minute per caller (each scans afresh).
+    pub plan_limit: super::peer_limit::PeerLimit,
 }
 
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
@@ -132,6 +134,7 @@ impl AgentState {
         let (events, _) = broadcast::channel(1024);
         let clocks = Clocks::new(crate::clock::boot_id(&host));
         let budget = Budget::new(config.max_actions_per_minute as usize, Duration::from_secs(60));
+        let plan_limit = super::peer_limit::PeerLimit::new(config.plans_per_minute_per_client);
         Arc::new(Self {
             host,
             config,
@@ -147,6 +150,7 @@ impl AgentState {
             act_lock: tokio::sync::Mutex::new(()),
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
+            plan_limit,
         })
     }
 

@@ -1,9 +1,10 @@
 //! Who is calling, and what they may do.
 //!
-//! Unix socket: the peer's credentials (`SO_PEERCRED`): uid 0 is an operator; a member of the
-//! socket's group (primary or supplementary, from `/proc/PID/status`) is a viewer; anyone else is
-//! refused. TCP: the verified client certificate's DNS SANs and CN, matched against the config's
-//! `operators`, `consoles` and `viewers`.
+//! Unix socket: the peer's credentials as the kernel recorded them at connect time
+//! (`SO_PEERCRED`, `SO_PEERGROUPS`: [`super::peer`]): uid 0 is an operator; a member of the
+//! socket's group (primary or supplementary) is a viewer; anyone else is refused. TCP: the
+//! verified client certificate's DNS SANs (its CN only when it has none), matched against the
+//! config's `operators`, `consoles` and `viewers`.
 //!
 //! The console role is the fleet console's: it reads like a viewer and may call Apply only on
 //! behalf of someone, named in the [`ON_BEHALF_OF`] metadata, which the audit log records next to
@@ -11,7 +12,7 @@
 
 use std::sync::Arc;
 
-use tonic::transport::server::UdsConnectInfo;
+use super::peer::PeerInfo;
 use tonic::{Request, Status};
 use x509_parser::prelude::{FromDer, GeneralName, X509Certificate};
 
@@ -47,7 +48,8 @@ pub struct Policy {
     pub tcp_consoles: Vec<String>,
 }
 
-/// Identities (DNS SANs, then CN) in a DER certificate.
+/// Identities in a DER certificate: its DNS SANs; its CN only when it has no DNS SAN (as RFC
+/// 6125 has it: a CA that issues SANs vouches for those, and a CN beside them may say anything).
 pub fn cert_identities(der: &[u8]) -> Vec<String> {
     let Ok((_, cert)) = X509Certificate::from_der(der) else { return Vec::new() };
     let mut out = Vec::new();
@@ -58,23 +60,10 @@ pub fn cert_identities(der: &[u8]) -> Vec<String> {
             }
         }
     }
-    for cn in cert.subject().iter_common_name() {
-        if let Ok(s) = cn.as_str() {
-            if !out.iter().any(|o| o == s) {
-                out.push(s.to_owned());
-            }
-        }
+    if out.is_empty() {
+        out.extend(cert.subject().iter_common_name().filter_map(|cn| cn.as_str().ok()).map(str::to_owned));
     }
     out
-}
-
-fn groups_of(pid: i32) -> Vec<u32> {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return Vec::new() };
-    status
-        .lines()
-        .filter_map(|l| l.strip_prefix("Groups:").or_else(|| l.strip_prefix("Gid:")))
-        .flat_map(|rest| rest.split_whitespace().filter_map(|g| g.parse().ok()).collect::<Vec<u32>>())
-        .collect()
 }
 
 impl Policy {
@@ -85,8 +74,8 @@ impl Policy {
 
     /// The caller's role and identity, or PermissionDenied saying why.
     pub fn caller<T>(&self, req: &Request<T>) -> Result<Caller, Status> {
-        if let Some(info) = req.extensions().get::<UdsConnectInfo>() {
-            let Some(cred) = info.peer_cred else {
+        if let Some(info) = req.extensions().get::<PeerInfo>() {
+            let Some(cred) = info.uds.peer_cred else {
                 return Err(Status::permission_denied(
                     "cannot read the peer's credentials on the unix socket",
                 ));
@@ -95,16 +84,22 @@ impl Policy {
             if cred.uid() == 0 {
                 return Ok(Caller { role: Role::Operator, identity });
             }
-            let member = self.socket_gid.is_some_and(|g| {
-                cred.gid() == g || cred.pid().is_some_and(|pid| groups_of(pid).contains(&g))
-            });
+            let supplementary = info.groups.as_ref().map(|g| g.as_slice());
+            let member = self
+                .socket_gid
+                .is_some_and(|g| cred.gid() == g || supplementary.is_ok_and(|groups| groups.contains(&g)));
             if member {
                 return Ok(Caller { role: Role::Viewer, identity });
             }
             return Err(Status::permission_denied(format!(
-                "uid {} is neither root nor a member of the socket's group{}",
+                "uid {} is neither root nor a member of the socket's group{}{}",
                 cred.uid(),
-                self.socket_group_name.as_deref().map(|g| format!(" ({g})")).unwrap_or_default()
+                self.socket_group_name.as_deref().map(|g| format!(" ({g})")).unwrap_or_default(),
+                // Fail closed, and say why a member may have been turned away.
+                supplementary
+                    .err()
+                    .map(|e| format!(" (its supplementary groups are unknown: {e})"))
+                    .unwrap_or_default()
             )));
         }
         let certs: Option<Arc<Vec<_>>> = req.peer_certs();
@@ -161,5 +156,27 @@ impl Policy {
             ));
         }
         Ok(role)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(cn: &str, sans: &[&str]) -> Vec<u8> {
+        let mut params =
+            rcgen::CertificateParams::new(sans.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .expect("params");
+        params.distinguished_name.push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("cert").der().to_vec()
+    }
+
+    #[test]
+    fn a_common_name_counts_only_without_dns_sans() {
+        assert_eq!(cert_identities(&cert("admin", &["viewer.example"])), ["viewer.example"]);
+        assert_eq!(cert_identities(&cert("admin", &[])), ["admin"]);
+        assert_eq!(cert_identities(&cert("a", &["b.example", "c.example"])), ["b.example", "c.example"]);
+        assert!(cert_identities(b"not a certificate").is_empty());
     }
 }

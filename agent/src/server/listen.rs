@@ -66,7 +66,12 @@ pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeErr
         Ok(_) => return Err(fail("exists and is not a socket; refusing to replace it".into())),
         Err(_) => {}
     }
-    let listener = UnixListener::bind(path).map_err(|e| fail(format!("cannot bind: {e}")))?;
+    // Born 0600 (umask 0177 around the bind), then opened to the group: never wider than 0660,
+    // not even between bind and chmod.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    let listener = bound.map_err(|e| fail(format!("cannot bind: {e}")))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
         .map_err(|e| fail(format!("chmod 0660: {e}")))?;
     if let Some(g) = gid {
@@ -212,7 +217,12 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     let stop = wait(shutdown.clone());
     tasks.spawn(async move {
         router
-            .serve_with_incoming_shutdown(UnixListenerStream::new(uds), stop)
+            .serve_with_incoming_shutdown(
+                tokio_stream::StreamExt::map(UnixListenerStream::new(uds), |r| {
+                    r.map(super::peer::PeerStream::new)
+                }),
+                stop,
+            )
             .await
             .map_err(ServeError::from)
     });

@@ -6,5 +6,6 @@ pub mod auth;
 pub mod convert;
 pub mod listen;
 pub mod metrics_http;
+pub mod peer;
 pub mod service;
 pub mod status;

@@ -120,7 +120,15 @@ impl Agent for AgentService {
     }
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
-        self.policy.require(&req, Role::Viewer)?;
+        let caller = self.policy.caller(&req)?;
+        if let Err(wait) = self.state.plan_limit.admit(&caller.identity, std::time::Instant::now()) {
+            return Err(Status::resource_exhausted(format!(
+                "{} asked for more than {} plans a minute (each scans afresh): try again in {} s",
+                caller.identity,
+                self.state.config.plans_per_minute_per_client,
+                wait.as_secs() + 1
+            )));
+        }
         let r = req.into_inner();
         let op = convert::operation(r.operation).map_err(to_status)?;
         let plans = self.state.plan(&r.devices, op).await.map_err(to_status)?;
