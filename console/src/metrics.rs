@@ -2,14 +2,9 @@
 //! index's size, and query latency by method; served as `/metrics` over plain HTTP/1 on its own
 //! address.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 use prometheus::{Encoder, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry, TextEncoder};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -83,34 +78,13 @@ impl Metrics {
     }
 }
 
-async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let resp = if req.uri().path() == "/metrics" {
-        Response::builder()
-            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-            .body(Full::new(Bytes::from(metrics.render())))
-    } else {
-        Response::builder()
-            .status(StatusCode::NOT_FOUND)
-            .body(Full::new(Bytes::from_static(b"only /metrics is served here\n")))
-    };
-    Ok(resp.unwrap_or_else(|_| Response::new(Full::new(Bytes::new()))))
+impl blockjanitor::server::metrics_http::Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
 }
 
-/// Serves `/metrics` until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else { continue };
-                let m = Arc::clone(&metrics);
-                tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| handle(req, Arc::clone(&m)));
-                    if let Err(e) = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
-                        tracing::debug!("metrics connection: {e}");
-                    }
-                });
-            }
-        }
-    }
+/// Serves `/metrics` until `shutdown` turns true (the agent's server, with the console's figures).
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: watch::Receiver<bool>) {
+    blockjanitor::server::metrics_http::serve(listener, metrics, shutdown).await;
 }

@@ -1,4 +1,5 @@
 //! `/metrics` over plain HTTP/1 on its own address (Prometheus scrapes it; nothing else is served).
+//! Shared by the agent and the fleet console: each hands in what renders its exposition.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,9 +11,21 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
+/// Whatever renders a Prometheus text exposition.
+pub trait Exposition: Send + Sync + 'static {
+    fn render(&self) -> String;
+}
 
-async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>) -> Result<Response<Full<Bytes>>, Infallible> {
+impl Exposition for crate::metrics::Metrics {
+    fn render(&self) -> String {
+        crate::metrics::Metrics::render(self)
+    }
+}
+
+async fn handle<M: Exposition>(
+    req: Request<Incoming>,
+    metrics: Arc<M>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let resp = if req.uri().path() == "/metrics" {
         Response::builder()
             .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
@@ -26,7 +39,11 @@ async fn handle(req: Request<Incoming>, metrics: Arc<Metrics>) -> Result<Respons
 }
 
 /// Serves `/metrics` until `shutdown` fires.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve<M: Exposition>(
+    listener: TcpListener,
+    metrics: Arc<M>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
