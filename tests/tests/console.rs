@@ -291,49 +291,31 @@ async fn start_cluster() -> Cluster {
             ],
         );
     }
-    let console_pem = pki.issue("console", &["console"]);
-    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
-    std::fs::write(&ccert, console_pem.cert).expect("write cert");
-    std::fs::write(&ckey, console_pem.key).expect("write key");
     let port_text = port.to_string();
     let url = api.url();
-    let args: Vec<String> = [
-        "--tls-cert",
-        cert.to_str().expect("utf8"),
-        "--tls-key",
-        key.to_str().expect("utf8"),
-        "--tls-client-ca",
-        ca.to_str().expect("utf8"),
-        "--operator",
-        "admin",
-        "--viewer",
-        "dashboard",
-        "--agent-cert",
-        ccert.to_str().expect("utf8"),
-        "--agent-key",
-        ckey.to_str().expect("utf8"),
-        "--agent-ca",
-        ca.to_str().expect("utf8"),
-        "--agent-server-name",
-        "localhost",
-        "--namespace",
-        NS,
-        "--selector",
-        SELECTOR,
-        "--agent-port",
-        &port_text,
-        "--kube-url",
-        &url,
-        "--call-timeout-ms",
-        "2000",
-        "--connect-timeout-ms",
-        "1000",
-        "--backoff-max-seconds",
-        "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = console_args(
+        &s,
+        &pki,
+        (&cert, &key, &ca),
+        &[
+            "--operator",
+            "admin",
+            "--namespace",
+            NS,
+            "--selector",
+            SELECTOR,
+            "--agent-port",
+            &port_text,
+            "--kube-url",
+            &url,
+            "--call-timeout-ms",
+            "2000",
+            "--connect-timeout-ms",
+            "1000",
+            "--backoff-max-seconds",
+            "2",
+        ],
+    );
     let console = Console::start(&args);
     let cl = Cluster { s, pki, api, agents, console };
     // Converged: three agents synced, the fourth known and unreachable.
@@ -367,6 +349,42 @@ fn devs(list: &[pb::FleetDevice]) -> Vec<(String, String)> {
 
 fn pair(node: &str, dev: &str) -> (String, String) {
     (node.to_owned(), dev.to_owned())
+}
+
+/// The console's flags for its own mutual-TLS listener (`cert`, `key`, the CA clients must come
+/// from, with the viewer `dashboard`) and for reaching the agents as the console (a certificate
+/// issued here, trusting the same CA, the agents' certificate for `localhost`), then `extra`.
+fn console_args(
+    s: &Scratch,
+    pki: &Pki,
+    (cert, key, ca): (&Path, &Path, &Path),
+    extra: &[&str],
+) -> Vec<String> {
+    let console_pem = pki.issue("console", &["console"]);
+    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
+    std::fs::write(&ccert, console_pem.cert).expect("write cert");
+    std::fs::write(&ckey, console_pem.key).expect("write key");
+    let utf8 = |p: &Path| p.to_str().expect("utf8").to_owned();
+    let mut args = vec![
+        "--tls-cert".to_owned(),
+        utf8(cert),
+        "--tls-key".to_owned(),
+        utf8(key),
+        "--tls-client-ca".to_owned(),
+        utf8(ca),
+        "--viewer".to_owned(),
+        "dashboard".to_owned(),
+        "--agent-cert".to_owned(),
+        utf8(&ccert),
+        "--agent-key".to_owned(),
+        utf8(&ckey),
+        "--agent-ca".to_owned(),
+        utf8(ca),
+        "--agent-server-name".to_owned(),
+        "localhost".to_owned(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
 }
 
 #[test]
@@ -937,39 +955,22 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
             "node-old",
         ],
     );
-    let console_pem = pki.issue("console", &["console"]);
-    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
-    std::fs::write(&ccert, console_pem.cert).expect("write cert");
-    std::fs::write(&ckey, console_pem.key).expect("write key");
-    let args: Vec<String> = [
-        "--tls-cert",
-        tls.0.to_str().expect("utf8"),
-        "--tls-key",
-        tls.1.to_str().expect("utf8"),
-        "--tls-client-ca",
-        tls.2.to_str().expect("utf8"),
-        "--viewer",
-        "dashboard",
-        "--agent-cert",
-        ccert.to_str().expect("utf8"),
-        "--agent-key",
-        ckey.to_str().expect("utf8"),
-        "--agent-ca",
-        tls.2.to_str().expect("utf8"),
-        "--agent-server-name",
-        "localhost",
-        "--agents",
-        &format!("node-old=https://{old_addr},node-late={late_addr}"),
-        "--call-timeout-ms",
-        "2000",
-        "--connect-timeout-ms",
-        "1000",
-        "--backoff-max-seconds",
-        "1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let agents = format!("node-old=https://{old_addr},node-late={late_addr}");
+    let args = console_args(
+        &s,
+        &pki,
+        (&tls.0, &tls.1, &tls.2),
+        &[
+            "--agents",
+            &agents,
+            "--call-timeout-ms",
+            "2000",
+            "--connect-timeout-ms",
+            "1000",
+            "--backoff-max-seconds",
+            "1",
+        ],
+    );
     let console = Console::start(&args);
     let viewer = pki.issue("dashboard", &["dashboard"]);
     rt().block_on(async {
@@ -1083,43 +1084,25 @@ fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
             .lists
             .insert("/api/v1/nodes", vec![node("node-late", "10.0.0.3", false, false)]);
         api.state.lock().expect("state").lists.insert("/api/v1/persistentvolumeclaims", vec![]);
-        let console_pem = pki.issue("console", &["console"]);
-        let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
-        std::fs::write(&ccert, console_pem.cert).expect("write cert");
-        std::fs::write(&ckey, console_pem.key).expect("write key");
         let url = api.url();
         let port_text = port.to_string();
-        let args: Vec<String> = [
-            "--tls-cert",
-            tls.0.to_str().expect("utf8"),
-            "--tls-key",
-            tls.1.to_str().expect("utf8"),
-            "--tls-client-ca",
-            tls.2.to_str().expect("utf8"),
-            "--viewer",
-            "dashboard",
-            "--agent-cert",
-            ccert.to_str().expect("utf8"),
-            "--agent-key",
-            ckey.to_str().expect("utf8"),
-            "--agent-ca",
-            tls.2.to_str().expect("utf8"),
-            "--agent-server-name",
-            "localhost",
-            "--namespace",
-            NS,
-            "--selector",
-            SELECTOR,
-            "--agent-port",
-            &port_text,
-            "--kube-url",
-            &url,
-            "--backoff-max-seconds",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let args = console_args(
+            &s,
+            &pki,
+            (&tls.0, &tls.1, &tls.2),
+            &[
+                "--namespace",
+                NS,
+                "--selector",
+                SELECTOR,
+                "--agent-port",
+                &port_text,
+                "--kube-url",
+                &url,
+                "--backoff-max-seconds",
+                "1",
+            ],
+        );
         let console = Console::start(&args);
         let viewer = pki.issue("dashboard", &["dashboard"]);
         let ch =
