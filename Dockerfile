@@ -38,8 +38,8 @@ FROM runtime-base AS rootfs-prebuilt
 COPY --from=bins-prebuilt /out/ /in/
 RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl /in/blockjanitor-console
 
-FROM scratch AS runtime-prebuilt
-COPY --from=rootfs-prebuilt /rootfs/ /
+# What every runtime image says about itself and how it starts (both runtime targets build on it).
+FROM scratch AS runtime-meta
 LABEL org.opencontainers.image.title="blockjanitor" \
       org.opencontainers.image.description="Per-node agent that finds stale block devices and who holds them, and cleans them safely" \
       org.opencontainers.image.licenses="Apache-2.0" \
@@ -48,6 +48,9 @@ LABEL org.opencontainers.image.title="blockjanitor" \
 ENV BLOCKJANITOR_SOCKET=/run/blockjanitor/agent.sock
 ENTRYPOINT ["/usr/local/bin/blockjanitor-agent"]
 CMD ["serve", "--config", "/etc/blockjanitor/agent.toml"]
+
+FROM runtime-meta AS runtime-prebuilt
+COPY --from=rootfs-prebuilt /rootfs/ /
 
 # Building from source.
 FROM ${BUILDER} AS builder
@@ -69,13 +72,5 @@ FROM runtime-base AS rootfs-built
 COPY --from=builder /out/ /in/
 RUN /usr/local/sbin/collect-rootfs.sh /rootfs /in/blockjanitor-agent /in/agentctl /in/blockjanitor-console
 
-FROM scratch AS runtime
+FROM runtime-meta AS runtime
 COPY --from=rootfs-built /rootfs/ /
-LABEL org.opencontainers.image.title="blockjanitor" \
-      org.opencontainers.image.description="Per-node agent that finds stale block devices and who holds them, and cleans them safely" \
-      org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.version="0.1.0" \
-      org.opencontainers.image.base.name="debian:bookworm-slim"
-ENV BLOCKJANITOR_SOCKET=/run/blockjanitor/agent.sock
-ENTRYPOINT ["/usr/local/bin/blockjanitor-agent"]
-CMD ["serve", "--config", "/etc/blockjanitor/agent.toml"]
