@@ -190,8 +190,9 @@ fn wait_handshake(share: &Path, name: &str, guest: &mut Proc, out: &Path, secs: 
         }
         if let Ok(Some(code)) = guest.0.try_wait() {
             panic!(
-                "the guest ended ({code}) before the '{name}' handshake:\n{}",
-                std::fs::read_to_string(out).unwrap_or_default()
+                "the guest ended ({code}) before the '{name}' handshake:\n{}\n--- harness ---\n{}",
+                std::fs::read_to_string(out).unwrap_or_default(),
+                std::fs::read_to_string(out.with_file_name("guest.err")).unwrap_or_default()
             );
         }
         assert!(Instant::now() < deadline, "no '{name}' handshake from the guest after {secs} s");
@@ -390,6 +391,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
             "watcher {addr} is {dev} on guest-a, and only that:\n{v:#}"
         );
         assert_eq!(w["unfence_safe"], false, "{v:#}");
+        eprintln!("  {} {id} -> {:?}", addr, mapped_on(w));
     }
     eprintln!("who-watches while mapped: ok at {:.1} s", t0.elapsed().as_secs_f64());
     ack(&share, "mapped", "ok");
