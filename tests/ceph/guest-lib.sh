@@ -29,16 +29,19 @@ ceph_mon_banner() {
     [ "$b" = "ceph v027" ] || { echo "ceph_mon_banner: no msgr v1 banner from $MON_ADDR (got '$b')" >&2; return 1; }
 }
 
-# rbd_map POOL IMAGE [SNAP]: map with the kernel client through sysfs; print the device id.
+# rbd_map POOL IMAGE [SNAP]: map with the kernel client through sysfs; print the device id (the
+# new one: mapping an image mapped already, e.g. with the `noshare` option, gives a second id).
 # Format (Documentation/ABI/testing/sysfs-bus-rbd):
 #   "<mon addrs> <options> <pool> <image> [<snap>]" > /sys/bus/rbd/add_single_major
 rbd_map() {
     _ctl=/sys/bus/rbd/add_single_major
     [ -e $_ctl ] || _ctl=/sys/bus/rbd/add      # rbd loaded with single_major=N
     _opts="name=${CEPH_USER:-admin},secret=$SECRET${RBD_MAP_OPTS:+,$RBD_MAP_OPTS}"
+    _before=" $(ls /sys/bus/rbd/devices 2>/dev/null | tr '\n' ' ') "
     echo "$MON_ADDR $_opts $1 $2 ${3:--}" >$_ctl || { echo "rbd_map: write to $_ctl failed" >&2; return 1; }
     for d in /sys/bus/rbd/devices/*; do
         [ -e "$d/name" ] || continue
+        case $_before in *" ${d##*/} "*) continue ;; esac
         if [ "$(cat "$d/pool")" = "$1" ] && [ "$(cat "$d/name")" = "$2" ]; then
             echo "${d##*/}"; return 0
         fi

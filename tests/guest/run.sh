@@ -17,6 +17,9 @@
 #   BLOCKJANITOR_GUEST_QEMU_ARGS='...' extra qemu arguments (word-split)
 #   BLOCKJANITOR_GUEST_NET=user        add user-mode networking (virtio-net). Only inside a network
 #                                      namespace made for the test: see tests/guest/README.md
+#   BLOCKJANITOR_GUEST_HOSTFWD='...'   with NET=user: qemu hostfwd rules, space-separated, e.g.
+#                                      tcp:127.0.0.1:19443-:9443 (a listener of qemu's, i.e. in the
+#                                      namespace qemu runs in, forwarded to the guest's port 9443)
 #   BLOCKJANITOR_GUEST_OUTDIR=DIR      keep console.log, out.log and initrd there (else a temp dir,
 #                                      removed on success and kept on failure)
 #   BLOCKJANITOR_GUEST_TAIL=60         console lines shown on failure
@@ -110,7 +113,13 @@ QEMU=(qemu-system-x86_64 -accel tcg,thread=multi -cpu max -M pc -smp 2 -m 1024
       -serial "file:$WORK/console.log" -serial "file:$WORK/out.log")
 [[ -n $SHARE ]] && QEMU+=(-virtfs "local,path=$(cd "$SHARE" && pwd),mount_tag=host0,security_model=none")
 # shellcheck disable=SC2054
-[[ ${BLOCKJANITOR_GUEST_NET:-} == user ]] && QEMU+=(-netdev user,id=n0 -device virtio-net-pci,netdev=n0)
+if [[ ${BLOCKJANITOR_GUEST_NET:-} == user ]]; then
+    NETDEV=user,id=n0
+    for rule in ${BLOCKJANITOR_GUEST_HOSTFWD:-}; do NETDEV+=",hostfwd=$rule"; done
+    QEMU+=(-netdev "$NETDEV" -device virtio-net-pci,netdev=n0)
+elif [[ -n ${BLOCKJANITOR_GUEST_HOSTFWD:-} ]]; then
+    fail "BLOCKJANITOR_GUEST_HOSTFWD needs BLOCKJANITOR_GUEST_NET=user"
+fi
 # shellcheck disable=SC2206
 [[ -n ${BLOCKJANITOR_GUEST_QEMU_ARGS:-} ]] && QEMU+=(${BLOCKJANITOR_GUEST_QEMU_ARGS})
 

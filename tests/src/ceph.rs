@@ -34,3 +34,106 @@ pub fn run_ceph_scenario(name: &str) -> Run {
         harness: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
+
+/// A throw-away cluster (`cluster.sh up`) in a temp dir, taken down on drop (`cluster.sh down`
+/// also ends anything still running in its network namespace: qemu, a console).
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    /// The cluster's network namespace (`BJ_CEPH_NETNS`).
+    pub netns: String,
+}
+
+impl Cluster {
+    /// `cluster.sh up`; panics with its log when it fails.
+    pub fn up() -> Self {
+        let dir = tempfile::Builder::new().prefix("bj-ceph-test.").tempdir().expect("tempdir");
+        let c = dir.path().join("cluster");
+        let out = Command::new(ceph_dir().join("cluster.sh"))
+            .arg("up")
+            .arg(&c)
+            .stdin(Stdio::null())
+            .output()
+            .expect("cluster.sh up");
+        let mut cluster = Self { dir, netns: String::new() };
+        assert!(
+            out.status.success(),
+            "cluster.sh up failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = cluster.script("cluster.sh", &["env"]);
+        cluster.netns = env
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("export BJ_CEPH_NETNS="))
+            .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_owned())
+            .unwrap_or_else(|| panic!("no BJ_CEPH_NETNS in cluster.sh env:\n{env}"));
+        cluster
+    }
+
+    /// The cluster's directory (`DIR` of cluster.sh and image.sh).
+    pub fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join("cluster")
+    }
+
+    /// `tests/ceph/<script> <verb> DIR args...` (every ceph client runs inside the namespace);
+    /// panics unless it succeeds; its stdout.
+    pub fn script(&self, script: &str, verb_args: &[&str]) -> String {
+        let (verb, args) = verb_args.split_first().expect("a verb");
+        let out = Command::new(ceph_dir().join(script))
+            .arg(verb)
+            .arg(self.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect(script);
+        assert!(
+            out.status.success(),
+            "{script} {verb_args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `image.sh DIR args...`: e.g. `["status", "vol"]`.
+    pub fn image(&self, args: &[&str]) -> String {
+        let out = Command::new(ceph_dir().join("image.sh"))
+            .arg(self.path())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("image.sh");
+        assert!(
+            out.status.success(),
+            "image.sh {args:?} failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ip netns exec NETNS program`: a command that runs inside the cluster's namespace (the
+    /// only place its addresses and qemu's forwarded ports exist).
+    pub fn command(&self, program: &std::path::Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.netns]).arg(program);
+        c
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = Command::new(ceph_dir().join("cluster.sh"))
+            .arg("down")
+            .arg(self.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// `tests/ceph/`.
+pub fn ceph_dir() -> std::path::PathBuf {
+    guest_dir().with_file_name("ceph")
+}

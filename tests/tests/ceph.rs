@@ -1,7 +1,23 @@
-//! The rbd incidents (1, 4 and 5) against a real Ceph cluster and Debian's kernel client.
+//! The rbd incidents (1, 4 and 5) against a real Ceph cluster and Debian's kernel client, and
+//! the console's `who-watches` on the cluster's own watcher list (issue 11).
 
-use blockjanitor_tests::ceph::{require_ceph, run_ceph_scenario};
-use blockjanitor_tests::guest::Run;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blockjanitor_tests::ceph::{ceph_dir, require_ceph, run_ceph_scenario, Cluster};
+use blockjanitor_tests::daemon::Pki;
+use blockjanitor_tests::guest::{stage_agent, Run};
+use blockjanitor_tests::{agent_bin, serial, text};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+/// The port qemu listens on (127.0.0.1 of the cluster's namespace) for the guest agent's 9443.
+const AGENT_PORT: u16 = 19443;
 
 fn json(run: &Run, name: &str) -> serde_json::Value {
     let text = run.section(name);
@@ -102,4 +118,330 @@ fn root_ceph_release_mode_detaches_a_stale_rbd_mount_by_itself() {
         "{journal}"
     );
     assert!(journal.contains("rbd0"), "the released device is the rbd image: {journal}");
+}
+
+/// A process (group) that is stopped on drop: SIGTERM to its group, then SIGKILL.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let pgid = Pid::from_raw(-(self.0.id() as i32));
+            let _ = kill(pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = kill(pgid, Signal::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn bin(name: &str) -> PathBuf {
+    let b = agent_bin().with_file_name(name);
+    assert!(b.exists(), "{} is missing: build it first (cargo build --workspace --bins)", b.display());
+    b
+}
+
+/// The console, started inside the cluster's namespace; its gRPC address there.
+fn start_console(cluster: &Cluster, args: &[String]) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
+    let mut cmd = cluster.command(&bin("blockjanitor-console"));
+    cmd.args(args)
+        .args(["--log-format", "json", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().expect("spawn blockjanitor-console");
+    let stderr = child.stderr.take().expect("stderr");
+    let proc = Proc(child);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let log2 = Arc::clone(&log);
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if let ("tcp", Some(a)) = (v["listener"].as_str().unwrap_or(""), v["address"].as_str()) {
+                    let _ = tx.send(a.to_owned());
+                }
+            }
+            if let Ok(mut g) = log2.lock() {
+                g.push(line);
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
+        panic!(
+            "the console did not start listening:\n{}",
+            log.lock().map(|g| g.join("\n")).unwrap_or_default()
+        )
+    });
+    (proc, addr, log)
+}
+
+/// Waits (bounded) for a handshake file the guest writes into the share, while the guest runs.
+fn wait_handshake(share: &Path, name: &str, guest: &mut Proc, out: &Path, secs: u64) -> String {
+    let f = share.join(name);
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&f) {
+            return text;
+        }
+        if let Ok(Some(code)) = guest.0.try_wait() {
+            panic!(
+                "the guest ended ({code}) before the '{name}' handshake:\n{}\n--- harness ---\n{}",
+                std::fs::read_to_string(out).unwrap_or_default(),
+                std::fs::read_to_string(out.with_file_name("guest.err")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "no '{name}' handshake from the guest after {secs} s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ack(share: &Path, name: &str, text: &str) {
+    let tmp = share.join(".ack");
+    std::fs::write(&tmp, format!("{text}\n")).expect("write ack");
+    std::fs::rename(&tmp, share.join(format!("{name}.ack"))).expect("rename ack");
+}
+
+/// `rbdN client.N ADDR` lines: (device, client id, address).
+fn mappings(text: &str) -> Vec<(String, String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 3 && w[0].starts_with("rbd")).then(|| (w[0].into(), w[1].into(), w[2].into()))
+        })
+        .collect()
+}
+
+/// The watcher entry of `who-watches -o json` for `addr`.
+fn watcher<'a>(v: &'a Value, addr: &str) -> &'a Value {
+    v["watchers"]
+        .as_array()
+        .and_then(|ws| ws.iter().find(|w| w["client_addr"] == addr))
+        .unwrap_or_else(|| panic!("no watcher {addr} in the answer:\n{v:#}"))
+}
+
+/// (node, device, the device's rbd client address) of each mapping the console names.
+fn mapped_on(w: &Value) -> Vec<(String, String, String)> {
+    w["mappings"]
+        .as_array()
+        .map(|ms| {
+            ms.iter()
+                .map(|m| {
+                    (
+                        m["node"].as_str().unwrap_or("").to_owned(),
+                        m["device"]["name"].as_str().unwrap_or("").to_owned(),
+                        m["device"]["rbd"]["client_addr"].as_str().unwrap_or("").to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 11's Ceph acceptance item, end to end: the guest maps k8s/vol twice (`noshare`: two
+/// kernel clients, two watchers) and runs one real agent (node guest-a) with a TLS listener that
+/// qemu forwards to 127.0.0.1:19443 of the cluster's namespace; the console (static agent list)
+/// and `agentctl fleet who-watches -` run in that namespace, fed the cluster's own `rbd status`.
+/// Each watcher is named guest-a and the device of that client; after one unmap, that watcher has
+/// no mapping left (unfence safe) and the other still maps its device.
+///
+/// One guest and one agent: two agents in one guest would both see both devices (not two nodes).
+#[test]
+fn root_ceph_console_who_watches_names_the_node_and_device() {
+    if !require_ceph() {
+        return;
+    }
+    let _serial = serial();
+    let t0 = Instant::now();
+    let cluster = Cluster::up();
+    cluster.image(&["create", "vol", "64"]);
+    eprintln!("cluster up and image created in {:.1} s", t0.elapsed().as_secs_f64());
+
+    let top = cluster.dir.path();
+    let (extra, share, host) = (top.join("extra"), top.join("share"), top.join("host"));
+    for d in [&extra, &share, &host] {
+        std::fs::create_dir_all(d).expect("mkdir");
+    }
+    stage_agent(&extra);
+    let pki = Pki::new("blockjanitor ceph test CA");
+    std::fs::create_dir_all(extra.join("tls")).expect("mkdir tls");
+    pki.write_server(&extra.join("tls"));
+    let (cert, key, ca) = pki.write_server(&host);
+    let path = |p: &Path| p.to_str().expect("utf8").to_owned();
+    let write_pem = |name: &str| {
+        let pem = pki.issue(name, &[name]);
+        let (c, k) = (host.join(format!("{name}.crt")), host.join(format!("{name}.key")));
+        std::fs::write(&c, pem.cert).expect("write cert");
+        std::fs::write(&k, pem.key).expect("write key");
+        (c, k)
+    };
+    let (ccert, ckey) = write_pem("console");
+    let (vcert, vkey) = write_pem("dashboard");
+
+    let out = top.join("guest.out");
+    let mut guest = Proc(
+        Command::new(ceph_dir().join("guest-rbd.sh"))
+            .arg(cluster.path())
+            .arg(ceph_dir().join("scenarios/rbd-console-who-watches.sh"))
+            .arg(&extra)
+            .env("BJ_CEPH_IMAGE", "vol")
+            .env("BLOCKJANITOR_GUEST_SHARE", &share)
+            .env("BLOCKJANITOR_GUEST_HOSTFWD", format!("tcp:127.0.0.1:{AGENT_PORT}-:9443"))
+            .env("BLOCKJANITOR_GUEST_TIMEOUT", "150")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("guest.out"))
+            .stderr(std::fs::File::create(top.join("guest.err")).expect("guest.err"))
+            .process_group(0)
+            .spawn()
+            .expect("guest-rbd.sh"),
+    );
+
+    let (_console, console_addr, console_log) = start_console(
+        &cluster,
+        &[
+            "--tls-cert",
+            &path(&cert),
+            "--tls-key",
+            &path(&key),
+            "--tls-client-ca",
+            &path(&ca),
+            "--viewer",
+            "dashboard",
+            "--agent-cert",
+            &path(&ccert),
+            "--agent-key",
+            &path(&ckey),
+            "--agent-ca",
+            &path(&ca),
+            "--agent-server-name",
+            "localhost",
+            "--agents",
+            &format!("guest-a=https://127.0.0.1:{AGENT_PORT}"),
+            "--call-timeout-ms",
+            "5000",
+            "--connect-timeout-ms",
+            "2000",
+            "--backoff-max-seconds",
+            "1",
+        ]
+        .map(String::from),
+    );
+    // agentctl, in the namespace, as the viewer `dashboard`; stdin the text given.
+    let ctl = |args: &[&str], stdin: &str| -> (i32, String, String) {
+        let mut child = cluster
+            .command(&bin("agentctl"))
+            .arg("fleet")
+            .args(args)
+            .args(["--console", &console_addr, "--server-name", "localhost", "--timeout", "20"])
+            .args(["--cert", &path(&vcert), "--key", &path(&vkey), "--ca", &path(&ca)])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("agentctl");
+        child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+        let o = child.wait_with_output().expect("agentctl");
+        (o.status.code().unwrap_or(-1), text(&o.stdout), text(&o.stderr))
+    };
+    let who_watches = |status: &str| -> Value {
+        let (code, o, e) = ctl(&["who-watches", "-", "-o", "json"], status);
+        assert_eq!(code, 0, "who-watches: {e}{o}");
+        serde_json::from_str(&o).unwrap_or_else(|e| panic!("who-watches output is not JSON ({e}): {o}"))
+    };
+
+    // 1. Both mappings, the agent listening.
+    let mapped = mappings(&wait_handshake(&share, "mapped", &mut guest, &out, 120));
+    eprintln!("guest mapped in {:.1} s: {mapped:?}", t0.elapsed().as_secs_f64());
+    assert_eq!(mapped.len(), 2, "{mapped:?}");
+    let status = cluster.image(&["status", "vol"]);
+    for (_, id, addr) in &mapped {
+        let line = format!("watcher={addr} {id} cookie=");
+        assert_eq!(status.matches(&line).count(), 1, "the cluster lists {line}..., once:\n{status}");
+    }
+    assert_eq!(status.matches("watcher=").count(), 2, "two watchers, one per client:\n{status}");
+
+    // The console has synced the guest's agent.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, o, e) = ctl(&["nodes", "-o", "json"], "");
+        let v: Value = serde_json::from_str(&o).unwrap_or(Value::Null);
+        if code == 0 && v["nodes"][0]["name"] == "guest-a" && v["nodes"][0]["reachable"] == true {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the console did not reach guest-a: {e}{o}\n{}",
+            console_log.lock().map(|g| g.join("\n")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let v = who_watches(&status);
+    assert_eq!(v["watchers"].as_array().map(Vec::len), Some(2), "{v:#}");
+    assert!(v["missing_nodes"].as_array().is_none_or(Vec::is_empty), "{v:#}");
+    for (dev, id, addr) in &mapped {
+        let w = watcher(&v, addr);
+        assert_eq!(w["client_id"], id.as_str(), "{v:#}");
+        assert_eq!(
+            mapped_on(w),
+            vec![("guest-a".to_owned(), dev.clone(), addr.clone())],
+            "watcher {addr} is {dev} on guest-a, and only that:\n{v:#}"
+        );
+        assert_eq!(w["unfence_safe"], false, "{v:#}");
+        eprintln!("  {} {id} -> {:?}", addr, mapped_on(w));
+    }
+    eprintln!("who-watches while mapped: ok at {:.1} s", t0.elapsed().as_secs_f64());
+    ack(&share, "mapped", "ok");
+
+    // 2. The guest unmaps the second mapping; its watcher goes, the first stays.
+    let gone = wait_handshake(&share, "unmapped", &mut guest, &out, 60).trim().to_owned();
+    let (kept, lost) = (&mapped[0], &mapped[1]);
+    assert_eq!(gone, lost.0, "the guest unmapped the second mapping");
+    let after = cluster.image(&["status", "vol"]);
+    assert!(after.contains(&format!("watcher={} {}", kept.2, kept.1)), "{after}");
+    assert!(!after.contains(&lost.2), "the unmapped client no longer watches:\n{after}");
+    // Asked with the list from before (what an operator pasted while both were mapped), the
+    // console must learn of the unmap from the agent's events.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let v = who_watches(&status);
+        if watcher(&v, &lost.2)["mappings"].as_array().is_none_or(Vec::is_empty) {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the console still maps {} after 30 s:\n{v:#}", lost.0);
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("who-watches saw the unmap at {:.1} s", t0.elapsed().as_secs_f64());
+    let w = watcher(&v, &lost.2);
+    assert_eq!(w["unfence_safe"], true, "no node maps {} any more:\n{v:#}", lost.2);
+    let w = watcher(&v, &kept.2);
+    assert_eq!(mapped_on(w), vec![("guest-a".to_owned(), kept.0.clone(), kept.2.clone())], "{v:#}");
+    assert_eq!(w["unfence_safe"], false, "{v:#}");
+    // And with the cluster's list of now: one watcher, still guest-a's.
+    let v = who_watches(&after);
+    assert_eq!(v["watchers"].as_array().map(Vec::len), Some(1), "{v:#}");
+    assert_eq!(mapped_on(watcher(&v, &kept.2)).len(), 1, "{v:#}");
+    ack(&share, "unmapped", "ok");
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let code = loop {
+        if let Some(s) = guest.0.try_wait().expect("wait guest") {
+            break s.code();
+        }
+        assert!(Instant::now() < deadline, "the guest did not finish");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let output = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(
+        code,
+        Some(0),
+        "guest scenario failed:\n{output}\n--- harness ---\n{}",
+        std::fs::read_to_string(top.join("guest.err")).unwrap_or_default()
+    );
+    assert!(output.contains("OK"), "{output}");
+    assert_eq!(cluster.image(&["watchers", "vol"]).trim(), "", "no watcher at the end");
+    eprintln!("done in {:.1} s", t0.elapsed().as_secs_f64());
 }
