@@ -10,7 +10,8 @@
 # and lints, builds the binaries the integration tests run, and runs every test: unit, fixture
 # trees, real-kernel (`root_*`), guest (`root_guest_*`), Ceph (`root_ceph_*`) and property tests
 # (the safety property over 100,000 cases), then the mutation check of that property (each gate
-# of the engine removed in turn must make it fail). Real-kernel tests fail loudly when a
+# of the engine removed in turn must make it fail), then every fuzz target for 6 s under AFL++
+# (scripts/fuzz.sh; cargo-afl is installed from crates.io when missing). Real-kernel tests fail loudly when a
 # prerequisite is missing and CI=true; elsewhere they print SKIPPED and the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,3 +42,5 @@ echo "== tests"
 cargo test --locked --workspace
 echo "== mutation check of the safety property"
 scripts/mutation-check.sh
+echo "== fuzzing every parser briefly (scripts/fuzz.sh TARGET SECONDS for longer)"
+scripts/fuzz.sh all 6

@@ -1,0 +1,198 @@
+//! The fuzz targets: one function per kind of hostile input the agent reads, each taking raw
+//! bytes and feeding them to the agent's own parser. The binaries in `src/bin/` hand them to
+//! AFL++ (`scripts/fuzz.sh TARGET SECONDS`); the tests below replay every kept input (the seed
+//! corpus and every crash found, `fuzz/corpus/TARGET/` and `fuzz/regressions/TARGET/`) on
+//! every `cargo test`, so a fixed crash stays fixed. A target passes an input when the parser
+//! returns, whatever it returns: a panic (or an abort, or a hang AFL++ times out) is the finding.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use blockjanitor::discover::{cgroup, kmsg, kubelet, maps, mountinfo, multipath, processes, swaps};
+use prost::Message;
+
+/// Every target, by the name its binary, corpus and regressions directories carry.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("mountinfo", mountinfo_text),
+    ("dm", dm_lines),
+    ("proc", proc_files),
+    ("kubelet", kubelet_input),
+    ("kmsg", kmsg_records),
+    ("config", config_toml),
+    ("grpc", grpc_requests),
+    ("sysfs", sysfs_attributes),
+];
+
+fn text(data: &[u8]) -> std::borrow::Cow<'_, str> {
+    String::from_utf8_lossy(data)
+}
+
+/// `/proc/PID/mountinfo` as the kernel prints it, any bytes at all (names need not be UTF-8).
+pub fn mountinfo_text(data: &[u8]) {
+    let _ = mountinfo::parse(data);
+    for (i, line) in data.split(|b| *b == b'\n').enumerate() {
+        let _ = mountinfo::parse_line(line, i + 1);
+    }
+    let _ = mountinfo::unescape(data);
+}
+
+/// A dm-multipath table or status line, as `DM_TABLE_STATUS` returns them.
+pub fn dm_lines(data: &[u8]) {
+    let t = text(data);
+    let _ = multipath::parse_table(&t);
+    let _ = multipath::parse_status(&t);
+}
+
+/// `/proc/PID/stat`, `maps`, `cgroup` and `/proc/swaps`.
+pub fn proc_files(data: &[u8]) {
+    let _ = processes::stat_comm(data);
+    let _ = maps::file_mappings(data).count();
+    let _ = swaps::parse(data);
+    let t = text(data);
+    let _ = cgroup::identify(&t);
+    let _ = processes::kthread_serves(&t, "rbd3", "250:0");
+    let _ = processes::fs_kthread_serves(&t, "rbd3", "250:0");
+}
+
+/// kubelet's `vol_data.json` and its volume directory names.
+pub fn kubelet_input(data: &[u8]) {
+    let t = text(data);
+    let _ = kubelet::parse_vol_data(&t);
+    let _ = kubelet::parse_rbd_dir_name(&t);
+}
+
+/// Kernel log records (`/dev/kmsg`).
+pub fn kmsg_records(data: &[u8]) {
+    for record in text(data).split('\n') {
+        let _ = kmsg::fenced_record(record);
+    }
+}
+
+/// The agent's TOML config.
+pub fn config_toml(data: &[u8]) {
+    if let Ok(c) = blockjanitor::config::Config::parse(&text(data), Path::new("fuzz.toml")) {
+        let _ = c.validate();
+    }
+}
+
+/// gRPC request bodies as a client sends them, and the device arguments they carry.
+pub fn grpc_requests(data: &[u8]) {
+    use blockjanitor_proto::v1 as pb;
+    let check = |arg: &str| {
+        let _ = blockjanitor::daemon::state::check_device_arg(arg);
+    };
+    if let Ok(r) = pb::PlanRequest::decode(data) {
+        r.devices.iter().for_each(|d| check(d));
+        let _ = blockjanitor::server::convert::operation(r.operation);
+    }
+    if let Ok(r) = pb::ApplyRequest::decode(data) {
+        r.devices.iter().chain(&r.identities).for_each(|d| check(d));
+        let _ = blockjanitor::server::convert::operation(r.operation);
+    }
+    if let Ok(r) = pb::GetDeviceRequest::decode(data) {
+        check(&r.device);
+    }
+    if let Ok(r) = pb::ListHoldersRequest::decode(data) {
+        check(&r.device);
+    }
+    let _ = pb::ListDevicesRequest::decode(data);
+    let _ = pb::WatchEventsRequest::decode(data);
+}
+
+/// Where the sysfs target writes: a copy of real kernel trees (the iSCSI and FC hosts, a krbd
+/// mapping), made once per process.
+fn sysfs_root() -> &'static Mutex<(tempfile::TempDir, PathBuf)> {
+    static ROOT: OnceLock<Mutex<(tempfile::TempDir, PathBuf)>> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+        for tree in ["iscsi", "incident1"] {
+            copy_tree(&fixtures.join(tree), &dir.path().join(tree));
+        }
+        let root = dir.path().to_owned();
+        Mutex::new((dir, root))
+    })
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("fixture tree").flatten() {
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        match entry.file_type() {
+            Ok(t) if t.is_symlink() => {
+                let _ = std::os::unix::fs::symlink(std::fs::read_link(&src).expect("link"), &dst);
+            }
+            Ok(t) if t.is_dir() => copy_tree(&src, &dst),
+            _ => {
+                std::fs::copy(&src, &dst).expect("copy");
+            }
+        }
+    }
+}
+
+/// The sysfs attributes the scanners read, one chosen by the first byte, with the rest as its
+/// contents: krbd (`/sys/bus/rbd/devices/N/*`), SCSI and iSCSI attributes; then the scanners
+/// that read them run over the tree. The attribute is restored afterwards.
+pub fn sysfs_attributes(data: &[u8]) {
+    const ATTRS: &[&str] = &[
+        "incident1/sys/devices/rbd/4/pool",
+        "incident1/sys/devices/rbd/4/name",
+        "incident1/sys/devices/rbd/4/client_id",
+        "incident1/sys/devices/rbd/4/client_addr",
+        "incident1/sys/devices/rbd/4/major",
+        "incident1/sys/devices/rbd/4/minor",
+        "incident1/sys/devices/rbd/4/size",
+        "incident1/sys/devices/rbd/4/snap",
+        "incident1/sys/devices/rbd/4/image_id",
+        "incident1/sys/devices/rbd/4/block/rbd4/dev",
+        "incident1/sys/devices/rbd/4/block/rbd4/size",
+        "iscsi/sys/devices/platform/host5/session3/iscsi_session/session3/targetname",
+        "iscsi/sys/devices/platform/host5/session3/iscsi_session/session3/state",
+        "iscsi/sys/devices/platform/host5/session3/connection3:0/iscsi_connection/connection3:0/persistent_address",
+        "iscsi/sys/devices/platform/host4/session2/target4:0:0/4:0:0:1/wwid",
+        "iscsi/sys/devices/platform/host4/session2/target4:0:0/4:0:0:1/state",
+    ];
+    let Some((&pick, value)) = data.split_first() else { return };
+    let guard = sysfs_root().lock().unwrap_or_else(|p| p.into_inner());
+    let root = &guard.1;
+    let attr = root.join(ATTRS[usize::from(pick) % ATTRS.len()]);
+    let Ok(original) = std::fs::read(&attr) else { return };
+    if std::fs::write(&attr, value).is_err() {
+        return;
+    }
+    for tree in ["iscsi", "incident1"] {
+        let host = blockjanitor::host::HostRoot::new(root.join(tree));
+        let _ = blockjanitor::discover::rbd::scan(&host);
+        let _ = blockjanitor::discover::scsi::scan(&host);
+        if let Ok(devices) = blockjanitor::discover::blockdev::scan(&host) {
+            let _ = blockjanitor::discover::nbd::scan(&host, &devices);
+        }
+    }
+    let _ = std::fs::write(&attr, original);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kept input of every target: the seed corpus and the crashes found (fixed since).
+    #[test]
+    fn every_kept_input_is_parsed_without_a_panic() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut replayed = 0;
+        for (name, target) in TARGETS {
+            let mut inputs = 0;
+            for kind in ["corpus", "regressions"] {
+                let Ok(entries) = std::fs::read_dir(dir.join(kind).join(name)) else { continue };
+                for e in entries.flatten() {
+                    let data = std::fs::read(e.path()).expect("read input");
+                    target(&data);
+                    inputs += 1;
+                }
+            }
+            assert!(inputs > 0, "target {name} has no seed corpus in fuzz/corpus/{name}");
+            replayed += inputs;
+        }
+        eprintln!("replayed {replayed} inputs");
+    }
+}
