@@ -23,6 +23,11 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("sysfs", sysfs_attributes),
 ];
 
+/// The target called `name` (a binary's own name: a typo is a bug in this crate).
+pub fn target(name: &str) -> fn(&[u8]) {
+    TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f).expect("a target of TARGETS")
+}
+
 fn text(data: &[u8]) -> std::borrow::Cow<'_, str> {
     String::from_utf8_lossy(data)
 }

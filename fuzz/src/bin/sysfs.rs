@@ -1,5 +1,6 @@
-//! AFL++ entry for the `sysfs` target (see the crate docs): `cargo afl build --release -p blockjanitor-fuzz`.
+//! AFL++ entry for the `sysfs` target (see the crate docs); built by `scripts/fuzz.sh`.
 
 fn main() {
-    afl::fuzz!(|data: &[u8]| blockjanitor_fuzz::TARGETS.iter().find(|(n, _)| *n == "sysfs").map_or((), |(_, f)| f(data)));
+    let target = blockjanitor_fuzz::target("sysfs");
+    afl::fuzz!(|data: &[u8]| target(data));
 }
