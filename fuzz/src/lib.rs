@@ -11,8 +11,11 @@ use std::sync::{Mutex, OnceLock};
 use blockjanitor::discover::{cgroup, kmsg, kubelet, maps, mountinfo, multipath, processes, swaps};
 use prost::Message;
 
+/// A fuzz target: raw bytes in, the parser's answer ignored (only a panic or a hang counts).
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name its binary, corpus and regressions directories carry.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("mountinfo", mountinfo_text),
     ("dm", dm_lines),
     ("proc", proc_files),
@@ -24,7 +27,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// The target called `name` (a binary's own name: a typo is a bug in this crate).
-pub fn target(name: &str) -> fn(&[u8]) {
+pub fn target(name: &str) -> Target {
     TARGETS.iter().find(|(n, _)| *n == name).map(|(_, f)| *f).expect("a target of TARGETS")
 }
 
