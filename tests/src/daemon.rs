@@ -244,3 +244,22 @@ macro_rules! reflected_services_fn {
 }
 reflected_services_fn!(reflected_services, v1);
 reflected_services_fn!(reflected_services_v1alpha, v1alpha);
+
+/// Asserts that a gRPC server on `ch` reports itself and `service` SERVING through
+/// `grpc.health.v1`, and lists `service` through server reflection, v1 and v1alpha.
+pub async fn assert_serving_and_reflected(ch: tonic::transport::Channel, service: &str) {
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    for name in ["", service] {
+        let r = h.check(tonic_health::pb::HealthCheckRequest { service: name.into() }).await.expect("health");
+        assert_eq!(
+            r.into_inner().status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "health of {name:?}"
+        );
+    }
+    let services = reflected_services(ch.clone()).await;
+    assert!(services.iter().any(|s| s == service), "reflection v1: {services:?}");
+    assert!(services.iter().any(|s| s == "grpc.health.v1.Health"), "reflection v1: {services:?}");
+    let services = reflected_services_v1alpha(ch).await;
+    assert!(services.iter().any(|s| s == service), "reflection v1alpha: {services:?}");
+}

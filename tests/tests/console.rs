@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::daemon::{reflected_services, reflected_services_v1alpha, tls_channel, Daemon, Pki};
+use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, Daemon, Pki};
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
@@ -977,21 +977,7 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
         let ch =
             tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
         // Health and reflection.
-        let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
-        for service in ["", "blockjanitor.v1.Fleet"] {
-            let r = h
-                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
-                .await
-                .expect("health");
-            assert_eq!(
-                r.into_inner().status,
-                tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            );
-        }
-        let services = reflected_services(ch.clone()).await;
-        assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "{services:?}");
-        let services = reflected_services_v1alpha(ch.clone()).await;
-        assert!(services.contains(&"blockjanitor.v1.Fleet".to_owned()), "v1alpha: {services:?}");
+        assert_serving_and_reflected(ch.clone(), "blockjanitor.v1.Fleet").await;
         let mut c = FleetClient::new(ch);
 
         wait_for(&mut c, "node-old synced, node-late refused", |n| {

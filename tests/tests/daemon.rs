@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
-use blockjanitor_tests::daemon::{
-    reflected_services, reflected_services_v1alpha, tls_channel, unix_client, Daemon, Pki,
-};
+use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, unix_client, Daemon, Pki};
 use blockjanitor_tests::*;
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -105,22 +103,7 @@ fn root_tcp_mtls_roles_and_refusals() {
 
         // Health and reflection over TCP.
         let ch = tls_channel(addr, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
-        let mut h = tonic_health::pb::health_client::HealthClient::new(ch.clone());
-        for service in ["", "blockjanitor.v1.Agent"] {
-            let r = h
-                .check(tonic_health::pb::HealthCheckRequest { service: service.into() })
-                .await
-                .expect("health");
-            assert_eq!(
-                r.into_inner().status,
-                tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            );
-        }
-        let services = reflected_services(ch.clone()).await;
-        assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "{services:?}");
-        assert!(services.contains(&"grpc.health.v1.Health".to_owned()), "{services:?}");
-        let services = reflected_services_v1alpha(ch).await;
-        assert!(services.contains(&"blockjanitor.v1.Agent".to_owned()), "v1alpha over TCP: {services:?}");
+        assert_serving_and_reflected(ch, "blockjanitor.v1.Agent").await;
     });
 }
 
@@ -194,19 +177,7 @@ fn root_unix_socket_roles_health_and_bad_requests() {
         let node = c.get_node(pb::GetNodeRequest {}).await.expect("still serving").into_inner();
         assert_eq!(node.agent_version, env!("CARGO_PKG_VERSION"));
         let ch = blockjanitor_tests::daemon::unix_channel(&d.socket).await.expect("connect");
-        let r = tonic_health::pb::health_client::HealthClient::new(ch.clone())
-            .check(tonic_health::pb::HealthCheckRequest { service: "blockjanitor.v1.Agent".into() })
-            .await
-            .expect("health");
-        assert_eq!(
-            r.into_inner().status,
-            tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-        );
-        assert!(reflected_services(ch.clone()).await.contains(&"blockjanitor.v1.Agent".to_owned()));
-        assert!(
-            reflected_services_v1alpha(ch).await.contains(&"blockjanitor.v1.Agent".to_owned()),
-            "v1alpha on the unix socket"
-        );
+        assert_serving_and_reflected(ch, "blockjanitor.v1.Agent").await;
     });
 }
 
