@@ -96,6 +96,31 @@ enum Output {
     Yaml,
 }
 
+/// Which devices to list (`devices`, `fleet devices`): filters combine.
+#[derive(Debug, Clone, clap::Args)]
+struct DeviceFilter {
+    /// Only devices of this kind.
+    #[arg(long, value_enum)]
+    kind: Option<DeviceKind>,
+    /// Only devices with this verdict.
+    #[arg(long, value_enum, conflicts_with = "stale")]
+    verdict: Option<Verdict>,
+    /// Only stale devices (same as --verdict stale).
+    #[arg(long)]
+    stale: bool,
+}
+
+impl DeviceFilter {
+    /// The kind and verdict as the wire carries them (unspecified: any).
+    fn wire(&self) -> (i32, i32) {
+        let verdict = if self.stale { Some(Verdict::Stale) } else { self.verdict };
+        (
+            self.kind.map_or(pb::DeviceKind::Unspecified, convert::kind) as i32,
+            verdict.map_or(pb::Verdict::Unspecified, convert::verdict) as i32,
+        )
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// This node and its agent: name, kernel, version, whether the Kubernetes API vouches, last
@@ -118,15 +143,8 @@ agentctl devices -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .
 EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
     )]
     Devices {
-        /// Only devices of this kind.
-        #[arg(long, value_enum)]
-        kind: Option<DeviceKind>,
-        /// Only devices with this verdict.
-        #[arg(long, value_enum, conflicts_with = "stale")]
-        verdict: Option<Verdict>,
-        /// Only stale devices (same as --verdict stale).
-        #[arg(long)]
-        stale: bool,
+        #[command(flatten)]
+        filter: DeviceFilter,
     },
     /// One device: its identity, its stack, its verdict with every reason, and who holds it.
     #[command(
@@ -253,15 +271,8 @@ enum FleetCommand {
     Nodes,
     /// Devices across the fleet, optionally filtered.
     Devices {
-        /// Only devices of this kind.
-        #[arg(long, value_enum)]
-        kind: Option<DeviceKind>,
-        /// Only devices with this verdict.
-        #[arg(long, value_enum, conflicts_with = "stale")]
-        verdict: Option<Verdict>,
-        /// Only stale devices.
-        #[arg(long)]
-        stale: bool,
+        #[command(flatten)]
+        filter: DeviceFilter,
         /// Only this node.
         #[arg(long, value_name = "NODE")]
         node: Option<String>,
@@ -421,11 +432,11 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
                 .map_err(status)?;
             render(out, || fr::nodes_value(&r), || fr::nodes_table(&r, client::now_secs()))?
         }
-        FleetCommand::Devices { kind, verdict, stale, node, fresh } => {
-            let verdict = if *stale { Some(Verdict::Stale) } else { *verdict };
+        FleetCommand::Devices { filter, node, fresh } => {
+            let (kind, verdict) = filter.wire();
             let req = pb::FleetListDevicesRequest {
-                kind: kind.map_or(pb::DeviceKind::Unspecified, convert::kind) as i32,
-                verdict: verdict.map_or(pb::Verdict::Unspecified, convert::verdict) as i32,
+                kind,
+                verdict,
                 node: node.clone().unwrap_or_default(),
                 fresh: *fresh,
             };
@@ -533,12 +544,9 @@ async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             )?)?;
             Ok(0)
         }
-        Command::Devices { kind, verdict, stale } => {
-            let verdict = if *stale { Some(Verdict::Stale) } else { *verdict };
-            let r = pb::ListDevicesRequest {
-                kind: kind.map_or(pb::DeviceKind::Unspecified, convert::kind) as i32,
-                verdict: verdict.map_or(pb::Verdict::Unspecified, convert::verdict) as i32,
-            };
+        Command::Devices { filter } => {
+            let (kind, verdict) = filter.wire();
+            let r = pb::ListDevicesRequest { kind, verdict };
             let r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || client::devices_value(&r), || client::devices_table(&r))?)?;
@@ -657,10 +665,10 @@ mod tests {
         let cli = parse(&["devices", "--kind", "loop", "--verdict", "in_use", "-o", "yaml"]).expect("parse");
         assert_eq!(cli.output, Output::Yaml);
         match cli.command {
-            Command::Devices { kind, verdict, stale } => {
-                assert_eq!(kind, Some(DeviceKind::Loop));
-                assert_eq!(verdict, Some(Verdict::InUse));
-                assert!(!stale);
+            Command::Devices { filter } => {
+                assert_eq!(filter.kind, Some(DeviceKind::Loop));
+                assert_eq!(filter.verdict, Some(Verdict::InUse));
+                assert!(!filter.stale);
             }
             other => panic!("parsed as {other:?}"),
         }
