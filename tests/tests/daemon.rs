@@ -411,7 +411,18 @@ fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit()
     let s = Scratch::new();
     let d = Daemon::start(
         s.dir.path(),
-        &["--mode", "clean", "--grace-period", "0", "--max-actions-per-minute", "1"],
+        // Rescans every 2 s: a scan made blind for a moment by a process of another test (its
+        // candidate then unknown, rightly) is followed by a complete one soon, not in a minute.
+        &[
+            "--mode",
+            "clean",
+            "--grace-period",
+            "0",
+            "--max-actions-per-minute",
+            "1",
+            "--rescan-interval",
+            "2",
+        ],
     );
     let mut devs = Vec::new();
     for i in 0..2 {
@@ -483,7 +494,12 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
     let server = rt.block_on(ApiServer::start(node_object(ready_only())));
     let s = Scratch::new();
     let url = server.url();
-    let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE]);
+    // Rescans every 2 s (see the clean-mode test): what is asserted is the report of a stale
+    // device, not how soon a trigger arrives after a momentarily blind scan.
+    let d = Daemon::start(
+        s.dir.path(),
+        &["--grace-period", "0", "--rescan-interval", "2", "--kube-url", &url, "--node-name", NODE],
+    );
     let img = s.path("reported.img");
     std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
     let lo = LoopDev::attach(&img);
@@ -513,8 +529,19 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
     };
     assert!(
         wait_until(REACT, || event_posted() && condition_set()),
-        "no StaleBlockDevice event and condition for {name}; requests: {:#?}\nlog:\n{}",
-        server.requests().iter().map(|r| format!("{} {}", r.method, r.path)).collect::<Vec<_>>(),
+        "no StaleBlockDevice event and condition for {name}; the agent says: {:?}; requests: {:#?}\nlog:\n{}",
+        rt.block_on(async {
+            let mut c = unix_client(&d.socket).await;
+            c.get_device(pb::GetDeviceRequest { device: name.clone() }).await.map(|r| {
+                let r = r.into_inner();
+                (r.verdict, r.reasons)
+            })
+        }),
+        server
+            .requests()
+            .iter()
+            .map(|r| format!("{} {}{}", r.method, r.path, if r.is_watch() { " (watch)" } else { "" }))
+            .collect::<Vec<_>>(),
         d.log_text()
     );
     assert!(lo.is_bound(), "report mode reports; it does not clean");
