@@ -18,6 +18,8 @@ SERVE=$!
 i=0; while grep -q " $G " /proc/$HOLDER/mountinfo && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 if grep -q " $G " /proc/$HOLDER/mountinfo; then cat /tmp/serve.log; fail "release mode did not detach the mount"; fi
 kill -0 $HOLDER || fail "the holder was killed"
+# The mount is gone the moment umount2 returns; the agent writes the step's result right after.
+i=0; while ! grep -q '"phase":"result"' /tmp/journal.jsonl && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 echo "BEGIN journal"; cat /tmp/journal.jsonl; echo "END journal"
 kill $SERVE
 echo OK
