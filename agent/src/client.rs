@@ -1043,7 +1043,7 @@ mod tests {
     fn devices_table_has_human_sizes_and_cut_reasons() {
         let mut d = loop_device();
         d.reasons[0] = "x".repeat(200);
-        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0 });
+        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0, scan: 0 });
         let mut lines = t.lines();
         let head = lines.next().expect("header");
         assert!(head.starts_with("NAME   MAJ:MIN  KIND  SIZE   VERDICT  HOLDERS  PV / PODS  WHY"), "{head}");
@@ -1059,10 +1059,14 @@ mod tests {
         let mut d = loop_device();
         d.pv_names = vec!["pvc-1".into()];
         d.pod_uids = vec!["uid-a".into()];
-        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d.clone()], scan_unix_seconds: 0.0 });
+        let t = devices_table(&pb::ListDevicesResponse {
+            devices: vec![d.clone()],
+            scan_unix_seconds: 0.0,
+            scan: 0,
+        });
         assert!(t.contains("pvc-1 (pod uid-a)"), "{t}");
         d.pod_uids.clear();
-        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0 });
+        let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0, scan: 0 });
         assert!(t.contains("pvc-1 (no pod)"), "{t}");
     }
 

@@ -30,6 +30,7 @@ pub mod journal;
 pub mod kube;
 pub mod metrics;
 pub mod model;
+pub mod mount_events;
 pub mod nsenter;
 pub mod owner;
 pub mod parallel;

@@ -25,6 +25,9 @@ use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, KernelText, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
 
+mod reread;
+pub use reread::Changes;
+
 /// Which devices a scan looks for holders of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Scope {
@@ -288,29 +291,8 @@ impl Snapshot {
         }
         join_anonymous(host, &mut mounts, &devices, &live_fs, &mut blind);
 
-        let swaps = read_swaps(host, &targets, &mut blind);
-        let dm_devices = dm::scan_any(host).unwrap_or_else(|e| {
-            blind.push(BlindSpot::kind(DeviceKind::Dm, format!("device-mapper: {e}")));
-            Vec::new()
-        });
-        let scsi = scsi::scan(host).unwrap_or_else(|e| {
-            blind.push(BlindSpot::kind(DeviceKind::Disk, format!("SCSI: {e}")));
-            scsi::ScsiScan::default()
-        });
-        let mut rbd = rbd::scan(host).unwrap_or_else(|e| {
-            blind.push(BlindSpot::kind(DeviceKind::Rbd, format!("rbd: {e}")));
-            Vec::new()
-        });
-        if !rbd.is_empty() {
-            let log = kmsg::read_rbd(host);
-            for m in &mut rbd {
-                m.fenced = log.fenced.get(m.device.as_str()).cloned();
-            }
-        }
-        let nbd = nbd::scan(host, &devices).unwrap_or_else(|e| {
-            blind.push(BlindSpot::kind(DeviceKind::Nbd, format!("nbd: {e}")));
-            Vec::new()
-        });
+        let Inventories { swaps, dm_devices, scsi, rbd, nbd } =
+            read_inventories(host, &devices, &targets, &mut blind);
         let kubelet = kubelet::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
             blind.push(BlindSpot::any(format!(
                 "the kubelet directory cannot be read ({e}): which pods use which volumes is not known"
@@ -413,6 +395,48 @@ fn host_namespace(
         )),
         None => Err(DiscoverError::attr(&path, &why, "expected a link to mnt:[INODE] (is this a procfs?)")),
     }
+}
+
+/// What each kind's sysfs (and the kernel log, for fenced rbd clients) says of the devices:
+/// cheap reads, done again whenever the set of devices changes.
+struct Inventories {
+    swaps: Vec<SwapUse>,
+    dm_devices: Vec<dm::DmDevice>,
+    scsi: scsi::ScsiScan,
+    rbd: Vec<rbd::RbdMapping>,
+    nbd: Vec<nbd::NbdDevice>,
+}
+
+fn read_inventories(
+    host: &HostRoot,
+    devices: &[BlockDevice],
+    targets: &HashSet<DevNum>,
+    blind: &mut Vec<BlindSpot>,
+) -> Inventories {
+    let swaps = read_swaps(host, targets, blind);
+    let dm_devices = dm::scan_any(host).unwrap_or_else(|e| {
+        blind.push(BlindSpot::kind(DeviceKind::Dm, format!("device-mapper: {e}")));
+        Vec::new()
+    });
+    let scsi = scsi::scan(host).unwrap_or_else(|e| {
+        blind.push(BlindSpot::kind(DeviceKind::Disk, format!("SCSI: {e}")));
+        scsi::ScsiScan::default()
+    });
+    let mut rbd = rbd::scan(host).unwrap_or_else(|e| {
+        blind.push(BlindSpot::kind(DeviceKind::Rbd, format!("rbd: {e}")));
+        Vec::new()
+    });
+    if !rbd.is_empty() {
+        let log = kmsg::read_rbd(host);
+        for m in &mut rbd {
+            m.fenced = log.fenced.get(m.device.as_str()).cloned();
+        }
+    }
+    let nbd = nbd::scan(host, devices).unwrap_or_else(|e| {
+        blind.push(BlindSpot::kind(DeviceKind::Nbd, format!("nbd: {e}")));
+        Vec::new()
+    });
+    Inventories { swaps, dm_devices, scsi, rbd, nbd }
 }
 
 fn read_swaps(host: &HostRoot, targets: &HashSet<DevNum>, blind: &mut Vec<BlindSpot>) -> Vec<SwapUse> {

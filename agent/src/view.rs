@@ -21,13 +21,23 @@ pub struct DeviceView {
     pub entry: DeviceEntry,
     pub judgement: Judgement,
     pub identity: Identity,
+    /// When the agent last read the device itself (sysfs, fds, processes): the latest full
+    /// scan, by generation and time.
+    pub last_seen_scan: u64,
+    pub last_seen: Option<SystemTime>,
 }
 
 /// The result of one scan.
 #[derive(Debug, Clone, Serialize)]
 pub struct View {
+    /// The scan generation: one more for every view published, full scan or re-read.
     pub scan_number: u64,
     pub scanned_at: Option<SystemTime>,
+    /// The generation and time at which the devices themselves (sysfs, fds, processes) were
+    /// last read: the latest full scan. A namespace re-read after a mount change brings mounts
+    /// up to date and carries these over.
+    pub devices_read_scan: u64,
+    pub devices_read_at: Option<SystemTime>,
     pub stats: ScanStats,
     pub host_ns: MountNsId,
     pub devices: Vec<DeviceView>,
@@ -42,6 +52,8 @@ impl View {
         Self {
             scan_number: 0,
             scanned_at: None,
+            devices_read_scan: 0,
+            devices_read_at: None,
             stats: ScanStats::default(),
             host_ns: MountNsId(0),
             devices: Vec::new(),
@@ -53,6 +65,7 @@ impl View {
 
     pub(crate) fn of(judged: Judged, scan_number: u64) -> Self {
         let Judged { scan, mut verdicts, api_state, .. } = judged;
+        let now = SystemTime::now();
         let devices = scan
             .graph
             .devices
@@ -64,12 +77,14 @@ impl View {
                     summary: String::new(),
                 });
                 let identity = Identity::of(&entry);
-                DeviceView { entry, judgement, identity }
+                DeviceView { entry, judgement, identity, last_seen_scan: scan_number, last_seen: Some(now) }
             })
             .collect();
         Self {
             scan_number,
-            scanned_at: Some(SystemTime::now()),
+            scanned_at: Some(now),
+            devices_read_scan: scan_number,
+            devices_read_at: Some(now),
             stats: scan.stats,
             host_ns: scan.graph.host_ns,
             devices,
@@ -77,5 +92,21 @@ impl View {
             blind_spots: scan.blind_spots,
             api_state,
         }
+    }
+}
+
+impl View {
+    /// This view, built from a namespace re-read, with the device-read generation and time of
+    /// the view it updates (whose full scan read the devices).
+    pub(crate) fn carrying_device_reads_of(mut self, previous: &View) -> Self {
+        if previous.devices_read_at.is_some() {
+            self.devices_read_scan = previous.devices_read_scan;
+            self.devices_read_at = previous.devices_read_at;
+            for d in &mut self.devices {
+                d.last_seen_scan = previous.devices_read_scan;
+                d.last_seen = previous.devices_read_at;
+            }
+        }
+        self
     }
 }

@@ -104,7 +104,11 @@ impl Agent for StandIn {
         _: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
         tokio::time::sleep(self.delay).await;
-        Ok(Response::new(pb::ListDevicesResponse { devices: self.devices.to_vec(), scan_unix_seconds: 1.0 }))
+        Ok(Response::new(pb::ListDevicesResponse {
+            devices: self.devices.to_vec(),
+            scan_unix_seconds: 1.0,
+            scan: 1,
+        }))
     }
     async fn get_device(&self, _: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
         Err(Status::unimplemented("stand-in"))

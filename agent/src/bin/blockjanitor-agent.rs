@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use blockjanitor::act::{StepOutcome, StepReport};
 use blockjanitor::config::Config;
+use blockjanitor::daemon::mount_watch::{self, MountWatch};
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
@@ -540,11 +541,25 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
             let _ = stop_tx.send(true);
         });
         connect_kubernetes(&state).await;
+        let mount_watch = match MountWatch::open() {
+            Ok(w) => {
+                let w = Arc::new(w);
+                state.use_mount_watch(Arc::clone(&w));
+                Some(w)
+            }
+            Err(e) => {
+                tracing::info!("the kernel cannot report mount events ({e}; Linux 6.15+): watching the host's mount table and rescanning on the timer");
+                None
+            }
+        };
         state.scan_once("start").await;
         tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
         triggers::spawn_udev_watch(Arc::clone(&state), stop.clone());
-        tokio::spawn(triggers::watch_mount_table(Arc::clone(&state), stop.clone()));
+        match mount_watch {
+            Some(w) => tokio::spawn(mount_watch::run(Arc::clone(&state), w, stop.clone())),
+            None => tokio::spawn(triggers::watch_mount_table(Arc::clone(&state), stop.clone())),
+        };
         tokio::spawn(triggers::timer(Arc::clone(&state), every, stop.clone()));
         server::listen::serve(state, stop).await?;
         tracing::info!("stopped");

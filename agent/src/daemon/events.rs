@@ -28,11 +28,13 @@ pub struct AgentEvent {
     pub message: String,
     /// The device as it is now (none once removed).
     pub current: Option<DeviceView>,
+    /// The scan generation whose view showed the change (0: not a scan's).
+    pub scan: u64,
 }
 
 impl AgentEvent {
     pub fn new(kind: EventKind, device: &str, message: String, current: Option<DeviceView>) -> Self {
-        Self { kind, device: device.to_owned(), time: SystemTime::now(), message, current }
+        Self { kind, device: device.to_owned(), time: SystemTime::now(), message, current, scan: 0 }
     }
 }
 
@@ -89,6 +91,9 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
             let name = d.entry.device.name.as_str();
             out.push(AgentEvent::new(EventKind::DeviceRemoved, name, format!("{name} went away"), None));
         }
+    }
+    for e in &mut out {
+        e.scan = new.scan_number;
     }
     out
 }

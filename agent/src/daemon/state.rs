@@ -7,7 +7,7 @@
 //! a single follow-up scan (a `Notify` holds at most one permit), so scans never stack. A scan
 //! that overruns its deadline is reported; no new scan starts until it has finished.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,11 +23,12 @@ use crate::grace::Clocks;
 use crate::host::HostRoot;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
-use crate::model::DevNum;
+use crate::model::{DevNum, MountNsId};
 use crate::plan::Plan;
 use crate::policy::Verdict;
 use crate::resolve;
 use crate::scan::Target;
+use crate::snapshot::Changes;
 pub use crate::view::{DeviceView, View};
 
 /// Longest a scan may take before it is reported as overrunning.
@@ -78,6 +79,11 @@ pub struct AgentState {
     view: RwLock<Arc<View>>,
     rescan: Notify,
     pending_trigger: Mutex<Option<&'static str>>,
+    /// What the kernel reported changed since the last scan (read again alone, when no full
+    /// scan is pending).
+    pending_changes: Mutex<Changes>,
+    /// The kernel's mount events, when it offers them.
+    mount_watch: std::sync::OnceLock<Arc<super::mount_watch::MountWatch>>,
     act_lock: tokio::sync::Mutex<()>,
     /// Events and the Node condition, when the API is in use.
     reporter: std::sync::OnceLock<crate::kube::Reporter>,
@@ -147,6 +153,8 @@ impl AgentState {
             view: RwLock::new(Arc::new(View::empty())),
             rescan: Notify::new(),
             pending_trigger: Mutex::new(None),
+            pending_changes: Mutex::new(Changes::default()),
+            mount_watch: std::sync::OnceLock::new(),
             act_lock: tokio::sync::Mutex::new(()),
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
@@ -184,6 +192,29 @@ impl AgentState {
         self.rescan.notify_one();
     }
 
+    /// Asks for the mounts of `namespaces` to be re-read (a full scan, if one is pending or the
+    /// re-read cannot stand in for one).
+    pub fn request_namespace_rescan(&self, namespaces: HashSet<MountNsId>) {
+        self.pending().namespaces.extend(namespaces);
+        self.rescan.notify_one();
+    }
+
+    /// Asks for block device `name` (named by a uevent) to be read again, with what is stacked
+    /// on it (a full scan, if one is pending or the re-read cannot stand in for one).
+    pub fn request_device_rescan(&self, name: String) {
+        self.pending().devices.insert(name);
+        self.rescan.notify_one();
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, Changes> {
+        self.pending_changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Uses the kernel's mount events: every full scan's namespaces are watched from now on.
+    pub fn use_mount_watch(&self, watch: Arc<super::mount_watch::MountWatch>) {
+        let _ = self.mount_watch.set(watch);
+    }
+
     fn clocks(&self) -> std::sync::MutexGuard<'_, Clocks> {
         self.clocks.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -191,8 +222,73 @@ impl AgentState {
     /// Scans the whole host and judges it (blocking).
     fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
         let scan = self.engine.scan(Target::All).map_err(|e| e.to_string())?;
+        if let Some(watch) = self.mount_watch.get() {
+            watch.sync(&self.engine.world.namespace_files());
+        }
         let judged = self.engine.judge(scan, &mut self.clocks());
         Ok(View::of(judged, scan_number))
+    }
+
+    /// Brings the latest view up to date after what the kernel reported changed (blocking).
+    /// Judged on a copy of the grace clocks: a re-read carries the full scan's fds and
+    /// processes, so it may show a verdict and restart a clock, but never advances one.
+    /// `Err`: why only a full scan will do.
+    fn rescan_changed_blocking(
+        &self,
+        changes: &Changes,
+        scan_number: u64,
+        previous: &View,
+    ) -> Result<View, String> {
+        use crate::engine::World;
+        let scan = self.engine.world.rescan_changed(changes)?;
+        let mut scratch = self.clocks().clone();
+        let judged = self.engine.judge(scan, &mut scratch);
+        // It may restart a clock (it saw the device held: a mount is evidence enough), never
+        // advance one.
+        self.clocks().retain(|id| scratch.get(id).is_some());
+        Ok(View::of(judged, scan_number).carrying_device_reads_of(previous))
+    }
+
+    /// Reads again what the kernel reported changed and publishes the result; false when only
+    /// a full scan will do.
+    async fn rescan_changed_once(self: &Arc<Self>, changes: Changes) -> bool {
+        let previous = self.view();
+        let number = previous.scan_number + 1;
+        let me = Arc::clone(self);
+        let started = Instant::now();
+        let handle =
+            tokio::task::spawn_blocking(move || me.rescan_changed_blocking(&changes, number, &previous));
+        match tokio::time::timeout(SCAN_DEADLINE, handle).await {
+            Ok(Ok(Ok(view))) => {
+                self.publish("changes", started.elapsed(), view);
+                true
+            }
+            Ok(Ok(Err(why))) => {
+                tracing::debug!("{why}: scanning in full");
+                false
+            }
+            Ok(Err(join)) => {
+                tracing::error!("re-read thread failed: {join}");
+                false
+            }
+            Err(_) => {
+                tracing::error!("a re-read overran its {SCAN_DEADLINE:?} deadline");
+                false
+            }
+        }
+    }
+
+    /// Makes `view` the latest and sends what changed.
+    fn publish(&self, trigger: &'static str, elapsed: Duration, view: View) {
+        self.metrics.observe_scan(&self.node_name, trigger, elapsed, &view);
+        let old = self.view();
+        let events = diff(&old, &view);
+        if let Ok(mut v) = self.view.write() {
+            *v = Arc::new(view);
+        }
+        for e in events {
+            let _ = self.events.send(e);
+        }
     }
 
     /// Runs one scan now on a blocking thread, publishes it and its events. Returns false when
@@ -212,15 +308,7 @@ impl AgentState {
         let elapsed = started.elapsed();
         match result {
             Ok(view) => {
-                self.metrics.observe_scan(&self.node_name, trigger, elapsed, &view);
-                let old = self.view();
-                let events = diff(&old, &view);
-                if let Ok(mut v) = self.view.write() {
-                    *v = Arc::new(view);
-                }
-                for e in events {
-                    let _ = self.events.send(e);
-                }
+                self.publish(trigger, elapsed, view);
                 true
             }
             Err(e) => {
@@ -238,9 +326,16 @@ impl AgentState {
                 _ = self.rescan.notified() => {}
                 _ = shutdown.changed() => return,
             }
+            let changes = std::mem::take(&mut *self.pending());
+            let full_pending = self.pending_trigger.lock().map(|p| p.is_some()).unwrap_or(true);
+            // What the kernel reported is shown at once, without waiting to settle.
+            if !full_pending && !changes.is_empty() && self.rescan_changed_once(changes).await {
+                continue;
+            }
             // Let a burst of uevents or mount changes settle into one scan.
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or("timer");
+            *self.pending() = Changes::default();
+            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or("mount");
             if self.scan_once(trigger).await {
                 self.report_to_kubernetes().await;
                 self.act_by_mode().await;

@@ -48,10 +48,13 @@ fn kernel_uevent_socket() -> std::io::Result<OwnedFd> {
     Ok(owned)
 }
 
-/// Registers an owned fd with the runtime for `interest`.
-fn register<T: AsRawFd>(inner: T, interest: Interest) -> std::io::Result<AsyncFd<T>> {
-    // SAFETY: `inner` owns its descriptor (OwnedFd, File, udev::MonitorSocket) and keeps it
-    // open, unchanged, until the AsyncFd that now owns `inner` is dropped.
+/// Registers an fd with the runtime for `interest`. `inner` must keep its descriptor open,
+/// unchanged, until the returned AsyncFd is dropped (it owns it, or borrows it from an owner
+/// that outlives the AsyncFd).
+pub(super) fn register<T: AsRawFd>(inner: T, interest: Interest) -> std::io::Result<AsyncFd<T>> {
+    // SAFETY: every caller passes a descriptor that stays open and unchanged while the AsyncFd
+    // lives: an owned one (OwnedFd, File, udev::MonitorSocket), or the mount watch's, borrowed
+    // while the Arc that owns it is held alongside.
     unsafe { AsyncFd::register_with_interest(inner, interest) }
         .map_err(|e| std::io::Error::other(e.to_string()))
 }
@@ -59,6 +62,19 @@ fn register<T: AsRawFd>(inner: T, interest: Interest) -> std::io::Result<AsyncFd
 /// True when a uevent message (`ACTION@DEVPATH\0KEY=VALUE\0...`) is about a block device.
 pub fn is_block_uevent(msg: &[u8]) -> bool {
     msg.split(|b| *b == 0).any(|f| f == b"SUBSYSTEM=block")
+}
+
+/// The kernel name of the block device a uevent message is about (`DEVNAME=loop3`, else the
+/// last component of `DEVPATH`); `None` for other subsystems or a name that is not one.
+pub fn block_uevent_device(msg: &[u8]) -> Option<String> {
+    if !is_block_uevent(msg) {
+        return None;
+    }
+    let field = |key: &[u8]| msg.split(|b| *b == 0).find_map(|f| f.strip_prefix(key));
+    let name = field(b"DEVNAME=").or_else(|| field(b"DEVPATH=")?.rsplit(|b| *b == b'/').next())?;
+    let name = std::str::from_utf8(name).ok()?;
+    let name = name.strip_prefix("/dev/").unwrap_or(name);
+    crate::model::DeviceName::new(name).ok().map(|n| n.to_string())
 }
 
 /// Wakes the scanner on block uevents from the kernel.
@@ -79,19 +95,22 @@ pub async fn watch_kernel_uevents(state: Arc<AgentState>, mut shutdown: watch::R
             _ = shutdown.changed() => return,
             ready = fd.readable() => {
                 let Ok(mut guard) = ready else { return };
-                let mut block = false;
                 loop {
                     // SAFETY: buf is valid for writes of its length.
                     let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
                     if n <= 0 {
                         break;
                     }
-                    block |= is_block_uevent(&buf[..n as usize]);
+                    let msg = &buf[..n as usize];
+                    // The device it names is read again, with what is stacked on it; a block
+                    // uevent without a usable name asks for a full scan.
+                    match block_uevent_device(msg) {
+                        Some(name) => state.request_device_rescan(name),
+                        None if is_block_uevent(msg) => state.request_rescan("uevent"),
+                        None => {}
+                    }
                 }
                 guard.clear_ready();
-                if block {
-                    state.request_rescan("uevent");
-                }
             }
         }
     }
@@ -121,8 +140,14 @@ pub fn spawn_udev_watch(state: Arc<AgentState>, shutdown: watch::Receiver<bool>)
             let mut pfd = libc::pollfd { fd: socket.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             // SAFETY: one valid pollfd, for the length passed.
             let n = unsafe { libc::poll(&mut pfd, 1, 1000) };
-            if n > 0 && socket.iter().count() > 0 {
-                state.request_rescan("udev");
+            if n <= 0 {
+                continue;
+            }
+            for event in socket.iter() {
+                match crate::model::DeviceName::new(&event.sysname().to_string_lossy()) {
+                    Ok(name) => state.request_device_rescan(name.to_string()),
+                    Err(_) => state.request_rescan("udev"),
+                }
             }
         }
     });
@@ -183,5 +208,18 @@ mod tests {
         let add = b"add@/devices/virtual/block/loop3\0ACTION=add\0DEVPATH=/devices/virtual/block/loop3\0SUBSYSTEM=block\0MAJOR=7\0";
         assert!(super::is_block_uevent(add));
         assert!(!super::is_block_uevent(b"change@/devices/system/cpu\0SUBSYSTEM=cpu\0"));
+    }
+
+    #[test]
+    fn the_device_a_block_uevent_names() {
+        let add = b"add@/devices/virtual/block/loop3\0ACTION=add\0DEVPATH=/devices/virtual/block/loop3\0SUBSYSTEM=block\0MAJOR=7\0MINOR=3\0DEVNAME=loop3\0DEVTYPE=disk\0SEQNUM=4242\0";
+        assert_eq!(super::block_uevent_device(add).as_deref(), Some("loop3"));
+        let no_devname = b"change@/devices/virtual/block/dm-2\0ACTION=change\0DEVPATH=/devices/virtual/block/dm-2\0SUBSYSTEM=block\0";
+        assert_eq!(super::block_uevent_device(no_devname).as_deref(), Some("dm-2"));
+        assert_eq!(super::block_uevent_device(b"add@/x\0SUBSYSTEM=block\0DEVNAME=../etc\0"), None);
+        assert_eq!(
+            super::block_uevent_device(b"add@/devices/system/cpu/cpu1\0SUBSYSTEM=cpu\0DEVNAME=cpu1\0"),
+            None
+        );
     }
 }

@@ -13,6 +13,7 @@ pub mod kubelet;
 pub mod livefs;
 pub mod loopdev;
 pub mod maps;
+pub mod mount_memo;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;

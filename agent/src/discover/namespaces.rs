@@ -194,8 +194,22 @@ pub struct MountScan {
 
 /// Reads one mountinfo per namespace (in parallel) and keeps the mounts `wanted` asks for. A
 /// namespace whose table cannot be read is reported in [`MountScan::unreadable`]; the others
-/// are still read.
+/// are still read. `namespaces` is every namespace of the host: what `statmount` said of the
+/// mounts of any other is forgotten.
 pub fn read_mounts(
+    host: &HostRoot,
+    namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
+    wanted: Wanted<'_>,
+    reader: MountReader,
+) -> MountScan {
+    let epoch = super::mount_memo::begin_full_listing();
+    let scan = read_some(host, namespaces, wanted, reader);
+    super::mount_memo::forget_unlisted(epoch);
+    scan
+}
+
+/// [`read_mounts`] for some of the host's namespaces (those whose mounts changed).
+pub fn read_some(
     host: &HostRoot,
     namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
     wanted: Wanted<'_>,
@@ -360,15 +374,12 @@ fn hits_with_api(
     };
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     let ids = mount_api::list(id)?;
-    let mut hits = Vec::new();
-    for m in &ids {
-        match mount_api::sb_dev(id, *m) {
-            Ok((d, magic)) if wanted.magic(d, magic) => hits.push(d),
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {} // unmounted meanwhile
-            Err(e) => return Err(e),
-        }
-    }
+    let hits = super::mount_memo::sb_devs(id, &ids)?
+        .into_iter()
+        .flatten() // `None`: unmounted meanwhile
+        .filter(|&(d, magic)| wanted.magic(d, magic))
+        .map(|(d, _)| d)
+        .collect();
     Ok(Some((ids.len(), hits)))
 }
 

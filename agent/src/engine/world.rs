@@ -5,7 +5,8 @@
 //! [`LinuxWorld`] is the live host (or a fixture tree, which can be read but never acted on); the
 //! property test has a simulated world with hidden holders, identity swaps and failing steps.
 
-use std::sync::{Arc, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::EngineError;
@@ -17,17 +18,25 @@ use crate::discover::blockdev;
 use crate::graph::DeviceGraph;
 use crate::host::HostRoot;
 use crate::kube::ClusterView;
-use crate::model::{DevNum, DeviceName};
+use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::Step;
 use crate::protect::protected_devices;
 use crate::scan::{Scan, Target};
-use crate::snapshot::{ScanOptions, Scope, Snapshot};
+use crate::snapshot::{Changes, ScanOptions, Scope, Snapshot};
 
 /// The machine, as the engine sees it.
 pub trait World {
     /// Reads the host: every device, or one device and what is stacked on it
     /// ([`EngineError::NotFound`] when that device is not there).
     fn scan(&self, target: Target) -> Result<Scan, EngineError>;
+    /// The latest full scan brought up to date after what the kernel reported changed (mount
+    /// namespaces, block devices), reading nothing else; `Err` says why only a full scan will
+    /// do. What it returns is for showing: fds and processes are as the full scan saw them, so
+    /// grace clocks and actions never rest on it.
+    fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
+        let _ = changes;
+        Err("this world rescans only in full".into())
+    }
     /// The kernel's own word about one device (exclusive-open probe, sysfs holders, live
     /// filesystems, loop devices on its node, dm open count), read right before a destructive
     /// step and never in routine scans.
@@ -53,11 +62,50 @@ pub struct LinuxWorld {
     pub timeout: Duration,
     /// Filled in once the daemon connects to the Kubernetes API.
     pub cluster: Arc<OnceLock<tokio::sync::watch::Receiver<ClusterView>>>,
+    /// The latest snapshot of the whole host and when its scan started: what
+    /// [`World::rescan_changed`] brings up to date.
+    latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
 }
 
 impl LinuxWorld {
     pub fn new(host: HostRoot, options: ScanOptions, timeout: Duration) -> Self {
-        Self { host, options, timeout, cluster: Arc::new(OnceLock::new()) }
+        Self { host, options, timeout, cluster: Arc::new(OnceLock::new()), latest: Mutex::new(None) }
+    }
+
+    /// The mount namespaces of the latest full scan, each with a file that names it (`ns/mnt`
+    /// of a task in it, or its pin): what the mount watch marks.
+    pub fn namespace_files(&self) -> Vec<(MountNsId, PathBuf)> {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((snap, _)) = latest.as_ref() else { return Vec::new() };
+        snap.namespaces
+            .iter()
+            .filter_map(|n| {
+                let entry = n.pinned_by.clone().or_else(|| {
+                    n.tasks.first().map(|&(pid, tid)| crate::discover::namespaces::NsEntry::Task { pid, tid })
+                })?;
+                Some((n.id, entry.ns_file(&self.host)))
+            })
+            .collect()
+    }
+
+    /// A [`Scan`] of a snapshot: its graph, blind spots and protected devices.
+    fn scan_of(&self, snap: &Snapshot, taken_at: BootTime, scope: Option<Vec<DevNum>>) -> Scan {
+        let graph = DeviceGraph::build(snap);
+        let protected = protected_devices(
+            &self.host,
+            &graph,
+            &self.options.protected_paths,
+            &self.options.protected_devices,
+        );
+        Scan {
+            graph,
+            blind_spots: snap.blind_spots.clone(),
+            protected,
+            stats: snap.stats.clone(),
+            warnings: snap.warnings.clone(),
+            taken_at,
+            scope,
+        }
     }
 }
 
@@ -80,22 +128,21 @@ impl World for LinuxWorld {
             }
         };
         let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options)?;
-        let graph = DeviceGraph::build(&snap);
-        let protected = protected_devices(
-            &self.host,
-            &graph,
-            &self.options.protected_paths,
-            &self.options.protected_devices,
-        );
-        Ok(Scan {
-            graph,
-            blind_spots: snap.blind_spots,
-            protected,
-            stats: snap.stats,
-            warnings: snap.warnings,
-            taken_at,
-            scope: covered,
-        })
+        let scan = self.scan_of(&snap, taken_at, covered);
+        if scope == Scope::All {
+            *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(snap), taken_at));
+        }
+        Ok(scan)
+    }
+
+    fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some((snap, taken_at)) = latest else { return Err("no full scan yet".into()) };
+        let next = snap.updated(&self.host, changes, &self.options)?;
+        // Judged as of the full scan whose fds and processes it carries.
+        let scan = self.scan_of(&next, taken_at, None);
+        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(next), taken_at));
+        Ok(scan)
     }
 
     fn kernel_word(&self, device: &DeviceName, devnum: DevNum) -> KernelWord {

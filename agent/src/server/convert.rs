@@ -134,6 +134,8 @@ pub fn device(v: &DeviceView) -> pb::Device {
         }),
         wwid: wwid(&v.entry),
         nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
+        last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
+        last_seen_scan: v.last_seen_scan,
     }
 }
 
@@ -180,5 +182,6 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         unix_seconds: secs(e.time),
         message: e.message.clone(),
         current: e.current.as_ref().map(device),
+        scan: e.scan,
     }
 }

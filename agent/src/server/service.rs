@@ -77,6 +77,8 @@ impl Agent for AgentService {
             mode: self.state.config.mode.as_str().into(),
             kubernetes: v.api_state.clone(),
             blind_spots: v.blind_spots.iter().map(|b| b.to_string()).collect(),
+            last_full_scan: v.devices_read_scan,
+            last_full_scan_unix_seconds: v.devices_read_at.map_or(0.0, convert::secs),
         }))
     }
 
@@ -101,6 +103,7 @@ impl Agent for AgentService {
         Ok(Response::new(pb::ListDevicesResponse {
             devices,
             scan_unix_seconds: v.scanned_at.map_or(0.0, convert::secs),
+            scan: v.scan_number,
         }))
     }
 

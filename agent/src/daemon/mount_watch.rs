@@ -1,0 +1,201 @@
+//! Mount changes in every mount namespace, as the kernel reports them ([`crate::mount_events`]),
+//! turned into "re-read these namespaces" requests for the scanner, so that one mount in one of
+//! hundreds of namespaces costs a re-read of that namespace alone.
+//!
+//! The namespaces of each full scan are marked (a namespace is told apart by its 64-bit ID,
+//! which the kernel never reuses, not by its inode number, which it does). An event names a
+//! mount; a detached one is looked up in what the last listing remembered
+//! ([`crate::discover::mount_memo`]), an attached one is asked of each watched namespace with
+//! `statmount` until one has it. Whatever cannot be placed (a lost event, a namespace not
+//! watched) asks for a full scan instead: the watch may only ever make the agent look more.
+//! Where the kernel cannot report mount events (before 6.15), the host's mountinfo `POLLPRI`
+//! watch and the timer do the work, as before.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::watch;
+
+use super::state::AgentState;
+use crate::discover::mount_memo;
+use crate::model::MountNsId;
+use crate::mount_events::{MountEvent, MountEvents};
+use crate::sys::mount_api;
+
+/// The kernel's mount events and the namespaces they are asked for.
+#[derive(Debug)]
+pub struct MountWatch {
+    events: MountEvents,
+    /// Watched namespaces: 64-bit namespace ID to the ID the scan knows it by (its inode).
+    watched: Mutex<HashMap<u64, MountNsId>>,
+}
+
+/// What a batch of events asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// Re-read these namespaces (none: nothing the agent knows of changed).
+    Namespaces(HashSet<MountNsId>),
+    /// Only a full scan will do, and why.
+    Full(String),
+}
+
+impl MountWatch {
+    /// Opens the kernel's mount events; an error means they are not available here.
+    pub fn open() -> io::Result<Self> {
+        Ok(Self { events: MountEvents::new()?, watched: Mutex::new(HashMap::new()) })
+    }
+
+    fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MountNsId>> {
+        self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Watches the namespaces of the latest full scan (each given with a file naming it) that
+    /// are not watched yet, and forgets those no longer there. Returns how many were added.
+    pub fn sync(&self, namespaces: &[(MountNsId, PathBuf)]) -> usize {
+        let mut seen = HashSet::new();
+        let mut added = 0;
+        let mut watched = self.watched();
+        for (id, file) in namespaces {
+            // The file is closed again right away: a mark does not pin the namespace.
+            let Ok(ns) = std::fs::File::open(file) else { continue }; // its task just exited
+            let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { continue };
+            seen.insert(ns_id);
+            if watched.contains_key(&ns_id) {
+                continue;
+            }
+            match self.events.watch_fd(ns.as_fd()) {
+                Ok(()) => {
+                    watched.insert(ns_id, *id);
+                    added += 1;
+                }
+                Err(e) => tracing::debug!("cannot watch mount namespace {id} ({}): {e}", file.display()),
+            }
+        }
+        watched.retain(|k, _| seen.contains(k));
+        added
+    }
+
+    /// How many namespaces are watched.
+    pub fn watching(&self) -> usize {
+        self.watched().len()
+    }
+
+    /// Which namespaces a batch of events is about.
+    pub fn request_for(&self, events: &[MountEvent]) -> Request {
+        let watched = self.watched();
+        let mut out = HashSet::new();
+        for e in events {
+            let ns_id = match *e {
+                MountEvent::Overflow => {
+                    return Request::Full("the kernel's mount event queue overflowed".into());
+                }
+                MountEvent::Detached(mnt) => {
+                    mount_memo::namespace_of(mnt).or_else(|| holder_of(&watched, mnt))
+                }
+                MountEvent::Attached(mnt) => {
+                    holder_of(&watched, mnt).or_else(|| mount_memo::namespace_of(mnt))
+                }
+            };
+            // Neither listed nor mounted anywhere now: attached and detached again in between,
+            // which leaves every table as it was.
+            let Some(ns_id) = ns_id else { continue };
+            match watched.get(&ns_id) {
+                Some(id) => {
+                    out.insert(*id);
+                }
+                None => {
+                    return Request::Full(format!("a mount changed in unwatched mount namespace #{ns_id}"))
+                }
+            }
+        }
+        Request::Namespaces(out)
+    }
+}
+
+/// The watched namespace that has mount `mnt` now, asked of each with `statmount`.
+fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64) -> Option<u64> {
+    watched.keys().copied().find(|ns| mount_api::sb_dev(*ns, mnt).is_ok())
+}
+
+/// A filesystem outlives its last mount by a moment (the kernel reports the detach inside
+/// `umount2`, and releases the superblock, its sysfs directory and its journal thread on the way
+/// out): the namespaces are read again shortly after, so the view does not keep a filesystem
+/// that is gone until the next full scan.
+fn follow_up(state: &Arc<AgentState>, namespaces: &HashSet<MountNsId>) {
+    for delay in FOLLOW_UPS {
+        let state = Arc::clone(state);
+        let ns = namespaces.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            state.request_namespace_rescan(ns);
+        });
+    }
+}
+
+/// When a namespace is read again after an unmount.
+const FOLLOW_UPS: [std::time::Duration; 2] =
+    [std::time::Duration::from_millis(100), std::time::Duration::from_millis(1000)];
+
+/// The fanotify fd, borrowed by the runtime for as long as [`run`] runs.
+struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// Reads the kernel's mount events and asks the scanner to re-read the namespaces they are
+/// about (or to scan in full).
+pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: watch::Receiver<bool>) {
+    // `watch` (which owns the descriptor) is held until this function returns, after `fd`.
+    let fd: AsyncFd<Fd> = match super::triggers::register(Fd(watch.events.as_raw_fd()), Interest::READABLE) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot poll mount events ({e}); mount changes are seen by the timer");
+            return;
+        }
+    };
+    tracing::info!(namespaces = watch.watching(), "watching every mount namespace's mount table (fanotify)");
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            ready = fd.readable() => {
+                let Ok(mut guard) = ready else { return };
+                let mut events = Vec::new();
+                loop {
+                    match watch.events.read(&mut buf) {
+                        Ok(batch) => events.extend(batch),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            tracing::warn!("reading mount events failed: {e}");
+                            events.push(MountEvent::Overflow);
+                            break;
+                        }
+                    }
+                }
+                guard.clear_ready();
+                let detached = events.iter().any(|e| matches!(e, MountEvent::Detached(_)));
+                match watch.request_for(&events) {
+                    Request::Namespaces(ns) if ns.is_empty() => {}
+                    Request::Namespaces(ns) => {
+                        if detached {
+                            follow_up(&state, &ns);
+                        }
+                        state.request_namespace_rescan(ns);
+                    }
+                    Request::Full(why) => {
+                        tracing::debug!("mount change: {why}; scanning in full");
+                        state.request_rescan("mount");
+                    }
+                }
+            }
+        }
+    }
+}

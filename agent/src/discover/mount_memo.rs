@@ -1,0 +1,127 @@
+//! What `statmount` said about each mount, remembered by the mount's unique 64-bit ID, so that
+//! a rescan of a namespace whose mounts did not change costs one `listmount` and no `statmount`.
+//!
+//! This is sound without any invalidation: a mount's superblock device and filesystem magic
+//! never change, and the kernel never hands out a unique mount ID twice in one boot (the IDs
+//! `listmount` returns). A mount that is gone simply stops being listed; its entry is dropped the
+//! next time its namespace is listed, and a namespace a whole scan did not list is forgotten
+//! ([`forget_unlisted`]). At about 24 bytes a mount, the 200,000 mounts of the busy-node scene
+//! take under 5 MiB.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::model::DevNum;
+use crate::sys::mount_api;
+
+/// One remembered mount: `(unique mount ID, superblock device, filesystem magic)`.
+type Entry = (u64, DevNum, u64);
+
+#[derive(Default)]
+struct Memo {
+    /// Per namespace (64-bit namespace ID): its mounts sorted by ID, and the scan epoch that
+    /// last listed it.
+    namespaces: HashMap<u64, (Arc<Vec<Entry>>, u64)>,
+    epoch: u64,
+}
+
+fn memo() -> MutexGuard<'static, Memo> {
+    static MEMO: OnceLock<Mutex<Memo>> = OnceLock::new();
+    MEMO.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The superblock device and filesystem magic of each of `ids` (mounts of namespace `ns_id`, as
+/// `listmount` just listed them), asking the kernel only about IDs not seen before. `None` for a
+/// mount unmounted in between.
+pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>> {
+    let known = {
+        let mut m = memo();
+        let epoch = m.epoch;
+        let slot = m.namespaces.entry(ns_id).or_default();
+        slot.1 = epoch;
+        Arc::clone(&slot.0)
+    };
+    let mut out = Vec::with_capacity(ids.len());
+    let mut next: Vec<Entry> = Vec::with_capacity(ids.len());
+    for &id in ids {
+        let found = match known.binary_search_by_key(&id, |e| e.0) {
+            Ok(i) => Some((known[i].1, known[i].2)),
+            Err(_) => match mount_api::sb_dev(ns_id, id) {
+                Ok(v) => Some(v),
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                Err(e) => return Err(e),
+            },
+        };
+        if let Some((dev, magic)) = found {
+            next.push((id, dev, magic));
+        }
+        out.push(found);
+    }
+    next.sort_unstable_by_key(|e| e.0);
+    if let Some(slot) = memo().namespaces.get_mut(&ns_id) {
+        slot.0 = Arc::new(next);
+    }
+    Ok(out)
+}
+
+/// Starts a scan that lists every namespace: namespaces it does not list are forgotten by
+/// [`forget_unlisted`] with the returned epoch.
+pub fn begin_full_listing() -> u64 {
+    let mut m = memo();
+    m.epoch += 1;
+    m.epoch
+}
+
+/// Forgets the namespaces not listed since `epoch` began (they are gone, or out of reach).
+pub fn forget_unlisted(epoch: u64) {
+    memo().namespaces.retain(|_, (_, seen)| *seen >= epoch);
+}
+
+/// The namespace whose last listing had mount `mnt_id`.
+pub fn namespace_of(mnt_id: u64) -> Option<u64> {
+    memo()
+        .namespaces
+        .iter()
+        .find(|(_, (mounts, _))| mounts.binary_search_by_key(&mnt_id, |e| e.0).is_ok())
+        .map(|(ns, _)| *ns)
+}
+
+/// How many mounts are remembered (for tests and debugging).
+pub fn remembered() -> usize {
+    memo().namespaces.values().map(|(v, _)| v.len()).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On the live kernel: a namespace listed twice is answered from memory the second time,
+    /// with the same answers, and a mount that was never there is `None`.
+    #[test]
+    fn remembers_what_statmount_said() {
+        use std::os::fd::AsFd;
+        let Ok(ns) = std::fs::File::open("/proc/self/ns/mnt") else { return };
+        let Ok(id) = mount_api::mntns_id(ns.as_fd()) else {
+            eprintln!("skipped: NS_GET_MNTNS_ID unavailable on this kernel");
+            return;
+        };
+        let Ok(ids) = mount_api::list(id) else {
+            eprintln!(
+                "skipped: listmount unavailable (needs Linux 6.8 and CAP_SYS_ADMIN for other namespaces)"
+            );
+            return;
+        };
+        let first = sb_devs(id, &ids).expect("statmount");
+        let second = sb_devs(id, &ids).expect("from memory");
+        assert_eq!(first, second);
+        assert!(first.iter().all(Option::is_some), "every listed mount exists: {first:?}");
+        let direct: Vec<_> = ids.iter().map(|m| mount_api::sb_dev(id, *m).ok()).collect();
+        assert_eq!(second, direct, "the memory says what the kernel says");
+        let mut with_bogus = ids.clone();
+        with_bogus.push(u64::MAX - 1);
+        let r = sb_devs(id, &with_bogus).expect("a missing mount is not an error");
+        assert_eq!(r.last(), Some(&None));
+        assert!(remembered() >= ids.len());
+    }
+}

@@ -1,0 +1,232 @@
+//! A snapshot brought up to date after the kernel reported a change, reading only what the
+//! change can have touched:
+//!
+//! - mount namespaces whose mounts changed: their tables alone (`listmount`, what `statmount`
+//!   said remembered by mount ID, mountinfo text only where a wanted device is mounted), the
+//!   filesystems the kernel keeps alive, and whether their kernel threads still run;
+//! - block devices a uevent named (added, removed, changed): sysfs and each kind's inventory,
+//!   and the mounts of those devices and of what is stacked on them.
+//!
+//! Open fds, working directories, maps and the process list are carried over from the full
+//! scan, which stays the safety net. This is an optimisation of what the view shows, never
+//! evidence for acting (every action re-scans the device in full). It refuses, and the caller
+//! falls back to a full scan, whenever its answer could be less complete than a full scan's: a
+//! namespace it does not know (new since the last full scan), one no known task still lives
+//! in, an unreadable table or device, a mount `statmount` sees and mountinfo does not show, a
+//! namespace pin it has not entered, or btrfs (whose mounts are joined to devices in full only).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::Instant;
+
+use super::{join_anonymous, read_inventories, Inventories, ScanOptions, Snapshot};
+use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, Wanted};
+use crate::discover::{blockdev, livefs, processes};
+use crate::host::HostRoot;
+use crate::model::{DevNum, MountNsId};
+use crate::sys;
+
+/// What changed since the latest snapshot, as the kernel reported it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    /// Mount namespaces whose mounts changed.
+    pub namespaces: HashSet<MountNsId>,
+    /// Block devices a uevent named (kernel names).
+    pub devices: HashSet<String>,
+}
+
+impl Changes {
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty() && self.devices.is_empty()
+    }
+}
+
+impl Snapshot {
+    /// This snapshot with what `changes` touched read again; `Err` says why only a full scan
+    /// will do.
+    pub fn updated(
+        &self,
+        host: &HostRoot,
+        changes: &Changes,
+        opts: &ScanOptions,
+    ) -> Result<Snapshot, String> {
+        let started = Instant::now();
+        let mut next = self.clone();
+        if !changes.devices.is_empty() {
+            next.reread_devices(host, &changes.devices, opts)?;
+        }
+        if !changes.namespaces.is_empty() {
+            next.reread_namespaces(host, &changes.namespaces, opts)?;
+        }
+        next.stats.duration = started.elapsed();
+        Ok(next)
+    }
+
+    /// Reads the mounts of `changed` again.
+    fn reread_namespaces(
+        &mut self,
+        host: &HostRoot,
+        changed: &HashSet<MountNsId>,
+        opts: &ScanOptions,
+    ) -> Result<(), String> {
+        let mut to_read: BTreeMap<MountNsId, MountNamespace> = BTreeMap::new();
+        for id in changed {
+            let Some(ns) = self.namespace(*id) else {
+                return Err(format!("mount namespace {id} is new since the last full scan"));
+            };
+            to_read.insert(*id, still_there(host, ns)?);
+        }
+        let read = read_checked(self, host, &mut to_read, &self.in_scope.clone(), opts)?;
+        self.refresh_filesystems(host)?;
+        let mut fresh = read.mounts;
+        join_anonymous(host, &mut fresh, &self.devices, &self.live_fs, &mut self.blind_spots);
+        self.mounts.retain(|m| !changed.contains(&m.ns));
+        self.take_mounts(host, &to_read, fresh);
+        Ok(())
+    }
+
+    /// Reads sysfs, each kind's inventory, and the mounts of the devices `named` (and of new
+    /// ones), with what is stacked on them, again.
+    fn reread_devices(
+        &mut self,
+        host: &HostRoot,
+        named: &HashSet<String>,
+        opts: &ScanOptions,
+    ) -> Result<(), String> {
+        if self.live_fs.iter().any(|f| f.fstype == "btrfs") {
+            return Err("btrfs mounts are joined to their devices by a full scan only".into());
+        }
+        let sysfs = blockdev::scan_all(host).map_err(|e| e.to_string())?;
+        if let Some((name, e)) = sysfs.unreadable.first() {
+            return Err(format!("block device {name} cannot be read: {e}"));
+        }
+        let devices = sysfs.devices;
+        let mut look: HashSet<DevNum> = HashSet::new();
+        for d in &devices {
+            let known = self.devices.iter().any(|o| o.devnum == d.devnum && o.name == d.name);
+            if !known || named.contains(d.name.as_str()) {
+                look.extend(blockdev::with_descendants(&devices, d.devnum));
+            }
+        }
+        let all: HashSet<DevNum> = devices.iter().map(|d| d.devnum).collect();
+        let mut blind = Vec::new();
+        let Inventories { swaps, dm_devices, scsi, rbd, nbd } =
+            read_inventories(host, &devices, &all, &mut blind);
+        if let Some(b) = blind.first() {
+            return Err(b.what.clone());
+        }
+        let mut fresh = Vec::new();
+        let mut read_ns = BTreeMap::new();
+        if !look.is_empty() {
+            for ns in self.namespaces.iter().filter(|n| !n.tasks.is_empty()) {
+                read_ns.insert(ns.id, still_there(host, ns)?);
+            }
+            let read = read_checked(self, host, &mut read_ns, &look, opts)?;
+            fresh = read.mounts.into_iter().filter(|m| look.contains(&m.mount.devnum)).collect();
+        }
+        self.devices = devices;
+        self.in_scope = all;
+        self.swaps = swaps;
+        self.dm_devices = dm_devices;
+        self.scsi = scsi;
+        self.rbd = rbd;
+        self.nbd = nbd;
+        self.refresh_filesystems(host)?;
+        let in_scope = &self.in_scope;
+        self.mounts.retain(|m| in_scope.contains(&m.device()) && !look.contains(&m.device()));
+        self.proc_refs.retain(|r| in_scope.contains(&r.devnum));
+        // Namespaces without a fresh mount keep their figures: only the mounts are taken.
+        read_ns.retain(|id, _| fresh.iter().any(|m: &NsMount| m.ns == *id));
+        self.take_mounts(host, &read_ns, fresh);
+        Ok(())
+    }
+
+    /// The filesystems the kernel keeps alive (a filesystem outlives its last mount only while
+    /// something holds it), and the kernel threads of those that ended.
+    fn refresh_filesystems(&mut self, host: &HostRoot) -> Result<(), String> {
+        let names: HashSet<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
+        self.live_fs = livefs::scan(host, &names).map_err(|e| format!("live filesystems: {e}"))?;
+        self.kernel_threads.retain(|k| {
+            std::fs::read(host.proc_pid(k.pid).join("comm"))
+                .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == k.comm.as_bytes())
+        });
+        Ok(())
+    }
+
+    /// Adds freshly read mounts, with the figures of the namespaces they were read from and a
+    /// label for the process standing for each namespace that now holds one.
+    fn take_mounts(
+        &mut self,
+        host: &HostRoot,
+        read: &BTreeMap<MountNsId, MountNamespace>,
+        fresh: Vec<NsMount>,
+    ) {
+        for ns in self.namespaces.iter_mut() {
+            if let Some(r) = read.get(&ns.id) {
+                ns.read_via.clone_from(&r.read_via);
+                ns.mount_count = r.mount_count;
+                ns.mountinfo_bytes = r.mountinfo_bytes;
+            }
+        }
+        for m in &fresh {
+            let Some(pid) = self.namespace(m.ns).and_then(|n| n.pids.first().copied()) else { continue };
+            if self.processes.contains_key(&pid) {
+                continue;
+            }
+            if let Ok(Some(entry)) = processes::read_entry(host, pid) {
+                self.processes.insert(pid, processes::describe(host, &entry));
+            }
+        }
+        self.mounts.extend(fresh);
+        self.stats.mounts = self.namespaces.iter().map(|n| n.mount_count).sum();
+        self.stats.mountinfo_bytes = read.values().map(|n| n.mountinfo_bytes).sum();
+    }
+}
+
+/// A namespace of the snapshot with the tasks that still live in it (a pid can be reused and a
+/// task can move to another namespace), to be read through them.
+fn still_there(host: &HostRoot, ns: &MountNamespace) -> Result<MountNamespace, String> {
+    if ns.tasks.is_empty() {
+        return Err(format!("mount namespace {} has no process (it is read by entering its pin)", ns.id));
+    }
+    let tasks: Vec<(u32, u32)> = ns
+        .tasks
+        .iter()
+        .copied()
+        .filter(|&(pid, tid)| processes::task_mount_ns(&host.proc_task(pid, tid)) == Some(ns.id))
+        .take(4)
+        .collect();
+    if tasks.is_empty() {
+        return Err(format!("no process known to live in mount namespace {} is left", ns.id));
+    }
+    Ok(MountNamespace { tasks, read_via: None, ..ns.clone() })
+}
+
+/// Reads the mount tables of `namespaces`, keeping the mounts of `targets`; `Err` for anything
+/// a full scan would report as a blind spot or would have to enter.
+fn read_checked(
+    snap: &Snapshot,
+    host: &HostRoot,
+    namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
+    targets: &HashSet<DevNum>,
+    opts: &ScanOptions,
+) -> Result<MountScan, String> {
+    let nsfs_dev = host
+        .is_live()
+        .then(|| sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev))
+        .flatten();
+    let read = namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev }, opts.reader);
+    if let Some((ns, e)) = read.unreadable.first() {
+        return Err(format!("the mount table of {ns} cannot be read: {e}"));
+    }
+    if let Some((_, _, why)) = read.hidden.first() {
+        return Err(why.clone());
+    }
+    if let Some((id, entry)) = read.nsfs_pins.iter().find(|(id, _)| snap.namespace(*id).is_none()) {
+        return Err(format!("mount namespace {id} is newly pinned ({})", entry.describe()));
+    }
+    if let Some(ns) = namespaces.values().find(|n| n.read_via.is_none()) {
+        return Err(format!("every process of mount namespace {} exited while it was read", ns.id));
+    }
+    Ok(read)
+}

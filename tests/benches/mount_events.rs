@@ -1,0 +1,201 @@
+//! Benchmark of incremental rescans on the busy-node scene (issue 13), printed as Markdown for
+//! BENCHMARKS.md:
+//!
+//! - how long after a mount (and an unmount) in ONE of the scene's 200 namespaces the change is
+//!   visible through the API: a `WatchEvents` stream opened beforehand receives the device's
+//!   `HOLDERS_CHANGED` event; timed from the moment `mount(2)`/`umount2(2)` returned;
+//! - the daemon's CPU while nothing changes, with the scene up, over `BENCH_IDLE_SECONDS` (60);
+//! - how many scans were full and how many re-read only the namespaces that changed.
+//!
+//! Run (root): `bench/busy-node-scene.sh up && cargo build --release --bins &&
+//! cargo bench -p blockjanitor-tests --bench mount_events; bench/busy-node-scene.sh down`.
+//! `BENCH_MOUNTS` (50) sets the number of mount/unmount pairs.
+
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_tests::daemon::{unix_client, Daemon};
+use tokio_stream::StreamExt;
+
+const STATE: &str = "/run/blockjanitor-bench";
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// The scene's processes (running its sleeper binary) and its loop device.
+fn scene() -> (Vec<u32>, PathBuf) {
+    let sleeper = Path::new(STATE).join("bjb-sleeper");
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|p: &u32| std::fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|x| x == sleeper))
+        .collect();
+    pids.sort_unstable();
+    let out = std::process::Command::new("losetup")
+        .args(["-j", &format!("{STATE}/disk.img"), "-O", "NAME", "-n"])
+        .output()
+        .expect("losetup");
+    let dev = String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").trim().to_owned();
+    assert!(
+        pids.len() >= 100 && !dev.is_empty(),
+        "the busy-node scene is not up ({} scene processes, loop device {dev:?}): run bench/busy-node-scene.sh up",
+        pids.len()
+    );
+    (pids, PathBuf::from(dev))
+}
+
+/// Mounts (or, with `None`, unmounts) inside the mount namespace of `pid`, on a thread of its
+/// own that enters it; returns when the call has returned.
+fn in_namespace(pid: u32, dev: Option<&Path>, target: &Path) {
+    let target = target.to_owned();
+    let dev = dev.map(Path::to_owned);
+    std::thread::spawn(move || {
+        use nix::sched::{setns, unshare, CloneFlags};
+        unshare(CloneFlags::CLONE_FS).expect("unshare CLONE_FS");
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt")).expect("open ns");
+        setns(ns.as_fd(), CloneFlags::CLONE_NEWNS).expect("setns");
+        match dev {
+            Some(d) => {
+                nix::mount::mount(Some(&d), &target, Some("ext4"), nix::mount::MsFlags::empty(), None::<&str>)
+                    .expect("mount")
+            }
+            None => nix::mount::umount2(&target, nix::mount::MntFlags::MNT_DETACH).expect("umount"),
+        }
+    })
+    .join()
+    .expect("namespace thread");
+}
+
+fn main() {
+    assert!(nix::unistd::geteuid().is_root(), "run as root");
+    let (pids, dev) = scene();
+    let dev_name = dev.file_name().and_then(|n| n.to_str()).expect("device name").to_owned();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = Path::new(STATE).join("bench-mnt");
+    std::fs::create_dir_all(&target).expect("mkdir mount point");
+    let d = Daemon::start(dir.path(), &[]);
+    let agent_pid = d.child.id();
+    let rounds = env_u64("BENCH_MOUNTS", 50) as usize;
+    let idle_secs = env_u64("BENCH_IDLE_SECONDS", 60);
+
+    let (attach, detach, node_before, node_after, idle_pct) = rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        // The start-up scan must be done and the scene seen.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let n = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
+            if n.scans >= 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no scan finished in 120 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let holder_ns: Vec<u64> = c
+            .get_device(pb::GetDeviceRequest { device: dev_name.clone() })
+            .await
+            .expect("GetDevice")
+            .into_inner()
+            .holders
+            .iter()
+            .flat_map(|h| h.pids.clone())
+            .map(u64::from)
+            .collect();
+        // A scene process whose namespace does not mount the device.
+        let pid = *pids
+            .iter()
+            .rev()
+            .find(|p| !holder_ns.contains(&u64::from(**p)))
+            .expect("a scene process not holding the device");
+
+        // Idle: the scene up, nothing changing.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let t0 = cpu_ticks(agent_pid);
+        let w0 = Instant::now();
+        tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+        let ticks = cpu_ticks(agent_pid) - t0;
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let idle_pct = ticks as f64 / hz / w0.elapsed().as_secs_f64() * 100.0;
+
+        let node_before = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
+        let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
+        let mut attach = Vec::with_capacity(rounds);
+        let mut detach = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            for mounting in [true, false] {
+                let d = mounting.then_some(dev.as_path());
+                in_namespace(pid, d, &target);
+                let done = Instant::now();
+                let want = if mounting { "1 holder(s) added" } else { "1 gone" };
+                loop {
+                    let e = tokio::time::timeout(Duration::from_secs(30), events.next())
+                        .await
+                        .unwrap_or_else(|_| panic!("round {round}: no event within 30 s"))
+                        .expect("stream open")
+                        .expect("event");
+                    if e.device == dev_name
+                        && e.r#type == pb::event::Type::HoldersChanged as i32
+                        && e.message.contains(want)
+                    {
+                        break;
+                    }
+                }
+                let took = done.elapsed();
+                if mounting { &mut attach } else { &mut detach }.push(took);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let node_after = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
+        (attach, detach, node_before, node_after, idle_pct)
+    });
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_default();
+    println!("| machine | {} cores, {cpu} |", std::thread::available_parallelism().map_or(0, |n| n.get()));
+    println!("| scene | {} scene processes; device {} |", pids.len(), dev.display());
+    println!("| idle CPU over {idle_secs} s, scene up | **{idle_pct:.3} %** of a core |");
+    for (what, mut v) in
+        [("mount in one namespace -> HOLDERS_CHANGED", attach), ("unmount -> HOLDERS_CHANGED", detach)]
+    {
+        v.sort();
+        println!(
+            "| {what} ({} runs) | median **{}**, p99 **{}**, max {} |",
+            v.len(),
+            ms(percentile(&v, 0.5)),
+            ms(percentile(&v, 0.99)),
+            ms(*v.last().expect("runs"))
+        );
+    }
+    println!(
+        "| scans during the mount rounds | {} (generations {} to {}); latest full scan: generation {} before, {} after |",
+        node_after.scans - node_before.scans,
+        node_before.scans,
+        node_after.scans,
+        node_before.last_full_scan,
+        node_after.last_full_scan
+    );
+    println!("| daemon log lines | {} |", d.log_text().lines().count());
+}
