@@ -1,8 +1,21 @@
 //! Append-only intent log of destructive steps (JSON lines, fsync'd).
 //!
 //! Every step writes an `intent` record before it touches the kernel and a `result` record after.
-//! An intent without a result means the agent died mid-step: [`pending`] lists those so the next
-//! run can report them and re-plan (steps are idempotent, so re-running is safe).
+//! An intent without a result means the agent died mid-step: [`pending`] lists those. The next
+//! daemon (or `--apply` run) re-checks each against the device as it is now and closes it with a
+//! `recovered` record carrying the same `id`, a resolution word and what it found in plain words
+//! ([`crate::engine::recover`]); the device is then re-planned from a fresh scan.
+//!
+//! Records, one JSON object a line: `{"ts", "id", "phase": "intent", "step": {...}}`,
+//! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
+//! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
+//! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
+//! intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`.
+//!
+//! Fault injection (crash tests only, off unless set): with
+//! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
+//! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk,
+//! so a test can stop the agent at every phase of every step of a plan ([`FAULT_ENV`]).
 //!
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
@@ -26,6 +39,44 @@ pub const DEFAULT_PATH: &str = "/var/lib/blockjanitor/journal.jsonl";
 pub const ROTATE_BYTES: u64 = 8 << 20;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for crash tests: `N` (1-based) makes the process SIGKILL itself right after
+/// the Nth step record (intent or result) it writes is fsync'd. Unset, empty or `0`: off.
+pub const FAULT_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
+
+/// Step records (intents and results) this process has written, for [`FAULT_ENV`].
+static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+
+/// The record number [`FAULT_ENV`] asks to die after, read once.
+fn fault_point() -> Option<u64> {
+    static POINT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *POINT.get_or_init(|| {
+        let v = std::env::var(FAULT_ENV).ok()?;
+        match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(n) => {
+                tracing::warn!("fault injection armed: SIGKILL after journal step record {n} ({FAULT_ENV})");
+                Some(n)
+            }
+            Err(_) => {
+                tracing::error!("{FAULT_ENV}={v:?} is not a record number: fault injection stays off");
+                None
+            }
+        }
+    })
+}
+
+/// Counts one step record on disk and, when it is the one [`FAULT_ENV`] names, kills this
+/// process with SIGKILL: no destructor, no further write, exactly as `kill -9` would.
+fn step_record_written() {
+    let n = STEP_RECORDS.fetch_add(1, Ordering::SeqCst) + 1;
+    if fault_point() == Some(n) {
+        eprintln!("fault injection: SIGKILL after journal step record {n} ({FAULT_ENV})");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        // SIGKILL cannot be caught; should the kill itself fail, stop anyway.
+        std::process::abort();
+    }
+}
 
 /// An open journal file.
 #[derive(Debug)]
@@ -96,13 +147,29 @@ impl Journal {
             result: None,
             detail: None,
         })?;
+        step_record_written();
         Ok(id)
     }
 
     /// Records how the step `id` ended.
     pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
         let detail = (!detail.is_empty()).then_some(detail);
-        self.append(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
+        self.append(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })?;
+        step_record_written();
+        Ok(())
+    }
+
+    /// Closes the intent `id` a run that died left open: `resolution` is a word
+    /// (`gone`, `in_place`, `identity_changed`, `replan`), `detail` what was found, in words.
+    pub fn recovered(&mut self, id: &str, resolution: &str, detail: &str) -> io::Result<()> {
+        self.append(&Record {
+            ts: now(),
+            id,
+            phase: "recovered",
+            step: None,
+            result: Some(resolution),
+            detail: Some(detail),
+        })
     }
 }
 
@@ -140,8 +207,9 @@ fn rotate(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Intents with no result: steps a previous run started and never finished. A missing journal
-/// has none. Lines that do not parse (a torn last write) are skipped.
+/// Intents with no result and no `recovered` record: steps a run started and never finished,
+/// not yet resolved. A missing journal has none. Lines that do not parse (a torn last write) are
+/// skipped.
 pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
     let file = match durable::open_read(path) {
         Ok(f) => f,
@@ -154,7 +222,7 @@ pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
         let id = v.get("id").and_then(|i| i.as_str()).unwrap_or_default().to_owned();
         match v.get("phase").and_then(|p| p.as_str()) {
             Some("intent") => open.push((id, v)),
-            Some("result") => open.retain(|(i, _)| *i != id),
+            Some("result" | "recovered") => open.retain(|(i, _)| *i != id),
             _ => {}
         }
     }
@@ -237,6 +305,28 @@ mod tests {
         // Its result, written after the rotation, still closes it.
         j.finish(&open, "done", "").expect("finish");
         assert!(pending(&path).expect("pending").is_empty());
+    }
+
+    #[test]
+    fn a_recovered_record_closes_the_intent_it_names_and_only_that_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open(&path).expect("open");
+        let a = j.begin(&step()).expect("begin a");
+        let b = j.begin(&step()).expect("begin b");
+        assert_eq!(pending(&path).expect("pending").len(), 2);
+        j.recovered(&a, "gone", "loop9 is gone").expect("recovered");
+        let p = pending(&path).expect("pending");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0]["id"], b.as_str());
+        let text = std::fs::read_to_string(&path).expect("read");
+        let last: serde_json::Value =
+            serde_json::from_str(text.lines().last().expect("a line")).expect("json");
+        assert_eq!(last["phase"], "recovered");
+        assert_eq!(last["id"], a.as_str());
+        assert_eq!(last["result"], "gone");
+        assert_eq!(last["detail"], "loop9 is gone");
+        assert!(a.split('-').nth(1) == Some(&std::process::id().to_string()), "the writer's pid is in {a}");
     }
 
     #[test]
