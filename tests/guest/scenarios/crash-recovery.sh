@@ -1,0 +1,97 @@
+#!/bin/sh
+# Issue 13, crash safety: the clean-mode daemon is killed with SIGKILL after each journal record
+# of a dead map's teardown in turn (fault injection: BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=K
+# makes it kill -9 itself right after its Kth intent/result record is fsync'd), then restarted
+# without it; the map and both paths must end removed. Phase K uses its own map (scsi_debug
+# reloaded: sda and sdb again) and its own journal. Sections per phase (read by
+# tests/tests/guest.rs): setup-K (name dev diskseq of each device before the daemon), crash-K (the
+# exit code of the killed daemon), journal-K (the whole journal), after-K (what is left).
+# Phase "changed": killed at record CHANGED_AT (the intent of the first path's delete), then that
+# disk is deleted and found again by a host rescan (same name, number, wwid; a new diskseq) before
+# the restart: the interrupted step must not be repeated against the new disk.
+. /extra/lib/mp-lib.sh
+RECORDS=${RECORDS:-12}
+CHANGED_AT=${CHANGED_AT:-7}
+SOCK=/tmp/agent.sock
+
+# The daemon in clean mode, rescanning every second, no grace, no rate limit in the way.
+SERVE="serve --socket $SOCK --mode clean --grace-period 0 --rescan-interval 1 --max-actions-per-minute 100"
+
+# wait_until SECONDS CONDITION...: polls every 0.2 s; 1 on timeout.
+wait_until() {
+  n=$(($1 * 5)); shift
+  while ! "$@"; do
+    n=$((n - 1)); [ $n -gt 0 ] || return 1
+    sleep 0.2
+  done
+}
+gone() { for d in "$@"; do [ ! -e /sys/block/$d ] || return 1; done; }
+
+setup() {
+  make_map >/dev/null
+  fail_path 8:0
+  fail_path 8:16
+  echo offline > /sys/block/sda/device/state
+  echo offline > /sys/block/sdb/device/state
+  echo "BEGIN setup-$1"
+  for d in $MAP sda sdb; do echo "$d $(cat /sys/block/$d/dev) $(cat /sys/block/$d/diskseq)"; done
+  echo "END setup-$1"
+}
+
+# crash LABEL K JOURNAL: runs the daemon until it kills itself after record K (busybox timeout
+# execs the agent, so $? is the agent's own status: 137 for SIGKILL, 143 if timeout stopped it).
+crash() {
+  rm -f $SOCK
+  set +e
+  BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=$2 timeout 90 $A --journal "$3" $SERVE >/tmp/crash-$1.log 2>&1
+  rc=$?
+  set -e
+  echo "BEGIN crash-$1"; echo "rc=$rc"; grep -a "fault injection: SIGKILL" /tmp/crash-$1.log || true; echo "END crash-$1"
+  [ $rc = 137 ] || { tail -n 30 /tmp/crash-$1.log; fail "phase $1: the daemon was not killed by SIGKILL (rc $rc)"; }
+}
+
+# restart LABEL JOURNAL DEVICES...: the daemon without the fault, until DEVICES are gone (60 s).
+restart() {
+  label=$1; jf=$2; shift 2
+  rm -f $SOCK
+  $A --journal "$jf" $SERVE >/tmp/restart-$label.log 2>&1 &
+  pid=$!
+  ok=0; wait_until 60 gone "$@" || ok=1
+  [ -z "${LINGER:-}" ] || sleep "$LINGER"
+  kill $pid; set +e; wait $pid; set -e
+  echo "BEGIN recovered-log-$label"; grep -a "recovered\|left open" /tmp/restart-$label.log | tail -n 20; echo "END recovered-log-$label"
+  echo "BEGIN journal-$label"; cat "$jf"; echo "END journal-$label"
+  echo "BEGIN after-$label"; ls /sys/block | grep -E '^(sd|dm-)' || true; dmsetup ls; echo "END after-$label"
+  [ $ok = 0 ] || { tail -n 30 /tmp/restart-$label.log; fail "phase $label: $* not all gone after the restart"; }
+}
+
+T0=$(date +%s)
+k=1
+while [ $k -le $RECORDS ]; do
+  t=$(date +%s)
+  setup $k
+  crash $k $k /tmp/journal-$k.jsonl
+  restart $k /tmp/journal-$k.jsonl "$MAP" sda sdb
+  rmmod scsi_debug || fail "rmmod scsi_debug after phase $k"
+  echo "phase $k: $(($(date +%s) - t)) s"
+  k=$((k + 1))
+done
+
+# The device changes while the agent is down.
+t=$(date +%s)
+setup changed
+crash changed "$CHANGED_AT" /tmp/journal-changed.jsonl
+[ -e /sys/block/sda ] && [ ! -e /sys/block/$MAP ] || fail "phase changed: expected the map gone and sda left"
+host=$(basename "$(readlink /sys/block/sda/device)" | cut -d: -f1)
+echo 1 > /sys/block/sda/device/delete
+wait_until 10 gone sda || fail "sda not deleted"
+echo "- - -" > /sys/class/scsi_host/host$host/scan
+wait_until 10 test -e /sys/block/sda || fail "sda not found again by the rescan"
+echo "BEGIN new-sda"; echo "sda $(cat /sys/block/sda/dev) $(cat /sys/block/sda/diskseq) $(cat /sys/block/sda/device/state)"; echo "END new-sda"
+# Three more rescans after sdb is gone, for a wrong step against the new sda to show.
+LINGER=3 restart changed /tmp/journal-changed.jsonl sdb
+[ -e /sys/block/sda ] || fail "phase changed: the new sda was deleted"
+rmmod scsi_debug || fail "rmmod scsi_debug after phase changed"
+echo "phase changed: $(($(date +%s) - t)) s"
+echo "all phases: $(($(date +%s) - T0)) s"
+echo OK
