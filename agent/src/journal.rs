@@ -14,8 +14,10 @@
 //!
 //! Fault injection (crash tests only, off unless set): with
 //! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
-//! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk,
-//! so a test can stop the agent at every phase of every step of a plan ([`FAULT_ENV`]).
+//! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk
+//! ([`FAULT_ENV`]); with `BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD=N`, right before it writes
+//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call). So a
+//! test can stop the agent at every phase of every step of a plan, from the one write point.
 //!
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
@@ -44,34 +46,40 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// the Nth step record (intent or result) it writes is fsync'd. Unset, empty or `0`: off.
 pub const FAULT_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
 
-/// Step records (intents and results) this process has written, for [`FAULT_ENV`].
-static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right before it writes
+/// its Nth step record. For a result record that is after the step's kernel call, before the
+/// journal knows how it ended. Unset, empty or `0`: off.
+pub const FAULT_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD";
 
-/// The record number [`FAULT_ENV`] asks to die after, read once.
-fn fault_point() -> Option<u64> {
-    static POINT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *POINT.get_or_init(|| {
-        let v = std::env::var(FAULT_ENV).ok()?;
+/// Step records (intents and results) this process has written, for the fault points.
+static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+/// The values of [`FAULT_ENV`] and [`FAULT_BEFORE_ENV`], read once.
+static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
+/// The record number the variable `name` names, read once per variable.
+fn fault_point(name: &'static str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u64> {
+    *cell.get_or_init(|| {
+        let v = std::env::var(name).ok()?;
         match v.trim().parse::<u64>() {
             Ok(0) => None,
             Ok(n) => {
-                tracing::warn!("fault injection armed: SIGKILL after journal step record {n} ({FAULT_ENV})");
+                tracing::warn!("fault injection armed: {name}={n}");
                 Some(n)
             }
             Err(_) => {
-                tracing::error!("{FAULT_ENV}={v:?} is not a record number: fault injection stays off");
+                tracing::error!("{name}={v:?} is not a record number: fault injection stays off");
                 None
             }
         }
     })
 }
 
-/// Counts one step record on disk and, when it is the one [`FAULT_ENV`] names, kills this
-/// process with SIGKILL: no destructor, no further write, exactly as `kill -9` would.
-fn step_record_written() {
-    let n = STEP_RECORDS.fetch_add(1, Ordering::SeqCst) + 1;
-    if fault_point() == Some(n) {
-        eprintln!("fault injection: SIGKILL after journal step record {n} ({FAULT_ENV})");
+/// Kills this process with SIGKILL when `n` is the record `name` asks for: no destructor, no
+/// further write, exactly as `kill -9` would.
+fn fault(name: &'static str, cell: &'static std::sync::OnceLock<Option<u64>>, n: u64, when: &str) {
+    if fault_point(name, cell) == Some(n) {
+        eprintln!("fault injection: SIGKILL {when} journal step record {n} ({name})");
         let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
         // SIGKILL cannot be caught; should the kill itself fail, stop anyway.
         std::process::abort();
@@ -131,6 +139,17 @@ impl Journal {
         self.file.sync_data()
     }
 
+    /// Appends an intent or a result, at the fault points of [`FAULT_BEFORE_ENV`] and
+    /// [`FAULT_ENV`] (off unless set).
+    fn append_step(&mut self, rec: &Record<'_>) -> io::Result<()> {
+        let n = STEP_RECORDS.load(Ordering::SeqCst) + 1;
+        fault(FAULT_BEFORE_ENV, &BEFORE, n, "before");
+        self.append(rec)?;
+        STEP_RECORDS.store(n, Ordering::SeqCst);
+        fault(FAULT_ENV, &AFTER, n, "after");
+        Ok(())
+    }
+
     /// Records the intent to run `step`; returns the record ID for [`Journal::finish`].
     pub fn begin(&mut self, step: &Step) -> io::Result<String> {
         let id = format!(
@@ -139,7 +158,7 @@ impl Journal {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        self.append(&Record {
+        self.append_step(&Record {
             ts: now(),
             id: &id,
             phase: "intent",
@@ -147,16 +166,13 @@ impl Journal {
             result: None,
             detail: None,
         })?;
-        step_record_written();
         Ok(id)
     }
 
     /// Records how the step `id` ended.
     pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
         let detail = (!detail.is_empty()).then_some(detail);
-        self.append(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })?;
-        step_record_written();
-        Ok(())
+        self.append_step(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
     }
 
     /// Closes the intent `id` a run that died left open: `resolution` is a word
