@@ -608,6 +608,12 @@ fn recover_journal(e: &Engine<LinuxWorld>, path: &std::path::Path, say: impl Fn(
 fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output: Output) -> Result<u8> {
     let refused_held = plan.refusal.is_some() && !plan.unsupported;
     let live = e.world.can_act().is_ok();
+    let journal_file = journal_path(cli);
+    if apply && live {
+        // Steps a run that died left open are closed first, whatever this plan holds (nothing to
+        // do, a refusal): --apply is where the journal is kept.
+        recover_journal(e, &journal_file, |line| eprintln!("warning: {line}"));
+    }
     if output == Output::Table {
         print!("{}", render::plan_text(plan, apply && live));
     }
@@ -624,8 +630,6 @@ fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output
     if let Err(why) = e.world.can_act() {
         anyhow::bail!("--apply refused: {why}");
     }
-    let journal_file = journal_path(cli);
-    recover_journal(e, &journal_file, |line| eprintln!("warning: {line}"));
     let mut journal = Journal::open(&journal_file).with_context(|| {
         format!("cannot open the journal {} (needed before any change)", journal_file.display())
     })?;
