@@ -583,6 +583,15 @@ mod tests {
         assert_eq!(open.len(), 1, "only the live writer's step stays open: {open:?}");
         assert_eq!(open[0]["id"], "1-77-0");
         assert!(t.actuator.calls.borrow().is_empty(), "recovery changes nothing on the host");
+        // An agent that may not act cannot tell a live writer from a dead one: it closes nothing.
+        let blind = Test {
+            seq: Cell::new(2),
+            act_refused: Some("hostPID: true is needed".into()),
+            ..Test::default()
+        };
+        let r = Engine::new(&blind, Settings::default()).recover(&mut j).expect("recover");
+        assert!(r.resolved.is_empty() && r.left_open.len() == 1, "{r:?}");
+        assert!(r.left_open[0].1.contains("hostPID"), "{r:?}");
         // Run again: nothing new is written for the step already closed.
         let before = std::fs::read_to_string(j.path()).expect("read").lines().count();
         let again = engine.recover(&mut j).expect("recover again");

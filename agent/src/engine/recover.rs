@@ -21,7 +21,8 @@
 //!
 //! An intent whose writer is still alive (a concurrent `--apply` run) is in flight, not
 //! interrupted, and is left open; so is one whose device cannot be re-checked (a failed scan):
-//! it is tried again at the next start. [`resolve`] is pure; [`Engine::recover`] reads the
+//! it is tried again at the next start. An agent that may not act on the host (not in its PID
+//! namespace) cannot tell a live writer from a dead one, and closes nothing. [`resolve`] is pure; [`Engine::recover`] reads the
 //! journal and the host.
 
 use std::io;
@@ -196,7 +197,17 @@ impl<W: World> Engine<W> {
     /// writer is dead with a `recovered` record. Changes nothing on the host.
     pub fn recover(&self, journal: &mut Journal) -> io::Result<Recovery> {
         let mut out = Recovery::default();
-        for record in journal::pending(journal.path())? {
+        let open = journal::pending(journal.path())?;
+        // Telling a dead writer from a live one needs the processes of the PID namespace the
+        // steps were run from: the same condition as acting at all.
+        if let Err(why) = self.world.can_act() {
+            for record in open {
+                let id = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
+                out.left_open.push((id, format!("this agent may not act here, so it cannot tell whether the step's writer is alive: {why}")));
+            }
+            return Ok(out);
+        }
+        for record in open {
             let i = match Interrupted::from_record(&record) {
                 Ok(i) => i,
                 Err(why) => {
