@@ -1,8 +1,23 @@
 //! Append-only intent log of destructive steps (JSON lines, fsync'd).
 //!
 //! Every step writes an `intent` record before it touches the kernel and a `result` record after.
-//! An intent without a result means the agent died mid-step: [`pending`] lists those so the next
-//! run can report them and re-plan (steps are idempotent, so re-running is safe).
+//! An intent without a result means the agent died mid-step: [`pending`] lists those. The next
+//! daemon (or `--apply` run) re-checks each against the device as it is now and closes it with a
+//! `recovered` record carrying the same `id`, a resolution word and what it found in plain words
+//! ([`crate::engine::recover`]); the device is then re-planned from a fresh scan.
+//!
+//! Records, one JSON object a line: `{"ts", "id", "phase": "intent", "step": {...}}`,
+//! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
+//! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
+//! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
+//! intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`.
+//!
+//! Fault injection (crash tests only, off unless set): with
+//! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
+//! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk
+//! ([`FAULT_ENV`]); with `BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD=N`, right before it writes
+//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call). So a
+//! test can stop the agent at every phase of every step of a plan, from the one write point.
 //!
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
@@ -26,6 +41,50 @@ pub const DEFAULT_PATH: &str = "/var/lib/blockjanitor/journal.jsonl";
 pub const ROTATE_BYTES: u64 = 8 << 20;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Fault injection for crash tests: `N` (1-based) makes the process SIGKILL itself right after
+/// the Nth step record (intent or result) it writes is fsync'd. Unset, empty or `0`: off.
+pub const FAULT_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
+
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right before it writes
+/// its Nth step record. For a result record that is after the step's kernel call, before the
+/// journal knows how it ended. Unset, empty or `0`: off.
+pub const FAULT_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD";
+
+/// Step records (intents and results) this process has written, for the fault points.
+static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+/// The values of [`FAULT_ENV`] and [`FAULT_BEFORE_ENV`], read once.
+static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+
+/// The record number the variable `name` names, read once per variable.
+fn fault_point(name: &'static str, cell: &'static std::sync::OnceLock<Option<u64>>) -> Option<u64> {
+    *cell.get_or_init(|| {
+        let v = std::env::var(name).ok()?;
+        match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(n) => {
+                tracing::warn!("fault injection armed: {name}={n}");
+                Some(n)
+            }
+            Err(_) => {
+                tracing::error!("{name}={v:?} is not a record number: fault injection stays off");
+                None
+            }
+        }
+    })
+}
+
+/// Kills this process with SIGKILL when `n` is the record `name` asks for: no destructor, no
+/// further write, exactly as `kill -9` would.
+fn fault(name: &'static str, cell: &'static std::sync::OnceLock<Option<u64>>, n: u64, when: &str) {
+    if fault_point(name, cell) == Some(n) {
+        eprintln!("fault injection: SIGKILL {when} journal step record {n} ({name})");
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+        // SIGKILL cannot be caught; should the kill itself fail, stop anyway.
+        std::process::abort();
+    }
+}
 
 /// An open journal file.
 #[derive(Debug)]
@@ -80,6 +139,17 @@ impl Journal {
         self.file.sync_data()
     }
 
+    /// Appends an intent or a result, at the fault points of [`FAULT_BEFORE_ENV`] and
+    /// [`FAULT_ENV`] (off unless set).
+    fn append_step(&mut self, rec: &Record<'_>) -> io::Result<()> {
+        let n = STEP_RECORDS.load(Ordering::SeqCst) + 1;
+        fault(FAULT_BEFORE_ENV, &BEFORE, n, "before");
+        self.append(rec)?;
+        STEP_RECORDS.store(n, Ordering::SeqCst);
+        fault(FAULT_ENV, &AFTER, n, "after");
+        Ok(())
+    }
+
     /// Records the intent to run `step`; returns the record ID for [`Journal::finish`].
     pub fn begin(&mut self, step: &Step) -> io::Result<String> {
         let id = format!(
@@ -88,7 +158,7 @@ impl Journal {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
-        self.append(&Record {
+        self.append_step(&Record {
             ts: now(),
             id: &id,
             phase: "intent",
@@ -102,7 +172,20 @@ impl Journal {
     /// Records how the step `id` ended.
     pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
         let detail = (!detail.is_empty()).then_some(detail);
-        self.append(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
+        self.append_step(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
+    }
+
+    /// Closes the intent `id` a run that died left open: `resolution` is a word
+    /// (`gone`, `in_place`, `identity_changed`, `replan`), `detail` what was found, in words.
+    pub fn recovered(&mut self, id: &str, resolution: &str, detail: &str) -> io::Result<()> {
+        self.append(&Record {
+            ts: now(),
+            id,
+            phase: "recovered",
+            step: None,
+            result: Some(resolution),
+            detail: Some(detail),
+        })
     }
 }
 
@@ -140,8 +223,9 @@ fn rotate(path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Intents with no result: steps a previous run started and never finished. A missing journal
-/// has none. Lines that do not parse (a torn last write) are skipped.
+/// Intents with no result and no `recovered` record: steps a run started and never finished,
+/// not yet resolved. A missing journal has none. Lines that do not parse (a torn last write) are
+/// skipped.
 pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
     let file = match durable::open_read(path) {
         Ok(f) => f,
@@ -154,7 +238,7 @@ pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
         let id = v.get("id").and_then(|i| i.as_str()).unwrap_or_default().to_owned();
         match v.get("phase").and_then(|p| p.as_str()) {
             Some("intent") => open.push((id, v)),
-            Some("result") => open.retain(|(i, _)| *i != id),
+            Some("result" | "recovered") => open.retain(|(i, _)| *i != id),
             _ => {}
         }
     }
@@ -237,6 +321,28 @@ mod tests {
         // Its result, written after the rotation, still closes it.
         j.finish(&open, "done", "").expect("finish");
         assert!(pending(&path).expect("pending").is_empty());
+    }
+
+    #[test]
+    fn a_recovered_record_closes_the_intent_it_names_and_only_that_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open(&path).expect("open");
+        let a = j.begin(&step()).expect("begin a");
+        let b = j.begin(&step()).expect("begin b");
+        assert_eq!(pending(&path).expect("pending").len(), 2);
+        j.recovered(&a, "gone", "loop9 is gone").expect("recovered");
+        let p = pending(&path).expect("pending");
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert_eq!(p[0]["id"], b.as_str());
+        let text = std::fs::read_to_string(&path).expect("read");
+        let last: serde_json::Value =
+            serde_json::from_str(text.lines().last().expect("a line")).expect("json");
+        assert_eq!(last["phase"], "recovered");
+        assert_eq!(last["id"], a.as_str());
+        assert_eq!(last["result"], "gone");
+        assert_eq!(last["detail"], "loop9 is gone");
+        assert!(a.split('-').nth(1) == Some(&std::process::id().to_string()), "the writer's pid is in {a}");
     }
 
     #[test]

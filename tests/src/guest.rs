@@ -82,9 +82,20 @@ impl Run {
 
 /// Boots the guest with `scenarios/<name>` and the agent staged under /extra.
 pub fn run_scenario(name: &str) -> Run {
+    run_scenario_within(name, None)
+}
+
+/// [`run_scenario`] for a scenario that needs longer than run.sh's default host timeout (120 s):
+/// `timeout` seconds, unless `BLOCKJANITOR_GUEST_TIMEOUT` asks for more.
+pub fn run_scenario_within(name: &str, timeout: Option<u64>) -> Run {
     let extra = tempfile::tempdir().expect("tempdir");
     stage_agent(extra.path());
-    let out: Output = Command::new(guest_dir().join("run.sh"))
+    let mut cmd = Command::new(guest_dir().join("run.sh"));
+    if let Some(t) = timeout {
+        let asked = std::env::var("BLOCKJANITOR_GUEST_TIMEOUT").ok().and_then(|v| v.parse::<u64>().ok());
+        cmd.env("BLOCKJANITOR_GUEST_TIMEOUT", asked.unwrap_or(0).max(t).to_string());
+    }
+    let out: Output = cmd
         .arg(guest_dir().join("scenarios").join(name))
         .arg(extra.path())
         .stdin(Stdio::null())

@@ -2,7 +2,7 @@
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
 use blockjanitor_tests::find_device;
-use blockjanitor_tests::guest::{require_guest, run_scenario};
+use blockjanitor_tests::guest::{require_guest, run_scenario, run_scenario_within};
 
 #[test]
 fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
@@ -320,4 +320,263 @@ fn root_guest_btrfs_on_nbd_is_never_disconnected() {
         format!("mount: a btrfs mount is gone: {mount:?}")
     });
     v.assert_none(&run);
+}
+
+// ---- Issue 13: crash safety. `crash-recovery.sh` kills the clean-mode daemon with SIGKILL right
+// after each journal record of a dead map's teardown in turn, restarts it, and once more with the
+// interrupted step's disk replaced while the agent was down.
+
+/// The journal records of one phase, parsed.
+fn journal_records(run: &blockjanitor_tests::guest::Run, label: &str) -> Vec<serde_json::Value> {
+    run.section(&format!("journal-{label}"))
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal-{label}: line {l:?}: {e}")))
+        .collect()
+}
+
+/// The pid that wrote a step record (`<ns>-<pid>-<counter>`).
+fn writer(r: &serde_json::Value) -> &str {
+    r["id"]
+        .as_str()
+        .and_then(|id| id.split('-').nth(1))
+        .unwrap_or_else(|| panic!("record without an id: {r}"))
+}
+
+/// One phase's journal: what the killed daemon wrote and how the restarted one recovered.
+struct Phase {
+    /// Step records the killed daemon wrote, in order.
+    killed: Vec<serde_json::Value>,
+    recovered: Vec<serde_json::Value>,
+}
+
+impl Phase {
+    /// The crash point: `action device phase` of the killed daemon's last record.
+    fn crash_point(&self) -> String {
+        let last = self.killed.last().expect("a record");
+        let intent =
+            self.killed.iter().find(|r| r["id"] == last["id"] && r["phase"] == "intent").expect("its intent");
+        format!(
+            "{} {} {}",
+            intent["step"]["action"].as_str().unwrap_or("?"),
+            intent["step"]["device"].as_str().unwrap_or("?"),
+            last["phase"].as_str().unwrap_or("?")
+        )
+    }
+}
+
+/// The map and both paths are gone after phase `label`.
+fn assert_all_removed(run: &blockjanitor_tests::guest::Run, label: &str) {
+    let after = run.section(&format!("after-{label}"));
+    assert!(
+        after.lines().all(|l| !l.starts_with("sd") && !l.starts_with("dm-"))
+            && after.contains("No devices found"),
+        "phase {label}: the map and its paths end removed:\n{after}"
+    );
+}
+
+/// The twelve records of the teardown: intent and result of each step, in order.
+const TEARDOWN: [&str; 12] = [
+    "dm_message dm-0 intent",
+    "dm_message dm-0 result",
+    "dm_remove dm-0 intent",
+    "dm_remove dm-0 result",
+    "scsi_offline sda intent",
+    "scsi_offline sda result",
+    "scsi_delete sda intent",
+    "scsi_delete sda result",
+    "scsi_offline sdb intent",
+    "scsi_offline sdb result",
+    "scsi_delete sdb intent",
+    "scsi_delete sdb result",
+];
+
+/// Checks phase `label`'s journal against the rules of crash recovery. The daemon was killed by
+/// the fault point `(when, n)` (`("after", 7)`, `("before", 8)`) having written `written` step
+/// records.
+fn check_phase(
+    run: &blockjanitor_tests::guest::Run,
+    label: &str,
+    (when, n): (&str, usize),
+    written: usize,
+) -> Phase {
+    let k = written;
+    let crash = run.section(&format!("crash-{label}"));
+    let fault = format!("SIGKILL {when} journal step record {n} ");
+    assert!(
+        crash.contains("rc=137") && crash.contains(&fault),
+        "phase {label}: the daemon must die by {fault}:\n{crash}"
+    );
+    let records = journal_records(run, label);
+    let first = writer(&records[0]).to_owned();
+    let killed: Vec<serde_json::Value> =
+        records.iter().take_while(|r| r["phase"] != "recovered" && writer(r) == first).cloned().collect();
+    assert_eq!(
+        killed.len(),
+        k,
+        "phase {label}: the killed daemon wrote exactly {k} record(s):\n{records:#?}"
+    );
+    let open_at_crash = usize::from(killed[k - 1]["phase"] == "intent");
+    let closed = |id: &serde_json::Value, phase: &str| {
+        records.iter().filter(|r| r["id"] == *id && r["phase"] == phase).count()
+    };
+    // Every intent is closed exactly once: by its result, or (interrupted) by one recovered record.
+    for r in records.iter().filter(|r| r["phase"] == "intent") {
+        let (res, rec) = (closed(&r["id"], "result"), closed(&r["id"], "recovered"));
+        assert_eq!(
+            res + rec,
+            1,
+            "phase {label}: intent closed {res} time(s) by a result, {rec} by recovery: {r}\n{records:#?}"
+        );
+    }
+    let recovered: Vec<serde_json::Value> =
+        records.iter().filter(|r| r["phase"] == "recovered").cloned().collect();
+    let interrupted: Vec<&serde_json::Value> =
+        killed.iter().filter(|r| r["phase"] == "intent" && closed(&r["id"], "result") == 0).collect();
+    assert_eq!(interrupted.len(), open_at_crash, "phase {label}: interrupted steps: {interrupted:#?}");
+    assert_eq!(
+        recovered.len(),
+        interrupted.len(),
+        "phase {label}: one recovered record per interrupted step: {recovered:#?}"
+    );
+    for (i, rec) in interrupted.iter().zip(&recovered) {
+        assert_eq!(rec["id"], i["id"], "phase {label}");
+        let pos = records.iter().position(|r| r == rec).expect("in the journal");
+        assert_eq!(
+            pos,
+            killed.len(),
+            "phase {label}: the restarted daemon closes the interrupted step before any step of its own:\n{records:#?}"
+        );
+        let detail = rec["detail"].as_str().unwrap_or_default();
+        assert!(
+            detail.contains(&format!(
+                "{} of {}",
+                i["step"]["action"].as_str().unwrap_or("?"),
+                i["step"]["device"].as_str().unwrap_or("?")
+            )) || detail.contains(&format!("{} '", i["step"]["action"].as_str().unwrap_or("?"))),
+            "phase {label}: the resolution names the step: {detail}"
+        );
+        assert!(detail.contains("was interrupted"), "phase {label}: {detail}");
+    }
+    // Every step ran against the device as the scenario set it up (name, number, disk sequence):
+    // none against a device that had changed.
+    let setup = run.section(&format!("setup-{label}"));
+    let tokens: Vec<String> = setup
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 3).then(|| format!("{}@{}#{};", f[0], f[1], f[2]))
+        })
+        .collect();
+    assert_eq!(tokens.len(), 3, "phase {label}: setup\n{setup}");
+    for r in records.iter().filter(|r| r["phase"] == "intent") {
+        let id = r["step"]["identity"].as_str().unwrap_or_default();
+        assert!(
+            tokens.iter().any(|t| id.starts_with(t.as_str())),
+            "phase {label}: a step against a device other than the one set up ({tokens:?}): {r}"
+        );
+    }
+    // A step is repeated (the same action, parameters and identity) only when its earlier run was
+    // interrupted and recovery found its effect not in place (`replan`): an idempotent re-run
+    // against the same device. (The freed paths are re-planned as standalone offline disks, whose
+    // offline step requires them to be offline still: a different step.)
+    let intents: Vec<&serde_json::Value> = records.iter().filter(|r| r["phase"] == "intent").collect();
+    for (n, r) in intents.iter().enumerate() {
+        for earlier in intents[..n].iter().filter(|e| e["step"] == r["step"]) {
+            let how = recovered.iter().find(|x| x["id"] == earlier["id"]).map(|x| x["result"].clone());
+            assert_eq!(
+                how,
+                Some(serde_json::json!("replan")),
+                "phase {label}: {} of {} ran again although its earlier run {} was not an interrupted step left to the re-plan:\n{records:#?}",
+                r["step"]["action"],
+                r["step"]["device"],
+                earlier["id"]
+            );
+        }
+    }
+    Phase { killed, recovered }
+}
+
+#[test]
+fn root_guest_kill9_at_each_journal_phase_converges() {
+    if !require_guest() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    // 19 phases of two daemon runs each: 60-120 s here, more on a loaded machine.
+    let run = run_scenario_within("crash-recovery.sh", Some(300));
+    eprintln!(
+        "crash-recovery.sh: {:.1} s on the host; {}",
+        started.elapsed().as_secs_f64(),
+        run.output.lines().find(|l| l.starts_with("all phases:")).unwrap_or("(no total)")
+    );
+    run.assert_ok();
+    // Killed right after each record: an interrupted step is one whose kernel call was not
+    // made; recovery finds the map or the disk still there (`replan`), except the paths' offline
+    // step, which the scenario's own offlining already did (`in_place`).
+    let mut crash_points = Vec::new();
+    for k in 1..=TEARDOWN.len() {
+        let label = k.to_string();
+        let p = check_phase(&run, &label, ("after", k), k);
+        assert_all_removed(&run, &label);
+        crash_points.push(p.crash_point());
+        if let Some(rec) = p.recovered.first() {
+            let want = if p.crash_point().starts_with("scsi_offline") { "in_place" } else { "replan" };
+            assert_eq!(rec["result"], want, "phase {k}: {rec}");
+        }
+    }
+    assert_eq!(crash_points, TEARDOWN, "killed after every record of every step, in order");
+    // The last phase's killed run finished the whole plan: its restart had nothing left to do.
+    let full = journal_records(&run, &TEARDOWN.len().to_string());
+    assert_eq!(
+        full.len(),
+        TEARDOWN.len(),
+        "the teardown has more records than the scenario covers:\n{full:#?}"
+    );
+
+    // Killed right before each result record: the kernel call was made, the journal does not
+    // know. Recovery finds the effect: queueing off, the map or the disk gone, the disk offline.
+    for k in (2..=TEARDOWN.len()).step_by(2) {
+        let label = format!("before-{k}");
+        let p = check_phase(&run, &label, ("before", k), k - 1);
+        assert_all_removed(&run, &label);
+        assert_eq!(p.crash_point(), TEARDOWN[k - 2], "phase {label}");
+        let want = match p.crash_point().split(' ').next() {
+            Some("dm_remove" | "scsi_delete") => "gone",
+            _ => "in_place",
+        };
+        let rec = p.recovered.first().unwrap_or_else(|| panic!("phase {label}: no recovered record"));
+        assert_eq!(rec["result"], want, "phase {label}: {rec}");
+    }
+
+    // The interrupted delete's disk was replaced while the agent was down: the step is closed as
+    // `identity_changed` and never run against the new disk, which is left alone.
+    let p = check_phase(&run, "changed", ("after", 7), 7);
+    let new = run.section("new-sda");
+    let f: Vec<&str> = new.split_whitespace().collect();
+    assert_eq!(f.len(), 4, "new-sda: {new}");
+    let new_token = format!("sda@{}#{};", f[1], f[2]);
+    let rec = p.recovered.first().expect("the interrupted delete is recovered");
+    assert_eq!(rec["result"], "identity_changed", "{rec}");
+    let detail = rec["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("scsi_delete of sda")
+            && detail.contains(&new_token)
+            && detail.contains("not repeated"),
+        "{detail}"
+    );
+    let records = journal_records(&run, "changed");
+    let against_new: Vec<&serde_json::Value> = records
+        .iter()
+        .filter(|r| {
+            r["phase"] == "intent"
+                && r["step"]["identity"].as_str().is_some_and(|t| t.starts_with(&new_token))
+        })
+        .collect();
+    assert!(against_new.is_empty(), "steps against the new sda: {against_new:#?}");
+    let after = run.section("after-changed");
+    assert!(
+        after.lines().any(|l| l == "sda") && !after.lines().any(|l| l == "sdb"),
+        "the new sda stays, sdb goes:\n{after}"
+    );
 }

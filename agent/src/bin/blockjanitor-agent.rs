@@ -492,9 +492,6 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
 
 fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
     let config = serve_config(cli, args)?;
-    for p in journal::pending(&config.journal).unwrap_or_default() {
-        tracing::warn!("a previous run did not finish this step; it will be re-planned if asked again: {p}");
-    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -521,6 +518,9 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         clean: plan::CleanOptions::default(),
     };
     let engine = Engine::new(world, settings);
+    // Before anything acts: close the steps a run that died left open, each re-checked against
+    // its device as it is now; the devices are then planned afresh by the scans.
+    recover_journal(&engine, &config.journal, |line| tracing::warn!("{line}"));
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new()?);
         let every = config.rescan_interval();
@@ -592,9 +592,43 @@ async fn connect_kubernetes(state: &Arc<AgentState>) {
     }
 }
 
+/// Closes the steps the journal at `path` has open from a run that died
+/// ([`Engine::recover`]), saying each resolution (and each step left open) through `say`. A
+/// journal with none is not opened, so report-only runs create no file.
+fn recover_journal(e: &Engine<LinuxWorld>, path: &std::path::Path, say: impl Fn(&str)) {
+    match journal::pending(path) {
+        Ok(open) if open.is_empty() => return,
+        Ok(_) => {}
+        Err(err) => {
+            say(&format!("cannot read the journal {} to recover interrupted steps: {err}", path.display()));
+            return;
+        }
+    }
+    let recovery = Journal::open(path).and_then(|mut j| e.recover(&mut j));
+    match recovery {
+        Ok(r) => {
+            for (i, how) in &r.resolved {
+                say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
+            }
+            for (id, why) in &r.left_open {
+                say(&format!("journal step {id} left open: {why}"));
+            }
+        }
+        Err(err) => {
+            say(&format!("cannot record the recovery of interrupted steps in {}: {err}", path.display()))
+        }
+    }
+}
+
 fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output: Output) -> Result<u8> {
     let refused_held = plan.refusal.is_some() && !plan.unsupported;
     let live = e.world.can_act().is_ok();
+    let journal_file = journal_path(cli);
+    if apply && live {
+        // Steps a run that died left open are closed first, whatever this plan holds (nothing to
+        // do, a refusal): --apply is where the journal is kept.
+        recover_journal(e, &journal_file, |line| eprintln!("warning: {line}"));
+    }
     if output == Output::Table {
         print!("{}", render::plan_text(plan, apply && live));
     }
@@ -610,10 +644,6 @@ fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output
     }
     if let Err(why) = e.world.can_act() {
         anyhow::bail!("--apply refused: {why}");
-    }
-    let journal_file = journal_path(cli);
-    for p in journal::pending(&journal_file).unwrap_or_default() {
-        eprintln!("warning: a previous run did not finish this step (re-planned from a fresh scan): {p}");
     }
     let mut journal = Journal::open(&journal_file).with_context(|| {
         format!("cannot open the journal {} (needed before any change)", journal_file.display())

@@ -11,10 +11,13 @@
 //!   fresh scan of its device and the kernel's own word must agree with the plan (identity,
 //!   completeness, holders, claims, the API); a step whose prerequisite failed does not run.
 //!
+//! After a crash, [`Engine::recover`] closes the steps the journal has open ([`recover`]).
+//!
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
 
 pub mod recheck;
+pub mod recover;
 pub mod world;
 
 use std::collections::HashMap;
@@ -389,6 +392,8 @@ mod tests {
         act_refused: Option<String>,
         /// Fresh scans show the two mounts (else the device is unheld).
         held: bool,
+        /// A live agent process (the writer of an intent still in flight).
+        live_agent: Option<u32>,
     }
 
     impl World for &Test {
@@ -428,6 +433,9 @@ mod tests {
         }
         fn now(&self) -> BootTime {
             BootTime::from_since_boot(Duration::from_secs(100))
+        }
+        fn agent_alive(&self, pid: u32) -> bool {
+            self.live_agent == Some(pid)
         }
     }
 
@@ -548,5 +556,46 @@ mod tests {
             !dir.path().join("j.jsonl").exists()
                 || std::fs::read_to_string(dir.path().join("j.jsonl")).is_ok_and(|t| t.is_empty())
         );
+    }
+
+    #[test]
+    fn recovery_closes_a_dead_writers_open_step_and_leaves_a_live_writers_open() {
+        let t = Test { seq: Cell::new(2), live_agent: Some(77), ..Test::default() };
+        let engine = Engine::new(&t, Settings::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut j = journal(&dir);
+        // This process's own earlier incarnation (same pid, so not alive elsewhere), planned for
+        // loop3's disk sequence 1; loop3 is at sequence 2 now.
+        let dead = j.begin(&plan_of("clean", vec![unbind()]).steps[0]).expect("intent");
+        // A concurrent run, pid 77, still at work.
+        let text = std::fs::read_to_string(j.path()).expect("read");
+        let live = text.lines().next().expect("the intent").replace(&dead, "1-77-0");
+        let mut f = std::fs::OpenOptions::new().append(true).open(j.path()).expect("append");
+        std::io::Write::write_all(&mut f, format!("{live}\n").as_bytes()).expect("write");
+        let r = engine.recover(&mut j).expect("recover");
+        assert_eq!(r.resolved.len(), 1, "{r:?}");
+        assert_eq!(r.resolved[0].0.id, dead);
+        assert_eq!(r.resolved[0].1.word, "identity_changed", "{:?}", r.resolved[0].1);
+        assert_eq!(r.left_open.len(), 1, "{r:?}");
+        assert_eq!(r.left_open[0].0, "1-77-0");
+        assert!(r.left_open[0].1.contains("still running"), "{r:?}");
+        let open = crate::journal::pending(j.path()).expect("pending");
+        assert_eq!(open.len(), 1, "only the live writer's step stays open: {open:?}");
+        assert_eq!(open[0]["id"], "1-77-0");
+        assert!(t.actuator.calls.borrow().is_empty(), "recovery changes nothing on the host");
+        // An agent that may not act cannot tell a live writer from a dead one: it closes nothing.
+        let blind = Test {
+            seq: Cell::new(2),
+            act_refused: Some("hostPID: true is needed".into()),
+            ..Test::default()
+        };
+        let r = Engine::new(&blind, Settings::default()).recover(&mut j).expect("recover");
+        assert!(r.resolved.is_empty() && r.left_open.len() == 1, "{r:?}");
+        assert!(r.left_open[0].1.contains("hostPID"), "{r:?}");
+        // Run again: nothing new is written for the step already closed.
+        let before = std::fs::read_to_string(j.path()).expect("read").lines().count();
+        let again = engine.recover(&mut j).expect("recover again");
+        assert!(again.resolved.is_empty(), "{again:?}");
+        assert_eq!(std::fs::read_to_string(j.path()).expect("read").lines().count(), before);
     }
 }

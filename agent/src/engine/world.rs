@@ -49,6 +49,11 @@ pub trait World {
     fn run(&self, step: &Step) -> Result<StepOutcome, ActError>;
     /// Now, on a clock that cannot jump.
     fn now(&self) -> BootTime;
+    /// Whether process `pid` is alive and is this agent's program (the writer of a journal
+    /// intent still at work, not crashed). A world without processes has none.
+    fn agent_alive(&self, _pid: u32) -> bool {
+        false
+    }
 }
 
 /// `PROC_PID_INIT_INO`: the inode of the initial PID namespace, fixed by the kernel.
@@ -178,5 +183,11 @@ impl World for LinuxWorld {
 
     fn now(&self) -> BootTime {
         BootTime::now()
+    }
+
+    fn agent_alive(&self, pid: u32) -> bool {
+        // `comm` is the executable's name cut to 15 bytes: `blockjanitor-ag`.
+        std::fs::read_to_string(self.host.proc().join(pid.to_string()).join("comm"))
+            .is_ok_and(|c| c.trim_end().starts_with("blockjanitor"))
     }
 }

@@ -1,0 +1,440 @@
+//! Crash recovery: closing the steps a run that died left open in the journal.
+//!
+//! A step's intent is on disk before it touches the kernel and its result after, so a run killed
+//! in between (`kill -9`, OOM, a node reboot) leaves an intent with no result. The next daemon,
+//! before it acts on anything (and every `--apply` run, before its own steps), re-checks each such
+//! intent against the device as it is now and closes it with a `recovered` record
+//! ([`Journal::recovered`]) that says what was found:
+//!
+//! - `gone`: no device has that number any more: the step, or a later one of its plan, took
+//!   effect (or someone else removed it). Nothing to repeat.
+//! - `identity_changed`: the number now stands for another device (a new disk sequence, uuid,
+//!   wwid, backing...). The interrupted step is **never** repeated against it; the new device is
+//!   judged on its own, from scratch, like any other. A loop device found unbound, or an nbd
+//!   device found disconnected, is the step's own effect and counts as `in_place`.
+//! - `in_place`: the same device, with the step's effect visible (queueing off after
+//!   `fail_if_no_path`, a disk offline, the mount gone, a loop device unbound).
+//! - `replan`: the same device, the effect not in place. Nothing is run from the old plan: the
+//!   device is planned again from a fresh scan, through every gate and the re-check before each
+//!   step, so the step runs again only if that plan still calls for it, against this same
+//!   device, as an idempotent re-run.
+//!
+//! An intent whose writer is still alive (a concurrent `--apply` run) is in flight, not
+//! interrupted, and is left open; so is one whose device cannot be re-checked (a failed scan):
+//! it is tried again at the next start. An agent that may not act on the host (not in its PID
+//! namespace) cannot tell a live writer from a dead one, and closes nothing. [`resolve`] is pure; [`Engine::recover`] reads the
+//! journal and the host.
+
+use std::io;
+
+use serde_json::Value;
+
+use super::{Engine, EngineError, World};
+use crate::graph::DeviceEntry;
+use crate::identity::{Backing, Identity};
+use crate::journal::{self, Journal};
+use crate::model::{DevNum, HolderKind};
+use crate::scan::Target;
+
+/// A step a run started and never finished: an open intent, as the journal has it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Interrupted {
+    /// The intent's record ID (the `recovered` record carries it too).
+    pub id: String,
+    /// The process that wrote the intent (the ID's second field).
+    pub writer_pid: Option<u32>,
+    pub device: String,
+    pub devnum: DevNum,
+    /// The identity token the step was planned for.
+    pub identity: String,
+    /// `dm_message`, `dm_remove`, `scsi_delete`...
+    pub action: String,
+    /// The whole step as journaled (its action's fields).
+    pub step: Value,
+}
+
+impl Interrupted {
+    /// Reads an open intent record ([`journal::pending`]); why not when it is malformed.
+    pub fn from_record(v: &Value) -> Result<Self, String> {
+        let id = v.get("id").and_then(Value::as_str).ok_or("an intent with no id")?.to_owned();
+        let step = v.get("step").ok_or_else(|| format!("intent {id} has no step"))?;
+        let text = |k: &str| {
+            step.get(k)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| format!("intent {id}: no step.{k}"))
+        };
+        let devnum: DevNum =
+            step.get("devnum").cloned().ok_or_else(|| format!("intent {id}: no step.devnum")).and_then(
+                |d| serde_json::from_value(d).map_err(|e| format!("intent {id}: step.devnum: {e}")),
+            )?;
+        Ok(Self {
+            writer_pid: id.split('-').nth(1).and_then(|p| p.parse().ok()),
+            device: text("device")?,
+            devnum,
+            identity: text("identity")?,
+            action: text("action")?,
+            step: step.clone(),
+            id,
+        })
+    }
+
+    /// The step in words: `dm_remove of dm-0 (253:0)`, `dm_message 'fail_if_no_path' to ...`.
+    pub fn describe(&self) -> String {
+        match self.step.get("message").and_then(Value::as_str) {
+            Some(m) => format!("{} '{m}' to {} ({})", self.action, self.device, self.devnum),
+            None => format!("{} of {} ({})", self.action, self.device, self.devnum),
+        }
+    }
+}
+
+/// How an interrupted step was closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    /// `gone`, `in_place`, `identity_changed` or `replan`.
+    pub word: &'static str,
+    /// What was found, in words (the `recovered` record's detail).
+    pub detail: String,
+}
+
+/// Resolves one interrupted step against what a fresh scan shows at its device number now
+/// (`None`: no device there). Pure.
+pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
+    let what = format!(
+        "{} was interrupted (the agent stopped after writing its intent, before its result)",
+        i.describe()
+    );
+    let Some(entry) = now else {
+        return Resolved {
+            word: "gone",
+            detail: format!(
+                "{what}; no device is {} any more, so the step or a later one of its plan took effect: nothing to repeat",
+                i.devnum
+            ),
+        };
+    };
+    let identity = Identity::of(entry);
+    if identity.token() != i.identity {
+        if let Some(effect) = changed_by_the_step_itself(i, entry, &identity) {
+            return Resolved { word: "in_place", detail: format!("{what}; {effect}: nothing to repeat") };
+        }
+        return Resolved {
+            word: "identity_changed",
+            detail: format!(
+                "{what}; {} is now another device: planned for [{}], now [{}]; the interrupted step is not repeated against it, and the new device is judged on its own",
+                i.devnum,
+                i.identity,
+                identity.token()
+            ),
+        };
+    }
+    if let Some(effect) = effect_in_place(i, entry) {
+        return Resolved { word: "in_place", detail: format!("{what}; {effect}: nothing to repeat") };
+    }
+    Resolved {
+        word: "replan",
+        detail: format!(
+            "{what}; {} is still the device it was planned for [{}] and the step's effect is not in place: it is planned again from a fresh scan and re-checked before each step, so it runs again only if that plan still calls for it, against this same device",
+            i.device, i.identity
+        ),
+    }
+}
+
+/// A changed identity that is the step's own doing: an unbound loop device after `detach_loop`,
+/// a disconnected nbd device after `nbd_disconnect` (same name and number, nothing bound).
+fn changed_by_the_step_itself(i: &Interrupted, entry: &DeviceEntry, now: &Identity) -> Option<String> {
+    if now.devnum != i.devnum || now.name.as_str() != i.device {
+        return None;
+    }
+    match i.action.as_str() {
+        "detach_loop" if now.backing == Backing::UnboundLoop => {
+            Some(format!("{} is an unbound loop device now", i.device))
+        }
+        "nbd_disconnect" if entry.nbd.is_none() && now.backing == Backing::Plain => {
+            Some(format!("{} is disconnected now", i.device))
+        }
+        _ => None,
+    }
+}
+
+/// The step's effect, when a fresh scan of the same device shows it.
+fn effect_in_place(i: &Interrupted, entry: &DeviceEntry) -> Option<String> {
+    match i.action.as_str() {
+        "dm_message" => {
+            let message = i.step.get("message").and_then(Value::as_str)?;
+            let queueing = entry.multipath.as_ref()?.queue_if_no_path?;
+            (message == "fail_if_no_path" && !queueing)
+                .then(|| format!("map {} no longer queues I/O (no queue_if_no_path in its table)", i.device))
+        }
+        "scsi_offline" => {
+            entry.scsi.as_ref().filter(|s| s.is_offline()).map(|_| format!("disk {} is offline", i.device))
+        }
+        "detach_mount" => {
+            let ns = i.step.get("namespace").and_then(Value::as_u64)?;
+            let mount_id = i.step.get("mount_id").and_then(Value::as_u64)?;
+            let still = entry.holders.iter().any(|h| {
+                h.kind == HolderKind::Mount
+                    && h.mount_namespace.map(|n| n.0) == Some(ns)
+                    && h.mount_id.map(u64::from) == Some(mount_id)
+            });
+            (!still).then(|| format!("mount {mount_id} of {} is no longer in mount namespace {ns}", i.device))
+        }
+        _ => None,
+    }
+}
+
+/// What [`Engine::recover`] did.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Each interrupted step and how it was closed (its `recovered` record is on disk).
+    pub resolved: Vec<(Interrupted, Resolved)>,
+    /// Open intents left open, with why (in flight in a live process, not re-checkable).
+    pub left_open: Vec<(String, String)>,
+}
+
+impl<W: World> Engine<W> {
+    /// Re-checks every step the journal has open (see the module docs) and closes each whose
+    /// writer is dead with a `recovered` record. Changes nothing on the host.
+    pub fn recover(&self, journal: &mut Journal) -> io::Result<Recovery> {
+        let mut out = Recovery::default();
+        let open = journal::pending(journal.path())?;
+        // Telling a dead writer from a live one needs the processes of the PID namespace the
+        // steps were run from: the same condition as acting at all.
+        if let Err(why) = self.world.can_act() {
+            for record in open {
+                let id = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
+                out.left_open.push((id, format!("this agent may not act here, so it cannot tell whether the step's writer is alive: {why}")));
+            }
+            return Ok(out);
+        }
+        for record in open {
+            let i = match Interrupted::from_record(&record) {
+                Ok(i) => i,
+                Err(why) => {
+                    let id = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
+                    tracing::error!(journal_id = %id, "cannot re-check an interrupted step: {why}; left open");
+                    out.left_open.push((id, format!("malformed intent: {why}")));
+                    continue;
+                }
+            };
+            if let Some(pid) = i.writer_pid.filter(|&p| p != std::process::id() && self.world.agent_alive(p))
+            {
+                let why =
+                    format!("its writer, agent process {pid}, is still running: in flight, not interrupted");
+                tracing::info!(journal_id = %i.id, step = %i.describe(), "{why}; left open");
+                out.left_open.push((i.id, why));
+                continue;
+            }
+            let resolved = match self.scan(Target::Device(i.devnum)) {
+                Ok(scan) => resolve(&i, scan.entry(i.devnum)),
+                Err(EngineError::NotFound(_)) => resolve(&i, None),
+                Err(e) => {
+                    let why = format!("cannot re-check it with a fresh scan: {e}");
+                    tracing::error!(journal_id = %i.id, step = %i.describe(), "{why}; left open until the next start");
+                    out.left_open.push((i.id, why));
+                    continue;
+                }
+            };
+            journal.recovered(&i.id, resolved.word, &resolved.detail)?;
+            tracing::warn!(target: "audit", phase = "recovered", action = %i.action, device = %i.device, identity = %i.identity, result = resolved.word, detail = %resolved.detail, journal_id = %i.id);
+            out.resolved.push((i, resolved));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
+    use crate::graph::Holder;
+    use crate::model::{BlockDevice, DeviceKind, DeviceName, MountNsId};
+    use crate::storage::{MultipathView, PathView, ScsiView};
+
+    fn bare(name: &str, devnum: DevNum, kind: DeviceKind, diskseq: u64) -> DeviceEntry {
+        DeviceEntry {
+            device: BlockDevice {
+                name: DeviceName::new(name).expect("name"),
+                devnum,
+                kind,
+                size_bytes: 16 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(diskseq),
+            },
+            holders: Vec::new(),
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: None,
+            kubernetes: None,
+        }
+    }
+
+    fn disk(diskseq: u64, state: ScsiState) -> DeviceEntry {
+        let mut e = bare("sda", DevNum::new(8, 0), DeviceKind::Disk, diskseq);
+        e.scsi = Some(ScsiView {
+            disk: ScsiDisk {
+                name: DeviceName::new("sda").expect("name"),
+                devnum: DevNum::new(8, 0),
+                address: "0:0:0:0".parse::<ScsiAddress>().expect("address"),
+                state,
+                vendor: "Linux".into(),
+                model: "scsi_debug".into(),
+                wwid: Some("naa.33333330000007d0".into()),
+                ioerr_cnt: 0,
+                iorequest_cnt: 0,
+                transport: Transport::Other,
+            },
+            transport_state: None,
+            path_of: None,
+        });
+        e
+    }
+
+    fn map(queueing: bool) -> DeviceEntry {
+        let mut e = bare("dm-0", DevNum::new(253, 0), DeviceKind::Dm, 9);
+        e.device.dm = Some(crate::model::DmInfo {
+            name: "mpathb".into(),
+            uuid: "mpath-333333330000007d0".into(),
+            suspended: false,
+        });
+        e.multipath = Some(MultipathView {
+            name: "mpathb".into(),
+            uuid: "mpath-333333330000007d0".into(),
+            wwid: "333333330000007d0".into(),
+            open_count: Some(0),
+            suspended: false,
+            queue_if_no_path: Some(queueing),
+            paths: vec![PathView {
+                devnum: DevNum::new(8, 0),
+                device: None,
+                state: "failed",
+                fail_count: 1,
+                scsi_state: Some("offline".into()),
+            }],
+            active_paths: 0,
+            io_would_hang: queueing,
+            partitions: Vec::new(),
+        });
+        e
+    }
+
+    /// The intent record the engine writes for `action` on `e` (planned for `e`'s identity).
+    fn intent(e: &DeviceEntry, action: Value, pid: u32) -> Interrupted {
+        let mut step = serde_json::json!({
+            "device": e.device.name.as_str(),
+            "devnum": e.device.devnum,
+            "identity": Identity::of(e).token(),
+        });
+        step.as_object_mut().expect("object").extend(action.as_object().expect("object").clone());
+        let record =
+            serde_json::json!({ "ts": 1.0, "id": format!("1700-{pid}-0"), "phase": "intent", "step": step });
+        Interrupted::from_record(&record).expect("an intent")
+    }
+
+    #[test]
+    fn a_step_whose_device_is_gone_is_closed_as_gone() {
+        let i = intent(
+            &map(true),
+            serde_json::json!({"action": "dm_remove", "uuid": "mpath-333333330000007d0", "deferred": false}),
+            42,
+        );
+        assert_eq!(i.writer_pid, Some(42));
+        let r = resolve(&i, None);
+        assert_eq!(r.word, "gone");
+        assert!(r.detail.starts_with("dm_remove of dm-0 (253:0) was interrupted"), "{}", r.detail);
+        assert!(r.detail.contains("no device is 253:0 any more"), "{}", r.detail);
+    }
+
+    #[test]
+    fn a_step_whose_device_changed_is_never_replanned_as_the_same_step() {
+        let planned = disk(5, ScsiState::Offline);
+        let i = intent(
+            &planned,
+            serde_json::json!({"action": "scsi_delete", "wwid": "naa.33333330000007d0", "address": "0:0:0:0"}),
+            42,
+        );
+        // Deleted and found again by a rescan: same name, number, wwid and address; a new disk
+        // sequence number.
+        let r = resolve(&i, Some(&disk(6, ScsiState::Running)));
+        assert_eq!(r.word, "identity_changed", "{}", r.detail);
+        assert!(
+            r.detail.contains("sda@8:0#5;") && r.detail.contains("sda@8:0#6;"),
+            "both named: {}",
+            r.detail
+        );
+        assert!(r.detail.contains("not repeated"), "{}", r.detail);
+        // The same disk, not deleted yet: planned again.
+        let r = resolve(&i, Some(&planned));
+        assert_eq!(r.word, "replan", "{}", r.detail);
+    }
+
+    #[test]
+    fn a_step_whose_effect_is_visible_is_in_place_and_otherwise_replanned() {
+        let fail = serde_json::json!({"action": "dm_message", "uuid": "mpath-333333330000007d0", "message": "fail_if_no_path"});
+        let i = intent(&map(true), fail, 42);
+        assert_eq!(resolve(&i, Some(&map(true))).word, "replan", "still queueing");
+        let r = resolve(&i, Some(&map(false)));
+        assert_eq!(r.word, "in_place");
+        assert!(r.detail.contains("no longer queues I/O"), "{}", r.detail);
+
+        let offline = serde_json::json!({"action": "scsi_offline", "wwid": "naa.33333330000007d0", "address": "0:0:0:0", "require_offline": false});
+        let i = intent(&disk(5, ScsiState::Running), offline, 42);
+        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Running))).word, "replan");
+        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Offline))).word, "in_place");
+
+        let mut held = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
+        let mut m = Holder::bare(HolderKind::Mount);
+        m.mount_namespace = Some(MountNsId(4026532001));
+        m.mount_id = Some(77);
+        held.holders.push(m);
+        let detach =
+            serde_json::json!({"action": "detach_mount", "namespace": 4026532001u64, "mount_id": 77});
+        let i = intent(&held, detach, 42);
+        assert_eq!(resolve(&i, Some(&held)).word, "replan", "the mount is still there");
+        held.holders.clear();
+        assert_eq!(resolve(&i, Some(&held)).word, "in_place", "the mount is gone");
+    }
+
+    #[test]
+    fn an_unbound_loop_device_is_the_detach_itself_not_another_device() {
+        let mut bound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
+        bound.device.loop_info = Some(crate::model::LoopInfo {
+            backing_file: "/img".into(),
+            backing_deleted: false,
+            offset: 0,
+            sizelimit: 0,
+            autoclear: false,
+            read_only: false,
+            backing_dev: Some(DevNum::new(254, 0)),
+            backing_inode: Some(12),
+            backing_rdev: None,
+        });
+        let i = intent(&bound, serde_json::json!({"action": "detach_loop", "backing_file": "/img"}), 42);
+        let unbound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
+        let r = resolve(&i, Some(&unbound));
+        assert_eq!(r.word, "in_place", "{}", r.detail);
+        // Bound again to another file: another device.
+        let mut rebound = bound.clone();
+        rebound.device.diskseq = Some(5);
+        assert_eq!(resolve(&i, Some(&rebound)).word, "identity_changed");
+    }
+
+    #[test]
+    fn malformed_intents_are_reported_not_guessed() {
+        let e = Interrupted::from_record(&serde_json::json!({"id": "1-2-3", "phase": "intent"}))
+            .expect_err("no step");
+        assert!(e.contains("no step"), "{e}");
+        let e = Interrupted::from_record(
+            &serde_json::json!({"id": "1-2-3", "step": {"device": "sda", "identity": "x", "action": "scsi_delete"}}),
+        )
+        .expect_err("no devnum");
+        assert!(e.contains("devnum"), "{e}");
+    }
+}
