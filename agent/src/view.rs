@@ -14,6 +14,7 @@ use crate::identity::Identity;
 use crate::model::MountNsId;
 use crate::policy::{Judgement, Verdict};
 use crate::snapshot::ScanStats;
+use crate::stall::Stall;
 
 /// A device with its verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +22,9 @@ pub struct DeviceView {
     pub entry: DeviceEntry,
     pub judgement: Judgement,
     pub identity: Identity,
+    /// Set when the device does not answer I/O: the evidence ([`crate::stall`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresponsive: Option<Stall>,
 }
 
 /// The result of one scan.
@@ -52,7 +56,7 @@ impl View {
     }
 
     pub(crate) fn of(judged: Judged, scan_number: u64) -> Self {
-        let Judged { scan, mut verdicts, api_state, .. } = judged;
+        let Judged { scan, mut verdicts, api_state, mut stalled, .. } = judged;
         let devices = scan
             .graph
             .devices
@@ -64,7 +68,8 @@ impl View {
                     summary: String::new(),
                 });
                 let identity = Identity::of(&entry);
-                DeviceView { entry, judgement, identity }
+                let unresponsive = stalled.remove(&entry.device.devnum);
+                DeviceView { entry, judgement, identity, unresponsive }
             })
             .collect();
         Self {

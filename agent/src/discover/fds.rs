@@ -7,10 +7,9 @@
 //! a deadline (reading it takes the target's mmap lock, which a stuck process may hold).
 //! Whatever cannot be read is reported, so the scan knows it is incomplete.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
-use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -158,12 +157,9 @@ pub fn scan_process(
 /// which a stuck process may hold forever).
 const STUCK_MAPS_DEADLINE: Duration = Duration::from_millis(250);
 
-/// Processes whose `maps` read is still blocked on a helper thread: not read again (no second
-/// thread) until that one returns.
-static BLOCKED_MAPS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
-
-/// `/proc/PID/maps` (empty when the process is gone). For a process in D state the read runs on
-/// its own thread with a deadline, and a read that blocks is reported, never waited for.
+/// `/proc/PID/maps` (empty when the process is gone). For a process in D state the read runs
+/// through [`crate::bounded`] (its own thread, a deadline, never a second thread while one is
+/// blocked), and a read that blocks is reported, never waited for.
 fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     let path = dir.join("maps");
     let read = move |path: &Path| match std::fs::read(path) {
@@ -174,26 +170,8 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     if !stuck {
         return read(&path);
     }
-    {
-        let mut blocked = BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner());
-        if blocked.contains(&pid) {
-            return Err("it is in D state and an earlier read of its maps is still blocked".into());
-        }
-        blocked.insert(pid);
-    }
-    let (tx, rx) = mpsc::sync_channel(1);
-    let spawned = std::thread::Builder::new().name(format!("blockjanitor-maps-{pid}")).spawn(move || {
-        let r = read(&path);
-        BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
-        let _ = tx.send(r);
-    });
-    if let Err(e) = spawned {
-        BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
-        return Err(format!("cannot start a thread to read them: {e}"));
-    }
-    rx.recv_timeout(STUCK_MAPS_DEADLINE).unwrap_or_else(|_| {
-        Err(format!("it is in D state and reading its maps blocked for more than {STUCK_MAPS_DEADLINE:?}"))
-    })
+    crate::bounded::read(format!("maps-{pid}"), STUCK_MAPS_DEADLINE, move || read(&path))
+        .unwrap_or_else(|b| Err(format!("it is in D state and reading its maps {b}")))
 }
 
 /// Checks a task's cwd and root. True when both were seen (not gone, not unreadable).

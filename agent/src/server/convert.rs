@@ -134,6 +134,8 @@ pub fn device(v: &DeviceView) -> pb::Device {
         }),
         wwid: wwid(&v.entry),
         nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
+        unresponsive: v.unresponsive.is_some(),
+        unresponsive_seconds: v.unresponsive.as_ref().map_or(0.0, |s| s.stalled_for.as_secs_f64()),
     }
 }
 
