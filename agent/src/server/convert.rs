@@ -175,6 +175,7 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         EventKind::VerdictChanged => pb::event::Type::VerdictChanged,
         EventKind::ActionStarted => pb::event::Type::ActionStarted,
         EventKind::ActionFinished => pb::event::Type::ActionFinished,
+        EventKind::ResponsivenessChanged => pb::event::Type::ResponsivenessChanged,
     };
     pb::Event {
         r#type: t as i32,
