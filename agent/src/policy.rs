@@ -299,7 +299,7 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
                             verdict: Verdict::Unknown,
                             summary: format!("{}; {timeless}", Stall::SUMMARY),
                             reasons: vec![
-                                format!("{}: nothing destructive is done to it", stall.describe()),
+                                format!("{}: nothing destructive is done to it", stall_evidence(e, stall)),
                                 timeless,
                             ],
                         }
@@ -343,6 +343,26 @@ fn unblocked_by_its_plan(e: &DeviceEntry) -> bool {
     e.multipath.as_ref().is_some_and(|m| m.active_paths == 0 && m.queue_if_no_path == Some(true))
 }
 
+/// The evidence that a device does not answer: its counters, and the holders waiting in D state.
+fn stall_evidence(e: &DeviceEntry, stall: &Stall) -> String {
+    let stuck: Vec<String> = e
+        .holders
+        .iter()
+        .filter(|h| h.process_state == Some('D'))
+        .filter_map(|h| {
+            let pid = h.pids.first()?;
+            Some(match &h.comm {
+                Some(c) => format!("pid {pid} ({c})"),
+                None => format!("pid {pid}"),
+            })
+        })
+        .collect();
+    if stuck.is_empty() {
+        return stall.describe();
+    }
+    format!("{}; waiting on it in D state: {}", stall.describe(), stuck.join(", "))
+}
+
 /// Puts the evidence that a device does not answer first among its reasons (an unknown
 /// candidate already has it).
 fn weigh_stall(mut j: Judgement, e: &DeviceEntry, stall: Option<&Stall>) -> Judgement {
@@ -353,10 +373,10 @@ fn weigh_stall(mut j: Judgement, e: &DeviceEntry, stall: Option<&Stall>) -> Judg
     let why = if unblocked_by_its_plan(e) {
         format!(
             "{}: stopping the map's queueing (fail_if_no_path, its plan's first step) fails that I/O",
-            stall.describe()
+            stall_evidence(e, stall)
         )
     } else {
-        stall.describe()
+        stall_evidence(e, stall)
     };
     j.reasons.insert(0, why);
     j
@@ -600,9 +620,12 @@ mod tests {
             "{j:?}"
         );
         assert!(j.summary.starts_with(Stall::SUMMARY) && !j.summary.contains("12s"), "{j:?}");
-        let held = judge_stalled(nbd0(true, vec![server_holds_it()]), Duration::ZERO, Some(stall));
+        let mut stuck = server_holds_it();
+        stuck.process_state = Some('D');
+        let held = judge_stalled(nbd0(true, vec![stuck]), Duration::ZERO, Some(stall));
         assert_eq!(held.verdict, Verdict::InUse, "{held:?}");
         assert!(held.reasons[0].starts_with("unresponsive:"), "{held:?}");
+        assert!(held.reasons[0].ends_with("; waiting on it in D state: pid 4242 (qemu-nbd)"), "{held:?}");
         assert!(!held.summary.starts_with("unresponsive"), "the summary stays what it was: {held:?}");
     }
 }

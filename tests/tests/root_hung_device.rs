@@ -358,6 +358,11 @@ fn root_hung_fuse_backed_loop_device_is_reported_unresponsive_and_never_stalls_t
             "the evidence comes first: {:?}",
             dev.reasons
         );
+        assert!(
+            stuck.iter().any(|p| dev.reasons[0].contains(&format!("pid {p} (dd)"))),
+            "the evidence names the reader stuck in D state ({stuck:?}): {:?}",
+            dev.reasons
+        );
         assert_ne!(dev.verdict, pb::Verdict::Stale as i32, "{dev:?}");
         let series = unresponsive_series(&metrics_hung, &name)
             .unwrap_or_else(|| panic!("no blockjanitor_device_unresponsive for {name} in\n{metrics_hung}"));
