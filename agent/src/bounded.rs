@@ -9,6 +9,10 @@
 //! read returns (a thread in an uninterruptible wait cannot be cancelled); while it does, a
 //! read of the same key is refused at once instead of starting a second thread, so a hung
 //! device costs at most one thread per key however many scans run.
+//!
+//! A blocked read may hold a device node open (a loop device's `LOOP_GET_STATUS64`): such an fd
+//! is marked ([`mark_fd`]) for as long as it is open, so that the scan of this agent's own files
+//! does not report the agent's probe as a holder of the device it is probing.
 
 use std::collections::BTreeSet;
 use std::sync::{mpsc, Mutex};
@@ -16,6 +20,30 @@ use std::time::Duration;
 
 /// Reads still blocked on their helper thread, by key.
 static BLOCKED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Fds of this process that a bounded read holds open.
+static PROBE_FDS: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+
+/// Marks an fd of this process as a bounded read's probe until the mark is dropped (drop the mark
+/// before closing the fd, so a reused number is never taken for a probe).
+pub struct FdMark(i32);
+
+/// Marks `fd` (see [`FdMark`]).
+pub fn mark_fd(fd: i32) -> FdMark {
+    PROBE_FDS.lock().unwrap_or_else(|p| p.into_inner()).insert(fd);
+    FdMark(fd)
+}
+
+impl Drop for FdMark {
+    fn drop(&mut self) {
+        PROBE_FDS.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.0);
+    }
+}
+
+/// Whether `fd` of this process is held open by a bounded read now.
+pub fn is_probe_fd(fd: i32) -> bool {
+    PROBE_FDS.lock().unwrap_or_else(|p| p.into_inner()).contains(&fd)
+}
 
 /// Why a bounded read gave no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +99,14 @@ pub fn read<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_marked_fd_is_a_probe_until_its_mark_drops() {
+        let m = mark_fd(987_654);
+        assert!(is_probe_fd(987_654));
+        drop(m);
+        assert!(!is_probe_fd(987_654));
+    }
 
     #[test]
     fn a_read_that_returns_in_time_is_its_answer() {

@@ -73,7 +73,12 @@ pub fn scan_process(
         }
     };
     let mut fd_errors = Vec::new();
+    // This agent's own probes blocked on a device (crate::bounded) are not holders.
+    let me = live && entry.pid == std::process::id();
     for fd in fds {
+        if me && i32::try_from(fd).is_ok_and(crate::bounded::is_probe_fd) {
+            continue;
+        }
         let path = fd_dir.join(fd.to_string());
         let id = match sys::stat_cached(&path) {
             Ok(id) => id,
@@ -261,5 +266,29 @@ mod tests {
         shared_done_tx.send(()).expect("done");
         own.join().expect("join");
         shared.join().expect("join");
+    }
+
+    /// A file this agent's own blocked probe holds open (marked through crate::bounded) is not
+    /// a holder; the same file unmarked is.
+    #[test]
+    fn the_agents_own_blocked_probe_is_not_a_holder() {
+        use std::os::fd::AsRawFd;
+        let host = HostRoot::default();
+        let procfs = sys::stat_cached(Path::new("/proc")).expect("stat /proc").dev;
+        let f = std::fs::File::open("/proc/self/status").expect("open a procfs file");
+        let fd = u32::try_from(f.as_raw_fd()).expect("fd");
+        let entry = processes::read_entry(&host, std::process::id()).expect("readable").expect("alive");
+        let targets: HashSet<DevNum> = [procfs].into();
+        let holds = || {
+            scan_process(&host, &entry, &targets, None, &HashSet::new(), true)
+                .refs
+                .iter()
+                .any(|r| r.fd == Some(fd))
+        };
+        assert!(holds(), "an open file on the filesystem is a holder");
+        let mark = crate::bounded::mark_fd(f.as_raw_fd());
+        assert!(!holds(), "marked as the agent's own probe: not a holder");
+        drop(mark);
+        assert!(holds());
     }
 }

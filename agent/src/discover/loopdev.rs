@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -102,6 +102,8 @@ fn status(
     }
     let st = crate::bounded::read(format!("loop-status-{devnum}"), STATUS_DEADLINE, move || {
         let f = File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
+        // Dropped before `f`: the number is unmarked before it is closed.
+        let _probe = crate::bounded::mark_fd(f.as_raw_fd());
         sys::loop_get_status(f.as_fd())
     })
     .map_err(|b| {
