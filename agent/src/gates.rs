@@ -10,7 +10,8 @@
 //!   no running pod on this node or attached VolumeAttachment uses the device;
 //! - [`kernel_word`]: the kernel's own claims on the device are all accounted for by the plan;
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
-//!   this node uses it per the kubelet directory.
+//!   this node uses it per the kubelet directory;
+//! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it.
 
 use std::collections::HashSet;
 
@@ -21,6 +22,8 @@ use crate::graph::DeviceEntry;
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName};
+use crate::plan::Step;
+use crate::stall::Stall;
 
 /// A blind spot that could hide a holder of the device: nothing destructive rests on an
 /// incomplete scan.
@@ -196,4 +199,19 @@ pub fn kubelet_pods(entry: &DeviceEntry) -> Option<String> {
     entry.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()).map(|k| {
         format!("pod(s) {} on this node use {} per kubelet", k.pod_uids.join(", "), entry.device.name)
     })
+}
+
+/// The device does not answer I/O ([`crate::stall`]), and the plan does not start by unblocking
+/// it (a dead multipath map's `fail_if_no_path`): what a hung device's holders see cannot be
+/// trusted, and a step on it may hang or fail half-way.
+pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, steps: &[Step]) -> Option<String> {
+    let stall = stall?;
+    if steps.first().is_some_and(Step::unblocks) {
+        return None;
+    }
+    Some(format!(
+        "{} is {}: nothing destructive is done to a device that does not answer unless the plan's first step unblocks it",
+        entry.device.name,
+        stall.describe()
+    ))
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::discover::iostat::IoStat;
 use crate::discover::namespaces::NsEntry;
 use crate::discover::nbd::NbdDevice;
 use crate::discover::processes::{fs_kthread_serves, kthread_serves};
@@ -177,6 +178,9 @@ pub struct DeviceEntry {
     /// The Kubernetes volume it is, per the kubelet directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubeOwner>,
+    /// Its I/O counters as this scan read them (`None`: not read, as on fixture trees).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStat>,
 }
 
 /// Devices with their holders.
@@ -319,6 +323,7 @@ impl DeviceGraph {
                 DeviceEntry {
                     multipath,
                     scsi,
+                    io: s.io.get(&d.devnum).copied(),
                     kubernetes: owner_of(
                         d,
                         &s.mounts,

@@ -11,6 +11,7 @@
 
 pub mod act;
 pub mod blindspot;
+pub mod bounded;
 pub mod client;
 pub mod clock;
 pub mod config;
@@ -42,6 +43,7 @@ pub mod resolve;
 pub mod scan;
 pub mod server;
 pub mod snapshot;
+pub mod stall;
 pub mod storage;
 pub mod sys;
 pub mod view;

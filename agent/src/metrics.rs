@@ -3,7 +3,8 @@
 //! closed sets; no device names, PIDs or paths as labels), except `device_info`: one series per
 //! rbd, nbd, multipath or SCSI device (bounded by the node's devices of those kinds, reset on
 //! every scan so a device that went takes its series with it), for joining a device to its image,
-//! client, WWID and PV in queries.
+//! client, WWID and PV in queries; and `device_unresponsive`: one series per device that does
+//! not answer I/O (reset on every scan the same way).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,6 +32,8 @@ pub struct Metrics {
     actions: IntCounterVec,
     last_scan: Gauge,
     device_info: GaugeVec,
+    device_unresponsive: GaugeVec,
+    blocked_reads: Gauge,
 }
 
 /// A metric could not be defined (a bug: names and labels are constants).
@@ -81,6 +84,17 @@ impl Metrics {
             ),
             &["node", "device", "kind", "pool", "image", "client_addr", "wwid", "pv", "verdict"],
         )?;
+        let device_unresponsive = GaugeVec::new(
+            Opts::new(
+                "device_unresponsive",
+                "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.",
+            ),
+            &["node", "device", "kind"],
+        )?;
+        let blocked_reads = Gauge::new(
+            "blocked_reads",
+            "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
+        )?;
         for c in [
             Box::new(devices.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(holders.clone()),
@@ -91,6 +105,8 @@ impl Metrics {
             Box::new(last_scan.clone()),
             Box::new(build_info),
             Box::new(device_info.clone()),
+            Box::new(device_unresponsive.clone()),
+            Box::new(blocked_reads.clone()),
         ] {
             registry.register(c)?;
         }
@@ -123,6 +139,8 @@ impl Metrics {
             actions,
             last_scan,
             device_info,
+            device_unresponsive,
+            blocked_reads,
         })
     }
 
@@ -156,6 +174,16 @@ impl Metrics {
                 ])
                 .set(1.0);
         }
+        self.device_unresponsive.reset();
+        for d in &view.devices {
+            if d.unresponsive.is_some() {
+                let dev = &d.entry.device;
+                self.device_unresponsive
+                    .with_label_values(&[node, dev.name.as_str(), dev.kind.as_str()])
+                    .set(1.0);
+            }
+        }
+        self.blocked_reads.set(crate::bounded::blocked_now() as f64);
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         for k in DeviceKind::ALL {

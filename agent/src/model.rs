@@ -362,6 +362,11 @@ pub struct LoopInfo {
     /// device (`lo_rdevice`). A loop device opens its backing node without claiming it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backing_rdev: Option<DevNum>,
+    /// Why `LOOP_GET_STATUS64` gave no answer because it blocked (the backing file's filesystem
+    /// does not answer): the backing device is then not known, which the scan reports as a blind
+    /// spot. `None` when it answered, or was not asked (a fixture tree).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_blocked: Option<String>,
 }
 
 /// Device-mapper identity from `dm/`.

@@ -95,6 +95,12 @@ impl Step {
         matches!(self.action, Action::DetachMount { .. })
     }
 
+    /// Whether this step is the one that unblocks a hung device: stopping a dead multipath
+    /// map's queueing (`fail_if_no_path`) fails the I/O that waits for a path.
+    pub fn unblocks(&self) -> bool {
+        matches!(&self.action, Action::DmMessage { message, .. } if message == "fail_if_no_path")
+    }
+
     /// One line for humans.
     pub fn describe(&self) -> String {
         let device = &self.device;

@@ -21,6 +21,7 @@ use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
 use crate::scan::Scan;
+use crate::stall::Stall;
 
 /// The agent's judgement of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -83,6 +84,8 @@ pub struct JudgeInput<'a> {
     pub now: BootTime,
     /// The Kubernetes API's view (`None`: the agent runs without the API).
     pub api: Option<&'a ClusterView>,
+    /// Devices that do not answer I/O ([`crate::stall`]), with the evidence.
+    pub stalled: &'a HashMap<DevNum, Stall>,
 }
 
 /// First look at a device: a final verdict, or a cleanup candidate (stale after the grace).
@@ -288,9 +291,24 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
                     paths.push((d.devnum, d.name.clone(), map));
                     continue;
                 }
-                Assessment::Candidate(text) => candidate(e, &text, scan, clocks, input, &mut observed),
+                Assessment::Candidate(text) => match input.stalled.get(&d.devnum) {
+                    // Not an observation of an unheld device: its grace clock stops.
+                    Some(stall) if !unblocked_by_its_plan(e) => {
+                        let timeless = text.replace(" for {age}", "");
+                        Judgement {
+                            verdict: Verdict::Unknown,
+                            summary: format!("{}; {timeless}", Stall::SUMMARY),
+                            reasons: vec![
+                                format!("{}: nothing destructive is done to it", stall_evidence(e, stall)),
+                                timeless,
+                            ],
+                        }
+                    }
+                    _ => candidate(e, &text, scan, clocks, input, &mut observed),
+                },
             }
         };
+        let j = weigh_stall(j, e, input.stalled.get(&d.devnum));
         out.insert(d.devnum, weigh_api(j, e, input));
     }
     // A path follows its map: removable only with it.
@@ -317,6 +335,51 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
     }
     clocks.retain(|id| !scan.covers(id.devnum) || observed.contains(id));
     out
+}
+
+/// A dead multipath map that queues I/O: its plan starts with `fail_if_no_path`, which fails
+/// the I/O that hangs on it.
+fn unblocked_by_its_plan(e: &DeviceEntry) -> bool {
+    e.multipath.as_ref().is_some_and(|m| m.active_paths == 0 && m.queue_if_no_path == Some(true))
+}
+
+/// The evidence that a device does not answer: its counters, and the holders waiting in D state.
+fn stall_evidence(e: &DeviceEntry, stall: &Stall) -> String {
+    let stuck: Vec<String> = e
+        .holders
+        .iter()
+        .filter(|h| h.process_state == Some('D'))
+        .filter_map(|h| {
+            let pid = h.pids.first()?;
+            Some(match &h.comm {
+                Some(c) => format!("pid {pid} ({c})"),
+                None => format!("pid {pid}"),
+            })
+        })
+        .collect();
+    if stuck.is_empty() {
+        return stall.describe();
+    }
+    format!("{}; waiting on it in D state: {}", stall.describe(), stuck.join(", "))
+}
+
+/// Puts the evidence that a device does not answer first among its reasons (an unknown
+/// candidate already has it).
+fn weigh_stall(mut j: Judgement, e: &DeviceEntry, stall: Option<&Stall>) -> Judgement {
+    let Some(stall) = stall else { return j };
+    if j.reasons.first().is_some_and(|r| r.starts_with("unresponsive:")) {
+        return j;
+    }
+    let why = if unblocked_by_its_plan(e) {
+        format!(
+            "{}: stopping the map's queueing (fail_if_no_path, its plan's first step) fails that I/O",
+            stall_evidence(e, stall)
+        )
+    } else {
+        stall_evidence(e, stall)
+    };
+    j.reasons.insert(0, why);
+    j
 }
 
 /// A candidate's verdict: unknown through a blind spot, else suspect or stale by its clock.
@@ -439,6 +502,7 @@ mod tests {
                 backend: None,
             }),
             kubernetes: None,
+            io: None,
         }
     }
 
@@ -455,6 +519,10 @@ mod tests {
     }
 
     fn judge_alone(entry: DeviceEntry, grace: Duration) -> Judgement {
+        judge_stalled(entry, grace, None)
+    }
+
+    fn judge_stalled(entry: DeviceEntry, grace: Duration, stall: Option<Stall>) -> Judgement {
         let devnum = entry.device.devnum;
         let scan = Scan {
             graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry] },
@@ -471,6 +539,7 @@ mod tests {
             max_gap: Duration::from_secs(120),
             now: BootTime::from_since_boot(Duration::from_secs(100)),
             api: None,
+            stalled: &stall.map(|s| HashMap::from([(devnum, s)])).unwrap_or_default(),
         };
         judge(&scan, &mut clocks, &input).remove(&devnum).expect("nbd0 judged")
     }
@@ -525,6 +594,7 @@ mod tests {
                 max_gap: Duration::from_secs(120),
                 now: BootTime::from_since_boot(Duration::from_secs(at)),
                 api: None,
+                stalled: &HashMap::new(),
             };
             let j = judge(&scan(at), &mut clocks, &input).remove(&devnum).expect("judged");
             if at > 100 {
@@ -536,5 +606,26 @@ mod tests {
         }
         assert!(!summaries[0].contains("for 3s"), "{summaries:?}");
         assert_eq!(summaries[0], summaries[1], "the summary is what Events de-duplicate on");
+    }
+
+    /// An unheld candidate whose I/O does not complete is unknown (never stale, whatever the
+    /// grace), with the evidence first; a held device keeps its verdict with the evidence first.
+    #[test]
+    fn an_unresponsive_device_is_never_stale() {
+        let stall = Stall { in_flight: 2, stalled_for: Duration::from_secs(12) };
+        let j = judge_stalled(nbd0(true, Vec::new()), Duration::ZERO, Some(stall.clone()));
+        assert_eq!(j.verdict, Verdict::Unknown, "{j:?}");
+        assert!(
+            j.reasons[0].starts_with("unresponsive: 2 I/O(s) in flight and none completed for 12s"),
+            "{j:?}"
+        );
+        assert!(j.summary.starts_with(Stall::SUMMARY) && !j.summary.contains("12s"), "{j:?}");
+        let mut stuck = server_holds_it();
+        stuck.process_state = Some('D');
+        let held = judge_stalled(nbd0(true, vec![stuck]), Duration::ZERO, Some(stall));
+        assert_eq!(held.verdict, Verdict::InUse, "{held:?}");
+        assert!(held.reasons[0].starts_with("unresponsive:"), "{held:?}");
+        assert!(held.reasons[0].ends_with("; waiting on it in D state: pid 4242 (qemu-nbd)"), "{held:?}");
+        assert!(!held.summary.starts_with("unresponsive"), "the summary stays what it was: {held:?}");
     }
 }

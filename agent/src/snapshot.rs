@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::blindspot::BlindSpot;
 use crate::discover::fds::{self, ProcRef};
+use crate::discover::iostat::{self, IoStat};
 use crate::discover::livefs::{self, LiveFs};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount, Wanted};
 use crate::discover::processes::{self, ProcEntry};
@@ -118,6 +119,9 @@ pub struct Snapshot {
     /// The kubelet directory's volumes (empty on nodes without kubelet).
     #[serde(skip)]
     pub kubelet: kubelet::KubeletScan,
+    /// I/O counters of the devices in scope (those whose `stat` could be read).
+    #[serde(skip)]
+    pub io: HashMap<DevNum, IoStat>,
 }
 
 /// How a scan reads the host.
@@ -187,6 +191,17 @@ impl Snapshot {
                 Ok(n) => BlindSpot::devices(vec![n], e.to_string()),
                 Err(_) => BlindSpot::any(e.to_string()),
             });
+        }
+        let io = read_io(host, &devices, &targets, &mut warnings);
+        // A loop device whose LOOP_GET_STATUS64 blocked: the device its backing file lives on
+        // (which the loop device holds) is not known.
+        for d in &devices {
+            if let Some(why) = d.loop_info.as_ref().and_then(|l| l.status_blocked.as_ref()) {
+                blind.push(BlindSpot::any(format!(
+                    "{why}: the device that backing file lives on, which {} holds, is not known",
+                    d.name
+                )));
+            }
         }
 
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
@@ -355,6 +370,7 @@ impl Snapshot {
             rbd,
             nbd,
             kubelet,
+            io,
         })
     }
 
@@ -395,6 +411,27 @@ fn host_namespace(
         )),
         None => Err(DiscoverError::attr(&path, &why, "expected a link to mnt:[INODE] (is this a procfs?)")),
     }
+}
+
+/// The block layer's counters of the devices in `targets`: never touch the device. One that
+/// cannot be read only leaves the device's responsiveness unjudged (a warning).
+fn read_io(
+    host: &HostRoot,
+    devices: &[BlockDevice],
+    targets: &HashSet<DevNum>,
+    warnings: &mut Vec<String>,
+) -> HashMap<DevNum, IoStat> {
+    let mut io = HashMap::new();
+    for d in devices.iter().filter(|d| targets.contains(&d.devnum)) {
+        match iostat::read(&host.sys_class_block().join(d.name.as_str())) {
+            Ok(Some(s)) => {
+                io.insert(d.devnum, s);
+            }
+            Ok(None) => {}
+            Err(e) => warnings.push(e.to_string()),
+        }
+    }
+    io
 }
 
 /// What each kind's sysfs (and the kernel log, for fenced rbd clients) says of the devices:

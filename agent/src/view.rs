@@ -14,6 +14,7 @@ use crate::identity::Identity;
 use crate::model::MountNsId;
 use crate::policy::{Judgement, Verdict};
 use crate::snapshot::ScanStats;
+use crate::stall::Stall;
 
 /// A device with its verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -21,6 +22,9 @@ pub struct DeviceView {
     pub entry: DeviceEntry,
     pub judgement: Judgement,
     pub identity: Identity,
+    /// Set when the device does not answer I/O: the evidence ([`crate::stall`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresponsive: Option<Stall>,
     /// When the agent last read the device itself (sysfs, fds, processes): the latest full
     /// scan, by generation and time.
     pub last_seen_scan: u64,
@@ -64,7 +68,7 @@ impl View {
     }
 
     pub(crate) fn of(judged: Judged, scan_number: u64) -> Self {
-        let Judged { scan, mut verdicts, api_state, .. } = judged;
+        let Judged { scan, mut verdicts, api_state, mut stalled, .. } = judged;
         let now = SystemTime::now();
         let devices = scan
             .graph
@@ -77,7 +81,15 @@ impl View {
                     summary: String::new(),
                 });
                 let identity = Identity::of(&entry);
-                DeviceView { entry, judgement, identity, last_seen_scan: scan_number, last_seen: Some(now) }
+                let unresponsive = stalled.remove(&entry.device.devnum);
+                DeviceView {
+                    entry,
+                    judgement,
+                    identity,
+                    unresponsive,
+                    last_seen_scan: scan_number,
+                    last_seen: Some(now),
+                }
             })
             .collect();
         Self {

@@ -296,6 +296,7 @@ impl Machine {
                 backing_dev: Some(DevNum::new(254, 0)),
                 backing_inode: Some(d.seq),
                 backing_rdev: None,
+                status_blocked: None,
             }),
             dm: (kind == DeviceKind::Dm).then(|| blockjanitor::model::DmInfo {
                 name: "mpatha".into(),
@@ -381,6 +382,7 @@ impl Machine {
                 backend: None,
             }),
             kubernetes,
+            io: None,
         }
     }
 
@@ -718,7 +720,7 @@ fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     let machine = Rc::new(Machine::new(c));
     let engine = Engine::new(
         Sim(Rc::clone(&machine)),
-        Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default() },
+        Settings { grace: GRACE, max_gap: MAX_GAP, clean: CleanOptions::default(), ..Settings::default() },
     );
     let mut clocks = Clocks::new(Some("boot".into()));
     // The history: observations by complete (or blind) scans, the device held at some.

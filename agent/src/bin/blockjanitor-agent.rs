@@ -230,6 +230,10 @@ struct ServeArgs {
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     grace_period: Option<u64>,
+    /// Seconds a device may have I/O in flight with none completing before it is reported
+    /// unresponsive (and nothing destructive is done to it) [default: 10].
+    #[arg(long, value_name = "SECONDS")]
+    unresponsive_after: Option<u64>,
     /// Node name reported by GetNode and used with the Kubernetes API [default: the host name].
     #[arg(long, value_name = "NAME")]
     node_name: Option<String>,
@@ -322,7 +326,12 @@ fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<LinuxW
     let world = LinuxWorld::new(host, scan_options(cli), Duration::from_secs(cli.timeout));
     Engine::new(
         world,
-        Settings { grace: Duration::from_secs(cli.grace_period), max_gap: interval * 2, clean },
+        Settings {
+            grace: Duration::from_secs(cli.grace_period),
+            max_gap: interval * 2,
+            clean,
+            unresponsive_after: blockjanitor::stall::DEFAULT_THRESHOLD,
+        },
     )
 }
 
@@ -459,6 +468,9 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = a.grace_period {
         c.grace_period_seconds = v;
     }
+    if let Some(v) = a.unresponsive_after {
+        c.unresponsive_after_seconds = v;
+    }
     if let Some(v) = &a.node_name {
         c.node_name = Some(v.clone());
     }
@@ -516,6 +528,7 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         grace: config.grace_period(),
         max_gap: config.rescan_interval() * 2,
         clean: plan::CleanOptions::default(),
+        unresponsive_after: config.unresponsive_after(),
     };
     let engine = Engine::new(world, settings);
     // Before anything acts: close the steps a run that died left open, each re-checked against

@@ -17,6 +17,8 @@ pub enum EventKind {
     VerdictChanged,
     ActionStarted,
     ActionFinished,
+    /// A device stopped answering I/O, or answers again ([`crate::stall`]).
+    ResponsivenessChanged,
 }
 
 /// One event.
@@ -42,6 +44,16 @@ impl AgentEvent {
 fn same_holders(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> bool {
     let strip = |h: &crate::graph::Holder| crate::graph::Holder { process_state: None, ..h.clone() };
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| strip(x) == strip(y))
+}
+
+/// A device's I/O stopped completing, or completes again.
+fn responsiveness(d: &DeviceView) -> AgentEvent {
+    let name = d.entry.device.name.as_str();
+    let message = match &d.unresponsive {
+        Some(s) => format!("{name}: {}", s.describe()),
+        None => format!("{name}: answers again (its I/O completes)"),
+    };
+    AgentEvent::new(EventKind::ResponsivenessChanged, name, message, Some(d.clone()))
 }
 
 /// Events that turn `old` into `new`. Devices are matched by name and number, so a reused name
@@ -70,6 +82,9 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                         format!("{name}: {new} holder(s) added, {gone} gone, {} now", d.entry.holders.len()),
                         Some(d.clone()),
                     ));
+                }
+                if prev.unresponsive.is_some() != d.unresponsive.is_some() {
+                    out.push(responsiveness(d));
                 }
                 if prev.judgement.verdict != d.judgement.verdict {
                     out.push(AgentEvent::new(

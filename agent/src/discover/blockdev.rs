@@ -74,9 +74,6 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
     let holders = names_in(&dir.join("holders"))?;
     let slaves = names_in(&dir.join("slaves"))?;
     let dm = read_dm(&dir.join("dm"))?;
-    let loop_info =
-        if dir.join("loop").is_dir() { loopdev::read(host, &dir.join("loop"), &name, devnum)? } else { None };
-    let kind = classify(name.as_str(), is_partition, dm.is_some(), dir);
     let diskseq = match read_attr_opt(&dir.join("diskseq"))? {
         Some(t) => Some(
             t.trim()
@@ -85,6 +82,12 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
         ),
         None => None,
     };
+    let loop_info = if dir.join("loop").is_dir() {
+        loopdev::read(host, &dir.join("loop"), &name, devnum, diskseq)?
+    } else {
+        None
+    };
+    let kind = classify(name.as_str(), is_partition, dm.is_some(), dir);
     Ok(Some(BlockDevice {
         name,
         devnum,

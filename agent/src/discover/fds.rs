@@ -7,10 +7,9 @@
 //! a deadline (reading it takes the target's mmap lock, which a stuck process may hold).
 //! Whatever cannot be read is reported, so the scan knows it is incomplete.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::os::unix::ffi::OsStringExt;
 use std::path::Path;
-use std::sync::{mpsc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -74,7 +73,12 @@ pub fn scan_process(
         }
     };
     let mut fd_errors = Vec::new();
+    // This agent's own probes blocked on a device (crate::bounded) are not holders.
+    let me = live && entry.pid == std::process::id();
     for fd in fds {
+        if me && i32::try_from(fd).is_ok_and(crate::bounded::is_probe_fd) {
+            continue;
+        }
         let path = fd_dir.join(fd.to_string());
         let id = match sys::stat_cached(&path) {
             Ok(id) => id,
@@ -158,12 +162,9 @@ pub fn scan_process(
 /// which a stuck process may hold forever).
 const STUCK_MAPS_DEADLINE: Duration = Duration::from_millis(250);
 
-/// Processes whose `maps` read is still blocked on a helper thread: not read again (no second
-/// thread) until that one returns.
-static BLOCKED_MAPS: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
-
-/// `/proc/PID/maps` (empty when the process is gone). For a process in D state the read runs on
-/// its own thread with a deadline, and a read that blocks is reported, never waited for.
+/// `/proc/PID/maps` (empty when the process is gone). For a process in D state the read runs
+/// through [`crate::bounded`] (its own thread, a deadline, never a second thread while one is
+/// blocked), and a read that blocks is reported, never waited for.
 fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     let path = dir.join("maps");
     let read = move |path: &Path| match std::fs::read(path) {
@@ -174,26 +175,8 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     if !stuck {
         return read(&path);
     }
-    {
-        let mut blocked = BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner());
-        if blocked.contains(&pid) {
-            return Err("it is in D state and an earlier read of its maps is still blocked".into());
-        }
-        blocked.insert(pid);
-    }
-    let (tx, rx) = mpsc::sync_channel(1);
-    let spawned = std::thread::Builder::new().name(format!("blockjanitor-maps-{pid}")).spawn(move || {
-        let r = read(&path);
-        BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
-        let _ = tx.send(r);
-    });
-    if let Err(e) = spawned {
-        BLOCKED_MAPS.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
-        return Err(format!("cannot start a thread to read them: {e}"));
-    }
-    rx.recv_timeout(STUCK_MAPS_DEADLINE).unwrap_or_else(|_| {
-        Err(format!("it is in D state and reading its maps blocked for more than {STUCK_MAPS_DEADLINE:?}"))
-    })
+    crate::bounded::read(format!("maps-{pid}"), STUCK_MAPS_DEADLINE, move || read(&path))
+        .unwrap_or_else(|b| Err(format!("it is in D state and reading its maps {b}")))
 }
 
 /// Checks a task's cwd and root. True when both were seen (not gone, not unreadable).
@@ -283,5 +266,29 @@ mod tests {
         shared_done_tx.send(()).expect("done");
         own.join().expect("join");
         shared.join().expect("join");
+    }
+
+    /// A file this agent's own blocked probe holds open (marked through crate::bounded) is not
+    /// a holder; the same file unmarked is.
+    #[test]
+    fn the_agents_own_blocked_probe_is_not_a_holder() {
+        use std::os::fd::AsRawFd;
+        let host = HostRoot::default();
+        let procfs = sys::stat_cached(Path::new("/proc")).expect("stat /proc").dev;
+        let f = std::fs::File::open("/proc/self/status").expect("open a procfs file");
+        let fd = u32::try_from(f.as_raw_fd()).expect("fd");
+        let entry = processes::read_entry(&host, std::process::id()).expect("readable").expect("alive");
+        let targets: HashSet<DevNum> = [procfs].into();
+        let holds = || {
+            scan_process(&host, &entry, &targets, None, &HashSet::new(), true)
+                .refs
+                .iter()
+                .any(|r| r.fd == Some(fd))
+        };
+        assert!(holds(), "an open file on the filesystem is a holder");
+        let mark = crate::bounded::mark_fd(f.as_raw_fd());
+        assert!(!holds(), "marked as the agent's own probe: not a holder");
+        drop(mark);
+        assert!(holds());
     }
 }

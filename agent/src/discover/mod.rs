@@ -8,6 +8,7 @@ pub mod blockdev;
 pub mod cgroup;
 pub mod dm;
 pub mod fds;
+pub mod iostat;
 pub mod kmsg;
 pub mod kubelet;
 pub mod livefs;

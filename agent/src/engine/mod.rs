@@ -4,7 +4,8 @@
 //!
 //! - [`Engine::scan`] reads the host (all of it, or one device and what is stacked on it) into a
 //!   [`Scan`], with its blind spots;
-//! - [`Engine::judge`] gives every device of that scan a verdict, advancing the grace clocks;
+//! - [`Engine::judge`] gives every device of that scan a verdict, advancing the grace clocks and
+//!   the watch on devices that do not answer ([`crate::stall`]);
 //! - [`Engine::plan`] turns one device of a judged scan into ordered steps and passes them
 //!   through the gates: a verdict and the plan built on it always come from the same scan;
 //! - [`Engine::execute`] runs a plan: no journal, no action; before every destructive step a
@@ -21,6 +22,7 @@ pub mod recover;
 pub mod world;
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::act::{ActError, StepOutcome, StepReport};
@@ -33,6 +35,7 @@ use crate::model::DevNum;
 use crate::plan::{self, CleanOptions, Plan, Step};
 use crate::policy::{self, Judgement, Verdict};
 use crate::scan::{Scan, Target};
+use crate::stall::{Stall, StallWatch};
 pub use world::World;
 
 /// Why the engine could not do what it was asked.
@@ -79,6 +82,8 @@ pub struct Settings {
     pub max_gap: Duration,
     /// Opt-ins for clean.
     pub clean: CleanOptions,
+    /// How long I/O in flight may go without any completing before the device is unresponsive.
+    pub unresponsive_after: Duration,
 }
 
 impl Default for Settings {
@@ -87,6 +92,7 @@ impl Default for Settings {
             grace: Duration::from_secs(300),
             max_gap: Duration::from_secs(120),
             clean: CleanOptions::default(),
+            unresponsive_after: crate::stall::DEFAULT_THRESHOLD,
         }
     }
 }
@@ -99,6 +105,8 @@ pub struct Judged {
     /// What the Kubernetes API could vouch for when judged, in words.
     pub api_state: String,
     pub judged_at: BootTime,
+    /// The devices of the scan that do not answer, with the evidence.
+    pub stalled: HashMap<DevNum, Stall>,
 }
 
 impl Judged {
@@ -112,11 +120,32 @@ impl Judged {
 pub struct Engine<W: World> {
     pub world: W,
     pub settings: Settings,
+    /// Every observation of the devices' I/O counters so far.
+    stalls: Mutex<StallWatch>,
 }
 
 impl<W: World> Engine<W> {
     pub fn new(world: W, settings: Settings) -> Self {
-        Self { world, settings }
+        Self { world, settings, stalls: Mutex::new(StallWatch::new()) }
+    }
+
+    /// Observes the I/O counters of the devices `scan` covers: those that do not answer.
+    fn observe_io(&self, scan: &Scan, now: BootTime) -> HashMap<DevNum, Stall> {
+        let mut watch = self.stalls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = HashMap::new();
+        for e in scan.graph.devices.iter().filter(|e| scan.covers(e.device.devnum)) {
+            let Some(io) = e.io else { continue };
+            let d = &e.device;
+            if let Some(s) = watch.observe(d.devnum, d.diskseq, io, now, self.settings.unresponsive_after) {
+                out.insert(d.devnum, s);
+            }
+        }
+        if scan.scope.is_none() {
+            let present: std::collections::HashSet<(DevNum, Option<u64>)> =
+                scan.graph.devices.iter().map(|e| (e.device.devnum, e.device.diskseq)).collect();
+            watch.retain(|d, s| present.contains(&(d, s)));
+        }
+        out
     }
 
     /// Reads the host.
@@ -129,6 +158,7 @@ impl<W: World> Engine<W> {
     pub fn judge(&self, scan: Scan, clocks: &mut Clocks) -> Judged {
         let now = self.world.now();
         let api = self.world.cluster();
+        let stalled = self.observe_io(&scan, now);
         let verdicts = policy::judge(
             &scan,
             clocks,
@@ -137,6 +167,7 @@ impl<W: World> Engine<W> {
                 max_gap: self.settings.max_gap,
                 now,
                 api: api.as_ref(),
+                stalled: &stalled,
             },
         );
         let api_state = match &api {
@@ -146,7 +177,7 @@ impl<W: World> Engine<W> {
                 Err(why) => format!("cannot vouch: {why}"),
             },
         };
-        Judged { scan, verdicts, api_state, judged_at: now }
+        Judged { scan, verdicts, api_state, judged_at: now, stalled }
     }
 
     /// Scans one device, judges it and plans `op` for it: the usual way to plan.
@@ -177,7 +208,8 @@ impl<W: World> Engine<W> {
         let api = self.world.cluster();
         let safety = gates::protection(entry, &scan.protected)
             .or_else(|| gates::api(entry, api.as_ref(), self.world.now()).refusal())
-            .or_else(|| gates::kubelet_pods(entry));
+            .or_else(|| gates::kubelet_pods(entry))
+            .or_else(|| gates::responsive(entry, judged.stalled.get(&devnum), &p.steps));
         let unsure_host = match (&scan.graph.host_ns_unsure, p.steps.iter().any(Step::is_release)) {
             (Some(why), true) => {
                 Some(format!("{why}: no mount can be told host from foreign, so none is released"))
@@ -271,6 +303,10 @@ impl<W: World> Engine<W> {
             Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
         };
         let entry = fresh.entry(step.devnum)?;
+        let stalled = self.observe_io(&fresh, self.world.now());
+        if let Some(r) = gates::responsive(entry, stalled.get(&step.devnum), &plan.steps) {
+            return Some(r);
+        }
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
         recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
@@ -370,6 +406,7 @@ mod tests {
                     backing_dev: Some(DevNum::new(254, 0)),
                     backing_inode: Some(seq),
                     backing_rdev: None,
+                    status_blocked: None,
                 }),
                 dm: None,
                 diskseq: Some(seq),
@@ -381,6 +418,7 @@ mod tests {
             rbd: None,
             nbd: None,
             kubernetes: None,
+            io: None,
         }
     }
 
@@ -394,6 +432,8 @@ mod tests {
         held: bool,
         /// A live agent process (the writer of an intent still in flight).
         live_agent: Option<u32>,
+        /// Fresh scans show one I/O in flight that never completes.
+        stuck_io: bool,
     }
 
     impl World for &Test {
@@ -401,6 +441,9 @@ mod tests {
             let mut e = entry(self.seq.get().max(1));
             if !self.held {
                 e.holders.clear();
+            }
+            if self.stuck_io {
+                e.io = Some(crate::discover::iostat::IoStat { completed: 5, in_flight: 1 });
             }
             Ok(Scan {
                 graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![e] },
@@ -524,6 +567,41 @@ mod tests {
             reports[0].result
         );
         assert!(t.actuator.calls.borrow().is_empty());
+    }
+
+    /// A device whose I/O does not complete gets no destructive plan, and a step planned
+    /// before it stopped answering is vetoed right before it runs.
+    #[test]
+    fn nothing_destructive_is_planned_or_run_on_an_unresponsive_device() {
+        let t = Test { seq: Cell::new(1), held: true, stuck_io: true, ..Test::default() };
+        let settings = Settings { unresponsive_after: Duration::ZERO, ..Settings::default() };
+        let engine = Engine::new(&t, settings);
+        let mut clocks = Clocks::new(None);
+        let (judged, plan) =
+            engine.plan_fresh(DevNum::new(7, 3), Operation::Release, &mut clocks).expect("planned");
+        let stall = judged.stalled.get(&DevNum::new(7, 3)).expect("unresponsive");
+        assert_eq!(stall.in_flight, 1);
+        assert!(plan.steps.is_empty(), "a refused plan has no steps: {plan:?}");
+        let refusal = plan.refusal.as_deref().unwrap_or_default();
+        assert!(refusal.contains("loop3 is unresponsive: 1 I/O(s) in flight"), "{refusal}");
+        let j = judged.verdict(DevNum::new(7, 3)).expect("judged");
+        assert!(j.reasons[0].starts_with("unresponsive: 1 I/O(s) in flight"), "{j:?}");
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let reports = engine.execute(&plan_of("clean", vec![unbind()]), &mut journal(&dir)).expect("may act");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("unresponsive")),
+            "{:?}",
+            reports[0].result
+        );
+        assert!(t.actuator.calls.borrow().is_empty());
+
+        // The same device answering: the unbind reaches the kernel.
+        let t = Test { seq: Cell::new(1), ..Test::default() };
+        let engine = Engine::new(&t, Settings { unresponsive_after: Duration::ZERO, ..Settings::default() });
+        let reports = engine.execute(&plan_of("clean", vec![unbind()]), &mut journal(&dir)).expect("may act");
+        assert!(reports[0].result.is_ok(), "{:?}", reports[0].result);
+        assert_eq!(t.actuator.calls.borrow().len(), 1);
     }
 
     #[test]

@@ -273,6 +273,7 @@ mod tests {
             rbd: None,
             nbd: None,
             kubernetes: None,
+            io: None,
         }
     }
 
@@ -415,6 +416,7 @@ mod tests {
             backing_dev: Some(DevNum::new(254, 0)),
             backing_inode: Some(12),
             backing_rdev: None,
+            status_blocked: None,
         });
         let i = intent(&bound, serde_json::json!({"action": "detach_loop", "backing_file": "/img"}), 42);
         let unbound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);

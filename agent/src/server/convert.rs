@@ -134,6 +134,8 @@ pub fn device(v: &DeviceView) -> pb::Device {
         }),
         wwid: wwid(&v.entry),
         nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
+        unresponsive: v.unresponsive.is_some(),
+        unresponsive_seconds: v.unresponsive.as_ref().map_or(0.0, |s| s.stalled_for.as_secs_f64()),
         last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
         last_seen_scan: v.last_seen_scan,
     }
@@ -175,6 +177,7 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         EventKind::VerdictChanged => pb::event::Type::VerdictChanged,
         EventKind::ActionStarted => pb::event::Type::ActionStarted,
         EventKind::ActionFinished => pb::event::Type::ActionFinished,
+        EventKind::ResponsivenessChanged => pb::event::Type::ResponsivenessChanged,
     };
     pb::Event {
         r#type: t as i32,

@@ -7,8 +7,8 @@
 //! - block devices a uevent named (added, removed, changed): sysfs and each kind's inventory,
 //!   and the mounts of those devices and of what is stacked on them.
 //!
-//! Open fds, working directories, maps and the process list are carried over from the full
-//! scan, which stays the safety net. This is an optimisation of what the view shows, never
+//! The block layer's I/O counters are always read again (they are judged against time). Open
+//! fds, working directories, maps and the process list are carried over from the full scan, which stays the safety net. This is an optimisation of what the view shows, never
 //! evidence for acting (every action re-scans the device in full). It refuses, and the caller
 //! falls back to a full scan, whenever its answer could be less complete than a full scan's: a
 //! namespace it does not know (new since the last full scan), one no known task still lives
@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use super::{join_anonymous, read_inventories, Inventories, ScanOptions, Snapshot};
+use super::{join_anonymous, read_inventories, read_io, Inventories, ScanOptions, Snapshot};
 use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, Wanted};
 use crate::discover::{blockdev, livefs, processes};
 use crate::host::HostRoot;
@@ -57,6 +57,14 @@ impl Snapshot {
         }
         if !changes.namespaces.is_empty() {
             next.reread_namespaces(host, &changes.namespaces, opts)?;
+        }
+        // I/O counters are judged against time (a device that does not answer): never carried.
+        let mut warnings = Vec::new();
+        next.io = read_io(host, &next.devices, &next.in_scope, &mut warnings);
+        for w in warnings {
+            if !next.warnings.contains(&w) {
+                next.warnings.push(w);
+            }
         }
         next.stats.duration = started.elapsed();
         Ok(next)
