@@ -194,6 +194,22 @@ pub struct DeviceGraph {
     pub devices: Vec<DeviceEntry>,
 }
 
+impl DeviceEntry {
+    /// The WWID multipath-tools uses for a SCSI disk (`3<naa>`, `2<eui>`, else the raw
+    /// `device/wwid`) or a multipath map (its dm uuid without `mpath-`); "" otherwise.
+    pub fn wwid(&self) -> String {
+        if let Some(s) = &self.scsi {
+            return s.disk.multipath_wwid().or_else(|| s.disk.wwid.clone()).unwrap_or_default();
+        }
+        self.device
+            .dm
+            .as_ref()
+            .and_then(|dm| dm.uuid.strip_prefix("mpath-"))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    }
+}
+
 impl DeviceGraph {
     /// Joins a snapshot. Only devices that were in the snapshot's scope get process and mount
     /// holders; stacking and loop backing come from sysfs for all.

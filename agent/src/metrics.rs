@@ -158,7 +158,7 @@ impl Metrics {
                 .as_ref()
                 .map(|r| (r.pool.as_str(), r.image.as_str(), r.client_addr.as_str()))
                 .unwrap_or_default();
-            let wwid = crate::server::convert::wwid(e);
+            let wwid = e.wwid();
             let pv = e.kubernetes.as_ref().map(|k| k.pv_names.join(",")).unwrap_or_default();
             self.device_info
                 .with_label_values(&[

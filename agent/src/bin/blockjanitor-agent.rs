@@ -557,7 +557,7 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         let mount_watch = match MountWatch::open() {
             Ok(w) => {
                 let w = Arc::new(w);
-                state.use_mount_watch(Arc::clone(&w));
+                state.use_mount_watch(Arc::clone(&w) as Arc<dyn blockjanitor::daemon::state::NamespaceWatch>);
                 Some(w)
             }
             Err(e) => {

@@ -21,7 +21,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::watch;
 
-use super::state::AgentState;
+use super::state::{AgentState, NamespaceWatch};
 use crate::discover::mount_memo;
 use crate::model::MountNsId;
 use crate::mount_events::{MountEvent, MountEvents};
@@ -52,32 +52,6 @@ impl MountWatch {
 
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MountNsId>> {
         self.watched.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Watches the namespaces of the latest full scan (each given with a file naming it) that
-    /// are not watched yet, and forgets those no longer there. Returns how many were added.
-    pub fn sync(&self, namespaces: &[(MountNsId, PathBuf)]) -> usize {
-        let mut seen = HashSet::new();
-        let mut added = 0;
-        let mut watched = self.watched();
-        for (id, file) in namespaces {
-            // The file is closed again right away: a mark does not pin the namespace.
-            let Ok(ns) = std::fs::File::open(file) else { continue }; // its task just exited
-            let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { continue };
-            seen.insert(ns_id);
-            if watched.contains_key(&ns_id) {
-                continue;
-            }
-            match self.events.watch_fd(ns.as_fd()) {
-                Ok(()) => {
-                    watched.insert(ns_id, *id);
-                    added += 1;
-                }
-                Err(e) => tracing::debug!("cannot watch mount namespace {id} ({}): {e}", file.display()),
-            }
-        }
-        watched.retain(|k, _| seen.contains(k));
-        added
     }
 
     /// How many namespaces are watched.
@@ -114,6 +88,34 @@ impl MountWatch {
             }
         }
         Request::Namespaces(out)
+    }
+}
+
+impl NamespaceWatch for MountWatch {
+    /// Watches the namespaces of the latest full scan (each given with a file naming it) that
+    /// are not watched yet, and forgets those no longer there.
+    fn sync(&self, namespaces: &[(MountNsId, PathBuf)]) -> usize {
+        let mut seen = HashSet::new();
+        let mut added = 0;
+        let mut watched = self.watched();
+        for (id, file) in namespaces {
+            // The file is closed again right away: a mark does not pin the namespace.
+            let Ok(ns) = std::fs::File::open(file) else { continue }; // its task just exited
+            let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { continue };
+            seen.insert(ns_id);
+            if watched.contains_key(&ns_id) {
+                continue;
+            }
+            match self.events.watch_fd(ns.as_fd()) {
+                Ok(()) => {
+                    watched.insert(ns_id, *id);
+                    added += 1;
+                }
+                Err(e) => tracing::debug!("cannot watch mount namespace {id} ({}): {e}", file.display()),
+            }
+        }
+        watched.retain(|k, _| seen.contains(k));
+        added
     }
 }
 

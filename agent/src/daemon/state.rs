@@ -83,7 +83,7 @@ pub struct AgentState {
     /// scan is pending).
     pending_changes: Mutex<Changes>,
     /// The kernel's mount events, when it offers them.
-    mount_watch: std::sync::OnceLock<Arc<super::mount_watch::MountWatch>>,
+    mount_watch: std::sync::OnceLock<Arc<dyn NamespaceWatch>>,
     act_lock: tokio::sync::Mutex<()>,
     /// Events and the Node condition, when the API is in use.
     reporter: std::sync::OnceLock<crate::kube::Reporter>,
@@ -91,6 +91,15 @@ pub struct AgentState {
     budget: Mutex<Budget>,
     /// Plan calls a minute per caller (each scans afresh).
     pub plan_limit: super::peer_limit::PeerLimit,
+}
+
+/// Something that watches mount namespaces for changes (the kernel's mount events, see
+/// `daemon::mount_watch`): told after each full scan which namespaces there are, each with a
+/// file that names it.
+pub trait NamespaceWatch: Send + Sync {
+    /// Watches the namespaces not watched yet and forgets those gone; returns how many were
+    /// added.
+    fn sync(&self, namespaces: &[(MountNsId, std::path::PathBuf)]) -> usize;
 }
 
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
@@ -211,7 +220,7 @@ impl AgentState {
     }
 
     /// Uses the kernel's mount events: every full scan's namespaces are watched from now on.
-    pub fn use_mount_watch(&self, watch: Arc<super::mount_watch::MountWatch>) {
+    pub fn use_mount_watch(&self, watch: Arc<dyn NamespaceWatch>) {
         let _ = self.mount_watch.set(watch);
     }
 

@@ -132,22 +132,13 @@ pub fn device(v: &DeviceView) -> pb::Device {
             client_addr: r.client_addr.clone(),
             cluster_fsid: r.cluster_fsid.clone(),
         }),
-        wwid: wwid(&v.entry),
+        wwid: v.entry.wwid(),
         nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
         unresponsive: v.unresponsive.is_some(),
         unresponsive_seconds: v.unresponsive.as_ref().map_or(0.0, |s| s.stalled_for.as_secs_f64()),
         last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
         last_seen_scan: v.last_seen_scan,
     }
-}
-
-/// The WWID multipath-tools uses for a SCSI disk (`3<naa>`, `2<eui>`, else the raw `device/wwid`)
-/// or a multipath map (its dm uuid without `mpath-`); "" for anything else.
-pub fn wwid(e: &crate::graph::DeviceEntry) -> String {
-    if let Some(s) = &e.scsi {
-        return s.disk.multipath_wwid().or_else(|| s.disk.wwid.clone()).unwrap_or_default();
-    }
-    e.device.dm.as_ref().and_then(|dm| dm.uuid.strip_prefix("mpath-")).map(str::to_owned).unwrap_or_default()
 }
 
 pub fn step(s: &Step) -> pb::Step {
