@@ -24,6 +24,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("config", config_toml),
     ("grpc", grpc_requests),
     ("sysfs", sysfs_attributes),
+    ("events", kernel_events),
 ];
 
 /// The target called `name` (a binary's own name: a typo is a bug in this crate).
@@ -74,6 +75,14 @@ pub fn kmsg_records(data: &[u8]) {
     for record in text(data).split('\n') {
         let _ = kmsg::fenced_record(record);
     }
+}
+
+/// What the kernel sends the daemon: fanotify mount-event records, uevent messages, and a
+/// device's `/sys/block/X/stat` (judged for unresponsiveness).
+pub fn kernel_events(data: &[u8]) {
+    let _ = blockjanitor::mount_events::parse(data);
+    let _ = blockjanitor::daemon::triggers::block_uevent_device(data);
+    let _ = blockjanitor::discover::iostat::parse(&text(data));
 }
 
 /// The agent's TOML config.
