@@ -1,5 +1,7 @@
 //! What `statmount` said about each mount, remembered by the mount's unique 64-bit ID, so that
-//! a rescan of a namespace whose mounts did not change costs one `listmount` and no `statmount`.
+//! a rescan of a namespace whose mounts did not change costs one `listmount` and no `statmount`;
+//! and, for the scans that only show (never those behind an action), the wanted lines of a
+//! namespace's mountinfo text, reused while its set of mount IDs is the same ([`text_for`]).
 //!
 //! This is sound without any invalidation: a mount's superblock device and filesystem magic
 //! never change, and the kernel never hands out a unique mount ID twice in one boot (the IDs
@@ -23,7 +25,57 @@ struct Memo {
     /// Per namespace (64-bit namespace ID): its mounts sorted by ID, and the scan epoch that
     /// last listed it.
     namespaces: HashMap<u64, (Arc<Vec<Entry>>, u64)>,
+    /// Per namespace: its mountinfo text as last read, parsed.
+    texts: HashMap<u64, Arc<TextMemo>>,
     epoch: u64,
+    /// Full scans that asked to reuse text (every [`DEEP_EVERY`]th reads it all again).
+    shallow: u64,
+}
+
+/// A namespace's mountinfo as last read: the lines any scan may want (every mount of a block
+/// device, btrfs and nsfs), and what the text held, for one set of mount IDs and one reader.
+#[derive(Debug)]
+pub struct TextMemo {
+    /// [`ids_key`] of the namespace's mount IDs when the text was read.
+    pub ids_key: u64,
+    /// The task the text was read through (paths are relative to its root).
+    pub via: (u32, u32),
+    pub lines: usize,
+    pub bytes: usize,
+    pub mounts: Vec<crate::discover::mountinfo::MountEntry>,
+}
+
+/// One full scan in this many reads every namespace's text again, even where the mount IDs are
+/// the same (a remount or a propagation change keeps the IDs).
+pub const DEEP_EVERY: u64 = 10;
+
+/// Whether a full scan may reuse text now: not the first, and not every [`DEEP_EVERY`]th.
+pub fn shallow_turn() -> bool {
+    let mut m = memo();
+    m.shallow += 1;
+    m.shallow % DEEP_EVERY != 1
+}
+
+/// A key for a set of mount IDs (FNV-1a over them, in `listmount`'s order, with their count).
+pub fn ids_key(ids: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ids.len() as u64;
+    for id in ids {
+        for b in id.to_le_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The text of namespace `ns_id` as last read through `via`, if its mount IDs are still those
+/// of `ids_key`.
+pub fn text_for(ns_id: u64, ids_key: u64, via: (u32, u32)) -> Option<Arc<TextMemo>> {
+    memo().texts.get(&ns_id).filter(|t| t.ids_key == ids_key && t.via == via).cloned()
+}
+
+/// Remembers the text of namespace `ns_id`.
+pub fn remember_text(ns_id: u64, text: TextMemo) {
+    memo().texts.insert(ns_id, Arc::new(text));
 }
 
 fn memo() -> MutexGuard<'static, Memo> {
@@ -75,7 +127,10 @@ pub fn begin_full_listing() -> u64 {
 
 /// Forgets the namespaces not listed since `epoch` began (they are gone, or out of reach).
 pub fn forget_unlisted(epoch: u64) {
-    memo().namespaces.retain(|_, (_, seen)| *seen >= epoch);
+    let mut m = memo();
+    m.namespaces.retain(|_, (_, seen)| *seen >= epoch);
+    let Memo { namespaces, texts, .. } = &mut *m;
+    texts.retain(|ns, _| namespaces.contains_key(ns));
 }
 
 /// The namespace whose last listing had mount `mnt_id`.

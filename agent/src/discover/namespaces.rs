@@ -131,6 +131,10 @@ pub struct Wanted<'a> {
     pub targets: &'a HashSet<DevNum>,
     /// nsfs's device on a live host (namespace pins); `None`: every line is wanted.
     pub nsfs_dev: Option<DevNum>,
+    /// A namespace whose mount IDs did not change since its text was read may be answered from
+    /// that reading (see [`super::mount_memo::text_for`]): for scans that only show. A scan
+    /// behind an action always reads the text.
+    pub reuse_text: bool,
 }
 
 impl Wanted<'_> {
@@ -299,10 +303,11 @@ fn read_task_ns(
         let mut buf = buf.borrow_mut();
         for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
             let mut api_hits = Vec::new();
+            let mut listing = None;
             if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
                 match hits_with_api(host, pid, tid, wanted) {
                     Ok(None) => continue,
-                    Ok(Some((total, hits))) if hits.is_empty() => {
+                    Ok(Some(Listing { total, hits, .. })) if hits.is_empty() => {
                         return Ok(Some(OneNs {
                             ns: ns.id,
                             via: NsEntry::Task { pid, tid },
@@ -312,7 +317,10 @@ fn read_task_ns(
                             api_hits: hits,
                         }));
                     }
-                    Ok(Some((_, hits))) => api_hits = hits,
+                    Ok(Some(l)) => {
+                        api_hits = l.hits;
+                        listing = Some((l.ns_id, l.ids_key));
+                    }
                     Err(e) if mount_api::is_unsupported(&e) => {
                         tracing::debug!("listmount/statmount unavailable ({e}); reading mountinfo text");
                         MOUNT_API_UNSUPPORTED.store(true, Ordering::Relaxed);
@@ -323,6 +331,15 @@ fn read_task_ns(
             // The text is read through a task at the namespace's root (its mountinfo shows every
             // mount); when every task is chrooted, by entering the namespace.
             let rooted = ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t));
+            // The same mount IDs read through the same task: the lines as read last time.
+            if let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text) {
+                if let Some(t) = super::mount_memo::text_for(ns_id, key, task) {
+                    let mounts =
+                        t.mounts.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+                    let via = NsEntry::Task { pid: task.0, tid: task.1 };
+                    return Ok(Some(OneNs { ns: ns.id, via, lines: t.lines, bytes: 0, mounts, api_hits }));
+                }
+            }
             // A fixture tree cannot be entered: its tasks are taken as they are.
             let (via, path) = match rooted.or((!live).then_some((pid, tid))) {
                 Some((pid, tid)) => {
@@ -350,6 +367,18 @@ fn read_task_ns(
                 continue; // the task exited between open and read
             }
             let mut mounts = Vec::new();
+            if let (Some((ns_id, ids_key)), NsEntry::Task { pid, tid }) = (listing, &via) {
+                // Listed: keep every line a later scan of the same mount IDs may want.
+                let any = |d: DevNum, t: &[u8]| d.major != 0 || t == b"btrfs" || t == b"nsfs" || wanted.text(d, t);
+                let lines = mountinfo::scan(&buf, any, |m| mounts.push(m))
+                    .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
+                let bytes = buf.len();
+                let all = std::mem::take(&mut mounts);
+                mounts = all.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+                let text = super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all };
+                super::mount_memo::remember_text(ns_id, text);
+                return Ok(Some(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits }));
+            }
             let lines = mountinfo::scan(&buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
                 .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
             return Ok(Some(OneNs { ns: ns.id, via, lines, bytes: buf.len(), mounts, api_hits }));
@@ -358,14 +387,20 @@ fn read_task_ns(
     })
 }
 
-/// A task's namespace's mount count, and the devices of the mounts `wanted` asks for, with
-/// `statmount`. `Ok(None)` when the task is gone.
-fn hits_with_api(
-    host: &HostRoot,
-    pid: u32,
-    tid: u32,
-    wanted: Wanted<'_>,
-) -> std::io::Result<Option<(usize, Vec<DevNum>)>> {
+/// What `listmount` and `statmount` say of a task's namespace.
+struct Listing {
+    /// Its mount count.
+    total: usize,
+    /// The devices of the mounts `wanted` asks for.
+    hits: Vec<DevNum>,
+    ns_id: u64,
+    /// [`super::mount_memo::ids_key`] of its mount IDs.
+    ids_key: u64,
+}
+
+/// What `listmount` and `statmount` say of a task's namespace. `Ok(None)` when the task is
+/// gone.
+fn hits_with_api(host: &HostRoot, pid: u32, tid: u32, wanted: Wanted<'_>) -> std::io::Result<Option<Listing>> {
     use std::os::fd::AsFd;
     let ns_file = match std::fs::File::open(host.proc_task(pid, tid).join("ns/mnt")) {
         Ok(f) => f,
@@ -380,7 +415,7 @@ fn hits_with_api(
         .filter(|&(d, magic)| wanted.magic(d, magic))
         .map(|(d, _)| d)
         .collect();
-    Ok(Some((ids.len(), hits)))
+    Ok(Some(Listing { total: ids.len(), hits, ns_id: id, ids_key: super::mount_memo::ids_key(&ids) }))
 }
 
 /// An nsfs bind mount of a mount namespace, and how to reach it from here.
@@ -407,7 +442,7 @@ pub fn read_pinned(
     let file = entry.ns_file(host);
     let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
     let mut mounts = Vec::new();
-    let wanted = Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)) };
+    let wanted = Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)), reuse_text: false };
     let lines = mountinfo::scan(
         &text,
         |d, t| wanted.text(d, t),

@@ -126,8 +126,13 @@ impl Snapshot {
         let mut fresh = Vec::new();
         let mut read_ns = BTreeMap::new();
         if !look.is_empty() {
+            // A namespace whose known processes all exited is gone, or lives on through a
+            // process or pin the last full scan did not see: it is watched, so a mount there
+            // (of a device new since) is reported and, unplaceable, makes a full scan.
             for ns in self.namespaces.iter().filter(|n| !n.tasks.is_empty()) {
-                read_ns.insert(ns.id, still_there(host, ns)?);
+                if let Ok(live) = still_there(host, ns) {
+                    read_ns.insert(ns.id, live);
+                }
             }
             let read = read_checked(self, host, &mut read_ns, &look, opts)?;
             fresh = read.mounts.into_iter().filter(|m| look.contains(&m.mount.devnum)).collect();
@@ -223,7 +228,7 @@ fn read_checked(
         .is_live()
         .then(|| sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev))
         .flatten();
-    let read = namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev }, opts.reader);
+    let read = namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev, reuse_text: true }, opts.reader);
     if let Some((ns, e)) = read.unreadable.first() {
         return Err(format!("the mount table of {ns} cannot be read: {e}"));
     }
