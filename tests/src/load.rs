@@ -113,17 +113,19 @@ impl RpcStats {
 pub struct Usage {
     pub fds: usize,
     pub rss_kib: u64,
+    pub threads: u64,
 }
 
 impl Usage {
     pub fn of(pid: u32) -> Self {
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0);
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-            .unwrap_or(0);
-        Self { fds, rss_kib }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |key: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        Self { fds, rss_kib: field("VmRSS:").unwrap_or(0), threads: field("Threads:").unwrap_or(0) }
     }
 }
 
@@ -144,7 +146,7 @@ pub struct LoadReport {
     pub idle: Usage,
     /// Once every client and stream had run for a few seconds.
     pub warm: Usage,
-    /// At the end of the load, clients still connected.
+    /// One second before the end of the load, every client still connected.
     pub end: Usage,
     /// After the clients disconnected (the least fd count within 10 s).
     pub after: Usage,
@@ -186,6 +188,10 @@ impl LoadReport {
         s += &format!(
             "- agent fds: idle {}, under load {} (warm) / {} (end), after the clients left {}\n",
             self.idle.fds, self.warm.fds, self.end.fds, self.after.fds
+        );
+        s += &format!(
+            "- agent threads: idle {}, warm {}, end {}\n",
+            self.idle.threads, self.warm.threads, self.end.threads
         );
         s += &format!(
             "- agent VmRSS: idle {:.1} MiB, warm {:.1} MiB, end {:.1} MiB ({:+.1} % from warm), after {:.1} MiB\n",
@@ -426,13 +432,14 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
         }
         tokio::time::sleep(warm_at).await;
         let warm = Usage::of(pid);
+        tokio::time::sleep_until(deadline - Duration::from_secs(1).min(cfg.duration / 10)).await;
+        let end = Usage::of(pid);
         let mut rpcs: BTreeMap<&'static str, RpcStats> = BTreeMap::new();
         while let Some(r) = clients.join_next().await {
             for (k, v) in r.expect("client task") {
                 rpcs.entry(k).or_default().merge(v);
             }
         }
-        let end = Usage::of(pid);
         let mut watch = Vec::new();
         while let Some(r) = watchers.join_next().await {
             watch.push(r.expect("watcher task"));
