@@ -11,8 +11,9 @@
 //! second through the real kernel (`losetup`, `mount`, `umount` on pre-made ext4 images).
 //!
 //! Measured: calls, failures and latency per RPC, events received, the agent's fd count and
-//! VmRSS from `/proc/PID` (idle before the clients, after the first seconds of load, at the end,
-//! and once the clients are gone). Everything the run creates is undone on drop, even on panic.
+//! VmRSS from `/proc/PID` (idle before the clients, a quarter into the load, at its end, every
+//! tenth of it, and once the clients are gone). Everything the run creates is undone on drop,
+//! even on panic.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -144,12 +145,14 @@ pub struct LoadReport {
     pub elapsed: Duration,
     /// Idle, before any client connected (the least fd count of a few samples).
     pub idle: Usage,
-    /// Once every client and stream had run for a few seconds.
+    /// A quarter into the load, when its working set is in place.
     pub warm: Usage,
     /// One second before the end of the load, every client still connected.
     pub end: Usage,
     /// After the clients disconnected (the least fd count within 10 s).
     pub after: Usage,
+    /// VmRSS every tenth of the run (seconds since the start, KiB).
+    pub rss_trend: Vec<(u64, u64)>,
 }
 
 impl LoadReport {
@@ -201,6 +204,9 @@ impl LoadReport {
             self.rss_growth_pct(),
             mib(self.after.rss_kib)
         );
+        let trend: Vec<String> =
+            self.rss_trend.iter().map(|(t, kib)| format!("{t} s {:.1}", mib(*kib))).collect();
+        s += &format!("- agent VmRSS during the run (MiB): {}\n", trend.join(", "));
         for e in
             self.rpcs.values().flat_map(|r| &r.errors).chain(&self.watch_errors).chain(&self.churn_errors)
         {
@@ -403,8 +409,11 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
 
     let events = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
-    let warm_at = Duration::from_secs(5).min(cfg.duration / 4);
-    let (rpcs, watch, warm, end) = rt.block_on(async {
+    // A quarter of the run: by then the connections and the blocking pool have their working size
+    // (the RSS trend of a 120 s run levels off between 24 and 36 s; BENCHMARKS.md).
+    let warm_at = cfg.duration / 4;
+    let cfg_duration = cfg.duration;
+    let (rpcs, watch, warm, end, rss_trend) = rt.block_on(async {
         let deadline = tokio::time::Instant::now() + cfg.duration;
         let mut watchers = tokio::task::JoinSet::new();
         for _ in 0..cfg.watchers {
@@ -430,6 +439,15 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
                 }
             });
         }
+        let sampler = tokio::spawn(async move {
+            let mut trend = Vec::new();
+            let step = cfg_duration / 10;
+            for i in 1..10u32 {
+                tokio::time::sleep_until(deadline - cfg_duration + step * i).await;
+                trend.push((u64::from(i) * step.as_secs(), Usage::of(pid).rss_kib));
+            }
+            trend
+        });
         tokio::time::sleep(warm_at).await;
         let warm = Usage::of(pid);
         tokio::time::sleep_until(deadline - Duration::from_secs(1).min(cfg.duration / 10)).await;
@@ -444,7 +462,7 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
         while let Some(r) = watchers.join_next().await {
             watch.push(r.expect("watcher task"));
         }
-        (rpcs, watch, warm, end)
+        (rpcs, watch, warm, end, sampler.await.unwrap_or_default())
     });
     let elapsed = start.elapsed();
     stop.store(true, Ordering::Relaxed);
@@ -482,6 +500,7 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
         warm,
         end,
         after,
+        rss_trend,
     };
     drop(daemon);
     drop(anchor);
