@@ -18,6 +18,8 @@ cd "$(dirname "$0")/.."
 
 base=$(mktemp -d /var/tmp/bj-load-bench.XXXXXX)
 cleanup() {
+  # Best effort, every step: nothing found is not a failure (set -e and pipefail are off here).
+  set +e +o pipefail
   # Mounts under the directory (deepest first), then loop devices backed by its files.
   findmnt -rn -o TARGET | grep -F "$base/" | sort -r | while read -r m; do umount -l "$m" || true; done
   losetup -n -l -O NAME,BACK-FILE | while read -r dev file; do
