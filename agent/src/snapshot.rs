@@ -243,8 +243,12 @@ impl Snapshot {
         // A scan of every device only shows (every action scans its device afresh): it may reuse
         // the text of namespaces whose mount IDs did not change, but not on every turn.
         let reuse_text = *scope == Scope::All && crate::discover::mount_memo::shallow_turn();
-        let scan =
-            namespaces::read_mounts(host, &mut ns_map, Wanted { targets: &targets, nsfs_dev, reuse_text }, reader);
+        let scan = namespaces::read_mounts(
+            host,
+            &mut ns_map,
+            Wanted { targets: &targets, nsfs_dev, reuse_text },
+            reader,
+        );
         for (_, devnum, why) in &scan.hidden {
             blind.push(hidden_mount(*devnum, why, &devices, &live_fs));
         }

@@ -12,6 +12,7 @@ pub mod deploy;
 pub mod fixture;
 pub mod guest;
 pub mod kube_mock;
+pub mod load;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

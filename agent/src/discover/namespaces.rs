@@ -334,8 +334,12 @@ fn read_task_ns(
             // The same mount IDs read through the same task: the lines as read last time.
             if let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text) {
                 if let Some(t) = super::mount_memo::text_for(ns_id, key, task) {
-                    let mounts =
-                        t.mounts.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+                    let mounts = t
+                        .mounts
+                        .iter()
+                        .filter(|m| wanted.text(m.devnum, m.fstype.as_bytes()))
+                        .cloned()
+                        .collect();
                     let via = NsEntry::Task { pid: task.0, tid: task.1 };
                     return Ok(Some(OneNs { ns: ns.id, via, lines: t.lines, bytes: 0, mounts, api_hits }));
                 }
@@ -369,13 +373,15 @@ fn read_task_ns(
             let mut mounts = Vec::new();
             if let (Some((ns_id, ids_key)), NsEntry::Task { pid, tid }) = (listing, &via) {
                 // Listed: keep every line a later scan of the same mount IDs may want.
-                let any = |d: DevNum, t: &[u8]| d.major != 0 || t == b"btrfs" || t == b"nsfs" || wanted.text(d, t);
+                let any =
+                    |d: DevNum, t: &[u8]| d.major != 0 || t == b"btrfs" || t == b"nsfs" || wanted.text(d, t);
                 let lines = mountinfo::scan(&buf, any, |m| mounts.push(m))
                     .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
                 let bytes = buf.len();
                 let all = std::mem::take(&mut mounts);
                 mounts = all.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
-                let text = super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all };
+                let text =
+                    super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all };
                 super::mount_memo::remember_text(ns_id, text);
                 return Ok(Some(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits }));
             }
@@ -400,7 +406,12 @@ struct Listing {
 
 /// What `listmount` and `statmount` say of a task's namespace. `Ok(None)` when the task is
 /// gone.
-fn hits_with_api(host: &HostRoot, pid: u32, tid: u32, wanted: Wanted<'_>) -> std::io::Result<Option<Listing>> {
+fn hits_with_api(
+    host: &HostRoot,
+    pid: u32,
+    tid: u32,
+    wanted: Wanted<'_>,
+) -> std::io::Result<Option<Listing>> {
     use std::os::fd::AsFd;
     let ns_file = match std::fs::File::open(host.proc_task(pid, tid).join("ns/mnt")) {
         Ok(f) => f,

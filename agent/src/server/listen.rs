@@ -1,7 +1,9 @@
 //! Binding and serving: the unix socket (0660, owned by the configured group), TCP with mutual
 //! TLS (refused without it), `/metrics`; health and reflection on both gRPC listeners; the health
 //! service alone in plain text when `[health] listen` is set (for kubelet's `grpc` probes);
-//! graceful shutdown.
+//! graceful shutdown. Both gRPC listeners read the client's bytes through
+//! [`super::authority::AuthorityFix`] (any valid `:authority`, issue 13); TLS is terminated in
+//! [`super::tls`].
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -12,9 +14,10 @@ use blockjanitor_proto::v1::agent_server::AgentServer;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 use super::auth::Policy;
+use super::authority::AuthorityFix;
 use super::metrics_http;
 use super::service::AgentService;
 use crate::daemon::state::AgentState;
@@ -176,35 +179,21 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let (Some(cert), Some(key), Some(ca)) = (&cfg.tcp.cert, &cfg.tcp.key, &cfg.tcp.client_ca) else {
             return Err(ServeError::Tls("a TCP listener needs tcp.cert, tcp.key and tcp.client_ca".into()));
         };
-        let tls = ServerTlsConfig::new()
-            .identity(Identity::from_pem(read(cert)?, read(key)?))
-            .client_ca_root(Certificate::from_pem(read(ca)?))
-            .client_auth_optional(false);
+        let tls = super::tls::server_config(&read(cert)?, &read(key)?, &read(ca)?)?;
         let l = TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
         let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
         tracing::info!(listener = "tcp", address = %bound, "serving gRPC on tcp {bound} (mutual TLS)");
         let router = Server::builder()
-            .tls_config(tls)?
             .add_service(health.clone())
             .add_service(reflection()?)
             .add_service(reflection_v1alpha()?)
             .add_service(agent());
+        let incoming = super::tls::incoming(l, tls, shutdown.clone());
         let stop = wait(shutdown.clone());
         tasks.spawn(async move {
-            router
-                // Nagle off: small answers go out at once, not after the peer's delayed ACK.
-                .serve_with_incoming_shutdown(
-                    tokio_stream::StreamExt::map(TcpListenerStream::new(l), |r| {
-                        r.inspect(|s| {
-                            let _ = s.set_nodelay(true);
-                        })
-                    }),
-                    stop,
-                )
-                .await
-                .map_err(ServeError::from)
+            router.serve_with_incoming_shutdown(incoming, stop).await.map_err(ServeError::from)
         });
     }
     let uds = bind_unix(&cfg.socket.path, gid)?;
@@ -219,7 +208,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         router
             .serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(UnixListenerStream::new(uds), |r| {
-                    r.map(super::peer::PeerStream::new)
+                    r.map(|s| AuthorityFix::new(super::peer::PeerStream::new(s)))
                 }),
                 stop,
             )

@@ -3,9 +3,11 @@
 //! client certificate), and `/metrics` over HTTP.
 
 pub mod auth;
+pub mod authority;
 pub mod convert;
 pub mod listen;
 pub mod metrics_http;
 pub mod peer;
 pub mod service;
 pub mod status;
+pub mod tls;

@@ -228,7 +228,8 @@ fn read_checked(
         .is_live()
         .then(|| sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev))
         .flatten();
-    let read = namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev, reuse_text: true }, opts.reader);
+    let read =
+        namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev, reuse_text: true }, opts.reader);
     if let Some((ns, e)) = read.unreadable.first() {
         return Err(format!("the mount table of {ns} cannot be read: {e}"));
     }
