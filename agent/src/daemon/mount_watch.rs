@@ -66,6 +66,7 @@ impl MountWatch {
         for e in events {
             let ns_id = match *e {
                 MountEvent::Overflow => {
+                    mount_memo::note_all_changed();
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
                 MountEvent::Detached(mnt) => {
@@ -78,6 +79,7 @@ impl MountWatch {
             // Neither listed nor mounted anywhere now: attached and detached again in between,
             // which leaves every table as it was.
             let Some(ns_id) = ns_id else { continue };
+            mount_memo::note_changed(ns_id);
             match watched.get(&ns_id) {
                 Some(id) => {
                     out.insert(*id);
@@ -108,6 +110,7 @@ impl NamespaceWatch for MountWatch {
             }
             match self.events.watch_fd(ns.as_fd()) {
                 Ok(()) => {
+                    mount_memo::note_watched(ns_id);
                     watched.insert(ns_id, *id);
                     added += 1;
                 }

@@ -24,12 +24,25 @@ type Entry = (u64, DevNum, u64);
 struct Memo {
     /// Per namespace (64-bit namespace ID): its mounts sorted by ID, and the scan epoch that
     /// last listed it.
-    namespaces: HashMap<u64, (Arc<Vec<Entry>>, u64)>,
+    namespaces: HashMap<u64, NsMemo>,
     /// Per namespace: its mountinfo text as last read, parsed.
     texts: HashMap<u64, Arc<TextMemo>>,
     epoch: u64,
     /// Full scans that asked to reuse text (every [`DEEP_EVERY`]th reads it all again).
     shallow: u64,
+}
+
+/// What is remembered of one namespace.
+#[derive(Default)]
+struct NsMemo {
+    /// Its mounts as last listed, sorted by ID.
+    mounts: Arc<Vec<Entry>>,
+    /// The scan epoch that last listed it (or reused that listing).
+    seen: u64,
+    /// The epoch at which the kernel's mount events for it began to be watched.
+    watched_since: Option<u64>,
+    /// A mount event for it came since it was last listed.
+    changed: bool,
 }
 
 /// A namespace's mountinfo as last read: the lines any scan may want (every mount of a block
@@ -56,13 +69,13 @@ pub fn shallow_turn() -> bool {
     m.shallow % DEEP_EVERY != 1
 }
 
-/// A key for a set of mount IDs (FNV-1a over them, in `listmount`'s order, with their count).
+/// A key for a set of mount IDs (a multiply-xorshift hash over them, in `listmount`'s order,
+/// with their count): a change of any ID changes it, short of a 64-bit collision.
 pub fn ids_key(ids: &[u64]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ ids.len() as u64;
+    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ ids.len() as u64;
     for id in ids {
-        for b in id.to_le_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+        h = (h ^ id).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
     }
     h
 }
@@ -91,9 +104,15 @@ pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>
         let mut m = memo();
         let epoch = m.epoch;
         let slot = m.namespaces.entry(ns_id).or_default();
-        slot.1 = epoch;
-        Arc::clone(&slot.0)
+        slot.seen = epoch;
+        slot.changed = false;
+        Arc::clone(&slot.mounts)
     };
+    // Nothing mounted or unmounted since (the common case on an idle node): the answers as
+    // they are, without a lookup.
+    if known.len() == ids.len() && known.iter().zip(ids).all(|(e, id)| e.0 == *id) {
+        return Ok(known.iter().map(|e| Some((e.1, e.2))).collect());
+    }
     let mut out = Vec::with_capacity(ids.len());
     let mut next: Vec<Entry> = Vec::with_capacity(ids.len());
     for &id in ids {
@@ -112,7 +131,7 @@ pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>
     }
     next.sort_unstable_by_key(|e| e.0);
     if let Some(slot) = memo().namespaces.get_mut(&ns_id) {
-        slot.0 = Arc::new(next);
+        slot.mounts = Arc::new(next);
     }
     Ok(out)
 }
@@ -128,7 +147,7 @@ pub fn begin_full_listing() -> u64 {
 /// Forgets the namespaces not listed since `epoch` began (they are gone, or out of reach).
 pub fn forget_unlisted(epoch: u64) {
     let mut m = memo();
-    m.namespaces.retain(|_, (_, seen)| *seen >= epoch);
+    m.namespaces.retain(|_, n| n.seen >= epoch);
     let Memo { namespaces, texts, .. } = &mut *m;
     texts.retain(|ns, _| namespaces.contains_key(ns));
 }
@@ -138,13 +157,48 @@ pub fn namespace_of(mnt_id: u64) -> Option<u64> {
     memo()
         .namespaces
         .iter()
-        .find(|(_, (mounts, _))| mounts.binary_search_by_key(&mnt_id, |e| e.0).is_ok())
+        .find(|(_, n)| n.mounts.binary_search_by_key(&mnt_id, |e| e.0).is_ok())
         .map(|(ns, _)| *ns)
+}
+
+/// The kernel's mount events for namespace `ns_id` are watched from now on (a listing made
+/// before this moment may have missed a change, so it is not trusted as quiet).
+pub fn note_watched(ns_id: u64) {
+    let mut m = memo();
+    let epoch = m.epoch;
+    if let Some(n) = m.namespaces.get_mut(&ns_id) {
+        n.watched_since.get_or_insert(epoch);
+    }
+}
+
+/// The kernel reported a mount change in namespace `ns_id`.
+pub fn note_changed(ns_id: u64) {
+    if let Some(n) = memo().namespaces.get_mut(&ns_id) {
+        n.changed = true;
+    }
+}
+
+/// Mount events were lost: no namespace's last listing is trusted as quiet.
+pub fn note_all_changed() {
+    memo().namespaces.values_mut().for_each(|n| n.changed = true);
+}
+
+/// The mount IDs of namespace `ns_id` as last listed, when nothing can have changed since: its
+/// mount events were watched before that listing and none came. `None`: list it again.
+pub fn quiet_ids(ns_id: u64) -> Option<Vec<u64>> {
+    let mut m = memo();
+    let epoch = m.epoch;
+    let n = m.namespaces.get_mut(&ns_id)?;
+    if n.changed || n.watched_since.is_none_or(|w| w >= n.seen) {
+        return None;
+    }
+    n.seen = epoch;
+    Some(n.mounts.iter().map(|e| e.0).collect())
 }
 
 /// How many mounts are remembered (for tests and debugging).
 pub fn remembered() -> usize {
-    memo().namespaces.values().map(|(v, _)| v.len()).sum()
+    memo().namespaces.values().map(|n| n.mounts.len()).sum()
 }
 
 #[cfg(test)]

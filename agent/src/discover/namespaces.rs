@@ -419,7 +419,13 @@ fn hits_with_api(
         Err(e) => return Err(e),
     };
     let id = mount_api::mntns_id(ns_file.as_fd())?;
-    let ids = mount_api::list(id)?;
+    // A scan that only shows may take a watched namespace with no mount event since its last
+    // listing as it was listed (every tenth full scan, and every scan behind an action, lists).
+    let quiet = wanted.reuse_text.then(|| super::mount_memo::quiet_ids(id)).flatten();
+    let ids = match quiet {
+        Some(ids) => ids,
+        None => mount_api::list(id)?,
+    };
     let hits = super::mount_memo::sb_devs(id, &ids)?
         .into_iter()
         .flatten() // `None`: unmounted meanwhile
