@@ -47,6 +47,9 @@ impl AgentService {
     }
 }
 
+/// Converted events held per `WatchEvents` client before the client reads them.
+const WATCH_BUFFER: usize = 8;
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 /// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
@@ -162,7 +165,9 @@ impl Agent for AgentService {
         let role = self.policy.require(&req, Role::Viewer)?;
         let mut events = self.state.events.subscribe();
         let mut shutdown = self.shutdown.clone();
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // A few messages per client: the shared broadcast ring (1,024 events) absorbs bursts
+        // once, instead of each of a hundred watchers holding its own copy of them.
+        let (tx, rx) = tokio::sync::mpsc::channel(WATCH_BUFFER);
         // Forward events until the client goes away or the agent shuts down: a graceful stop
         // never waits on a watching client.
         tokio::spawn(async move {
