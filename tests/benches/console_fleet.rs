@@ -25,6 +25,7 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_server::{Agent, AgentServer};
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::measure::{ms, percentile, status_kib};
 use tokio_stream::Stream;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
@@ -133,23 +134,6 @@ impl Agent for StandIn {
         tokio::time::sleep(self.delay).await;
         Ok(Response::new(Box::pin(tokio_stream::pending())))
     }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().strip_suffix("kB")?.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Raises the soft open-files limit to the hard one (the stand-ins, their connections and the

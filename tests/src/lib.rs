@@ -13,6 +13,7 @@ pub mod fixture;
 pub mod guest;
 pub mod kube_mock;
 pub mod load;
+pub mod measure;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
