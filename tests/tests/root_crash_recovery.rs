@@ -53,6 +53,13 @@ fn killed_then_rerun(s: &Scratch, lo: &LoopDev, fault: (&str, &str)) -> (Vec<Val
     (records(s), out)
 }
 
+/// A loop device bound to an 8 MiB file of the scratch directory, held by nothing.
+fn unheld_loop(s: &Scratch) -> LoopDev {
+    let img = s.path("a.img");
+    std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
+    LoopDev::attach(&img)
+}
+
 #[test]
 fn root_apply_killed_before_its_kernel_call_is_replanned_by_the_next_apply() {
     if !require_real_kernel(&["losetup"]) {
@@ -60,9 +67,7 @@ fn root_apply_killed_before_its_kernel_call_is_replanned_by_the_next_apply() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let img = s.path("a.img");
-    std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = unheld_loop(&s);
     let (journal, out) = killed_then_rerun(&s, &lo, ("BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD", "1"));
     assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", text(&out.stdout), text(&out.stderr));
     assert!(!lo.is_bound(), "the re-planned unbind ran");
@@ -82,9 +87,7 @@ fn root_apply_killed_after_its_kernel_call_is_found_done_by_the_next_apply() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let img = s.path("a.img");
-    std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = unheld_loop(&s);
     // Killed right before the result record: LOOP_CLR_FD was made, the journal does not know.
     let (journal, out) = killed_then_rerun(&s, &lo, ("BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD", "2"));
     assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", text(&out.stdout), text(&out.stderr));
