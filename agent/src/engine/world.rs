@@ -143,9 +143,16 @@ impl World for LinuxWorld {
     fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
         let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let Some((snap, taken_at)) = latest else { return Err("no full scan yet".into()) };
+        let started = std::time::Instant::now();
         let next = snap.updated(&self.host, changes, &self.options)?;
+        let updated = started.elapsed();
         // Judged as of the full scan whose fds and processes it carries.
         let scan = self.scan_of(&next, taken_at, None);
+        tracing::debug!(
+            updated_us = updated.as_micros() as u64,
+            graph_us = (started.elapsed() - updated).as_micros() as u64,
+            "re-read snapshot joined"
+        );
         *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(next), taken_at));
         Ok(scan)
     }

@@ -92,12 +92,21 @@ impl Snapshot {
             };
             to_read.insert(*id, still_there(host, ns)?);
         }
+        let started = Instant::now();
         let read = read_checked(self, host, &mut to_read, &self.in_scope.clone(), opts)?;
+        let tables = started.elapsed();
         self.refresh_filesystems(host)?;
+        let filesystems = started.elapsed();
         let mut fresh = read.mounts;
         join_anonymous(host, &mut fresh, &self.devices, &self.live_fs, &mut self.blind_spots);
         self.mounts.retain(|m| !changed.contains(&m.ns));
         self.take_mounts(host, &to_read, fresh);
+        tracing::debug!(
+            tables_us = tables.as_micros() as u64,
+            filesystems_us = (filesystems - tables).as_micros() as u64,
+            join_us = (started.elapsed() - filesystems).as_micros() as u64,
+            "namespaces re-read"
+        );
         Ok(())
     }
 
