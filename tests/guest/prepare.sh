@@ -67,7 +67,7 @@ CLOSURE_MODS=(
     configfs target_core_mod target_core_iblock target_core_file iscsi_target_mod
     scsi_transport_iscsi libiscsi libiscsi_tcp iscsi_tcp
     nvme_core nvme_fabrics nvme_tcp nvmet nvmet_tcp
-    dm_crypt xts ecb aesni_intel sha256_ssse3 af_alg algif_skcipher algif_hash
+    dm_crypt xts ecb af_alg algif_skcipher algif_hash
 )
 
 # What /init loads, in this order (the order the harness doc measured). scsi_debug is NOT loaded

@@ -428,3 +428,54 @@ fn an_unreadable_ns_mnt_fd_dir_or_maps_makes_the_candidate_unknown() {
         assert!(!said.contains("unmap rbd k8s/"), "unreadable {what}: no unmap step planned: {said}");
     }
 }
+
+/// The trees dumped from the guest's real kernel (tests/fixtures/make-guest-fixtures.py): today's
+/// scan reads each without a blind spot and sees the kernel's layout (the issue-12 slices add
+/// the assertions about their own kinds).
+#[test]
+fn guest_generated_trees_scan_cleanly_with_the_kernels_layout() {
+    for tree in ["iscsi-guest", "nvme-tcp", "dm-stacks"] {
+        let scan = scan_fixture(tree);
+        assert_eq!(scan["blind_spots"], serde_json::json!([]), "{tree}: {scan:#}");
+    }
+    // iSCSI: sde was deleted (its session3 has no LUN left); session4 passed its recovery_tmo
+    // (sdf transport-offline), session5 did not (sdg blocked).
+    let scan = scan_fixture("iscsi-guest");
+    for (disk, session, state) in [
+        ("sda", "session1", "running"),
+        ("sdb", "session1", "running"),
+        ("sdc", "session2", "running"),
+        ("sdd", "session2", "running"),
+        ("sdf", "session4", "transport-offline"),
+        ("sdg", "session5", "blocked"),
+    ] {
+        let d = find_device(&scan, disk);
+        assert_eq!(d["scsi"]["transport"]["iscsi"]["session"], session, "{d:#}");
+        assert_eq!(d["scsi"]["state"], state, "{d:#}");
+        assert_eq!(d["scsi"]["vendor"], "LIO-ORG", "{d:#}");
+    }
+    let names = scan["devices"].to_string();
+    assert!(!names.contains("\"sde\""), "sde was deleted in the guest: {names}");
+    // NVMe/TCP with native multipath: the namespace heads are the block devices.
+    let scan = scan_fixture("nvme-tcp");
+    for head in ["nvme0n1", "nvme2n1"] {
+        assert_eq!(find_device(&scan, head)["device"]["kind"], "disk");
+    }
+    // dm stacks: LV, LUKS2 and kpartx maps on three multipath maps over iSCSI paths.
+    let scan = scan_fixture("dm-stacks");
+    for (dm, name, uuid_prefix, slaves) in [
+        ("dm-0", "mpatha", "mpath-36001405", vec!["sda", "sdd"]),
+        ("dm-3", "vgdata-lvdata", "LVM-", vec!["dm-0"]),
+        ("dm-4", "cryptdata", "CRYPT-LUKS2-", vec!["dm-1"]),
+        ("dm-5", "mpathc1", "part1-mpath-36001405", vec!["dm-2"]),
+        ("dm-6", "mpathc2", "part2-mpath-36001405", vec!["dm-2"]),
+    ] {
+        let d = &find_device(&scan, dm)["device"];
+        assert_eq!(d["dm"]["name"], name, "{d:#}");
+        assert!(d["dm"]["uuid"].as_str().expect("uuid").starts_with(uuid_prefix), "{d:#}");
+        let mut got: Vec<&str> =
+            d["slaves"].as_array().expect("slaves").iter().filter_map(|s| s.as_str()).collect();
+        got.sort_unstable();
+        assert_eq!(got, slaves, "{d:#}");
+    }
+}

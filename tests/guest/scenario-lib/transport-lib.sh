@@ -111,6 +111,14 @@ iscsi_target_up() {
     echo 1 >$tpg/enable || { tl_err "iscsi_target_up: enable $tpg"; return 1; }
 }
 
+# iscsi_portal_add IQN PORTAL: export the target on one more portal (e.g. 127.0.0.2:3260: the
+#   whole 127/8 is the guest's loopback), so that an initiator logging in through both has two
+#   sessions, i.e. two paths to each LUN (dm-multipath over iSCSI).
+iscsi_portal_add() {
+    local np=$LIO/iscsi/$1/tpgt_1/np/$2
+    [ -d "$np" ] || mkdir "$np" || { tl_err "iscsi_portal_add: mkdir $np"; return 1; }
+}
+
 # iscsi_target_del_lun IQN LUN
 #   Remove LUN number LUN from the target, target-side only (the array unmapping a volume): the
 #   initiator's sd device stays, and its I/O and TURs then fail (LOGICAL UNIT NOT SUPPORTED).
@@ -124,9 +132,12 @@ iscsi_target_del_lun() {
 
 # iscsi_portal_down [PORTAL]
 #   Take PORTAL down for every target on it (an array or network outage): remove the portal
-#   (closes the listener: reconnects get "connection refused") and disable each TPG (which drops
-#   the sessions it has). Every initiator session to PORTAL goes FAILED and iscsid keeps retrying
-#   (for replacement_timeout, I/O queues; then fails). Remembers what it did for iscsi_portal_up.
+#   (closes the listener: reconnects get "connection refused"), then disable and re-enable each
+#   TPG (which drops the sessions it has; enabled again so that iscsi_portal_up only has to add
+#   the portal back). Every initiator session to PORTAL goes FAILED (its sd devices `blocked`),
+#   iscsid retrying for ever; once the session's replacement_timeout (recovery_tmo) passes, the
+#   kernel moves it to FREE and its sd devices to `transport-offline` (I/O fails from then on).
+#   Remembers what it did for iscsi_portal_up.
 iscsi_portal_down() {
     local portal=${1:-$ISCSI_PORTAL_DEFAULT} np tpg
     : >$TL_DIR/lio/down.$portal
@@ -136,6 +147,7 @@ iscsi_portal_down() {
         echo "$tpg" >>$TL_DIR/lio/down.$portal
         rmdir "$np" || { tl_err "iscsi_portal_down: rmdir $np"; return 1; }
         echo 0 >$tpg/enable || { tl_err "iscsi_portal_down: disable $tpg"; return 1; }
+        echo 1 >$tpg/enable || { tl_err "iscsi_portal_down: re-enable $tpg"; return 1; }
     done
     [ -s $TL_DIR/lio/down.$portal ] || { tl_err "iscsi_portal_down: no target on $portal"; return 1; }
 }
@@ -144,7 +156,7 @@ iscsi_portal_down() {
 iscsi_portal_up() {
     local portal=${1:-$ISCSI_PORTAL_DEFAULT} tpg
     while read -r tpg; do
-        mkdir "$tpg/np/$portal" && echo 1 >$tpg/enable || { tl_err "iscsi_portal_up: $tpg"; return 1; }
+        mkdir "$tpg/np/$portal" || { tl_err "iscsi_portal_up: $tpg"; return 1; }
     done <$TL_DIR/lio/down.$portal
 }
 
@@ -184,18 +196,25 @@ iscsid_running() { grep -q '@ISCSIADM_ABSTRACT_NAMESPACE' /proc/net/unix; }
 # iscsi_login IQN [PORTAL] [REPLACEMENT_TIMEOUT] [NLUNS]
 #   Discover PORTAL (sendtargets), set the node's session replacement_timeout (default 120, the
 #   open-iscsi default), log in to IQN there and wait until the session exists and NLUNS (default:
-#   don't wait) SCSI disks appeared under it. Prints and sets ISCSI_SESSION (e.g. "session1");
+#   don't wait) SCSI disks appeared under it. Prints and sets ISCSI_SESSION (the new session, e.g.
+#   "session1": a second login to the same IQN through another portal is a second session);
 #   sets ISCSI_DEVS to its sd names (space-separated, in LUN order).
 iscsi_login() {
-    local iqn=$1 portal=${2:-$ISCSI_PORTAL_DEFAULT} rt=${3:-120} nluns=${4:-}
+    local iqn=$1 portal=${2:-$ISCSI_PORTAL_DEFAULT} rt=${3:-120} nluns=${4:-} before s
     iscsid_start || return 1
     iscsiadm -m discovery -t sendtargets -p "$portal" >/dev/null \
         || { tl_err "iscsi_login: discovery on $portal"; return 1; }
     iscsiadm -m node -T "$iqn" -p "$portal" -o update -n node.session.timeo.replacement_timeout -v "$rt" \
         || { tl_err "iscsi_login: node $iqn $portal"; return 1; }
+    before=$(ls /sys/class/iscsi_session 2>/dev/null | tr '\n' ' ')
     iscsiadm -m node -T "$iqn" -p "$portal" --login >/dev/null \
         || { tl_err "iscsi_login: login to $iqn at $portal"; return 1; }
-    ISCSI_SESSION=$(iscsi_session_of "$iqn") || return 1
+    ISCSI_SESSION=
+    for s in $(ls /sys/class/iscsi_session); do
+        case " $before " in *" $s "*) continue ;; esac
+        [ "$(cat /sys/class/iscsi_session/$s/targetname)" = "$iqn" ] && ISCSI_SESSION=$s
+    done
+    [ -n "$ISCSI_SESSION" ] || { tl_err "iscsi_login: no new session to $iqn"; return 1; }
     if [ -n "$nluns" ]; then
         tl_wait "$TL_TIMEOUT" "$nluns disks on $ISCSI_SESSION" iscsi_has_devs "$ISCSI_SESSION" "$nluns" || return 1
     fi
