@@ -44,12 +44,13 @@ pub fn in_net_ns<R: Send + 'static>(
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
 ) -> io::Result<R> {
     let ns = File::open(ns_file)?;
-    let handle =
-        std::thread::Builder::new().name("blockjanitor-setns-net".into()).spawn(move || -> io::Result<R> {
+    let handle = std::thread::Builder::new().name("blockjanitor-setns-net".into()).spawn(
+        move || -> io::Result<R> {
             setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
             drop(ns);
             f()
-        })?;
+        },
+    )?;
     handle.join().unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
 }
 

@@ -153,7 +153,10 @@ impl Read for DeadlineReader<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let left = self.deadline.checked_duration_since(Instant::now()).filter(|d| !d.is_zero());
         let Some(left) = left else {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("no answer within {:?}", self.timeout)));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {:?}", self.timeout),
+            ));
         };
         self.stream.set_read_timeout(Some(left))?;
         self.stream.read(buf)
@@ -213,7 +216,11 @@ pub fn without_wwid(text: &[u8], wwid: &str) -> Option<Vec<u8>> {
 /// `Ok(false)`: no file, or no such line.
 pub fn remove_wwid(path: &Path, wwid: &str) -> io::Result<bool> {
     let ctx = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()));
-    let mut file = match File::options().read(true).write(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)
+    let mut file = match File::options()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
     {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
@@ -242,7 +249,9 @@ fn lock(file: &File) -> io::Result<()> {
     loop {
         match nix::fcntl::fcntl(file.as_fd(), nix::fcntl::FcntlArg::F_OFD_SETLK(&flock)) {
             Ok(_) => return Ok(()),
-            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) if started.elapsed() < WWIDS_LOCK_WAIT => {
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES)
+                if started.elapsed() < WWIDS_LOCK_WAIT =>
+            {
                 std::thread::sleep(Duration::from_millis(50));
             }
             Err(e) => return Err(e.into()),
@@ -268,7 +277,10 @@ impl LinuxActuator {
         let Some(wwid) = uuid.strip_prefix("mpath-") else { return Ok(None) };
         let proc = self.host().proc().to_owned();
         let pids = daemons(&proc).map_err(|e| {
-            precondition(device, format!("cannot tell whether multipathd runs (listing {}: {e})", proc.display()))
+            precondition(
+                device,
+                format!("cannot tell whether multipathd runs (listing {}: {e})", proc.display()),
+            )
         })?;
         let Some(&pid) = pids.first() else { return Ok(None) };
         let left = "the map is left in place: it is never removed behind multipathd's back";
@@ -312,7 +324,10 @@ impl LinuxActuator {
         }
         let name = header.name;
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
-            return Err(precondition(device, format!("map name {name:?} cannot be passed to multipathd; {left}")));
+            return Err(precondition(
+                device,
+                format!("map name {name:?} cannot be passed to multipathd; {left}"),
+            ));
         }
         let command = format!("del map {name}");
         let ns_file: PathBuf = self.host().proc_pid(pid).join("ns/net");
@@ -334,12 +349,18 @@ impl LinuxActuator {
             Reply::Ok => {}
             Reply::Fail(why) => {
                 let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
-                return Err(precondition(device, format!("multipathd (pid {pid}) refused '{command}'{why}; {left}")));
+                return Err(precondition(
+                    device,
+                    format!("multipathd (pid {pid}) refused '{command}'{why}; {left}"),
+                ));
             }
             Reply::Text(t) => {
                 return Err(precondition(
                     device,
-                    format!("multipathd (pid {pid}) answered '{command}' with {:?}, not ok; {left}", t.trim()),
+                    format!(
+                        "multipathd (pid {pid}) answered '{command}' with {:?}, not ok; {left}",
+                        t.trim()
+                    ),
                 ));
             }
         }
@@ -354,7 +375,12 @@ impl LinuxActuator {
                 })
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT)) => {}
-            Err(e) => return Err(precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}' after removal: {e}"))),
+            Err(e) => {
+                return Err(precondition(
+                    device,
+                    format!("DM_DEV_STATUS of uuid '{uuid}' after removal: {e}"),
+                ))
+            }
         }
         let wwids = self.host().multipath_wwids();
         let (path, id) = (wwids.clone(), wwid.to_owned());
@@ -368,7 +394,9 @@ impl LinuxActuator {
             }
         };
         tracing::info!(target: "audit", device = %device, map = %name, pid, "map removed through multipathd");
-        Ok(Some(StepOutcome::DoneVia(format!("removed through multipathd (pid {pid}, '{command}'); {wwid_note}"))))
+        Ok(Some(StepOutcome::DoneVia(format!(
+            "removed through multipathd (pid {pid}, '{command}'); {wwid_note}"
+        ))))
     }
 }
 
@@ -422,7 +450,11 @@ mod tests {
 
     /// A fresh abstract name for one test server.
     fn name() -> String {
-        format!("/blockjanitor-test/multipathd/{}/{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+        format!(
+            "/blockjanitor-test/multipathd/{}/{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     /// A server on the abstract socket `name` that reads one framed command, hands it back and,
@@ -446,7 +478,8 @@ mod tests {
     }
 
     fn listen(name: &str) -> UnixListener {
-        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).expect("addr")).expect("bind")
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(name.as_bytes()).expect("addr"))
+            .expect("bind")
     }
 
     #[test]
@@ -511,7 +544,9 @@ mod tests {
     #[test]
     fn finds_daemons_by_name() {
         let dir = tempfile::tempdir().expect("tempdir");
-        for (pid, comm) in [("1", "systemd\n"), ("170", "multipathd\n"), ("171", "multipathd-x\n"), ("self", "x\n")] {
+        for (pid, comm) in
+            [("1", "systemd\n"), ("170", "multipathd\n"), ("171", "multipathd-x\n"), ("self", "x\n")]
+        {
             std::fs::create_dir(dir.path().join(pid)).expect("mkdir");
             std::fs::write(dir.path().join(pid).join("comm"), comm).expect("comm");
         }
