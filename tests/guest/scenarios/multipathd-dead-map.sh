@@ -18,7 +18,7 @@ wait_for() { # wait_for SECONDS WHAT COMMAND...: polls every 0.2 s
   done
 }
 start_multipathd() {
-  multipathd -d -v3 >>/tmp/multipathd.log 2>&1 &
+  multipathd -d -v3 </dev/null >>/tmp/multipathd.log 2>&1 &
   MPD=$!
   wait_for 15 "multipathd's socket" multipathd show daemon
 }
@@ -61,8 +61,10 @@ echo "status: $(dmsetup status "$NAME")"
 # Control: multipathd stopped, a process of that name left running, its socket silent.
 kill "$MPD"; wait "$MPD" 2>/dev/null || true
 mkdir -p /tmp/standin
-printf '#!/bin/sh\nsleep 1000\n' >/tmp/standin/multipathd; chmod +x /tmp/standin/multipathd
-/tmp/standin/multipathd &
+# (A script: its process's name is the script's; it takes its sleep along when it is killed.)
+printf '#!/bin/sh\nsleep 1000 &\ntrap "kill \\$! 2>/dev/null; exit 0" TERM\nwait\n' >/tmp/standin/multipathd
+chmod +x /tmp/standin/multipathd
+/tmp/standin/multipathd </dev/null >/dev/null 2>&1 &
 STANDIN=$!
 wait_for 5 "the stand-in" grep -qx multipathd /proc/$STANDIN/comm
 set +e; echo "BEGIN unreachable"; $A $J clean "$MAP" --grace-period 0 --apply 2>&1; echo "rc=$?"; echo "END unreachable"; set -e
@@ -94,5 +96,7 @@ map_present && fail "the map came back"
 for d in sda sdb; do [ ! -e /sys/block/$d ] || fail "$d still in /sys/block"; done
 grep -qx "/$WWID/" $WWIDS && fail "wwid $WWID is still in $WWIDS"
 kill -0 "$MPD" || fail "multipathd died"
+grep -q sleep /proc/[0-9]*/comm 2>/dev/null && fail "the stand-in's sleep is still running"
+kill "$MPD"; wait "$MPD" 2>/dev/null || true
 echo "times: setup and control $(awk "BEGIN{print $T1 - $T0}") s, clean through multipathd $(awk "BEGIN{print $T2 - $T1}") s"
 echo OK
