@@ -606,6 +606,15 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
         "{refused}"
     );
     assert!(!refused.contains("delete SCSI disk sda (0:0:0:0): done"), "{refused}");
+    // Control: multipathd stopped: its socket accepts but does not answer.
+    let silent = run.section("silent");
+    assert!(!silent.contains("rc=0"), "{silent}");
+    assert!(
+        silent.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
+            && silent.contains("no answer to 'show daemon'")
+            && silent.contains("the map is left in place"),
+        "{silent}"
+    );
 
     // Through multipathd.
     let clean = run.section("clean");

@@ -16,6 +16,9 @@
 //! success of a command that prints nothing (`del map`). Abstract sockets are per network
 //! namespace, and the agent's pod has its own: the connection is made from a thread that entered
 //! multipathd's own network namespace (`/proc/PID/ns/net`, [`crate::nsenter::in_net_ns`]).
+//! `show daemon` goes first on the connection and `del map` follows only once it was answered, so
+//! a daemon that does not answer (stopped, hung) never finds a removal queued on its socket that
+//! it would carry out later, after the agent reported the step failed.
 //!
 //! Measured against multipath-tools 0.9.4 (Debian bookworm) in the guest: `del map mpatha` →
 //! `ok\n`; a name it does not know, or the same map again → `fail\n`; the wwid stays in the
@@ -108,16 +111,28 @@ pub fn read_reply(r: &mut impl Read) -> io::Result<String> {
 /// Connects to the abstract socket `name` (in this thread's network namespace), sends
 /// `command` and reads the reply, each I/O bounded by `timeout`.
 pub fn ask_here(name: &str, command: &str, timeout: Duration) -> io::Result<Reply> {
+    exchange(&mut connect(name)?, command, timeout)
+}
+
+/// Connects to the abstract socket `name` in this thread's network namespace.
+fn connect(name: &str) -> io::Result<UnixStream> {
     let addr = SocketAddr::from_abstract_name(name.as_bytes())?;
-    let mut stream = UnixStream::connect_addr(&addr).map_err(|e| {
-        io::Error::new(e.kind(), format!("cannot connect to the control socket @{name}: {e}"))
-    })?;
-    exchange(&mut stream, command, timeout)
+    UnixStream::connect_addr(&addr)
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot connect to the control socket @{name}: {e}")))
 }
 
 /// Sends `command` on a connected stream and reads the reply, within `timeout` in all.
 pub fn exchange(stream: &mut UnixStream, command: &str, timeout: Duration) -> io::Result<Reply> {
-    let deadline = Instant::now() + timeout;
+    exchange_until(stream, command, Instant::now() + timeout, timeout)
+}
+
+/// [`exchange`] by `deadline`; `timeout` is only named in errors.
+fn exchange_until(
+    stream: &mut UnixStream,
+    command: &str,
+    deadline: Instant,
+    timeout: Duration,
+) -> io::Result<Reply> {
     let left = || {
         deadline
             .checked_duration_since(Instant::now())
@@ -166,8 +181,45 @@ impl Read for DeadlineReader<'_> {
 /// Asks the multipathd whose network namespace is `ns_file` (`/proc/PID/ns/net`): the socket
 /// is created on a thread that entered that namespace.
 pub fn ask_in(ns_file: &Path, name: &str, command: &str, timeout: Duration) -> io::Result<Reply> {
-    let (name, command) = (name.to_owned(), command.to_owned());
-    nsenter::in_net_ns(ns_file, move || ask_here(&name, &command, timeout)).map_err(|e| {
+    let command = command.to_owned();
+    connected_in(ns_file, name, move |s| exchange(s, &command, timeout))
+}
+
+/// Asks `show daemon` first and sends `command` on the same connection only once that was
+/// answered: a daemon that does not answer (stopped, hung) never finds a destructive command
+/// queued on its socket that it would carry out later, after the agent reported a failure.
+/// Returns the probe's reply, and the command's unless the probe was refused. Both within
+/// `timeout` in all.
+pub fn ask_alive_in(
+    ns_file: &Path,
+    name: &str,
+    command: &str,
+    timeout: Duration,
+) -> io::Result<(Reply, Option<Reply>)> {
+    let command = command.to_owned();
+    connected_in(ns_file, name, move |s| {
+        let deadline = Instant::now() + timeout;
+        let probe = exchange_until(s, PROBE, deadline, timeout)?;
+        if matches!(probe, Reply::Fail(_)) {
+            return Ok((probe, None));
+        }
+        let reply = exchange_until(s, &command, deadline, timeout)?;
+        Ok((probe, Some(reply)))
+    })
+}
+
+/// The harmless command that shows multipathd answers (`pid N idle`, `pid N running`...).
+pub const PROBE: &str = "show daemon";
+
+/// Connects to the abstract socket `name` from a thread in the network namespace `ns_file` and
+/// runs `f` on the connection.
+fn connected_in<R: Send + 'static>(
+    ns_file: &Path,
+    name: &str,
+    f: impl FnOnce(&mut UnixStream) -> io::Result<R> + Send + 'static,
+) -> io::Result<R> {
+    let name = name.to_owned();
+    nsenter::in_net_ns(ns_file, move || f(&mut connect(&name)?)).map_err(|e| {
         if e.raw_os_error().is_some() {
             // setns or open of the namespace file itself.
             io::Error::new(e.kind(), format!("cannot enter the network namespace {}: {e}", ns_file.display()))
@@ -335,8 +387,8 @@ impl LinuxActuator {
         // such rather than as a hung thread.
         let io_timeout = self.timeout().mul_f64(0.8);
         let (cmd, ns) = (command.clone(), ns_file.clone());
-        let reply = bounded(device, "multipathd del map", self.timeout(), move || {
-            ask_in(&ns, SOCKET, &cmd, io_timeout)
+        let (probe, reply) = bounded(device, "multipathd del map", self.timeout(), move || {
+            ask_alive_in(&ns, SOCKET, &cmd, io_timeout)
         })
         .map_err(|e| match e {
             ActError::Syscall { source, .. } => precondition(
@@ -345,6 +397,14 @@ impl LinuxActuator {
             ),
             other => other,
         })?;
+        let Some(reply) = reply else {
+            return Err(precondition(
+                device,
+                format!(
+                    "multipathd (pid {pid}) refused '{PROBE}' ({probe:?}); '{command}' was not sent; {left}"
+                ),
+            ));
+        };
         match reply {
             Reply::Ok => {}
             Reply::Fail(why) => {
@@ -475,6 +535,55 @@ mod tests {
             }
             cmd
         })
+    }
+
+    #[test]
+    fn root_probes_before_the_command_and_never_queues_it_on_a_silent_daemon() {
+        if !nix::unistd::geteuid().is_root() {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs as root");
+            eprintln!("SKIPPED: entering a network namespace needs root");
+            return;
+        }
+        let own = Path::new("/proc/self/ns/net");
+        // A daemon that answers: both commands on one connection, in order.
+        let n = name();
+        let listener = listen(&n);
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().expect("accept");
+            let mut got = Vec::new();
+            for reply in [&b"pid 172 idle\n\0"[..], b"ok\n\0"] {
+                let mut len = [0u8; std::mem::size_of::<usize>()];
+                s.read_exact(&mut len).expect("length");
+                let mut cmd = vec![0u8; usize::from_ne_bytes(len)];
+                s.read_exact(&mut cmd).expect("command");
+                got.push(String::from_utf8(cmd).expect("utf8"));
+                s.write_all(&reply.len().to_ne_bytes()).expect("reply length");
+                s.write_all(reply).expect("reply");
+            }
+            got
+        });
+        let (probe, reply) = ask_alive_in(own, &n, "del map mpatha", Duration::from_secs(5)).expect("ask");
+        assert_eq!(probe, Reply::Text("pid 172 idle\n".into()));
+        assert_eq!(reply, Some(Reply::Ok));
+        assert_eq!(server.join().expect("server"), ["show daemon\0", "del map mpatha\0"]);
+
+        // A daemon that accepts but never answers: only the probe ever reaches its socket.
+        let n = name();
+        let listener = listen(&n);
+        let e = ask_alive_in(own, &n, "del map mpatha", Duration::from_millis(300)).expect_err("silent");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(e.to_string().contains("no answer to 'show daemon'"), "{e}");
+        let (mut s, _) = listener.accept().expect("the queued connection");
+        let mut queued = Vec::new();
+        s.read_to_end(&mut queued).expect("read what was queued");
+        assert_eq!(queued, encode("show daemon"), "nothing but the probe was sent");
+
+        // A daemon that refuses the probe: the command is not sent.
+        let n = name();
+        let server = serve(listen(&n), Some(b"fail\n\0"));
+        let (probe, reply) = ask_alive_in(own, &n, "del map mpatha", Duration::from_secs(5)).expect("ask");
+        assert_eq!((probe, reply), (Reply::Fail(String::new()), None));
+        assert_eq!(server.join().expect("server"), b"show daemon\0");
     }
 
     fn listen(name: &str) -> UnixListener {

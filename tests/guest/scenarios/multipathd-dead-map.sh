@@ -6,7 +6,7 @@
 # must fail closed, naming the map, and remove nothing. Then with the real multipathd back, the
 # agent removes the map through it (`del map`) and deletes the paths; some seconds later (several
 # checker intervals) the map is still gone and its wwid has left /etc/multipath/wwids, every other
-# line kept.
+# line kept. A second control in between: multipathd stopped (SIGSTOP), its socket silent.
 . /extra/lib/mp-lib.sh
 WWID=333333330000007d0
 WWIDS=/etc/multipath/wwids
@@ -77,6 +77,16 @@ kill "$STANDIN"; wait "$STANDIN" 2>/dev/null || true
 start_multipathd
 wait_for 15 "multipathd to know $NAME again" knows_map
 wait_for 15 "multipathd to fail both paths again" both_failed
+# Control: multipathd stopped (SIGSTOP): its socket accepts, nothing answers. Nothing is removed,
+# and no removal is left queued on its socket to be carried out once it runs again.
+kill -STOP "$MPD"
+set +e; echo "BEGIN silent"; $A $J --timeout 2 clean "$MAP" --grace-period 0 --apply 2>&1; echo "rc=$?"; echo "END silent"; set -e
+kill -CONT "$MPD"
+wait_for 10 "multipathd to answer again" multipathd show daemon
+sleep 1
+map_present || fail "the map was removed by a command queued while multipathd was stopped"
+for d in sda sdb; do [ -e /sys/block/$d ] || fail "$d was deleted although the map removal failed"; done
+grep -qx "/$WWID/" $WWIDS || fail "the wwid left $WWIDS although the map is still there"
 T1=$(cut -d' ' -f1 /proc/uptime)
 set +e; echo "BEGIN clean"; $A $J clean "$MAP" --grace-period 0 --apply 2>&1; echo "rc=$?"; echo "END clean"; set -e
 T2=$(cut -d' ' -f1 /proc/uptime)
@@ -98,5 +108,5 @@ grep -qx "/$WWID/" $WWIDS && fail "wwid $WWID is still in $WWIDS"
 kill -0 "$MPD" || fail "multipathd died"
 grep -q sleep /proc/[0-9]*/comm 2>/dev/null && fail "the stand-in's sleep is still running"
 kill "$MPD"; wait "$MPD" 2>/dev/null || true
-echo "times: setup and control $(awk "BEGIN{print $T1 - $T0}") s, clean through multipathd $(awk "BEGIN{print $T2 - $T1}") s"
+echo "times: setup and both controls $(awk "BEGIN{print $T1 - $T0}") s, clean through multipathd $(awk "BEGIN{print $T2 - $T1}") s"
 echo OK
