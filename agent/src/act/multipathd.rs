@@ -265,7 +265,10 @@ pub fn without_wwid(text: &[u8], wwid: &str) -> Option<Vec<u8>> {
 /// Removes the `/<wwid>/` line from the wwids file at `path`: under a write lock on the file
 /// (multipath-tools takes the same POSIX record lock when it writes it), read, written whole to
 /// a temporary file beside it with the same mode, fsync'd, renamed over it, the directory fsync'd.
-/// `Ok(false)`: no file, or no such line.
+/// `Ok(false)`: no file, or no such line. (multipath-tools itself comments the line out in
+/// place; a rename is what survives a crash whole. One race remains: a multipath-tools writer
+/// that opened the file before the rename and waits for the lock appends its line to the old,
+/// unlinked file; multipathd writes a map's wwid again whenever it sets the map up.)
 pub fn remove_wwid(path: &Path, wwid: &str) -> io::Result<bool> {
     let ctx = |e: io::Error, what: &str| io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()));
     let mut file = match File::options()
@@ -393,7 +396,7 @@ impl LinuxActuator {
         .map_err(|e| match e {
             ActError::Syscall { source, .. } => precondition(
                 device,
-                format!("multipathd (pid {pid}) runs, but '{command}' through its control socket failed: {source}; {left}"),
+                format!("multipathd (pid {pid}) runs, but asking it to '{command}' through its control socket failed: {source}; {left}"),
             ),
             other => other,
         })?;
