@@ -76,6 +76,13 @@ pub fn sync_dir_of(path: &Path) -> io::Result<()> {
 /// Replaces `path` with `bytes`, atomically and durably (see the module docs).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     std::fs::create_dir_all(dir_of(path))?;
+    replace(path, bytes, MODE)
+}
+
+/// Replaces the existing file `path` (in an existing directory) with `bytes`, atomically and
+/// durably, the new file getting permission bits `mode`: for a file the agent does not own, such
+/// as multipath-tools' `/etc/multipath/wwids`, whose mode is kept.
+pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let tmp = temp_path(path);
     // A leftover of this pid's earlier crash (pids are reused) would make O_EXCL fail.
     match std::fs::remove_file(&tmp) {
@@ -86,11 +93,13 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
         let mut f = OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(MODE)
+            .mode(mode)
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
             .map_err(|e| explain(&tmp, e))?;
         f.write_all(bytes)?;
+        // The umask may have taken bits away from `mode`.
+        f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

@@ -91,6 +91,12 @@ impl HostRoot {
         self.dev.join(name)
     }
 
+    /// `/etc/multipath/wwids`: the WWIDs multipath-tools treats as multipath devices (a pod
+    /// reaches it through a hostPath mount of the host's `/etc/multipath` at the same path).
+    pub fn multipath_wwids(&self) -> PathBuf {
+        self.root.join("etc/multipath/wwids")
+    }
+
     /// Maps a path as the host sees it (absolute, e.g. from `/proc/swaps`) to where it is
     /// reachable from this process: `/dev/...` goes under the dev root, `/proc/...` under the proc
     /// root, anything else under the host root.
@@ -128,6 +134,7 @@ mod tests {
         assert_eq!(h.host_path(Path::new("/dev/loop0")), PathBuf::from("/host/dev/loop0"));
         assert_eq!(h.host_path(Path::new("/swapfile")), PathBuf::from("/host/swapfile"));
         assert_eq!(h.host_path(Path::new("/proc/1/fd/3")), PathBuf::from("/hostproc/1/fd/3"));
+        assert_eq!(h.multipath_wwids(), PathBuf::from("/host/etc/multipath/wwids"));
         assert!(!h.is_live());
         assert!(HostRoot::default().is_live());
     }

@@ -5,6 +5,10 @@
 //! working directory. So each entry happens on a fresh, dedicated thread that first calls
 //! `unshare(CLONE_FS)`, and that thread ends when the closure returns: it never goes back to a
 //! pool or touches the rest of the process.
+//!
+//! A network namespace is entered the same way ([`in_net_ns`]): `setns(CLONE_NEWNET)` changes
+//! only the calling thread, and a socket created there stays in that namespace for its whole life
+//! (abstract unix sockets, such as multipathd's control socket, are per network namespace).
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -29,6 +33,24 @@ pub fn in_mount_ns<R: Send + 'static>(
             drop(ns);
             f()
         })?;
+    handle.join().unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
+}
+
+/// Opens the network namespace file (`/proc/PID/ns/net`), then runs `f` in a dedicated thread
+/// that has entered it. Sockets `f` creates belong to that namespace and may be used from any
+/// thread afterwards.
+pub fn in_net_ns<R: Send + 'static>(
+    ns_file: &Path,
+    f: impl FnOnce() -> io::Result<R> + Send + 'static,
+) -> io::Result<R> {
+    let ns = File::open(ns_file)?;
+    let handle = std::thread::Builder::new().name("blockjanitor-setns-net".into()).spawn(
+        move || -> io::Result<R> {
+            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
+            drop(ns);
+            f()
+        },
+    )?;
     handle.join().unwrap_or_else(|_| Err(io::Error::other("namespace thread panicked")))
 }
 

@@ -230,6 +230,16 @@ fn the_daemonset_sees_the_host_safely() {
         assert_eq!(mount_of(&socket_dir).mount_path, socket_dir, "{dir}");
         let journal_dir = cfg.journal.parent().expect("journal dir").to_str().expect("utf8").to_owned();
         assert_eq!(mount_of(&journal_dir).mount_path, journal_dir, "{dir}");
+        // multipath-tools' wwids file, edited when a map is removed through multipathd: the host's
+        // /etc/multipath, writable, where HostRoot looks for it (the host root is "/" in the pod).
+        let multipath = mount_of("/etc/multipath");
+        assert_eq!(multipath.mount_path, "/etc/multipath", "{dir}");
+        assert_ne!(multipath.read_only, Some(true), "{dir}: /etc/multipath must be writable");
+        assert_eq!(
+            blockjanitor::host::HostRoot::default().multipath_wwids(),
+            std::path::Path::new(&multipath.mount_path).join("wwids"),
+            "{dir}"
+        );
         // Probes: native gRPC against the health listener the config opens.
         let health = cfg.health.listen.unwrap_or_else(|| panic!("{dir}: no [health] listen for the probes"));
         for (what, probe) in [

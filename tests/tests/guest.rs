@@ -580,3 +580,64 @@ fn root_guest_kill9_at_each_journal_phase_converges() {
         "the new sda stays, sdb goes:\n{after}"
     );
 }
+
+/// Issue 12, "multipathd in sync": with multipathd running, a dead map is removed through its
+/// control socket and stays removed, and its wwid leaves /etc/multipath/wwids; with multipathd
+/// running but not answering, nothing is removed and the failure names the map.
+#[test]
+fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
+    if !require_guest() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let run = run_scenario("multipathd-dead-map.sh");
+    eprintln!("multipathd-dead-map.sh: {:.1} s in all", started.elapsed().as_secs_f64());
+    run.assert_ok();
+    let wwid = "333333330000007d0";
+
+    // Control: a process named multipathd whose socket does not answer: fail closed.
+    let refused = run.section("unreachable");
+    assert!(!refused.contains("rc=0"), "{refused}");
+    assert!(
+        refused.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
+            && refused.contains("multipathd (pid")
+            && refused.contains("'del map mpatha' through its control socket failed")
+            && refused.contains("the map is left in place"),
+        "{refused}"
+    );
+    assert!(!refused.contains("delete SCSI disk sda (0:0:0:0): done"), "{refused}");
+    // Control: multipathd stopped: its socket accepts but does not answer.
+    let silent = run.section("silent");
+    assert!(!silent.contains("rc=0"), "{silent}");
+    assert!(
+        silent.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
+            && silent.contains("no answer to 'show daemon'")
+            && silent.contains("the map is left in place"),
+        "{silent}"
+    );
+
+    // Through multipathd.
+    let clean = run.section("clean");
+    assert!(clean.contains("rc=0"), "{clean}");
+    assert!(
+        clean.contains(&format!(
+            "remove dm device dm-0 (mpath-{wwid}): done: removed through multipathd (pid"
+        )) && clean.contains(&format!("'del map mpatha'); wwid {wwid} removed from /etc/multipath/wwids")),
+        "{clean}"
+    );
+    for step in ["delete SCSI disk sda (0:0:0:0): done", "delete SCSI disk sdb (1:0:0:0): done"] {
+        assert!(clean.contains(step), "missing {step:?} in\n{clean}");
+    }
+    let log = run.section("multipathd-log");
+    assert!(log.contains("mpatha: remove map (operator)"), "multipathd was not asked:\n{log}");
+    let journal = run.section("journal");
+    assert!(journal.contains("removed through multipathd"), "{journal}");
+
+    // Still gone several checker intervals later, and the wwid forgotten, other lines kept.
+    let after = run.section("after");
+    assert!(after.contains("dmsetup: No devices found"), "{after}");
+    assert!(!after.contains("mpatha"), "{after}");
+    let before = run.section("wwids-before");
+    assert!(before.contains(&format!("/{wwid}/")), "{before}");
+    assert_eq!(run.section("wwids-after"), before.replace(&format!("\n/{wwid}/"), ""));
+}

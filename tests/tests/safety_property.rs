@@ -767,7 +767,7 @@ fn run(c: &Case) -> Vec<String> {
             continue;
         }
         for earlier in &reports[..k] {
-            let finished = matches!(earlier.result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent));
+            let finished = earlier.result.as_ref().is_ok_and(StepOutcome::is_finished);
             let depends = !r.step.is_release() || !earlier.step.is_release();
             if depends && !finished {
                 machine.violation(format!(

@@ -7,6 +7,7 @@
 
 pub mod linux;
 mod mapping;
+pub mod multipathd;
 pub mod probe;
 pub mod recording;
 mod storage;
@@ -23,10 +24,20 @@ use crate::plan::Step;
 pub enum StepOutcome {
     /// The change was made and verified.
     Done,
+    /// The change was made and verified, by the way the text says (e.g. through multipathd).
+    DoneVia(String),
     /// The target was already gone: nothing to do.
     AlreadyAbsent,
     /// The kernel accepted the request but will finish it later (e.g. loop autoclear).
     Deferred(String),
+}
+
+impl StepOutcome {
+    /// True when the step finished (done, whichever way, or nothing to do): steps that depend
+    /// on it may run.
+    pub fn is_finished(&self) -> bool {
+        matches!(self, StepOutcome::Done | StepOutcome::DoneVia(_) | StepOutcome::AlreadyAbsent)
+    }
 }
 
 /// Why a step failed, naming the device.
@@ -70,6 +81,7 @@ impl StepReport {
 pub fn outcome_word(r: &Result<StepOutcome, ActError>) -> (&'static str, String) {
     match r {
         Ok(StepOutcome::Done) => ("done", String::new()),
+        Ok(StepOutcome::DoneVia(how)) => ("done", how.clone()),
         Ok(StepOutcome::AlreadyAbsent) => ("already_absent", String::new()),
         Ok(StepOutcome::Deferred(why)) => ("deferred", why.clone()),
         Err(e @ ActError::Skipped { .. }) => ("skipped", e.to_string()),

@@ -1,7 +1,8 @@
 //! The Linux actuator's multipath and SCSI steps: device-mapper messages and removal through
 //! `/dev/mapper/control`, SCSI offline and delete through sysfs. Each re-verifies identity (the
 //! map's uuid, the disk's device number and wwid) right before acting, and every call that may
-//! touch a dead device runs on a bounded thread.
+//! touch a dead device runs on a bounded thread. A multipath map is removed through multipathd
+//! while it runs (`act/multipathd.rs`).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -116,6 +117,10 @@ impl LinuxActuator {
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
+        }
+        // A multipath map while multipathd runs: through multipathd, never behind its back.
+        if let Some(outcome) = self.dm_remove_via_multipathd(device, devnum, uuid, deferred)? {
+            return Ok(outcome);
         }
         let (path, id) = (self.control_path(), uuid.to_owned());
         bounded(device, "DM_DEV_REMOVE", self.timeout(), move || {

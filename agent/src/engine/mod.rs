@@ -280,7 +280,7 @@ impl<W: World> Engine<W> {
                 tracing::error!(device = %step.device, journal_id = %id, "cannot record the step's result in the journal: {e}");
             }
             tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word, detail = %detail, journal_id = %id);
-            if !matches!(result, Ok(StepOutcome::Done | StepOutcome::AlreadyAbsent)) {
+            if !result.as_ref().is_ok_and(StepOutcome::is_finished) {
                 unfinished.push(i);
             }
             reports.push(StepReport { step: step.clone(), result });
