@@ -45,5 +45,6 @@ pub mod server;
 pub mod snapshot;
 pub mod stall;
 pub mod storage;
+pub mod stack;
 pub mod sys;
 pub mod view;
