@@ -568,4 +568,180 @@ mod tests {
         assert!(a.blocking[0].starts_with("device md0 is stacked on it (on LV vg0/lv0 (dm-2)"), "{a:?}");
         assert!(a.blocking[1].starts_with("LV vg1/lv1 (dm-4) also sits on sdc"), "{a:?}");
     }
+
+    // ---- the policy, the plan and the re-check over a stack -------------------------------
+
+    use std::collections::{HashMap, HashSet};
+    use std::time::Duration;
+
+    use crate::act::probe::{Claim, KernelWord};
+    use crate::clock::BootTime;
+    use crate::discover::namespaces::NsEntry;
+    use crate::grace::Clocks;
+    use crate::plan::{self, Action};
+    use crate::policy::{self, Judgement, Verdict};
+    use crate::scan::Scan;
+    use crate::snapshot::ScanStats;
+
+    fn scan_of(g: DeviceGraph) -> Scan {
+        Scan {
+            graph: g,
+            blind_spots: Vec::new(),
+            protected: HashSet::new(),
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
+            scope: None,
+        }
+    }
+
+    fn judge(scan: &Scan) -> HashMap<DevNum, Judgement> {
+        let mut clocks = Clocks::new(None);
+        let input = policy::JudgeInput {
+            grace: Duration::ZERO,
+            max_gap: Duration::from_secs(120),
+            now: BootTime::from_since_boot(Duration::from_secs(100)),
+            api: None,
+            stalled: &HashMap::new(),
+        };
+        policy::judge(scan, &mut clocks, &input)
+    }
+
+    fn foreign_mount() -> Holder {
+        let mut h = mount(false);
+        h.pids = vec![300];
+        h.mount_id = Some(77);
+        h.mount_dev = Some(DevNum::new(254, 3));
+        h.fstype = Some("ext4".into());
+        h.namespace_entry = Some(NsEntry::Task { pid: 300, tid: 300 });
+        h
+    }
+
+    fn verdict(j: &HashMap<DevNum, Judgement>, minor: u32) -> &Judgement {
+        j.get(&DevNum::new(254, minor)).expect("judged")
+    }
+
+    #[test]
+    fn an_unheld_stack_on_a_dead_map_is_stale_with_it_and_planned_top_down() {
+        let mut g = graph();
+        g.devices[3].holders.push(foreign_mount());
+        let scan = scan_of(g);
+        let j = judge(&scan);
+        let map = verdict(&j, 0);
+        assert_eq!(map.verdict, Verdict::Stale, "{map:?}");
+        assert!(map.reasons[0].contains("1 mount(s) in other namespaces to release first"), "{map:?}");
+        assert!(
+            map.reasons[0].contains("4 layer(s) stacked on it removed first: crypt mapping secret (LUKS2) (dm-3), LV vg0/lv0 (dm-2), LV vg1/lv1 (dm-4), partition map 1 (dm-1)"),
+            "{map:?}"
+        );
+        for minor in 1..=4 {
+            let l = verdict(&j, minor);
+            assert_eq!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
+            assert!(l.reasons[0].contains("is stacked on map dm-0, which is stale: removed with it"), "{l:?}");
+        }
+
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        assert_eq!(p.refusal, None, "{p:?}");
+        let steps: Vec<(&str, &str)> = p.steps.iter().map(|s| (s.action(), s.device.as_str())).collect();
+        assert_eq!(
+            steps,
+            [
+                ("dm_message", "dm-0"),
+                ("detach_mount", "dm-3"),
+                ("dm_remove", "dm-3"),
+                ("dm_remove", "dm-2"),
+                ("dm_remove", "dm-4"),
+                ("dm_remove", "dm-1"),
+                ("dm_remove", "dm-0"),
+            ]
+        );
+        // Each removal by the uuid of the device it acts on, with that device's identity.
+        for s in &p.steps {
+            let e = scan.graph.devices.iter().find(|e| e.device.name == s.device).expect("entry");
+            assert_eq!(s.identity, crate::identity::Identity::of(e));
+            if let Action::DmRemove { uuid, deferred } = &s.action {
+                assert_eq!(Some(uuid), e.device.dm.as_ref().map(|d| &d.uuid));
+                assert!(!deferred);
+            }
+        }
+        // A layer is never cleaned on its own.
+        let alone = plan::for_clean(&scan.graph.devices[2], &scan.graph, plan::CleanOptions::default());
+        assert!(alone.steps.is_empty() && !alone.unsupported, "{alone:?}");
+        assert!(alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")), "{alone:?}");
+    }
+
+    #[test]
+    fn a_held_top_keeps_the_whole_stack_in_use_and_the_map_names_it() {
+        let mut g = graph();
+        g.devices[3].holders.push(mount(true));
+        let scan = scan_of(g);
+        let j = judge(&scan);
+        let map = verdict(&j, 0);
+        assert_eq!(map.verdict, Verdict::InUse, "{map:?}");
+        assert!(
+            map.reasons[0].starts_with("mounted at /mnt/x in the host's mount namespace")
+                && map.reasons[0].contains("on crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0"),
+            "{map:?}"
+        );
+        assert_eq!(verdict(&j, 3).verdict, Verdict::InUse, "the held top");
+        for minor in [1, 2, 4] {
+            let l = verdict(&j, minor);
+            assert_ne!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
+            assert!(l.reasons.iter().any(|r| r.contains("is stacked on map dm-0")), "{l:?}");
+        }
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        assert!(p.steps.is_empty(), "{p:?}");
+        assert!(p.refusal.as_deref().is_some_and(|r| r.contains("host's mount namespace")), "{p:?}");
+    }
+
+    #[test]
+    fn a_blind_spot_over_a_layer_makes_the_map_unknown() {
+        let mut scan = scan_of(graph());
+        scan.blind_spots.push(BlindSpot::devices(vec![DeviceName::new("dm-3").expect("n")], "a namespace"));
+        let j = judge(&scan);
+        assert_eq!(verdict(&j, 0).verdict, Verdict::Unknown, "{:?}", verdict(&j, 0));
+    }
+
+    fn word(claim: Claim, holders: &[&str]) -> KernelWord {
+        KernelWord {
+            claim,
+            sysfs_holders: holders.iter().map(|h| DeviceName::new(h).expect("n")).collect(),
+            live_filesystems: Vec::new(),
+            loops_on_top: Vec::new(),
+            dm_open_count: Some(holders.len() as i32),
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Right before each step the kernel's word must match exactly what the plan accounts for:
+    /// the layers' claim on the map before `fail_if_no_path`, nothing before a removal.
+    #[test]
+    fn the_recheck_accepts_exactly_the_layers_the_plan_removes() {
+        use crate::engine::recheck::refusal;
+        let mut g = graph();
+        g.devices[3].holders.push(foreign_mount());
+        let scan = scan_of(g);
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        let now = BootTime::from_since_boot(Duration::from_secs(100));
+        let map = &scan.graph.devices[0];
+        let stop = &p.steps[0];
+        assert_eq!(refusal(&p, stop, &scan, map, &word(Claim::Claimed, &["dm-1", "dm-4"]), None, now), None);
+        // A stacked device the plan does not remove is refused.
+        let r = refusal(&p, stop, &scan, map, &word(Claim::Claimed, &["dm-1", "dm-4", "dm-9"]), None, now);
+        assert!(r.as_deref().is_some_and(|r| r.contains("dm-9")), "{r:?}");
+        // Removing the LV while the crypt mapping is still on it: refused.
+        let lv = &scan.graph.devices[2];
+        let remove_lv = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("step");
+        let r = refusal(&p, remove_lv, &scan, lv, &word(Claim::Claimed, &["dm-3"]), None, now);
+        assert!(r.as_deref().is_some_and(|r| r.contains("dm-3")), "{r:?}");
+        // Once it is gone, the LV goes.
+        let mut bare_lv = lv.clone();
+        bare_lv.holders.clear();
+        bare_lv.device.holders.clear();
+        assert_eq!(refusal(&p, remove_lv, &scan, &bare_lv, &word(Claim::Unclaimed, &[]), None, now), None);
+        // Removing the map while a layer is still on it: refused.
+        let remove_map = p.steps.last().expect("step");
+        let r = refusal(&p, remove_map, &scan, map, &word(Claim::Claimed, &["dm-1"]), None, now);
+        assert!(r.is_some(), "{r:?}");
+    }
 }
