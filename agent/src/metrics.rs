@@ -151,7 +151,12 @@ impl Metrics {
             let e = &d.entry;
             let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
             let layer = crate::stack::layer_of(&e.device).is_some();
-            if !(e.rbd.is_some() || e.device.kind == DeviceKind::Nbd || multipath || layer || e.scsi.is_some()) {
+            if !(e.rbd.is_some()
+                || e.device.kind == DeviceKind::Nbd
+                || multipath
+                || layer
+                || e.scsi.is_some())
+            {
                 continue;
             }
             let (pool, image, client_addr) = e

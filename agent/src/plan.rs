@@ -335,11 +335,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         return p;
     }
     if !stacks.blocking.is_empty() {
-        p.refuse(format!(
-            "{} carries a stack that is still held: {}",
-            d.name,
-            stacks.blocking.join("; ")
-        ));
+        p.refuse(format!("{} carries a stack that is still held: {}", d.name, stacks.blocking.join("; ")));
         return p;
     }
     // The map's own foreign mounts, then each layer's, top-down.

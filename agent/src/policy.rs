@@ -210,14 +210,19 @@ fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
         let mut notes =
             vec![format!("open count {}", m.open_count.map_or("unknown".into(), |c| c.to_string()))];
         let layer_holders = stacks.releasable.iter().map(|(_, h)| *h);
-        let mounts = e.holders.iter().chain(layer_holders.clone()).filter(|h| h.kind == HolderKind::Mount).count();
+        let mounts =
+            e.holders.iter().chain(layer_holders.clone()).filter(|h| h.kind == HolderKind::Mount).count();
         notes.push(if mounts == 0 {
             "no mount in any namespace".into()
         } else {
             format!("{mounts} mount(s) in other namespaces to release first")
         });
         if !stacks.layers.is_empty() {
-            notes.push(format!("{} layer(s) stacked on it removed first: {}", stacks.layers.len(), stacks.describe()));
+            notes.push(format!(
+                "{} layer(s) stacked on it removed first: {}",
+                stacks.layers.len(),
+                stacks.describe()
+            ));
         }
         let stuck =
             e.holders.iter().chain(layer_holders).filter(|h| h.kind == HolderKind::OpenDevice).count();
@@ -377,7 +382,8 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
     // A layer on a map follows it while the map is a candidate: removed with it, top-down.
     for (e, map, own) in layers {
         let d = &e.device;
-        let what = stack::layer_of(d).map_or_else(|| d.name.to_string(), |l| format!("{} ({})", l.describe(), d.name));
+        let what = stack::layer_of(d)
+            .map_or_else(|| d.name.to_string(), |l| format!("{} ({})", l.describe(), d.name));
         let map_j =
             scan.graph.devices.iter().find(|m| m.device.name == map).and_then(|m| out.get(&m.device.devnum));
         let j = match map_j {
@@ -389,9 +395,10 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
                 reasons.extend(own.reasons);
                 Judgement::new(mj.verdict, reasons)
             }
-            Some(mj) if mj.verdict == Verdict::Protected => {
-                Judgement::new(Verdict::Protected, vec![format!("{what} is stacked on map {map}, which is protected")])
-            }
+            Some(mj) if mj.verdict == Verdict::Protected => Judgement::new(
+                Verdict::Protected,
+                vec![format!("{what} is stacked on map {map}, which is protected")],
+            ),
             _ => {
                 let mut j = own;
                 j.reasons.push(format!("{what} is stacked on map {map}"));

@@ -106,7 +106,8 @@ pub fn classify(uuid: &str, dm_name: &str) -> Option<StackLayer> {
     if let Some(rest) = uuid.strip_prefix("CRYPT-") {
         return crypt(rest);
     }
-    partition(uuid).map(|(number, parent)| StackLayer::PartitionMap { number, parent_uuid: parent.to_owned() })
+    partition(uuid)
+        .map(|(number, parent)| StackLayer::PartitionMap { number, parent_uuid: parent.to_owned() })
 }
 
 /// A kpartx partition map's uuid: `part<N>-<parent uuid>`.
@@ -129,7 +130,8 @@ fn lvm(rest: &str, dm_name: &str) -> Option<StackLayer> {
         "" => None,
         s => Some(s.strip_prefix('-').filter(|s| !s.is_empty())?.to_owned()),
     };
-    let (vg, lv, name_layer) = split_lvm_name(dm_name).unwrap_or_else(|| (String::new(), dm_name.to_owned(), None));
+    let (vg, lv, name_layer) =
+        split_lvm_name(dm_name).unwrap_or_else(|| (String::new(), dm_name.to_owned(), None));
     Some(StackLayer::LvmLv {
         vg,
         lv,
@@ -226,11 +228,8 @@ impl Above<'_> {
 
     /// The layers in words, top-down: `LV vg/lv (dm-3), partition map 1 (dm-1)`.
     pub fn describe(&self) -> String {
-        let names: Vec<String> = self
-            .layers
-            .iter()
-            .map(|l| format!("{} ({})", l.layer.describe(), l.entry.device.name))
-            .collect();
+        let names: Vec<String> =
+            self.layers.iter().map(|l| format!("{} ({})", l.layer.describe(), l.entry.device.name)).collect();
         names.join(", ")
     }
 }
@@ -252,7 +251,7 @@ pub fn above<'g>(base: &DeviceEntry, graph: &'g DeviceGraph) -> Above<'g> {
     let mut queue: Vec<(&'g DeviceEntry, StackLayer, String, usize)> = Vec::new();
     let mut seen: BTreeSet<DeviceName> = BTreeSet::new();
     for h in base.holders.iter().filter(|h| h.kind == HolderKind::StackedDevice) {
-        let Some(e) = h.device.as_ref().and_then(|n| find(n)) else { continue };
+        let Some(e) = h.device.as_ref().and_then(&find) else { continue };
         let Some(layer) = layer_of(&e.device) else { continue };
         if seen.insert(e.device.name.clone()) {
             let path = format!("{} ({})", layer.describe(), e.device.name);
@@ -265,11 +264,12 @@ pub fn above<'g>(base: &DeviceEntry, graph: &'g DeviceGraph) -> Above<'g> {
         i += 1;
         let on = format!("on {path}, stacked on {}", base.device.name);
         if let Some(k) = e.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()) {
-            out.blocking.push(format!("pod(s) {} on this node use it per kubelet ({on})", k.pod_uids.join(", ")));
+            out.blocking
+                .push(format!("pod(s) {} on this node use it per kubelet ({on})", k.pod_uids.join(", ")));
         }
         for h in &e.holders {
             if h.kind == HolderKind::StackedDevice {
-                let upper = h.device.as_ref().and_then(|n| find(n));
+                let upper = h.device.as_ref().and_then(&find);
                 match upper.and_then(|u| Some((u, layer_of(&u.device)?))) {
                     Some((u, layer)) => {
                         if seen.insert(u.device.name.clone()) {
@@ -277,7 +277,9 @@ pub fn above<'g>(base: &DeviceEntry, graph: &'g DeviceGraph) -> Above<'g> {
                             queue.push((u, layer, p, depth + 1));
                         }
                     }
-                    None => out.blocking.push(format!("{} ({on}): not a layer the agent takes down", h.describe())),
+                    None => out
+                        .blocking
+                        .push(format!("{} ({on}): not a layer the agent takes down", h.describe())),
                 }
             } else if releasable(h) {
                 out.releasable.push((e, h));
@@ -364,7 +366,8 @@ mod tests {
     // cryptsetup (`CRYPT-<type>-<header uuid without dashes>-<name>`) and kpartx write them.
     const LV: &str = "LVM-ed8bY0oNGXmkdrA2RO1HWaL8iFa3Kvw3F1FceAIfsowHsO2nR4R3wEbTbDfP2Nzv";
     const LUKS2: &str = "CRYPT-LUKS2-6cb6a7e48cb14b4c9d5e6a0a5cb3f4f6-secret";
-    const LUKS1: &str = "CRYPT-LUKS1-0d8e2e7d7d5c4e1c8f6e1b3c2a1d0e9f-luks-0d8e2e7d-7d5c-4e1c-8f6e-1b3c2a1d0e9f";
+    const LUKS1: &str =
+        "CRYPT-LUKS1-0d8e2e7d7d5c4e1c8f6e1b3c2a1d0e9f-luks-0d8e2e7d-7d5c-4e1c-8f6e-1b3c2a1d0e9f";
     const PART: &str = "part1-mpath-333333330000007d0";
 
     #[test]
@@ -417,7 +420,10 @@ mod tests {
             "{l:?}"
         );
         let l = classify("CRYPT-PLAIN-swapcrypt", "swapcrypt").expect("plain");
-        assert_eq!(l, StackLayer::Crypt { format: "PLAIN".into(), header_uuid: None, name: "swapcrypt".into() });
+        assert_eq!(
+            l,
+            StackLayer::Crypt { format: "PLAIN".into(), header_uuid: None, name: "swapcrypt".into() }
+        );
         assert_eq!(l.kind(), LayerKind::Crypt);
         for bad in ["CRYPT-", "CRYPT-LUKS2", "CRYPT--x", "CRYPT-LUKS2-"] {
             assert_eq!(classify(bad, "x"), None, "{bad}");
@@ -431,12 +437,21 @@ mod tests {
             Some(StackLayer::PartitionMap { number: 1, parent_uuid: "mpath-333333330000007d0".into() })
         );
         assert_eq!(partition("part12-LVM-x"), Some((12, "LVM-x")));
-        for other in ["mpath-333333330000007d0", "", "part-mpath-1", "partx-mpath-1", "part1-", "CRYPTO-x", "lvm-x"] {
+        for other in
+            ["mpath-333333330000007d0", "", "part-mpath-1", "partx-mpath-1", "part1-", "CRYPTO-x", "lvm-x"]
+        {
             assert_eq!(classify(other, "x"), None, "{other}");
         }
     }
 
-    fn dm(name: &str, minor: u32, uuid: &str, dm_name: &str, slaves: &[&str], holders: &[&str]) -> DeviceEntry {
+    fn dm(
+        name: &str,
+        minor: u32,
+        uuid: &str,
+        dm_name: &str,
+        slaves: &[&str],
+        holders: &[&str],
+    ) -> DeviceEntry {
         let n = |s: &&str| DeviceName::new(s).expect("name");
         DeviceEntry {
             device: BlockDevice {
@@ -517,7 +532,10 @@ mod tests {
         let a = above(&g.devices[0], &g);
         assert_eq!(names(&a), ["dm-3", "dm-2", "dm-4", "dm-1"], "{a:?}");
         assert!(a.blocking.is_empty() && a.releasable.is_empty(), "{a:?}");
-        assert_eq!(a.layers[0].path, "crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1)");
+        assert_eq!(
+            a.layers[0].path,
+            "crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1)"
+        );
         assert!(a.covers(&g.devices[0].holders[0]) && a.covers(&g.devices[0].holders[1]));
         assert_eq!(base_maps(&g.devices[3], &g), [DeviceName::new("dm-0").expect("n")]);
         assert!(base_maps(&g.devices[0], &g).is_empty());
@@ -550,7 +568,10 @@ mod tests {
         g.devices[2].holders.push(reader);
         let a = above(&g.devices[0], &g);
         assert_eq!((a.releasable.len(), a.blocking.len()), (1, 1), "{a:?}");
-        assert!(a.blocking[0].contains("(on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0)"), "{a:?}");
+        assert!(
+            a.blocking[0].contains("(on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0)"),
+            "{a:?}"
+        );
     }
 
     #[test]
@@ -637,7 +658,10 @@ mod tests {
         for minor in 1..=4 {
             let l = verdict(&j, minor);
             assert_eq!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
-            assert!(l.reasons[0].contains("is stacked on map dm-0, which is stale: removed with it"), "{l:?}");
+            assert!(
+                l.reasons[0].contains("is stacked on map dm-0, which is stale: removed with it"),
+                "{l:?}"
+            );
         }
 
         let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
@@ -667,7 +691,10 @@ mod tests {
         // A layer is never cleaned on its own.
         let alone = plan::for_clean(&scan.graph.devices[2], &scan.graph, plan::CleanOptions::default());
         assert!(alone.steps.is_empty() && !alone.unsupported, "{alone:?}");
-        assert!(alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")), "{alone:?}");
+        assert!(
+            alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")),
+            "{alone:?}"
+        );
     }
 
     #[test]

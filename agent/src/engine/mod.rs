@@ -209,7 +209,9 @@ impl<W: World> Engine<W> {
         // The other devices the plan acts on (the layers stacked on a map) pass the same gates.
         let mut others: Vec<&crate::graph::DeviceEntry> = Vec::new();
         for s in p.steps.iter().filter(|s| s.devnum != devnum && !s.is_release()) {
-            if let Some(e) = scan.entry(s.devnum).filter(|_| !others.iter().any(|o| o.device.devnum == s.devnum)) {
+            if let Some(e) =
+                scan.entry(s.devnum).filter(|_| !others.iter().any(|o| o.device.devnum == s.devnum))
+            {
                 others.push(e);
             }
         }
