@@ -771,4 +771,22 @@ mod tests {
         let r = refusal(&p, remove_map, &scan, map, &word(Claim::Claimed, &["dm-1"]), None, now);
         assert!(r.is_some(), "{r:?}");
     }
+
+    /// Crash recovery closes an interrupted removal of a layer like any dm removal: gone, the
+    /// same layer still there (planned again with its map), or another device at its number.
+    #[test]
+    fn an_interrupted_layer_removal_is_recovered() {
+        use crate::engine::recover::{resolve, Interrupted};
+        let scan = scan_of(graph());
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        let step = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("the LV's removal");
+        let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
+        let i = Interrupted::from_record(&record).expect("an intent");
+        assert_eq!((i.action.as_str(), i.device.as_str()), ("dm_remove", "dm-2"));
+        assert_eq!(resolve(&i, None).word, "gone");
+        assert_eq!(resolve(&i, Some(&scan.graph.devices[2])).word, "replan");
+        let mut other = scan.graph.devices[2].clone();
+        other.device.dm.as_mut().expect("dm").uuid = LV.replace("ed8b", "bbbb");
+        assert_eq!(resolve(&i, Some(&other)).word, "identity_changed");
+    }
 }
