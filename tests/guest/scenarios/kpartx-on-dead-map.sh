@@ -1,32 +1,21 @@
 #!/bin/sh
 # Issue 12: kpartx partition maps on a dead multipath map are removed before the map (the first
 # run of that path against real kpartx maps). The map (mpathb) gets a DOS partition table with
-# two partitions, kpartx maps them (mpathb1, mpathb2: dm uuids part1-/part2-mpath-<wwid>), then
-# both paths fail. `clean --apply` stops queueing, removes both partition maps, then the map,
-# then sets its paths offline and deletes them.
+# two partitions, kpartx maps them (dm uuids part1-/part2-mpath-<wwid>), then both paths fail.
+# `clean --apply` stops queueing, removes both partition maps, then the map, then sets its paths
+# offline and deletes them.
 #
 # Sections for tests/tests/guest.rs: layers, holders (JSON), clean (ends rc=N), journal (JSON
 # lines), exists-after, timing.
 . /extra/lib/mp-lib.sh
 T0=$(cut -d' ' -f1 /proc/uptime)
+. /usr/lib/blockjanitor/transport-lib.sh
 make_map
 
-# A DOS partition table written by hand (no partitioning tool needed): two Linux (0x83)
-# partitions of 4 MiB at sectors 2048 and 10240. Entries at byte 446, 16 bytes each: status,
-# CHS start (3), type, CHS end (3), LBA start (4, little endian), sectors (4).
-{
-  printf '\000\000\000\000\203\000\000\000\000\010\000\000\000\040\000\000'
-  printf '\000\000\000\000\203\000\000\000\000\050\000\000\000\040\000\000'
-  dd if=/dev/zero bs=16 count=2 2>/dev/null
-  printf '\125\252'
-} >/tmp/mbr
-[ "$(wc -c </tmp/mbr)" = 66 ] || fail "the partition table is $(wc -c </tmp/mbr) bytes, not 66"
-dd if=/tmp/mbr of=/dev/mapper/mpathb bs=1 seek=446 conv=notrunc,fsync 2>/dev/null || fail "write the partition table"
-kpartx -a /dev/mapper/mpathb >/tmp/kpartx.log 2>&1 || { cat /tmp/kpartx.log; fail "kpartx -a"; }
-# kpartx names them mpathb1 or mpathbp1 by version; the dm uuid is what counts.
-by_uuid() { for d in /sys/block/dm-*; do [ "$(cat $d/dm/uuid)" = "$1" ] && basename $d; done; return 0; }
-P1=$(by_uuid part1-mpath-333333330000007d0) P2=$(by_uuid part2-mpath-333333330000007d0)
-[ -n "$P1" ] && [ -n "$P2" ] || { cat /tmp/kpartx.log; fail "kpartx made no partition maps: $(dmsetup ls)"; }
+# A DOS partition table with two partitions (sfdisk), mapped by `kpartx -a -s`: mpathb1/mpathb2
+# (or mpathbp1...), dm uuids part1-/part2-mpath-333333330000007d0.
+PARTS=$(parts_on /dev/mapper/mpathb 2) || fail "parts_on"
+P1=${PARTS%% *} P2=${PARTS##* }
 echo "BEGIN layers"
 for d in "$MAP" "$P1" "$P2"; do
   n=$(cat /sys/block/$d/dm/name)

@@ -16,51 +16,18 @@
 # contract is broken, so run.sh alone says whether the agent kept its promise.
 . /extra/lib/mp-lib.sh
 T0=$(cut -d' ' -f1 /proc/uptime)
-for m in dm_crypt; do modprobe $m 2>/dev/null || true; done
+. /usr/lib/blockjanitor/transport-lib.sh
 make_map
 
-# LVM without udevd or lvmetad: scan only the map (sda and sdb carry the same PV), create the
-# nodes itself, no devices file.
-mkdir -p /etc/lvm /run/lock/lvm /run/lvm /run/cryptsetup
-cat >/etc/lvm/lvm.conf <<'EOF'
-devices {
-  filter = [ "a|^/dev/mapper/mpathb$|", "r|.*|" ]
-  global_filter = [ "a|^/dev/mapper/mpathb$|", "r|.*|" ]
-  obtain_device_list_from_udev = 0
-  use_devicesfile = 0
-  multipath_component_detection = 0
-  md_component_detection = 0
-}
-activation {
-  udev_sync = 0
-  udev_rules = 0
-  monitoring = 0
-}
-global {
-  use_lvmlockd = 0
-}
-EOF
-lvm() { command lvm "$@" 2>>/tmp/lvm.err || { cat /tmp/lvm.err; fail "lvm $1"; }; }
-lvm pvcreate -q /dev/mapper/mpathb >/dev/null
-lvm vgcreate -q -s 1M vg0 /dev/mapper/mpathb >/dev/null
-lvm lvcreate -q -an -Zn -L 4M -n lv0 vg0 >/dev/null
-lvm lvcreate -q -an -Zn -L 4M -n lv1 vg0 >/dev/null
-lvm vgchange -q -ay vg0 >/dev/null
-[ -b /dev/mapper/vg0-lv0 ] && [ -b /dev/mapper/vg0-lv1 ] || fail "the LVs have no nodes: $(ls /dev/mapper)"
-
-# LUKS2 with a small header (the LV is 4 MiB; the default header alone is 16 MiB) and a cheap
-# key derivation (argon2's default would want 1 GiB of the guest's RAM).
-printf 'not-a-real-key' >/tmp/key
-cryptsetup luksFormat -q --type luks2 --luks2-metadata-size 16k --luks2-keyslots-size 512k \
-  --pbkdf pbkdf2 --pbkdf-force-iterations 1000 --key-file /tmp/key /dev/mapper/vg0-lv1 \
-  >/tmp/crypt.log 2>&1 || { cat /tmp/crypt.log; fail "luksFormat"; }
-cryptsetup open --key-file /tmp/key /dev/mapper/vg0-lv1 secret >>/tmp/crypt.log 2>&1 \
-  || { cat /tmp/crypt.log; fail "cryptsetup open"; }
-dev_of() { echo "dm-$(dmsetup info -c --noheadings -o minor "$1" | tr -d ' ')"; }
-LV0=$(dev_of vg0-lv0); LV1=$(dev_of vg0-lv1); CRYPT=$(dev_of secret)
+# vg0 on the map: lv0 (ext4) and lv1 (LUKS2, opened as "secret"), with the image's lvm.conf (no
+# udevd; the sd paths under the mpath- map are skipped as multipath components).
+LV0=$(lvm_on /dev/mapper/mpathb vg0 lv0 4m) || fail "lvm_on"
+lvcreate -q -y -W n -Z n -L 4m -n lv1 vg0 >/dev/null || fail "lvcreate lv1"
+LV1=$(tl_dm_of vg0-lv1) || fail "no vg0-lv1"
+CRYPT=$(luks_on /dev/mapper/vg0-lv1 secret) || fail "luks_on"
 echo "BEGIN layers"
 for n in mpathb vg0-lv0 vg0-lv1 secret; do
-  d=$(dev_of $n)
+  d=$(tl_dm_of $n)
   echo "$n $d uuid=$(cat /sys/block/$d/dm/uuid) slaves=$(ls /sys/block/$d/slaves | tr '\n' ' ')holders=$(ls /sys/block/$d/holders | tr '\n' ' ')"
 done
 echo "END layers"
