@@ -362,10 +362,11 @@ mod tests {
     use super::*;
     use crate::model::{DevNum, DeviceKind, DmInfo, MountNsId};
 
-    // Uuids in the exact formats lvm2 (`LVM-` + VG uuid + LV uuid, 32 characters each),
-    // cryptsetup (`CRYPT-<type>-<header uuid without dashes>-<name>`) and kpartx write them.
-    const LV: &str = "LVM-ed8bY0oNGXmkdrA2RO1HWaL8iFa3Kvw3F1FceAIfsowHsO2nR4R3wEbTbDfP2Nzv";
-    const LUKS2: &str = "CRYPT-LUKS2-6cb6a7e48cb14b4c9d5e6a0a5cb3f4f6-secret";
+    // The uuids the guest's kernel showed for stack-on-dead-map.sh (lvm2 2.03.16, cryptsetup
+    // 2.6.1, kpartx 0.9.4 on Debian's 6.1): `LVM-` + VG uuid + LV uuid (32 characters each),
+    // `CRYPT-<type>-<header uuid without dashes>-<name>`, `part<N>-<parent uuid>`.
+    const LV: &str = "LVM-GMQ8q3gvm9eaIFe4dHeeHzvfZqkF9pCWpPUByRRg4t25CCXUrMhTiePIVOYapD8S";
+    const LUKS2: &str = "CRYPT-LUKS2-daa1f094a6f6461ba20ed0d7b8aa243c-secret";
     const LUKS1: &str =
         "CRYPT-LUKS1-0d8e2e7d7d5c4e1c8f6e1b3c2a1d0e9f-luks-0d8e2e7d-7d5c-4e1c-8f6e-1b3c2a1d0e9f";
     const PART: &str = "part1-mpath-333333330000007d0";
@@ -379,8 +380,8 @@ mod tests {
                 vg: "vg0".into(),
                 lv: "lv0".into(),
                 sublayer: None,
-                vg_uuid: "ed8bY0oNGXmkdrA2RO1HWaL8iFa3Kvw3".into(),
-                lv_uuid: "F1FceAIfsowHsO2nR4R3wEbTbDfP2Nzv".into(),
+                vg_uuid: "GMQ8q3gvm9eaIFe4dHeeHzvfZqkF9pCW".into(),
+                lv_uuid: "pPUByRRg4t25CCXUrMhTiePIVOYapD8S".into(),
             }
         );
         assert_eq!(l.describe(), "LV vg0/lv0");
@@ -396,7 +397,7 @@ mod tests {
         // A name that does not decode still leaves the uuid's verdict.
         let l = classify(LV, "odd-").expect("an LV by its uuid");
         assert_eq!(l.describe(), "LV /odd-");
-        for bad in ["LVM-", "LVM-short", &format!("{LV}-"), &LV.replace('Y', "-")] {
+        for bad in ["LVM-", "LVM-short", &format!("{LV}-"), &LV.replace('Q', "-")] {
             assert_eq!(classify(bad, "vg0-lv0"), None, "{bad}");
         }
     }
@@ -408,7 +409,7 @@ mod tests {
             l,
             StackLayer::Crypt {
                 format: "LUKS2".into(),
-                header_uuid: Some("6cb6a7e48cb14b4c9d5e6a0a5cb3f4f6".into()),
+                header_uuid: Some("daa1f094a6f6461ba20ed0d7b8aa243c".into()),
                 name: "secret".into()
             }
         );
@@ -508,7 +509,7 @@ mod tests {
             io_would_hang: true,
             partitions: vec![DeviceName::new("dm-1").expect("n")],
         });
-        let lv2 = LV.replace("ed8b", "aaaa");
+        let lv2 = LV.replace("pPUB", "IPvG");
         DeviceGraph {
             host_ns: MountNsId(1),
             host_ns_unsure: None,
@@ -786,7 +787,7 @@ mod tests {
         assert_eq!(resolve(&i, None).word, "gone");
         assert_eq!(resolve(&i, Some(&scan.graph.devices[2])).word, "replan");
         let mut other = scan.graph.devices[2].clone();
-        other.device.dm.as_mut().expect("dm").uuid = LV.replace("ed8b", "bbbb");
+        other.device.dm.as_mut().expect("dm").uuid = LV.replace("pPUB", "bbbb");
         assert_eq!(resolve(&i, Some(&other)).word, "identity_changed");
     }
 }

@@ -32,7 +32,7 @@ for n in mpathb vg0-lv0 vg0-lv1 secret; do
 done
 echo "END layers"
 
-mke2fs -q -F -t ext4 /dev/mapper/vg0-lv0 >/dev/null 2>&1 || fail "mke2fs"
+mke2fs -F /dev/mapper/vg0-lv0 >/tmp/mke2fs.log 2>&1 || { cat /tmp/mke2fs.log; fail "mke2fs"; }
 mkdir -p /mnt/lv
 mount -t ext4 /dev/mapper/vg0-lv0 /mnt/lv || fail "mount"
 echo data >/mnt/lv/file
