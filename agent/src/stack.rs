@@ -790,4 +790,33 @@ mod tests {
         other.device.dm.as_mut().expect("dm").uuid = LV.replace("pPUB", "bbbb");
         assert_eq!(resolve(&i, Some(&other)).word, "identity_changed");
     }
+
+    /// The layer shows in the JSON output (`stack`) and in the API (its own DeviceKind and
+    /// `Device.stack`), with what its uuid and name say.
+    #[test]
+    fn layers_in_the_output_and_the_api() {
+        use blockjanitor_proto::v1 as pb;
+        let g = graph();
+        let v = crate::render::device_json(&g.devices[2].device);
+        assert_eq!(v["kind"], "dm", "the block device kind stays");
+        assert_eq!(v["stack"]["kind"], "lvm_lv", "{v:#}");
+        assert_eq!((v["stack"]["vg"].as_str(), v["stack"]["lv"].as_str()), (Some("vg0"), Some("lv0")));
+        let v = crate::render::device_json(&g.devices[3].device);
+        assert_eq!(
+            (v["stack"]["kind"].as_str(), v["stack"]["name"].as_str()),
+            (Some("crypt"), Some("secret"))
+        );
+        assert!(crate::render::device_json(&g.devices[0].device).get("stack").is_none());
+
+        let l = layer_of(&g.devices[1].device).expect("partition map");
+        let m = crate::server::convert::stack_layer(&l);
+        assert_eq!(m.kind, pb::DeviceKind::PartitionMap as i32);
+        assert_eq!((m.partition_number, m.parent_uuid.as_str()), (1, "mpath-333333330000007d0"));
+        assert_eq!(m.description, "partition map 1");
+        let m = crate::server::convert::stack_layer(&layer_of(&g.devices[3].device).expect("crypt"));
+        assert_eq!((m.kind, m.crypt_format.as_str()), (pb::DeviceKind::Crypt as i32, "LUKS2"));
+        assert_eq!(m.crypt_header_uuid, "daa1f094a6f6461ba20ed0d7b8aa243c");
+        let m = crate::server::convert::stack_layer(&layer_of(&g.devices[2].device).expect("LV"));
+        assert_eq!((m.kind, m.vg.as_str(), m.lv.as_str()), (pb::DeviceKind::LvmLv as i32, "vg0", "lv0"));
+    }
 }
