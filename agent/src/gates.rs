@@ -140,7 +140,8 @@ pub struct Accounted {
     /// The plan releases mounts of the device's filesystem before this step (so the filesystem
     /// legitimately claims the device, and lives on it, until then).
     pub filesystem_released: bool,
-    /// Devices stacked on it that the plan removes before this step (kpartx partition maps).
+    /// Devices stacked on it that the plan removes after this step and before the device's
+    /// own removal (LVs, crypt mappings, kpartx partition maps): their tables claim it.
     pub stacked_removed: Vec<DeviceName>,
     /// An inconclusive exclusive open is acceptable (an offline SCSI disk refuses opens).
     pub open_may_fail: bool,
@@ -150,9 +151,14 @@ pub struct Accounted {
 pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted) -> Option<String> {
     // mutation-check: kernel-word
     let mut unexplained = Vec::new();
+    // A dm table claims the devices it sits on: every device stacked on it is one the plan
+    // removes first (an exclusive claimant other than dm would keep the tables out, and the
+    // other way round).
+    let stacked_claim = !word.sysfs_holders.is_empty()
+        && word.sysfs_holders.iter().all(|h| accounted.stacked_removed.contains(h));
     match &word.claim {
         Claim::Unclaimed => {}
-        Claim::Claimed if accounted.filesystem_released => {}
+        Claim::Claimed if accounted.filesystem_released || stacked_claim => {}
         Claim::Claimed => {
             unexplained.push("an exclusive open fails with EBUSY: something claims it".to_owned())
         }

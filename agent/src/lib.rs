@@ -43,6 +43,7 @@ pub mod resolve;
 pub mod scan;
 pub mod server;
 pub mod snapshot;
+pub mod stack;
 pub mod stall;
 pub mod storage;
 pub mod sys;

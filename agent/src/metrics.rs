@@ -1,7 +1,7 @@
 //! Every Prometheus series the agent exports, in one place, with the prefix `blockjanitor_` and
 //! bounded label values (device kinds, verdicts, holder kinds, triggers, actions, results are
 //! closed sets; no device names, PIDs or paths as labels), except `device_info`: one series per
-//! rbd, nbd, multipath or SCSI device (bounded by the node's devices of those kinds, reset on
+//! rbd, nbd, multipath, stack layer (LV, crypt, partition map) or SCSI device (bounded by the node's devices of those kinds, reset on
 //! every scan so a device that went takes its series with it), for joining a device to its image,
 //! client, WWID and PV in queries; and `device_unresponsive`: one series per device that does
 //! not answer I/O (reset on every scan the same way).
@@ -80,7 +80,7 @@ impl Metrics {
         let device_info = GaugeVec::new(
             Opts::new(
                 "device_info",
-                "Always 1: an rbd, nbd, multipath or SCSI device in the latest scan, with what it is a view of.",
+                "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of.",
             ),
             &["node", "device", "kind", "pool", "image", "client_addr", "wwid", "pv", "verdict"],
         )?;
@@ -150,7 +150,13 @@ impl Metrics {
         for d in &view.devices {
             let e = &d.entry;
             let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
-            if !(e.rbd.is_some() || e.device.kind == DeviceKind::Nbd || multipath || e.scsi.is_some()) {
+            let layer = crate::stack::layer_of(&e.device).is_some();
+            if !(e.rbd.is_some()
+                || e.device.kind == DeviceKind::Nbd
+                || multipath
+                || layer
+                || e.scsi.is_some())
+            {
                 continue;
             }
             let (pool, image, client_addr) = e
@@ -164,7 +170,7 @@ impl Metrics {
                 .with_label_values(&[
                     node,
                     e.device.name.as_str(),
-                    e.device.kind.as_str(),
+                    crate::stack::kind_label(&e.device),
                     pool,
                     image,
                     client_addr,
@@ -179,21 +185,23 @@ impl Metrics {
             if d.unresponsive.is_some() {
                 let dev = &d.entry.device;
                 self.device_unresponsive
-                    .with_label_values(&[node, dev.name.as_str(), dev.kind.as_str()])
+                    .with_label_values(&[node, dev.name.as_str(), crate::stack::kind_label(dev)])
                     .set(1.0);
             }
         }
         self.blocked_reads.set(crate::bounded::blocked_now() as f64);
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
-        for k in DeviceKind::ALL {
+        // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
+        let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
+        for k in kinds.chain(crate::stack::LayerKind::ALL.iter().map(|k| k.as_str())) {
             for v in VERDICTS {
                 let n = view
                     .devices
                     .iter()
-                    .filter(|d| d.entry.device.kind == k && d.judgement.verdict == v)
+                    .filter(|d| crate::stack::kind_label(&d.entry.device) == k && d.judgement.verdict == v)
                     .count();
-                self.devices.with_label_values(&[k.as_str(), v.as_str()]).set(n as f64);
+                self.devices.with_label_values(&[k, v.as_str()]).set(n as f64);
             }
         }
         for hk in HolderKind::ALL {

@@ -299,9 +299,11 @@ pub fn clean_loop(entry: &DeviceEntry) -> Plan {
 }
 
 /// The teardown of a multipath map with no active path (incident 3), in the only safe order:
-/// stop queueing (so nothing can hang on it, and stuck readers get EIO and let go), release its
-/// mounts in other namespaces, remove its kpartx partition maps, remove the map, then set each
-/// path offline and delete it. Refused while any path is active or anything else holds it.
+/// stop queueing (so nothing can hang on it, and stuck readers get EIO and let go), release the
+/// mounts in other namespaces of it and of the layers stacked on it, remove those layers
+/// top-down (crypt mappings and LVs before what they sit on, kpartx partition maps last; see
+/// [`crate::stack`]), remove the map, then set each path offline and delete it. Refused while
+/// any path is active or anything else holds the map or the top of a stack on it.
 pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: bool) -> Plan {
     let d = &entry.device;
     let mut p = Plan::new("teardown", entry);
@@ -320,22 +322,37 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         p.refuse(format!("map {} ({}): its table and status could not be read", m.name, d.name));
         return p;
     }
-    let blocking: Vec<&Holder> =
-        entry.holders.iter().filter(|h| !h.releasable_from_dead_map(&m.partitions)).collect();
+    // LVs, crypt mappings and partition maps stacked on it: removed top-down first, when
+    // nothing holds the top of a stack but what the teardown releases.
+    let stacks = crate::stack::above(entry, graph);
+    let blocking: Vec<&Holder> = entry
+        .holders
+        .iter()
+        .filter(|h| !stacks.covers(h) && !h.releasable_from_dead_map(&m.partitions))
+        .collect();
     if !blocking.is_empty() {
         p.held(&blocking, "the teardown cannot release");
         return p;
     }
-    let release = release(entry);
-    if let Some(l) = release.left_alone.iter().find(|l| l.holder.kind == HolderKind::Mount) {
-        let reason = l.reason.clone();
-        p.left_alone = release.left_alone;
-        p.refuse(format!("{}: a mount of it cannot be released ({reason})", d.name));
+    if !stacks.blocking.is_empty() {
+        p.refuse(format!("{} carries a stack that is still held: {}", d.name, stacks.blocking.join("; ")));
         return p;
     }
-    p.expected_openers = entry
-        .holders
-        .iter()
+    // The map's own foreign mounts, then each layer's, top-down.
+    let mut releases = Vec::new();
+    for e in std::iter::once(entry).chain(stacks.layers.iter().map(|l| l.entry)) {
+        let release = release(e);
+        if let Some(l) = release.left_alone.iter().find(|l| l.holder.kind == HolderKind::Mount) {
+            let reason = l.reason.clone();
+            p.left_alone = release.left_alone;
+            p.refuse(format!("{}: a mount of {} cannot be released ({reason})", d.name, e.device.name));
+            return p;
+        }
+        releases.extend(release.steps);
+    }
+    p.expected_openers = std::iter::once(entry)
+        .chain(stacks.layers.iter().map(|l| l.entry))
+        .flat_map(|e| e.holders.iter())
         .filter(|h| h.kind == HolderKind::OpenDevice && h.process_state == Some('D'))
         .flat_map(|h| h.pids.iter().copied())
         .collect();
@@ -345,23 +362,20 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
             Action::DmMessage { uuid: m.uuid.clone(), message: "fail_if_no_path".into() },
         ));
     }
-    p.steps.extend(release.steps);
-    for part in &m.partitions {
-        let Some(pe) = graph.devices.iter().find(|e| &e.device.name == part) else { continue };
-        if !pe.holders.is_empty() {
-            p.left_alone = pe
-                .holders
-                .iter()
-                .map(|h| LeftAlone {
-                    holder: h.clone(),
-                    reason: format!("partition map {part}: {}", h.describe()),
-                })
-                .collect();
-            p.refuse(format!("partition map {part} of {} is still held", d.name));
-            return p;
-        }
-        let uuid = pe.device.dm.as_ref().map(|x| x.uuid.clone()).unwrap_or_default();
-        p.steps.push(Step::on(pe, Action::DmRemove { uuid, deferred: false }));
+    p.steps.extend(releases);
+    // Each layer after every layer on top of it; partition maps last. By uuid, like the map.
+    for l in &stacks.layers {
+        let uuid = l.entry.device.dm.as_ref().map(|x| x.uuid.clone()).unwrap_or_default();
+        p.steps.push(Step::on(l.entry, Action::DmRemove { uuid, deferred: false }));
+    }
+    // A partition map of it that is not stacked on it (sysfs does not list it among its
+    // holders): never seen in practice, and not removed blindly.
+    if let Some(part) = m.partitions.iter().find(|n| !stacks.has(n)) {
+        p.refuse(format!(
+            "partition map {part} of {} is not among the devices stacked on it: its stacking cannot be followed",
+            d.name
+        ));
+        return p;
     }
     p.steps.push(Step::on(entry, Action::DmRemove { uuid: m.uuid.clone(), deferred: deferred_remove }));
     let mut deleted = Vec::new();
@@ -496,6 +510,20 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
         unmap(entry, opts.force_unmap)
     } else if entry.device.kind == DeviceKind::Loop {
         clean_loop(entry)
+    } else if let Some(layer) = crate::stack::layer_of(&entry.device) {
+        let mut p = Plan::new("clean", entry);
+        let maps = crate::stack::base_maps(entry, graph);
+        let on = if maps.is_empty() {
+            "no multipath map".to_owned()
+        } else {
+            maps.iter().map(DeviceName::as_str).collect::<Vec<_>>().join(", ")
+        };
+        p.refuse(format!(
+            "{} is {} stacked on {on}: a stack is taken down with the dead map below it (clean the map), never on its own",
+            entry.device.name,
+            layer.describe()
+        ));
+        p
     } else {
         let mut p = Plan::new("clean", entry);
         p.unsupported(format!(

@@ -16,11 +16,12 @@ use serde::Serialize;
 use crate::clock::{human, BootTime};
 use crate::gates::{self, ApiWord};
 use crate::grace::Clocks;
-use crate::graph::{DeviceEntry, Holder};
+use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
 use crate::scan::Scan;
+use crate::stack;
 use crate::stall::Stall;
 
 /// The agent's judgement of a device.
@@ -94,6 +95,9 @@ enum Assessment {
     Candidate(String),
     /// A path of a multipath map: judged after the map.
     PathOf(crate::model::DeviceName),
+    /// A dm layer (LV, crypt, partition map) on a multipath map: judged after the map, and
+    /// on its own (`own`) when the map is no candidate.
+    LayerOf(crate::model::DeviceName, Judgement),
 }
 
 fn fin(verdict: Verdict, reasons: Vec<String>) -> Assessment {
@@ -126,8 +130,17 @@ fn kubelet_evidence(e: &DeviceEntry) -> Option<(bool, String)> {
     }
 }
 
-fn assess(e: &DeviceEntry) -> Assessment {
-    match (assess_storage(e), kubelet_evidence(e)) {
+fn assess(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
+    match (assess_storage(e, graph), kubelet_evidence(e)) {
+        (Assessment::LayerOf(map, _), Some((true, why))) => {
+            let mut reasons = vec![why];
+            reasons.extend(e.holders.iter().map(Holder::describe));
+            Assessment::LayerOf(map, Judgement::new(Verdict::InUse, reasons))
+        }
+        (Assessment::LayerOf(map, mut own), Some((false, why))) => {
+            own.reasons.push(why);
+            Assessment::LayerOf(map, own)
+        }
         // A pod on this node uses it: never a cleanup candidate, whatever else is true.
         (Assessment::Candidate(_) | Assessment::Final(_), Some((true, why))) => {
             let mut reasons = vec![why];
@@ -143,7 +156,21 @@ fn assess(e: &DeviceEntry) -> Assessment {
     }
 }
 
-fn assess_storage(e: &DeviceEntry) -> Assessment {
+fn assess_storage(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
+    let d = &e.device;
+    if stack::layer_of(d).is_some() {
+        if let [map] = stack::base_maps(e, graph).as_slice() {
+            let own = match assess_storage_own(e, graph) {
+                Assessment::Final(j) => j,
+                _ => Judgement::new(Verdict::Unused, Vec::new()),
+            };
+            return Assessment::LayerOf(map.clone(), own);
+        }
+    }
+    assess_storage_own(e, graph)
+}
+
+fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
     let d = &e.device;
     if let Some(m) = &e.multipath {
         let name = format!("map {} ({})", m.name, d.name);
@@ -159,11 +186,15 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
             ));
             return fin(if e.holders.is_empty() { Verdict::Unused } else { Verdict::InUse }, reasons);
         }
+        // Layers stacked on it (LVs, crypt mappings, partition maps) go with it when nothing
+        // holds the top of a stack but what the teardown releases.
+        let stacks = stack::above(e, graph);
         let blocking: Vec<String> = e
             .holders
             .iter()
-            .filter(|h| !h.releasable_from_dead_map(&m.partitions))
+            .filter(|h| !stacks.covers(h) && !h.releasable_from_dead_map(&m.partitions))
             .map(Holder::describe)
+            .chain(stacks.blocking.iter().cloned())
             .collect();
         if !blocking.is_empty() {
             let mut reasons = blocking;
@@ -178,13 +209,23 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
         };
         let mut notes =
             vec![format!("open count {}", m.open_count.map_or("unknown".into(), |c| c.to_string()))];
-        let mounts = e.holders.iter().filter(|h| h.kind == HolderKind::Mount).count();
+        let layer_holders = stacks.releasable.iter().map(|(_, h)| *h);
+        let mounts =
+            e.holders.iter().chain(layer_holders.clone()).filter(|h| h.kind == HolderKind::Mount).count();
         notes.push(if mounts == 0 {
             "no mount in any namespace".into()
         } else {
             format!("{mounts} mount(s) in other namespaces to release first")
         });
-        let stuck = e.holders.iter().filter(|h| h.kind == HolderKind::OpenDevice).count();
+        if !stacks.layers.is_empty() {
+            notes.push(format!(
+                "{} layer(s) stacked on it removed first: {}",
+                stacks.layers.len(),
+                stacks.describe()
+            ));
+        }
+        let stuck =
+            e.holders.iter().chain(layer_holders).filter(|h| h.kind == HolderKind::OpenDevice).count();
         if stuck > 0 {
             notes.push(format!("{stuck} process(es) stuck in D state on it (stopping queueing frees them)"));
         }
@@ -279,16 +320,21 @@ fn is_mapping(e: &DeviceEntry) -> bool {
 pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMap<DevNum, Judgement> {
     let mut out = HashMap::new();
     let mut paths = Vec::new();
+    let mut layers = Vec::new();
     let mut observed: HashSet<Identity> = HashSet::new();
     for e in scan.graph.devices.iter().filter(|e| scan.covers(e.device.devnum)) {
         let d = &e.device;
         let j = if let Some(r) = gates::protection(e, &scan.protected) {
             Judgement::new(Verdict::Protected, vec![r])
         } else {
-            match assess(e) {
+            match assess(e, &scan.graph) {
                 Assessment::Final(j) => j,
                 Assessment::PathOf(map) => {
                     paths.push((d.devnum, d.name.clone(), map));
+                    continue;
+                }
+                Assessment::LayerOf(map, own) => {
+                    layers.push((e, map, own));
                     continue;
                 }
                 Assessment::Candidate(text) => match input.stalled.get(&d.devnum) {
@@ -332,6 +378,38 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
             _ => Judgement::new(Verdict::InUse, vec![format!("{name} is a path of multipath map {map}")]),
         };
         out.insert(devnum, j);
+    }
+    // A layer on a map follows it while the map is a candidate: removed with it, top-down.
+    for (e, map, own) in layers {
+        let d = &e.device;
+        let what = stack::layer_of(d)
+            .map_or_else(|| d.name.to_string(), |l| format!("{} ({})", l.describe(), d.name));
+        let map_j =
+            scan.graph.devices.iter().find(|m| m.device.name == map).and_then(|m| out.get(&m.device.devnum));
+        let j = match map_j {
+            Some(mj) if matches!(mj.verdict, Verdict::Stale | Verdict::Suspect | Verdict::Unknown) => {
+                let mut reasons = vec![format!(
+                    "{what} is stacked on map {map}, which is {}: removed with it, top-down",
+                    mj.verdict.as_str()
+                )];
+                reasons.extend(own.reasons);
+                Judgement::new(mj.verdict, reasons)
+            }
+            Some(mj) if mj.verdict == Verdict::Protected => Judgement::new(
+                Verdict::Protected,
+                vec![format!("{what} is stacked on map {map}, which is protected")],
+            ),
+            _ => {
+                let mut j = own;
+                j.reasons.push(format!("{what} is stacked on map {map}"));
+                if j.summary.is_empty() {
+                    j.summary = j.reasons[0].clone();
+                }
+                j
+            }
+        };
+        let j = weigh_stall(j, e, input.stalled.get(&d.devnum));
+        out.insert(d.devnum, weigh_api(j, e, input));
     }
     clocks.retain(|id| !scan.covers(id.devnum) || observed.contains(id));
     out
@@ -393,7 +471,9 @@ fn candidate(
 ) -> Judgement {
     let id = Identity::of(e);
     let timeless = text.replace(" for {age}", "");
-    if let Some(blind) = gates::completeness(e, &scan.blind_spots) {
+    let blind = gates::completeness(e, &scan.blind_spots)
+        .or_else(|| stack::layers_blind(e, &scan.graph, &scan.blind_spots));
+    if let Some(blind) = blind {
         // Not a complete observation: the clock cannot go on.
         clocks.forget(&id);
         // Why it is unknown comes first: it is what an operator looks for.

@@ -53,6 +53,9 @@ pub fn device_json(d: &BlockDevice) -> Value {
     if let Some(dm) = &d.dm {
         v["dm"] = json!(dm);
     }
+    if let Some(layer) = crate::stack::layer_of(d) {
+        v["stack"] = json!(layer);
+    }
     v
 }
 
@@ -146,6 +149,9 @@ fn device_line(d: &BlockDevice) -> String {
     }
     if let Some(dm) = &d.dm {
         let _ = write!(s, " dm name {}", dm.name);
+    }
+    if let Some(layer) = crate::stack::layer_of(d) {
+        let _ = write!(s, ": {}", layer.describe());
     }
     if let Some(p) = &d.parent {
         let _ = write!(s, " partition of {p}");

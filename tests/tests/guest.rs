@@ -641,3 +641,131 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     assert!(before.contains(&format!("/{wwid}/")), "{before}");
     assert_eq!(run.section("wwids-after"), before.replace(&format!("\n/{wwid}/"), ""));
 }
+
+// ---- Issue 12: stacks on dead maps (LVM, LUKS, kpartx).
+
+/// The step intents of a journal section, in order: (action, device).
+fn intents(run: &blockjanitor_tests::guest::Run, section: &str) -> Vec<(String, String)> {
+    run.section(section)
+        .lines()
+        .filter(|l| l.trim_start().starts_with('{'))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{section}: {l:?}: {e}"))
+        })
+        .filter(|r| r["phase"] == "intent")
+        .map(|r| {
+            (
+                r["step"]["action"].as_str().unwrap_or("?").to_owned(),
+                r["step"]["device"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The kernel name (`dm-N`) the scenario's `layers` section gives a dm name.
+fn layer_dev(run: &blockjanitor_tests::guest::Run, name: &str) -> String {
+    let layers = run.section("layers");
+    layers
+        .lines()
+        .find(|l| l.split(' ').next() == Some(name))
+        .and_then(|l| l.split(' ').nth(1))
+        .unwrap_or_else(|| panic!("no {name} in the layers section:\n{layers}"))
+        .to_owned()
+}
+
+/// Where `(action, device)` is in `steps`.
+fn position(steps: &[(String, String)], action: &str, device: &str) -> usize {
+    steps
+        .iter()
+        .position(|(a, d)| a == action && d == device)
+        .unwrap_or_else(|| panic!("no {action} of {device} in {steps:?}"))
+}
+
+#[test]
+fn root_guest_lvm_and_luks_on_a_dead_map_are_removed_top_down() {
+    if !require_guest() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let run = run_scenario_within("stack-on-dead-map.sh", Some(240));
+    eprintln!(
+        "stack-on-dead-map.sh: {:.1} s wall time; {}",
+        started.elapsed().as_secs_f64(),
+        run.section("timing")
+    );
+    run.assert_ok();
+    let layers = run.section("layers");
+    assert!(layers.contains("uuid=LVM-") && layers.contains("uuid=CRYPT-LUKS2-"), "{layers}");
+    let (map, lv0, lv1, crypt) = (
+        layer_dev(&run, "mpathb"),
+        layer_dev(&run, "vg0-lv0"),
+        layer_dev(&run, "vg0-lv1"),
+        layer_dev(&run, "secret"),
+    );
+
+    // Held on the host: the map is in use, and says by what and through which layer.
+    let held = json_section(&run, "holders-held");
+    assert_eq!(held["verdict"], "in_use", "{held:#}");
+    let reasons = held["reasons"].to_string();
+    assert!(
+        reasons.contains("mounted at /mnt/lv in the host's mount namespace")
+            && reasons.contains(&format!("(on LV vg0/lv0 ({lv0}), stacked on {map})")),
+        "{reasons}"
+    );
+    let clean = run.section("clean-held");
+    assert!(clean.contains("rc=2"), "{clean}");
+    let exists = run.section("exists-held");
+    for d in [&map, &lv0, &lv1, &crypt] {
+        assert!(exists.contains(&format!("{d} present")), "{d}: {exists}");
+    }
+
+    // The daemon in clean mode: stop queueing, release, the layers top-down, the map, the paths.
+    let steps = intents(&run, "journal");
+    let order = [
+        position(&steps, "dm_message", &map),
+        position(&steps, "detach_mount", &lv0),
+        position(&steps, "dm_remove", &crypt),
+        position(&steps, "dm_remove", &lv1),
+        position(&steps, "dm_remove", &map),
+        position(&steps, "scsi_delete", "sdb"),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "steps out of order: {steps:?}");
+    assert!(position(&steps, "dm_remove", &lv0) < position(&steps, "dm_remove", &map), "{steps:?}");
+    let after = run.section("exists-after");
+    for d in [&map, &lv0, &lv1, &crypt] {
+        assert!(after.contains(&format!("{d} gone")), "{d}: {after}");
+    }
+}
+
+#[test]
+fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
+    if !require_guest() {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let run = run_scenario("kpartx-on-dead-map.sh");
+    eprintln!(
+        "kpartx-on-dead-map.sh: {:.1} s wall time; {}",
+        started.elapsed().as_secs_f64(),
+        run.section("timing")
+    );
+    run.assert_ok();
+    let layers = run.section("layers");
+    let parts: Vec<&str> =
+        layers.lines().filter(|l| l.contains("uuid=part")).filter_map(|l| l.split(' ').nth(1)).collect();
+    assert_eq!(parts.len(), 2, "{layers}");
+    let map = layer_dev(&run, "mpathb");
+    let h = json_section(&run, "holders");
+    assert_eq!(h["verdict"], "stale", "{h:#}");
+    assert!(h["reasons"].to_string().contains("2 layer(s) stacked on it removed first"), "{h:#}");
+    let clean = run.section("clean");
+    assert!(clean.contains("rc=0"), "{clean}");
+    let steps = intents(&run, "journal");
+    let stop = position(&steps, "dm_message", &map);
+    let remove_map = position(&steps, "dm_remove", &map);
+    for p in &parts {
+        let at = position(&steps, "dm_remove", p);
+        assert!(stop < at && at < remove_map, "{p}: {steps:?}");
+    }
+    assert!(remove_map < position(&steps, "scsi_delete", "sda"), "{steps:?}");
+}

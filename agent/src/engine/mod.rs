@@ -206,9 +206,22 @@ impl<W: World> Engine<W> {
             Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
         };
         let api = self.world.cluster();
-        let safety = gates::protection(entry, &scan.protected)
-            .or_else(|| gates::api(entry, api.as_ref(), self.world.now()).refusal())
-            .or_else(|| gates::kubelet_pods(entry))
+        // The other devices the plan acts on (the layers stacked on a map) pass the same gates.
+        let mut others: Vec<&crate::graph::DeviceEntry> = Vec::new();
+        for s in p.steps.iter().filter(|s| s.devnum != devnum && !s.is_release()) {
+            if let Some(e) =
+                scan.entry(s.devnum).filter(|_| !others.iter().any(|o| o.device.devnum == s.devnum))
+            {
+                others.push(e);
+            }
+        }
+        let each = |e: &crate::graph::DeviceEntry| {
+            gates::protection(e, &scan.protected)
+                .or_else(|| gates::api(e, api.as_ref(), self.world.now()).refusal())
+                .or_else(|| gates::kubelet_pods(e))
+        };
+        let safety = each(entry)
+            .or_else(|| others.iter().find_map(|e| each(e)))
             .or_else(|| gates::responsive(entry, judged.stalled.get(&devnum), &p.steps));
         let unsure_host = match (&scan.graph.host_ns_unsure, p.steps.iter().any(Step::is_release)) {
             (Some(why), true) => {
@@ -220,7 +233,9 @@ impl<W: World> Engine<W> {
             p.refuse(r);
         } else if op == Operation::Clean && p.refusal.is_none() {
             // A plan already refused (still held, a path active) keeps its own reason.
-            let r = gates::completeness(entry, &scan.blind_spots).or_else(|| not_stale(&p, judgement));
+            let r = gates::completeness(entry, &scan.blind_spots)
+                .or_else(|| others.iter().find_map(|e| gates::completeness(e, &scan.blind_spots)))
+                .or_else(|| not_stale(&p, judgement));
             if let Some(r) = r {
                 p.refuse(r);
             }

@@ -4,8 +4,9 @@
 //! The device must still be the one planned (identity), fully seen (no blind spot reaches it),
 //! not protected, used by no pod (kubelet, the API), and held by nothing the plan does not
 //! account for: before `fail_if_no_path` the plan may still hold the mounts it is about to
-//! release, the readers stuck on the map and its partition maps; before a removal, nothing but
-//! the stuck readers that are exiting.
+//! release, the readers stuck on the map (or on a layer stacked on it) and the layers stacked
+//! on it (LVs, crypt mappings, partition maps, removed next, top-down); before a removal,
+//! nothing but the stuck readers that are exiting: the layers above a layer are gone by then.
 
 use crate::act::probe::KernelWord;
 use crate::clock::BootTime;
@@ -47,7 +48,8 @@ pub fn accounted(plan: &Plan, step: &Step) -> Accounted {
     }
 }
 
-/// Devices other than the step's own that the plan removes (a map's partition maps).
+/// Devices other than the step's own that the plan removes (the layers stacked on a map: LVs,
+/// crypt mappings, partition maps).
 fn removed_devices(plan: &Plan, step: &Step) -> Vec<crate::model::DeviceName> {
     plan.steps
         .iter()
@@ -59,7 +61,8 @@ fn removed_devices(plan: &Plan, step: &Step) -> Vec<crate::model::DeviceName> {
 /// A holder the fresh scan shows that the plan does not account for.
 fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<String> {
     let stops_queueing = matches!(step.action, Action::DmMessage { .. });
-    let removes_map = matches!(step.action, Action::DmRemove { .. }) && entry.multipath.is_some();
+    // Removing the map, or a layer stacked on it (the readers may be stuck on a layer).
+    let removes_dm = matches!(step.action, Action::DmRemove { .. });
     let removed = removed_devices(plan, step);
     let accounted = |h: &Holder| match h.kind {
         // Mounts this plan releases after stopping the queueing.
@@ -72,7 +75,7 @@ fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<
             _ => false,
         }),
         // Readers stuck on the dead map: stopping the queueing frees them, and they exit.
-        HolderKind::OpenDevice if stops_queueing || removes_map => {
+        HolderKind::OpenDevice if stops_queueing || removes_dm => {
             !h.pids.is_empty() && h.pids.iter().all(|p| plan.expected_openers.contains(p))
         }
         // Its partition maps, which the plan removes first.

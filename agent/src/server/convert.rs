@@ -99,7 +99,7 @@ pub fn device(v: &DeviceView) -> pb::Device {
         name: d.name.to_string(),
         major: d.devnum.major,
         minor: d.devnum.minor,
-        kind: kind(d.kind) as i32,
+        kind: crate::stack::layer_of(d).map_or_else(|| kind(d.kind), |l| layer_kind(l.kind())) as i32,
         size_bytes: d.size_bytes,
         read_only: d.read_only,
         parent: d.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
@@ -138,7 +138,44 @@ pub fn device(v: &DeviceView) -> pb::Device {
         unresponsive_seconds: v.unresponsive.as_ref().map_or(0.0, |s| s.stalled_for.as_secs_f64()),
         last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
         last_seen_scan: v.last_seen_scan,
+        stack: crate::stack::layer_of(d).as_ref().map(stack_layer),
     }
+}
+
+/// The kind of a stack layer.
+pub fn layer_kind(k: crate::stack::LayerKind) -> pb::DeviceKind {
+    use crate::stack::LayerKind;
+    match k {
+        LayerKind::LvmLv => pb::DeviceKind::LvmLv,
+        LayerKind::Crypt => pb::DeviceKind::Crypt,
+        LayerKind::PartitionMap => pb::DeviceKind::PartitionMap,
+    }
+}
+
+/// What a dm layer's uuid and name say.
+pub fn stack_layer(l: &crate::stack::StackLayer) -> pb::StackLayer {
+    use crate::stack::StackLayer;
+    let mut out =
+        pb::StackLayer { kind: layer_kind(l.kind()) as i32, description: l.describe(), ..Default::default() };
+    match l {
+        StackLayer::LvmLv { vg, lv, sublayer, vg_uuid, lv_uuid } => {
+            out.vg = vg.clone();
+            out.lv = lv.clone();
+            out.lv_sublayer = sublayer.clone().unwrap_or_default();
+            out.vg_uuid = vg_uuid.clone();
+            out.lv_uuid = lv_uuid.clone();
+        }
+        StackLayer::Crypt { format, header_uuid, name } => {
+            out.crypt_format = format.clone();
+            out.crypt_header_uuid = header_uuid.clone().unwrap_or_default();
+            out.crypt_name = name.clone();
+        }
+        StackLayer::PartitionMap { number, parent_uuid } => {
+            out.partition_number = *number;
+            out.parent_uuid = parent_uuid.clone();
+        }
+    }
+    out
 }
 
 pub fn step(s: &Step) -> pb::Step {

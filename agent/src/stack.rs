@@ -1,0 +1,822 @@
+//! Device-mapper stacks on a multipath map: LVM logical volumes, dm-crypt (LUKS, plain)
+//! mappings and kpartx partition maps, told apart by the dm uuid their tools give them (the
+//! kernel's, from `DM_DEV_STATUS` or `dm/uuid`), and what holds the top of each stack.
+//!
+//! ```text
+//! LVM-<vg uuid, 32><lv uuid, 32>[-<layer>]       name <vg>-<lv>[-<layer>], '-' in a name doubled
+//! CRYPT-LUKS2-<uuid without dashes>-<name>       (also LUKS1; PLAIN, VERITY... carry no uuid)
+//! part<N>-<parent uuid>                          kpartx: part1-mpath-3600...
+//! ```
+//!
+//! A dead map with such layers on it is torn down top-down (`DM_DEV_REMOVE` of each layer by
+//! its uuid: no key and no LVM command, the LVM metadata on the disks untouched) when nothing
+//! holds the top of any stack but what the teardown releases (mounts in other namespaces,
+//! readers stuck in D state that `fail_if_no_path` frees). [`above`] walks the stacks and says
+//! which layers there are, in which order they go, and what keeps them, with the way from the
+//! map up to each holder. Pure: it reads only the graph.
+
+use std::collections::BTreeSet;
+
+use serde::Serialize;
+
+use crate::blindspot::BlindSpot;
+use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::model::{BlockDevice, DeviceName, HolderKind};
+
+/// What a stacked device-mapper layer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// An LVM logical volume (or one of its internal layers: `-real`, `-cow`, `-tpool`...).
+    LvmLv,
+    /// A dm-crypt mapping made by cryptsetup (LUKS1, LUKS2, plain...).
+    Crypt,
+    /// A kpartx partition map (`part<N>-<parent uuid>`).
+    PartitionMap,
+}
+
+impl LayerKind {
+    /// Every kind, in a fixed order (metrics export each, even at zero).
+    pub const ALL: [LayerKind; 3] = [Self::LvmLv, Self::Crypt, Self::PartitionMap];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LvmLv => "lvm_lv",
+            Self::Crypt => "crypt",
+            Self::PartitionMap => "partition_map",
+        }
+    }
+}
+
+/// A device-mapper device recognised as a stack layer, with what its uuid and name say.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StackLayer {
+    LvmLv {
+        /// Volume group and logical volume, from the dm name (`--` unescaped).
+        vg: String,
+        lv: String,
+        /// An LV's internal layer (`real`, `cow`, `tpool`, `tdata`, `tmeta`, `pool`...).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        sublayer: Option<String>,
+        vg_uuid: String,
+        lv_uuid: String,
+    },
+    Crypt {
+        /// `LUKS1`, `LUKS2`, `PLAIN`, `VERITY`, `INTEGRITY`, `TCRYPT`, `BITLK`, `SUBDEV`...
+        format: String,
+        /// The LUKS header's uuid (without dashes, as the dm uuid has it); none for plain.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        header_uuid: Option<String>,
+        /// The mapping's name as cryptsetup was given it.
+        name: String,
+    },
+    PartitionMap {
+        number: u32,
+        parent_uuid: String,
+    },
+}
+
+impl StackLayer {
+    pub fn kind(&self) -> LayerKind {
+        match self {
+            Self::LvmLv { .. } => LayerKind::LvmLv,
+            Self::Crypt { .. } => LayerKind::Crypt,
+            Self::PartitionMap { .. } => LayerKind::PartitionMap,
+        }
+    }
+
+    /// `LV vg0/lv0`, `crypt mapping secret (LUKS2)`, `partition map 1`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::LvmLv { vg, lv, sublayer: None, .. } => format!("LV {vg}/{lv}"),
+            Self::LvmLv { vg, lv, sublayer: Some(s), .. } => format!("LV {vg}/{lv} ({s} layer)"),
+            Self::Crypt { format, name, .. } => format!("crypt mapping {name} ({format})"),
+            Self::PartitionMap { number, .. } => format!("partition map {number}"),
+        }
+    }
+}
+
+/// Classifies a dm device by its uuid (authoritative) and name (for LVM's vg/lv). `None`: not
+/// a layer the agent knows how to take down (a multipath map, an unnamed or foreign dm device).
+pub fn classify(uuid: &str, dm_name: &str) -> Option<StackLayer> {
+    if let Some(rest) = uuid.strip_prefix("LVM-") {
+        return lvm(rest, dm_name);
+    }
+    if let Some(rest) = uuid.strip_prefix("CRYPT-") {
+        return crypt(rest);
+    }
+    partition(uuid)
+        .map(|(number, parent)| StackLayer::PartitionMap { number, parent_uuid: parent.to_owned() })
+}
+
+/// A kpartx partition map's uuid: `part<N>-<parent uuid>`.
+pub fn partition(uuid: &str) -> Option<(u32, &str)> {
+    let rest = uuid.strip_prefix("part")?;
+    let (n, parent) = rest.split_once('-')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || parent.is_empty() {
+        return None;
+    }
+    Some((n.parse().ok()?, parent))
+}
+
+fn lvm(rest: &str, dm_name: &str) -> Option<StackLayer> {
+    // 32 + 32 characters of LVM's uuid alphabet, then an optional `-<layer>` suffix.
+    let ids = rest.get(..64)?;
+    if !ids.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return None;
+    }
+    let suffix = match &rest[64..] {
+        "" => None,
+        s => Some(s.strip_prefix('-').filter(|s| !s.is_empty())?.to_owned()),
+    };
+    let (vg, lv, name_layer) =
+        split_lvm_name(dm_name).unwrap_or_else(|| (String::new(), dm_name.to_owned(), None));
+    Some(StackLayer::LvmLv {
+        vg,
+        lv,
+        sublayer: suffix.or(name_layer),
+        vg_uuid: ids[..32].to_owned(),
+        lv_uuid: ids[32..].to_owned(),
+    })
+}
+
+/// `vg-lv[-layer]` with every `-` inside a name doubled: (vg, lv, layer).
+fn split_lvm_name(name: &str) -> Option<(String, String, Option<String>)> {
+    let mut parts = vec![String::new()];
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '-' {
+            if chars.peek() == Some(&'-') {
+                chars.next();
+                parts.last_mut()?.push('-');
+            } else {
+                parts.push(String::new());
+            }
+        } else {
+            parts.last_mut()?.push(c);
+        }
+    }
+    if parts.iter().any(String::is_empty) {
+        return None;
+    }
+    let mut it = parts.into_iter();
+    match (it.next(), it.next(), it.next(), it.next()) {
+        (Some(vg), Some(lv), layer, None) => Some((vg, lv, layer)),
+        _ => None,
+    }
+}
+
+fn crypt(rest: &str) -> Option<StackLayer> {
+    let (format, rest) = rest.split_once('-')?;
+    if format.is_empty() || !format.bytes().all(|b| b.is_ascii_alphanumeric()) || rest.is_empty() {
+        return None;
+    }
+    // LUKS: the header's uuid without dashes (32 hex digits), then the name.
+    let with_uuid = rest
+        .split_once('-')
+        .filter(|(u, n)| u.len() == 32 && u.bytes().all(|b| b.is_ascii_hexdigit()) && !n.is_empty());
+    let (header_uuid, name) = match with_uuid {
+        Some((u, n)) if format.starts_with("LUKS") => (Some(u.to_owned()), n.to_owned()),
+        _ => (None, rest.to_owned()),
+    };
+    Some(StackLayer::Crypt { format: format.to_owned(), header_uuid, name })
+}
+
+/// The layer a block device is, from its dm uuid and name.
+pub fn layer_of(d: &BlockDevice) -> Option<StackLayer> {
+    d.dm.as_ref().and_then(|dm| classify(&dm.uuid, &dm.name))
+}
+
+/// The kind label of a device for output and metrics: its layer kind when it is one, else its
+/// block device kind (`dm` for multipath maps and dm devices of no known layer).
+pub fn kind_label(d: &BlockDevice) -> &'static str {
+    layer_of(d).map_or_else(|| d.kind.as_str(), |l| l.kind().as_str())
+}
+
+/// One layer of a stack, with the way down to the map (`LV vg/lv (dm-3)`, then what it is on).
+#[derive(Debug, Clone)]
+pub struct Layer<'g> {
+    pub entry: &'g DeviceEntry,
+    pub layer: StackLayer,
+    /// `crypt mapping c (LUKS2) (dm-4) on LV vg/lv (dm-3)`: this layer and those below it.
+    pub path: String,
+}
+
+/// The stacks on a device (a multipath map), as [`above`] found them.
+#[derive(Debug, Clone, Default)]
+pub struct Above<'g> {
+    /// Every layer, in removal order: each after every layer stacked on it, partition maps last.
+    pub layers: Vec<Layer<'g>>,
+    /// Holders of the layers the teardown can get rid of, with their layer: mounts in other
+    /// namespaces (released), readers stuck in D state (freed by `fail_if_no_path`).
+    pub releasable: Vec<(&'g DeviceEntry, &'g Holder)>,
+    /// What keeps a stack in use, one sentence each naming the holder and the way to it.
+    pub blocking: Vec<String>,
+}
+
+impl Above<'_> {
+    /// Whether `name` is one of the layers.
+    pub fn has(&self, name: &DeviceName) -> bool {
+        self.layers.iter().any(|l| &l.entry.device.name == name)
+    }
+
+    /// Whether the map's own holder `h` is a layer of these stacks.
+    pub fn covers(&self, h: &Holder) -> bool {
+        h.kind == HolderKind::StackedDevice && h.device.as_ref().is_some_and(|d| self.has(d))
+    }
+
+    /// The layers in words, top-down: `LV vg/lv (dm-3), partition map 1 (dm-1)`.
+    pub fn describe(&self) -> String {
+        let names: Vec<String> =
+            self.layers.iter().map(|l| format!("{} ({})", l.layer.describe(), l.entry.device.name)).collect();
+        names.join(", ")
+    }
+}
+
+/// A holder the teardown of a dead map gets rid of when it holds a layer: a mount in another
+/// namespace (released), a reader stuck in D state (`fail_if_no_path` fails its I/O).
+fn releasable(h: &Holder) -> bool {
+    h.is_foreign_mount() || (h.kind == HolderKind::OpenDevice && h.process_state == Some('D'))
+}
+
+/// Walks the dm layers (LVs, crypt mappings, partition maps) stacked on `base`, transitively,
+/// and what holds them. A layer that also sits on a device outside these stacks, a stacked
+/// device of another kind, a pod using a layer per kubelet, and every holder release cannot
+/// detach keep the stacks in use (in [`Above::blocking`]).
+pub fn above<'g>(base: &DeviceEntry, graph: &'g DeviceGraph) -> Above<'g> {
+    let find = |n: &DeviceName| graph.devices.iter().find(|e| &e.device.name == n);
+    let mut out = Above::default();
+    // Breadth first from the map: (entry, layer, path, depth).
+    let mut queue: Vec<(&'g DeviceEntry, StackLayer, String, usize)> = Vec::new();
+    let mut seen: BTreeSet<DeviceName> = BTreeSet::new();
+    for h in base.holders.iter().filter(|h| h.kind == HolderKind::StackedDevice) {
+        let Some(e) = h.device.as_ref().and_then(&find) else { continue };
+        let Some(layer) = layer_of(&e.device) else { continue };
+        if seen.insert(e.device.name.clone()) {
+            let path = format!("{} ({})", layer.describe(), e.device.name);
+            queue.push((e, layer, path, 1));
+        }
+    }
+    let mut i = 0;
+    while i < queue.len() {
+        let (e, _, path, depth) = queue[i].clone();
+        i += 1;
+        let on = format!("on {path}, stacked on {}", base.device.name);
+        if let Some(k) = e.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()) {
+            out.blocking
+                .push(format!("pod(s) {} on this node use it per kubelet ({on})", k.pod_uids.join(", ")));
+        }
+        for h in &e.holders {
+            if h.kind == HolderKind::StackedDevice {
+                let upper = h.device.as_ref().and_then(&find);
+                match upper.and_then(|u| Some((u, layer_of(&u.device)?))) {
+                    Some((u, layer)) => {
+                        if seen.insert(u.device.name.clone()) {
+                            let p = format!("{} ({}) on {path}", layer.describe(), u.device.name);
+                            queue.push((u, layer, p, depth + 1));
+                        }
+                    }
+                    None => out
+                        .blocking
+                        .push(format!("{} ({on}): not a layer the agent takes down", h.describe())),
+                }
+            } else if releasable(h) {
+                out.releasable.push((e, h));
+            } else {
+                out.blocking.push(format!("{} ({on})", h.describe()));
+            }
+        }
+    }
+    // A layer that also sits on a device outside these stacks (an LV spanning a live disk) is
+    // not this map's to take down.
+    for (e, layer, _, _) in &queue {
+        for s in &e.device.slaves {
+            if s != &base.device.name && !seen.contains(s) {
+                out.blocking.push(format!(
+                    "{} ({}) also sits on {s}, outside the stacks on {}: it is not torn down with them",
+                    layer.describe(),
+                    e.device.name,
+                    base.device.name
+                ));
+            }
+        }
+    }
+    out.layers = removal_order(queue);
+    out
+}
+
+/// Each layer after every layer stacked on it (Kahn's order on the stacking), deepest first,
+/// partition maps after other layers of the same depth.
+fn removal_order<'g>(mut queue: Vec<(&'g DeviceEntry, StackLayer, String, usize)>) -> Vec<Layer<'g>> {
+    queue.sort_by_key(|(e, l, _, depth)| {
+        (std::cmp::Reverse(*depth), l.kind() == LayerKind::PartitionMap, e.device.name.clone())
+    });
+    let names: BTreeSet<DeviceName> = queue.iter().map(|(e, ..)| e.device.name.clone()).collect();
+    let mut done: BTreeSet<DeviceName> = BTreeSet::new();
+    let mut out = Vec::with_capacity(queue.len());
+    while !queue.is_empty() {
+        let ready = queue.iter().position(|(e, ..)| {
+            e.device.holders.iter().filter(|h| names.contains(*h)).all(|h| done.contains(h))
+        });
+        // A cycle cannot happen in the kernel's stacking; take the next one rather than loop.
+        let (e, layer, path, _) = queue.remove(ready.unwrap_or(0));
+        done.insert(e.device.name.clone());
+        out.push(Layer { entry: e, layer, path });
+    }
+    out
+}
+
+/// A blind spot of the scan reaching any layer stacked on `base`: its stacks' holders may be
+/// unseen, so nothing destructive rests on them.
+pub fn layers_blind(base: &DeviceEntry, graph: &DeviceGraph, blind_spots: &[BlindSpot]) -> Option<String> {
+    above(base, graph).layers.iter().find_map(|l| crate::gates::completeness(l.entry, blind_spots))
+}
+
+/// The multipath maps at the bottom of the stacks a layer is part of (walking its slaves down
+/// through other layers).
+pub fn base_maps(e: &DeviceEntry, graph: &DeviceGraph) -> Vec<DeviceName> {
+    let mut out = Vec::new();
+    let mut frontier = vec![e];
+    let mut seen: BTreeSet<DeviceName> = BTreeSet::new();
+    while let Some(cur) = frontier.pop() {
+        for s in &cur.device.slaves {
+            if !seen.insert(s.clone()) {
+                continue;
+            }
+            let Some(below) = graph.devices.iter().find(|x| &x.device.name == s) else { continue };
+            if below.multipath.is_some() {
+                if !out.contains(s) {
+                    out.push(s.clone());
+                }
+            } else if layer_of(&below.device).is_some() {
+                frontier.push(below);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{DevNum, DeviceKind, DmInfo, MountNsId};
+
+    // The uuids the guest's kernel showed for stack-on-dead-map.sh (lvm2 2.03.16, cryptsetup
+    // 2.6.1, kpartx 0.9.4 on Debian's 6.1): `LVM-` + VG uuid + LV uuid (32 characters each),
+    // `CRYPT-<type>-<header uuid without dashes>-<name>`, `part<N>-<parent uuid>`.
+    const LV: &str = "LVM-GMQ8q3gvm9eaIFe4dHeeHzvfZqkF9pCWpPUByRRg4t25CCXUrMhTiePIVOYapD8S";
+    const LUKS2: &str = "CRYPT-LUKS2-daa1f094a6f6461ba20ed0d7b8aa243c-secret";
+    const LUKS1: &str =
+        "CRYPT-LUKS1-0d8e2e7d7d5c4e1c8f6e1b3c2a1d0e9f-luks-0d8e2e7d-7d5c-4e1c-8f6e-1b3c2a1d0e9f";
+    const PART: &str = "part1-mpath-333333330000007d0";
+
+    #[test]
+    fn lvm_uuids_and_names() {
+        let l = classify(LV, "vg0-lv0").expect("an LV");
+        assert_eq!(
+            l,
+            StackLayer::LvmLv {
+                vg: "vg0".into(),
+                lv: "lv0".into(),
+                sublayer: None,
+                vg_uuid: "GMQ8q3gvm9eaIFe4dHeeHzvfZqkF9pCW".into(),
+                lv_uuid: "pPUByRRg4t25CCXUrMhTiePIVOYapD8S".into(),
+            }
+        );
+        assert_eq!(l.describe(), "LV vg0/lv0");
+        assert_eq!(l.kind().as_str(), "lvm_lv");
+        // `-` inside a name is doubled in the dm name.
+        let l = classify(LV, "my--vg-data--lv").expect("an LV");
+        assert_eq!(l.describe(), "LV my-vg/data-lv");
+        // Internal layers: the uuid's suffix (and the name's third part).
+        let l = classify(&format!("{LV}-real"), "vg0-lv0-real").expect("origin layer");
+        assert_eq!(l.describe(), "LV vg0/lv0 (real layer)");
+        let l = classify(&format!("{LV}-tpool"), "vg0-pool-tpool").expect("thin pool layer");
+        assert!(matches!(l, StackLayer::LvmLv { sublayer: Some(ref s), .. } if s == "tpool"), "{l:?}");
+        // A name that does not decode still leaves the uuid's verdict.
+        let l = classify(LV, "odd-").expect("an LV by its uuid");
+        assert_eq!(l.describe(), "LV /odd-");
+        for bad in ["LVM-", "LVM-short", &format!("{LV}-"), &LV.replace('Q', "-")] {
+            assert_eq!(classify(bad, "vg0-lv0"), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn crypt_uuids() {
+        let l = classify(LUKS2, "secret").expect("LUKS2");
+        assert_eq!(
+            l,
+            StackLayer::Crypt {
+                format: "LUKS2".into(),
+                header_uuid: Some("daa1f094a6f6461ba20ed0d7b8aa243c".into()),
+                name: "secret".into()
+            }
+        );
+        assert_eq!(l.describe(), "crypt mapping secret (LUKS2)");
+        // systemd-cryptsetup names mappings luks-<uuid with dashes>: the name keeps them.
+        let l = classify(LUKS1, "x").expect("LUKS1");
+        assert!(
+            matches!(&l, StackLayer::Crypt { format, name, .. } if format == "LUKS1" && name == "luks-0d8e2e7d-7d5c-4e1c-8f6e-1b3c2a1d0e9f"),
+            "{l:?}"
+        );
+        let l = classify("CRYPT-PLAIN-swapcrypt", "swapcrypt").expect("plain");
+        assert_eq!(
+            l,
+            StackLayer::Crypt { format: "PLAIN".into(), header_uuid: None, name: "swapcrypt".into() }
+        );
+        assert_eq!(l.kind(), LayerKind::Crypt);
+        for bad in ["CRYPT-", "CRYPT-LUKS2", "CRYPT--x", "CRYPT-LUKS2-"] {
+            assert_eq!(classify(bad, "x"), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn partition_maps_and_others() {
+        assert_eq!(
+            classify(PART, "mpathb1"),
+            Some(StackLayer::PartitionMap { number: 1, parent_uuid: "mpath-333333330000007d0".into() })
+        );
+        assert_eq!(partition("part12-LVM-x"), Some((12, "LVM-x")));
+        for other in
+            ["mpath-333333330000007d0", "", "part-mpath-1", "partx-mpath-1", "part1-", "CRYPTO-x", "lvm-x"]
+        {
+            assert_eq!(classify(other, "x"), None, "{other}");
+        }
+    }
+
+    fn dm(
+        name: &str,
+        minor: u32,
+        uuid: &str,
+        dm_name: &str,
+        slaves: &[&str],
+        holders: &[&str],
+    ) -> DeviceEntry {
+        let n = |s: &&str| DeviceName::new(s).expect("name");
+        DeviceEntry {
+            device: BlockDevice {
+                name: DeviceName::new(name).expect("name"),
+                devnum: DevNum::new(254, minor),
+                kind: DeviceKind::Dm,
+                size_bytes: 16 << 20,
+                read_only: false,
+                parent: None,
+                holders: holders.iter().map(n).collect(),
+                slaves: slaves.iter().map(n).collect(),
+                loop_info: None,
+                dm: Some(DmInfo { name: dm_name.into(), uuid: uuid.into(), suspended: false }),
+                diskseq: None,
+            },
+            holders: holders
+                .iter()
+                .map(|h| {
+                    let mut x = Holder::bare(HolderKind::StackedDevice);
+                    x.device = Some(n(h));
+                    x
+                })
+                .collect(),
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: None,
+            kubernetes: None,
+            io: None,
+        }
+    }
+
+    fn mount(host: bool) -> Holder {
+        let mut h = Holder::bare(HolderKind::Mount);
+        h.in_host_namespace = Some(host);
+        h.mount_namespace = Some(MountNsId(if host { 1 } else { 2 }));
+        h.mount_point = Some("/mnt/x".into());
+        h
+    }
+
+    /// map dm-0 ← part1 dm-1 ← LV dm-2 ← crypt dm-3; LV dm-4 directly on the map.
+    fn graph() -> DeviceGraph {
+        let mut map = dm("dm-0", 0, "mpath-333333330000007d0", "mpathb", &["sda", "sdb"], &["dm-1", "dm-4"]);
+        map.multipath = Some(crate::storage::MultipathView {
+            name: "mpathb".into(),
+            uuid: "mpath-333333330000007d0".into(),
+            wwid: "333333330000007d0".into(),
+            open_count: Some(2),
+            suspended: false,
+            queue_if_no_path: Some(true),
+            paths: Vec::new(),
+            active_paths: 0,
+            io_would_hang: true,
+            partitions: vec![DeviceName::new("dm-1").expect("n")],
+        });
+        let lv2 = LV.replace("pPUB", "IPvG");
+        DeviceGraph {
+            host_ns: MountNsId(1),
+            host_ns_unsure: None,
+            devices: vec![
+                map,
+                dm("dm-1", 1, PART, "mpathb1", &["dm-0"], &["dm-2"]),
+                dm("dm-2", 2, LV, "vg0-lv0", &["dm-1"], &["dm-3"]),
+                dm("dm-3", 3, LUKS2, "secret", &["dm-2"], &[]),
+                dm("dm-4", 4, &lv2, "vg1-lv1", &["dm-0"], &[]),
+            ],
+        }
+    }
+
+    fn names(a: &Above<'_>) -> Vec<String> {
+        a.layers.iter().map(|l| l.entry.device.name.to_string()).collect()
+    }
+
+    #[test]
+    fn layers_go_top_down_and_partition_maps_last() {
+        let g = graph();
+        let a = above(&g.devices[0], &g);
+        assert_eq!(names(&a), ["dm-3", "dm-2", "dm-4", "dm-1"], "{a:?}");
+        assert!(a.blocking.is_empty() && a.releasable.is_empty(), "{a:?}");
+        assert_eq!(
+            a.layers[0].path,
+            "crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1)"
+        );
+        assert!(a.covers(&g.devices[0].holders[0]) && a.covers(&g.devices[0].holders[1]));
+        assert_eq!(base_maps(&g.devices[3], &g), [DeviceName::new("dm-0").expect("n")]);
+        assert!(base_maps(&g.devices[0], &g).is_empty());
+        assert_eq!(kind_label(&g.devices[3].device), "crypt");
+        assert_eq!(kind_label(&g.devices[0].device), "dm");
+    }
+
+    #[test]
+    fn a_held_top_blocks_and_names_the_way_to_it() {
+        let mut g = graph();
+        g.devices[3].holders.push(mount(true));
+        g.devices[4].holders.push(mount(false));
+        let a = above(&g.devices[0], &g);
+        assert_eq!(a.releasable.len(), 1, "the foreign mount on dm-4: {a:?}");
+        assert_eq!(a.releasable[0].0.device.name.as_str(), "dm-4");
+        assert_eq!(a.blocking.len(), 1, "{a:?}");
+        let b = &a.blocking[0];
+        assert!(
+            b.starts_with("mounted at /mnt/x in the host's mount namespace")
+                && b.contains("(on crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0)"),
+            "{b}"
+        );
+        // A stuck reader is releasable; an open fd is not.
+        let mut g = graph();
+        let mut reader = Holder::bare(HolderKind::OpenDevice);
+        reader.pids = vec![42];
+        reader.process_state = Some('D');
+        g.devices[3].holders.push(reader.clone());
+        reader.process_state = Some('S');
+        g.devices[2].holders.push(reader);
+        let a = above(&g.devices[0], &g);
+        assert_eq!((a.releasable.len(), a.blocking.len()), (1, 1), "{a:?}");
+        assert!(
+            a.blocking[0].contains("(on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0)"),
+            "{a:?}"
+        );
+    }
+
+    #[test]
+    fn foreign_devices_and_outside_slaves_block() {
+        // An md device (no dm uuid of a layer) on the LV, and the LV spanning sdc too.
+        let mut g = graph();
+        g.devices[2].holders.push({
+            let mut h = Holder::bare(HolderKind::StackedDevice);
+            h.device = Some(DeviceName::new("md0").expect("n"));
+            h
+        });
+        g.devices[4].device.slaves.push(DeviceName::new("sdc").expect("n"));
+        let a = above(&g.devices[0], &g);
+        assert_eq!(a.blocking.len(), 2, "{a:?}");
+        assert!(a.blocking[0].starts_with("device md0 is stacked on it (on LV vg0/lv0 (dm-2)"), "{a:?}");
+        assert!(a.blocking[1].starts_with("LV vg1/lv1 (dm-4) also sits on sdc"), "{a:?}");
+    }
+
+    // ---- the policy, the plan and the re-check over a stack -------------------------------
+
+    use std::collections::{HashMap, HashSet};
+    use std::time::Duration;
+
+    use crate::act::probe::{Claim, KernelWord};
+    use crate::clock::BootTime;
+    use crate::discover::namespaces::NsEntry;
+    use crate::grace::Clocks;
+    use crate::plan::{self, Action};
+    use crate::policy::{self, Judgement, Verdict};
+    use crate::scan::Scan;
+    use crate::snapshot::ScanStats;
+
+    fn scan_of(g: DeviceGraph) -> Scan {
+        Scan {
+            graph: g,
+            blind_spots: Vec::new(),
+            protected: HashSet::new(),
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
+            scope: None,
+        }
+    }
+
+    fn judge(scan: &Scan) -> HashMap<DevNum, Judgement> {
+        let mut clocks = Clocks::new(None);
+        let input = policy::JudgeInput {
+            grace: Duration::ZERO,
+            max_gap: Duration::from_secs(120),
+            now: BootTime::from_since_boot(Duration::from_secs(100)),
+            api: None,
+            stalled: &HashMap::new(),
+        };
+        policy::judge(scan, &mut clocks, &input)
+    }
+
+    fn foreign_mount() -> Holder {
+        let mut h = mount(false);
+        h.pids = vec![300];
+        h.mount_id = Some(77);
+        h.mount_dev = Some(DevNum::new(254, 3));
+        h.fstype = Some("ext4".into());
+        h.namespace_entry = Some(NsEntry::Task { pid: 300, tid: 300 });
+        h
+    }
+
+    fn verdict(j: &HashMap<DevNum, Judgement>, minor: u32) -> &Judgement {
+        j.get(&DevNum::new(254, minor)).expect("judged")
+    }
+
+    #[test]
+    fn an_unheld_stack_on_a_dead_map_is_stale_with_it_and_planned_top_down() {
+        let mut g = graph();
+        g.devices[3].holders.push(foreign_mount());
+        let scan = scan_of(g);
+        let j = judge(&scan);
+        let map = verdict(&j, 0);
+        assert_eq!(map.verdict, Verdict::Stale, "{map:?}");
+        assert!(map.reasons[0].contains("1 mount(s) in other namespaces to release first"), "{map:?}");
+        assert!(
+            map.reasons[0].contains("4 layer(s) stacked on it removed first: crypt mapping secret (LUKS2) (dm-3), LV vg0/lv0 (dm-2), LV vg1/lv1 (dm-4), partition map 1 (dm-1)"),
+            "{map:?}"
+        );
+        for minor in 1..=4 {
+            let l = verdict(&j, minor);
+            assert_eq!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
+            assert!(
+                l.reasons[0].contains("is stacked on map dm-0, which is stale: removed with it"),
+                "{l:?}"
+            );
+        }
+
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        assert_eq!(p.refusal, None, "{p:?}");
+        let steps: Vec<(&str, &str)> = p.steps.iter().map(|s| (s.action(), s.device.as_str())).collect();
+        assert_eq!(
+            steps,
+            [
+                ("dm_message", "dm-0"),
+                ("detach_mount", "dm-3"),
+                ("dm_remove", "dm-3"),
+                ("dm_remove", "dm-2"),
+                ("dm_remove", "dm-4"),
+                ("dm_remove", "dm-1"),
+                ("dm_remove", "dm-0"),
+            ]
+        );
+        // Each removal by the uuid of the device it acts on, with that device's identity.
+        for s in &p.steps {
+            let e = scan.graph.devices.iter().find(|e| e.device.name == s.device).expect("entry");
+            assert_eq!(s.identity, crate::identity::Identity::of(e));
+            if let Action::DmRemove { uuid, deferred } = &s.action {
+                assert_eq!(Some(uuid), e.device.dm.as_ref().map(|d| &d.uuid));
+                assert!(!deferred);
+            }
+        }
+        // A layer is never cleaned on its own.
+        let alone = plan::for_clean(&scan.graph.devices[2], &scan.graph, plan::CleanOptions::default());
+        assert!(alone.steps.is_empty() && !alone.unsupported, "{alone:?}");
+        assert!(
+            alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")),
+            "{alone:?}"
+        );
+    }
+
+    #[test]
+    fn a_held_top_keeps_the_whole_stack_in_use_and_the_map_names_it() {
+        let mut g = graph();
+        g.devices[3].holders.push(mount(true));
+        let scan = scan_of(g);
+        let j = judge(&scan);
+        let map = verdict(&j, 0);
+        assert_eq!(map.verdict, Verdict::InUse, "{map:?}");
+        assert!(
+            map.reasons[0].starts_with("mounted at /mnt/x in the host's mount namespace")
+                && map.reasons[0].contains("on crypt mapping secret (LUKS2) (dm-3) on LV vg0/lv0 (dm-2) on partition map 1 (dm-1), stacked on dm-0"),
+            "{map:?}"
+        );
+        assert_eq!(verdict(&j, 3).verdict, Verdict::InUse, "the held top");
+        for minor in [1, 2, 4] {
+            let l = verdict(&j, minor);
+            assert_ne!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
+            assert!(l.reasons.iter().any(|r| r.contains("is stacked on map dm-0")), "{l:?}");
+        }
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        assert!(p.steps.is_empty(), "{p:?}");
+        assert!(p.refusal.as_deref().is_some_and(|r| r.contains("host's mount namespace")), "{p:?}");
+    }
+
+    #[test]
+    fn a_blind_spot_over_a_layer_makes_the_map_unknown() {
+        let mut scan = scan_of(graph());
+        scan.blind_spots.push(BlindSpot::devices(vec![DeviceName::new("dm-3").expect("n")], "a namespace"));
+        let j = judge(&scan);
+        assert_eq!(verdict(&j, 0).verdict, Verdict::Unknown, "{:?}", verdict(&j, 0));
+    }
+
+    fn word(claim: Claim, holders: &[&str]) -> KernelWord {
+        KernelWord {
+            claim,
+            sysfs_holders: holders.iter().map(|h| DeviceName::new(h).expect("n")).collect(),
+            live_filesystems: Vec::new(),
+            loops_on_top: Vec::new(),
+            dm_open_count: Some(holders.len() as i32),
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Right before each step the kernel's word must match exactly what the plan accounts for:
+    /// the layers' claim on the map before `fail_if_no_path`, nothing before a removal.
+    #[test]
+    fn the_recheck_accepts_exactly_the_layers_the_plan_removes() {
+        use crate::engine::recheck::refusal;
+        let mut g = graph();
+        g.devices[3].holders.push(foreign_mount());
+        let scan = scan_of(g);
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        let now = BootTime::from_since_boot(Duration::from_secs(100));
+        let map = &scan.graph.devices[0];
+        let stop = &p.steps[0];
+        assert_eq!(refusal(&p, stop, &scan, map, &word(Claim::Claimed, &["dm-1", "dm-4"]), None, now), None);
+        // A stacked device the plan does not remove is refused.
+        let r = refusal(&p, stop, &scan, map, &word(Claim::Claimed, &["dm-1", "dm-4", "dm-9"]), None, now);
+        assert!(r.as_deref().is_some_and(|r| r.contains("dm-9")), "{r:?}");
+        // Removing the LV while the crypt mapping is still on it: refused.
+        let lv = &scan.graph.devices[2];
+        let remove_lv = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("step");
+        let r = refusal(&p, remove_lv, &scan, lv, &word(Claim::Claimed, &["dm-3"]), None, now);
+        assert!(r.as_deref().is_some_and(|r| r.contains("dm-3")), "{r:?}");
+        // Once it is gone, the LV goes.
+        let mut bare_lv = lv.clone();
+        bare_lv.holders.clear();
+        bare_lv.device.holders.clear();
+        assert_eq!(refusal(&p, remove_lv, &scan, &bare_lv, &word(Claim::Unclaimed, &[]), None, now), None);
+        // Removing the map while a layer is still on it: refused.
+        let remove_map = p.steps.last().expect("step");
+        let r = refusal(&p, remove_map, &scan, map, &word(Claim::Claimed, &["dm-1"]), None, now);
+        assert!(r.is_some(), "{r:?}");
+    }
+
+    /// Crash recovery closes an interrupted removal of a layer like any dm removal: gone, the
+    /// same layer still there (planned again with its map), or another device at its number.
+    #[test]
+    fn an_interrupted_layer_removal_is_recovered() {
+        use crate::engine::recover::{resolve, Interrupted};
+        let scan = scan_of(graph());
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        let step = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("the LV's removal");
+        let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
+        let i = Interrupted::from_record(&record).expect("an intent");
+        assert_eq!((i.action.as_str(), i.device.as_str()), ("dm_remove", "dm-2"));
+        assert_eq!(resolve(&i, None).word, "gone");
+        assert_eq!(resolve(&i, Some(&scan.graph.devices[2])).word, "replan");
+        let mut other = scan.graph.devices[2].clone();
+        other.device.dm.as_mut().expect("dm").uuid = LV.replace("pPUB", "bbbb");
+        assert_eq!(resolve(&i, Some(&other)).word, "identity_changed");
+    }
+
+    /// The layer shows in the JSON output (`stack`) and in the API (its own DeviceKind and
+    /// `Device.stack`), with what its uuid and name say.
+    #[test]
+    fn layers_in_the_output_and_the_api() {
+        use blockjanitor_proto::v1 as pb;
+        let g = graph();
+        let v = crate::render::device_json(&g.devices[2].device);
+        assert_eq!(v["kind"], "dm", "the block device kind stays");
+        assert_eq!(v["stack"]["kind"], "lvm_lv", "{v:#}");
+        assert_eq!((v["stack"]["vg"].as_str(), v["stack"]["lv"].as_str()), (Some("vg0"), Some("lv0")));
+        let v = crate::render::device_json(&g.devices[3].device);
+        assert_eq!(
+            (v["stack"]["kind"].as_str(), v["stack"]["name"].as_str()),
+            (Some("crypt"), Some("secret"))
+        );
+        assert!(crate::render::device_json(&g.devices[0].device).get("stack").is_none());
+
+        let l = layer_of(&g.devices[1].device).expect("partition map");
+        let m = crate::server::convert::stack_layer(&l);
+        assert_eq!(m.kind, pb::DeviceKind::PartitionMap as i32);
+        assert_eq!((m.partition_number, m.parent_uuid.as_str()), (1, "mpath-333333330000007d0"));
+        assert_eq!(m.description, "partition map 1");
+        let m = crate::server::convert::stack_layer(&layer_of(&g.devices[3].device).expect("crypt"));
+        assert_eq!((m.kind, m.crypt_format.as_str()), (pb::DeviceKind::Crypt as i32, "LUKS2"));
+        assert_eq!(m.crypt_header_uuid, "daa1f094a6f6461ba20ed0d7b8aa243c");
+        let m = crate::server::convert::stack_layer(&layer_of(&g.devices[2].device).expect("LV"));
+        assert_eq!((m.kind, m.vg.as_str(), m.lv.as_str()), (pb::DeviceKind::LvmLv as i32, "vg0", "lv0"));
+    }
+}
