@@ -381,6 +381,7 @@ impl Machine {
                 server_comm: None,
                 backend: None,
             }),
+            nvme: None,
             kubernetes,
             io: None,
         }

@@ -7,6 +7,7 @@
 
 pub mod linux;
 mod mapping;
+mod nvme;
 pub mod probe;
 pub mod recording;
 mod storage;

@@ -417,6 +417,7 @@ mod tests {
             scsi: None,
             rbd: None,
             nbd: None,
+            nvme: None,
             kubernetes: None,
             io: None,
         }

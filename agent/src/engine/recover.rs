@@ -166,6 +166,17 @@ fn effect_in_place(i: &Interrupted, entry: &DeviceEntry) -> Option<String> {
             (message == "fail_if_no_path" && !queueing)
                 .then(|| format!("map {} no longer queues I/O (no queue_if_no_path in its table)", i.device))
         }
+        "nvme_delete_controller" => {
+            // The head outlives a controller while another path of its subsystem is left.
+            let name = i.step.get("controller").and_then(Value::as_str)?;
+            let nqn = i.step.get("subsysnqn").and_then(Value::as_str)?;
+            let still = entry.nvme.as_ref()?.controllers.iter().any(|c| {
+                c.name == name
+                    && c.subsysnqn == nqn
+                    && Some(c.address.target().as_str()) == i.step.get("address").and_then(Value::as_str)
+            });
+            (!still).then(|| format!("controller {name} no longer serves {}", i.device))
+        }
         "scsi_offline" => {
             entry.scsi.as_ref().filter(|s| s.is_offline()).map(|_| format!("disk {} is offline", i.device))
         }
@@ -272,6 +283,7 @@ mod tests {
             scsi: None,
             rbd: None,
             nbd: None,
+            nvme: None,
             kubernetes: None,
             io: None,
         }
