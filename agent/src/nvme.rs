@@ -250,6 +250,20 @@ pub fn assess(e: &DeviceEntry) -> Option<Assessment> {
     )))
 }
 
+/// Why `release` must not detach a foreign mount of this device: it is an NVMe-oF namespace
+/// with no live controller, and unmounting flushes to it (the I/O queues until a path returns).
+pub fn release_refusal(entry: &DeviceEntry) -> Option<String> {
+    let v = entry.nvme.as_ref()?;
+    if !v.fabrics() || v.live > 0 || !entry.holders.iter().any(Holder::is_foreign_mount) {
+        return None;
+    }
+    Some(format!(
+        "{}: no live controller ({}): unmounting would flush to a namespace whose I/O queues until a path returns, so the release could hang: refused (fail closed)",
+        entry.device.name,
+        v.describe_controllers()
+    ))
+}
+
 fn refused(mut p: Plan, why: String) -> Plan {
     p.refuse(why);
     p

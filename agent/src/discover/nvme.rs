@@ -9,7 +9,8 @@
 //!   address "traddr=127.0.0.1,trsvcid=4420[,host_traddr=..][,host_iface=..][,src_addr=127.0.0.1]"
 //!           (nvmf_get_address; nvme-tcp appends src_addr only while the admin queue is live)
 //!   ctrl_loss_tmo "off" | "<seconds>"     reconnect_delay "off" | "<seconds>"   (fabrics only)
-//!   nvme1c1n1/   the hidden per-path disk of namespace 1 (native multipath), or
+//!   nvme1c1n1/   the hidden per-path disk of namespace 1 (native multipath: `hidden` 1, no `dev`
+//!                attribute and no device node, so it is not among the scan's block devices), or
 //!   nvme1n1/     the namespace itself when multipath is off (or PCIe without it)
 //! /sys/class/nvme-subsystem/nvme-subsys1 -> ../../devices/virtual/nvme-subsystem/nvme-subsys1
 //!   subsysnqn  iopolicy ("numa" | "round-robin"; multipath kernels only)
@@ -256,11 +257,12 @@ fn is_subsys_name(s: &str) -> bool {
     s.strip_prefix("nvme-subsys").is_some_and(|r| !r.is_empty() && r.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// Namespace disk directories under a controller or subsystem directory.
+/// Namespace disk directories under a controller or subsystem directory (a hidden per-path
+/// disk has no `dev` attribute: it has no device node).
 fn namespace_dirs(dir: &Path) -> Result<Vec<DeviceName>, DiscoverError> {
     Ok(list_dir(dir)?
         .into_iter()
-        .filter(|n| NsName::parse(n).is_some() && dir.join(n).join("dev").exists())
+        .filter(|n| NsName::parse(n).is_some() && dir.join(n).is_dir())
         .filter_map(|n| DeviceName::new(&n).ok())
         .collect())
 }
