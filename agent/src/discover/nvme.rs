@@ -383,6 +383,50 @@ pub fn outages(scan: &NvmeScan) -> Vec<NvmeOutage> {
 mod tests {
     use super::*;
 
+    const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/nvme-tcp");
+
+    /// The tree Debian's 6.1 kernel showed in the guest (make-nvme-fixture.py).
+    #[test]
+    fn scans_the_guest_kernels_layout() {
+        let s = scan(&HostRoot::new(FIXTURE)).expect("scan");
+        assert_eq!(s.subsystems.len(), 2);
+        let sub = s.subsystem("nvme-subsys0").expect("nvme-subsys0");
+        assert_eq!(sub.subsysnqn, "nqn.2026-11.io.blockjanitor:a");
+        assert_eq!(sub.iopolicy.as_deref(), Some("numa"));
+        assert_eq!(sub.controllers, vec!["nvme0"]);
+        assert_eq!(sub.heads, vec![DeviceName::new("nvme0n1").expect("name")]);
+        let c = s.controller("nvme0").expect("nvme0");
+        assert_eq!(c.transport, "tcp");
+        assert_eq!(c.state, CtrlState::Connecting);
+        assert_eq!(c.ctrl_loss_tmo, Some(Timeout::Off));
+        assert_eq!(c.reconnect_delay, Some(Timeout::Seconds(1)));
+        assert_eq!(c.cntlid, Some(1));
+        assert_eq!(c.address.raw, "traddr=127.0.0.1,trsvcid=4420");
+        assert_eq!(c.subsystem.as_deref(), Some("nvme-subsys0"));
+        assert_eq!(c.namespaces, vec![DeviceName::new("nvme0c0n1").expect("name")]);
+        assert!(c.fabrics);
+        assert_eq!(
+            c.hostnqn.as_deref(),
+            Some("nqn.2014-08.org.nvmexpress:uuid:b10c4a17-0000-4000-8000-000000000012")
+        );
+        let live = s.controller("nvme1").expect("nvme1");
+        assert_eq!(live.state, CtrlState::Live);
+        assert_eq!(live.address.src_addr.as_deref(), Some("127.0.0.1"));
+        assert_eq!(live.address.target(), "traddr=127.0.0.1,trsvcid=4421");
+        let head = DeviceName::new("nvme0n1").expect("name");
+        let (sub, ctrls) = s.serving(&head).expect("served");
+        assert_eq!(sub.map(|s| s.name.as_str()), Some("nvme-subsys0"));
+        assert_eq!(ctrls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), vec!["nvme0"]);
+        // One controller to the address is live: no outage.
+        assert!(outages(&s).is_empty());
+    }
+
+    #[test]
+    fn no_nvme_is_an_empty_scan() {
+        let empty = tempfile::tempdir().expect("tempdir");
+        assert_eq!(scan(&HostRoot::new(empty.path())).expect("scan"), NvmeScan::default());
+    }
+
     #[test]
     fn states_as_the_kernel_prints_them() {
         for (text, s) in [
