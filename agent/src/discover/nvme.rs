@@ -349,6 +349,33 @@ impl NvmeScan {
     }
 }
 
+impl NvmeScan {
+    /// Fabrics controllers that serve no namespace (no disk under them, none in their
+    /// subsystem): nothing on the node can hold them and no block device plans them, so they are
+    /// reported, one line each.
+    pub fn idle_controllers(&self) -> Vec<String> {
+        self.controllers
+            .iter()
+            .filter(|c| c.fabrics && c.namespaces.is_empty())
+            .filter(|c| {
+                c.subsystem.as_deref().and_then(|s| self.subsystem(s)).is_none_or(|s| s.heads.is_empty())
+            })
+            .map(|c| {
+                format!(
+                    "NVMe controller {} ({} {}, subsystem {}) serves no namespace (state {}{}); the agent plans controllers only through their namespaces: if its target is gone, remove it by hand (nvme disconnect -d {})",
+                    c.name,
+                    c.transport,
+                    c.address.target(),
+                    c.subsysnqn,
+                    c.state.as_str(),
+                    c.ctrl_loss_tmo.map(|t| format!(", ctrl_loss_tmo {}", t.describe())).unwrap_or_default(),
+                    c.name
+                )
+            })
+            .collect()
+    }
+}
+
 /// A target the outage guard watches: every controller on this node to one transport address
 /// (`transport` + `traddr`, the array's end), or to one subsystem NQN.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
