@@ -516,7 +516,7 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
     } else {
         let mut p = Plan::new("clean", entry);
         p.unsupported(format!(
-            "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd, nbd and NVMe-oF namespaces",
+            "{} is a {} device; clean handles loop devices, multipath maps, SCSI disks, rbd and nbd devices",
             entry.device.name,
             entry.device.kind.as_str()
         ));
