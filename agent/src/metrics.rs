@@ -280,3 +280,51 @@ impl Metrics {
         String::from_utf8_lossy(&buf).into_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::nvme::CtrlState;
+    use crate::identity::Identity;
+    use crate::nvme::test_support::{ctrl, entries};
+    use crate::policy::Judgement;
+    use crate::view::DeviceView;
+
+    /// NVMe controllers by transport and state, and outages by transport: closed label sets.
+    #[test]
+    fn nvme_controllers_and_outages() {
+        let m = Metrics::new().expect("metrics");
+        let mut view = View::empty();
+        let heads = entries(
+            &["nvme0n1"],
+            vec![ctrl("nvme0", "nqn.a", "4420", CtrlState::Connecting, true)],
+            vec![ctrl("nvme1", "nqn.c", "4421", CtrlState::Connecting, true)],
+        );
+        for e in heads {
+            view.devices.push(DeviceView {
+                identity: Identity::of(&e),
+                judgement: Judgement {
+                    verdict: Verdict::Unknown,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                },
+                entry: e,
+                unresponsive: None,
+                last_seen_scan: 1,
+                last_seen: None,
+            });
+        }
+        m.observe_scan("node-a", "start", Duration::from_millis(5), &view);
+        let text = m.render();
+        assert!(
+            text.contains("blockjanitor_nvme_controllers{state=\"connecting\",transport=\"tcp\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("blockjanitor_nvme_controllers{state=\"live\",transport=\"tcp\"} 0"), "{text}");
+        assert!(text.contains("blockjanitor_nvme_outage_targets{transport=\"tcp\"} 1"), "{text}");
+        assert!(
+            text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
+            "{text}"
+        );
+    }
+}

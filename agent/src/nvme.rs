@@ -358,13 +358,14 @@ pub fn plan_clean(entry: &DeviceEntry, _graph: &DeviceGraph) -> Plan {
     p
 }
 
+/// Entries and controllers for tests here and in other modules (metrics).
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_support {
     use super::*;
     use crate::discover::nvme::{CtrlState, NvmeAddress, NvmeSubsystem, Timeout};
-    use crate::model::{BlockDevice, DevNum, DeviceKind, KernelText, MountNsId};
+    use crate::model::{BlockDevice, DevNum, DeviceKind};
 
-    fn ctrl(name: &str, nqn: &str, port: &str, state: CtrlState, fabrics: bool) -> NvmeController {
+    pub(crate) fn ctrl(name: &str, nqn: &str, port: &str, state: CtrlState, fabrics: bool) -> NvmeController {
         NvmeController {
             name: name.into(),
             transport: if fabrics { "tcp" } else { "pcie" }.into(),
@@ -381,12 +382,16 @@ mod tests {
         }
     }
 
-    fn name(n: &str) -> DeviceName {
+    pub(crate) fn name(n: &str) -> DeviceName {
         DeviceName::new(n).expect("name")
     }
 
     /// The graph's entries for the heads of one subsystem served by `ctrls`.
-    fn entries(heads: &[&str], ctrls: Vec<NvmeController>, extra: Vec<NvmeController>) -> Vec<DeviceEntry> {
+    pub(crate) fn entries(
+        heads: &[&str],
+        ctrls: Vec<NvmeController>,
+        extra: Vec<NvmeController>,
+    ) -> Vec<DeviceEntry> {
         let subsys = NvmeSubsystem {
             name: "nvme-subsys0".into(),
             subsysnqn: ctrls[0].subsysnqn.clone(),
@@ -431,6 +436,14 @@ mod tests {
         mark_held_siblings(&mut out);
         out
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::{ctrl, entries};
+    use super::*;
+    use crate::discover::nvme::CtrlState;
+    use crate::model::{KernelText, MountNsId};
 
     fn graph(devices: Vec<DeviceEntry>) -> DeviceGraph {
         DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices }
