@@ -365,6 +365,32 @@ pub fn device_value(d: &pb::Device) -> Value {
         "rbd": d.rbd.as_ref().map(rbd_value),
         "wwid": d.wwid,
         "nbd_backend": d.nbd_backend,
+        "nvme": d.nvme.as_ref().map(nvme_value),
+    })
+}
+
+/// An NVMe namespace's role, subsystem and controllers.
+pub fn nvme_value(n: &pb::NvmeNamespace) -> Value {
+    json!({
+        "role": n.role,
+        "subsystem": n.subsystem,
+        "subsysnqn": n.subsysnqn,
+        "head": n.head,
+        "live_controllers": n.live_controllers,
+        "outage_target": n.outage_target,
+        "siblings": n.siblings,
+        "controllers": n.controllers.iter().map(|c| json!({
+            "name": c.name,
+            "transport": c.transport,
+            "subsysnqn": c.subsysnqn,
+            "address": c.address,
+            "state": c.state,
+            "ctrl_loss_tmo": c.ctrl_loss_tmo,
+            "reconnect_delay": c.reconnect_delay,
+            "cntlid": c.cntlid,
+            "hostnqn": c.hostnqn,
+            "fabrics": c.fabrics,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -630,6 +656,19 @@ fn device_header(d: &pb::Device) -> String {
     }
     if !d.parent.is_empty() {
         let _ = write!(s, " partition of {}", clean(&d.parent));
+    }
+    if let Some(n) = &d.nvme {
+        let ctrls: Vec<String> =
+            n.controllers.iter().map(|c| format!("{} {}", clean(&c.name), clean(&c.state))).collect();
+        let _ = write!(
+            s,
+            " nvme {} of {} ({} of {} live: {})",
+            clean(&n.role),
+            clean(&n.subsysnqn),
+            n.live_controllers,
+            n.controllers.len(),
+            ctrls.join(", ")
+        );
     }
     s
 }

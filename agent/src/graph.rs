@@ -175,6 +175,9 @@ pub struct DeviceEntry {
     /// For a connected nbd device: its server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdDevice>,
+    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::nvme`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<crate::nvme::NvmeView>,
     /// The Kubernetes volume it is, per the kubelet directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubeOwner>,
@@ -323,7 +326,8 @@ impl DeviceGraph {
             .iter()
             .filter_map(|dm| Some((dm.devnum, multipath_view(dm, &s.dm_devices, &s.scsi, &by_devnum)?)))
             .collect();
-        let devices = s
+        let nvme_outages = crate::discover::nvme::outages(&s.nvme);
+        let mut devices: Vec<DeviceEntry> = s
             .devices
             .iter()
             .map(|d| {
@@ -349,6 +353,7 @@ impl DeviceGraph {
                     ),
                     rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
                     nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
+                    nvme: crate::nvme::view(&s.nvme, &nvme_outages, d),
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),
                     kernel_threads: s
                         .kernel_threads
@@ -360,6 +365,7 @@ impl DeviceGraph {
                 }
             })
             .collect();
+        crate::nvme::mark_held_siblings(&mut devices);
         Self { host_ns: s.host_ns, host_ns_unsure: s.host_ns_unsure.clone(), devices }
     }
 

@@ -41,6 +41,8 @@ pub enum Backing {
     Dm { uuid: String },
     /// A SCSI disk.
     Scsi { wwid: Option<String>, address: String },
+    /// An NVMe namespace: the subsystem it belongs to.
+    Nvme { subsysnqn: String },
     /// Anything else: its number, name and disk sequence are all there is.
     Plain,
 }
@@ -85,6 +87,8 @@ impl Identity {
             Backing::Dm { uuid: dm.uuid.clone() }
         } else if let Some(s) = &e.scsi {
             Backing::Scsi { wwid: s.disk.wwid.clone(), address: s.disk.address.to_string() }
+        } else if let Some(n) = &e.nvme {
+            Backing::Nvme { subsysnqn: n.subsysnqn.clone() }
         } else {
             Backing::Plain
         };
@@ -118,6 +122,7 @@ impl Identity {
             ),
             Backing::Dm { uuid } => format!("dm={uuid}"),
             Backing::Scsi { wwid, address } => format!("scsi={}:{address}", wwid.as_deref().unwrap_or("?")),
+            Backing::Nvme { subsysnqn } => format!("nvme={subsysnqn}"),
             Backing::Plain => "plain".into(),
         };
         format!("{t};{part}")
@@ -156,6 +161,7 @@ impl fmt::Display for Identity {
             Backing::Scsi { wwid, address } => {
                 write!(f, " SCSI {address} wwid {}", wwid.as_deref().unwrap_or("unknown"))
             }
+            Backing::Nvme { subsysnqn } => write!(f, " NVMe namespace of subsystem {subsysnqn}"),
             Backing::Plain => Ok(()),
         }
     }

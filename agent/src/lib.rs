@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod model;
 pub mod mount_events;
 pub mod nsenter;
+pub mod nvme;
 pub mod owner;
 pub mod parallel;
 pub mod plan;

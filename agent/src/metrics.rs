@@ -34,7 +34,15 @@ pub struct Metrics {
     device_info: GaugeVec,
     device_unresponsive: GaugeVec,
     blocked_reads: Gauge,
+    nvme_controllers: GaugeVec,
+    nvme_outages: GaugeVec,
 }
+
+/// NVMe controller states (the `state` label); anything else is `other`.
+const NVME_STATES: [&str; 8] =
+    ["new", "live", "resetting", "connecting", "deleting", "deleting_noio", "dead", "other"];
+/// NVMe transports (the `transport` label); anything else is `other`.
+const NVME_TRANSPORTS: [&str; 6] = ["tcp", "rdma", "fc", "loop", "pcie", "other"];
 
 /// A metric could not be defined (a bug: names and labels are constants).
 #[derive(Debug, thiserror::Error)]
@@ -95,8 +103,24 @@ impl Metrics {
             "blocked_reads",
             "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
         )?;
+        let nvme_controllers = GaugeVec::new(
+            Opts::new(
+                "nvme_controllers",
+                "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
+            ),
+            &["transport", "state"],
+        )?;
+        let nvme_outages = GaugeVec::new(
+            Opts::new(
+                "nvme_outage_targets",
+                "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.",
+            ),
+            &["transport"],
+        )?;
         for c in [
-            Box::new(devices.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nvme_controllers.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nvme_outages.clone()),
+            Box::new(devices.clone()),
             Box::new(holders.clone()),
             Box::new(scan_duration.clone()),
             Box::new(scans.clone()),
@@ -124,6 +148,7 @@ impl Metrics {
             "scsi_delete",
             "rbd_unmap",
             "nbd_disconnect",
+            "nvme_delete_controller",
         ] {
             for r in ["done", "already_absent", "deferred", "failed"] {
                 actions.with_label_values(&[a, r]);
@@ -141,7 +166,38 @@ impl Metrics {
             device_info,
             device_unresponsive,
             blocked_reads,
+            nvme_controllers,
+            nvme_outages,
         })
+    }
+
+    /// Controllers by transport and state, and targets in outage, from the namespaces' views
+    /// (each controller and each target counted once).
+    fn observe_nvme(&self, view: &View) {
+        use std::collections::BTreeMap;
+        let label = |v: &str, set: &[&'static str]| -> &'static str {
+            let v = v.replace(' ', "_").replace(['(', ')'], "");
+            set.iter().copied().find(|s| *s == v).unwrap_or("other")
+        };
+        let mut ctrls: BTreeMap<&str, (&'static str, &'static str)> = BTreeMap::new();
+        let mut outages: BTreeMap<&str, &'static str> = BTreeMap::new();
+        for v in view.devices.iter().filter_map(|d| d.entry.nvme.as_ref()) {
+            for c in &v.controllers {
+                let t = label(&c.transport, &NVME_TRANSPORTS);
+                ctrls.insert(c.name.as_str(), (t, label(c.state.as_str(), &NVME_STATES)));
+            }
+            if let (Some(o), Some(c)) = (&v.outage, v.controllers.first()) {
+                outages.insert(o.target.as_str(), label(&c.transport, &NVME_TRANSPORTS));
+            }
+        }
+        for t in NVME_TRANSPORTS {
+            for s in NVME_STATES {
+                let n = ctrls.values().filter(|(ct, cs)| *ct == t && *cs == s).count();
+                self.nvme_controllers.with_label_values(&[t, s]).set(n as f64);
+            }
+            let n = outages.values().filter(|ot| **ot == t).count();
+            self.nvme_outages.with_label_values(&[t]).set(n as f64);
+        }
     }
 
     /// Records a finished scan of `node` and the state it found.
@@ -190,6 +246,7 @@ impl Metrics {
             }
         }
         self.blocked_reads.set(crate::bounded::blocked_now() as f64);
+        self.observe_nvme(view);
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
@@ -229,5 +286,53 @@ impl Metrics {
             return format!("# error encoding metrics: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::nvme::CtrlState;
+    use crate::identity::Identity;
+    use crate::nvme::test_support::{ctrl, entries};
+    use crate::policy::Judgement;
+    use crate::view::DeviceView;
+
+    /// NVMe controllers by transport and state, and outages by transport: closed label sets.
+    #[test]
+    fn nvme_controllers_and_outages() {
+        let m = Metrics::new().expect("metrics");
+        let mut view = View::empty();
+        let heads = entries(
+            &["nvme0n1"],
+            vec![ctrl("nvme0", "nqn.a", "4420", CtrlState::Connecting, true)],
+            vec![ctrl("nvme1", "nqn.c", "4421", CtrlState::Connecting, true)],
+        );
+        for e in heads {
+            view.devices.push(DeviceView {
+                identity: Identity::of(&e),
+                judgement: Judgement {
+                    verdict: Verdict::Unknown,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                },
+                entry: e,
+                unresponsive: None,
+                last_seen_scan: 1,
+                last_seen: None,
+            });
+        }
+        m.observe_scan("node-a", "start", Duration::from_millis(5), &view);
+        let text = m.render();
+        assert!(
+            text.contains("blockjanitor_nvme_controllers{state=\"connecting\",transport=\"tcp\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("blockjanitor_nvme_controllers{state=\"live\",transport=\"tcp\"} 0"), "{text}");
+        assert!(text.contains("blockjanitor_nvme_outage_targets{transport=\"tcp\"} 1"), "{text}");
+        assert!(
+            text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
+            "{text}"
+        );
     }
 }

@@ -312,11 +312,14 @@ pub enum DeviceKind {
     Nbd,
     Zram,
     Other,
+    /// An NVMe namespace: a native-multipath head (`nvme<S>n<N>`), one of its hidden per-path
+    /// devices (`nvme<S>c<C>n<N>`), or a namespace without multipath (`nvme<C>n<N>`).
+    NvmeNamespace,
 }
 
 impl DeviceKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [DeviceKind; 9] = [
+    pub const ALL: [DeviceKind; 10] = [
         Self::Disk,
         Self::Partition,
         Self::Loop,
@@ -326,6 +329,7 @@ impl DeviceKind {
         Self::Nbd,
         Self::Zram,
         Self::Other,
+        Self::NvmeNamespace,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -339,6 +343,7 @@ impl DeviceKind {
             Self::Nbd => "nbd",
             Self::Zram => "zram",
             Self::Other => "other",
+            Self::NvmeNamespace => "nvme_namespace",
         }
     }
 }

@@ -49,6 +49,17 @@ pub enum Action {
     /// `NBD_DISCONNECT` and `NBD_CLEAR_SOCK` on `/dev/nbdN`, still served by the same process
     /// and backend.
     NbdDisconnect { server_pid: Option<u32>, backend: Option<String> },
+    /// `echo 1 > /sys/class/nvme/<controller>/delete_controller` (NVMe over Fabrics), while
+    /// the controller is still the planned one (subsystem NQN, transport, target address,
+    /// cntlid) and not live, and none of its namespaces is held. Planned by [`crate::nvme`].
+    NvmeDeleteController {
+        controller: String,
+        subsysnqn: String,
+        transport: String,
+        /// `traddr=..,trsvcid=..` (never nvme-tcp's `src_addr`, which comes and goes).
+        address: String,
+        cntlid: Option<u16>,
+    },
 }
 
 /// One destructive step on one device. Each is idempotent: a target already gone is a success.
@@ -87,6 +98,7 @@ impl Step {
             Action::ScsiDelete { .. } => "scsi_delete",
             Action::RbdUnmap { .. } => "rbd_unmap",
             Action::NbdDisconnect { .. } => "nbd_disconnect",
+            Action::NvmeDeleteController { .. } => "nvme_delete_controller",
         }
     }
 
@@ -127,6 +139,9 @@ impl Step {
                 if *force { " with force (in-flight I/O fails)" } else { "" }
             ),
             Action::NbdDisconnect { .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
+            Action::NvmeDeleteController { controller, subsysnqn, transport, address, .. } => format!(
+                "delete NVMe controller {controller} ({transport} {address}, subsystem {subsysnqn}) serving {device} (delete_controller)"
+            ),
         }
     }
 }
@@ -504,6 +519,8 @@ pub struct CleanOptions {
 pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -> Plan {
     if entry.multipath.is_some() {
         teardown_map(entry, graph, opts.deferred_remove)
+    } else if entry.nvme.is_some() {
+        crate::nvme::plan_clean(entry, graph)
     } else if entry.scsi.is_some() {
         delete_disk(entry, graph)
     } else if entry.rbd.is_some() || entry.nbd.is_some() {

@@ -172,6 +172,22 @@ fn assess_storage(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
 
 fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
     let d = &e.device;
+    if let Some(a) = crate::nvme::assess(e) {
+        return match a {
+            crate::nvme::Assessment::PathOf(head) => Assessment::PathOf(head),
+            crate::nvme::Assessment::Candidate(text) => Assessment::Candidate(text),
+            crate::nvme::Assessment::Final { in_use, unknown, reasons } => fin(
+                if in_use {
+                    Verdict::InUse
+                } else if unknown {
+                    Verdict::Unknown
+                } else {
+                    Verdict::Unused
+                },
+                reasons,
+            ),
+        };
+    }
     if let Some(m) = &e.multipath {
         let name = format!("map {} ({})", m.name, d.name);
         let total = m.paths.len();
@@ -581,6 +597,7 @@ mod tests {
                 server_comm: Some(KernelText::from("qemu-nbd")),
                 backend: None,
             }),
+            nvme: None,
             kubernetes: None,
             io: None,
         }

@@ -79,6 +79,9 @@ pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
     if let Some(n) = &e.nbd {
         v["nbd"] = json!(n);
     }
+    if let Some(n) = &e.nvme {
+        v["nvme"] = json!(n);
+    }
     if let Some(k) = &e.kubernetes {
         v["kubernetes"] = json!(k);
     }
@@ -279,6 +282,19 @@ fn mapping_lines(out: &mut String, e: &DeviceEntry) {
             out,
             "    nbd connected, {server}{}",
             n.backend.as_deref().map(|b| format!(", backend {b}")).unwrap_or_default()
+        );
+    }
+    if let Some(n) = &e.nvme {
+        let _ = writeln!(
+            out,
+            "    nvme {} of {} ({}): {} of {} controller(s) live: {}{}",
+            n.role.as_str(),
+            n.subsystem.as_deref().unwrap_or("?"),
+            n.subsysnqn,
+            n.live,
+            n.controllers.len(),
+            n.describe_controllers(),
+            n.outage.as_ref().map(|o| format!("; outage of {}", o.target)).unwrap_or_default()
         );
     }
 }

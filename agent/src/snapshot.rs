@@ -21,7 +21,7 @@ use crate::discover::livefs::{self, LiveFs};
 use crate::discover::namespaces::{self, MountNamespace, MountReader, NsMount, Wanted};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
-use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, rbd, scsi, DiscoverError};
+use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, nvme, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, KernelText, MountNsId, ProcessInfo};
 use crate::{parallel, sys};
@@ -116,6 +116,9 @@ pub struct Snapshot {
     /// Connected nbd devices and their server processes.
     #[serde(skip)]
     pub nbd: Vec<nbd::NbdDevice>,
+    /// NVMe controllers and subsystems (fabrics and PCIe).
+    #[serde(skip)]
+    pub nvme: nvme::NvmeScan,
     /// The kubelet directory's volumes (empty on nodes without kubelet).
     #[serde(skip)]
     pub kubelet: kubelet::KubeletScan,
@@ -314,8 +317,9 @@ impl Snapshot {
         }
         join_anonymous(host, &mut mounts, &devices, &live_fs, &mut blind);
 
-        let Inventories { swaps, dm_devices, scsi, rbd, nbd } =
+        let Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme } =
             read_inventories(host, &devices, &targets, &mut blind);
+        warnings.extend(nvme.idle_controllers());
         let kubelet = kubelet::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
             blind.push(BlindSpot::any(format!(
                 "the kubelet directory cannot be read ({e}): which pods use which volumes is not known"
@@ -377,6 +381,7 @@ impl Snapshot {
             scsi,
             rbd,
             nbd,
+            nvme,
             kubelet,
             io,
         })
@@ -450,6 +455,7 @@ struct Inventories {
     scsi: scsi::ScsiScan,
     rbd: Vec<rbd::RbdMapping>,
     nbd: Vec<nbd::NbdDevice>,
+    nvme: nvme::NvmeScan,
 }
 
 fn read_inventories(
@@ -481,7 +487,11 @@ fn read_inventories(
         blind.push(BlindSpot::kind(DeviceKind::Nbd, format!("nbd: {e}")));
         Vec::new()
     });
-    Inventories { swaps, dm_devices, scsi, rbd, nbd }
+    let nvme = nvme::scan(host).unwrap_or_else(|e| {
+        blind.push(BlindSpot::kind(DeviceKind::NvmeNamespace, format!("NVMe: {e}")));
+        nvme::NvmeScan::default()
+    });
+    Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme }
 }
 
 fn read_swaps(host: &HostRoot, targets: &HashSet<DevNum>, blind: &mut Vec<BlindSpot>) -> Vec<SwapUse> {

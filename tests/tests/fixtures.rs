@@ -434,7 +434,7 @@ fn an_unreadable_ns_mnt_fd_dir_or_maps_makes_the_candidate_unknown() {
 /// the assertions about their own kinds).
 #[test]
 fn guest_generated_trees_scan_cleanly_with_the_kernels_layout() {
-    for tree in ["iscsi-guest", "nvme-tcp", "dm-stacks"] {
+    for tree in ["iscsi-guest", "nvme-tcp-guest", "dm-stacks"] {
         let scan = scan_fixture(tree);
         assert_eq!(scan["blind_spots"], serde_json::json!([]), "{tree}: {scan:#}");
     }
@@ -457,9 +457,9 @@ fn guest_generated_trees_scan_cleanly_with_the_kernels_layout() {
     let names = scan["devices"].to_string();
     assert!(!names.contains("\"sde\""), "sde was deleted in the guest: {names}");
     // NVMe/TCP with native multipath: the namespace heads are the block devices.
-    let scan = scan_fixture("nvme-tcp");
+    let scan = scan_fixture("nvme-tcp-guest");
     for head in ["nvme0n1", "nvme2n1"] {
-        assert_eq!(find_device(&scan, head)["device"]["kind"], "disk");
+        assert_eq!(find_device(&scan, head)["device"]["kind"], "nvme_namespace");
     }
     // dm stacks: LV, LUKS2 and kpartx maps on three multipath maps over iSCSI paths.
     let scan = scan_fixture("dm-stacks");
@@ -478,4 +478,46 @@ fn guest_generated_trees_scan_cleanly_with_the_kernels_layout() {
         got.sort_unstable();
         assert_eq!(got, slaves, "{d:#}");
     }
+}
+
+/// NVMe/TCP as Debian's 6.1 kernel lays it out (nvme-tcp/, dumped from the guest): a controller
+/// reconnecting for ever is a candidate whose plan deletes it; a live one is never stale.
+#[test]
+fn nvme_tcp_controller_reconnecting_is_a_candidate_and_a_live_one_is_never_stale() {
+    let scan = scan_fixture("nvme-tcp");
+    let dead = find_device(&scan, "nvme0n1");
+    assert_eq!(dead["device"]["kind"], "nvme_namespace", "{dead:#}");
+    assert_eq!(dead["verdict"], "suspect", "{dead:#}");
+    let c = &dead["nvme"]["controllers"][0];
+    assert_eq!(c["name"], "nvme0");
+    assert_eq!(c["state"], "connecting");
+    assert_eq!(c["ctrl_loss_tmo"], "off");
+    assert_eq!(c["cntlid"], 1);
+    assert_eq!(c["address"]["raw"], "traddr=127.0.0.1,trsvcid=4420");
+    assert_eq!(c["namespaces"][0], "nvme0c0n1", "the hidden path sits under its controller");
+    assert_eq!(dead["nvme"]["subsystem"], "nvme-subsys0");
+    assert_eq!(dead["nvme"]["role"], "head");
+    let live = find_device(&scan, "nvme1n1");
+    assert_eq!(live["verdict"], "unused", "{live:#}");
+    assert_eq!(live["nvme"]["controllers"][0]["address"]["src_addr"], "127.0.0.1", "{live:#}");
+    // A hidden per-path device has no dev attribute and no node: not a block device of the scan.
+    let names: Vec<&str> = scan["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter_map(|d| d["device"]["name"].as_str())
+        .collect();
+    assert_eq!(names, vec!["nvme0n1", "nvme1n1"], "{scan:#}");
+    let root = fixtures().join("nvme-tcp").to_string_lossy().into_owned();
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "nvme0n1"]);
+    let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}{}", text(&out.stderr));
+    assert!(
+        t.contains("delete NVMe controller nvme0 (tcp traddr=127.0.0.1,trsvcid=4420, subsystem nqn.2026-11.io.blockjanitor:a)"),
+        "{t}"
+    );
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "nvme1n1"]);
+    let t = text(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("never deleted while any path of its subsystem is live"), "{t}");
 }

@@ -769,3 +769,84 @@ fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
     }
     assert!(remove_map < position(&steps, "scsi_delete", "sda"), "{steps:?}");
 }
+
+// ---- Issue 12: NVMe over Fabrics (NVMe/TCP over the guest's loopback, nvmet via configfs).
+
+/// A scenario that found its prerequisite missing from the guest image: fails in CI, else
+/// prints SKIPPED with the reason (true: skipped).
+fn skipped_in_guest(run: &blockjanitor_tests::guest::Run) -> bool {
+    let Some(line) = run.output.lines().find(|l| l.starts_with("SKIPPED:")) else { return false };
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "{line}");
+    eprintln!("{line}");
+    true
+}
+
+#[test]
+fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("nvme-tcp-stale-controller.sh");
+    if skipped_in_guest(&run) {
+        return;
+    }
+    run.assert_ok();
+    // Before the grace period: a candidate with the controller's evidence.
+    let first = json_section(&run, "first");
+    assert_eq!(first["verdict"], "suspect", "{first:#}");
+    assert_eq!(first["device"]["kind"], "nvme_namespace", "{first:#}");
+    let nv = &first["nvme"];
+    assert_eq!(nv["role"], "head", "{nv:#}");
+    assert_eq!(nv["subsysnqn"], "nqn.2026-11.io.blockjanitor:a", "{nv:#}");
+    let c = &nv["controllers"][0];
+    assert_eq!(c["state"], "connecting", "{c:#}");
+    assert_eq!(c["transport"], "tcp", "{c:#}");
+    assert_eq!(c["ctrl_loss_tmo"], "off", "{c:#}");
+    assert_eq!(c["address"]["traddr"], "127.0.0.1", "{c:#}");
+    assert_eq!(c["address"]["trsvcid"], "4420", "{c:#}");
+    assert!(c["address"].get("src_addr").is_none(), "no src_addr while not live: {c:#}");
+    assert!(first["reasons"][0].as_str().expect("reason").contains("no live controller"), "{first:#}");
+    // After it: stale; the mounted one in use; the live one unused.
+    let scan = json_section(&run, "scan");
+    let by_nqn = |nqn: &str| {
+        scan["devices"]
+            .as_array()
+            .expect("devices")
+            .iter()
+            .find(|d| d["nvme"]["subsysnqn"] == nqn)
+            .unwrap_or_else(|| panic!("no namespace of {nqn} in {scan:#}"))
+            .clone()
+    };
+    let (a, b, c) = (
+        by_nqn("nqn.2026-11.io.blockjanitor:a"),
+        by_nqn("nqn.2026-11.io.blockjanitor:b"),
+        by_nqn("nqn.2026-11.io.blockjanitor:c"),
+    );
+    assert_eq!(a["verdict"], "stale", "{a:#}");
+    assert_eq!(b["verdict"], "in_use", "{b:#}");
+    assert_eq!(b["holders"][0]["kind"], "mount", "{b:#}");
+    assert_eq!(b["holders"][0]["in_host_namespace"], false, "{b:#}");
+    assert!(b["reasons"].to_string().contains("not released by the agent"), "{b:#}");
+    assert_eq!(c["verdict"], "unused", "{c:#}");
+    assert_eq!(c["nvme"]["live"], 1, "{c:#}");
+    assert!(c["reasons"].to_string().contains("never stale"), "{c:#}");
+    let clean_a = run.section("clean_a");
+    assert!(
+        clean_a.contains("delete NVMe controller") && clean_a.contains("(delete_controller): done"),
+        "{clean_a}"
+    );
+    assert!(clean_a.contains("rc=0"), "{clean_a}");
+    let clean_b = run.section("clean_b");
+    assert!(clean_b.contains("refused") && clean_b.contains("rc=2"), "{clean_b}");
+    assert!(!clean_b.contains("detach mount"), "never released under a dead path: {clean_b}");
+    let clean_c = run.section("clean_c");
+    assert!(clean_c.contains("live") && clean_c.contains("rc=2"), "{clean_c}");
+    // Every controller to 127.0.0.1 down at once: an outage, nothing cleaned.
+    let outage = json_section(&run, "outage");
+    assert_eq!(outage["verdict"], "unknown", "{outage:#}");
+    assert!(outage["reasons"][0].as_str().expect("reason").starts_with("outage:"), "{outage:#}");
+    let co = run.section("clean_outage");
+    assert!(co.contains("outage") && co.contains("rc=2"), "{co}");
+    // The scenario itself checked the kernel's side (controller gone, mount kept, live untouched).
+    assert!(run.output.contains("after clean: nvme0 gone"), "{}", run.output);
+}

@@ -44,6 +44,7 @@ use blockjanitor::identity::Identity;
 use blockjanitor::journal::Journal;
 use blockjanitor::kube::{ClusterView, PodInfo, VaInfo};
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
+use blockjanitor::nvme::{NvmeRole, NvmeView};
 use blockjanitor::owner::KubeOwner;
 use blockjanitor::plan::{Action, CleanOptions, Step};
 use blockjanitor::scan::{Scan, Target};
@@ -67,6 +68,9 @@ enum Kind {
     Nbd,
     Map,
     Disk,
+    /// An NVMe-oF namespace head served by one controller: live when `paths_active` > 0, else
+    /// reconnecting for ever.
+    Nvme,
 }
 
 /// A holder the scan cannot see.
@@ -117,8 +121,14 @@ struct Case {
 }
 
 fn case() -> impl Strategy<Value = Case> {
-    let kind =
-        prop_oneof![Just(Kind::Loop), Just(Kind::Rbd), Just(Kind::Nbd), Just(Kind::Map), Just(Kind::Disk)];
+    let kind = prop_oneof![
+        Just(Kind::Loop),
+        Just(Kind::Rbd),
+        Just(Kind::Nbd),
+        Just(Kind::Map),
+        Just(Kind::Disk),
+        Just(Kind::Nvme)
+    ];
     let op = prop_oneof![4 => Just(Operation::Clean), 1 => Just(Operation::Release)];
     let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of((any::<bool>(), 1u32..3)));
     let hidden = proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open)]);
@@ -231,6 +241,7 @@ impl Machine {
             Kind::Nbd => ("nbd0", DevNum::new(43, 0)),
             Kind::Map => ("dm-0", DevNum::new(253, 0)),
             Kind::Disk => ("sdx", DevNum::new(8, 240)),
+            Kind::Nvme => ("nvme0n1", DevNum::new(259, 1)),
         };
         let mut devs = vec![Dev { name: name(subject), devnum, seq: 1, holders: Vec::new(), gone: false }];
         if case.kind == Kind::Map {
@@ -270,6 +281,7 @@ impl Machine {
             (0, Kind::Rbd) => DeviceKind::Rbd,
             (0, Kind::Nbd) => DeviceKind::Nbd,
             (0, Kind::Map) => DeviceKind::Dm,
+            (0, Kind::Nvme) => DeviceKind::NvmeNamespace,
             _ => DeviceKind::Disk,
         };
         let device = BlockDevice {
@@ -381,6 +393,7 @@ impl Machine {
                 server_comm: None,
                 backend: None,
             }),
+            nvme: (i == 0 && c.kind == Kind::Nvme).then(|| nvme_view(c.paths_active > 0)),
             kubernetes,
             io: None,
         }
@@ -445,6 +458,36 @@ fn foreign_plain_mount(h: &Holder, all: &[Holder]) -> bool {
         && h.in_host_namespace == Some(false)
         && !h.shared_group.is_some_and(|g| host_groups.contains(&g))
         && !h.master_group.is_some_and(|g| host_groups.contains(&g))
+}
+
+/// The subject of a [`Kind::Nvme`] case: a head of subsystem `nqn.test:a` behind one NVMe/TCP
+/// controller.
+fn nvme_view(live: bool) -> NvmeView {
+    use blockjanitor::discover::nvme::{CtrlState, NvmeAddress, NvmeController, Timeout};
+    NvmeView {
+        role: NvmeRole::Head,
+        subsystem: Some("nvme-subsys0".into()),
+        subsysnqn: "nqn.test:a".into(),
+        head: None,
+        controllers: vec![NvmeController {
+            name: "nvme0".into(),
+            transport: "tcp".into(),
+            subsysnqn: "nqn.test:a".into(),
+            address: NvmeAddress::parse("traddr=10.0.0.5,trsvcid=4420"),
+            state: if live { CtrlState::Live } else { CtrlState::Connecting },
+            ctrl_loss_tmo: Some(Timeout::Off),
+            reconnect_delay: Some(Timeout::Seconds(10)),
+            cntlid: Some(1),
+            hostnqn: None,
+            subsystem: Some("nvme-subsys0".into()),
+            namespaces: vec![name("nvme0c0n1")],
+            fabrics: true,
+        }],
+        live: usize::from(live),
+        outage: None,
+        siblings: Vec::new(),
+        siblings_held: Vec::new(),
+    }
 }
 
 fn stuck_reader(h: &Holder) -> bool {
@@ -612,6 +655,11 @@ impl Machine {
             self.violation(format!("{} ran while the API said {:?}", step.action(), c.api));
         }
         if let Action::DetachMount { mount_id, .. } = &step.action {
+            if c.kind == Kind::Nvme && c.paths_active == 0 {
+                self.violation(format!(
+                    "mount {mount_id} of an NVMe namespace with no live controller was released (its flush could hang)"
+                ));
+            }
             match dev.holders.iter().find(|h| h.mount_id == Some(*mount_id) && h.kind == HolderKind::Mount) {
                 Some(h) if !foreign_plain_mount(h, &dev.holders) => self.violation(format!(
                     "a mount in the host's namespace or a copy of one was detached: {h:?}"
@@ -633,6 +681,9 @@ impl Machine {
         }
         if c.kind == Kind::Map && c.paths_active > 0 {
             self.violation(format!("{} on a map with an active path", step.action()));
+        }
+        if c.kind == Kind::Nvme && c.paths_active > 0 {
+            self.violation(format!("{} on an NVMe namespace with a live controller", step.action()));
         }
         let stops_queueing = matches!(step.action, Action::DmMessage { .. });
         let released: Vec<u32> = self
@@ -840,6 +891,12 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
     ] {
         assert_eq!(count_runs(&c), 0, "{what}: nothing may run");
     }
+    let nvme = Case { kind: Kind::Nvme, ..base.clone() };
+    assert_eq!(count_runs(&nvme), 1, "an NVMe controller reconnecting for 6 minutes is deleted");
+    assert_eq!(count_runs(&Case { paths_active: 1, ..nvme.clone() }), 0, "a live one never");
+    let mounted = Case { holders: vec![(0, false, false, None)], ..nvme.clone() };
+    assert_eq!(count_runs(&mounted), 0, "never deleted under a mount, never released");
+    assert_eq!(count_runs(&Case { op: Operation::Release, ..mounted }), 0, "no release under a dead path");
     let swapped = Case { swap: true, ..base.clone() };
     assert!(run(&swapped).is_empty());
 }

@@ -72,6 +72,17 @@ impl Actuator for LinuxActuator {
             Action::NbdDisconnect { server_pid, backend } => {
                 self.nbd_disconnect(device, devnum, *server_pid, backend.as_deref())
             }
+            Action::NvmeDeleteController { controller, subsysnqn, transport, address, cntlid } => self
+                .nvme_delete_controller(
+                    device,
+                    &super::nvme::PlannedController {
+                        controller,
+                        subsysnqn,
+                        transport,
+                        address,
+                        cntlid: *cntlid,
+                    },
+                ),
         }
     }
 }

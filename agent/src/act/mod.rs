@@ -8,6 +8,7 @@
 pub mod linux;
 mod mapping;
 pub mod multipathd;
+mod nvme;
 pub mod probe;
 pub mod recording;
 mod storage;

@@ -130,6 +130,8 @@ fn classify(name: &str, is_partition: bool, is_dm: bool, dir: &Path) -> DeviceKi
         DeviceKind::Rbd
     } else if prefix_num("nbd") {
         DeviceKind::Nbd
+    } else if super::nvme::NsName::parse(name).is_some() {
+        DeviceKind::NvmeNamespace
     } else if prefix_num("zram") {
         DeviceKind::Zram
     } else if dir.join("device").exists() {

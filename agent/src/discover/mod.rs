@@ -19,6 +19,7 @@ pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;
 pub mod nbd;
+pub mod nvme;
 pub mod processes;
 pub mod rbd;
 pub mod scsi;

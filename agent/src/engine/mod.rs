@@ -202,7 +202,13 @@ impl<W: World> Engine<W> {
             .ok_or_else(|| EngineError::NotFound(format!("device {devnum} is not in the scan")))?;
         let judgement = judged.verdict(devnum);
         let mut p = match op {
-            Operation::Release => plan::release(entry),
+            Operation::Release => {
+                let mut p = plan::release(entry);
+                if let Some(why) = crate::nvme::release_refusal(entry) {
+                    p.refuse(why);
+                }
+                p
+            }
             Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
         };
         let api = self.world.cluster();
@@ -432,6 +438,7 @@ mod tests {
             scsi: None,
             rbd: None,
             nbd: None,
+            nvme: None,
             kubernetes: None,
             io: None,
         }

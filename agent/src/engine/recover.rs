@@ -166,6 +166,17 @@ fn effect_in_place(i: &Interrupted, entry: &DeviceEntry) -> Option<String> {
             (message == "fail_if_no_path" && !queueing)
                 .then(|| format!("map {} no longer queues I/O (no queue_if_no_path in its table)", i.device))
         }
+        "nvme_delete_controller" => {
+            // The head outlives a controller while another path of its subsystem is left.
+            let name = i.step.get("controller").and_then(Value::as_str)?;
+            let nqn = i.step.get("subsysnqn").and_then(Value::as_str)?;
+            let still = entry.nvme.as_ref()?.controllers.iter().any(|c| {
+                c.name == name
+                    && c.subsysnqn == nqn
+                    && Some(c.address.target().as_str()) == i.step.get("address").and_then(Value::as_str)
+            });
+            (!still).then(|| format!("controller {name} no longer serves {}", i.device))
+        }
         "scsi_offline" => {
             entry.scsi.as_ref().filter(|s| s.is_offline()).map(|_| format!("disk {} is offline", i.device))
         }
@@ -272,6 +283,7 @@ mod tests {
             scsi: None,
             rbd: None,
             nbd: None,
+            nvme: None,
             kubernetes: None,
             io: None,
         }
@@ -337,6 +349,57 @@ mod tests {
         let record =
             serde_json::json!({ "ts": 1.0, "id": format!("1700-{pid}-0"), "phase": "intent", "step": step });
         Interrupted::from_record(&record).expect("an intent")
+    }
+
+    /// An NVMe head served by `ctrls` (name, state).
+    fn nvme_head(ctrls: &[(&str, crate::discover::nvme::CtrlState)]) -> DeviceEntry {
+        use crate::discover::nvme::{NvmeAddress, NvmeController};
+        let mut e = bare("nvme0n1", DevNum::new(259, 1), DeviceKind::NvmeNamespace, 14);
+        let controllers: Vec<NvmeController> = ctrls
+            .iter()
+            .map(|(n, st)| NvmeController {
+                name: (*n).into(),
+                transport: "tcp".into(),
+                subsysnqn: "nqn.a".into(),
+                address: NvmeAddress::parse("traddr=127.0.0.1,trsvcid=4420"),
+                state: st.clone(),
+                ctrl_loss_tmo: None,
+                reconnect_delay: None,
+                cntlid: Some(1),
+                hostnqn: None,
+                subsystem: None,
+                namespaces: Vec::new(),
+                fabrics: true,
+            })
+            .collect();
+        e.nvme = Some(crate::nvme::NvmeView {
+            role: crate::nvme::NvmeRole::Head,
+            subsystem: Some("nvme-subsys0".into()),
+            subsysnqn: "nqn.a".into(),
+            head: None,
+            live: 0,
+            controllers,
+            outage: None,
+            siblings: Vec::new(),
+            siblings_held: Vec::new(),
+        });
+        e
+    }
+
+    #[test]
+    fn an_interrupted_controller_deletion_is_gone_in_place_or_replanned() {
+        use crate::discover::nvme::CtrlState;
+        let step = serde_json::json!({"action": "nvme_delete_controller", "controller": "nvme0", "subsysnqn": "nqn.a", "transport": "tcp", "address": "traddr=127.0.0.1,trsvcid=4420", "cntlid": 1});
+        let planned = nvme_head(&[("nvme0", CtrlState::Connecting), ("nvme3", CtrlState::Connecting)]);
+        let i = intent(&planned, step, 42);
+        // The last controller went: so did the head.
+        assert_eq!(resolve(&i, None).word, "gone");
+        // Another path of the subsystem keeps the head: the planned controller is no longer there.
+        let r = resolve(&i, Some(&nvme_head(&[("nvme3", CtrlState::Connecting)])));
+        assert_eq!(r.word, "in_place", "{}", r.detail);
+        assert!(r.detail.contains("controller nvme0 no longer serves nvme0n1"), "{}", r.detail);
+        // Still there: planned again from a fresh scan.
+        assert_eq!(resolve(&i, Some(&planned)).word, "replan");
     }
 
     #[test]

@@ -39,6 +39,7 @@ pub fn kind(k: DeviceKind) -> pb::DeviceKind {
         DeviceKind::Nbd => pb::DeviceKind::Nbd,
         DeviceKind::Zram => pb::DeviceKind::Zram,
         DeviceKind::Other => pb::DeviceKind::Other,
+        DeviceKind::NvmeNamespace => pb::DeviceKind::NvmeNamespace,
     }
 }
 
@@ -139,6 +140,41 @@ pub fn device(v: &DeviceView) -> pb::Device {
         last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
         last_seen_scan: v.last_seen_scan,
         stack: crate::stack::layer_of(d).as_ref().map(stack_layer),
+        nvme: v.entry.nvme.as_ref().map(nvme),
+    }
+}
+
+fn nvme(n: &crate::nvme::NvmeView) -> pb::NvmeNamespace {
+    use crate::discover::nvme::Timeout;
+    let tmo = |t: Option<Timeout>| match t {
+        None => String::new(),
+        Some(Timeout::Off) => "off".into(),
+        Some(Timeout::Seconds(s)) => s.to_string(),
+    };
+    pb::NvmeNamespace {
+        role: n.role.as_str().to_owned(),
+        subsystem: n.subsystem.clone().unwrap_or_default(),
+        subsysnqn: n.subsysnqn.clone(),
+        head: n.head.as_ref().map(|h| h.to_string()).unwrap_or_default(),
+        controllers: n
+            .controllers
+            .iter()
+            .map(|c| pb::NvmeController {
+                name: c.name.clone(),
+                transport: c.transport.clone(),
+                subsysnqn: c.subsysnqn.clone(),
+                address: c.address.target(),
+                state: c.state.as_str().to_owned(),
+                ctrl_loss_tmo: tmo(c.ctrl_loss_tmo),
+                reconnect_delay: tmo(c.reconnect_delay),
+                cntlid: c.cntlid.map_or(-1, i32::from),
+                hostnqn: c.hostnqn.clone().unwrap_or_default(),
+                fabrics: c.fabrics,
+            })
+            .collect(),
+        live_controllers: n.live as u32,
+        outage_target: n.outage.as_ref().map(|o| o.target.clone()).unwrap_or_default(),
+        siblings: n.siblings.iter().map(|s| s.to_string()).collect(),
     }
 }
 

@@ -135,7 +135,7 @@ impl Snapshot {
         }
         let all: HashSet<DevNum> = devices.iter().map(|d| d.devnum).collect();
         let mut blind = Vec::new();
-        let Inventories { swaps, dm_devices, scsi, rbd, nbd } =
+        let Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme } =
             read_inventories(host, &devices, &all, &mut blind);
         if let Some(b) = blind.first() {
             return Err(b.what.clone());
@@ -161,6 +161,7 @@ impl Snapshot {
         self.scsi = scsi;
         self.rbd = rbd;
         self.nbd = nbd;
+        self.nvme = nvme;
         self.refresh_filesystems(host)?;
         let in_scope = &self.in_scope;
         self.mounts.retain(|m| in_scope.contains(&m.device()) && !look.contains(&m.device()));

@@ -13,7 +13,7 @@
 #                which went down: session4 with recovery_tmo 2 s, which passed (the kernel then
 #                says FREE, its sd transport-offline), session5 with recovery_tmo 120 (FAILED, its
 #                sd blocked).
-#   nvme-tcp     nvmet over TCP: subsystem nvme-live reached through ports 4420 and 4422 (nvme0,
+#   nvme-tcp-guest nvmet over TCP: subsystem nvme-live reached through ports 4420 and 4422 (nvme0,
 #                nvme1: native multipath, one head nvme0n1 and the hidden paths nvme0c0n1,
 #                nvme0c1n1); subsystem nvme-lost through port 4421 (nvme2, ctrl_loss_tmo -1,
 #                reconnect_delay 2) whose port was removed: `connecting`.
@@ -218,7 +218,7 @@ scene_dm() {
 
 case $SCENE in
     iscsi-guest) scene_iscsi ;;
-    nvme-tcp) scene_nvme ;;
+    nvme-tcp-guest) scene_nvme ;;
     dm-stacks) scene_dm ;;
     *) fail "unknown scene $SCENE" ;;
 esac
