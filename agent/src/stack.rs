@@ -481,6 +481,7 @@ mod tests {
             scsi: None,
             rbd: None,
             nbd: None,
+            nvme: None,
             kubernetes: None,
             io: None,
         }
