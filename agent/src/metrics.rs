@@ -18,8 +18,17 @@ use crate::view::View;
 
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
-const VERDICTS: [Verdict; 6] =
-    [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected, Verdict::Unknown];
+const VERDICTS: [Verdict; 7] = [
+    Verdict::InUse,
+    Verdict::Unused,
+    Verdict::Suspect,
+    Verdict::Stale,
+    Verdict::Protected,
+    Verdict::Unknown,
+    Verdict::Outage,
+];
+/// Transports the outage guard watches (the `transport` label of `transport_outages`).
+pub const OUTAGE_TRANSPORTS: [&str; 1] = ["iscsi"];
 
 /// The agent's metrics and their registry.
 pub struct Metrics {
@@ -34,6 +43,7 @@ pub struct Metrics {
     device_info: GaugeVec,
     device_unresponsive: GaugeVec,
     blocked_reads: Gauge,
+    outages: GaugeVec,
 }
 
 /// A metric could not be defined (a bug: names and labels are constants).
@@ -95,8 +105,16 @@ impl Metrics {
             "blocked_reads",
             "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
         )?;
+        let outages = GaugeVec::new(
+            Opts::new(
+                "transport_outages",
+                "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.",
+            ),
+            &["transport", "scope"],
+        )?;
         for c in [
-            Box::new(devices.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(outages.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(devices.clone()),
             Box::new(holders.clone()),
             Box::new(scan_duration.clone()),
             Box::new(scans.clone()),
@@ -115,6 +133,11 @@ impl Metrics {
             scans.with_label_values(&[t]);
             scan_failures.with_label_values(&[t]);
         }
+        for t in OUTAGE_TRANSPORTS {
+            for sc in crate::outage::Scope::ALL {
+                outages.with_label_values(&[t, sc.as_str()]);
+            }
+        }
         for a in [
             "detach_mount",
             "detach_loop",
@@ -124,6 +147,7 @@ impl Metrics {
             "scsi_delete",
             "rbd_unmap",
             "nbd_disconnect",
+            "iscsi_logout",
         ] {
             for r in ["done", "already_absent", "deferred", "failed"] {
                 actions.with_label_values(&[a, r]);
@@ -141,6 +165,7 @@ impl Metrics {
             device_info,
             device_unresponsive,
             blocked_reads,
+            outages,
         })
     }
 
@@ -184,6 +209,13 @@ impl Metrics {
             }
         }
         self.blocked_reads.set(crate::bounded::blocked_now() as f64);
+        let mut groups: Vec<&crate::outage::Outage> =
+            view.devices.iter().filter_map(|d| d.entry.scsi.as_ref()?.outage.as_ref()).collect();
+        groups.sort_by(|a, b| (a.scope, &a.key).cmp(&(b.scope, &b.key)));
+        groups.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
+        for (scope, n) in crate::outage::count_by_scope(&groups.into_iter().cloned().collect::<Vec<_>>()) {
+            self.outages.with_label_values(&["iscsi", scope.as_str()]).set(n as f64);
+        }
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         for k in DeviceKind::ALL {

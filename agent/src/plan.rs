@@ -49,6 +49,11 @@ pub enum Action {
     /// `NBD_DISCONNECT` and `NBD_CLEAR_SOCK` on `/dev/nbdN`, still served by the same process
     /// and backend.
     NbdDisconnect { server_pid: Option<u32>, backend: Option<String> },
+    /// Logs out iSCSI session `sid` through iscsid (`iscsiadm -m session -r SID -u`, run in the
+    /// host's mount and network namespaces), once its disks are deleted. Carried on the step of
+    /// the session's last disk; re-checked right before it runs: the session still exists with
+    /// this target and portal, and no SCSI device is left on it.
+    IscsiLogout { sid: u32, target: String, portal: String, iface: String },
 }
 
 /// One destructive step on one device. Each is idempotent: a target already gone is a success.
@@ -68,7 +73,7 @@ fn identity_token<S: serde::Serializer>(id: &Identity, s: S) -> Result<S::Ok, S:
 }
 
 impl Step {
-    fn on(entry: &DeviceEntry, action: Action) -> Self {
+    pub(crate) fn on(entry: &DeviceEntry, action: Action) -> Self {
         Self {
             device: entry.device.name.clone(),
             devnum: entry.device.devnum,
@@ -87,6 +92,7 @@ impl Step {
             Action::ScsiDelete { .. } => "scsi_delete",
             Action::RbdUnmap { .. } => "rbd_unmap",
             Action::NbdDisconnect { .. } => "nbd_disconnect",
+            Action::IscsiLogout { .. } => "iscsi_logout",
         }
     }
 
@@ -127,6 +133,9 @@ impl Step {
                 if *force { " with force (in-flight I/O fails)" } else { "" }
             ),
             Action::NbdDisconnect { .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
+            Action::IscsiLogout { sid, target, portal, iface } => format!(
+                "log out iSCSI session{sid} ({target} at {portal}, iface {iface}), left with no LUN once {device} is deleted, through iscsid (iscsiadm -m session -r {sid} -u)"
+            ),
         }
     }
 }
@@ -380,32 +389,10 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         }
         deleted.push(disk.device.name.clone());
     }
-    p.notes = emptied_sessions(graph, &deleted);
+    let (steps, notes) = crate::plan_iscsi::logouts(graph, &deleted, &deleted);
+    p.steps.extend(steps);
+    p.notes = notes;
     p
-}
-
-/// iSCSI sessions that have no disk left once `deleted` are gone: logging out needs iscsid,
-/// which the agent does not drive, so the plan says so.
-fn emptied_sessions(graph: &DeviceGraph, deleted: &[DeviceName]) -> Vec<String> {
-    use crate::discover::scsi::Transport;
-    let session_of = |e: &DeviceEntry| match e.scsi.as_ref().map(|s| &s.disk.transport) {
-        Some(Transport::Iscsi { session }) => Some(session.clone()),
-        _ => None,
-    };
-    let mut sessions: Vec<String> =
-        graph.devices.iter().filter(|e| deleted.contains(&e.device.name)).filter_map(session_of).collect();
-    sessions.sort();
-    sessions.dedup();
-    sessions
-        .into_iter()
-        .filter(|s| {
-            graph.devices.iter().filter(|e| session_of(e).as_ref() == Some(s)).all(|e| deleted.contains(&e.device.name))
-        })
-        .map(|s| {
-            let n = s.trim_start_matches("session");
-            format!("iSCSI {s} has no LUN left after this: log it out (iscsiadm -m session -r {n} -u); the agent does not run iscsiadm")
-        })
-        .collect()
 }
 
 /// Offline, then delete. A disk whose wwid is unknown is never touched: nothing could tell it
@@ -442,7 +429,13 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
         Some(_) => match scsi_steps(entry, true) {
             Ok(steps) => {
                 p.steps = steps;
-                p.notes = emptied_sessions(graph, std::slice::from_ref(&d.name));
+                let (logouts, notes) = crate::plan_iscsi::logouts(
+                    graph,
+                    std::slice::from_ref(&d.name),
+                    &crate::plan_iscsi::going_with(entry, graph),
+                );
+                p.steps.extend(logouts);
+                p.notes = notes;
             }
             Err(why) => p.refuse(why),
         },

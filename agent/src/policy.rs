@@ -16,7 +16,7 @@ use serde::Serialize;
 use crate::clock::{human, BootTime};
 use crate::gates::{self, ApiWord};
 use crate::grace::Clocks;
-use crate::graph::{DeviceEntry, Holder};
+use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
@@ -42,6 +42,9 @@ pub enum Verdict {
     /// A candidate the agent cannot vouch for: a blind spot of the scan could hide a holder of
     /// it, or the Kubernetes API should vouch for it but cannot.
     Unknown,
+    /// Behind a transport outage: every iSCSI session (NVMe-oF controller) to its target or
+    /// portal is down at once. An array or network outage, not staleness: never cleaned.
+    Outage,
 }
 
 impl Verdict {
@@ -53,6 +56,7 @@ impl Verdict {
             Self::Stale => "stale",
             Self::Protected => "protected",
             Self::Unknown => "unknown",
+            Self::Outage => "outage",
         }
     }
 }
@@ -284,6 +288,11 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
         let d = &e.device;
         let j = if let Some(r) = gates::protection(e, &scan.protected) {
             Judgement::new(Verdict::Protected, vec![r])
+        } else if let Some(o) = outage_of(e, &scan.graph) {
+            // Not an observation of a stale device: its grace clock stops.
+            let mut reasons = vec![o.describe("iSCSI session")];
+            reasons.extend(e.holders.iter().map(Holder::describe));
+            Judgement::new(Verdict::Outage, reasons)
         } else {
             match assess(e) {
                 Assessment::Final(j) => j,
@@ -335,6 +344,19 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
     }
     clocks.retain(|id| !scan.covers(id.devnum) || observed.contains(id));
     out
+}
+
+/// The outage a device sits behind: its iSCSI session's, or, for a multipath map with no
+/// active path, that of one of its paths.
+fn outage_of<'a>(e: &'a DeviceEntry, graph: &'a DeviceGraph) -> Option<&'a crate::outage::Outage> {
+    if let Some(o) = e.scsi.as_ref().and_then(|s| s.outage.as_ref()) {
+        return Some(o);
+    }
+    let m = e.multipath.as_ref().filter(|m| m.active_paths == 0)?;
+    m.paths
+        .iter()
+        .filter_map(|p| p.device.as_ref())
+        .find_map(|n| graph.devices.iter().find(|x| &x.device.name == n)?.scsi.as_ref()?.outage.as_ref())
 }
 
 /// A dead multipath map that queues I/O: its plan starts with `fail_if_no_path`, which fails

@@ -72,6 +72,9 @@ impl Actuator for LinuxActuator {
             Action::NbdDisconnect { server_pid, backend } => {
                 self.nbd_disconnect(device, devnum, *server_pid, backend.as_deref())
             }
+            Action::IscsiLogout { sid, target, portal, .. } => {
+                self.iscsi_logout(device, super::iscsi::PlannedSession { sid: *sid, target, portal })
+            }
         }
     }
 }
