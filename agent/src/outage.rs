@@ -99,9 +99,10 @@ pub fn find(objects: &[TransportObject]) -> Vec<Outage> {
         .collect()
 }
 
-/// The first outage `id` is part of (target groups before portal groups).
+/// The widest outage `id` is part of: the group with the most members, a portal before a
+/// target on a tie (a portal down takes every target behind it).
 pub fn of<'a>(outages: &'a [Outage], id: &str) -> Option<&'a Outage> {
-    outages.iter().find(|o| o.contains(id))
+    outages.iter().filter(|o| o.contains(id)).max_by_key(|o| (o.members.len(), o.scope == Scope::Portal))
 }
 
 /// How many groups of each scope are down, every scope present (for the metric).
@@ -141,7 +142,8 @@ mod tests {
             [(Scope::Target, "iqn.a"), (Scope::Target, "iqn.b"), (Scope::Portal, "10.0.0.1:3260")]
         );
         assert_eq!(out[2].members, ["session1", "session2"]);
-        assert!(of(&out, "session2").is_some() && of(&out, "session3").is_none());
+        assert_eq!(of(&out, "session2").map(|o| o.scope), Some(Scope::Portal), "the widest group");
+        assert!(of(&out, "session3").is_none());
         assert_eq!(count_by_scope(&out), [(Scope::Target, 2), (Scope::Portal, 1)]);
         let line = out[2].describe("iSCSI session");
         assert!(
@@ -160,6 +162,8 @@ mod tests {
         let out = find(&[o("nvme1", "nqn.x", None, false)]);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].scope, Scope::Target);
+        let one = find(&[o("session1", "iqn.a", Some("10.0.0.1:3260"), false)]);
+        assert_eq!(of(&one, "session1").map(|o| o.scope), Some(Scope::Portal), "a tie goes to the portal");
         assert!(find(&[]).is_empty());
     }
 }

@@ -426,7 +426,9 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
             let held: Vec<&Holder> = entry.holders.iter().collect();
             p.held(&held, "");
         }
-        Some(_) => match scsi_steps(entry, true) {
+        // A disk planned because it is offline must still be offline when its step runs; one
+        // whose LUN its target reports gone is running, and its plan takes it offline.
+        Some(s) => match scsi_steps(entry, s.is_offline()) {
             Ok(steps) => {
                 p.steps = steps;
                 let (logouts, notes) = crate::plan_iscsi::logouts(

@@ -25,7 +25,8 @@ fn session_of(e: &DeviceEntry) -> Option<&str> {
 }
 
 /// The disks of `entry`'s session that go when it is deleted on its own: itself, and every
-/// other disk of the session that is offline with nothing holding it and no map on top.
+/// other disk of the session that is dead (offline, or its LUN reported gone) with nothing
+/// holding it and no map on top.
 pub fn going_with(entry: &DeviceEntry, graph: &DeviceGraph) -> Vec<DeviceName> {
     let mut out = vec![entry.device.name.clone()];
     let Some(session) = session_of(entry) else { return out };
@@ -34,7 +35,7 @@ pub fn going_with(entry: &DeviceEntry, graph: &DeviceGraph) -> Vec<DeviceName> {
             continue;
         }
         let Some(s) = &e.scsi else { continue };
-        if s.is_offline() && s.path_of.is_none() && e.holders.is_empty() && s.outage.is_none() {
+        if s.is_dead() && s.path_of.is_none() && e.holders.is_empty() {
             out.push(e.device.name.clone());
         }
     }

@@ -214,6 +214,12 @@ fn assess_storage(e: &DeviceEntry) -> Assessment {
                 d.name, sc.disk.address
             ));
         }
+        if let Some(line) = sc.lun_gone.as_ref().filter(|_| sc.is_dead()) {
+            return Assessment::Candidate(format!(
+                "{} ({}): its iSCSI target reports the LUN gone (kernel log: \"{line}\"), with no holder for {{age}}",
+                d.name, sc.disk.address
+            ));
+        }
         return fin(Verdict::Unused, vec![format!("nothing holds {} ({}, {state}); a disk is not something the agent cleans while its device is not offline", d.name, sc.disk.address)]);
     }
     if let Some(n) = &e.nbd {

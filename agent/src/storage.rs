@@ -58,12 +58,22 @@ pub struct ScsiView {
     /// ([`crate::outage`]), never cleaned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outage: Option<Outage>,
+    /// Its iSCSI target answered a command with LOGICAL UNIT NOT SUPPORTED since the disk was
+    /// attached (the kernel log's line): the array unmapped the LUN.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lun_gone: Option<String>,
 }
 
 impl ScsiView {
     /// Offline for good, as far as the kernel says (`blocked` is a transport recovering).
     pub fn is_offline(&self) -> bool {
         matches!(self.disk.state, ScsiState::Offline | ScsiState::TransportOffline)
+    }
+
+    /// The kernel has given up on it, or its target said its LUN is gone (and its session is
+    /// in no outage): what makes an unheld standalone disk a cleanup candidate.
+    pub fn is_dead(&self) -> bool {
+        self.outage.is_none() && (self.is_offline() || self.lun_gone.is_some())
     }
 }
 
@@ -137,7 +147,8 @@ pub fn scsi_view(disk: &ScsiDisk, scsi: &ScsiScan, path_of: Option<DeviceName>) 
         let outages = iscsi_outages(scsi);
         outage::of(&outages, &s.name).cloned()
     });
-    ScsiView { disk: disk.clone(), transport_state, path_of, session, outage }
+    let lun_gone = scsi.luns_gone.iter().find(|(n, _)| n == disk.name.as_str()).map(|(_, line)| line.clone());
+    ScsiView { disk: disk.clone(), transport_state, path_of, session, outage, lun_gone }
 }
 
 /// Whether the kernel says an iSCSI session works: logged in, no connection down or failed,

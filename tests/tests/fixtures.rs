@@ -243,8 +243,11 @@ fn iscsi_disks_show_their_session_an_outage_is_never_cleaned_and_an_emptied_sess
     assert_eq!(down["scsi"]["transport_state"], "failed");
     assert_eq!(down["verdict"], "outage", "{down:#}");
     let why = down["reasons"][0].as_str().expect("reason");
-    assert!(why.starts_with("outage: the only iSCSI session to target iqn.2006-08.com.huawei"), "{why}");
-    assert_eq!(down["scsi"]["outage"]["scope"], "target");
+    assert!(
+        why.starts_with("outage: the only iSCSI session to portal 192.168.11.20:3260 is down (session2)"),
+        "{why}"
+    );
+    assert_eq!(down["scsi"]["outage"]["scope"], "portal");
     let root = fixtures().join("iscsi").to_string_lossy().into_owned();
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sdd"]);
     let t = text(&out.stdout);

@@ -117,21 +117,23 @@ pub fn sid_of(name: &str) -> Option<u32> {
     n.parse().ok()
 }
 
-fn opt_num<T: std::str::FromStr>(path: &Path) -> Result<Option<T>, DiscoverError> {
-    match read_attr_opt(path)? {
-        None => Ok(None),
-        Some(s) if s.trim().is_empty() || s.trim() == "(null)" => Ok(None),
-        Some(s) => s.trim().parse().map(Some).map_err(|_| DiscoverError::attr(path, &s, "a number")),
+/// An attribute's text, or `None` when it is absent, empty, `(null)`, or its read is refused by
+/// the driver: iscsi_tcp answers `address`/`port` of a connection with no socket (a FAILED
+/// session) with ENOTCONN (measured on Debian's 6.1 kernel), and `ipaddress` of an unbound host
+/// the same way. Such a value is simply not known; the scan goes on.
+fn opt_text(path: &Path) -> Option<String> {
+    match read_attr_opt(path) {
+        Ok(v) => v.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty() && s != "(null)"),
+        Err(_) => None,
     }
 }
 
-fn opt_text(path: &Path) -> Result<Option<String>, DiscoverError> {
-    Ok(read_attr_opt(path)?.map(|s| s.trim().to_owned()).filter(|s| !s.is_empty() && s != "(null)"))
-}
-
-/// An attribute whose read the driver may refuse (ENOTCONN, EINVAL): absent then.
-fn soft_text(path: &Path) -> Option<String> {
-    opt_text(path).ok().flatten()
+/// A number, when [`opt_text`] has one; a malformed one is an error naming the file.
+fn opt_num<T: std::str::FromStr>(path: &Path) -> Result<Option<T>, DiscoverError> {
+    match opt_text(path) {
+        None => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(|_| DiscoverError::attr(path, &s, "a number")),
+    }
 }
 
 /// The detail of `session<SID>`, whose class directory is `dir`.
@@ -141,9 +143,9 @@ pub fn read_detail(host: &HostRoot, dir: &Path, name: &str) -> Result<IscsiDetai
         sid,
         tpgt: opt_num(&dir.join("tpgt"))?,
         recovery_tmo: opt_num(&dir.join("recovery_tmo"))?,
-        ifacename: opt_text(&dir.join("ifacename"))?,
-        initiatorname: opt_text(&dir.join("initiatorname"))?,
-        target_state: opt_text(&dir.join("target_state"))?,
+        ifacename: opt_text(&dir.join("ifacename")),
+        initiatorname: opt_text(&dir.join("initiatorname")),
+        target_state: opt_text(&dir.join("target_state")),
         connections: read_connections(host, sid)?,
         host: None,
     };
@@ -165,11 +167,11 @@ fn read_connections(host: &HostRoot, sid: u32) -> Result<Vec<IscsiConnection>, D
         let Some(cid) = name.strip_prefix(&prefix).and_then(|c| c.parse::<u32>().ok()) else { continue };
         let dir = class.join(&name);
         let c = IscsiConnection {
-            persistent_address: opt_text(&dir.join("persistent_address"))?,
+            persistent_address: opt_text(&dir.join("persistent_address")),
             persistent_port: opt_num(&dir.join("persistent_port"))?,
-            address: opt_text(&dir.join("address"))?,
+            address: opt_text(&dir.join("address")),
             port: opt_num(&dir.join("port"))?,
-            state: opt_text(&dir.join("state"))?,
+            state: opt_text(&dir.join("state")),
             name,
         };
         out.push((cid, c));
@@ -189,10 +191,10 @@ fn read_host(host_dir: &Path) -> Option<IscsiHost> {
         return Some(IscsiHost { name, ..IscsiHost::default() });
     }
     Some(IscsiHost {
-        netdev: soft_text(&dir.join("netdev")),
-        ipaddress: soft_text(&dir.join("ipaddress")),
-        hwaddress: soft_text(&dir.join("hwaddress")),
-        initiatorname: soft_text(&dir.join("initiatorname")),
+        netdev: opt_text(&dir.join("netdev")),
+        ipaddress: opt_text(&dir.join("ipaddress")),
+        hwaddress: opt_text(&dir.join("hwaddress")),
+        initiatorname: opt_text(&dir.join("initiatorname")),
         name,
     })
 }
@@ -241,6 +243,70 @@ pub fn detail(host: &HostRoot, sid: u32) -> Result<Option<IscsiDetail>, Discover
     read_detail(host, &dir, &name).map(Some)
 }
 
+/// What the kernel log says about a SCSI disk (`sd H:C:T:L: [sdX] ...` records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SdEvent {
+    /// `Attached SCSI disk`: this incarnation of the name and address began.
+    Attached,
+    /// `Add. Sense: Logical unit not supported` (ASC 0x25): the target answered a command with
+    /// "no such LUN" on this I_T nexus: the array unmapped the volume.
+    NotSupported,
+}
+
+/// `(H:C:T:L, sdX, event)` of one kmsg record, when it is one the LUN check needs.
+fn sd_record(record: &str) -> Option<(&str, &str, SdEvent, &str)> {
+    let msg = record.split_once(';')?.1.trim_end();
+    let rest = msg.strip_prefix("sd ")?;
+    let (hctl, rest) = rest.split_once(": [")?;
+    let (name, what) = rest.split_once("] ")?;
+    let event = if what == "Attached SCSI disk" {
+        SdEvent::Attached
+    } else if what.contains("Add. Sense: Logical unit not supported") {
+        SdEvent::NotSupported
+    } else {
+        return None;
+    };
+    Some((hctl, name, event, msg))
+}
+
+/// The disks (by name) whose LUN the target reports gone, with the kernel's line: the latest
+/// record for the disk's name and address since it was attached is `Logical unit not
+/// supported`. Only these names are looked for (`wanted`: `(name, H:C:T:L)`); no record: not
+/// gone (the kernel says nothing until a command reaches the LUN, see ARCHITECTURE.md).
+pub fn luns_gone(
+    records: impl IntoIterator<Item = String>,
+    wanted: &[(String, String)],
+) -> Vec<(String, String)> {
+    let mut last: std::collections::HashMap<&str, (SdEvent, String)> = std::collections::HashMap::new();
+    for r in records {
+        let Some((hctl, name, event, msg)) = sd_record(&r) else { continue };
+        if let Some((n, _)) = wanted.iter().find(|(n, a)| n == name && a == hctl) {
+            last.insert(n.as_str(), (event, msg.to_owned()));
+        }
+    }
+    let mut out: Vec<(String, String)> = last
+        .into_iter()
+        .filter(|(_, (e, _))| *e == SdEvent::NotSupported)
+        .map(|(n, (_, line))| (n.to_owned(), line))
+        .collect();
+    out.sort();
+    out
+}
+
+/// [`luns_gone`] over the kernel log (`/dev/kmsg`, read once without blocking).
+pub fn read_luns_gone(host: &HostRoot, wanted: &[(String, String)]) -> Vec<(String, String)> {
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    let mut records = Vec::new();
+    crate::discover::kmsg::for_each_record(host, |r| {
+        if r.contains(";sd ") {
+            records.push(r.to_owned());
+        }
+    });
+    luns_gone(records, wanted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +330,34 @@ mod tests {
         assert_eq!(c.portal().as_deref(), Some("10.0.0.1:3261"));
         assert!(!c.is_down());
         assert!(IscsiConnection { state: Some("failed".into()), ..c }.is_down());
+    }
+
+    #[test]
+    fn a_lun_is_gone_when_its_latest_record_since_attach_says_so() {
+        // Measured on Debian's 6.1 kernel against a LIO target whose LUN 1 was removed.
+        let log = [
+            "5,900,13682979,-;sd 0:0:0:1: [sdb] Attached SCSI disk",
+            "3,950,23438262,-;sd 0:0:0:1: [sdb] tag#18 FAILED Result: hostbyte=DID_OK driverbyte=DRIVER_OK cmd_age=0s",
+            "3,951,23438461,-;sd 0:0:0:1: [sdb] tag#18 Sense Key : Illegal Request [current] ",
+            "3,952,23438550,-;sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported",
+            "3,953,23438550,-;sd 0:0:0:2: [sdc] tag#19 Add. Sense: Logical unit not supported",
+            "5,960,30000000,-;sd 0:0:0:2: [sdc] Attached SCSI disk",
+            "3,961,30000001,-;sd 0:0:0:3: [sdd] tag#1 Add. Sense: Logical unit not supported",
+        ]
+        .map(String::from);
+        let wanted = [("sdb", "0:0:0:1"), ("sdc", "0:0:0:2"), ("sdd", "0:0:0:4")]
+            .map(|(n, a)| (n.to_owned(), a.to_owned()));
+        let gone = luns_gone(log, &wanted);
+        // sdc was attached again after its error (a new incarnation); sdd's record is for
+        // another address (the name was reused).
+        assert_eq!(
+            gone,
+            [(
+                "sdb".to_owned(),
+                "sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported".to_owned()
+            )]
+        );
+        assert!(read_luns_gone(&HostRoot::new("/nonexistent"), &wanted).is_empty());
     }
 
     #[test]

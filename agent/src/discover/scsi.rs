@@ -236,6 +236,10 @@ pub struct ScsiScan {
     pub disks: Vec<ScsiDisk>,
     pub iscsi_sessions: Vec<IscsiSession>,
     pub fc_remote_ports: Vec<FcRemotePort>,
+    /// iSCSI disks whose target reports the LUN gone (kernel log), with the line
+    /// ([`super::iscsi::read_luns_gone`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub luns_gone: Vec<(String, String)>,
 }
 
 impl ScsiScan {
@@ -264,8 +268,15 @@ impl ScsiScan {
 
 /// Disks, iSCSI sessions and FC remote ports.
 pub fn scan(host: &HostRoot) -> Result<ScsiScan, DiscoverError> {
+    let disks = scan_disks(host)?;
+    let iscsi: Vec<(String, String)> = disks
+        .iter()
+        .filter(|d| matches!(d.transport, Transport::Iscsi { .. }))
+        .map(|d| (d.name.to_string(), d.address.to_string()))
+        .collect();
     Ok(ScsiScan {
-        disks: scan_disks(host)?,
+        luns_gone: super::iscsi::read_luns_gone(host, &iscsi),
+        disks,
         iscsi_sessions: scan_iscsi_sessions(host)?,
         fc_remote_ports: scan_fc_remote_ports(host)?,
     })

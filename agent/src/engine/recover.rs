@@ -348,6 +348,7 @@ mod tests {
             path_of: None,
             session: None,
             outage: None,
+            lun_gone: None,
         });
         e
     }
