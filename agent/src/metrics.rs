@@ -255,3 +255,37 @@ impl Metrics {
         String::from_utf8_lossy(&buf).into_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::world::LinuxWorld;
+    use crate::engine::{Engine, Settings};
+    use crate::grace::Clocks;
+    use crate::host::HostRoot;
+    use crate::scan::Target;
+    use crate::snapshot::ScanOptions;
+
+    const ISCSI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi");
+
+    #[test]
+    fn transport_outages_count_each_group_once_with_bounded_labels() {
+        let m = Metrics::new().expect("metrics");
+        let zero = m.render();
+        for scope in ["target", "portal"] {
+            let series = format!("blockjanitor_transport_outages{{scope=\"{scope}\",transport=\"iscsi\"}} 0");
+            assert!(zero.contains(&series), "{series} missing from\n{zero}");
+        }
+        assert!(zero.contains("blockjanitor_actions_total{action=\"iscsi_logout\",result=\"done\"} 0"));
+        let world = LinuxWorld::new(HostRoot::new(ISCSI), ScanOptions::default(), Duration::from_secs(5));
+        let engine = Engine::new(world, Settings::default());
+        let judged = engine.judge(engine.scan(Target::All).expect("scan"), &mut Clocks::new(None));
+        let view = View::of(judged, 1);
+        m.observe_scan("node-a", "start", Duration::from_millis(1), &view);
+        let t = m.render();
+        // session2 is the only session to its target and to its portal: one group of each.
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"iscsi\"} 1"), "{t}");
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"target\",transport=\"iscsi\"} 0"), "{t}");
+        assert!(t.contains("blockjanitor_devices{kind=\"disk\",verdict=\"outage\"} 1"), "{t}");
+    }
+}
