@@ -263,8 +263,167 @@ pub mod mount_api {
         Ok((DevNum::new(b.sb_dev_major, b.sb_dev_minor), b.sb_magic))
     }
 
+    /// Like [`sb_dev`], with the mount's mountinfo ID (`mnt_id_old`, field 1 of its line),
+    /// which the same call gives at no extra cost.
+    pub fn sb_dev_with_old_id(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64, u32)> {
+        let req = MntIdReq {
+            size: REQ_SIZE_VER1,
+            spare: 0,
+            mnt_id,
+            param: STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC,
+            mnt_ns_id: ns_id,
+        };
+        let mut buf = std::mem::MaybeUninit::<StatmountBuf>::zeroed();
+        // SAFETY: `req` is valid; `buf` is writable for its full size, which we pass.
+        let rc = unsafe {
+            libc::syscall(
+                SYS_STATMOUNT,
+                &req as *const MntIdReq,
+                buf.as_mut_ptr(),
+                std::mem::size_of::<StatmountBuf>(),
+                0,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: zero-initialised and then filled by the kernel; every bit pattern is valid.
+        let b = unsafe { buf.assume_init() };
+        let want = STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC;
+        if b.mask & want != want {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        // `mnt_id_old` is the first u32 of the u64 slot at byte 56 (`rest` starts at byte 32).
+        let slot = b.rest[3].to_ne_bytes();
+        let old = u32::from_ne_bytes([slot[0], slot[1], slot[2], slot[3]]);
+        Ok((DevNum::new(b.sb_dev_major, b.sb_dev_minor), b.sb_magic, old))
+    }
+
     /// `BTRFS_SUPER_MAGIC` from `<linux/magic.h>`.
     pub const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
+
+    const STATMOUNT_MNT_BASIC: u64 = 0x2;
+    const STATMOUNT_PROPAGATE_FROM: u64 = 0x4;
+    const STATMOUNT_MNT_ROOT: u64 = 0x8;
+    const STATMOUNT_MNT_POINT: u64 = 0x10;
+    const STATMOUNT_FS_TYPE: u64 = 0x20;
+    const STATMOUNT_MNT_OPTS: u64 = 0x80;
+    const STATMOUNT_FS_SUBTYPE: u64 = 0x100;
+    const STATMOUNT_SB_SOURCE: u64 = 0x200;
+    /// What [`stat_full`] asks for: everything a mountinfo line says.
+    const FULL: u64 = STATMOUNT_SB_BASIC
+        | STATMOUNT_MNT_BASIC
+        | STATMOUNT_PROPAGATE_FROM
+        | STATMOUNT_MNT_ROOT
+        | STATMOUNT_MNT_POINT
+        | STATMOUNT_FS_TYPE
+        | STATMOUNT_MNT_OPTS
+        | STATMOUNT_FS_SUBTYPE
+        | STATMOUNT_SB_SOURCE;
+    /// The part of the answer that every mountinfo field needs (`MNT_OPTS` and `FS_SUBTYPE` are
+    /// left out of the answer's mask when the filesystem has none).
+    const NEEDED: u64 = STATMOUNT_SB_BASIC
+        | STATMOUNT_MNT_BASIC
+        | STATMOUNT_PROPAGATE_FROM
+        | STATMOUNT_MNT_ROOT
+        | STATMOUNT_MNT_POINT
+        | STATMOUNT_FS_TYPE
+        | STATMOUNT_SB_SOURCE;
+    /// The fixed part of `struct statmount` (`<linux/mount.h>`, Linux 6.13 and later); the
+    /// strings follow it, each field naming an offset into them.
+    const FIXED: usize = 512;
+
+    /// One mount as `statmount` describes it: what a mountinfo line says, as data. Strings are
+    /// the kernel's raw bytes (mountinfo escapes them; `statmount` does not).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct MountStat {
+        pub mnt_id_old: u32,
+        pub parent_id_old: u32,
+        pub dev: DevNum,
+        pub sb_magic: u64,
+        /// `SB_RDONLY`, `SB_SYNCHRONOUS`, `SB_DIRSYNC`, `SB_LAZYTIME`.
+        pub sb_flags: u32,
+        /// `MOUNT_ATTR_*`.
+        pub mnt_attr: u64,
+        /// `MS_SHARED`, `MS_SLAVE`, `MS_PRIVATE`, `MS_UNBINDABLE`.
+        pub propagation: u64,
+        pub peer_group: u64,
+        pub master: u64,
+        pub propagate_from: u64,
+        pub root: Vec<u8>,
+        /// Empty when the mount is not reachable from the namespace's root (mountinfo does not
+        /// show such a mount).
+        pub point: Vec<u8>,
+        pub fs_type: Vec<u8>,
+        pub fs_subtype: Option<Vec<u8>>,
+        pub source: Vec<u8>,
+        /// The filesystem's own options (`show_options`), `None` when it has none.
+        pub fs_opts: Option<Vec<u8>>,
+    }
+
+    /// Everything `statmount` says of one mount of namespace `ns_id`. `EOPNOTSUPP` when the
+    /// kernel left out a part mountinfo would show (kernels before 6.13 have no `SB_SOURCE`).
+    pub fn stat_full(ns_id: u64, mnt_id: u64) -> io::Result<MountStat> {
+        let req = MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: FULL, mnt_ns_id: ns_id };
+        let mut len = 16 * 1024;
+        loop {
+            // u64 elements: the fixed part's fields are 8-byte aligned.
+            let mut buf = vec![0u64; len / 8];
+            // SAFETY: `req` is valid; `buf` is writable for `len` bytes, which we pass.
+            let rc =
+                unsafe { libc::syscall(SYS_STATMOUNT, &req as *const MntIdReq, buf.as_mut_ptr(), len, 0) };
+            if rc != 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EOVERFLOW) && len < 1024 * 1024 {
+                    len *= 4;
+                    continue;
+                }
+                return Err(e);
+            }
+            let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+            return parse_full(&bytes);
+        }
+    }
+
+    /// Reads a `struct statmount` answer (native endianness), bounds-checked.
+    fn parse_full(b: &[u8]) -> io::Result<MountStat> {
+        let bad =
+            |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("statmount answer: {what}"));
+        let u32_at = |o: usize| b.get(o..o + 4).map(|s| u32::from_ne_bytes(s.try_into().unwrap_or_default()));
+        let u64_at = |o: usize| b.get(o..o + 8).map(|s| u64::from_ne_bytes(s.try_into().unwrap_or_default()));
+        let size = u32_at(0).ok_or_else(|| bad("short"))? as usize;
+        let mask = u64_at(8).ok_or_else(|| bad("short"))?;
+        if mask & NEEDED != NEEDED {
+            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        }
+        let end = size.min(b.len());
+        let string = |field: usize| -> io::Result<Vec<u8>> {
+            let off = u32_at(field).ok_or_else(|| bad("short"))? as usize;
+            let start = FIXED.checked_add(off).filter(|&s| s <= end).ok_or_else(|| bad("string offset"))?;
+            let len = b[start..end].iter().position(|&c| c == 0).ok_or_else(|| bad("unterminated string"))?;
+            Ok(b[start..start + len].to_vec())
+        };
+        let get = |o: usize| u64_at(o).ok_or_else(|| bad("short"));
+        let get32 = |o: usize| u32_at(o).ok_or_else(|| bad("short"));
+        Ok(MountStat {
+            mnt_id_old: get32(56)?,
+            parent_id_old: get32(60)?,
+            dev: DevNum::new(get32(16)?, get32(20)?),
+            sb_magic: get(24)?,
+            sb_flags: get32(32)?,
+            mnt_attr: get(64)?,
+            propagation: get(72)?,
+            peer_group: get(80)?,
+            master: get(88)?,
+            propagate_from: get(96)?,
+            root: string(104)?,
+            point: string(108)?,
+            fs_type: string(36)?,
+            fs_subtype: if mask & STATMOUNT_FS_SUBTYPE != 0 { Some(string(120)?) } else { None },
+            source: string(124)?,
+            fs_opts: if mask & STATMOUNT_MNT_OPTS != 0 { Some(string(4)?) } else { None },
+        })
+    }
 }
 
 /// The supplementary groups of the process at the other end of a unix socket, as the kernel
@@ -338,5 +497,89 @@ mod tests {
         from_text.sort();
         from_api.sort();
         assert_eq!(from_api, from_text);
+    }
+
+    /// The kernel as the oracle: for every mount of this namespace, the line built from
+    /// `statmount` ([`crate::discover::mountinfo::entry_from_stat`]) is the line mountinfo shows,
+    /// field for field, and `sb_dev_with_old_id` names the same mountinfo ID.
+    #[test]
+    fn statmount_builds_the_mountinfo_line() {
+        compare_statmount_with_mountinfo("/proc/self");
+    }
+
+    /// The same in a mount namespace of its own (root only), holding what the host's table may
+    /// lack: a tmpfs under a name with a space, a tab, a backslash and invalid UTF-8, made
+    /// shared, a bind of it made a slave, read-only, nosuid/nodev/noexec, noatime, and a
+    /// filesystem option.
+    #[test]
+    fn statmount_builds_the_mountinfo_line_of_shared_and_slave_mounts() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (a mount namespace of its own)");
+            return;
+        }
+        use nix::mount::{mount, MsFlags};
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
+                .expect("unshare");
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+                .expect("make / private");
+            let dir = tempfile::tempdir().expect("tempdir");
+            let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"a b\tc\\d\xff"));
+            let bind = dir.path().join("bind");
+            std::fs::create_dir(&odd).expect("mkdir");
+            std::fs::create_dir(&bind).expect("mkdir");
+            let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC | MsFlags::MS_NOATIME;
+            mount(Some("bj test"), &odd, Some("tmpfs"), flags, Some("size=1m,mode=0750")).expect("tmpfs");
+            mount(None::<&str>, &odd, None::<&str>, MsFlags::MS_SHARED, None::<&str>).expect("shared");
+            mount(Some(&odd), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+            mount(None::<&str>, &bind, None::<&str>, MsFlags::MS_SLAVE, None::<&str>).expect("slave");
+            mount(
+                None::<&str>,
+                &bind,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None::<&str>,
+            )
+            .expect("read-only");
+            let n = compare_statmount_with_mountinfo("/proc/thread-self");
+            assert!(n >= 3, "compared {n} lines");
+        })
+        .join()
+        .expect("the namespace thread");
+    }
+
+    /// Compares every mount of the namespace of `proc_dir` (a `/proc/...` process directory);
+    /// returns how many lines were compared.
+    fn compare_statmount_with_mountinfo(proc_dir: &str) -> usize {
+        use std::os::fd::AsFd;
+        let ns = std::fs::File::open(format!("{proc_dir}/ns/mnt")).expect("open ns");
+        let Ok(id) = mount_api::mntns_id(ns.as_fd()) else {
+            eprintln!("SKIPPED: NS_GET_MNTNS_ID unavailable on this kernel");
+            return 0;
+        };
+        let ids = mount_api::list(id).expect("listmount");
+        match mount_api::stat_full(id, ids[0]) {
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) || mount_api::is_unsupported(&e) => {
+                eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel ({e})");
+                return 0;
+            }
+            other => {
+                other.expect("statmount");
+            }
+        }
+        let text = std::fs::read(format!("{proc_dir}/mountinfo")).expect("mountinfo");
+        let lines = crate::discover::mountinfo::parse(&text).expect("parse");
+        let mut compared = 0;
+        for mnt in &ids {
+            let Ok(stat) = mount_api::stat_full(id, *mnt) else { continue }; // unmounted meanwhile
+            let (_, _, old) = mount_api::sb_dev_with_old_id(id, *mnt).expect("statmount basic");
+            assert_eq!(old, stat.mnt_id_old);
+            let Some(line) = lines.iter().find(|l| l.mount_id == stat.mnt_id_old) else { continue };
+            let built = crate::discover::mountinfo::entry_from_stat(&stat).expect("reachable");
+            assert_eq!(&built, line, "mount {mnt}");
+            compared += 1;
+        }
+        assert!(compared >= lines.len().saturating_sub(2), "compared {compared} of {} lines", lines.len());
+        compared
     }
 }

@@ -182,4 +182,25 @@ fn main() {
         node_after.last_full_scan
     );
     println!("| daemon log lines | {} |", d.log_text().lines().count());
+    // With BLOCKJANITOR_LOG=debug the daemon logs where each re-read's time went: medians.
+    let mut phases: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for line in d.log_text().lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        // The agent logs JSON with the event's fields flattened into the record.
+        let Some(fields) = v.as_object() else { continue };
+        for (k, x) in fields {
+            if let (true, Some(us)) = (k.ends_with("_us"), x.as_u64()) {
+                phases.entry(k.clone()).or_default().push(us);
+            }
+        }
+    }
+    for (k, mut v) in phases {
+        v.sort_unstable();
+        println!(
+            "| daemon phase {k} | median {} us, p90 {} us ({} samples) |",
+            v[v.len() / 2],
+            v[v.len() * 9 / 10],
+            v.len()
+        );
+    }
 }

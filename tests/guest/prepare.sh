@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # prepare.sh — build, once, what the qemu guest harness boots: Debian's 6.1 kernel (vmlinuz) and a
 # base initramfs (raw newc cpio) with busybox, the storage tools (dmsetup, multipath-tools,
-# sg3-utils, nbd-client/nbd-server, mkfs.btrfs), the kernel modules they need and an /init that
-# runs a scenario.
+# sg3-utils, nbd-client/nbd-server, mkfs.btrfs, open-iscsi, nvme-cli, lvm2, cryptsetup, kpartx,
+# sfdisk), the kernel modules they need (SCSI, dm, nbd, rbd, LIO target, iSCSI initiator, NVMe/TCP
+# host and target, dm-crypt) and an /init that runs a scenario.
 #
 # Idempotent and cached: a warm run only checks the cache and prints where the build is.
 #   cache:   ${BLOCKJANITOR_GUEST_CACHE:-/var/cache/blockjanitor-guest}
@@ -18,6 +19,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CACHE=${BLOCKJANITOR_GUEST_CACHE:-/var/cache/blockjanitor-guest}
 KERNEL_META=${BLOCKJANITOR_GUEST_KERNEL_META:-linux-image-amd64}
 KERNEL_SERIES=${BLOCKJANITOR_GUEST_KERNEL_SERIES:-6.1}   # which linux-image-amd64 dependency to take
+# Fixed identities in the image (scenario-lib/transport-lib.sh uses the same ones).
+GUEST_INITIATOR_IQN=iqn.2026-11.io.blockjanitor:guest-initiator
+GUEST_HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:b10c4a17-0000-4000-8000-000000000012
 
 # User-space packages fetched with `apt-get download` (their libraries that the host already has,
 # libc, libudev, libgnutls..., are copied from the host: ldd tells which).
@@ -29,6 +33,12 @@ TOOL_PKGS=(
     nbd-client libnl-3-200 libnl-genl-3-200
     nbd-server
     btrfs-progs
+    open-iscsi libisns0 libopeniscsiusr
+    nvme-cli libnvme1
+    lvm2 libdevmapper-event1.02.1
+    cryptsetup-bin libcryptsetup12 libpopt0
+    kpartx
+    fdisk
 )
 
 # Packages of which only these files go into the image (default: the whole package minus docs).
@@ -36,6 +46,12 @@ TOOL_PKGS=(
 # the host has); the other seven tools (3.4 MB, and liblzo2 for `btrfs`) no scenario uses.
 declare -A TOOL_FILES=(
     [btrfs-progs]='./sbin/mkfs.btrfs'
+    [open-iscsi]='./sbin/iscsid ./sbin/iscsiadm ./sbin/iscsi-iname ./etc/iscsi'
+    [nvme-cli]='./usr/sbin/nvme'
+    [lvm2]='./sbin'
+    [cryptsetup-bin]='./sbin/cryptsetup'
+    [kpartx]='./sbin/kpartx'
+    [fdisk]='./sbin/sfdisk'
 )
 
 # Modules whose dependency closure goes into the image (modprobe --show-depends).
@@ -48,6 +64,10 @@ CLOSURE_MODS=(
     loop ext4
     btrfs
     virtio_pci virtio_net 9pnet_virtio 9p
+    configfs target_core_mod target_core_iblock target_core_file iscsi_target_mod
+    scsi_transport_iscsi libiscsi libiscsi_tcp iscsi_tcp
+    nvme_core nvme_fabrics nvme_tcp nvmet nvmet_tcp
+    dm_crypt xts ecb aesni_intel sha256_ssse3 af_alg algif_skcipher algif_hash
 )
 
 # What /init loads, in this order (the order the harness doc measured). scsi_debug is NOT loaded
@@ -236,9 +256,11 @@ KVER=${KPKG#linux-image-}
 
 download_debs "$KPKG" "${TOOL_PKGS[@]}"
 
-# Cache key: kernel version + the exact .deb files + this script and lib.sh (the /init lives here).
+# Cache key: kernel version + the exact .deb files + this script and lib.sh (the /init lives here)
+# + scenario-lib/transport-lib.sh (in the image as /usr/lib/blockjanitor/transport-lib.sh).
 DEB_LIST=$(for p in "$KPKG" "${TOOL_PKGS[@]}"; do basename "$(deb_for "$p")"; done)
-KEY_HASH=$( { printf '%s\n' "$DEB_LIST"; cat "$HERE/prepare.sh" "$HERE/lib.sh"; } | sha256sum | cut -c1-12)
+KEY_HASH=$( { printf '%s\n' "$DEB_LIST"; cat "$HERE/prepare.sh" "$HERE/lib.sh" "$HERE/scenario-lib/transport-lib.sh"; } \
+    | sha256sum | cut -c1-12)
 KEY="$KVER-$KEY_HASH"
 OUT=$CACHE/builds/$KEY
 
@@ -356,7 +378,63 @@ printf 'root:x:0:\nnogroup:x:65534:\ndisk:x:6:\n' >"$ROOT/etc/group"
 printf 'guest\n' >"$ROOT/etc/hostname"
 printf '127.0.0.1 localhost guest\n::1 localhost\n' >"$ROOT/etc/hosts"
 ln -s /proc/self/mounts "$ROOT/etc/mtab"
+# Daemons and tools without systemd or udevd (see README "Transports"): their state and lock
+# directories, and configs that need no udev.
+mkdir -p "$ROOT"/run/{lock/iscsi,lock/lvm,lvm,cryptsetup,multipath,udev/data} "$ROOT"/var/lib/iscsi \
+    "$ROOT"/etc/{multipath,nvme,target,lvm/archive,lvm/backup}
+# open-iscsi: a fixed initiator name; iscsiadm starts iscsid itself if none runs (not systemctl).
+printf 'InitiatorName=%s\n' "$GUEST_INITIATOR_IQN" >"$ROOT/etc/iscsi/initiatorname.iscsi"
+sed -i 's|^iscsid.startup = .*|iscsid.startup = /sbin/iscsid|' "$ROOT/etc/iscsi/iscsid.conf"
+grep -qx 'iscsid.startup = /sbin/iscsid' "$ROOT/etc/iscsi/iscsid.conf" || die "iscsid.conf: no iscsid.startup line to replace"
+# nvme-cli / the kernel's nvme-fabrics: a fixed host NQN and host id (qemu's DMI uuid is not stable).
+printf '%s\n' "$GUEST_HOSTNQN" >"$ROOT/etc/nvme/hostnqn"
+printf '%s\n' "${GUEST_HOSTNQN##*:uuid:}" >"$ROOT/etc/nvme/hostid"
+# lvm2 without udev or dmeventd: lvm makes the /dev/mapper and /dev/VG/LV nodes itself. Component
+# detection of multipath paths reads sysfs holders (an sd path under an mpath map is skipped).
+cat >"$ROOT/etc/lvm/lvm.conf" <<'EOF'
+# blockjanitor guest: no udevd, no dmeventd, no lvmpolld, no devices file.
+devices {
+    dir = "/dev"
+    scan = [ "/dev" ]
+    obtain_device_list_from_udev = 0
+    external_device_info_source = "none"
+    use_devicesfile = 0
+    multipath_component_detection = 1
+    md_component_detection = 0
+    filter = [ "a|^/dev/mapper/|", "a|^/dev/dm-|", "a|^/dev/sd|", "a|^/dev/nvme|", "a|^/dev/loop|", "r|.*|" ]
+}
+activation {
+    udev_sync = 0
+    udev_rules = 0
+    verify_udev_operations = 0
+    monitoring = 0
+}
+global {
+    use_lvmpolld = 0
+    event_activation = 0
+}
+backup {
+    backup = 0
+    archive = 0
+}
+EOF
+# multipath-tools: multipathd started by a scenario (scenario-lib/transport-lib.sh mpd_start), no
+# udevd: it sees a path only if /run/udev/data/bMAJ:MIN says I:1 (mpd_fake_udev writes it, with
+# ID_SERIAL so the wwid is the one udev would give). greedy: a map for every SCSI path's wwid.
+cat >"$ROOT/etc/multipath.conf" <<'EOF'
+defaults {
+    find_multipaths greedy
+    user_friendly_names no
+    enable_foreign "^$"
+    verbosity 2
+}
+blacklist {
+    devnode "^(ram|zram|loop|nbd|rbd|dm-|nvme|sr|fd)"
+}
+EOF
 printf '%s' "$INIT_MODULES" >"$ROOT/etc/guest-modules.conf"
+# The scene helpers of issue 12's scenarios (iSCSI/NVMe targets and hosts, stacks, multipathd).
+install -D -m 644 "$HERE/scenario-lib/transport-lib.sh" "$ROOT/usr/lib/blockjanitor/transport-lib.sh"
 printf 'KVER=%s\nKERNEL_PKG=%s\nBUILD=%s\n' "$KVER" "$KPKG" "$KEY" >"$ROOT/etc/guest-release"
 (( IS_ROOT )) && mknod -m 600 "$ROOT/dev/console" c 5 1 && mknod -m 666 "$ROOT/dev/null" c 1 3
 

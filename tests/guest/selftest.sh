@@ -12,7 +12,7 @@ t=$EPOCHREALTIME
 echo "prepare.sh: $(elapsed "$t") s"
 
 names=("$@")
-(( ${#names[@]} )) || names=(smoke smoke-vmlinuz multipath-smoke binary-smoke share-smoke tools-smoke)
+(( ${#names[@]} )) || names=(smoke smoke-vmlinuz multipath-smoke binary-smoke share-smoke tools-smoke transports-smoke)
 pass=0 failn=0
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 for n in "${names[@]}"; do

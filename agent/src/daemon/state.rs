@@ -249,13 +249,23 @@ impl AgentState {
         previous: &View,
     ) -> Result<View, String> {
         use crate::engine::World;
+        let t0 = Instant::now();
         let scan = self.engine.world.rescan_changed(changes)?;
+        let t1 = Instant::now();
         let mut scratch = self.clocks().clone();
         let judged = self.engine.judge(scan, &mut scratch);
         // It may restart a clock (it saw the device held: a mount is evidence enough), never
         // advance one.
         self.clocks().retain(|id| scratch.get(id).is_some());
-        Ok(View::of(judged, scan_number).carrying_device_reads_of(previous))
+        let t2 = Instant::now();
+        let view = View::of(judged, scan_number).carrying_device_reads_of(previous);
+        tracing::debug!(
+            read_us = (t1 - t0).as_micros() as u64,
+            judge_us = (t2 - t1).as_micros() as u64,
+            view_us = t2.elapsed().as_micros() as u64,
+            "re-read what changed"
+        );
+        Ok(view)
     }
 
     /// Reads again what the kernel reported changed and publishes the result; false when only
@@ -289,9 +299,16 @@ impl AgentState {
 
     /// Makes `view` the latest and sends what changed.
     fn publish(&self, trigger: &'static str, elapsed: Duration, view: View) {
+        let started = Instant::now();
         self.metrics.observe_scan(&self.node_name, trigger, elapsed, &view);
         let old = self.view();
         let events = diff(&old, &view);
+        tracing::debug!(
+            trigger,
+            scan_us = elapsed.as_micros() as u64,
+            publish_us = started.elapsed().as_micros() as u64,
+            "published"
+        );
         if let Ok(mut v) = self.view.write() {
             *v = Arc::new(view);
         }

@@ -10,15 +10,15 @@
 //! ([`forget_unlisted`]). At about 24 bytes a mount, the 200,000 mounts of the busy-node scene
 //! take under 5 MiB.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::model::DevNum;
 use crate::sys::mount_api;
 
-/// One remembered mount: `(unique mount ID, superblock device, filesystem magic)`.
-type Entry = (u64, DevNum, u64);
+/// One remembered mount: `(unique mount ID, superblock device, filesystem magic, mountinfo ID)`.
+pub type Entry = (u64, DevNum, u64, u32);
 
 #[derive(Default)]
 struct Memo {
@@ -56,6 +56,10 @@ pub struct TextMemo {
     pub lines: usize,
     pub bytes: usize,
     pub mounts: Vec<crate::discover::mountinfo::MountEntry>,
+    /// The namespace's listing these lines were checked against ([`consistent_listing`]):
+    /// what [`text_delta`] starts from. `None`: the text and the listing disagreed (a mount
+    /// came or went between the two reads), so the next change reads the text again.
+    pub listing: Option<Arc<Vec<Entry>>>,
 }
 
 /// One full scan in this many reads every namespace's text again, even where the mount IDs are
@@ -117,23 +121,103 @@ pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>
     let mut next: Vec<Entry> = Vec::with_capacity(ids.len());
     for &id in ids {
         let found = match known.binary_search_by_key(&id, |e| e.0) {
-            Ok(i) => Some((known[i].1, known[i].2)),
-            Err(_) => match mount_api::sb_dev(ns_id, id) {
+            Ok(i) => Some((known[i].1, known[i].2, known[i].3)),
+            Err(_) => match mount_api::sb_dev_with_old_id(ns_id, id) {
                 Ok(v) => Some(v),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
                 Err(e) => return Err(e),
             },
         };
-        if let Some((dev, magic)) = found {
-            next.push((id, dev, magic));
+        if let Some((dev, magic, old)) = found {
+            next.push((id, dev, magic, old));
         }
-        out.push(found);
+        out.push(found.map(|(dev, magic, _)| (dev, magic)));
     }
     next.sort_unstable_by_key(|e| e.0);
     if let Some(slot) = memo().namespaces.get_mut(&ns_id) {
         slot.mounts = Arc::new(next);
     }
     Ok(out)
+}
+
+/// Namespace `ns_id`'s listing as [`sb_devs`] last stored it, if it is exactly the mount IDs
+/// whose [`ids_key`] is `key` (none unmounted between `listmount` and `statmount`).
+pub fn listing(ns_id: u64, key: u64) -> Option<Arc<Vec<Entry>>> {
+    let m = memo();
+    let l = &m.namespaces.get(&ns_id)?.mounts;
+    let ids: Vec<u64> = l.iter().map(|e| e.0).collect();
+    (ids_key(&ids) == key).then(|| Arc::clone(l))
+}
+
+/// Whether mountinfo text and a listing describe the same mounts, as far as the kept lines
+/// go: every kept line is a listed mount, and every listed mount of a kind the text keeps
+/// (`kept(device, magic)`) has its line. A mount that came or went between the two reads
+/// breaks it.
+pub fn consistent_listing(
+    listing: &[Entry],
+    lines: &[crate::discover::mountinfo::MountEntry],
+    kept: impl Fn(DevNum, u64) -> bool,
+) -> bool {
+    let listed: HashSet<u32> = listing.iter().map(|e| e.3).collect();
+    let shown: HashSet<u32> = lines.iter().map(|m| m.mount_id).collect();
+    lines.iter().all(|m| listed.contains(&m.mount_id))
+        && listing.iter().filter(|e| kept(e.1, e.2)).all(|e| shown.contains(&e.3))
+}
+
+static DELTAS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a namespace's text was brought up to date by [`text_delta`] (for tests and
+/// debugging).
+pub fn deltas() -> u64 {
+    DELTAS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// How many mounts a namespace may gain or lose for [`text_delta`] to follow them with
+/// `statmount` instead of reading the text again.
+pub const DELTA_MAX: usize = 64;
+
+/// The text of namespace `ns_id` brought up to date without reading it: the lines remembered
+/// for an earlier listing read through `via`, less the mounts gone since (by their mountinfo
+/// ID), plus a line built from `statmount` for each mount added since that the text keeps
+/// (`kept(device, magic)`). `None` (read the text) when nothing is remembered, the change is
+/// larger than [`DELTA_MAX`], an added mount is btrfs (whose mounts are joined by their
+/// source text) or not reachable from the namespace's root, or `statmount` cannot say
+/// everything a line says (kernels before 6.13).
+pub fn text_delta(
+    ns_id: u64,
+    key: u64,
+    via: (u32, u32),
+    kept: impl Fn(DevNum, u64) -> bool,
+) -> Option<Arc<TextMemo>> {
+    let old = memo().texts.get(&ns_id).filter(|t| t.via == via).cloned()?;
+    let before = old.listing.clone()?;
+    let now = listing(ns_id, key)?;
+    let was: HashSet<u64> = before.iter().map(|e| e.0).collect();
+    let is: HashSet<u64> = now.iter().map(|e| e.0).collect();
+    let gone: HashSet<u32> = before.iter().filter(|e| !is.contains(&e.0)).map(|e| e.3).collect();
+    let added: Vec<&Entry> = now.iter().filter(|e| !was.contains(&e.0)).collect();
+    if gone.len() + added.len() > DELTA_MAX {
+        return None;
+    }
+    let mut mounts: Vec<_> = old.mounts.iter().filter(|m| !gone.contains(&m.mount_id)).cloned().collect();
+    for e in added.iter().filter(|e| kept(e.1, e.2)) {
+        if e.2 == mount_api::BTRFS_SUPER_MAGIC {
+            return None;
+        }
+        let stat = mount_api::stat_full(ns_id, e.0).ok()?;
+        mounts.push(crate::discover::mountinfo::entry_from_stat(&stat)?);
+    }
+    DELTAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let text = Arc::new(TextMemo {
+        ids_key: key,
+        via,
+        lines: (old.lines + added.len()).saturating_sub(gone.len()),
+        bytes: old.bytes,
+        mounts,
+        listing: Some(now),
+    });
+    memo().texts.insert(ns_id, Arc::clone(&text));
+    Some(text)
 }
 
 /// Starts a scan that lists every namespace: namespaces it does not list are forgotten by

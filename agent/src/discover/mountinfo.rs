@@ -50,6 +50,86 @@ impl MountEntry {
     }
 }
 
+/// The mountinfo line the kernel would print for a mount `statmount` described, as an entry
+/// (fs/proc_namespace.c `show_mountinfo`, `show_mnt_opts`, `show_sb_opts`). `None` for a mount
+/// not reachable from the namespace's root, which mountinfo does not show. I/O-free.
+pub fn entry_from_stat(s: &crate::sys::mount_api::MountStat) -> Option<MountEntry> {
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_ATIME: u64 = 0x70;
+    const MOUNT_ATTR_NOATIME: u64 = 0x10;
+    const MOUNT_ATTR_RELATIME: u64 = 0x0;
+    const MOUNT_ATTR_IDMAP: u64 = 0x10_0000;
+    const MS_UNBINDABLE: u64 = 1 << 17;
+    const MS_SLAVE: u64 = 1 << 19;
+    const MS_SHARED: u64 = 1 << 20;
+    const SB_RDONLY: u32 = 0x1;
+    if s.point.is_empty() {
+        return None;
+    }
+    let mut mount_options = String::from(if s.mnt_attr & MOUNT_ATTR_RDONLY != 0 { "ro" } else { "rw" });
+    for (bit, text) in [(0x2u64, ",nosuid"), (0x4, ",nodev"), (0x8, ",noexec")] {
+        if s.mnt_attr & bit != 0 {
+            mount_options.push_str(text);
+        }
+    }
+    if s.mnt_attr & MOUNT_ATTR_ATIME == MOUNT_ATTR_NOATIME {
+        mount_options.push_str(",noatime");
+    }
+    if s.mnt_attr & 0x80 != 0 {
+        mount_options.push_str(",nodiratime");
+    }
+    if s.mnt_attr & MOUNT_ATTR_ATIME == MOUNT_ATTR_RELATIME {
+        mount_options.push_str(",relatime");
+    }
+    if s.mnt_attr & 0x20_0000 != 0 {
+        mount_options.push_str(",nosymfollow");
+    }
+    if s.mnt_attr & MOUNT_ATTR_IDMAP != 0 {
+        mount_options.push_str(",idmapped");
+    }
+    let mut optional = Vec::new();
+    if s.propagation & MS_SHARED != 0 {
+        optional.push(format!("shared:{}", s.peer_group));
+    }
+    if s.propagation & MS_SLAVE != 0 {
+        optional.push(format!("master:{}", s.master));
+        if s.propagate_from != 0 && s.propagate_from != s.master {
+            optional.push(format!("propagate_from:{}", s.propagate_from));
+        }
+    }
+    if s.propagation & MS_UNBINDABLE != 0 {
+        optional.push("unbindable".to_owned());
+    }
+    let mut fstype = s.fs_type.clone();
+    if let Some(sub) = s.fs_subtype.as_ref().filter(|t| !t.is_empty()) {
+        fstype.push(b'.');
+        fstype.extend_from_slice(sub);
+    }
+    let mut super_options = if s.sb_flags & SB_RDONLY != 0 { b"ro".to_vec() } else { b"rw".to_vec() };
+    for (bit, text) in [(0x10u32, &b",sync"[..]), (0x80, b",dirsync"), (1 << 25, b",lazytime")] {
+        if s.sb_flags & bit != 0 {
+            super_options.extend_from_slice(text);
+        }
+    }
+    if let Some(o) = s.fs_opts.as_ref().filter(|o| !o.is_empty()) {
+        super_options.push(b',');
+        super_options.extend_from_slice(o);
+    }
+    let source = if s.source.is_empty() { b"none".to_vec() } else { s.source.clone() };
+    Some(MountEntry {
+        mount_id: s.mnt_id_old,
+        parent_id: s.parent_id_old,
+        devnum: s.dev,
+        root: KernelText::from_bytes(s.root.clone()),
+        mount_point: KernelText::from_bytes(s.point.clone()),
+        mount_options,
+        optional,
+        fstype: KernelText::from_bytes(fstype),
+        source: KernelText::from_bytes(source),
+        super_options: KernelText::from_bytes(super_options),
+    })
+}
+
 /// What was wrong with a mountinfo text, and on which line (1-based).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("line {line}: {reason}")]

@@ -333,7 +333,11 @@ fn read_task_ns(
             let rooted = ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t));
             // The same mount IDs read through the same task: the lines as read last time.
             if let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text) {
-                if let Some(t) = super::mount_memo::text_for(ns_id, key, task) {
+                // Else the same lines less the mounts gone, plus the added ones from statmount.
+                let memo = super::mount_memo::text_for(ns_id, key, task).or_else(|| {
+                    super::mount_memo::text_delta(ns_id, key, task, |d, m| kept_kind(wanted, d, m))
+                });
+                if let Some(t) = memo {
                     let mounts = t
                         .mounts
                         .iter()
@@ -380,8 +384,18 @@ fn read_task_ns(
                 let bytes = buf.len();
                 let all = std::mem::take(&mut mounts);
                 mounts = all.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
-                let text =
-                    super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all };
+                // Checked against the listing, so that a later change can be followed from it.
+                let listing = super::mount_memo::listing(ns_id, ids_key).filter(|l| {
+                    super::mount_memo::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m))
+                });
+                let text = super::mount_memo::TextMemo {
+                    ids_key,
+                    via: (*pid, *tid),
+                    lines,
+                    bytes,
+                    mounts: all,
+                    listing,
+                };
                 super::mount_memo::remember_text(ns_id, text);
                 return Ok(Some(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits }));
             }
@@ -391,6 +405,15 @@ fn read_task_ns(
         }
         Ok(None)
     })
+}
+
+/// `NSFS_MAGIC` from `<linux/magic.h>`: a namespace file bind-mounted (a pin).
+const NSFS_MAGIC: u64 = 0x6e73_6673;
+
+/// By `statmount`'s device and magic: the mounts whose lines a listed namespace's remembered
+/// text keeps (block devices, btrfs, nsfs pins, and whatever the scan wants).
+fn kept_kind(wanted: Wanted<'_>, d: DevNum, magic: u64) -> bool {
+    d.major != 0 || magic == NSFS_MAGIC || wanted.magic(d, magic)
 }
 
 /// What `listmount` and `statmount` say of a task's namespace.
@@ -476,4 +499,89 @@ pub fn read_pinned(
         mountinfo_bytes: text.len(),
     };
     Ok((ns, mounts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The namespace of the calling thread, as a scan sees it.
+    fn this_thread_ns() -> BTreeMap<MountNsId, MountNamespace> {
+        let id = MountNsId::from_link(
+            std::fs::read_link("/proc/thread-self/ns/mnt").expect("ns link").to_str().expect("text"),
+        )
+        .expect("mnt:[N]");
+        let task = (std::process::id(), nix::unistd::gettid().as_raw() as u32);
+        let ns = MountNamespace {
+            id,
+            pids: vec![task.0],
+            tasks: vec![task],
+            pinned_by: None,
+            read_via: None,
+            mount_count: 0,
+            mountinfo_bytes: 0,
+        };
+        BTreeMap::from([(id, ns)])
+    }
+
+    /// On the live kernel (root): a scan that only shows follows a mount added to, and removed
+    /// from, a namespace whose text it read before by `statmount` alone (the memo's delta),
+    /// and sees exactly what reading the text again sees.
+    #[test]
+    fn a_changed_namespace_is_followed_without_reading_its_text() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (a mount namespace of its own)");
+            return;
+        }
+        use nix::mount::{mount, umount2, MntFlags, MsFlags};
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
+                .expect("unshare");
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+                .expect("make / private");
+            let host = HostRoot::new("/");
+            // The device of the filesystem this test's temporary directory lives on.
+            let dir = tempfile::tempdir().expect("tempdir");
+            let dev = crate::sys::stat_cached(dir.path()).expect("stat").dev;
+            if dev.major == 0 {
+                eprintln!("SKIPPED: the temporary directory is not on a block device");
+                return;
+            }
+            let targets = HashSet::from([dev]);
+            let wanted = |reuse_text| Wanted { targets: &targets, nsfs_dev: None, reuse_text };
+            let read = |reuse_text| {
+                let mut nss = this_thread_ns();
+                let mut s = read_some(&host, &mut nss, wanted(reuse_text), MountReader::Auto);
+                assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
+                let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
+                m.sort_by_key(|m| m.mount_id);
+                m
+            };
+            let first = read(true);
+            let bind = dir.path().join("bind");
+            std::fs::create_dir(&bind).expect("mkdir");
+            for step in ["mount", "unmount"] {
+                if step == "mount" {
+                    mount(Some(dir.path()), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+                        .expect("bind");
+                } else {
+                    umount2(&bind, MntFlags::MNT_DETACH).expect("umount");
+                }
+                let before = super::super::mount_memo::deltas();
+                let followed = read(true);
+                if super::super::mount_memo::deltas() == before {
+                    eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel");
+                    return;
+                }
+                let fresh = read(false);
+                assert_eq!(followed, fresh, "after the {step}");
+                let shows_bind =
+                    followed.iter().any(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes());
+                assert_eq!(shows_bind, step == "mount", "after the {step}: {followed:?}");
+            }
+            assert_eq!(read(true), first);
+        })
+        .join()
+        .expect("the namespace thread");
+    }
 }

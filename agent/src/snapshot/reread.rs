@@ -52,12 +52,20 @@ impl Snapshot {
     ) -> Result<Snapshot, String> {
         let started = Instant::now();
         let mut next = self.clone();
+        let cloned = started.elapsed();
         if !changes.devices.is_empty() {
             next.reread_devices(host, &changes.devices, opts)?;
         }
+        let devices = started.elapsed();
         if !changes.namespaces.is_empty() {
             next.reread_namespaces(host, &changes.namespaces, opts)?;
         }
+        tracing::debug!(
+            clone_us = cloned.as_micros() as u64,
+            devices_us = (devices - cloned).as_micros() as u64,
+            namespaces_us = (started.elapsed() - devices).as_micros() as u64,
+            "snapshot re-read"
+        );
         // I/O counters are judged against time (a device that does not answer): never carried.
         let mut warnings = Vec::new();
         next.io = read_io(host, &next.devices, &next.in_scope, &mut warnings);
