@@ -608,12 +608,24 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     assert!(first.contains("rc=0") && !first.contains("iscsi_logout"), "{first}");
     let second = run.section("clean2");
     assert!(second.contains("rc=0"), "{second}");
-    let (del, logout) = (second.find("action=\"scsi_delete\""), second.find("action=\"iscsi_logout\""));
+    let (del, logout) = (
+        second.find("2. delete SCSI disk"),
+        second.find("3. log out iSCSI session1 (iqn.2026-11.io.blockjanitor:stale-a"),
+    );
     assert!(del.is_some() && logout.is_some() && del < logout, "delete first, then logout: {second}");
-    let journal = run.section("journal");
+    assert!(second[logout.unwrap_or(0)..].lines().next().is_some_and(|l| l.ends_with(": done")), "{second}");
+    // The journal: the logout's intent (with the session's identity) and its result.
+    let records: Vec<serde_json::Value> =
+        run.section("journal").lines().map(|l| serde_json::from_str(l).expect("journal line")).collect();
+    let intent = records
+        .iter()
+        .find(|r| r["phase"] == "intent" && r["step"]["action"] == "iscsi_logout")
+        .unwrap_or_else(|| panic!("no logout intent in {records:#?}"));
+    assert_eq!(intent["step"]["target"], "iqn.2026-11.io.blockjanitor:stale-a", "{intent:#}");
+    assert_eq!(intent["step"]["portal"], "127.0.0.1:3260", "{intent:#}");
     assert!(
-        journal.contains("\"action\":\"iscsi_logout\"") && journal.contains("\"result\":\"done\""),
-        "{journal}"
+        records.iter().any(|r| r["phase"] == "result" && r["id"] == intent["id"] && r["result"] == "done"),
+        "{records:#?}"
     );
     // The outage: both remaining sessions down, their disks transport-offline.
     let kernel = run.section("outage-kernel");

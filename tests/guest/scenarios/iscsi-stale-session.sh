@@ -63,8 +63,10 @@ echo "BEGIN journal"; cat /tmp/journal.jsonl; echo "END journal"
 # The whole portal goes down: every session fails; past replacement_timeout (5 s) the disks
 # go transport-offline, which alone would make C's unheld disk a candidate.
 iscsi_portal_down || fail "portal down"
-tl_wait 20 "$DC transport-offline" sh -c "[ \"\$(cat /sys/block/$DC/device/state)\" = transport-offline ]" \
-    || fail "$DC never went transport-offline"
+for d in $DB $DC; do
+    tl_wait 20 "$d transport-offline" sh -c "[ \"\$(cat /sys/block/$d/device/state)\" = transport-offline ]" \
+        || fail "$d never went transport-offline"
+done
 echo "BEGIN outage-kernel"
 for s in $SB $SC; do echo "$s $(cat /sys/class/iscsi_session/$s/state)"; done
 for d in $DB $DC; do echo "$d $(cat /sys/block/$d/device/state)"; done
