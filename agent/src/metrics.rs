@@ -18,8 +18,17 @@ use crate::view::View;
 
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
-const VERDICTS: [Verdict; 6] =
-    [Verdict::InUse, Verdict::Unused, Verdict::Suspect, Verdict::Stale, Verdict::Protected, Verdict::Unknown];
+const VERDICTS: [Verdict; 7] = [
+    Verdict::InUse,
+    Verdict::Unused,
+    Verdict::Suspect,
+    Verdict::Stale,
+    Verdict::Protected,
+    Verdict::Unknown,
+    Verdict::Outage,
+];
+/// Transports the outage guard watches (the `transport` label of `transport_outages`).
+pub const OUTAGE_TRANSPORTS: [&str; 1] = ["iscsi"];
 
 /// The agent's metrics and their registry.
 pub struct Metrics {
@@ -36,6 +45,7 @@ pub struct Metrics {
     blocked_reads: Gauge,
     nvme_controllers: GaugeVec,
     nvme_outages: GaugeVec,
+    outages: GaugeVec,
 }
 
 /// NVMe controller states (the `state` label); anything else is `other`.
@@ -117,9 +127,17 @@ impl Metrics {
             ),
             &["transport"],
         )?;
+        let outages = GaugeVec::new(
+            Opts::new(
+                "transport_outages",
+                "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.",
+            ),
+            &["transport", "scope"],
+        )?;
         for c in [
             Box::new(nvme_controllers.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(nvme_outages.clone()),
+            Box::new(outages.clone()),
             Box::new(devices.clone()),
             Box::new(holders.clone()),
             Box::new(scan_duration.clone()),
@@ -139,6 +157,11 @@ impl Metrics {
             scans.with_label_values(&[t]);
             scan_failures.with_label_values(&[t]);
         }
+        for t in OUTAGE_TRANSPORTS {
+            for sc in crate::outage::Scope::ALL {
+                outages.with_label_values(&[t, sc.as_str()]);
+            }
+        }
         for a in [
             "detach_mount",
             "detach_loop",
@@ -149,6 +172,7 @@ impl Metrics {
             "rbd_unmap",
             "nbd_disconnect",
             "nvme_delete_controller",
+            "iscsi_logout",
         ] {
             for r in ["done", "already_absent", "deferred", "failed"] {
                 actions.with_label_values(&[a, r]);
@@ -168,6 +192,7 @@ impl Metrics {
             blocked_reads,
             nvme_controllers,
             nvme_outages,
+            outages,
         })
     }
 
@@ -247,6 +272,13 @@ impl Metrics {
         }
         self.blocked_reads.set(crate::bounded::blocked_now() as f64);
         self.observe_nvme(view);
+        let mut groups: Vec<&crate::outage::Outage> =
+            view.devices.iter().filter_map(|d| d.entry.scsi.as_ref()?.outage.as_ref()).collect();
+        groups.sort_by(|a, b| (a.scope, &a.key).cmp(&(b.scope, &b.key)));
+        groups.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
+        for (scope, n) in crate::outage::count_by_scope(&groups.into_iter().cloned().collect::<Vec<_>>()) {
+            self.outages.with_label_values(&["iscsi", scope.as_str()]).set(n as f64);
+        }
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
@@ -334,5 +366,35 @@ mod tests {
             text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
             "{text}"
         );
+    }
+
+    use crate::engine::world::LinuxWorld;
+    use crate::engine::{Engine, Settings};
+    use crate::grace::Clocks;
+    use crate::host::HostRoot;
+    use crate::scan::Target;
+    use crate::snapshot::ScanOptions;
+
+    const ISCSI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi");
+
+    #[test]
+    fn transport_outages_count_each_group_once_with_bounded_labels() {
+        let m = Metrics::new().expect("metrics");
+        let zero = m.render();
+        for scope in ["target", "portal"] {
+            let series = format!("blockjanitor_transport_outages{{scope=\"{scope}\",transport=\"iscsi\"}} 0");
+            assert!(zero.contains(&series), "{series} missing from\n{zero}");
+        }
+        assert!(zero.contains("blockjanitor_actions_total{action=\"iscsi_logout\",result=\"done\"} 0"));
+        let world = LinuxWorld::new(HostRoot::new(ISCSI), ScanOptions::default(), Duration::from_secs(5));
+        let engine = Engine::new(world, Settings::default());
+        let judged = engine.judge(engine.scan(Target::All).expect("scan"), &mut Clocks::new(None));
+        let view = View::of(judged, 1);
+        m.observe_scan("node-a", "start", Duration::from_millis(1), &view);
+        let t = m.render();
+        // session2 is the only session to its target and to its portal: one group of each.
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"iscsi\"} 1"), "{t}");
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"target\",transport=\"iscsi\"} 0"), "{t}");
+        assert!(t.contains("blockjanitor_devices{kind=\"disk\",verdict=\"outage\"} 1"), "{t}");
     }
 }

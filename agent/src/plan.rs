@@ -60,6 +60,11 @@ pub enum Action {
         address: String,
         cntlid: Option<u16>,
     },
+    /// Logs out iSCSI session `sid` through iscsid (`iscsiadm -m session -r SID -u`, run in the
+    /// host's mount and network namespaces), once its disks are deleted. Carried on the step of
+    /// the session's last disk; re-checked right before it runs: the session still exists with
+    /// this target and portal, and no SCSI device is left on it.
+    IscsiLogout { sid: u32, target: String, portal: String, iface: String },
 }
 
 /// One destructive step on one device. Each is idempotent: a target already gone is a success.
@@ -79,7 +84,7 @@ fn identity_token<S: serde::Serializer>(id: &Identity, s: S) -> Result<S::Ok, S:
 }
 
 impl Step {
-    fn on(entry: &DeviceEntry, action: Action) -> Self {
+    pub(crate) fn on(entry: &DeviceEntry, action: Action) -> Self {
         Self {
             device: entry.device.name.clone(),
             devnum: entry.device.devnum,
@@ -99,6 +104,7 @@ impl Step {
             Action::RbdUnmap { .. } => "rbd_unmap",
             Action::NbdDisconnect { .. } => "nbd_disconnect",
             Action::NvmeDeleteController { .. } => "nvme_delete_controller",
+            Action::IscsiLogout { .. } => "iscsi_logout",
         }
     }
 
@@ -141,6 +147,9 @@ impl Step {
             Action::NbdDisconnect { .. } => format!("disconnect nbd device {device} (NBD_DISCONNECT)"),
             Action::NvmeDeleteController { controller, subsysnqn, transport, address, .. } => format!(
                 "delete NVMe controller {controller} ({transport} {address}, subsystem {subsysnqn}) serving {device} (delete_controller)"
+            ),
+            Action::IscsiLogout { sid, target, portal, iface } => format!(
+                "log out iSCSI session{sid} ({target} at {portal}, iface {iface}), left with no LUN once {device} is deleted, through iscsid (iscsiadm -m session -r {sid} -u)"
             ),
         }
     }
@@ -409,32 +418,10 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         }
         deleted.push(disk.device.name.clone());
     }
-    p.notes = emptied_sessions(graph, &deleted);
+    let (steps, notes) = crate::plan_iscsi::logouts(graph, &deleted, &deleted);
+    p.steps.extend(steps);
+    p.notes = notes;
     p
-}
-
-/// iSCSI sessions that have no disk left once `deleted` are gone: logging out needs iscsid,
-/// which the agent does not drive, so the plan says so.
-fn emptied_sessions(graph: &DeviceGraph, deleted: &[DeviceName]) -> Vec<String> {
-    use crate::discover::scsi::Transport;
-    let session_of = |e: &DeviceEntry| match e.scsi.as_ref().map(|s| &s.disk.transport) {
-        Some(Transport::Iscsi { session }) => Some(session.clone()),
-        _ => None,
-    };
-    let mut sessions: Vec<String> =
-        graph.devices.iter().filter(|e| deleted.contains(&e.device.name)).filter_map(session_of).collect();
-    sessions.sort();
-    sessions.dedup();
-    sessions
-        .into_iter()
-        .filter(|s| {
-            graph.devices.iter().filter(|e| session_of(e).as_ref() == Some(s)).all(|e| deleted.contains(&e.device.name))
-        })
-        .map(|s| {
-            let n = s.trim_start_matches("session");
-            format!("iSCSI {s} has no LUN left after this: log it out (iscsiadm -m session -r {n} -u); the agent does not run iscsiadm")
-        })
-        .collect()
 }
 
 /// Offline, then delete. A disk whose wwid is unknown is never touched: nothing could tell it
@@ -468,10 +455,18 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
             let held: Vec<&Holder> = entry.holders.iter().collect();
             p.held(&held, "");
         }
-        Some(_) => match scsi_steps(entry, true) {
+        // A disk planned because it is offline must still be offline when its step runs; one
+        // whose LUN its target reports gone is running, and its plan takes it offline.
+        Some(s) => match scsi_steps(entry, s.is_offline()) {
             Ok(steps) => {
                 p.steps = steps;
-                p.notes = emptied_sessions(graph, std::slice::from_ref(&d.name));
+                let (logouts, notes) = crate::plan_iscsi::logouts(
+                    graph,
+                    std::slice::from_ref(&d.name),
+                    &crate::plan_iscsi::going_with(entry, graph),
+                );
+                p.steps.extend(logouts);
+                p.notes = notes;
             }
             Err(why) => p.refuse(why),
         },

@@ -43,6 +43,9 @@ pub enum Verdict {
     /// A candidate the agent cannot vouch for: a blind spot of the scan could hide a holder of
     /// it, or the Kubernetes API should vouch for it but cannot.
     Unknown,
+    /// Behind a transport outage: every iSCSI session (NVMe-oF controller) to its target or
+    /// portal is down at once. An array or network outage, not staleness: never cleaned.
+    Outage,
 }
 
 impl Verdict {
@@ -54,6 +57,7 @@ impl Verdict {
             Self::Stale => "stale",
             Self::Protected => "protected",
             Self::Unknown => "unknown",
+            Self::Outage => "outage",
         }
     }
 }
@@ -267,6 +271,12 @@ fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
                 d.name, sc.disk.address
             ));
         }
+        if let Some(line) = sc.lun_gone.as_ref().filter(|_| sc.is_dead()) {
+            return Assessment::Candidate(format!(
+                "{} ({}): its iSCSI target reports the LUN gone (kernel log: \"{line}\"), with no holder for {{age}}",
+                d.name, sc.disk.address
+            ));
+        }
         return fin(Verdict::Unused, vec![format!("nothing holds {} ({}, {state}); a disk is not something the agent cleans while its device is not offline", d.name, sc.disk.address)]);
     }
     if let Some(n) = &e.nbd {
@@ -342,6 +352,11 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
         let d = &e.device;
         let j = if let Some(r) = gates::protection(e, &scan.protected) {
             Judgement::new(Verdict::Protected, vec![r])
+        } else if let Some(o) = outage_of(e, &scan.graph) {
+            // Not an observation of a stale device: its grace clock stops.
+            let mut reasons = vec![o.describe("iSCSI session")];
+            reasons.extend(e.holders.iter().map(Holder::describe));
+            Judgement::new(Verdict::Outage, reasons)
         } else {
             match assess(e, &scan.graph) {
                 Assessment::Final(j) => j,
@@ -429,6 +444,19 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
     }
     clocks.retain(|id| !scan.covers(id.devnum) || observed.contains(id));
     out
+}
+
+/// The outage a device sits behind: its iSCSI session's, or, for a multipath map with no
+/// active path, that of one of its paths.
+fn outage_of<'a>(e: &'a DeviceEntry, graph: &'a DeviceGraph) -> Option<&'a crate::outage::Outage> {
+    if let Some(o) = e.scsi.as_ref().and_then(|s| s.outage.as_ref()) {
+        return Some(o);
+    }
+    let m = e.multipath.as_ref().filter(|m| m.active_paths == 0)?;
+    m.paths
+        .iter()
+        .filter_map(|p| p.device.as_ref())
+        .find_map(|n| graph.devices.iter().find(|x| &x.device.name == n)?.scsi.as_ref()?.outage.as_ref())
 }
 
 /// A dead multipath map that queues I/O: its plan starts with `fail_if_no_path`, which fails
@@ -724,5 +752,101 @@ mod tests {
         assert!(held.reasons[0].starts_with("unresponsive:"), "{held:?}");
         assert!(held.reasons[0].ends_with("; waiting on it in D state: pid 4242 (qemu-nbd)"), "{held:?}");
         assert!(!held.summary.starts_with("unresponsive"), "the summary stays what it was: {held:?}");
+    }
+
+    /// A dead multipath map over iSCSI paths whose sessions are all down is an outage, not a
+    /// stale map: the map and its paths get `outage`, nothing is a candidate, no clock runs.
+    #[test]
+    fn a_dead_map_over_an_iscsi_outage_is_an_outage_not_stale() {
+        use crate::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
+        use crate::outage::{Outage, Scope};
+        use crate::storage::{MultipathView, PathView, ScsiView};
+        let judge_all = |outage: Option<Outage>| {
+            let mut map = nbd0(false, Vec::new());
+            map.nbd = None;
+            map.device.name = DeviceName::new("dm-0").expect("name");
+            map.device.devnum = DevNum::new(253, 0);
+            map.device.kind = DeviceKind::Dm;
+            map.multipath = Some(MultipathView {
+                name: "mpatha".into(),
+                uuid: "mpath-36001405aa".into(),
+                wwid: "36001405aa".into(),
+                open_count: Some(0),
+                suspended: false,
+                queue_if_no_path: Some(false),
+                paths: vec![PathView {
+                    devnum: DevNum::new(8, 0),
+                    device: Some(DeviceName::new("sda").expect("name")),
+                    state: "failed",
+                    fail_count: 1,
+                    scsi_state: Some("transport-offline".into()),
+                }],
+                active_paths: 0,
+                io_would_hang: false,
+                partitions: Vec::new(),
+            });
+            let mut disk = nbd0(false, Vec::new());
+            disk.nbd = None;
+            disk.device.name = DeviceName::new("sda").expect("name");
+            disk.device.devnum = DevNum::new(8, 0);
+            disk.device.kind = DeviceKind::Disk;
+            disk.scsi = Some(ScsiView {
+                disk: ScsiDisk {
+                    name: DeviceName::new("sda").expect("name"),
+                    devnum: DevNum::new(8, 0),
+                    address: ScsiAddress { host: 2, channel: 0, target: 0, lun: 1 },
+                    state: ScsiState::TransportOffline,
+                    vendor: "LIO-ORG".into(),
+                    model: "FILEIO".into(),
+                    wwid: Some("naa.6001405aa".into()),
+                    ioerr_cnt: 0,
+                    iorequest_cnt: 0,
+                    transport: Transport::Iscsi { session: "session1".into() },
+                },
+                transport_state: Some("failed".into()),
+                path_of: Some(DeviceName::new("dm-0").expect("name")),
+                session: None,
+                outage,
+                lun_gone: None,
+            });
+            let scan = Scan {
+                graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![map, disk] },
+                blind_spots: Vec::new(),
+                protected: HashSet::new(),
+                stats: ScanStats::default(),
+                warnings: Vec::new(),
+                taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
+                scope: None,
+            };
+            let mut clocks = Clocks::new(None);
+            let input = JudgeInput {
+                grace: Duration::ZERO,
+                max_gap: Duration::from_secs(120),
+                now: BootTime::from_since_boot(Duration::from_secs(100)),
+                api: None,
+                stalled: &HashMap::new(),
+            };
+            let mut out = judge(&scan, &mut clocks, &input);
+            let map = out.remove(&DevNum::new(253, 0)).expect("map judged");
+            let disk = out.remove(&DevNum::new(8, 0)).expect("disk judged");
+            let mut running = 0;
+            clocks.retain(|_| {
+                running += 1;
+                true
+            });
+            (map, disk, running)
+        };
+        let (map, disk, clocks) = judge_all(None);
+        assert_eq!((map.verdict, disk.verdict), (Verdict::Stale, Verdict::Stale), "{map:?}");
+        assert_eq!(clocks, 1);
+        let down =
+            Outage { scope: Scope::Portal, key: "10.0.0.1:3260".into(), members: vec!["session1".into()] };
+        let (map, disk, clocks) = judge_all(Some(down));
+        assert_eq!((map.verdict, disk.verdict), (Verdict::Outage, Verdict::Outage), "{map:?} {disk:?}");
+        assert!(
+            map.reasons[0].starts_with("outage: the only iSCSI session to portal 10.0.0.1:3260 is down"),
+            "{map:?}"
+        );
+        assert_eq!(clocks, 0, "no grace clock runs behind an outage");
     }
 }

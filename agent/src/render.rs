@@ -247,6 +247,24 @@ fn storage_lines(out: &mut String, e: &DeviceEntry) {
             sc.disk.wwid.as_deref().unwrap_or("?"),
             sc.disk.ioerr_cnt
         );
+        if let Some(s) = &sc.session {
+            let _ = writeln!(
+                out,
+                "    iscsi session{} {} at {}, iface {}, recovery_tmo {}",
+                s.detail.sid,
+                s.targetname,
+                s.detail.portal().as_deref().unwrap_or("?"),
+                s.detail.ifacename.as_deref().unwrap_or("?"),
+                s.detail.recovery_tmo.map_or("?".into(), |t| t.to_string())
+            );
+        }
+        if let Some(line) = &sc.lun_gone {
+            let _ = writeln!(out, "    target reports the LUN gone: {line}");
+        }
+        if let Some(o) = &sc.outage {
+            let _ =
+                writeln!(out, "    outage: {} {} down ({})", o.scope.as_str(), o.key, o.members.join(", "));
+        }
     }
 }
 

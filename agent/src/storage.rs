@@ -6,8 +6,9 @@ use serde::Serialize;
 
 use crate::discover::dm::DmDevice;
 use crate::discover::multipath::{Multipath, PathState};
-use crate::discover::scsi::{ScsiDisk, ScsiScan, ScsiState, Transport};
+use crate::discover::scsi::{IscsiSession, IscsiSessionState, ScsiDisk, ScsiScan, ScsiState, Transport};
 use crate::model::{DevNum, DeviceName};
+use crate::outage::{self, Outage, TransportObject};
 
 /// One path of a multipath map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -50,12 +51,29 @@ pub struct ScsiView {
     pub transport_state: Option<String>,
     /// The multipath map it is a path of.
     pub path_of: Option<DeviceName>,
+    /// Its iSCSI session (target, portal, iface, SID), when it goes through one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<IscsiSession>,
+    /// Every session to its session's target or portal is down: an outage
+    /// ([`crate::outage`]), never cleaned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outage: Option<Outage>,
+    /// Its iSCSI target answered a command with LOGICAL UNIT NOT SUPPORTED since the disk was
+    /// attached (the kernel log's line): the array unmapped the LUN.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lun_gone: Option<String>,
 }
 
 impl ScsiView {
     /// Offline for good, as far as the kernel says (`blocked` is a transport recovering).
     pub fn is_offline(&self) -> bool {
         matches!(self.disk.state, ScsiState::Offline | ScsiState::TransportOffline)
+    }
+
+    /// The kernel has given up on it, or its target said its LUN is gone (and its session is
+    /// in no outage): what makes an unheld standalone disk a cleanup candidate.
+    pub fn is_dead(&self) -> bool {
+        self.outage.is_none() && (self.is_offline() || self.lun_gone.is_some())
     }
 }
 
@@ -123,5 +141,40 @@ pub fn scsi_view(disk: &ScsiDisk, scsi: &ScsiScan, path_of: Option<DeviceName>) 
         }
         Transport::Other => None,
     };
-    ScsiView { disk: disk.clone(), transport_state, path_of }
+    let session = scsi.session_of(disk).cloned();
+    // A live session is in no outage: the groups are only computed around a dead one.
+    let outage = session.as_ref().filter(|s| !session_is_live(s, scsi)).and_then(|s| {
+        let outages = iscsi_outages(scsi);
+        outage::of(&outages, &s.name).cloned()
+    });
+    let lun_gone = scsi.luns_gone.iter().find(|(n, _)| n == disk.name.as_str()).map(|(_, line)| line.clone());
+    ScsiView { disk: disk.clone(), transport_state, path_of, session, outage, lun_gone }
+}
+
+/// Whether the kernel says an iSCSI session works: logged in, no connection down or failed,
+/// and (when it has disks) not every disk blocked or transport-offline.
+pub fn session_is_live(s: &IscsiSession, scsi: &ScsiScan) -> bool {
+    let disks: Vec<&ScsiDisk> = scsi.disks_through(&s.name).collect();
+    let all_blocked = !disks.is_empty()
+        && disks.iter().all(|d| {
+            matches!(d.state, ScsiState::Blocked | ScsiState::CreatedBlocked | ScsiState::TransportOffline)
+        });
+    s.state == IscsiSessionState::LoggedIn
+        && !s.detail.connections.iter().any(|c| c.is_down())
+        && !all_blocked
+}
+
+/// The iSCSI outages of a scan: targets and portals every session to which is down.
+pub fn iscsi_outages(scsi: &ScsiScan) -> Vec<Outage> {
+    let objects: Vec<TransportObject> = scsi
+        .iscsi_sessions
+        .iter()
+        .map(|s| TransportObject {
+            id: s.name.clone(),
+            target: s.targetname.clone(),
+            address: s.detail.portal(),
+            live: session_is_live(s, scsi),
+        })
+        .collect();
+    outage::find(&objects)
 }

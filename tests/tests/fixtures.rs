@@ -226,26 +226,52 @@ fn scan_fixture(name: &str) -> serde_json::Value {
 }
 
 #[test]
-fn iscsi_disks_show_their_session_and_an_offline_one_is_a_candidate() {
+fn iscsi_disks_show_their_session_an_outage_is_never_cleaned_and_an_emptied_session_is_logged_out() {
     let scan = scan_fixture("iscsi");
     let up = find_device(&scan, "sdc");
     assert_eq!(up["scsi"]["state"], "running");
     assert_eq!(up["scsi"]["transport"]["iscsi"]["session"], "session1", "{up:#}");
     assert_eq!(up["scsi"]["transport_state"], "logged_in");
+    assert_eq!(up["scsi"]["session"]["sid"], 1, "{up:#}");
+    assert_eq!(up["scsi"]["session"]["connections"][0]["persistent_address"], "192.168.10.20");
+    assert_eq!(up["scsi"]["session"]["ifacename"], "default");
     assert_eq!(up["verdict"], "unused");
+    // sdd is offline because session2, the only session to its target and portal, FAILED: an
+    // outage, not staleness. Never a candidate, whatever the grace period.
     let down = find_device(&scan, "sdd");
     assert_eq!(down["scsi"]["state"], "transport-offline");
     assert_eq!(down["scsi"]["transport_state"], "failed");
-    assert_eq!(down["verdict"], "suspect", "offline, but not yet for the grace period: {down:#}");
-    assert!(down["reasons"][0].as_str().expect("reason").contains("transport-offline"));
-    // With no grace the offline disk is stale, and its plan deletes it and reports the session
-    // that is left without a LUN (the agent does not log out: that needs iscsiadm).
+    assert_eq!(down["verdict"], "outage", "{down:#}");
+    let why = down["reasons"][0].as_str().expect("reason");
+    assert!(
+        why.starts_with("outage: the only iSCSI session to portal 192.168.11.20:3260 is down (session2)"),
+        "{why}"
+    );
+    assert_eq!(down["scsi"]["outage"]["scope"], "portal");
     let root = fixtures().join("iscsi").to_string_lossy().into_owned();
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sdd"]);
     let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "refused: {t}{}", text(&out.stderr));
+    assert!(t.contains("outage") && !t.contains("delete SCSI disk"), "{t}");
+    // session4 is logged in and both its LUNs are offline: each disk's plan deletes it; the
+    // session is logged out on the plan of its last disk, after the delete.
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sde"]);
+    let t = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{t}{}", text(&out.stderr));
-    assert!(t.contains("set SCSI disk sdd (4:0:0:1) offline") && t.contains("delete SCSI disk sdd"), "{t}");
-    assert!(t.contains("iSCSI session2 has no LUN left"), "{t}");
+    assert!(t.contains("delete SCSI disk sde") && !t.contains("log out iSCSI"), "{t}");
+    assert!(t.contains("the plan of sdf logs it out"), "{t}");
+    let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sdf"]);
+    let t = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{t}{}", text(&out.stderr));
+    let (del, logout) = (t.find("delete SCSI disk sdf"), t.find("log out iSCSI session4"));
+    assert!(del.is_some() && logout.is_some() && del < logout, "delete first, then log out: {t}");
+    assert!(
+        t.contains("iqn.2003-01.org.linux-iscsi.store2.x8664:sn.a at 192.168.12.31:3260, iface default"),
+        "{t}"
+    );
+    let v = agent_json(&["--root", &root, "--grace-period", "0", "clean", "sdf", "--output", "json"], 0);
+    let steps = v.to_string();
+    assert!(steps.contains("\"action\":\"iscsi_logout\"") && steps.contains("\"sid\":4"), "{v:#}");
 }
 
 #[test]

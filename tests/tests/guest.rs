@@ -850,3 +850,62 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     // The scenario itself checked the kernel's side (controller gone, mount kept, live untouched).
     assert!(run.output.contains("after clean: nvme0 gone"), "{}", run.output);
 }
+
+/// Issue 12, iSCSI (tests/guest/scenarios/iscsi-stale-session.sh): the LUNs of session A are
+/// removed on the LIO target; the agent deletes A's disks and then logs A out through iscsid;
+/// the mounted session B and the idle session C are untouched; with the whole portal down, every
+/// disk behind it is an outage and nothing is cleaned.
+#[test]
+fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_an_outage_is_never_cleaned() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("iscsi-stale-session.sh");
+    run.assert_ok();
+    // Without I/O the kernel shows nothing; the read a path checker makes logs the target's answer.
+    let quiet = run.section("kernel-after-removal");
+    assert!(quiet.contains("state=running") && quiet.contains("LOGGED_IN"), "{quiet}");
+    let read = run.section("kernel-after-read");
+    assert_eq!(read.matches("Logical unit not supported").count(), 2, "{read}");
+    let before = json_section(&run, "before");
+    assert_eq!(before["verdict"], "unused", "a running LUN nothing said is gone: {before:#}");
+    assert_eq!(before["scsi"]["session"]["targetname"], "iqn.2026-11.io.blockjanitor:stale-a", "{before:#}");
+    assert_eq!(before["scsi"]["session"]["connections"][0]["persistent_port"], 3260, "{before:#}");
+    let h = json_section(&run, "holders");
+    assert_eq!(h["verdict"], "stale", "{h:#}");
+    assert!(h["reasons"][0].as_str().expect("reason").contains("reports the LUN gone"), "{h:#}");
+    let first = run.section("clean1");
+    assert!(first.contains("rc=0") && !first.contains("iscsi_logout"), "{first}");
+    let second = run.section("clean2");
+    assert!(second.contains("rc=0"), "{second}");
+    let (del, logout) = (
+        second.find("2. delete SCSI disk"),
+        second.find("3. log out iSCSI session1 (iqn.2026-11.io.blockjanitor:stale-a"),
+    );
+    assert!(del.is_some() && logout.is_some() && del < logout, "delete first, then logout: {second}");
+    assert!(second[logout.unwrap_or(0)..].lines().next().is_some_and(|l| l.ends_with(": done")), "{second}");
+    // The journal: the logout's intent (with the session's identity) and its result.
+    let records: Vec<serde_json::Value> =
+        run.section("journal").lines().map(|l| serde_json::from_str(l).expect("journal line")).collect();
+    let intent = records
+        .iter()
+        .find(|r| r["phase"] == "intent" && r["step"]["action"] == "iscsi_logout")
+        .unwrap_or_else(|| panic!("no logout intent in {records:#?}"));
+    assert_eq!(intent["step"]["target"], "iqn.2026-11.io.blockjanitor:stale-a", "{intent:#}");
+    assert_eq!(intent["step"]["portal"], "127.0.0.1:3260", "{intent:#}");
+    assert!(
+        records.iter().any(|r| r["phase"] == "result" && r["id"] == intent["id"] && r["result"] == "done"),
+        "{records:#?}"
+    );
+    // The outage: both remaining sessions down, their disks transport-offline.
+    let kernel = run.section("outage-kernel");
+    assert_eq!(kernel.matches("transport-offline").count(), 2, "{kernel}");
+    let scan = json_section(&run, "outage-scan");
+    for d in scan["devices"].as_array().expect("devices").iter().filter(|d| d["scsi"].is_object()) {
+        assert_eq!(d["verdict"], "outage", "{d:#}");
+        assert!(d["reasons"][0].as_str().expect("reason").starts_with("outage: "), "{d:#}");
+    }
+    assert!(scan["blind_spots"].as_array().is_none_or(Vec::is_empty), "{:#}", scan["blind_spots"]);
+    let refused = run.section("outage-clean");
+    assert!(refused.contains("rc=2") && refused.contains("outage"), "{refused}");
+}

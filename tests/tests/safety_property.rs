@@ -352,6 +352,9 @@ impl Machine {
             },
             transport_state: None,
             path_of: (i > 0 && !self.devs.borrow()[0].gone).then(|| name("dm-0")),
+            session: None,
+            outage: None,
+            lun_gone: None,
         });
         let kubernetes =
             (i == 0 && (c.kubelet_pods || matches!(c.api, Api::PodUses | Api::Attached))).then(|| {

@@ -83,6 +83,9 @@ impl Actuator for LinuxActuator {
                         cntlid: *cntlid,
                     },
                 ),
+            Action::IscsiLogout { sid, target, portal, .. } => {
+                self.iscsi_logout(device, super::iscsi::PlannedSession { sid: *sid, target, portal })
+            }
         }
     }
 }

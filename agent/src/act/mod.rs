@@ -5,6 +5,7 @@
 //! Steps are run by the engine ([`crate::engine::Engine::execute`]): each journaled before and
 //! after, audited, re-checked, and skipped when a step it depends on did not finish.
 
+mod iscsi;
 pub mod linux;
 mod mapping;
 pub mod multipathd;

@@ -477,6 +477,11 @@ impl AgentState {
                 Err(e) => tracing::warn!(device = %devnum, "cannot plan: {e}"),
             }
         }
+        // A plan that logs an iSCSI session out after its disk runs after the plans that delete
+        // the session's other disks (its logout needs them gone; stable otherwise).
+        plans.sort_by_key(|p| {
+            p.steps.iter().any(|s| matches!(s.action, crate::plan::Action::IscsiLogout { .. }))
+        });
         let mut admitted = Vec::new();
         {
             let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());

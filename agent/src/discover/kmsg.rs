@@ -21,27 +21,37 @@ pub struct RbdLog {
 
 /// Reads the whole ring buffer once, without blocking. Absent or unreadable: empty.
 pub fn read_rbd(host: &HostRoot) -> RbdLog {
-    let path = host.dev_node("kmsg");
-    let Ok(mut f) = std::fs::File::options().read(true).custom_flags(libc::O_NONBLOCK).open(&path) else {
-        return RbdLog::default();
-    };
     let mut out = RbdLog::default();
+    for_each_record(host, |record| {
+        if let Some((dev, line)) = fenced_record(record) {
+            out.fenced.insert(dev, line);
+        }
+    });
+    out
+}
+
+/// Hands each record of the ring buffer to `f`, oldest first, read once without blocking.
+/// Absent or unreadable: none. (A regular file, as in a fixture tree, is split into lines.)
+pub fn for_each_record(host: &HostRoot, mut f: impl FnMut(&str)) {
+    let path = host.dev_node("kmsg");
+    let Ok(mut file) = std::fs::File::options().read(true).custom_flags(libc::O_NONBLOCK).open(&path) else {
+        return;
+    };
     // One record per read(2); EAGAIN at the end of the buffer, EPIPE when a record was
     // overwritten while we read (skip it and go on).
     let mut buf = vec![0u8; 8192];
     for _ in 0..100_000 {
-        match f.read(&mut buf) {
+        match file.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if let Some((dev, line)) = fenced_record(&String::from_utf8_lossy(&buf[..n])) {
-                    out.fenced.insert(dev, line);
+                for record in String::from_utf8_lossy(&buf[..n]).lines().filter(|l| !l.starts_with(' ')) {
+                    f(record);
                 }
             }
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
             Err(_) => break,
         }
     }
-    out
 }
 
 /// `Some((device, message))` when a kmsg record says an rbd client was blocklisted.

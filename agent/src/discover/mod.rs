@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod dm;
 pub mod fds;
 pub mod iostat;
+pub mod iscsi;
 pub mod kmsg;
 pub mod kubelet;
 pub mod livefs;

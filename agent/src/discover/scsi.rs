@@ -158,6 +158,9 @@ pub struct IscsiSession {
     pub name: String,
     pub targetname: String,
     pub state: IscsiSessionState,
+    /// SID, portal, iface, connections, host ([`super::iscsi`]).
+    #[serde(flatten)]
+    pub detail: super::iscsi::IscsiDetail,
 }
 
 /// A Fibre Channel world wide name (port or node), printed `0x%016x`.
@@ -233,6 +236,10 @@ pub struct ScsiScan {
     pub disks: Vec<ScsiDisk>,
     pub iscsi_sessions: Vec<IscsiSession>,
     pub fc_remote_ports: Vec<FcRemotePort>,
+    /// iSCSI disks whose target reports the LUN gone (kernel log), with the line
+    /// ([`super::iscsi::read_luns_gone`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub luns_gone: Vec<(String, String)>,
 }
 
 impl ScsiScan {
@@ -261,8 +268,15 @@ impl ScsiScan {
 
 /// Disks, iSCSI sessions and FC remote ports.
 pub fn scan(host: &HostRoot) -> Result<ScsiScan, DiscoverError> {
+    let disks = scan_disks(host)?;
+    let iscsi: Vec<(String, String)> = disks
+        .iter()
+        .filter(|d| matches!(d.transport, Transport::Iscsi { .. }))
+        .map(|d| (d.name.to_string(), d.address.to_string()))
+        .collect();
     Ok(ScsiScan {
-        disks: scan_disks(host)?,
+        luns_gone: super::iscsi::read_luns_gone(host, &iscsi),
+        disks,
         iscsi_sessions: scan_iscsi_sessions(host)?,
         fc_remote_ports: scan_fc_remote_ports(host)?,
     })
@@ -373,7 +387,13 @@ pub fn scan_iscsi_sessions(host: &HostRoot) -> Result<Vec<IscsiSession>, Discove
             "FREE" => IscsiSessionState::Free,
             _ => return Err(DiscoverError::attr(&state_path, &state_text, "LOGGED_IN, FAILED or FREE")),
         };
-        out.push(IscsiSession { targetname: read_attr(&dir.join("targetname"))?, state, name });
+        let detail = super::iscsi::read_detail(host, &dir, &name)?;
+        out.push(IscsiSession {
+            targetname: read_attr(&dir.join("targetname"))?.trim().to_owned(),
+            state,
+            name,
+            detail,
+        });
     }
     Ok(out)
 }
@@ -437,7 +457,7 @@ mod tests {
     fn iscsi_tree() {
         let s = scan(&HostRoot::new(ISCSI)).expect("scan");
         let names: Vec<&str> = s.disks.iter().map(|d| d.name.as_str()).collect();
-        assert_eq!(names, ["sdc", "sdd"]);
+        assert_eq!(names, ["sdc", "sdd", "sde", "sdf"]);
 
         let sdc = &s.disks[0];
         assert_eq!(sdc.devnum, DevNum::new(8, 32));
@@ -451,6 +471,13 @@ mod tests {
         assert_eq!(session.name, "session1");
         assert_eq!(session.state, IscsiSessionState::LoggedIn);
         assert!(session.targetname.starts_with("iqn.2006-08.com.huawei:oceanstor:"));
+        assert_eq!(session.detail.sid, 1);
+        assert_eq!(session.detail.portal().as_deref(), Some("192.168.10.20:3260"));
+        let host = session.detail.host.as_ref().expect("iscsi_host");
+        assert_eq!(
+            (host.name.as_str(), host.ipaddress.as_deref(), host.netdev.as_deref()),
+            ("host3", Some("192.168.12.5"), None)
+        );
 
         let sdd = &s.disks[1];
         assert_eq!(sdd.state, ScsiState::TransportOffline);
@@ -468,6 +495,7 @@ mod tests {
             .map(|x| x.name.as_str())
             .collect();
         assert_eq!(empty, ["session3"]);
+        assert_eq!(s.disks_through("session4").count(), 2);
         assert!(s.fc_remote_ports.is_empty());
     }
 

@@ -317,6 +317,11 @@ impl<W: World> Engine<W> {
             // resolved without symlinks) itself; a release destroys no data.
             return None;
         }
+        if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
+            // Its disk was deleted by the steps before it (which it depends on): the actuator
+            // re-reads the session itself (same target and portal, no SCSI device left on it).
+            return None;
+        }
         let fresh = match self.world.scan(Target::Device(step.devnum)) {
             Ok(s) => s,
             // Gone: the actuator finds it gone too and reports it already absent.

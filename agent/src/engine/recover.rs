@@ -140,6 +140,38 @@ pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
     }
 }
 
+/// Resolves an interrupted `iscsi_logout` against the session as sysfs shows it now
+/// (`(target, portal)`, `None`: gone). Pure.
+pub fn resolve_logout(i: &Interrupted, now: Option<&(String, Option<String>)>) -> Resolved {
+    let sid = i.step.get("sid").and_then(Value::as_u64).unwrap_or_default();
+    let planned_target = i.step.get("target").and_then(Value::as_str).unwrap_or_default();
+    let planned_portal = i.step.get("portal").and_then(Value::as_str).unwrap_or_default();
+    let what = format!(
+        "the logout of iSCSI session{sid} ({planned_target} at {planned_portal}) was interrupted (the agent stopped after writing its intent, before its result)"
+    );
+    match now {
+        None => Resolved {
+            word: "in_place",
+            detail: format!("{what}; session{sid} is no longer in sysfs: logged out, nothing to repeat"),
+        },
+        Some((target, portal)) if target != planned_target || portal.as_deref() != Some(planned_portal) => {
+            Resolved {
+                word: "identity_changed",
+                detail: format!(
+                    "{what}; session{sid} now logs in to {target} at {}: another session, never logged out for this step",
+                    portal.as_deref().unwrap_or("an unknown portal")
+                ),
+            }
+        }
+        Some(_) => Resolved {
+            word: "replan",
+            detail: format!(
+                "{what}; session{sid} is still logged in: the agent logs a session out only on the plan of its last disk, so it is reported (no LUN) and left for `iscsiadm -m session -r {sid} -u`"
+            ),
+        },
+    }
+}
+
 /// A changed identity that is the step's own doing: an unbound loop device after `detach_loop`,
 /// a disconnected nbd device after `nbd_disconnect` (same name and number, nothing bound).
 fn changed_by_the_step_itself(i: &Interrupted, entry: &DeviceEntry, now: &Identity) -> Option<String> {
@@ -236,6 +268,26 @@ impl<W: World> Engine<W> {
                 out.left_open.push((i.id, why));
                 continue;
             }
+            if i.action == "iscsi_logout" {
+                // Its disk is gone by design: the session is what the step was about.
+                let sid = i.step.get("sid").and_then(Value::as_u64).and_then(|s| u32::try_from(s).ok());
+                let now = match sid.map(|sid| self.world.iscsi_session(sid)) {
+                    Some(Ok(now)) => now,
+                    Some(Err(why)) => {
+                        out.left_open.push((i.id, format!("cannot re-read the session: {why}")));
+                        continue;
+                    }
+                    None => {
+                        out.left_open.push((i.id, "malformed intent: no step.sid".into()));
+                        continue;
+                    }
+                };
+                let resolved = resolve_logout(&i, now.as_ref());
+                journal.recovered(&i.id, resolved.word, &resolved.detail)?;
+                tracing::warn!(target: "audit", phase = "recovered", action = %i.action, device = %i.device, identity = %i.identity, result = resolved.word, detail = %resolved.detail, journal_id = %i.id);
+                out.resolved.push((i, resolved));
+                continue;
+            }
             let resolved = match self.scan(Target::Device(i.devnum)) {
                 Ok(scan) => resolve(&i, scan.entry(i.devnum)),
                 Err(EngineError::NotFound(_)) => resolve(&i, None),
@@ -306,6 +358,9 @@ mod tests {
             },
             transport_state: None,
             path_of: None,
+            session: None,
+            outage: None,
+            lun_gone: None,
         });
         e
     }
@@ -400,6 +455,26 @@ mod tests {
         assert!(r.detail.contains("controller nvme0 no longer serves nvme0n1"), "{}", r.detail);
         // Still there: planned again from a fresh scan.
         assert_eq!(resolve(&i, Some(&planned)).word, "replan");
+    }
+
+    #[test]
+    fn an_interrupted_logout_is_resolved_against_the_session_not_the_deleted_disk() {
+        let i = intent(
+            &disk(5, ScsiState::Offline),
+            serde_json::json!({"action": "iscsi_logout", "sid": 4, "target": "iqn.t:a", "portal": "10.0.0.1:3260", "iface": "default"}),
+            42,
+        );
+        let r = resolve_logout(&i, None);
+        assert_eq!(r.word, "in_place", "{}", r.detail);
+        assert!(r.detail.contains("session4 is no longer in sysfs"), "{}", r.detail);
+        let same = ("iqn.t:a".to_owned(), Some("10.0.0.1:3260".to_owned()));
+        let r = resolve_logout(&i, Some(&same));
+        assert_eq!(r.word, "replan", "{}", r.detail);
+        assert!(r.detail.contains("iscsiadm -m session -r 4 -u"), "{}", r.detail);
+        let other = ("iqn.t:b".to_owned(), Some("10.0.0.1:3260".to_owned()));
+        assert_eq!(resolve_logout(&i, Some(&other)).word, "identity_changed");
+        let moved = ("iqn.t:a".to_owned(), None);
+        assert_eq!(resolve_logout(&i, Some(&moved)).word, "identity_changed");
     }
 
     #[test]

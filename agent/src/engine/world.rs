@@ -54,6 +54,11 @@ pub trait World {
     fn agent_alive(&self, _pid: u32) -> bool {
         false
     }
+    /// iSCSI session `sid` as sysfs shows it now: `(target, portal)`, `None` when it is gone
+    /// (crash recovery of a logout). A world without iSCSI cannot say.
+    fn iscsi_session(&self, sid: u32) -> Result<Option<(String, Option<String>)>, String> {
+        Err(format!("this world cannot read iSCSI session{sid}"))
+    }
 }
 
 /// `PROC_PID_INIT_INO`: the inode of the initial PID namespace, fixed by the kernel.
@@ -190,6 +195,13 @@ impl World for LinuxWorld {
 
     fn now(&self) -> BootTime {
         BootTime::now()
+    }
+
+    fn iscsi_session(&self, sid: u32) -> Result<Option<(String, Option<String>)>, String> {
+        use crate::discover::iscsi;
+        let Some(d) = iscsi::detail(&self.host, sid).map_err(|e| e.to_string())? else { return Ok(None) };
+        let target = iscsi::targetname(&self.host, sid).map_err(|e| e.to_string())?.unwrap_or_default();
+        Ok(Some((target, d.portal())))
     }
 
     fn agent_alive(&self, pid: u32) -> bool {

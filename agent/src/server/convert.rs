@@ -51,6 +51,7 @@ pub fn verdict(v: Verdict) -> pb::Verdict {
         Verdict::Stale => pb::Verdict::Stale,
         Verdict::Protected => pb::Verdict::Protected,
         Verdict::Unknown => pb::Verdict::Unknown,
+        Verdict::Outage => pb::Verdict::Outage,
     }
 }
 
@@ -141,6 +142,31 @@ pub fn device(v: &DeviceView) -> pb::Device {
         last_seen_scan: v.last_seen_scan,
         stack: crate::stack::layer_of(d).as_ref().map(stack_layer),
         nvme: v.entry.nvme.as_ref().map(nvme),
+        iscsi_session: v.entry.scsi.as_ref().and_then(|s| s.session.as_ref()).map(iscsi_session),
+        outage: v
+            .entry
+            .scsi
+            .as_ref()
+            .and_then(|s| s.outage.as_ref())
+            .map(|o| format!("{} {}", o.scope.as_str(), o.key))
+            .unwrap_or_default(),
+    }
+}
+
+fn iscsi_session(s: &crate::discover::scsi::IscsiSession) -> pb::IscsiSessionInfo {
+    let state = serde_json::to_value(s.state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_ascii_uppercase))
+        .unwrap_or_default();
+    pb::IscsiSessionInfo {
+        sid: s.detail.sid,
+        target: s.targetname.clone(),
+        portal: s.detail.portal().unwrap_or_default(),
+        state,
+        iface: s.detail.ifacename.clone().unwrap_or_default(),
+        tpgt: s.detail.tpgt.unwrap_or_default(),
+        recovery_tmo: s.detail.recovery_tmo.unwrap_or_default(),
+        initiator: s.detail.initiatorname.clone().unwrap_or_default(),
     }
 }
 
