@@ -28,7 +28,7 @@ const VERDICTS: [Verdict; 7] = [
     Verdict::Outage,
 ];
 /// Transports the outage guard watches (the `transport` label of `transport_outages`).
-pub const OUTAGE_TRANSPORTS: [&str; 1] = ["iscsi"];
+pub const OUTAGE_TRANSPORTS: [&str; 2] = ["iscsi", "nvme"];
 
 /// The agent's metrics and their registry.
 pub struct Metrics {
@@ -223,6 +223,11 @@ impl Metrics {
             let n = outages.values().filter(|ot| **ot == t).count();
             self.nvme_outages.with_label_values(&[t]).set(n as f64);
         }
+        // The same groups in the transport-agnostic series: an array address is a portal, a
+        // subsystem NQN a target.
+        let portals = outages.keys().filter(|k| k.starts_with("traddr=")).count();
+        self.outages.with_label_values(&["nvme", "portal"]).set(portals as f64);
+        self.outages.with_label_values(&["nvme", "target"]).set((outages.len() - portals) as f64);
     }
 
     /// Records a finished scan of `node` and the state it found.
@@ -362,6 +367,10 @@ mod tests {
         );
         assert!(text.contains("blockjanitor_nvme_controllers{state=\"live\",transport=\"tcp\"} 0"), "{text}");
         assert!(text.contains("blockjanitor_nvme_outage_targets{transport=\"tcp\"} 1"), "{text}");
+        assert!(
+            text.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"nvme\"} 1"),
+            "{text}"
+        );
         assert!(
             text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
             "{text}"

@@ -183,6 +183,9 @@ fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
             crate::nvme::Assessment::Final { in_use, unknown, reasons } => fin(
                 if in_use {
                     Verdict::InUse
+                } else if unknown && e.nvme.as_ref().is_some_and(|n| n.outage.is_some()) {
+                    // Every controller to its target is down at once: the transports' outage guard.
+                    Verdict::Outage
                 } else if unknown {
                     Verdict::Unknown
                 } else {

@@ -843,7 +843,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert!(clean_c.contains("live") && clean_c.contains("rc=2"), "{clean_c}");
     // Every controller to 127.0.0.1 down at once: an outage, nothing cleaned.
     let outage = json_section(&run, "outage");
-    assert_eq!(outage["verdict"], "unknown", "{outage:#}");
+    assert_eq!(outage["verdict"], "outage", "{outage:#}");
     assert!(outage["reasons"][0].as_str().expect("reason").starts_with("outage:"), "{outage:#}");
     let co = run.section("clean_outage");
     assert!(co.contains("outage") && co.contains("rc=2"), "{co}");
