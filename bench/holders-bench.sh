@@ -16,6 +16,8 @@
 #
 # Environment:
 #   AGENT          agent binary   (/work/main/target/release/blockjanitor-agent)
+#   AGENT_BASE     optional: a baseline agent binary (e.g. the previous release) timed in the
+#                  same hyperfine run as agent-base, with the ratio agent / agent-base
 #   BENCH_WARMUP   hyperfine --warmup  (2)
 #   BENCH_RUNS     hyperfine --runs    (10)
 #   RESULTS_DIR    output directory    (<this dir>/results)
@@ -144,6 +146,11 @@ MD=$RESULTS_DIR/holders-bench-$STAMP.md
 hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON"
     -n grep "$CMD_GREP" -n floor "$CMD_FLOOR")
 if [ "$HAVE_AGENT" -eq 1 ]; then hf_args+=(-n agent "$CMD_AGENT" -n agent-mountinfo "$CMD_AGENT_TEXT"); fi
+CMD_BASE=""
+if [ -n "${AGENT_BASE:-}" ] && [ -x "$AGENT_BASE" ]; then
+    CMD_BASE="$AGENT_BASE holders $DEV --output json > /dev/null"
+    hf_args+=(-n agent-base "$CMD_BASE")
+fi
 log "hyperfine $(printf '%q ' "${hf_args[@]}")"
 hyperfine "${hf_args[@]}"
 
@@ -183,6 +190,7 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         row agent "blockjanitor-agent (auto: statmount prefilter)"
         row agent-mountinfo "blockjanitor-agent --mount-reader mountinfo"
     fi
+    if [ -n "$CMD_BASE" ]; then row agent-base "baseline agent (\$AGENT_BASE)"; fi
     echo
     echo "- grep / floor: $(ratio "$GREP_MED" "$FLOOR_MED")x"
     if [ "$HAVE_AGENT" -eq 1 ]; then
@@ -191,6 +199,9 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         echo "- agent / floor: $(ratio "$AGENT_MED" "$FLOOR_MED")x (1.00 = as fast as just reading mountinfo once per namespace)"
         TEXT_MED=$(median agent-mountinfo)
         echo "- grep / agent-mountinfo: $(ratio "$GREP_MED" "$TEXT_MED")x; agent-mountinfo / floor: $(ratio "$TEXT_MED" "$FLOOR_MED")x"
+        if [ -n "$CMD_BASE" ]; then
+            echo "- agent / agent-base: $(ratio "$AGENT_MED" "$(median agent-base)")x (the baseline agent: \`$AGENT_BASE\`)"
+        fi
         echo "- agent peak RSS: ${AGENT_RSS_KB} KiB ($(awk -v k="$AGENT_RSS_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB), /usr/bin/time -v, one run"
     fi
     if [ -n "$AGENT_NOTE" ]; then echo "- Note: $AGENT_NOTE"; fi
