@@ -871,9 +871,14 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     assert_eq!(before["verdict"], "unused", "a running LUN nothing said is gone: {before:#}");
     assert_eq!(before["scsi"]["session"]["targetname"], "iqn.2026-11.io.blockjanitor:stale-a", "{before:#}");
     assert_eq!(before["scsi"]["session"]["connections"][0]["persistent_port"], 3260, "{before:#}");
+    // Within the grace period: suspect, and a clean refuses; after it: stale.
     let h = json_section(&run, "holders");
-    assert_eq!(h["verdict"], "stale", "{h:#}");
+    assert_eq!(h["verdict"], "suspect", "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("reports the LUN gone"), "{h:#}");
+    let soon = run.section("too-soon");
+    assert!(!soon.contains("rc=0") && !soon.contains(": done"), "nothing before the grace period: {soon}");
+    let h = json_section(&run, "holders-after");
+    assert_eq!(h["verdict"], "stale", "{h:#}");
     let first = run.section("clean1");
     assert!(first.contains("rc=0") && !first.contains("iscsi_logout"), "{first}");
     let second = run.section("clean2");

@@ -315,14 +315,17 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     sh("mount", &["--make-shared", kubelet.to_str().expect("utf8")]);
     let sock_dir = s.mkdir("run-blockjanitor");
     let state_dir = s.mkdir("var-lib-blockjanitor");
+    let multipath_dir = s.mkdir("etc-multipath");
     let k = kubelet.to_str().expect("utf8").to_owned();
     // Host paths of the DaemonSet, moved for the test: the kubelet directory (at the same path
-    // inside), the socket and state directories; /sys and /dev are the host's own.
+    // inside), the socket, state and multipath directories; /sys and /dev are the host's own.
     let moved = |host_path: &str, mount_path: &str| -> (String, String) {
         match host_path {
             "/var/lib/kubelet" => (k.clone(), k.clone()),
             "/run/blockjanitor" => (sock_dir.display().to_string(), mount_path.to_owned()),
             "/var/lib/blockjanitor" => (state_dir.display().to_string(), mount_path.to_owned()),
+            // multipathd's wwids file: a scratch directory, never this machine's /etc/multipath.
+            "/etc/multipath" => (multipath_dir.display().to_string(), mount_path.to_owned()),
             "/sys" | "/dev" => (host_path.to_owned(), mount_path.to_owned()),
             other => panic!("the DaemonSet mounts host path {other}, which this test does not know"),
         }

@@ -12,7 +12,7 @@
 set -u
 . /usr/lib/blockjanitor/transport-lib.sh
 A=/extra/bin/blockjanitor-agent
-J="--journal /tmp/journal.jsonl"
+J="--journal /tmp/journal.jsonl --state /tmp/state.json"
 fail() { echo "FAIL: $*"; exit 1; }
 T0=$(tl_now)
 TA=iqn.2026-11.io.blockjanitor:stale-a
@@ -48,10 +48,17 @@ for d in $A1 $A2; do echo "$d state=$(cat /sys/block/$d/device/state) ioerr=$(ca
 dmesg | grep "Logical unit not supported"
 echo "END kernel-after-read"
 
-echo "BEGIN holders"; $A $J holders $A1 --grace-period 0 --output json; echo "END holders"
+# A grace period of 3 s: the first look starts each disk's clock (the one-shot CLI keeps its
+# clocks in its state file), a clean before it has run refuses, one after it acts.
+G="--grace-period 3"
+echo "BEGIN holders"; $A $J holders $A1 $G --output json; echo "END holders"
+$A $J holders $A2 $G --output json >/dev/null
+echo "BEGIN too-soon"; $A $J clean $A1 $G --apply; echo "rc=$?"; echo "END too-soon"
+sleep 4
+echo "BEGIN holders-after"; $A $J holders $A1 $G --output json; echo "END holders-after"
 T1=$(tl_now)
-echo "BEGIN clean1"; $A $J clean $A1 --grace-period 0 --apply; echo "rc=$?"; echo "END clean1"
-echo "BEGIN clean2"; $A $J clean $A2 --grace-period 0 --apply; echo "rc=$?"; echo "END clean2"
+echo "BEGIN clean1"; $A $J clean $A1 $G --apply; echo "rc=$?"; echo "END clean1"
+echo "BEGIN clean2"; $A $J clean $A2 $G --apply; echo "rc=$?"; echo "END clean2"
 echo "agent cleanup took $(tl_since $T1) s"
 [ ! -e /sys/block/$A1 ] && [ ! -e /sys/block/$A2 ] || fail "A's disks are still there"
 [ ! -e /sys/class/iscsi_session/$SA ] || fail "$SA is still logged in"
