@@ -198,6 +198,23 @@ pub struct DeviceGraph {
 }
 
 impl DeviceEntry {
+    /// A device with these holders and nothing else known of it (no transport view, no
+    /// Kubernetes owner, no I/O counters): what a scan fills in, and what tests start from.
+    pub fn new(device: BlockDevice, holders: Vec<Holder>) -> Self {
+        Self {
+            device,
+            holders,
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: None,
+            nvme: None,
+            kubernetes: None,
+            io: None,
+        }
+    }
+
     /// The WWID multipath-tools uses for a SCSI disk (`3<naa>`, `2<eui>`, else the raw
     /// `device/wwid`) or a multipath map (its dm uuid without `mpath-`); "" otherwise.
     pub fn wwid(&self) -> String {

@@ -406,6 +406,24 @@ pub struct BlockDevice {
 }
 
 impl BlockDevice {
+    /// A writable device of `size_bytes` with nothing stacked on or under it, no loop or dm
+    /// binding and no `diskseq` yet: what a scanner fills in, and what tests start from.
+    pub fn new(name: DeviceName, devnum: DevNum, kind: DeviceKind, size_bytes: u64) -> Self {
+        Self {
+            name,
+            devnum,
+            kind,
+            size_bytes,
+            read_only: false,
+            parent: None,
+            holders: Vec::new(),
+            slaves: Vec::new(),
+            loop_info: None,
+            dm: None,
+            diskseq: None,
+        }
+    }
+
     /// A loop device with no backing file: present in /sys but unused.
     pub fn is_unbound_loop(&self) -> bool {
         self.kind == DeviceKind::Loop && self.loop_info.is_none()

@@ -406,31 +406,13 @@ pub(crate) mod test_support {
             .iter()
             .enumerate()
             .map(|(i, h)| {
+                let devnum = DevNum::new(259, i as u32 * 2 + 1);
                 let device = BlockDevice {
-                    name: name(h),
-                    devnum: DevNum::new(259, i as u32 * 2 + 1),
-                    kind: DeviceKind::NvmeNamespace,
-                    size_bytes: 16 << 20,
-                    read_only: false,
-                    parent: None,
-                    holders: Vec::new(),
-                    slaves: Vec::new(),
-                    loop_info: None,
-                    dm: None,
                     diskseq: Some(14 + i as u64),
+                    ..BlockDevice::new(name(h), devnum, DeviceKind::NvmeNamespace, 16 << 20)
                 };
-                DeviceEntry {
-                    nvme: view(&scan, &outages, &device),
-                    device,
-                    holders: Vec::new(),
-                    kernel_threads: Vec::new(),
-                    multipath: None,
-                    scsi: None,
-                    rbd: None,
-                    nbd: None,
-                    kubernetes: None,
-                    io: None,
-                }
+                let nvme = view(&scan, &outages, &device);
+                DeviceEntry { nvme, ..DeviceEntry::new(device, Vec::new()) }
             })
             .collect();
         mark_held_siblings(&mut out);

@@ -600,38 +600,20 @@ mod tests {
     fn nbd0(server_alive: bool, holders: Vec<Holder>) -> DeviceEntry {
         let name = DeviceName::new("nbd0").expect("name");
         let devnum = DevNum::new(43, 0);
-        DeviceEntry {
-            device: BlockDevice {
-                name: name.clone(),
-                devnum,
-                kind: DeviceKind::Nbd,
-                size_bytes: 1 << 30,
-                read_only: false,
-                parent: None,
-                holders: Vec::new(),
-                slaves: Vec::new(),
-                loop_info: None,
-                dm: None,
-                diskseq: Some(7),
-            },
-            holders,
-            kernel_threads: Vec::new(),
-            multipath: None,
-            scsi: None,
-            rbd: None,
-            nbd: Some(NbdDevice {
-                device: name,
-                devnum,
-                pid: Some(4242),
-                server_alive,
-                server_cmdline: Some(KernelText::from(CMDLINE)),
-                server_comm: Some(KernelText::from("qemu-nbd")),
-                backend: None,
-            }),
-            nvme: None,
-            kubernetes: None,
-            io: None,
-        }
+        let device = BlockDevice {
+            diskseq: Some(7),
+            ..BlockDevice::new(name.clone(), devnum, DeviceKind::Nbd, 1 << 30)
+        };
+        let nbd = NbdDevice {
+            device: name,
+            devnum,
+            pid: Some(4242),
+            server_alive,
+            server_cmdline: Some(KernelText::from(CMDLINE)),
+            server_comm: Some(KernelText::from("qemu-nbd")),
+            backend: None,
+        };
+        DeviceEntry { nbd: Some(nbd), ..DeviceEntry::new(device, holders) }
     }
 
     /// The server holding the device node open, as qemu-nbd does.
@@ -652,15 +634,10 @@ mod tests {
 
     fn judge_stalled(entry: DeviceEntry, grace: Duration, stall: Option<Stall>) -> Judgement {
         let devnum = entry.device.devnum;
-        let scan = Scan {
-            graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry] },
-            blind_spots: Vec::new(),
-            protected: HashSet::new(),
-            stats: ScanStats::default(),
-            warnings: Vec::new(),
-            taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
-            scope: None,
-        };
+        let scan = Scan::complete(
+            DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry] },
+            BootTime::from_since_boot(Duration::from_secs(100)),
+        );
         let mut clocks = Clocks::new(None);
         let input = JudgeInput {
             grace,
@@ -812,15 +789,10 @@ mod tests {
                 outage,
                 lun_gone: None,
             });
-            let scan = Scan {
-                graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![map, disk] },
-                blind_spots: Vec::new(),
-                protected: HashSet::new(),
-                stats: ScanStats::default(),
-                warnings: Vec::new(),
-                taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
-                scope: None,
-            };
+            let scan = Scan::complete(
+                DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![map, disk] },
+                BootTime::from_since_boot(Duration::from_secs(100)),
+            );
             let mut clocks = Clocks::new(None);
             let input = JudgeInput {
                 grace: Duration::ZERO,

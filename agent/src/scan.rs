@@ -42,6 +42,20 @@ pub struct Scan {
 }
 
 impl Scan {
+    /// A scan of `graph` that saw everything (no blind spot, nothing protected, no warning),
+    /// taken at `taken_at`: what simulated worlds and tests hand the policy.
+    pub fn complete(graph: DeviceGraph, taken_at: BootTime) -> Self {
+        Self {
+            graph,
+            blind_spots: Vec::new(),
+            protected: HashSet::new(),
+            stats: ScanStats::default(),
+            warnings: Vec::new(),
+            taken_at,
+            scope: None,
+        }
+    }
+
     /// The entry of one device.
     pub fn entry(&self, devnum: DevNum) -> Option<&DeviceEntry> {
         self.graph.get(devnum)

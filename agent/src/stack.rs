@@ -454,8 +454,8 @@ mod tests {
         holders: &[&str],
     ) -> DeviceEntry {
         let n = |s: &&str| DeviceName::new(s).expect("name");
-        DeviceEntry {
-            device: BlockDevice {
+        DeviceEntry::new(
+            BlockDevice {
                 name: DeviceName::new(name).expect("name"),
                 devnum: DevNum::new(254, minor),
                 kind: DeviceKind::Dm,
@@ -468,7 +468,7 @@ mod tests {
                 dm: Some(DmInfo { name: dm_name.into(), uuid: uuid.into(), suspended: false }),
                 diskseq: None,
             },
-            holders: holders
+            holders
                 .iter()
                 .map(|h| {
                     let mut x = Holder::bare(HolderKind::StackedDevice);
@@ -476,15 +476,7 @@ mod tests {
                     x
                 })
                 .collect(),
-            kernel_threads: Vec::new(),
-            multipath: None,
-            scsi: None,
-            rbd: None,
-            nbd: None,
-            nvme: None,
-            kubernetes: None,
-            io: None,
-        }
+        )
     }
 
     fn mount(host: bool) -> Holder {
@@ -594,7 +586,7 @@ mod tests {
 
     // ---- the policy, the plan and the re-check over a stack -------------------------------
 
-    use std::collections::{HashMap, HashSet};
+    use std::collections::HashMap;
     use std::time::Duration;
 
     use crate::act::probe::{Claim, KernelWord};
@@ -604,18 +596,9 @@ mod tests {
     use crate::plan::{self, Action};
     use crate::policy::{self, Judgement, Verdict};
     use crate::scan::Scan;
-    use crate::snapshot::ScanStats;
 
     fn scan_of(g: DeviceGraph) -> Scan {
-        Scan {
-            graph: g,
-            blind_spots: Vec::new(),
-            protected: HashSet::new(),
-            stats: ScanStats::default(),
-            warnings: Vec::new(),
-            taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
-            scope: None,
-        }
+        Scan::complete(g, BootTime::from_since_boot(Duration::from_secs(100)))
     }
 
     fn judge(scan: &Scan) -> HashMap<DevNum, Judgement> {

@@ -239,28 +239,7 @@ pub mod mount_api {
     /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount, and its filesystem's
     /// magic number (`BTRFS_SUPER_MAGIC`...).
     pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64)> {
-        let req =
-            MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: STATMOUNT_SB_BASIC, mnt_ns_id: ns_id };
-        let mut buf = std::mem::MaybeUninit::<StatmountBuf>::zeroed();
-        // SAFETY: `req` is valid; `buf` is writable for its full size, which we pass.
-        let rc = unsafe {
-            libc::syscall(
-                SYS_STATMOUNT,
-                &req as *const MntIdReq,
-                buf.as_mut_ptr(),
-                std::mem::size_of::<StatmountBuf>(),
-                0,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: zero-initialised and then filled by the kernel; every bit pattern is valid.
-        let b = unsafe { buf.assume_init() };
-        if b.mask & STATMOUNT_SB_BASIC == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-        }
-        Ok((DevNum::new(b.sb_dev_major, b.sb_dev_minor), b.sb_magic))
+        sb_dev_with_old_id(ns_id, mnt_id).map(|(dev, magic, _)| (dev, magic))
     }
 
     /// Like [`sb_dev`], with the mount's mountinfo ID (`mnt_id_old`, field 1 of its line),
@@ -460,7 +439,7 @@ pub fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -518,11 +497,7 @@ mod tests {
             return;
         }
         use nix::mount::{mount, MsFlags};
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
-                .expect("unshare");
-            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-                .expect("make / private");
+        in_private_mount_namespace(|| {
             let dir = tempfile::tempdir().expect("tempdir");
             let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"a b\tc\\d\xff"));
             let bind = dir.path().join("bind");
@@ -543,6 +518,19 @@ mod tests {
             .expect("read-only");
             let n = compare_statmount_with_mountinfo("/proc/thread-self");
             assert!(n >= 3, "compared {n} lines");
+        });
+    }
+
+    /// Runs `f` on a thread of its own in a new mount namespace, a private copy of this one
+    /// (root only): mounts made there reach no other namespace.
+    pub(crate) fn in_private_mount_namespace(f: impl FnOnce() + Send + 'static) {
+        use nix::mount::{mount, MsFlags};
+        std::thread::spawn(move || {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
+                .expect("unshare");
+            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+                .expect("make / private");
+            f();
         })
         .join()
         .expect("the namespace thread");

@@ -534,11 +534,7 @@ mod tests {
             return;
         }
         use nix::mount::{mount, umount2, MntFlags, MsFlags};
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
-                .expect("unshare");
-            mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
-                .expect("make / private");
+        crate::sys::tests::in_private_mount_namespace(|| {
             let host = HostRoot::new("/");
             // The device of the filesystem this test's temporary directory lives on.
             let dir = tempfile::tempdir().expect("tempdir");
@@ -580,8 +576,6 @@ mod tests {
                 assert_eq!(shows_bind, step == "mount", "after the {step}: {followed:?}");
             }
             assert_eq!(read(true), first);
-        })
-        .join()
-        .expect("the namespace thread");
+        });
     }
 }

@@ -385,7 +385,6 @@ fn not_stale(p: &Plan, judgement: Option<&Judgement>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
-    use std::collections::HashSet;
 
     use super::*;
     use crate::act::probe::{Claim, KernelWord};
@@ -396,7 +395,6 @@ mod tests {
     use crate::kube::ClusterView;
     use crate::model::{BlockDevice, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
     use crate::plan::Action;
-    use crate::snapshot::ScanStats;
 
     /// A loop device held by two mounts in other namespaces: its release is two independent
     /// steps, its clean two releases and an unbind that depends on both.
@@ -412,8 +410,8 @@ mod tests {
             h.namespace_entry = Some(NsEntry::Task { pid: 100 + id, tid: 100 + id });
             h
         };
-        DeviceEntry {
-            device: BlockDevice {
+        DeviceEntry::new(
+            BlockDevice {
                 name: DeviceName::new("loop3").expect("name"),
                 devnum: DevNum::new(7, 3),
                 kind: DeviceKind::Loop,
@@ -437,16 +435,8 @@ mod tests {
                 dm: None,
                 diskseq: Some(seq),
             },
-            holders: vec![mount(1), mount(2)],
-            kernel_threads: Vec::new(),
-            multipath: None,
-            scsi: None,
-            rbd: None,
-            nbd: None,
-            nvme: None,
-            kubernetes: None,
-            io: None,
-        }
+            vec![mount(1), mount(2)],
+        )
     }
 
     /// A machine of one loop device; what the kernel runs is recorded.
@@ -472,15 +462,10 @@ mod tests {
             if self.stuck_io {
                 e.io = Some(crate::discover::iostat::IoStat { completed: 5, in_flight: 1 });
             }
-            Ok(Scan {
-                graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![e] },
-                blind_spots: Vec::new(),
-                protected: HashSet::new(),
-                stats: ScanStats::default(),
-                warnings: Vec::new(),
-                taken_at: BootTime::from_since_boot(Duration::from_secs(100)),
-                scope: None,
-            })
+            Ok(Scan::complete(
+                DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![e] },
+                BootTime::from_since_boot(Duration::from_secs(100)),
+            ))
         }
         fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
             KernelWord {

@@ -315,30 +315,11 @@ mod tests {
     use crate::storage::{MultipathView, PathView, ScsiView};
 
     fn bare(name: &str, devnum: DevNum, kind: DeviceKind, diskseq: u64) -> DeviceEntry {
-        DeviceEntry {
-            device: BlockDevice {
-                name: DeviceName::new(name).expect("name"),
-                devnum,
-                kind,
-                size_bytes: 16 << 20,
-                read_only: false,
-                parent: None,
-                holders: Vec::new(),
-                slaves: Vec::new(),
-                loop_info: None,
-                dm: None,
-                diskseq: Some(diskseq),
-            },
-            holders: Vec::new(),
-            kernel_threads: Vec::new(),
-            multipath: None,
-            scsi: None,
-            rbd: None,
-            nbd: None,
-            nvme: None,
-            kubernetes: None,
-            io: None,
-        }
+        let device = BlockDevice {
+            diskseq: Some(diskseq),
+            ..BlockDevice::new(DeviceName::new(name).expect("name"), devnum, kind, 16 << 20)
+        };
+        DeviceEntry::new(device, Vec::new())
     }
 
     fn disk(diskseq: u64, state: ScsiState) -> DeviceEntry {
