@@ -22,7 +22,7 @@ use crate::graph::DeviceEntry;
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName};
-use crate::plan::Step;
+use crate::plan::step::Step;
 use crate::stall::Stall;
 
 /// A blind spot that could hide a holder of the device: nothing destructive rests on an

@@ -175,9 +175,10 @@ pub struct DeviceEntry {
     /// For a connected nbd device: its server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdDevice>,
-    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::nvme`]).
+    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::nvme_view`]; what
+    /// may be done about it: [`crate::nvme`]).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub nvme: Option<crate::nvme::NvmeView>,
+    pub nvme: Option<crate::nvme_view::NvmeView>,
     /// The Kubernetes volume it is, per the kubelet directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubeOwner>,
@@ -370,7 +371,7 @@ impl DeviceGraph {
                     ),
                     rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
                     nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
-                    nvme: crate::nvme::view(&s.nvme, &nvme_outages, d),
+                    nvme: crate::nvme_view::view(&s.nvme, &nvme_outages, d),
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),
                     kernel_threads: s
                         .kernel_threads
@@ -382,7 +383,7 @@ impl DeviceGraph {
                 }
             })
             .collect();
-        crate::nvme::mark_held_siblings(&mut devices);
+        mark_held_siblings(&mut devices);
         Self { host_ns: s.host_ns, host_ns_unsure: s.host_ns_unsure.clone(), devices }
     }
 
@@ -399,5 +400,31 @@ fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
         h.process_state = Some(p.state);
         h.container_id = p.container_id.clone();
         h.pod_uid = p.pod_uid.clone();
+    }
+}
+
+/// Fills in which siblings are in use, once every entry has its holders.
+pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
+    let held: Vec<(DeviceName, String)> = devices
+        .iter()
+        .filter_map(|e| {
+            let why = if let Some(h) = e.holders.first() {
+                h.describe()
+            } else if let Some(k) = e.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()) {
+                format!("pod(s) {} use it per kubelet", k.pod_uids.join(", "))
+            } else {
+                return None;
+            };
+            Some((e.device.name.clone(), why))
+        })
+        .collect();
+    for e in devices.iter_mut() {
+        if let Some(v) = e.nvme.as_mut() {
+            v.siblings_held = held
+                .iter()
+                .filter(|(n, _)| v.siblings.contains(n))
+                .map(|(n, why)| format!("{n}, which goes with the same controller(s): {why}"))
+                .collect();
+        }
     }
 }

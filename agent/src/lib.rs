@@ -34,6 +34,7 @@ pub mod model;
 pub mod mount_events;
 pub mod nsenter;
 pub mod nvme;
+pub mod nvme_view;
 pub mod outage;
 pub mod owner;
 pub mod parallel;

@@ -1,7 +1,7 @@
 //! NVMe over Fabrics in the graph, the verdicts and the plans: what a namespace block device is
 //! (a native-multipath head, one of its hidden per-path devices, or a namespace without
 //! multipath), the controllers serving it, and what the agent may do about a controller stuck
-//! reconnecting. Pure: built from a [`NvmeScan`] without further I/O.
+//! reconnecting. Pure: from the graph's [`NvmeView`]s, without further I/O.
 //!
 //! A controller is addressed through the plan of its namespace's block device: the plan of a
 //! head (or of a namespace without multipath) ends with one `nvme_delete_controller` step per
@@ -12,147 +12,12 @@
 //! agent: unmounting flushes to a device whose I/O queues until a path comes back (with
 //! `ctrl_loss_tmo` off, forever), so the plan is refused instead (fail closed).
 
-use serde::Serialize;
-
-use crate::discover::nvme::{NsName, NvmeController, NvmeOutage, NvmeScan};
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::identity::Identity;
-use crate::model::{BlockDevice, DeviceName, HolderKind};
-use crate::plan::{Action, LeftAlone, Plan, Step};
+use crate::model::{DeviceName, HolderKind};
+use crate::plan::step::{Action, LeftAlone, Plan, Step};
 
-/// What an NVMe namespace block device is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NvmeRole {
-    /// A native-multipath head (`nvme<S>n<N>`), served by every controller of its subsystem.
-    Head,
-    /// A hidden per-path device (`nvme<S>c<C>n<N>`): judged and removed with its head.
-    Path,
-    /// A namespace without multipath (`nvme<C>n<N>`), served by one controller.
-    Namespace,
-}
-
-impl NvmeRole {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Head => "head",
-            Self::Path => "path",
-            Self::Namespace => "namespace",
-        }
-    }
-}
-
-/// An NVMe namespace block device and what serves it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NvmeView {
-    pub role: NvmeRole,
-    /// `nvme-subsysM`, when sysfs names it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub subsystem: Option<String>,
-    pub subsysnqn: String,
-    /// For a hidden path: its head.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub head: Option<DeviceName>,
-    /// The controllers serving it (for a head: every path of its subsystem).
-    pub controllers: Vec<NvmeController>,
-    /// How many of them are live.
-    pub live: usize,
-    /// The outage guard: every controller to its target is down at once.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub outage: Option<NvmeOutage>,
-    /// Other namespace devices that deleting these controllers removes too.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub siblings: Vec<DeviceName>,
-    /// Why some of those are in use (their holders, pods per kubelet), filled in by the graph.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub siblings_held: Vec<String>,
-}
-
-impl NvmeView {
-    /// Any controller over a fabric (PCIe controllers are never touched).
-    pub fn fabrics(&self) -> bool {
-        self.controllers.iter().any(|c| c.fabrics)
-    }
-
-    /// `nvme1 connecting to traddr=..,trsvcid=.. (tcp, ctrl_loss_tmo off)` for each controller.
-    pub fn describe_controllers(&self) -> String {
-        if self.controllers.is_empty() {
-            return "no controller".into();
-        }
-        self.controllers
-            .iter()
-            .map(|c| {
-                let tmo =
-                    c.ctrl_loss_tmo.map(|t| format!(", ctrl_loss_tmo {}", t.describe())).unwrap_or_default();
-                format!("{} {} to {} ({}{tmo})", c.name, c.state.as_str(), c.address.target(), c.transport)
-            })
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-}
-
-/// The NVMe view of a block device (`None`: not an NVMe namespace the scan knows).
-pub fn view(scan: &NvmeScan, outages: &[NvmeOutage], d: &BlockDevice) -> Option<NvmeView> {
-    let name = NsName::parse(d.name.as_str())?;
-    let (subsys, ctrls) = scan.serving(&d.name)?;
-    let role = match (name, subsys.is_some_and(|s| s.heads.contains(&d.name))) {
-        (_, true) => NvmeRole::Head,
-        (NsName::Path { .. }, false) => NvmeRole::Path,
-        (NsName::Plain { .. }, false) => NvmeRole::Namespace,
-    };
-    let controllers: Vec<NvmeController> = ctrls.into_iter().cloned().collect();
-    let subsysnqn = subsys
-        .map(|s| s.subsysnqn.clone())
-        .or_else(|| controllers.first().map(|c| c.subsysnqn.clone()))
-        .unwrap_or_default();
-    let names: Vec<&str> = controllers.iter().map(|c| c.name.as_str()).collect();
-    let outage = outages.iter().find(|o| o.controllers.iter().any(|c| names.contains(&c.as_str()))).cloned();
-    let mut siblings: Vec<DeviceName> = match role {
-        NvmeRole::Head => subsys.map(|s| s.heads.clone()).unwrap_or_default(),
-        NvmeRole::Namespace => controllers.iter().flat_map(|c| c.namespaces.iter().cloned()).collect(),
-        NvmeRole::Path => Vec::new(),
-    };
-    siblings.retain(|s| *s != d.name);
-    siblings.sort();
-    siblings.dedup();
-    Some(NvmeView {
-        role,
-        subsystem: subsys.map(|s| s.name.clone()),
-        subsysnqn,
-        head: (role == NvmeRole::Path).then(|| name.head().and_then(|h| DeviceName::new(&h).ok())).flatten(),
-        live: controllers.iter().filter(|c| c.state.is_live()).count(),
-        controllers,
-        outage,
-        siblings,
-        siblings_held: Vec::new(),
-    })
-}
-
-/// Fills in which siblings are in use, once every entry has its holders.
-pub fn mark_held_siblings(devices: &mut [DeviceEntry]) {
-    let held: Vec<(DeviceName, String)> = devices
-        .iter()
-        .filter_map(|e| {
-            let why = if let Some(h) = e.holders.first() {
-                h.describe()
-            } else if let Some(k) = e.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()) {
-                format!("pod(s) {} use it per kubelet", k.pod_uids.join(", "))
-            } else {
-                return None;
-            };
-            Some((e.device.name.clone(), why))
-        })
-        .collect();
-    for e in devices.iter_mut() {
-        if let Some(v) = e.nvme.as_mut() {
-            v.siblings_held = held
-                .iter()
-                .filter(|(n, _)| v.siblings.contains(n))
-                .map(|(n, why)| format!("{n}, which goes with the same controller(s): {why}"))
-                .collect();
-        }
-    }
-}
+pub use crate::nvme_view::{view, NvmeRole, NvmeView};
 
 /// The verdict's ingredients for an NVMe namespace, for `policy`.
 pub enum Assessment {
@@ -362,7 +227,7 @@ pub fn plan_clean(entry: &DeviceEntry, _graph: &DeviceGraph) -> Plan {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::*;
-    use crate::discover::nvme::{CtrlState, NvmeAddress, NvmeSubsystem, Timeout};
+    use crate::discover::nvme::{CtrlState, NvmeAddress, NvmeController, NvmeScan, NvmeSubsystem, Timeout};
     use crate::model::{BlockDevice, DevNum, DeviceKind};
 
     pub(crate) fn ctrl(name: &str, nqn: &str, port: &str, state: CtrlState, fabrics: bool) -> NvmeController {
@@ -415,7 +280,7 @@ pub(crate) mod test_support {
                 DeviceEntry { nvme, ..DeviceEntry::new(device, Vec::new()) }
             })
             .collect();
-        mark_held_siblings(&mut out);
+        crate::graph::mark_held_siblings(&mut out);
         out
     }
 }
@@ -505,7 +370,7 @@ mod tests {
             Vec::new(),
         );
         e[1].holders.push(foreign_mount());
-        mark_held_siblings(&mut e);
+        crate::graph::mark_held_siblings(&mut e);
         let Some(Assessment::Final { in_use: true, reasons, .. }) = assess(&e[0]) else {
             panic!("not in use")
         };

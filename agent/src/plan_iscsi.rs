@@ -14,7 +14,7 @@
 use crate::discover::scsi::Transport;
 use crate::graph::{DeviceEntry, DeviceGraph};
 use crate::model::DeviceName;
-use crate::plan::{Action, Step};
+use crate::plan::step::{Action, Step};
 
 /// The iSCSI session a disk goes through (`session<SID>`).
 fn session_of(e: &DeviceEntry) -> Option<&str> {

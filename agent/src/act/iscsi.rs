@@ -25,6 +25,7 @@ use super::linux::LinuxActuator;
 use super::{ActError, StepOutcome};
 use crate::discover::iscsi;
 use crate::model::DeviceName;
+use crate::plan::step::Action;
 
 /// Where open-iscsi installs iscsiadm, as the host sees its file system.
 const ISCSIADM: [&str; 4] = ["/usr/sbin/iscsiadm", "/sbin/iscsiadm", "/usr/bin/iscsiadm", "/bin/iscsiadm"];
@@ -37,14 +38,26 @@ fn precondition(device: &DeviceName, reason: String) -> ActError {
 }
 
 /// What the plan says the session is.
-pub(super) struct PlannedSession<'a> {
+struct PlannedSession<'a> {
     pub sid: u32,
     pub target: &'a str,
     pub portal: &'a str,
 }
 
 impl LinuxActuator {
-    pub(super) fn iscsi_logout(
+    /// Runs an `iscsi_logout` step as planned.
+    pub(super) fn iscsi_logout_step(
+        &self,
+        device: &DeviceName,
+        action: &Action,
+    ) -> Result<StepOutcome, ActError> {
+        let Action::IscsiLogout { sid, target, portal, .. } = action else {
+            return Err(precondition(device, format!("not an iSCSI logout: {action:?}")));
+        };
+        self.iscsi_logout(device, PlannedSession { sid: *sid, target, portal })
+    }
+
+    fn iscsi_logout(
         &self,
         device: &DeviceName,
         planned: PlannedSession<'_>,

@@ -23,7 +23,7 @@ use crate::discover::namespaces::NsEntry;
 use crate::discover::{is_gone, processes};
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
-use crate::plan::{Action, Step};
+use crate::plan::step::{Action, Step};
 use crate::{nsenter, sys};
 
 /// Default deadline for one kernel call.
@@ -72,20 +72,9 @@ impl Actuator for LinuxActuator {
             Action::NbdDisconnect { server_pid, backend } => {
                 self.nbd_disconnect(device, devnum, *server_pid, backend.as_deref())
             }
-            Action::NvmeDeleteController { controller, subsysnqn, transport, address, cntlid } => self
-                .nvme_delete_controller(
-                    device,
-                    &super::nvme::PlannedController {
-                        controller,
-                        subsysnqn,
-                        transport,
-                        address,
-                        cntlid: *cntlid,
-                    },
-                ),
-            Action::IscsiLogout { sid, target, portal, .. } => {
-                self.iscsi_logout(device, super::iscsi::PlannedSession { sid: *sid, target, portal })
-            }
+            // Each kind's module takes the action as planned (no name of theirs is needed here).
+            Action::NvmeDeleteController { .. } => self.nvme_delete_step(device, &step.action),
+            Action::IscsiLogout { .. } => self.iscsi_logout_step(device, &step.action),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::model::DeviceName;
-use crate::plan::Step;
+use crate::plan::step::Step;
 
 /// How a step ended when it did not fail.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,6 +17,7 @@ use super::{probe, ActError, StepOutcome};
 use crate::discover::nvme::{CtrlState, NsName, NvmeAddress};
 use crate::discover::{list_dir, DiscoverError};
 use crate::model::{DevNum, DeviceName};
+use crate::plan::step::Action;
 
 fn precondition(device: &DeviceName, reason: String) -> ActError {
     ActError::Precondition { device: device.clone(), reason }
@@ -27,7 +28,7 @@ fn attr(dir: &Path, name: &str) -> Option<String> {
 }
 
 /// The planned controller, as the step names it.
-pub(super) struct PlannedController<'a> {
+struct PlannedController<'a> {
     pub controller: &'a str,
     pub subsysnqn: &'a str,
     pub transport: &'a str,
@@ -36,6 +37,23 @@ pub(super) struct PlannedController<'a> {
 }
 
 impl LinuxActuator {
+    /// Runs an `nvme_delete_controller` step as planned.
+    pub(super) fn nvme_delete_step(
+        &self,
+        device: &DeviceName,
+        action: &Action,
+    ) -> Result<StepOutcome, ActError> {
+        let Action::NvmeDeleteController { controller, subsysnqn, transport, address, cntlid } = action
+        else {
+            return Err(ActError::Precondition {
+                device: device.clone(),
+                reason: format!("not an NVMe controller deletion: {action:?}"),
+            });
+        };
+        let planned = PlannedController { controller, subsysnqn, transport, address, cntlid: *cntlid };
+        self.nvme_delete_controller(device, &planned)
+    }
+
     fn nvme_class(&self) -> PathBuf {
         self.host().sys().join("class/nvme")
     }
@@ -130,7 +148,7 @@ impl LinuxActuator {
         Ok(users)
     }
 
-    pub(super) fn nvme_delete_controller(
+    fn nvme_delete_controller(
         &self,
         device: &DeviceName,
         c: &PlannedController<'_>,

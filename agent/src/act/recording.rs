@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 
 use super::{ActError, Actuator, StepOutcome};
-use crate::plan::Step;
+use crate::plan::step::Step;
 
 /// Records steps; answers each with the next scripted outcome (default: `Done`).
 #[derive(Debug, Default)]

@@ -218,13 +218,19 @@ pub fn scsi_devices_of(host: &HostRoot, sid: u32) -> Result<Vec<String>, Discove
             continue;
         }
         for lun in list_dir(&session_dir.join(&t))? {
-            if lun.parse::<super::scsi::ScsiAddress>().is_ok() {
+            if is_hctl(&lun) {
                 out.push(lun);
             }
         }
     }
     out.sort();
     Ok(out)
+}
+
+/// A SCSI device directory's name: `H:C:T:L`, four numbers (the LUN may be 64-bit).
+fn is_hctl(name: &str) -> bool {
+    let parts: Vec<&str> = name.split(':').collect();
+    parts.len() == 4 && parts.iter().all(|p| !p.is_empty() && p.parse::<u64>().is_ok())
 }
 
 /// The state text of a session (`None`: gone).

@@ -179,7 +179,8 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let (Some(cert), Some(key), Some(ca)) = (&cfg.tcp.cert, &cfg.tcp.key, &cfg.tcp.client_ca) else {
             return Err(ServeError::Tls("a TCP listener needs tcp.cert, tcp.key and tcp.client_ca".into()));
         };
-        let tls = super::tls::server_config(&read(cert)?, &read(key)?, &read(ca)?)?;
+        let tls = super::tls::server_config(&read(cert)?, &read(key)?, &read(ca)?)
+            .map_err(|e| ServeError::Tls(e.0))?;
         let l = TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;

@@ -22,7 +22,6 @@ use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::authority::AuthorityFix;
-use super::listen::ServeError;
 
 /// TLS handshakes in progress at once, at most.
 pub const MAX_HANDSHAKES: usize = 256;
@@ -32,18 +31,24 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A served TLS connection.
 pub type Conn = AuthorityFix<TlsStream<TcpStream>>;
 
+/// What is wrong with the certificate, key or client CA the TCP listener was given, naming
+/// the setting (`tcp.cert`, `tcp.key`, `tcp.client_ca`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsSetupError(pub String);
+
 /// The server's TLS configuration from PEM files' contents.
 pub fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     ca_pem: &[u8],
-) -> Result<Arc<ServerConfig>, ServeError> {
-    let tls = |what: &str, e: &dyn std::fmt::Display| ServeError::Tls(format!("{what}: {e}"));
+) -> Result<Arc<ServerConfig>, TlsSetupError> {
+    let tls = |what: &str, e: &dyn std::fmt::Display| TlsSetupError(format!("{what}: {e}"));
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| tls("tcp.cert", &e))?;
     if chain.is_empty() {
-        return Err(ServeError::Tls("tcp.cert: no certificate in the file".into()));
+        return Err(TlsSetupError("tcp.cert: no certificate in the file".into()));
     }
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| tls("tcp.key", &e))?;
     let mut roots = RootCertStore::empty();
@@ -51,7 +56,7 @@ pub fn server_config(
         roots.add(ca.map_err(|e| tls("tcp.client_ca", &e))?).map_err(|e| tls("tcp.client_ca", &e))?;
     }
     if roots.is_empty() {
-        return Err(ServeError::Tls("tcp.client_ca: no certificate in the file".into()));
+        return Err(TlsSetupError("tcp.client_ca: no certificate in the file".into()));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
