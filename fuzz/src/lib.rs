@@ -45,11 +45,18 @@ pub fn mountinfo_text(data: &[u8]) {
     let _ = mountinfo::unescape(data);
 }
 
-/// A dm-multipath table or status line, as `DM_TABLE_STATUS` returns them.
+/// A dm-multipath table or status line, as `DM_TABLE_STATUS` returns them; a dm uuid and name
+/// (the first two words), as a stack layer is told apart by them; and a reply from multipathd's
+/// control socket (a native length, then the text).
 pub fn dm_lines(data: &[u8]) {
     let t = text(data);
     let _ = multipath::parse_table(&t);
     let _ = multipath::parse_status(&t);
+    let mut words = t.split_whitespace();
+    let (uuid, name) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let _ = blockjanitor::stack::classify(uuid, name);
+    let _ = blockjanitor::stack::partition(uuid);
+    let _ = blockjanitor::act::multipathd::read_reply(&mut &data[..]);
 }
 
 /// `/proc/PID/stat`, `maps`, `cgroup` and `/proc/swaps`.
@@ -116,14 +123,14 @@ pub fn grpc_requests(data: &[u8]) {
     let _ = pb::WatchEventsRequest::decode(data);
 }
 
-/// Where the sysfs target writes: a copy of real kernel trees (the iSCSI and FC hosts, a krbd
-/// mapping), made once per process.
+/// Where the sysfs target writes: a copy of real kernel trees (the iSCSI hosts, a krbd mapping,
+/// NVMe/TCP controllers dumped from the guest), made once per process.
 fn sysfs_root() -> &'static Mutex<(tempfile::TempDir, PathBuf)> {
     static ROOT: OnceLock<Mutex<(tempfile::TempDir, PathBuf)>> = OnceLock::new();
     ROOT.get_or_init(|| {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
-        for tree in ["iscsi", "incident1"] {
+        for tree in ["iscsi", "incident1", "nvme-tcp"] {
             copy_tree(&fixtures.join(tree), &dir.path().join(tree));
         }
         let root = dir.path().to_owned();
@@ -148,8 +155,8 @@ fn copy_tree(from: &Path, to: &Path) {
 }
 
 /// The sysfs attributes the scanners read, one chosen by the first byte, with the rest as its
-/// contents: krbd (`/sys/bus/rbd/devices/N/*`), SCSI and iSCSI attributes; then the scanners
-/// that read them run over the tree. The attribute is restored afterwards.
+/// contents: krbd (`/sys/bus/rbd/devices/N/*`), SCSI, iSCSI session and connection, and NVMe-oF
+/// controller and subsystem attributes; then the scanners that read them run over the tree. The attribute is restored afterwards.
 pub fn sysfs_attributes(data: &[u8]) {
     const ATTRS: &[&str] = &[
         "incident1/sys/devices/rbd/4/pool",
@@ -168,6 +175,20 @@ pub fn sysfs_attributes(data: &[u8]) {
         "iscsi/sys/devices/platform/host5/session3/connection3:0/iscsi_connection/connection3:0/persistent_address",
         "iscsi/sys/devices/platform/host4/session2/target4:0:0/4:0:0:1/wwid",
         "iscsi/sys/devices/platform/host4/session2/target4:0:0/4:0:0:1/state",
+        "iscsi/sys/devices/platform/host5/session3/iscsi_session/session3/recovery_tmo",
+        "iscsi/sys/devices/platform/host5/session3/iscsi_session/session3/tpgt",
+        "iscsi/sys/devices/platform/host5/session3/iscsi_session/session3/ifacename",
+        "iscsi/sys/devices/platform/host5/session3/connection3:0/iscsi_connection/connection3:0/persistent_port",
+        "iscsi/sys/devices/platform/host5/session3/connection3:0/iscsi_connection/connection3:0/state",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/address",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/state",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/ctrl_loss_tmo",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/reconnect_delay",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/cntlid",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/subsysnqn",
+        "nvme-tcp/sys/devices/virtual/nvme-fabrics/ctl/nvme0/transport",
+        "nvme-tcp/sys/devices/virtual/nvme-subsystem/nvme-subsys0/subsysnqn",
+        "nvme-tcp/sys/devices/virtual/nvme-subsystem/nvme-subsys0/iopolicy",
     ];
     let Some((&pick, value)) = data.split_first() else { return };
     let guard = sysfs_root().lock().unwrap_or_else(|p| p.into_inner());
@@ -177,10 +198,11 @@ pub fn sysfs_attributes(data: &[u8]) {
     if std::fs::write(&attr, value).is_err() {
         return;
     }
-    for tree in ["iscsi", "incident1"] {
+    for tree in ["iscsi", "incident1", "nvme-tcp"] {
         let host = blockjanitor::host::HostRoot::new(root.join(tree));
         let _ = blockjanitor::discover::rbd::scan(&host);
         let _ = blockjanitor::discover::scsi::scan(&host);
+        let _ = blockjanitor::discover::nvme::scan(&host);
         if let Ok(devices) = blockjanitor::discover::blockdev::scan(&host) {
             let _ = blockjanitor::discover::nbd::scan(&host, &devices);
         }
