@@ -22,4 +22,14 @@ make_map() {
 
 fail_path() { dmsetup message mpathb 0 fail_path "$1" || fail "fail_path $1"; }
 
+# Incident 3's dead map: both paths failed in the map (its fail_path message, no I/O needed),
+# then both SCSI disks offline; the map keeps queue_if_no_path. Prints the status line.
+kill_both_paths() {
+  fail_path 8:0
+  fail_path 8:16
+  echo offline >/sys/block/sda/device/state
+  echo offline >/sys/block/sdb/device/state
+  echo "status: $(dmsetup status mpathb)"
+}
+
 section() { echo "BEGIN $1"; shift; "$@"; rc=$?; echo "END $1_rc=$rc"; }

@@ -33,11 +33,7 @@ echo "END mountinfo"
 # Every path fails, the order incident3.sh uses (no I/O needed, so nothing hangs): the target's
 # fail_path message first, then the SCSI devices offline. The map keeps queue_if_no_path: from
 # here on, any I/O to it hangs until queueing stops.
-fail_path 8:0
-fail_path 8:16
-echo offline >/sys/block/sda/device/state
-echo offline >/sys/block/sdb/device/state
-echo "status: $(dmsetup status mpathb)"
+kill_both_paths
 echo "table: $(dmsetup table mpathb)"
 
 # The agent. Nothing below touches the filesystem's files (that would hang on the dead map).

@@ -4,11 +4,7 @@
 # map and both disks.
 . /extra/lib/mp-lib.sh
 make_map
-fail_path 8:0
-fail_path 8:16
-echo offline > /sys/block/sda/device/state
-echo offline > /sys/block/sdb/device/state
-echo "status: $(dmsetup status mpathb)"
+kill_both_paths
 echo "BEGIN scan"; $A $J scan --grace-period 0 --output json; echo "END scan"
 echo "BEGIN table"; $A $J scan --grace-period 0; echo "END table"
 echo "BEGIN holders"; $A $J holders "$MAP" --output json; echo "END holders"

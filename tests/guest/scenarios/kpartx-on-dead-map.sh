@@ -23,11 +23,7 @@ for d in "$MAP" "$P1" "$P2"; do
 done
 echo "END layers"
 
-fail_path 8:0
-fail_path 8:16
-echo offline >/sys/block/sda/device/state
-echo offline >/sys/block/sdb/device/state
-echo "status: $(dmsetup status mpathb)"
+kill_both_paths
 
 set +e
 echo "BEGIN holders"; timeout 60 $A $J holders "$MAP" --grace-period 0 --output json; echo "END holders"

@@ -44,11 +44,7 @@ i=0; while ! grep -q ' /mnt/lv ' /proc/$HOLDER/mountinfo 2>/dev/null && [ $i -lt
 grep -q ' /mnt/lv ' /proc/$HOLDER/mountinfo || fail "the foreign namespace has no copy of the mount"
 
 # Every path fails; the map queues.
-fail_path 8:0
-fail_path 8:16
-echo offline >/sys/block/sda/device/state
-echo offline >/sys/block/sdb/device/state
-echo "status: $(dmsetup status mpathb)"
+kill_both_paths
 
 exists() {
   for d in "$MAP" "$LV0" "$LV1" "$CRYPT" sda sdb; do
