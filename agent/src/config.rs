@@ -35,6 +35,7 @@
 //!
 //! [kubernetes]                           # optional; in-cluster service account by default
 //! kubeconfig = "/etc/blockjanitor/kubeconfig"
+//! silence_bound_seconds = 90             # a watch silent this long (no event, no bookmark) cannot vouch
 //! ```
 
 use std::net::SocketAddr;
@@ -132,6 +133,9 @@ pub struct KubernetesConfig {
     /// An explicit API URL (tests, proxies).
     pub url: Option<String>,
     pub kubeconfig: Option<PathBuf>,
+    /// How long one watch (or the Node lookup) may go without hearing from the API server
+    /// before the view stops vouching (default 90: see `kube::DEFAULT_SILENCE_BOUND`).
+    pub silence_bound_seconds: Option<u64>,
 }
 
 /// The whole configuration.

@@ -18,8 +18,11 @@
 //! - [`watchers`]: parsing `rbd status` / `rados listwatchers` text.
 //! - [`cluster`]: Nodes, PVs, PVCs and VolumeAttachments, watched.
 //! - [`multiattach`]: one diagnosis per node for a volume.
+//! - [`apply`]: an Apply's targets (identities required), its dry run's summary, the fleet-wide
+//!   step budget.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
+pub mod apply;
 pub mod cluster;
 pub mod discover;
 pub mod index;

@@ -22,7 +22,10 @@ use crate::discover::{self, AgentSpec};
 use crate::index::Index;
 use crate::link::{LinkOptions, Links};
 use crate::metrics::{self, Metrics};
-use crate::service::FleetService;
+use blockjanitor::daemon::peer_limit::PeerLimit;
+
+use crate::apply::StepBudget;
+use crate::service::{CallerLimits, FleetService};
 
 /// Where the agents come from.
 #[derive(Debug, Clone)]
@@ -61,7 +64,16 @@ pub struct ConsoleOptions {
     pub kube: KubeSource,
     pub links: LinkOptions,
     pub apply_timeout: Duration,
+    /// Fleet-wide: steps a minute across every node and caller (0: no budget).
+    pub steps_per_minute: u32,
+    /// Per caller: Applies (dry runs included) and Plans a minute (0: no limit).
+    pub caller_limits: CallerLimits,
 }
+
+/// The fleet-wide step budget's default: steps a minute across the fleet. A handful of devices
+/// torn down a minute covers the incidents the console is for (a few stale mappings after a node
+/// failure) and bounds what one mistaken Apply across many nodes can do before anyone can react.
+pub const DEFAULT_STEPS_PER_MINUTE: u32 = 20;
 
 /// What stopped the console.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +178,10 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         policy,
         metrics: Arc::clone(&metrics),
         apply_timeout: opts.apply_timeout,
+        apply_limit: PeerLimit::new(opts.caller_limits.applies_per_minute),
+        plan_limit: PeerLimit::new(opts.caller_limits.plans_per_minute),
+        limits: opts.caller_limits,
+        budget: StepBudget::new(opts.steps_per_minute),
     };
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<FleetServer<FleetService>>().await;

@@ -1,8 +1,14 @@
 //! `blockjanitor.v1.Fleet`: answers from the fleet index (or, with `fresh`, after asking every
 //! connected agent at once), diagnoses Multi-Attach from the Kubernetes view and the index, and
-//! forwards Plan and Apply to one node's agent. Every answer names the nodes it cannot speak for.
+//! forwards Plan and Apply to the nodes' agents. Every answer names the nodes it cannot speak for.
 //! Roles come from the caller's client certificate, as on the agent; Apply needs an operator and
-//! reaches the agent with the caller's identity in [`ON_BEHALF_OF`].
+//! reaches the agent with the caller's identity in [`ON_BEHALF_OF`] (forwarded Plans carry it
+//! too, so that each agent's rate limit counts each caller apart, not the console as one).
+//!
+//! Apply ([`crate::apply`]): every device with the identity its node's Plan answered, a dry run
+//! asking every target node for its plan first (the summary is always returned), execution only
+//! when the request says so and the dry run shows no refusal, a fleet-wide budget of steps a
+//! minute, and per-caller limits on Applies and Plans a minute.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,6 +20,9 @@ use blockjanitor_proto::v1::fleet_server::Fleet;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
+use blockjanitor::daemon::peer_limit::PeerLimit;
+
+use crate::apply::{self, StepBudget};
 use crate::cluster::Cluster;
 use crate::index::{Index, Key};
 use crate::link::Links;
@@ -31,6 +40,35 @@ pub struct FleetService {
     pub metrics: Arc<Metrics>,
     /// Bound on a forwarded Apply.
     pub apply_timeout: Duration,
+    /// Applies (dry runs included) a minute per caller.
+    pub apply_limit: PeerLimit,
+    /// Plans a minute per caller.
+    pub plan_limit: PeerLimit,
+    /// What the two limits are, for their messages.
+    pub limits: CallerLimits,
+    /// The fleet-wide budget of steps a minute.
+    pub budget: StepBudget,
+}
+
+/// Per-caller limits a minute (0: none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallerLimits {
+    pub applies_per_minute: u32,
+    pub plans_per_minute: u32,
+}
+
+impl Default for CallerLimits {
+    fn default() -> Self {
+        CallerLimits { applies_per_minute: 10, plans_per_minute: 60 }
+    }
+}
+
+/// Marks a forwarded call as made on behalf of `who`.
+fn on_behalf_of<T>(req: &mut Request<T>, who: &str) -> Result<(), Status> {
+    let value = MetadataValue::try_from(who)
+        .map_err(|_| Status::invalid_argument("the caller's identity cannot travel as metadata"))?;
+    req.metadata_mut().insert(ON_BEHALF_OF, value);
+    Ok(())
 }
 
 fn uninterpretable(what: &str) -> Status {
@@ -48,6 +86,28 @@ impl FleetService {
             return Err(Status::unavailable(why));
         }
         Ok(c)
+    }
+
+    /// Counts a call by `caller` against `limit`, or refuses it saying when to try again.
+    fn admit(&self, limit: &PeerLimit, caller: &str, what: &str, per_minute: u32) -> Result<(), Status> {
+        limit.admit(caller, Instant::now()).map_err(|wait| {
+            tracing::warn!(caller = %caller, limit = per_minute, "{what} refused: rate limit");
+            Status::resource_exhausted(format!(
+                "{caller} asked for more than {per_minute} {what} a minute on this console: try again in {} s",
+                wait.as_secs() + 1
+            ))
+        })
+    }
+
+    /// One node's plan of `devices` (CLEAN), asked on behalf of `caller`.
+    async fn node_plan(&self, node: &str, devices: Vec<String>, caller: &str) -> Result<pb::PlanResponse, Status> {
+        let mut c = self.agent_for(node)?;
+        let timeout = self.links.options().call_timeout;
+        let mut req = client::request(pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 }, timeout);
+        on_behalf_of(&mut req, caller)?;
+        client::call(timeout, c.plan(req))
+            .await
+            .map_err(|s| Status::new(s.code(), format!("the agent on {node}: {}", s.message())))
     }
 
     fn timed<T>(&self, method: &'static str, started: Instant, r: T) -> T {
@@ -403,19 +463,10 @@ impl Fleet for FleetService {
         req: Request<pb::FleetPlanRequest>,
     ) -> Result<Response<pb::FleetPlanResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
+        let caller = self.policy.caller(&req)?;
+        self.admit(&self.plan_limit, &caller.identity, "Plans", self.limits.plans_per_minute)?;
         let r = req.into_inner();
-        let mut c = self.agent_for(&r.node)?;
-        let timeout = self.links.options().call_timeout;
-        let plan = client::call(
-            timeout,
-            c.plan(client::request(
-                pb::PlanRequest { devices: r.devices, operation: pb::Operation::Clean as i32 },
-                timeout,
-            )),
-        )
-        .await
-        .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
+        let plan = self.node_plan(&r.node, r.devices, &caller.identity).await?;
         self.timed("Plan", t, Ok(Response::new(pb::FleetPlanResponse { node: r.node, plan: Some(plan) })))
     }
 
@@ -429,32 +480,130 @@ impl Fleet for FleetService {
             return Err(Status::permission_denied("Apply needs the operator role on the console"));
         }
         let r = req.into_inner();
-        let mut c = self.agent_for(&r.node)?;
-        let mut fwd = client::request(
-            pb::ApplyRequest {
-                devices: r.devices.clone(),
-                identities: r.identities.clone(),
-                operation: pb::Operation::Clean as i32,
-            },
-            self.apply_timeout,
-        );
-        let value = MetadataValue::try_from(caller.identity.as_str())
-            .map_err(|_| Status::invalid_argument("the caller's identity cannot travel as metadata"))?;
-        fwd.metadata_mut().insert(ON_BEHALF_OF, value);
-        tracing::info!(target: "audit", node = %r.node, caller = %caller.identity, devices = %r.devices.join(","),
-            "forwarding Apply to the agent on {}", r.node);
-        let result = client::call(self.apply_timeout, c.apply(fwd))
-            .await
-            .map_err(|s| Status::new(s.code(), format!("the agent on {}: {}", r.node, s.message())))?;
-        self.links.request_resync(&r.node);
-        self.timed(
-            "Apply",
-            t,
-            Ok(Response::new(pb::FleetApplyResponse {
-                node: r.node,
-                result: Some(result),
-                on_behalf_of: caller.identity,
-            })),
-        )
+        let targets = apply::targets(&r).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.admit(&self.apply_limit, &caller.identity, "Applies", self.limits.applies_per_minute)?;
+
+        // The dry run: every target's plan, asked at once, before anything runs.
+        let plans = join_in_order(targets.iter().map(|target| {
+            self.node_plan(&target.node, target.devices.clone(), &caller.identity)
+        }))
+        .await;
+        let summary: Vec<pb::NodePlanSummary> = targets
+            .iter()
+            .zip(plans)
+            .map(|(target, plan)| apply::summarise(target, plan.map_err(|s| s.message().to_owned())))
+            .collect();
+        let steps: u32 = summary.iter().map(|s| s.steps).sum();
+        let text = apply::summary_text(&summary);
+        let devices = targets
+            .iter()
+            .flat_map(|t| t.devices.iter().map(move |d| format!("{}/{d}", t.node)))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(target: "audit", caller = %caller.identity, devices = %devices, steps, execute = r.execute,
+            "Apply dry run for {}:\n{text}", caller.identity);
+        let first = targets[0].node.clone();
+        let mut response = pb::FleetApplyResponse {
+            node: first.clone(),
+            result: None,
+            on_behalf_of: caller.identity.clone(),
+            summary,
+            executed: false,
+            results: Vec::new(),
+            budget_steps_left: self.budget.left(Instant::now()),
+            budget_steps_per_minute: self.budget.per_minute(),
+        };
+        if !r.execute {
+            return self.timed("Apply", t, Ok(Response::new(response)));
+        }
+        let refused: Vec<String> = response
+            .summary
+            .iter()
+            .filter(|s| !s.refusal.is_empty())
+            .map(|s| format!("{}: {}", s.node, s.refusal))
+            .collect();
+        if !refused.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "the dry run refuses, so nothing ran: {}",
+                refused.join("; ")
+            )));
+        }
+        response.budget_steps_left =
+            self.budget.take(steps, Instant::now()).map_err(|e| Status::resource_exhausted(e.to_string()))?;
+
+        // Node by node, in order; the first failure stops the rest.
+        for (i, target) in targets.iter().enumerate() {
+            let mut c = match self.agent_for(&target.node) {
+                Ok(c) => c,
+                Err(s) => return Err(stopped(s, &target.node, &response.results, &targets[i + 1..])),
+            };
+            let mut fwd = client::request(
+                pb::ApplyRequest {
+                    devices: target.devices.clone(),
+                    identities: target.identities.clone(),
+                    operation: pb::Operation::Clean as i32,
+                },
+                self.apply_timeout,
+            );
+            on_behalf_of(&mut fwd, &caller.identity)?;
+            tracing::info!(target: "audit", node = %target.node, caller = %caller.identity,
+                devices = %target.devices.join(","), "forwarding Apply to the agent on {}", target.node);
+            match client::call(self.apply_timeout, c.apply(fwd)).await {
+                Ok(result) => {
+                    self.links.request_resync(&target.node);
+                    response.results.push(pb::FleetApplyNodeResult {
+                        node: target.node.clone(),
+                        result: Some(result),
+                        error: String::new(),
+                    });
+                }
+                Err(s) => {
+                    self.links.request_resync(&target.node);
+                    let s = Status::new(s.code(), format!("the agent on {}: {}", target.node, s.message()));
+                    return Err(stopped(s, &target.node, &response.results, &targets[i + 1..]));
+                }
+            }
+        }
+        response.executed = true;
+        response.result = response.results.first().and_then(|r| r.result.clone());
+        self.timed("Apply", t, Ok(Response::new(response)))
     }
+}
+
+/// A failed node's status, saying which nodes ran before it and which were not asked.
+fn stopped(s: Status, node: &str, done: &[pb::FleetApplyNodeResult], rest: &[apply::Target]) -> Status {
+    let mut message = s.message().to_owned();
+    if !done.is_empty() {
+        let names: Vec<&str> = done.iter().map(|d| d.node.as_str()).collect();
+        message.push_str(&format!("; ran before it: {}", names.join(", ")));
+    }
+    if !rest.is_empty() {
+        let names: Vec<&str> = rest.iter().map(|t| t.node.as_str()).collect();
+        message.push_str(&format!("; not run after {node} failed: {}", names.join(", ")));
+    }
+    Status::new(s.code(), message)
+}
+
+/// Awaits every future together, keeping their order.
+async fn join_in_order<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (i, f) in pending.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
 }

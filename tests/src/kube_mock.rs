@@ -9,8 +9,14 @@
 //! Faults, for the tests of a view that must stop vouching: lists or watches of a collection
 //! answered with HTTP 500 ([`ApiServer::fail_lists`], [`ApiServer::fail_watches`]), open watch
 //! responses of a collection cut off mid-stream ([`ApiServer::cut_watches`]), the Node deleted
-//! ([`ApiServer::remove_node`]), and a server that goes silent: every request and every open
-//! watch left hanging, unanswered ([`ApiServer::go_silent`]).
+//! ([`ApiServer::remove_node`]), a server that goes silent: every request and every open
+//! watch left hanging, unanswered ([`ApiServer::go_silent`]), and one collection stalled while
+//! the rest answer: its open watches stay open and say nothing, not even a bookmark, and its new
+//! lists and watches are left hanging ([`ApiServer::stall`]).
+//!
+//! Watches that ask for bookmarks (`allowWatchBookmarks=true`) get one every [`BOOKMARK_EVERY`]
+//! while nothing else happens, as the API server's watch cache sends them (about once a
+//! minute there).
 
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -39,6 +45,9 @@ pub const OTHER_VA: &str = "csi-9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f
 /// How long a watch response stays open before the server ends it (the API server's
 /// `timeoutSeconds`, shortened).
 pub const WATCH_HOLD: Duration = Duration::from_millis(1500);
+/// How often a quiet watch that asked for bookmarks gets one (the API server: about once a
+/// minute).
+pub const BOOKMARK_EVERY: Duration = Duration::from_millis(300);
 /// Bound on every wait in these tests.
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -74,6 +83,8 @@ pub struct State {
     pub failing_lists: HashSet<String>,
     /// Collections whose watch requests are answered with HTTP 500.
     pub failing_watches: HashSet<String>,
+    /// Collections stalled ([`ApiServer::stall`]).
+    pub stalled: HashSet<String>,
 }
 
 #[derive(Clone)]
@@ -136,6 +147,7 @@ impl ApiServer {
             node,
             failing_lists: HashSet::new(),
             failing_watches: HashSet::new(),
+            stalled: HashSet::new(),
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
@@ -211,6 +223,23 @@ impl ApiServer {
         let _ = self.cut.send(collection.to_string());
     }
 
+    /// Stalls `collection` (`on`) or lets it answer again: while stalled, its open watches stay
+    /// open past their timeout and send nothing, not even a bookmark (as a half-open connection
+    /// or a stuck proxy would), and its new lists and watches are left hanging; every other
+    /// collection and the Node answer as usual. Once it answers again, open watches go on.
+    pub fn stall(&self, collection: &str, on: bool) {
+        let mut st = self.state.lock().expect("state");
+        if on {
+            st.stalled.insert(collection.to_string());
+        } else {
+            st.stalled.remove(collection);
+        }
+    }
+
+    fn is_stalled(state: &Mutex<State>, collection: &str) -> bool {
+        state.lock().expect("state").stalled.contains(collection)
+    }
+
     /// Deletes the Node: looking it up answers 404 from now on.
     pub fn remove_node(&self) {
         self.state.lock().expect("state").node = Value::Null;
@@ -283,6 +312,9 @@ impl ApiServer {
         let node_status = format!("/api/v1/nodes/{NODE}/status");
         match (&method, path.as_str()) {
             (&Method::GET, p) if self.state.lock().expect("state").lists.contains_key(p) => {
+                while Self::is_stalled(&self.state, p) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 let st = self.state.lock().expect("state");
                 let failing = if rec.is_watch() { &st.failing_watches } else { &st.failing_lists };
                 if failing.contains(p) {
@@ -366,21 +398,33 @@ impl ApiServer {
     }
 
     /// A chunked stream of watch events newer than the request's resource version, open for
-    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout; cut off
-    /// mid-stream by [`Self::cut_watches`], left hanging by [`Self::go_silent`].
+    /// [`WATCH_HOLD`], then closed as the API server closes a watch at its timeout; with a
+    /// bookmark every [`BOOKMARK_EVERY`] when the request asked for them; cut off mid-stream by
+    /// [`Self::cut_watches`], left hanging by [`Self::go_silent`], quiet while
+    /// [`Self::stall`]ed.
     pub fn watch(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(16);
         let mut from: u64 = rec.query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let bookmarks = rec.query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
         let collection = collection.to_string();
         let state = self.state.clone();
         let mut bumped = self.bump.subscribe();
         let mut cut = self.cut.subscribe();
         let mut silent = self.silent.subscribe();
         tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + WATCH_HOLD;
+            let mut deadline = tokio::time::Instant::now() + WATCH_HOLD;
+            let mut next_bookmark = tokio::time::Instant::now() + BOOKMARK_EVERY;
             loop {
                 if *silent.borrow_and_update() {
                     std::future::pending::<()>().await;
+                }
+                if Self::is_stalled(&state, &collection) {
+                    // Open, and saying nothing, for as long as the stall lasts.
+                    while Self::is_stalled(&state, &collection) {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    deadline = tokio::time::Instant::now() + WATCH_HOLD;
+                    next_bookmark = tokio::time::Instant::now() + BOOKMARK_EVERY;
                 }
                 let lines: Vec<(u64, String)> = state
                     .lock()
@@ -396,10 +440,21 @@ impl ApiServer {
                         return;
                     }
                 }
+                if bookmarks && tokio::time::Instant::now() >= next_bookmark {
+                    next_bookmark = tokio::time::Instant::now() + BOOKMARK_EVERY;
+                    let line = format!("{}\n", bookmark(&collection, from));
+                    if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
+                        return;
+                    }
+                }
+                let wake = if bookmarks { deadline.min(next_bookmark) } else { deadline };
                 tokio::select! {
-                    bump = tokio::time::timeout_at(deadline, bumped.changed()) => match bump {
+                    bump = tokio::time::timeout_at(wake, bumped.changed()) => match bump {
                         Ok(Ok(())) => continue,
-                        _ => return, // hold over (or server gone): end the response
+                        Ok(Err(_)) => return, // server gone
+                        Err(_) if tokio::time::Instant::now() >= deadline
+                            && !Self::is_stalled(&state, &collection) => return, // hold over
+                        Err(_) => continue, // a bookmark is due, or stalled past the hold
                     },
                     which = cut.recv() => {
                         if which.is_ok_and(|c| c == collection) {
@@ -418,6 +473,20 @@ impl ApiServer {
             .body(body)
             .expect("response")
     }
+}
+
+/// A watch bookmark for `collection` at resource version `rv`, as the API server sends it.
+pub fn bookmark(collection: &str, rv: u64) -> Value {
+    let (api_version, kind) = match collection.rsplit('/').next().unwrap_or("") {
+        "pods" => ("v1", "Pod"),
+        "persistentvolumes" => ("v1", "PersistentVolume"),
+        "persistentvolumeclaims" => ("v1", "PersistentVolumeClaim"),
+        "nodes" => ("v1", "Node"),
+        _ => ("storage.k8s.io/v1", "VolumeAttachment"),
+    };
+    json!({"type": "BOOKMARK", "object": {"kind": kind, "apiVersion": api_version,
+           "metadata": {"resourceVersion": rv.to_string(),
+                        "annotations": {"k8s.io/initial-events-end": "false"}}}})
 }
 
 pub fn reply(status: StatusCode, body: &Value) -> Response<Body> {

@@ -425,7 +425,9 @@ async fn a_watch_cut_off_mid_stream_stops_vouching_until_it_has_relisted() {
     assert!(view.pods_on_node.iter().any(|p| p.name == "web-1"), "{view:#?}");
     assert_eq!(view.last_error, None);
     assert_eq!(view.vouch(BootTime::now()), Ok(()));
-    assert_eq!(view.watches[0], WatchHealth { resource: "pods", synced: true, error: None });
+    let WatchHealth { resource, synced, error, heard } = view.watches[0].clone();
+    assert_eq!((resource, synced, error), ("pods", true, None));
+    assert!(heard.is_some());
     handle.abort();
 }
 
@@ -523,27 +525,123 @@ async fn a_silent_api_stops_vouching_after_the_bound_without_blocking() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let after = silent_at.elapsed();
+    // The first source past the bound is named (each watch heard from last by a bookmark at
+    // most BOOKMARK_EVERY before the silence, the Node a lookup at most probe_interval before).
     assert!(
-        why.starts_with("the Kubernetes API has not answered for ") && why.ends_with(" (bound 1s)"),
+        why.contains("has not heard from the API server for ")
+            || why.contains("has not been answered for ")
+            || why.contains("heard nothing from the API server for 1s, not even a bookmark"),
         "{why}"
     );
     assert!(
-        after >= options.silence_bound - options.probe_interval - Duration::from_millis(100),
+        after >= options.silence_bound - options.probe_interval.max(BOOKMARK_EVERY) - Duration::from_millis(100),
         "not before the bound: {after:?}"
     );
-    let view = rx.borrow().clone();
-    assert!(view.synced, "silence alone breaks no watch");
-    assert_eq!(view.node_found, Some(true));
+    assert_eq!(rx.borrow().node_found, Some(true), "the last answer is kept");
 
-    // The lookup in flight times out: recorded, the last answer kept.
-    let view = wait_for(&mut rx, "the lookup timed out", |v| v.last_error.is_some()).await;
-    assert_eq!(
-        view.last_error.as_deref(),
-        Some("get node node-a: no answer from the Kubernetes API within 10s")
+    // Each silent watch is dropped and relisted; the relists go unanswered, so none is synced
+    // again, and every one names why.
+    let view = wait_for(&mut rx, "every watch dropped", |v| v.watches.iter().all(|w| !w.synced)).await;
+    for w in &view.watches {
+        let e = w.error.as_deref().unwrap_or_default();
+        assert!(
+            e == "it heard nothing from the API server for 1s, not even a bookmark"
+                || e == "failed to perform initial object list: no answer within 1s",
+            "{w:?}"
+        );
+    }
+    assert!(view.vouch(BootTime::now()).is_err_and(|e| e.starts_with("the pods watch broke (")));
+    handle.abort();
+}
+
+/// One watch stalls (its connection open, nothing sent, not even a bookmark) while the other
+/// watches and the Node lookups answer: within the bound the view stops vouching and names that
+/// watch, and stays so while the stall lasts; once the collection answers again the watch is
+/// relisted and the view vouches again. A quiet but live watch (no events, bookmarks only) never
+/// stops vouching.
+#[tokio::test]
+async fn one_stalled_watch_stops_vouching_and_is_named_until_it_answers_again() {
+    let server = ApiServer::start(node_object(ready_only())).await;
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let options = fast();
+    let (mut rx, handle) = spawn_watch(client, NODE, options);
+    wait_for(&mut rx, "vouching", vouches).await;
+
+    // Quiet but live, for three bounds: no event at all, but bookmarks (and the watches the
+    // server ends and the agent resumes) keep every watch vouching.
+    let quiet = std::time::Instant::now();
+    while quiet.elapsed() < options.silence_bound * 3 {
+        let verdict = rx.borrow().vouch(BootTime::now());
+        assert_eq!(verdict, Ok(()), "a quiet watch that hears bookmarks does not flap");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let watches: Vec<Recorded> = server.requests().into_iter().filter(|r| r.is_watch()).collect();
+    assert!(watches.len() >= 3);
+    for w in &watches {
+        assert_eq!(w.query.get("allowWatchBookmarks").map(String::as_str), Some("true"), "{w:?}");
+        assert_eq!(w.query.get("timeoutSeconds").map(String::as_str), Some("290"), "{w:?}");
+    }
+    let pod_lists = |s: &ApiServer| requests_for(s, PODS, 0).iter().filter(|r| !r.is_watch()).count();
+    assert_eq!(pod_lists(&server), 1, "bookmarks and resumptions, no relist");
+
+    // The pods watch stalls; everything else answers.
+    let lists_at_stall = pod_lists(&server);
+    server.stall(PODS, true);
+    let stalled_at = std::time::Instant::now();
+    let why = loop {
+        if let Err(why) = rx.borrow().vouch(BootTime::now()) {
+            break why;
+        }
+        assert!(stalled_at.elapsed() < WAIT, "still vouching after {:?} of a stalled watch", stalled_at.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let after = stalled_at.elapsed();
+    assert!(why.starts_with("the pods watch "), "the silent watch is named: {why}");
+    assert!(
+        why.contains("has not heard from the API server for 1s (bound 1s)")
+            || why.contains("heard nothing from the API server for 1s, not even a bookmark"),
+        "{why}"
     );
-    assert_eq!(view.node_found, Some(true));
-    assert!(view
-        .vouch(BootTime::now())
-        .is_err_and(|e| e.starts_with("the Kubernetes API has not answered for ")));
+    assert!(
+        after >= options.silence_bound - BOOKMARK_EVERY - Duration::from_millis(100),
+        "a bookmark came at most {BOOKMARK_EVERY:?} before the stall: {after:?}"
+    );
+    assert!(
+        after <= options.silence_bound + Duration::from_millis(500),
+        "noticed within the bound: {after:?}"
+    );
+
+    // While the stall lasts the view never vouches, always naming the pods watch, and the other
+    // watches and the Node stay live.
+    let held = std::time::Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
+    while held.elapsed() < options.silence_bound * 3 {
+        let view = rx.borrow().clone();
+        let why = view.vouch(BootTime::now()).expect_err("a stalled watch never vouches");
+        assert!(why.starts_with("the pods watch "), "{why}");
+        seen.insert(why.split(" (").next().unwrap_or_default().to_string());
+        for w in &view.watches[1..] {
+            assert!(w.synced && w.error.is_none(), "{w:?}");
+            let heard = w.heard.expect("heard");
+            assert!(BootTime::now().since(heard) <= options.silence_bound, "{w:?}");
+        }
+        assert_eq!(view.node_found, Some(true));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen.contains("the pods watch broke"), "dropped and relisting: {seen:?}");
+    let view = rx.borrow().clone();
+    assert!(!view.watches[0].synced);
+    assert!(view.last_error.as_deref().is_some_and(|e| e.starts_with("pods: ")), "{view:#?}");
+
+    assert!(pod_lists(&server) > lists_at_stall, "the silent watch was dropped for a relist");
+
+    // The pods collection answers again: relisted, vouching again.
+    server.stall(PODS, false);
+    let view = wait_for(&mut rx, "vouching again", vouches).await;
+    assert!(view.watches[0].synced && view.watches[0].error.is_none(), "{view:#?}");
+    assert_eq!(view.last_error, None);
+    // And it stays so.
+    tokio::time::sleep(options.silence_bound * 2).await;
+    assert_eq!(rx.borrow().vouch(BootTime::now()), Ok(()));
     handle.abort();
 }

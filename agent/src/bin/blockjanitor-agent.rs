@@ -251,6 +251,10 @@ struct ServeArgs {
     /// Kubeconfig file for the Kubernetes API.
     #[arg(long, value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
+    /// Seconds one Kubernetes watch (or the Node lookup) may go without hearing from the API
+    /// server before the view stops vouching [default: 90].
+    #[arg(long, value_name = "SECONDS")]
+    kube_silence_bound_seconds: Option<u64>,
 }
 
 /// At most two glibc malloc arenas. glibc gives each thread that allocates its own arena (up
@@ -504,6 +508,9 @@ fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(k) = &a.kubeconfig {
         c.kubernetes.kubeconfig = Some(k.clone());
     }
+    if let Some(b) = a.kube_silence_bound_seconds {
+        c.kubernetes.silence_bound_seconds = Some(b);
+    }
     if let Some(j) = &cli.journal {
         c.journal = j.clone();
     }
@@ -611,11 +618,19 @@ async fn connect_kubernetes(state: &Arc<AgentState>) {
     match blockjanitor::kube::connect(&cfg).await {
         Ok(client) => {
             let (view, _task) =
-                blockjanitor::kube::spawn_watch(client.clone(), &state.node_name, Default::default());
+                blockjanitor::kube::spawn_watch(client.clone(), &state.node_name, watch_options(k));
             state.use_kubernetes(view, blockjanitor::kube::Reporter::new(client, &state.node_name));
             tracing::info!(node = %state.node_name, "using the Kubernetes API");
         }
         Err(e) => tracing::warn!("running without the Kubernetes API: {e}"),
+    }
+}
+
+/// The watches' options: the defaults, or scaled to the configured silence bound.
+fn watch_options(k: &blockjanitor::config::KubernetesConfig) -> blockjanitor::kube::WatchOptions {
+    match k.silence_bound_seconds {
+        Some(s) => blockjanitor::kube::WatchOptions::with_silence_bound(Duration::from_secs(s.max(1))),
+        None => blockjanitor::kube::WatchOptions::default(),
     }
 }
 

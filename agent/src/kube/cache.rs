@@ -1,33 +1,41 @@
 //! Keeping the [`ClusterView`] current, and knowing when it cannot be trusted.
 //!
-//! One `kube::runtime` watcher each for this node's pods (field selector `spec.nodeName`),
+//! One list-then-watch loop each for this node's pods (field selector `spec.nodeName`),
 //! VolumeAttachments (filtered to this node here: the API has no such selector for them) and
 //! PersistentVolumes. Lists are served from the API server's watch cache (`resourceVersion=0`,
 //! unpaginated), as the kubelet's are: one agent per node must not make every node's relist a
-//! quorum read of etcd.
+//! quorum read of etcd. Watches ask for bookmarks (`allowWatchBookmarks=true`) and end at the
+//! server's timeout (`timeoutSeconds=290`, as kube-runtime's watcher asks).
 //!
-//! A watch that fails in any way is not resumed: its table is marked unsynced at once, the
-//! watcher is dropped and, after a backoff (doubling, jittered, up to a bound), a fresh one lists
-//! again. The table is synced, and its error cleared, only when that relist is complete; no later
-//! event can do it. (kube's own backoff resumes from the last resource version, so a watch that
-//! broke would go on vouching for a table it may have missed changes to.) A watch the server
-//! simply ends at its timeout is resumed from its resource version, as the API intends.
+//! Each watch has its own sign of life: every listed or watched object, completed list, answered
+//! watch request and bookmark refreshes that watch's `heard` on `CLOCK_BOOTTIME`, and
+//! [`ClusterView::vouch`] refuses as soon as any one watch (or the Node lookup) has not heard from
+//! the server within the silence bound, naming it. (One timestamp for the whole API would let a
+//! pods watch that stalled without an error ride on the Node lookup's answers for minutes.)
+//!
+//! A watch that fails in any way is not resumed: its table is marked unsynced at once, the watch
+//! is dropped and, after a backoff (doubling, jittered, up to a bound), it lists again. A watch
+//! that hears nothing at all (no event, no bookmark) for the silence bound counts as failed: the
+//! API server sends bookmarks about once a minute, so its stream is stalled. The table is
+//! synced, and its error cleared, only when the relist is complete; no later event can do it. A
+//! watch the server simply ends at its timeout is resumed from its resource version, as the API
+//! intends; one answered `410 Gone` relists.
 //!
 //! A fourth task looks up this node's Node every probe interval: whether it exists (a name that
-//! matches no Node selects no pods, which must not read as "no pod uses it"), and a sign of life
-//! from the API while nothing changes. Every answer, and every listed or watched object, refreshes
-//! `last_contact` on `CLOCK_BOOTTIME`; [`ClusterView::vouch`] weighs it against the silence bound.
+//! matches no Node selects no pods, which must not read as "no pod uses it"), and the Node's own
+//! sign of life (`last_contact`).
 //!
 //! Objects are reduced to their plain data as they arrive. A relist is buffered and swapped in
 //! whole when it completes, so the view never shows half a list. Receivers are notified when
-//! anything but `last_contact` changed, or when the API answers again after a silence longer than
-//! the bound; a bare sign of life only refreshes `last_contact` in place, without notifying.
+//! anything but the contact times changed, or when whether the view vouches did; a bare sign of
+//! life is published without notifying.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use ::kube::runtime::watcher::{self, Event};
+use ::kube::api::{ListParams, WatchEvent, WatchParams};
+use ::kube::runtime::watcher::Event;
 use ::kube::{Api, Client, Resource};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -40,15 +48,17 @@ use super::report::request;
 use super::view::{
     pod_info, pv_info, va_info, ClusterView, PodInfo, PvInfo, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
 };
-use crate::clock::BootTime;
+use crate::clock::{human, BootTime};
 
 /// How often the Node is looked up, how long the API may stay silent, and how watches back off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WatchOptions {
-    /// Between two lookups of this node's Node (each answer is also a sign of life). Default 20 s.
+    /// Between two lookups of this node's Node (each answer is the Node's sign of life).
+    /// Default 20 s.
     pub probe_interval: Duration,
-    /// The view stops vouching when the API has not answered for longer than this. Default 60 s,
-    /// three probe intervals.
+    /// The view stops vouching when one watch, or the Node lookup, has not heard from the API
+    /// server for longer than this; such a watch is dropped and relisted, and a list or a watch
+    /// request not answered within it fails. Default 90 s ([`DEFAULT_SILENCE_BOUND`] says why).
     pub silence_bound: Duration,
     /// The wait before the first relist after a watch breaks. Default 1 s, doubled after every
     /// failed attempt up to [`backoff_max`](Self::backoff_max), and started over once a watch
@@ -66,6 +76,21 @@ impl Default for WatchOptions {
             silence_bound: DEFAULT_SILENCE_BOUND,
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
+        }
+    }
+}
+
+impl WatchOptions {
+    /// The defaults with another silence bound, the intervals scaled to it: a Node lookup every
+    /// quarter of the bound (at most 20 s), relists backing off from an eighth of it (at most
+    /// 1 s) up to the bound (at most 30 s).
+    pub fn with_silence_bound(bound: Duration) -> Self {
+        let d = WatchOptions::default();
+        WatchOptions {
+            probe_interval: d.probe_interval.min(bound / 4),
+            silence_bound: bound,
+            backoff_initial: d.backoff_initial.min(bound / 8),
+            backoff_max: d.backoff_max.min(bound),
         }
     }
 }
@@ -93,20 +118,23 @@ enum Change {
     Pv(Op<PvInfo>),
     /// A watch failed (and is being dropped); its error.
     Broke(Kind, String),
+    /// A watch heard from the API server without a change: its watch request was answered, or
+    /// a bookmark arrived.
+    Heard(Kind),
     /// A Node lookup: answered (whether the Node exists), or failed (why).
     Probe(Result<bool, String>),
 }
 
 impl Change {
-    /// Whether this is an answer from the API. `Begin` is not: kube announces a list before it
-    /// asks for it.
-    fn is_contact(&self) -> bool {
+    /// The watch this is an answer on, if it is one. `Begin` is not: it is announced before the
+    /// list is asked for; nor is a failure.
+    fn heard_on(&self) -> Option<Kind> {
         match self {
-            Change::Pod(op) => op.is_answer(),
-            Change::Va(op) => op.is_answer(),
-            Change::Pv(op) => op.is_answer(),
-            Change::Broke(..) => false,
-            Change::Probe(answer) => answer.is_ok(),
+            Change::Pod(op) => op.is_answer().then_some(Kind::Pods),
+            Change::Va(op) => op.is_answer().then_some(Kind::VolumeAttachments),
+            Change::Pv(op) => op.is_answer().then_some(Kind::PersistentVolumes),
+            Change::Heard(kind) => Some(*kind),
+            Change::Broke(..) | Change::Probe(_) => None,
         }
     }
 }
@@ -157,14 +185,12 @@ async fn run(
     mut state: State,
     tx: watch::Sender<ClusterView>,
 ) {
-    // `resourceVersion=0` lists come from the watch cache; kube drops it when a page size is set.
-    let mut config = watcher::Config::default().any_semantic();
-    config.page_size = None;
+    let node_field = format!("spec.nodeName={node}");
     let (out, mut changes) = mpsc::channel(256);
     let pods = follow(
         Kind::Pods,
         Api::<Pod>::all(client.clone()),
-        config.clone().fields(&format!("spec.nodeName={node}")),
+        Some(node_field),
         |ev| Change::Pod(reduce(ev, |p: &Pod| Some(pod_info(p)))),
         out.clone(),
         options,
@@ -173,7 +199,7 @@ async fn run(
     let vas = follow(
         Kind::VolumeAttachments,
         Api::<VolumeAttachment>::all(client.clone()),
-        config.clone(),
+        None,
         move |ev| {
             Change::Va(reduce(ev, |va: &VolumeAttachment| {
                 (va.spec.node_name == this_node).then(|| va_info(va))
@@ -185,7 +211,7 @@ async fn run(
     let pvs = follow(
         Kind::PersistentVolumes,
         Api::<PersistentVolume>::all(client.clone()),
-        config,
+        None,
         |ev| Change::Pv(reduce(ev, |pv: &PersistentVolume| Some(pv_info(pv)))),
         out.clone(),
         options,
@@ -198,19 +224,7 @@ async fn run(
     let publish = async {
         while let Some(change) = changes.recv().await {
             let now = BootTime::now();
-            let contact = change.is_contact();
-            // The API answers again after a silence the view could not vouch through.
-            let resumed =
-                contact && state.last_contact.is_some_and(|at| now.since(at) > options.silence_bound);
-            if !state.apply(change, now) {
-                if contact {
-                    tx.send_if_modified(|current| {
-                        current.last_contact = state.last_contact;
-                        resumed
-                    });
-                }
-                continue;
-            }
+            state.apply(change, now);
             let view = state.view(&node);
             if view.synced && !tx.borrow().synced {
                 tracing::info!(
@@ -222,7 +236,9 @@ async fn run(
                 );
             }
             tx.send_if_modified(|current| {
-                let notify = resumed || !current.same_evidence(&view);
+                // A bare sign of life wakes nobody, unless it makes the view vouch again.
+                let notify = !current.same_evidence(&view)
+                    || current.vouch(now).is_ok() != view.vouch(now).is_ok();
                 *current = view;
                 notify
             });
@@ -238,34 +254,125 @@ async fn run(
     }
 }
 
-/// Follows one collection for as long as anyone listens: a fresh watcher (list, then watch) after
-/// every failure, each failure reported first so that the table stops vouching at once.
+/// The server-side timeout asked of each watch request, as kube-runtime's watcher asks: the API
+/// server ends the watch after about this long (jittered), and it is resumed.
+const WATCH_TIMEOUT_SECONDS: u32 = 290;
+
+/// Follows one collection for as long as anyone listens: list, then watch from the list's
+/// resource version, resuming each watch the server ends; after any failure (a list or watch
+/// request refused or unanswered within the silence bound, an error in the stream, `410 Gone`,
+/// or a stream that hears nothing, not even a bookmark, for the silence bound) the failure is
+/// reported first, so that the table stops vouching at once, and the collection is listed again
+/// after a backoff.
 async fn follow<K>(
     kind: Kind,
     api: Api<K>,
-    config: watcher::Config,
+    field_selector: Option<String>,
     to_change: impl Fn(Event<K>) -> Change,
     out: mpsc::Sender<Change>,
     options: WatchOptions,
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    // `resourceVersion=0` lists come from the watch cache; unpaginated (a limit would make it a
+    // quorum read).
+    let mut lp = ListParams::default().match_any();
+    let mut wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
+    wp.bookmarks = true;
+    if let Some(f) = &field_selector {
+        lp = lp.fields(f);
+        wp = wp.fields(f);
+    }
+    let bound = options.silence_bound;
     let mut delay = options.backoff_initial;
     loop {
-        let mut events = std::pin::pin!(watcher::watcher(api.clone(), config.clone()));
         let mut listed_at = None;
-        let error = loop {
-            match events.next().await {
-                Some(Ok(event)) => {
-                    if matches!(event, Event::InitDone) {
-                        listed_at = Some(tokio::time::Instant::now());
+        let error = 'watch: {
+            if out.send(to_change(Event::Init)).await.is_err() {
+                return;
+            }
+            let list = match tokio::time::timeout(bound, api.list(&lp)).await {
+                Err(_) => {
+                    break 'watch format!(
+                        "failed to perform initial object list: no answer within {}",
+                        human(bound)
+                    )
+                }
+                Ok(Err(e)) => break 'watch format!("failed to perform initial object list: {e}"),
+                Ok(Ok(list)) => list,
+            };
+            let mut version = list.metadata.resource_version.clone().unwrap_or_default();
+            for object in list.items {
+                if out.send(to_change(Event::InitApply(object))).await.is_err() {
+                    return;
+                }
+            }
+            if out.send(to_change(Event::InitDone)).await.is_err() {
+                return;
+            }
+            listed_at = Some(tokio::time::Instant::now());
+            // Watch from the list's version; resume from the last one seen when the server ends
+            // the watch at its timeout.
+            loop {
+                let stream = match tokio::time::timeout(bound, api.watch(&wp, &version)).await {
+                    Err(_) => {
+                        break 'watch format!(
+                            "failed to start watching object: no answer within {}",
+                            human(bound)
+                        )
                     }
-                    if out.send(to_change(event)).await.is_err() {
+                    Ok(Err(e)) => break 'watch format!("failed to start watching object: {e}"),
+                    Ok(Ok(stream)) => stream,
+                };
+                if out.send(Change::Heard(kind)).await.is_err() {
+                    return;
+                }
+                let mut stream = std::pin::pin!(stream);
+                loop {
+                    let event = match tokio::time::timeout(bound, stream.next()).await {
+                        Err(_) => {
+                            tracing::warn!(
+                                resource = kind.as_str(),
+                                silence_bound = %human(bound),
+                                "Kubernetes watch heard nothing, not even a bookmark: dropping it and \
+                                 relisting"
+                            );
+                            break 'watch format!(
+                                "it heard nothing from the API server for {}, not even a bookmark",
+                                human(bound)
+                            );
+                        }
+                        // Ended by the server (its timeout, or a connection closed between
+                        // events): resumed from `version`.
+                        Ok(None) => break,
+                        Ok(Some(Err(e))) => break 'watch format!("watch stream failed: {e}"),
+                        Ok(Some(Ok(event))) => event,
+                    };
+                    let change = match event {
+                        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                            version = o.meta().resource_version.clone().unwrap_or(version);
+                            to_change(Event::Apply(o))
+                        }
+                        WatchEvent::Deleted(o) => {
+                            version = o.meta().resource_version.clone().unwrap_or(version);
+                            to_change(Event::Delete(o))
+                        }
+                        WatchEvent::Bookmark(b) => {
+                            version = b.metadata.resource_version;
+                            Change::Heard(kind)
+                        }
+                        // 410 Gone (the version is too old) among them: only a relist recovers.
+                        WatchEvent::Error(status) => {
+                            break 'watch format!(
+                                "error returned by apiserver during watch: {} {}: {}",
+                                status.code, status.reason, status.message
+                            )
+                        }
+                    };
+                    if out.send(change).await.is_err() {
                         return;
                     }
                 }
-                Some(Err(e)) => break e.to_string(),
-                None => break "the watch stream ended".to_string(),
             }
         };
         if out.send(Change::Broke(kind, error)).await.is_err() {
@@ -273,7 +380,7 @@ async fn follow<K>(
         }
         // Only a watch that held for a while starts the backoff over: one that breaks right
         // after every list must not make every node relist every second.
-        if listed_at.is_some_and(|at| at.elapsed() >= options.backoff_max) {
+        if listed_at.is_some_and(|at: tokio::time::Instant| at.elapsed() >= options.backoff_max) {
             delay = options.backoff_initial;
         }
         tokio::time::sleep(jittered(delay)).await;
@@ -346,11 +453,13 @@ struct Table<T> {
     pending: Option<BTreeMap<String, T>>,
     synced: bool,
     error: Option<String>,
+    /// When the watch last heard from the API server.
+    heard: Option<BootTime>,
 }
 
 impl<T> Table<T> {
     fn new(kind: Kind) -> Self {
-        Table { kind, live: BTreeMap::new(), pending: None, synced: false, error: None }
+        Table { kind, live: BTreeMap::new(), pending: None, synced: false, error: None, heard: None }
     }
 
     /// Applies an operation; true when what is shown may have changed. Only a complete list
@@ -402,7 +511,12 @@ impl<T> Table<T> {
     }
 
     fn health(&self) -> WatchHealth {
-        WatchHealth { resource: self.kind.as_str(), synced: self.synced, error: self.error.clone() }
+        WatchHealth {
+            resource: self.kind.as_str(),
+            synced: self.synced,
+            error: self.error.clone(),
+            heard: self.heard,
+        }
     }
 }
 
@@ -414,6 +528,7 @@ struct State {
     node_found: Option<bool>,
     /// The last lookup's failure, until one is answered.
     probe_error: Option<String>,
+    /// When a Node lookup was last answered.
     last_contact: Option<BootTime>,
     silence_bound: Duration,
 }
@@ -431,12 +546,17 @@ impl State {
         }
     }
 
-    /// Applies a change seen at `now`; true when the view, `last_contact` aside, may have changed.
+    /// Applies a change seen at `now`; true when the view, the contact times aside, may have
+    /// changed.
     fn apply(&mut self, change: Change, now: BootTime) -> bool {
-        if change.is_contact() {
-            self.last_contact = Some(now);
+        match change.heard_on() {
+            Some(Kind::Pods) => self.pods.heard = Some(now),
+            Some(Kind::VolumeAttachments) => self.vas.heard = Some(now),
+            Some(Kind::PersistentVolumes) => self.pvs.heard = Some(now),
+            None => {}
         }
         match change {
+            Change::Heard(_) => false,
             Change::Pod(op) => self.pods.apply(op),
             Change::Va(op) => self.vas.apply(op),
             Change::Pv(op) => self.pvs.apply(op),
@@ -444,6 +564,7 @@ impl State {
             Change::Broke(Kind::VolumeAttachments, e) => self.vas.fail(e),
             Change::Broke(Kind::PersistentVolumes, e) => self.pvs.fail(e),
             Change::Probe(Ok(found)) => {
+                self.last_contact = Some(now);
                 if self.node_found != Some(found) {
                     if found {
                         tracing::info!("this node's Node object exists");
@@ -545,7 +666,7 @@ mod tests {
         assert!(t.apply(Op::Commit));
         assert!(t.synced && t.error.is_none());
         assert_eq!(names(&t), ["e"]);
-        assert_eq!(t.health(), WatchHealth { resource: "pods", synced: true, error: None });
+        assert_eq!(t.health(), WatchHealth { resource: "pods", synced: true, error: None, heard: None });
     }
 
     #[test]
@@ -557,16 +678,18 @@ mod tests {
         assert_eq!(view.vouch(t(0)), Err("the pods watch is not synced yet".into()));
 
         assert!(!state.apply(Change::Pod(Op::Begin), t(1)));
-        assert_eq!(state.last_contact, None, "announcing a list is not an answer");
+        assert_eq!(state.pods.heard, None, "announcing a list is not an answer");
         for (i, change) in
             [Change::Pod(Op::Commit), Change::Va(Op::Commit), Change::Pv(Op::Commit)].into_iter().enumerate()
         {
             assert!(state.apply(change, t(2 + i as u64)));
         }
-        assert_eq!(state.last_contact, Some(t(4)));
+        let heard: Vec<_> = state.view("node-a").watches.iter().map(|w| w.heard).collect();
+        assert_eq!(heard, [Some(t(2)), Some(t(3)), Some(t(4))], "each watch its own");
+        assert_eq!(state.last_contact, None, "a watch's answer is not the Node's");
         assert_eq!(
             state.view("node-a").vouch(t(4)),
-            Err("the Node 'node-a' has not been looked up yet".into())
+            Err("the Node lookup has not been answered yet".into())
         );
 
         // A failed lookup is recorded but neither desyncs nor counts as contact.
@@ -574,11 +697,7 @@ mod tests {
         let view = state.view("node-a");
         assert!(view.synced);
         assert_eq!(view.last_error.as_deref(), Some("get node node-a: timed out"));
-        assert_eq!(view.last_contact, Some(t(4)));
-        assert_eq!(
-            view.vouch(t(5)),
-            Err("the Node 'node-a' has not been looked up yet (get node node-a: timed out)".into())
-        );
+        assert_eq!(view.last_contact, None);
 
         assert!(state.apply(Change::Probe(Ok(false)), t(6)));
         assert_eq!(state.last_contact, Some(t(6)), "a 404 is an answer");
@@ -588,8 +707,24 @@ mod tests {
         assert!(state.apply(Change::Probe(Ok(true)), t(7)));
         assert!(!state.apply(Change::Probe(Ok(true)), t(8)), "only the contact time changed");
         assert_eq!(state.last_contact, Some(t(8)));
-        assert_eq!(state.view("node-a").vouch(t(68)), Ok(()));
-        assert!(state.view("node-a").vouch(t(69)).is_err_and(|e| e.contains("has not answered for 1m01s")));
+        assert_eq!(state.view("node-a").vouch(t(62)), Ok(()));
+        // The pods watch heard last at 2 s: the first to go silent, and named.
+        assert_eq!(
+            state.view("node-a").vouch(t(63)),
+            Err("the pods watch has not heard from the API server for 1m01s (bound 1m00s): no event, \
+                 no bookmark"
+                .into())
+        );
+        // A bookmark (or an answered watch request) is a sign of life, and changes nothing else.
+        assert!(!state.apply(Change::Heard(Kind::Pods), t(63)));
+        assert_eq!(state.view("node-a").vouch(t(63)), Ok(()));
+        assert!(state.view("node-a").vouch(t(64)).is_err_and(|e| e.starts_with("the volumeattachments watch")));
+        for kind in [Kind::VolumeAttachments, Kind::PersistentVolumes] {
+            state.apply(Change::Heard(kind), t(64));
+        }
+        assert!(state.view("node-a").vouch(t(69)).is_err_and(|e| e.starts_with("the Node lookup has not been answered for 1m01s")));
+        assert!(state.view("node-a").vouch(t(125)).is_err_and(|e| e.starts_with("the Kubernetes API has not answered for 1m01s")));
+        state.apply(Change::Probe(Ok(true)), t(9));
 
         // A broken watch: unsynced, named, and its error wins over a lookup's.
         state.apply(Change::Probe(Err("get node node-a: refused".into())), t(9));
@@ -603,6 +738,8 @@ mod tests {
         );
         state.apply(Change::Va(Op::Upsert("x".into(), VaInfo::default())), t(10));
         assert!(!state.view("node-a").synced, "an event is no relist");
+        state.apply(Change::Heard(Kind::VolumeAttachments), t(10));
+        assert!(!state.view("node-a").synced, "nor is a bookmark");
         state.apply(Change::Va(Op::Begin), t(11));
         state.apply(Change::Va(Op::Commit), t(12));
         let view = state.view("node-a");

@@ -1,8 +1,8 @@
 //! What the cluster says about this node's volumes, as plain data: the pods scheduled here, the
 //! VolumeAttachments for this node and every PersistentVolume, with the questions the cleaner
 //! asks of them, and whether the view may be taken as evidence at all ([`ClusterView::vouch`]:
-//! every watch listed since it last broke, this node's Node exists, and the API answered
-//! recently). Built from API objects by pure functions; [`super::cache`] keeps it current.
+//! every watch listed since it last broke, each watch and the Node lookup heard from the API
+//! server within the silence bound, and this node's Node exists). Built from API objects by pure functions; [`super::cache`] keeps it current.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -78,9 +78,20 @@ pub struct VaInfo {
     pub attached: bool,
 }
 
-/// How long the API may stay silent before the view stops vouching, unless told otherwise: three
-/// Node probes of the default interval ([`super::cache::WatchOptions`]).
-pub const DEFAULT_SILENCE_BOUND: Duration = Duration::from_secs(60);
+/// How long one watch (or the Node lookup) may go without hearing from the API server before the
+/// view stops vouching, unless told otherwise.
+///
+/// Why 90 s: the API server's watch cache sends every watch that asked for them
+/// (`allowWatchBookmarks=true`) a bookmark about once a minute (its `bookmarkFrequency`, and
+/// once more ~2 s before the watch's own timeout), so a watch that is quiet but live hears
+/// something at least every ~60 s, plus the cache's dispatch lag. 90 s leaves it 30 s of slack:
+/// a quiet watch does not flap, and a stream stalled without an error (a half-open connection, a
+/// proxy that stopped forwarding) is noticed within 90 s instead of at the watch's 290 s timeout
+/// or the client's read timeout. The Node lookup answers every 20 s, so 90 s is four missed
+/// lookups. A watch silent past the bound is dropped and relisted ([`super::cache`]): it vouches
+/// again only once that relist is complete. (An API server with its watch cache disabled sends no
+/// bookmarks: there, a watch with no events relists every 90 s, which is wasteful but safe.)
+pub const DEFAULT_SILENCE_BOUND: Duration = Duration::from_secs(90);
 
 /// The health of one of the three watches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,10 +102,21 @@ pub struct WatchHealth {
     pub synced: bool,
     /// Why the watch broke, kept until the relist that follows commits.
     pub error: Option<String>,
+    /// When this watch last heard from the API server: a listed or watched object, a completed
+    /// list, an answered watch request or a bookmark, on the clock that cannot jump. `None`: never.
+    pub heard: Option<BootTime>,
 }
 
-/// The cluster's state as far as this node is concerned; replaced whole on every change (but for
-/// [`last_contact`](Self::last_contact), which is refreshed in place: see [`super::cache`]).
+impl WatchHealth {
+    /// Equal but for [`heard`](Self::heard).
+    fn same_state(&self, other: &WatchHealth) -> bool {
+        self.resource == other.resource && self.synced == other.synced && self.error == other.error
+    }
+}
+
+/// The cluster's state as far as this node is concerned; republished on every change (readers
+/// are woken only when something but the contact times changed, or the verdict of
+/// [`vouch`](Self::vouch) did: see [`super::cache`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterView {
     pub node_name: String,
@@ -116,10 +138,11 @@ pub struct ClusterView {
     /// Whether a Node named [`node_name`](Self::node_name) exists: `None` until a lookup is
     /// answered, then as of the last answer (a failed lookup keeps it).
     pub node_found: Option<bool>,
-    /// When the API last answered: a listed or watched object, a completed list, or an answered
-    /// Node lookup (found or not), on the clock that cannot jump.
+    /// When a lookup of this node's Node was last answered (found or not), on the clock that
+    /// cannot jump: the Node's sign of life. Each watch's own is [`WatchHealth::heard`].
     pub last_contact: Option<BootTime>,
-    /// Longer than this without [`last_contact`](Self::last_contact) and the view stops vouching.
+    /// Longer than this without hearing from the API server, on any one watch or the Node
+    /// lookup, and the view stops vouching ([`DEFAULT_SILENCE_BOUND`] says why 90 s).
     pub silence_bound: Duration,
 }
 
@@ -142,26 +165,17 @@ impl Default for ClusterView {
 
 impl ClusterView {
     /// Whether the view may be taken as evidence at `now` ("no pod on this node uses this PV"):
-    /// every watch has listed since it last broke, the API answered within
-    /// [`silence_bound`](Self::silence_bound), and a Node named [`node_name`](Self::node_name)
-    /// exists. Otherwise the one reason why not, as a sentence without its period. A pure
-    /// function of the view and `now`: it never waits on the API.
+    /// every watch has listed since it last broke, every watch and the Node lookup heard from
+    /// the API server within [`silence_bound`](Self::silence_bound) (one silent watch is enough
+    /// to refuse, and is named), and a Node named [`node_name`](Self::node_name) exists.
+    /// Otherwise the one reason why not, as a sentence without its period. A pure function of
+    /// the view and `now`: it never waits on the API.
     pub fn vouch(&self, now: BootTime) -> Result<(), String> {
         if let Some(why) = self.unsynced() {
             return Err(why);
         }
-        match self.last_contact {
-            None => return Err("the Kubernetes API has not answered yet".to_string()),
-            Some(at) => {
-                let silent = now.since(at);
-                if silent > self.silence_bound {
-                    return Err(format!(
-                        "the Kubernetes API has not answered for {} (bound {})",
-                        human(silent),
-                        human(self.silence_bound)
-                    ));
-                }
-            }
+        if let Some(why) = self.silent(now) {
+            return Err(why);
         }
         match self.node_found {
             Some(true) => Ok(()),
@@ -174,6 +188,48 @@ impl ClusterView {
                 Some(e) => format!("the Node '{}' has not been looked up yet ({e})", self.node_name),
                 None => format!("the Node '{}' has not been looked up yet", self.node_name),
             }),
+        }
+    }
+
+    /// Which source has not heard from the API server within the bound, if any: when every one
+    /// is silent, the API as a whole (for the shortest silence); else the first silent watch,
+    /// else the Node lookup.
+    fn silent(&self, now: BootTime) -> Option<String> {
+        let bound = self.silence_bound;
+        // `None`: never heard. A contact after `now` is no silence.
+        let silence = |at: Option<BootTime>| at.map(|at| now.since(at));
+        let too_long = |s: Option<Duration>| s.is_none_or(|s| s > bound);
+        let node = silence(self.last_contact);
+        let watches: Vec<(&str, Option<Duration>)> =
+            self.watches.iter().map(|w| (w.resource, silence(w.heard))).collect();
+        if too_long(node) && watches.iter().all(|(_, s)| too_long(*s)) {
+            let shortest = watches.iter().map(|(_, s)| *s).chain([node]).flatten().min();
+            return Some(match shortest {
+                None => "the Kubernetes API has not answered yet".to_string(),
+                Some(s) => {
+                    format!("the Kubernetes API has not answered for {} (bound {})", human(s), human(bound))
+                }
+            });
+        }
+        if let Some((resource, s)) = watches.iter().find(|(_, s)| too_long(*s)) {
+            return Some(match s {
+                None => format!("the {resource} watch has not heard from the API server yet"),
+                Some(s) => format!(
+                    "the {resource} watch has not heard from the API server for {} (bound {}): \
+                     no event, no bookmark",
+                    human(*s),
+                    human(bound)
+                ),
+            });
+        }
+        match node {
+            Some(s) if s > bound => Some(format!(
+                "the Node lookup has not been answered for {} (bound {})",
+                human(s),
+                human(bound)
+            )),
+            Some(_) => None,
+            None => Some("the Node lookup has not been answered yet".to_string()),
         }
     }
 
@@ -190,7 +246,9 @@ impl ClusterView {
         (!self.synced).then(|| "the Kubernetes view is not synced yet".to_string())
     }
 
-    /// Equal but for [`last_contact`](Self::last_contact): nothing a reader would act on differs.
+    /// Equal but for the contact times ([`last_contact`](Self::last_contact),
+    /// [`WatchHealth::heard`]): nothing a reader would act on differs, though whether the view
+    /// vouches at a given time may.
     pub(crate) fn same_evidence(&self, other: &ClusterView) -> bool {
         // Destructured, so that a new field cannot be forgotten here.
         let ClusterView {
@@ -210,7 +268,8 @@ impl ClusterView {
             && *volume_attachments == other.volume_attachments
             && *pvs == other.pvs
             && *synced == other.synced
-            && *watches == other.watches
+            && watches.len() == other.watches.len()
+            && watches.iter().zip(&other.watches).all(|(a, b)| a.same_state(b))
             && *last_error == other.last_error
             && *node_found == other.node_found
             && *silence_bound == other.silence_bound
@@ -381,7 +440,7 @@ mod tests {
             synced: true,
             watches: ["pods", "volumeattachments", "persistentvolumes"]
                 .into_iter()
-                .map(|resource| WatchHealth { resource, synced: true, error: None })
+                .map(|resource| WatchHealth { resource, synced: true, error: None, heard: Some(at(100)) })
                 .collect(),
             node_found: Some(true),
             last_contact: Some(at(100)),
@@ -394,26 +453,60 @@ mod tests {
         let view = vouching();
         assert_eq!(view.silence_bound, DEFAULT_SILENCE_BOUND);
         assert_eq!(view.vouch(at(100)), Ok(()));
-        assert_eq!(view.vouch(at(160)), Ok(()), "at the bound");
+        assert_eq!(view.vouch(at(190)), Ok(()), "at the bound");
         assert_eq!(view.vouch(at(50)), Ok(()), "a contact after `now` is no silence");
         assert_eq!(
             view.vouch(at(230)),
-            Err("the Kubernetes API has not answered for 2m10s (bound 1m00s)".to_string())
+            Err("the Kubernetes API has not answered for 2m10s (bound 1m30s)".to_string())
         );
         let short = ClusterView { silence_bound: Duration::from_secs(5), ..vouching() };
         assert_eq!(short.vouch(at(106)), Err("the Kubernetes API has not answered for 6s (bound 5s)".into()));
 
+        // One watch silent, the others and the Node heard from: that watch is named.
+        let mut one = vouching();
+        for w in &mut one.watches {
+            w.heard = Some(at(200));
+        }
+        one.last_contact = Some(at(200));
+        one.watches[1].heard = Some(at(105));
+        assert_eq!(one.vouch(at(195)), Ok(()), "within the bound");
+        assert_eq!(
+            one.vouch(at(200)),
+            Err("the volumeattachments watch has not heard from the API server for 1m35s (bound 1m30s): \
+                 no event, no bookmark"
+                .into())
+        );
+        one.watches[1].heard = None;
+        assert_eq!(
+            one.vouch(at(200)),
+            Err("the volumeattachments watch has not heard from the API server yet".into())
+        );
+        one.watches[1].heard = Some(at(200));
+        assert_eq!(one.vouch(at(200)), Ok(()), "it answered again");
+        // The Node lookup alone silent.
+        one.last_contact = Some(at(100));
+        assert_eq!(
+            one.vouch(at(200)),
+            Err("the Node lookup has not been answered for 1m40s (bound 1m30s)".into())
+        );
+        one.last_contact = None;
+        assert_eq!(one.vouch(at(200)), Err("the Node lookup has not been answered yet".into()));
+
         let mut broke = vouching();
         broke.synced = false;
-        broke.watches[0] =
-            WatchHealth { resource: "pods", synced: false, error: Some("watch stream failed: EOF".into()) };
+        broke.watches[0] = WatchHealth {
+            resource: "pods",
+            synced: false,
+            error: Some("watch stream failed: EOF".into()),
+            heard: Some(at(100)),
+        };
         broke.watches[2].synced = false;
         assert_eq!(
             broke.vouch(at(100)),
             Err("the pods watch broke (watch stream failed: EOF): relisting".into()),
             "a broken watch before one that has not listed"
         );
-        broke.watches[0] = WatchHealth { resource: "pods", synced: true, error: None };
+        broke.watches[0] = WatchHealth { resource: "pods", synced: true, error: None, heard: Some(at(100)) };
         assert_eq!(broke.vouch(at(100)), Err("the persistentvolumes watch is not synced yet".into()));
         let unsynced = ClusterView { synced: false, watches: Vec::new(), ..vouching() };
         assert_eq!(unsynced.vouch(at(100)), Err("the Kubernetes view is not synced yet".into()));
@@ -438,15 +531,24 @@ mod tests {
             Err("the Node 'node-a' has not been looked up yet (get node node-a: forbidden)".into())
         );
         let never = ClusterView { last_contact: None, ..vouching() };
-        assert_eq!(never.vouch(at(100)), Err("the Kubernetes API has not answered yet".into()));
+        assert_eq!(never.vouch(at(100)), Err("the Node lookup has not been answered yet".into()));
+        let mut nothing = ClusterView { last_contact: None, ..vouching() };
+        for w in &mut nothing.watches {
+            w.heard = None;
+        }
+        assert_eq!(nothing.vouch(at(100)), Err("the Kubernetes API has not answered yet".into()));
         assert!(ClusterView::default().vouch(at(0)).is_err(), "a default view vouches for nothing");
     }
 
     #[test]
     fn same_evidence_ignores_only_the_contact_time() {
         let a = vouching();
-        let b = ClusterView { last_contact: Some(at(500)), ..vouching() };
+        let mut b = ClusterView { last_contact: Some(at(500)), ..vouching() };
+        b.watches[2].heard = Some(at(400));
         assert!(a.same_evidence(&b) && a != b);
+        let mut c = vouching();
+        c.watches[2].error = Some("x".into());
+        assert!(!a.same_evidence(&c));
         assert!(!a.same_evidence(&ClusterView { node_found: Some(false), ..vouching() }));
         assert!(!a.same_evidence(&ClusterView { synced: false, ..vouching() }));
     }

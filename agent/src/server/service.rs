@@ -127,10 +127,21 @@ impl Agent for AgentService {
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
         let caller = self.policy.caller(&req)?;
-        if let Err(wait) = self.state.plan_limit.admit(&caller.identity, std::time::Instant::now()) {
+        // The console forwards many people's Plans: each counts apart ("console for alice"),
+        // not all of them in one bucket.
+        let forwarded_for = (caller.role == Role::Console)
+            .then(|| req.metadata().get(crate::server::auth::ON_BEHALF_OF).and_then(|v| v.to_str().ok()))
+            .flatten()
+            .map(str::trim)
+            .filter(|w| !w.is_empty());
+        let who = match forwarded_for {
+            Some(w) => format!("{} for {w}", caller.identity),
+            None => caller.identity.clone(),
+        };
+        if let Err(wait) = self.state.plan_limit.admit(&who, std::time::Instant::now()) {
             return Err(Status::resource_exhausted(format!(
                 "{} asked for more than {} plans a minute (each scans afresh): try again in {} s",
-                caller.identity,
+                who,
                 self.state.config.plans_per_minute_per_client,
                 wait.as_secs() + 1
             )));

@@ -90,6 +90,18 @@ struct Cli {
     /// Longest wait between two connection attempts, in seconds.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     backoff_max_seconds: u64,
+    /// Fleet-wide budget: at most this many steps a minute carried out through the console's
+    /// Apply, across every node and caller; an Apply over it is refused, saying when it frees
+    /// (0: no budget).
+    #[arg(long, default_value_t = serve::DEFAULT_STEPS_PER_MINUTE, value_name = "N")]
+    fleet_steps_per_minute: u32,
+    /// Applies (dry runs included) a minute per caller, by client certificate identity (0: no
+    /// limit).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    applies_per_minute_per_caller: u32,
+    /// Plans a minute per caller, by client certificate identity (0: no limit).
+    #[arg(long, default_value_t = 60, value_name = "N")]
+    plans_per_minute_per_caller: u32,
     /// Log format on stderr.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -143,6 +155,11 @@ fn run(cli: Cli) -> Result<()> {
         kube: KubeSource { url: cli.kube_url, kubeconfig: cli.kubeconfig, in_cluster: cli.in_cluster },
         links,
         apply_timeout: Duration::from_secs(300),
+        steps_per_minute: cli.fleet_steps_per_minute,
+        caller_limits: blockjanitor_console::service::CallerLimits {
+            applies_per_minute: cli.applies_per_minute_per_caller,
+            plans_per_minute: cli.plans_per_minute_per_caller,
+        },
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
