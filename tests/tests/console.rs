@@ -215,6 +215,11 @@ impl Cluster {
 }
 
 async fn start_cluster() -> Cluster {
+    start_cluster_with(&[]).await
+}
+
+/// [`start_cluster`] with more console flags.
+async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
     let (cert, key, ca) = pki.write_server(s.dir.path());
@@ -314,7 +319,10 @@ async fn start_cluster() -> Cluster {
             "1000",
             "--backoff-max-seconds",
             "2",
-        ],
+        ]
+        .into_iter()
+        .chain(console_extra.iter().copied())
+        .collect::<Vec<_>>(),
     );
     let console = Console::start(&args);
     let cl = Cluster { s, pki, api, agents, console };
@@ -636,6 +644,8 @@ fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_opera
             node: "node-old".into(),
             devices: vec!["rbd4".into()],
             identities: old.identities.clone(),
+            execute: true,
+            ..Default::default()
         };
         let e = c.apply(req.clone()).await.expect_err("viewer Apply");
         assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
@@ -667,6 +677,146 @@ fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_opera
             .await
             .expect_err("unreachable");
         assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    });
+}
+
+/// The agent's audit lines for Apply requests.
+fn apply_audits(d: &Daemon) -> Vec<Value> {
+    d.log_text()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "audit" && v["phase"] == "request")
+        .collect()
+}
+
+/// The console's Apply across real agents: identities required (refused naming the device,
+/// before any agent is asked), a dry run of every node's plan first (the summary always
+/// returned; nothing runs without `execute`, nor when the dry run refuses anywhere), a
+/// fleet-wide step budget a minute (refused naming the budget and when it frees), and rate limits
+/// per caller (one operator over its limit does not slow another).
+#[test]
+fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per_caller_limits() {
+    rt().block_on(async {
+        let cl = start_cluster_with(&[
+            "--operator",
+            "admin2",
+            "--fleet-steps-per-minute",
+            "1",
+            "--applies-per-minute-per-caller",
+            "4",
+        ])
+        .await;
+        let mut admin = cl.client("admin").await;
+        let plan = |node: &str, dev: &str| pb::FleetPlanRequest { node: node.into(), devices: vec![dev.into()] };
+        let old = admin.plan(plan("node-old", "rbd4")).await.expect("plan old").into_inner();
+        let old = old.plan.expect("plan").plans.remove(0);
+        assert_eq!((old.steps.len(), old.refusal.as_str()), (1, ""), "{old:#?}");
+        assert!(old.identity.contains("rbd="), "{old:#?}");
+        let new = admin.plan(plan("node-new", "rbd0")).await.expect("plan new").into_inner();
+        let new = new.plan.expect("plan").plans.remove(0);
+        assert!(!new.refusal.is_empty(), "rbd0 is in use on node-new: {new:#?}");
+        // The agents count the console's forwarded Plans per caller.
+        let audits_before = apply_audits(cl.agent("node-old")).len();
+
+        // 1. Identities are required: refused naming the device, before any agent is asked.
+        let bare = pb::FleetApplyRequest {
+            node: "node-old".into(),
+            devices: vec!["rbd4".into()],
+            execute: true,
+            ..Default::default()
+        };
+        let e = admin.apply(bare).await.expect_err("no identity");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("no identity for node-old/rbd4: "), "{e:?}");
+        let mut two = pb::FleetApplyRequest {
+            node: "node-old".into(),
+            devices: vec!["rbd4".into()],
+            identities: vec![old.identity.clone()],
+            targets: vec![pb::FleetApplyTarget {
+                node: "node-new".into(),
+                devices: vec!["rbd0".into()],
+                identities: vec![String::new()],
+            }],
+            execute: true,
+        };
+        let e = admin.apply(two.clone()).await.expect_err("no identity on the second node");
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+        assert!(e.message().starts_with("no identity for node-new/rbd0: "), "{e:?}");
+
+        // 2. A dry run across two nodes: every node's plan summarised, nothing run.
+        two.targets[0].identities = vec![new.identity.clone()];
+        let dry = admin
+            .apply(pb::FleetApplyRequest { execute: false, ..two.clone() })
+            .await
+            .expect("dry run")
+            .into_inner();
+        assert!(!dry.executed && dry.results.is_empty() && dry.result.is_none(), "{dry:#?}");
+        assert_eq!(dry.on_behalf_of, "admin");
+        let nodes: Vec<&str> = dry.summary.iter().map(|n| n.node.as_str()).collect();
+        assert_eq!(nodes, ["node-old", "node-new"]);
+        let (s_old, s_new) = (&dry.summary[0], &dry.summary[1]);
+        assert_eq!((s_old.steps, s_old.refusal.as_str()), (1, ""), "{s_old:#?}");
+        assert_eq!(s_old.plan.as_ref().expect("plan").plans[0].steps[0].action, "rbd_unmap");
+        assert!(s_new.refusal.starts_with("rbd0: "), "the refused device is named: {s_new:#?}");
+        assert!(s_new.refusal.contains(&new.refusal), "with the agent's reason: {s_new:#?}");
+        assert_eq!((dry.budget_steps_per_minute, dry.budget_steps_left), (1, 1));
+        assert_eq!(apply_audits(cl.agent("node-old")).len(), audits_before, "a dry run applies nothing");
+
+        // 3. Executing while the dry run refuses on one node runs nothing anywhere.
+        let e = admin.apply(two.clone()).await.expect_err("node-new refuses");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().starts_with("the dry run refuses, so nothing ran: node-new: rbd0: "), "{e:?}");
+        assert_eq!(apply_audits(cl.agent("node-old")).len(), audits_before, "node-old was not asked to act");
+        assert_eq!(apply_audits(cl.agent("node-new")).len(), 0);
+
+        // 4. node-old alone: the dry run passes, the Apply reaches the agent on behalf of admin
+        // (which, on a fixture tree, refuses to act) and takes the fleet's one step this minute.
+        let one = pb::FleetApplyRequest { targets: Vec::new(), ..two.clone() };
+        let e = admin.apply(one.clone()).await.expect_err("a fixture tree cannot be acted on");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().starts_with("the agent on node-old: "), "{e:?}");
+        let audits = apply_audits(cl.agent("node-old"));
+        assert_eq!(audits.len(), audits_before + 1, "{audits:#?}");
+        let last = audits.last().expect("audit");
+        assert_eq!((last["caller"].as_str(), last["on_behalf_of"].as_str()), (Some("console"), Some("admin")));
+
+        // 5. The fleet-wide budget is spent: the next Apply is refused before reaching any agent,
+        // naming the budget and when it frees.
+        let e = admin.apply(one.clone()).await.expect_err("over budget");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message().starts_with(
+                "the fleet-wide step budget (1 steps a minute, --fleet-steps-per-minute) has 0 left and this \
+                 Apply needs 1: enough frees in "
+            ) && e.message().ends_with(" s; nothing ran"),
+            "{e:?}"
+        );
+        assert_eq!(apply_audits(cl.agent("node-old")).len(), audits_before + 1, "nothing forwarded");
+
+        // 6. admin has made its four Applies this minute (the refusals for a missing identity
+        // were not counted); another operator has its own.
+        let e = admin
+            .apply(pb::FleetApplyRequest { execute: false, ..one.clone() })
+            .await
+            .expect_err("admin's fifth Apply");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(
+            e.message().starts_with("admin asked for more than 4 Applies a minute on this console: try again in "),
+            "{e:?}"
+        );
+        let mut admin2 = cl.client("admin2").await;
+        let dry2 = admin2
+            .apply(pb::FleetApplyRequest { execute: false, ..one.clone() })
+            .await
+            .expect("another caller is not slowed")
+            .into_inner();
+        assert_eq!(dry2.on_behalf_of, "admin2");
+        assert_eq!(dry2.budget_steps_left, 0, "but the fleet's budget is shared");
+        let e = admin2.apply(one).await.expect_err("the shared budget");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().contains("fleet-wide step budget"), "{e:?}");
+        let log = cl.console.log_text();
+        assert!(log.contains("Apply dry run for admin"), "the dry run is audited: {log}");
     });
 }
 
