@@ -645,3 +645,87 @@ async fn one_stalled_watch_stops_vouching_and_is_named_until_it_answers_again() 
     assert_eq!(rx.borrow().vouch(BootTime::now()), Ok(()));
     handle.abort();
 }
+
+/// The same stall seen through the agent: a daemon following the stand-in API (silence bound
+/// 3 s) judges an unheld loop device `stale`; the pods watch stalls while everything else
+/// answers, and the device becomes `unknown` with a reason naming the pods watch; once the
+/// collection answers again and the watch has relisted, the device is `stale` again. (Report
+/// mode: nothing is cleaned either way.)
+#[test]
+fn root_one_stalled_watch_makes_a_candidate_unknown_naming_it() {
+    use blockjanitor_proto::v1 as pb;
+    use blockjanitor_tests::daemon::{unix_client, Daemon};
+    use blockjanitor_tests::{require_real_kernel, serial, wait_until, LoopDev, Scratch, REACT};
+    if !require_real_kernel(&["losetup"]) {
+        return;
+    }
+    let _serial = serial();
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let s = Scratch::new();
+    let url = server.url();
+    let d = Daemon::start(
+        s.dir.path(),
+        &[
+            "--grace-period",
+            "0",
+            "--rescan-interval",
+            "1",
+            "--kube-url",
+            &url,
+            "--node-name",
+            NODE,
+            "--kube-silence-bound-seconds",
+            "3",
+        ],
+    );
+    let img = s.path("candidate.img");
+    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    let lo = LoopDev::attach(&img);
+    let name = lo.name().to_owned();
+    let device = || -> Option<(i32, String)> {
+        rt.block_on(async {
+            let mut c = unix_client(&d.socket).await;
+            c.get_device(pb::GetDeviceRequest { device: name.clone() })
+                .await
+                .ok()
+                .map(|r| r.into_inner())
+                .map(|r| (r.verdict, r.reasons.join("; ")))
+        })
+    };
+    let is = |v: pb::Verdict| move |got: &Option<(i32, String)>| got.as_ref().is_some_and(|(g, _)| *g == v as i32);
+    assert!(
+        wait_until(REACT, || is(pb::Verdict::Stale)(&device())),
+        "an unheld loop device with a vouching API is stale: {:?}\nlog:\n{}",
+        device(),
+        d.log_text()
+    );
+
+    server.stall(PODS, true);
+    let stalled_at = std::time::Instant::now();
+    let mut last = None;
+    let unknown = wait_until(REACT, || {
+        last = device();
+        is(pb::Verdict::Unknown)(&last)
+    });
+    let after = stalled_at.elapsed();
+    assert!(unknown, "still {last:?} with the pods watch stalled\nlog:\n{}", d.log_text());
+    let (_, reasons) = last.expect("device");
+    assert!(reasons.contains("the pods watch "), "the silent watch is named: {reasons}");
+    assert!(
+        after < Duration::from_secs(3 + 1 + 5),
+        "noticed within the bound (3 s), a rescan (1 s) and slack: {after:?}"
+    );
+    assert!(lo.is_bound());
+
+    server.stall(PODS, false);
+    assert!(
+        wait_until(REACT, || is(pb::Verdict::Stale)(&device())),
+        "the watch answers again: {:?}\nlog:\n{}",
+        device(),
+        d.log_text()
+    );
+    assert!(lo.is_bound(), "report mode cleans nothing");
+    drop(d);
+    drop(rt);
+}
