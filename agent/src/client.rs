@@ -1011,8 +1011,145 @@ pub fn event_line(e: &pb::Event) -> String {
     s
 }
 
+/// `agentctl fleet apply`'s arguments (`NODE/DEVICE`) grouped by node, in the order nodes are
+/// first named.
+pub fn fleet_targets(args: &[String]) -> Result<Vec<(String, Vec<String>)>, String> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for a in args {
+        let Some((node, device)) = a.split_once('/').filter(|(n, d)| !n.is_empty() && !d.is_empty()) else {
+            return Err(format!("'{a}' is not NODE/DEVICE (e.g. node-a/rbd4)"));
+        };
+        match out.iter_mut().find(|(n, _)| n == node) {
+            Some((_, devices)) => devices.push(device.to_owned()),
+            None => out.push((node.to_owned(), vec![device.to_owned()])),
+        }
+    }
+    if out.is_empty() {
+        return Err("name at least one NODE/DEVICE".to_owned());
+    }
+    Ok(out)
+}
+
+/// The console's Apply for these nodes' devices with their identities (one list per node).
+pub fn fleet_apply_request(
+    targets: &[(String, Vec<String>)],
+    identities: &[Vec<String>],
+    execute: bool,
+) -> pb::FleetApplyRequest {
+    let mut all = targets.iter().zip(identities).map(|((node, devices), ids)| pb::FleetApplyTarget {
+        node: node.clone(),
+        devices: devices.clone(),
+        identities: ids.clone(),
+    });
+    let first = all.next().unwrap_or_default();
+    pb::FleetApplyRequest {
+        node: first.node,
+        devices: first.devices,
+        identities: first.identities,
+        targets: all.collect(),
+        execute,
+    }
+}
+
+/// Whether the dry run refuses anywhere.
+pub fn fleet_dry_run_refuses(r: &pb::FleetApplyResponse) -> bool {
+    r.summary.iter().any(|s| !s.refusal.is_empty())
+}
+
+/// The dry run as text: per node its steps, or why it may not run, then the budget.
+pub fn fleet_summary_table(r: &pb::FleetApplyResponse) -> String {
+    let mut out = String::new();
+    for n in &r.summary {
+        if n.refusal.is_empty() {
+            let _ = writeln!(out, "{}: {} step(s)", clean(&n.node), n.steps);
+        } else {
+            let _ = writeln!(out, "{}: REFUSED: {}", clean(&n.node), clean(&n.refusal));
+        }
+        for p in n.plan.iter().flat_map(|p| &p.plans) {
+            for st in &p.steps {
+                let _ = writeln!(out, "  {} {}: {}", clean(&st.action), clean(&st.device), clean(&st.description));
+            }
+        }
+    }
+    if r.budget_steps_per_minute > 0 {
+        let _ = writeln!(
+            out,
+            "fleet budget: {} of {} steps left this minute",
+            r.budget_steps_left, r.budget_steps_per_minute
+        );
+    }
+    out
+}
+
+/// The dry run and, when it ran, every node's results, as a value.
+pub fn fleet_apply_value(r: &pb::FleetApplyResponse) -> Value {
+    json!({
+        "executed": r.executed,
+        "on_behalf_of": r.on_behalf_of,
+        "summary": r.summary.iter().map(|n| json!({
+            "node": n.node,
+            "steps": n.steps,
+            "refusal": n.refusal,
+            "plans": n.plan.as_ref().map(plans_value).unwrap_or(Value::Null),
+        })).collect::<Vec<_>>(),
+        "results": r.results.iter().map(|n| json!({
+            "node": n.node,
+            "error": n.error,
+            "results": n.result.as_ref().map(|a| a.results.iter().map(step_result_value).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        })).collect::<Vec<_>>(),
+        "budget_steps_left": r.budget_steps_left,
+        "budget_steps_per_minute": r.budget_steps_per_minute,
+    })
+}
+
+/// Every node's Apply results as text.
+pub fn fleet_results_table(r: &pb::FleetApplyResponse) -> String {
+    let mut out = String::new();
+    for n in &r.results {
+        let _ = writeln!(out, "{}:", clean(&n.node));
+        if let Some(a) = &n.result {
+            for line in apply_table(a).lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        if !n.error.is_empty() {
+            let _ = writeln!(out, "  error: {}", clean(&n.error));
+        }
+    }
+    out
+}
+
+/// Whether every node's every step finished.
+pub fn fleet_all_done(r: &pb::FleetApplyResponse) -> bool {
+    r.executed
+        && r.results.iter().all(|n| n.error.is_empty() && n.result.as_ref().is_some_and(|a| apply_summary(a).exit_code() == 0))
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fleet_apply_arguments_group_by_node() {
+        let args: Vec<String> = ["a/rbd4", "b/nbd0", "a/loop3"].iter().map(|s| s.to_string()).collect();
+        let t = fleet_targets(&args).expect("ok");
+        assert_eq!(t, [("a".to_string(), vec!["rbd4".to_string(), "loop3".into()]), ("b".into(), vec!["nbd0".into()])]);
+        assert!(fleet_targets(&["rbd4".to_string()]).is_err_and(|e| e.contains("NODE/DEVICE")));
+        assert!(fleet_targets(&["a/".to_string()]).is_err());
+        assert!(fleet_targets(&[]).is_err());
+        let ids = vec![vec!["r".to_string(), "l".into()], vec!["n".into()]];
+        let req = fleet_apply_request(&t, &ids, false);
+        assert_eq!((req.node.as_str(), req.devices.len(), req.identities.len(), req.execute), ("a", 2, 2, false));
+        assert_eq!(req.targets.len(), 1);
+        assert_eq!(req.targets[0].identities, ["n"]);
+        let dry = pb::FleetApplyResponse {
+            summary: vec![pb::NodePlanSummary { node: "b".into(), refusal: "nbd0: in use".into(), ..Default::default() }],
+            ..Default::default()
+        };
+        assert!(fleet_dry_run_refuses(&dry));
+        assert!(fleet_summary_table(&dry).starts_with("b: REFUSED: nbd0: in use"));
+        assert!(!fleet_all_done(&dry), "not executed");
+    }
+
     use super::*;
 
     fn loop_device() -> pb::Device {

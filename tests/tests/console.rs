@@ -949,6 +949,73 @@ fn ctl(cl: &Cluster, bin: &Path, args: &[&str]) -> (i32, String, String) {
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
 
+/// Runs agentctl against the console as `who`, with `stdin` as its input.
+fn ctl_as(cl: &Cluster, who: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write as _;
+    let pem = cl.pki.issue(who, &[who]);
+    let (c, k, ca) = (cl.s.path(&format!("{who}.crt")), cl.s.path(&format!("{who}.key")), cl.s.path("ca.crt"));
+    std::fs::write(&c, pem.cert).expect("write cert");
+    std::fs::write(&k, pem.key).expect("write key");
+    let mut child = Command::new(bin("agentctl"))
+        .args(args)
+        .env("BLOCKJANITOR_CONSOLE", cl.console.tcp.to_string())
+        .env("BLOCKJANITOR_CERT", &c)
+        .env("BLOCKJANITOR_KEY", &k)
+        .env("BLOCKJANITOR_CA", &ca)
+        .args(["--server-name", "localhost", "--timeout", "10"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run agentctl");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    let out = child.wait_with_output().expect("agentctl output");
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+/// `agentctl fleet apply`: the console's dry run of every node's plan is shown first, a question
+/// follows (`--yes` skips it, not the dry run), and a refusal anywhere stops everything.
+#[test]
+fn agentctl_fleet_apply_shows_the_dry_run_and_asks_first() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let audits = || apply_audits(cl.agent("node-old")).len();
+        let before = audits();
+
+        // Not confirmed: shown, nothing run.
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "n\n");
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(out.starts_with("node-old: 1 step(s)\n  rbd_unmap rbd4: "), "{out}");
+        assert!(out.contains("fleet budget: 20 of 20 steps left this minute"), "{out}");
+        assert!(err.contains("Carry out these 1 step(s) on 1 node(s)? [y/N]"), "{err}");
+        assert!(err.contains("nothing ran (not confirmed; --yes skips the question)"), "{err}");
+        assert_eq!(audits(), before, "nothing reached the agent");
+
+        // A refusal on one node: nothing runs anywhere, and no question is asked.
+        let (code, out, err) =
+            ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "node-new/rbd0", "--yes"], "");
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(out.contains("node-new: REFUSED: rbd0: "), "{out}");
+        assert!(err.contains("nothing ran: the dry run refuses"), "{err}");
+        assert_eq!(audits(), before);
+
+        // Confirmed: the same plan goes to the agent, bound to its identity, on behalf of the
+        // operator (a fixture tree: the agent then refuses to act).
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.starts_with("node-old: 1 step(s)"), "{out}");
+        assert!(err.contains("the agent on node-old: "), "{err}");
+        let all = apply_audits(cl.agent("node-old"));
+        assert_eq!(all.len(), before + 1, "{all:#?}");
+        assert_eq!(all.last().expect("audit")["on_behalf_of"], "admin");
+
+        // A viewer cannot even dry-run an Apply.
+        let (code, _, err) = ctl_as(&cl, "dashboard", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
+        assert_eq!(code, 1);
+        assert!(err.contains("operator role"), "{err}");
+    });
+}
+
 #[test]
 fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
     rt().block_on(async {

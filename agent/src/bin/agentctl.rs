@@ -305,6 +305,26 @@ enum FleetCommand {
         /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME.
         volume: String,
     },
+    /// Clean devices on one or more nodes through the console: a dry run of every node's plan
+    /// is shown first, then, once confirmed (or with --yes), the same plans are carried out,
+    /// bound to the identities they were made for. Exit code 2 when nothing or not everything
+    /// ran (a refusal, no confirmation, a step deferred or failed).
+    #[command(after_help = "EXAMPLES:\n  agentctl fleet apply node-a/rbd4 node-b/rbd0   # show, ask, carry out\n  \
+agentctl fleet apply node-a/rbd4 --yes          # show, carry out without asking\n  \
+agentctl fleet apply node-a/rbd4 --identity \"$id\" --yes   # bound to an earlier plan")]
+    Apply {
+        /// NODE/DEVICE, repeatable.
+        #[arg(required = true, value_name = "NODE/DEVICE")]
+        devices: Vec<String>,
+        /// The identity an earlier Plan returned for each device, in the same order (repeat
+        /// once per device). Without it, each node's plan is read now and the dry run shows it.
+        #[arg(long, value_name = "ID")]
+        identity: Vec<String>,
+        /// Do not ask before carrying the plans out (the dry run is still shown first, and a
+        /// refusal in it still stops everything).
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
@@ -482,9 +502,82 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
                 client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
             render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?
         }
+        FleetCommand::Apply { devices, identity, yes } => {
+            return fleet_apply(&mut c, cli, devices, identity, *yes).await;
+        }
     };
     write_out(&text)?;
     Ok(0)
+}
+
+/// `fleet apply`: identities (given, or from each node's plan now), the console's dry run shown,
+/// a confirmation unless `yes`, then the same request carried out.
+async fn fleet_apply(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    cli: &Cli,
+    devices: &[String],
+    identity: &[String],
+    yes: bool,
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let out = cli.output;
+    let targets = client::fleet_targets(devices).map_err(anyhow::Error::msg)?;
+    let identities: Vec<Vec<String>> = if identity.is_empty() {
+        let mut all = Vec::new();
+        for (node, devs) in &targets {
+            let req = pb::FleetPlanRequest { node: node.clone(), devices: devs.clone() };
+            let p = client::call(timeout, c.plan(client::request(req, timeout))).await.map_err(status)?;
+            let plans = p.plan.unwrap_or_default().plans;
+            all.push(
+                devs.iter()
+                    .map(|d| plans.iter().find(|p| &p.device == d).map(|p| p.identity.clone()).unwrap_or_default())
+                    .collect(),
+            );
+        }
+        all
+    } else {
+        // Given in argument order: hand them out to the devices as they were named.
+        if identity.len() != devices.len() {
+            bail!("{} --identity for {} devices: give one per NODE/DEVICE, in the same order", identity.len(), devices.len());
+        }
+        let mut given = devices.iter().zip(identity).collect::<Vec<_>>();
+        targets
+            .iter()
+            .map(|(node, devs)| {
+                devs.iter()
+                    .map(|d| {
+                        let at = given.iter().position(|(a, _)| **a == format!("{node}/{d}")).unwrap_or(0);
+                        given.remove(at).1.clone()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let request = client::fleet_apply_request(&targets, &identities, false);
+    let dry = client::call(timeout, c.apply(client::request(request.clone(), timeout))).await.map_err(status)?;
+    if !write_out(&render(out, || client::fleet_apply_value(&dry), || client::fleet_summary_table(&dry))?)? {
+        return Ok(2);
+    }
+    if client::fleet_dry_run_refuses(&dry) {
+        eprintln!("nothing ran: the dry run refuses (see above)");
+        return Ok(2);
+    }
+    if !yes {
+        let steps: u32 = dry.summary.iter().map(|n| n.steps).sum();
+        eprint!("Carry out these {steps} step(s) on {} node(s)? [y/N] ", dry.summary.len());
+        let mut answer = String::new();
+        let read = std::io::stdin().read_line(&mut answer).unwrap_or(0);
+        if read == 0 || !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+            eprintln!("nothing ran (not confirmed; --yes skips the question)");
+            return Ok(2);
+        }
+    }
+    let request = pb::FleetApplyRequest { execute: true, ..request };
+    // Carrying out may take a while: the agents' own bound.
+    let long = timeout.max(Duration::from_secs(300));
+    let done = client::call(long, c.apply(client::request(request, long))).await.map_err(status)?;
+    write_out(&render(out, || client::fleet_apply_value(&done), || client::fleet_results_table(&done))?)?;
+    Ok(if client::fleet_all_done(&done) { 0 } else { 2 })
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
