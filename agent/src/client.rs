@@ -1067,7 +1067,13 @@ pub fn fleet_summary_table(r: &pb::FleetApplyResponse) -> String {
         }
         for p in n.plan.iter().flat_map(|p| &p.plans) {
             for st in &p.steps {
-                let _ = writeln!(out, "  {} {}: {}", clean(&st.action), clean(&st.device), clean(&st.description));
+                let _ = writeln!(
+                    out,
+                    "  {} {}: {}",
+                    clean(&st.action),
+                    clean(&st.device),
+                    clean(&st.description)
+                );
             }
         }
     }
@@ -1123,7 +1129,9 @@ pub fn fleet_results_table(r: &pb::FleetApplyResponse) -> String {
 /// Whether every node's every step finished.
 pub fn fleet_all_done(r: &pb::FleetApplyResponse) -> bool {
     r.executed
-        && r.results.iter().all(|n| n.error.is_empty() && n.result.as_ref().is_some_and(|a| apply_summary(a).exit_code() == 0))
+        && r.results.iter().all(|n| {
+            n.error.is_empty() && n.result.as_ref().is_some_and(|a| apply_summary(a).exit_code() == 0)
+        })
 }
 
 #[cfg(test)]
@@ -1132,17 +1140,27 @@ mod tests {
     fn fleet_apply_arguments_group_by_node() {
         let args: Vec<String> = ["a/rbd4", "b/nbd0", "a/loop3"].iter().map(|s| s.to_string()).collect();
         let t = fleet_targets(&args).expect("ok");
-        assert_eq!(t, [("a".to_string(), vec!["rbd4".to_string(), "loop3".into()]), ("b".into(), vec!["nbd0".into()])]);
+        assert_eq!(
+            t,
+            [("a".to_string(), vec!["rbd4".to_string(), "loop3".into()]), ("b".into(), vec!["nbd0".into()])]
+        );
         assert!(fleet_targets(&["rbd4".to_string()]).is_err_and(|e| e.contains("NODE/DEVICE")));
         assert!(fleet_targets(&["a/".to_string()]).is_err());
         assert!(fleet_targets(&[]).is_err());
         let ids = vec![vec!["r".to_string(), "l".into()], vec!["n".into()]];
         let req = fleet_apply_request(&t, &ids, false);
-        assert_eq!((req.node.as_str(), req.devices.len(), req.identities.len(), req.execute), ("a", 2, 2, false));
+        assert_eq!(
+            (req.node.as_str(), req.devices.len(), req.identities.len(), req.execute),
+            ("a", 2, 2, false)
+        );
         assert_eq!(req.targets.len(), 1);
         assert_eq!(req.targets[0].identities, ["n"]);
         let dry = pb::FleetApplyResponse {
-            summary: vec![pb::NodePlanSummary { node: "b".into(), refusal: "nbd0: in use".into(), ..Default::default() }],
+            summary: vec![pb::NodePlanSummary {
+                node: "b".into(),
+                refusal: "nbd0: in use".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         assert!(fleet_dry_run_refuses(&dry));

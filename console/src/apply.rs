@@ -48,7 +48,11 @@ pub enum RequestError {
 pub fn targets(r: &pb::FleetApplyRequest) -> Result<Vec<Target>, RequestError> {
     let mut out = Vec::new();
     if !r.node.is_empty() || !r.devices.is_empty() || !r.identities.is_empty() {
-        out.push(Target { node: r.node.clone(), devices: r.devices.clone(), identities: r.identities.clone() });
+        out.push(Target {
+            node: r.node.clone(),
+            devices: r.devices.clone(),
+            identities: r.identities.clone(),
+        });
     }
     out.extend(r.targets.iter().map(|t| Target {
         node: t.node.clone(),
@@ -297,10 +301,13 @@ mod tests {
         let good = summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 2, "")] }));
         assert_eq!((good.steps, good.refusal.as_str()), (2, ""));
         assert_eq!(summary_text(&[good]), "n1: 2 step(s): a0 rbd4, a1 rbd4");
-        let refused = summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 0, "in use by pod x")] }));
+        let refused =
+            summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 0, "in use by pod x")] }));
         assert_eq!(refused.refusal, "rbd4: in use by pod x");
         let other = summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=b", 1, "")] }));
-        assert!(other.refusal.starts_with("rbd4: the plan is for identity rbd=b but the request carries rbd=a"));
+        assert!(other
+            .refusal
+            .starts_with("rbd4: the plan is for identity rbd=b but the request carries rbd=a"));
         let missing = summarise(&t, Ok(pb::PlanResponse { plans: vec![] }));
         assert_eq!(missing.refusal, "rbd4: the agent's plan does not cover it");
         let down = summarise(&t, Err("unavailable".into()));

@@ -100,10 +100,16 @@ impl FleetService {
     }
 
     /// One node's plan of `devices` (CLEAN), asked on behalf of `caller`.
-    async fn node_plan(&self, node: &str, devices: Vec<String>, caller: &str) -> Result<pb::PlanResponse, Status> {
+    async fn node_plan(
+        &self,
+        node: &str,
+        devices: Vec<String>,
+        caller: &str,
+    ) -> Result<pb::PlanResponse, Status> {
         let mut c = self.agent_for(node)?;
         let timeout = self.links.options().call_timeout;
-        let mut req = client::request(pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 }, timeout);
+        let mut req =
+            client::request(pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 }, timeout);
         on_behalf_of(&mut req, caller)?;
         client::call(timeout, c.plan(req))
             .await
@@ -484,9 +490,11 @@ impl Fleet for FleetService {
         self.admit(&self.apply_limit, &caller.identity, "Applies", self.limits.applies_per_minute)?;
 
         // The dry run: every target's plan, asked at once, before anything runs.
-        let plans = join_in_order(targets.iter().map(|target| {
-            self.node_plan(&target.node, target.devices.clone(), &caller.identity)
-        }))
+        let plans = join_in_order(
+            targets
+                .iter()
+                .map(|target| self.node_plan(&target.node, target.devices.clone(), &caller.identity)),
+        )
         .await;
         let summary: Vec<pb::NodePlanSummary> = targets
             .iter()

@@ -707,7 +707,8 @@ fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per
         ])
         .await;
         let mut admin = cl.client("admin").await;
-        let plan = |node: &str, dev: &str| pb::FleetPlanRequest { node: node.into(), devices: vec![dev.into()] };
+        let plan =
+            |node: &str, dev: &str| pb::FleetPlanRequest { node: node.into(), devices: vec![dev.into()] };
         let old = admin.plan(plan("node-old", "rbd4")).await.expect("plan old").into_inner();
         let old = old.plan.expect("plan").plans.remove(0);
         assert_eq!((old.steps.len(), old.refusal.as_str()), (1, ""), "{old:#?}");
@@ -778,7 +779,10 @@ fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per
         let audits = apply_audits(cl.agent("node-old"));
         assert_eq!(audits.len(), audits_before + 1, "{audits:#?}");
         let last = audits.last().expect("audit");
-        assert_eq!((last["caller"].as_str(), last["on_behalf_of"].as_str()), (Some("console"), Some("admin")));
+        assert_eq!(
+            (last["caller"].as_str(), last["on_behalf_of"].as_str()),
+            (Some("console"), Some("admin"))
+        );
 
         // 5. The fleet-wide budget is spent: the next Apply is refused before reaching any agent,
         // naming the budget and when it frees.
@@ -801,7 +805,8 @@ fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per
             .expect_err("admin's fifth Apply");
         assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
         assert!(
-            e.message().starts_with("admin asked for more than 4 Applies a minute on this console: try again in "),
+            e.message()
+                .starts_with("admin asked for more than 4 Applies a minute on this console: try again in "),
             "{e:?}"
         );
         let mut admin2 = cl.client("admin2").await;
@@ -953,7 +958,8 @@ fn ctl(cl: &Cluster, bin: &Path, args: &[&str]) -> (i32, String, String) {
 fn ctl_as(cl: &Cluster, who: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
     use std::io::Write as _;
     let pem = cl.pki.issue(who, &[who]);
-    let (c, k, ca) = (cl.s.path(&format!("{who}.crt")), cl.s.path(&format!("{who}.key")), cl.s.path("ca.crt"));
+    let (c, k, ca) =
+        (cl.s.path(&format!("{who}.crt")), cl.s.path(&format!("{who}.key")), cl.s.path("ca.crt"));
     std::fs::write(&c, pem.cert).expect("write cert");
     std::fs::write(&k, pem.key).expect("write key");
     let mut child = Command::new(bin("agentctl"))

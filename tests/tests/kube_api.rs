@@ -534,7 +534,10 @@ async fn a_silent_api_stops_vouching_after_the_bound_without_blocking() {
         "{why}"
     );
     assert!(
-        after >= options.silence_bound - options.probe_interval.max(BOOKMARK_EVERY) - Duration::from_millis(100),
+        after
+            >= options.silence_bound
+                - options.probe_interval.max(BOOKMARK_EVERY)
+                - Duration::from_millis(100),
         "not before the bound: {after:?}"
     );
     assert_eq!(rx.borrow().node_found, Some(true), "the last answer is kept");
@@ -592,7 +595,11 @@ async fn one_stalled_watch_stops_vouching_and_is_named_until_it_answers_again() 
         if let Err(why) = rx.borrow().vouch(BootTime::now()) {
             break why;
         }
-        assert!(stalled_at.elapsed() < WAIT, "still vouching after {:?} of a stalled watch", stalled_at.elapsed());
+        assert!(
+            stalled_at.elapsed() < WAIT,
+            "still vouching after {:?} of a stalled watch",
+            stalled_at.elapsed()
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let after = stalled_at.elapsed();
@@ -693,7 +700,8 @@ fn root_one_stalled_watch_makes_a_candidate_unknown_naming_it() {
                 .map(|r| (r.verdict, r.reasons.join("; ")))
         })
     };
-    let is = |v: pb::Verdict| move |got: &Option<(i32, String)>| got.as_ref().is_some_and(|(g, _)| *g == v as i32);
+    let is =
+        |v: pb::Verdict| move |got: &Option<(i32, String)>| got.as_ref().is_some_and(|(g, _)| *g == v as i32);
     assert!(
         wait_until(REACT, || is(pb::Verdict::Stale)(&device())),
         "an unheld loop device with a vouching API is stale: {:?}\nlog:\n{}",

@@ -309,9 +309,11 @@ enum FleetCommand {
     /// is shown first, then, once confirmed (or with --yes), the same plans are carried out,
     /// bound to the identities they were made for. Exit code 2 when nothing or not everything
     /// ran (a refusal, no confirmation, a step deferred or failed).
-    #[command(after_help = "EXAMPLES:\n  agentctl fleet apply node-a/rbd4 node-b/rbd0   # show, ask, carry out\n  \
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet apply node-a/rbd4 node-b/rbd0   # show, ask, carry out\n  \
 agentctl fleet apply node-a/rbd4 --yes          # show, carry out without asking\n  \
-agentctl fleet apply node-a/rbd4 --identity \"$id\" --yes   # bound to an earlier plan")]
+agentctl fleet apply node-a/rbd4 --identity \"$id\" --yes   # bound to an earlier plan"
+    )]
     Apply {
         /// NODE/DEVICE, repeatable.
         #[arg(required = true, value_name = "NODE/DEVICE")]
@@ -530,7 +532,9 @@ async fn fleet_apply(
             let plans = p.plan.unwrap_or_default().plans;
             all.push(
                 devs.iter()
-                    .map(|d| plans.iter().find(|p| &p.device == d).map(|p| p.identity.clone()).unwrap_or_default())
+                    .map(|d| {
+                        plans.iter().find(|p| &p.device == d).map(|p| p.identity.clone()).unwrap_or_default()
+                    })
                     .collect(),
             );
         }
@@ -538,7 +542,11 @@ async fn fleet_apply(
     } else {
         // Given in argument order: hand them out to the devices as they were named.
         if identity.len() != devices.len() {
-            bail!("{} --identity for {} devices: give one per NODE/DEVICE, in the same order", identity.len(), devices.len());
+            bail!(
+                "{} --identity for {} devices: give one per NODE/DEVICE, in the same order",
+                identity.len(),
+                devices.len()
+            );
         }
         let mut given = devices.iter().zip(identity).collect::<Vec<_>>();
         targets
@@ -554,7 +562,8 @@ async fn fleet_apply(
             .collect()
     };
     let request = client::fleet_apply_request(&targets, &identities, false);
-    let dry = client::call(timeout, c.apply(client::request(request.clone(), timeout))).await.map_err(status)?;
+    let dry =
+        client::call(timeout, c.apply(client::request(request.clone(), timeout))).await.map_err(status)?;
     if !write_out(&render(out, || client::fleet_apply_value(&dry), || client::fleet_summary_table(&dry))?)? {
         return Ok(2);
     }

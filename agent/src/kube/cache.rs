@@ -237,8 +237,8 @@ async fn run(
             }
             tx.send_if_modified(|current| {
                 // A bare sign of life wakes nobody, unless it makes the view vouch again.
-                let notify = !current.same_evidence(&view)
-                    || current.vouch(now).is_ok() != view.vouch(now).is_ok();
+                let notify =
+                    !current.same_evidence(&view) || current.vouch(now).is_ok() != view.vouch(now).is_ok();
                 *current = view;
                 notify
             });
@@ -687,10 +687,7 @@ mod tests {
         let heard: Vec<_> = state.view("node-a").watches.iter().map(|w| w.heard).collect();
         assert_eq!(heard, [Some(t(2)), Some(t(3)), Some(t(4))], "each watch its own");
         assert_eq!(state.last_contact, None, "a watch's answer is not the Node's");
-        assert_eq!(
-            state.view("node-a").vouch(t(4)),
-            Err("the Node lookup has not been answered yet".into())
-        );
+        assert_eq!(state.view("node-a").vouch(t(4)), Err("the Node lookup has not been answered yet".into()));
 
         // A failed lookup is recorded but neither desyncs nor counts as contact.
         assert!(state.apply(Change::Probe(Err("get node node-a: timed out".into())), t(5)));
@@ -718,12 +715,21 @@ mod tests {
         // A bookmark (or an answered watch request) is a sign of life, and changes nothing else.
         assert!(!state.apply(Change::Heard(Kind::Pods), t(63)));
         assert_eq!(state.view("node-a").vouch(t(63)), Ok(()));
-        assert!(state.view("node-a").vouch(t(64)).is_err_and(|e| e.starts_with("the volumeattachments watch")));
+        assert!(state
+            .view("node-a")
+            .vouch(t(64))
+            .is_err_and(|e| e.starts_with("the volumeattachments watch")));
         for kind in [Kind::VolumeAttachments, Kind::PersistentVolumes] {
             state.apply(Change::Heard(kind), t(64));
         }
-        assert!(state.view("node-a").vouch(t(69)).is_err_and(|e| e.starts_with("the Node lookup has not been answered for 1m01s")));
-        assert!(state.view("node-a").vouch(t(125)).is_err_and(|e| e.starts_with("the Kubernetes API has not answered for 1m01s")));
+        assert!(state
+            .view("node-a")
+            .vouch(t(69))
+            .is_err_and(|e| e.starts_with("the Node lookup has not been answered for 1m01s")));
+        assert!(state
+            .view("node-a")
+            .vouch(t(125))
+            .is_err_and(|e| e.starts_with("the Kubernetes API has not answered for 1m01s")));
         state.apply(Change::Probe(Ok(true)), t(9));
 
         // A broken watch: unsynced, named, and its error wins over a lookup's.
