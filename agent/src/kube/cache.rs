@@ -224,7 +224,17 @@ async fn run(
     let publish = async {
         while let Some(change) = changes.recv().await {
             let now = BootTime::now();
-            state.apply(change, now);
+            if !state.apply(change, now) {
+                // Only contact times changed (a bookmark, a lookup's answer, an object of a list
+                // still arriving): refreshed in place, without rebuilding the view; readers are
+                // woken only when that makes the view vouch again (or stop).
+                tx.send_if_modified(|current| {
+                    let before = current.vouch(now).is_ok();
+                    state.stamp_contact(current);
+                    before != current.vouch(now).is_ok()
+                });
+                continue;
+            }
             let view = state.view(&node);
             if view.synced && !tx.borrow().synced {
                 tracing::info!(
@@ -588,6 +598,14 @@ impl State {
                 self.probe_error = Some(e);
                 changed
             }
+        }
+    }
+
+    /// Copies the contact times into a view this state made.
+    fn stamp_contact(&self, view: &mut ClusterView) {
+        view.last_contact = self.last_contact;
+        for (w, heard) in view.watches.iter_mut().zip([self.pods.heard, self.vas.heard, self.pvs.heard]) {
+            w.heard = heard;
         }
     }
 
