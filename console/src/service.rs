@@ -510,9 +510,8 @@ impl Fleet for FleetService {
             .join(",");
         tracing::info!(target: "audit", caller = %caller.identity, devices = %devices, steps, execute = r.execute,
             "Apply dry run for {}:\n{text}", caller.identity);
-        let first = targets[0].node.clone();
         let mut response = pb::FleetApplyResponse {
-            node: first.clone(),
+            node: targets[0].node.clone(),
             result: None,
             on_behalf_of: caller.identity.clone(),
             summary,
