@@ -6,8 +6,9 @@
 //!   VolumeAttachments and every PersistentVolume current with watches, relisting after a backoff
 //!   when a watch breaks, and looks up this node's Node periodically.
 //!   [`ClusterView::vouch`] says whether the view may be taken as evidence now: not while a watch
-//!   has not relisted since it broke, the API has been silent past a bound, or no Node has this
-//!   node's name.
+//!   has not relisted since it broke, any one watch (events or bookmarks) or the Node lookup has
+//!   not heard from the API server within the silence bound (90 s by default), or no Node has
+//!   this node's name.
 //! - [`Reporter`](report::Reporter) posts de-duplicated Events on the Node and keeps the Node's
 //!   `StaleBlockDevices` condition, as node-problem-detector does.
 //!
