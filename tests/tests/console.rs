@@ -871,6 +871,57 @@ fn the_console_role_cannot_apply_without_naming_an_operator() {
     assert!(d.log_text().contains("\"on_behalf_of\":\"alice\""), "{}", d.log_text());
 }
 
+/// The agent counts the Plans the console forwards per caller named in
+/// `x-blockjanitor-on-behalf-of` ("console for alice"), not the console as one caller: one
+/// person over the limit does not stop the others.
+#[test]
+fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let root = fixtures().join("incident1").to_string_lossy().into_owned();
+    let config = s.path("agent.toml");
+    std::fs::write(&config, "plans_per_minute_per_client = 2\n").expect("config");
+    let d = Daemon::start_with_global(
+        s.dir.path(),
+        &["--root", &root],
+        &[
+            "--config",
+            config.to_str().expect("utf8"),
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().expect("utf8"),
+            "--tls-key",
+            key.to_str().expect("utf8"),
+            "--tls-client-ca",
+            ca.to_str().expect("utf8"),
+            "--tls-console",
+            "console",
+        ],
+    );
+    let console = pki.issue("console", &["console"]);
+    rt().block_on(async {
+        let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
+            .await
+            .expect("connect");
+        let mut a = blockjanitor_proto::v1::agent_client::AgentClient::new(ch);
+        let plan = |who: &str| {
+            let mut req =
+                tonic::Request::new(pb::PlanRequest { devices: vec!["rbd4".into()], ..Default::default() });
+            req.metadata_mut().insert("x-blockjanitor-on-behalf-of", who.parse().expect("value"));
+            req
+        };
+        for _ in 0..2 {
+            a.plan(plan("alice")).await.expect("within alice's limit");
+        }
+        let e = a.plan(plan("alice")).await.expect_err("alice's third Plan this minute");
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(e.message().starts_with("console for alice asked for more than 2 plans a minute"), "{e:?}");
+        a.plan(plan("bob")).await.expect("bob has his own limit");
+    });
+}
+
 fn http_get(addr: SocketAddr, path: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
