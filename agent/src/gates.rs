@@ -260,7 +260,7 @@ pub fn mount_users(
             HolderKind::Swap | HolderKind::LoopBacking | HolderKind::Filesystem => true,
         })
         .map(|h| match h.mount_namespace {
-            Some(ns) if h.pids.first().is_some() => format!("{} in mount namespace {}", h.describe(), ns.0),
+            Some(ns) if !h.pids.is_empty() => format!("{} in mount namespace {}", h.describe(), ns.0),
             _ => h.describe(),
         })
         .collect();

@@ -584,7 +584,10 @@ mod tests {
         // A still claims to be a slave of group 1, which no mount the scan read is in: the chain
         // cannot be followed, so neither is released.
         let chain = HostChain::of([&a, &b]);
-        assert!(chain.ties(&a).is_some_and(|w| w.contains("peer group 1") && w.contains("no mount")), "{chain:?}");
+        assert!(
+            chain.ties(&a).is_some_and(|w| w.contains("peer group 1") && w.contains("no mount")),
+            "{chain:?}"
+        );
     }
 
     #[test]

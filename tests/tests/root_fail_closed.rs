@@ -889,7 +889,11 @@ fn root_a_filesystem_kept_alive_by_an_overlay_is_in_use() {
 /// never has it mounted), then runs `then` (a shell command line ending in an `exec`).
 fn mounted_only_in_a_namespace(lo: &LoopDev, mnt: &Path, then: &str) -> NsProcess {
     let p = NsProcess::spawn(&format!("mount {} {} && {then}", lo.dev, utf8(mnt)));
-    assert!(wait_until(Duration::from_secs(5), || p.has_mount(mnt)), "the namespace never mounted {}", lo.dev);
+    assert!(
+        wait_until(Duration::from_secs(5), || p.has_mount(mnt)),
+        "the namespace never mounted {}",
+        lo.dev
+    );
     assert!(mountinfo_line("self", mnt).is_none(), "the host's namespace has no mount of it");
     p
 }
@@ -910,7 +914,11 @@ fn assert_refused_for(s: &Scratch, lo: &LoopDev, holder: &NsProcess, mnt: &Path,
     let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
     assert_eq!(code, Some(2), "refused (held): {said}");
     assert!(out.contains("refused:"), "{said}");
-    assert!(names_pid(&out, holder.pid()) && out.contains(what), "the refusal names pid {} and `{what}`: {said}", holder.pid());
+    assert!(
+        names_pid(&out, holder.pid()) && out.contains(what),
+        "the refusal names pid {} and `{what}`: {said}",
+        holder.pid()
+    );
     assert!(out.contains("--force-busy"), "and how to go ahead anyway: {said}");
     assert!(intents(s, "detach_mount").is_empty(), "no detach_mount intent: {}", journal_text(s));
     assert!(
@@ -1044,7 +1052,9 @@ fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
         &format!("mount --make-slave {m} && mount --make-shared {m} && exec sleep 1000"),
     );
     let a_line = || mountinfo_line(&a.pid().to_string(), &mnt).unwrap_or_default();
-    assert!(wait_until(Duration::from_secs(5), || a_line().contains("master:") && a_line().contains("shared:")));
+    assert!(
+        wait_until(Duration::from_secs(5), || a_line().contains("master:") && a_line().contains("shared:"))
+    );
     let a_group = group(&a_line(), "shared:").expect("A shared");
     assert!(a_line().contains(&format!("master:{host_group}")), "A: {}", a_line());
     // B: made from A's namespace, its copy a slave of A's group only.
@@ -1073,12 +1083,17 @@ fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
     let left = v["plan"]["left_alone"].as_array().cloned().unwrap_or_default();
     assert!(
         left.iter().any(|l| l["holder"]["mount_namespace"] == b.ns_inode()
-            && l["reason"].as_str().is_some_and(|t| t.contains(&format!("master:{a_group}")) && t.contains("chain"))),
+            && l["reason"]
+                .as_str()
+                .is_some_and(|t| t.contains(&format!("master:{a_group}")) && t.contains("chain"))),
         "B's copy is left alone as a slave, through A, of the host's mount: {v:#}"
     );
     let (code, out, err) = release_apply(&s, &lo, &[]);
     let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
-    assert!(mountinfo_line(&b.pid().to_string(), &mnt).is_some(), "B's copy of the live host mount stays: {said}");
+    assert!(
+        mountinfo_line(&b.pid().to_string(), &mnt).is_some(),
+        "B's copy of the live host mount stays: {said}"
+    );
     assert!(mountinfo_line(&a.pid().to_string(), &mnt).is_some(), "A's copy stays: {said}");
     assert!(host.is_mounted(), "the host's mount stays: {said}");
     assert!(!c.has_mount(&mnt), "the private leak went: {said}");
@@ -1101,7 +1116,8 @@ fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
     let holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");
     let f = files(&s);
     let out = without_ptrace(&with_files(&f, &["release", &lo.dev, "--apply"]));
-    let said = format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
     assert_eq!(out.status.code(), Some(2), "refused, not `nothing to do`: {said}");
     let t = text(&out.stdout);
     assert!(t.contains("refused: blind spot") && names_some_pid(&t), "the blind spot is named: {said}");

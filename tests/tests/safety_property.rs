@@ -225,6 +225,7 @@ fn holder(i: usize, (kind_ix, host, stuck, group): Seen) -> Holder {
         source: None,
         shared_group: shared,
         master_group: master,
+        upstream_groups: Vec::new(),
         mount_dev: Some(DevNum::new(7, 0)),
         namespace_entry: Some(NsEntry::Task { pid: 1000 + n, tid: 1000 + n }),
         path: Some(format!("/p{n}").as_str().into()),

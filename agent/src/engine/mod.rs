@@ -326,7 +326,13 @@ impl<W: World> Engine<W> {
             // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
             // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
             return match self.world.scan(Target::Device(step.devnum)) {
-                Ok(fresh) => recheck::release_refusal(plan, step, &fresh, self.world.cluster().as_ref(), self.world.now()),
+                Ok(fresh) => recheck::release_refusal(
+                    plan,
+                    step,
+                    &fresh,
+                    self.world.cluster().as_ref(),
+                    self.world.now(),
+                ),
                 Err(e) => Some(format!("cannot re-check it with a fresh scan: {e}")),
             };
         }

@@ -126,9 +126,11 @@ pub fn release_refusal(
     gates::identity(&step.identity, &Identity::of(entry))
         .or_else(|| gates::completeness(entry, &fresh.blind_spots))
         .or_else(|| {
-            fresh.graph.host_ns_unsure.as_ref().map(|why| {
-                format!("{why}: no mount can be told host from foreign, so none is released")
-            })
+            fresh
+                .graph
+                .host_ns_unsure
+                .as_ref()
+                .map(|why| format!("{why}: no mount can be told host from foreign, so none is released"))
         })
         .or_else(|| gates::protection(entry, &fresh.protected))
         .or_else(|| gates::kubelet_pods(entry))
@@ -214,7 +216,8 @@ mod tests {
     }
 
     fn scan(holders: Vec<Holder>) -> Scan {
-        let graph = DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry(holders)] };
+        let graph =
+            DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry(holders)] };
         Scan::complete(graph, now())
     }
 

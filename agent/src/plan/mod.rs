@@ -440,7 +440,13 @@ mod tests {
 
     #[test]
     fn a_release_is_refused_while_a_process_in_the_namespace_uses_the_mount() {
-        for kind in [HolderKind::Cwd, HolderKind::OpenFile, HolderKind::Mmap, HolderKind::Root, HolderKind::OpenDevice] {
+        for kind in [
+            HolderKind::Cwd,
+            HolderKind::OpenFile,
+            HolderKind::Mmap,
+            HolderKind::Root,
+            HolderKind::OpenDevice,
+        ] {
             let e = entry(vec![mount(2, None, None), user(kind, Some(2), 777)]);
             let p = release_with(&e, &ReleaseOptions::default());
             assert!(p.steps.is_empty(), "{kind:?}: {p:?}");
@@ -451,7 +457,11 @@ mod tests {
             let p = release_with(&e, &forced());
             assert_eq!(p.steps.len(), 1, "{kind:?}: {p:?}");
             assert_eq!(p.force_busy.as_deref(), Some("ticket 42: the pod is gone"));
-            assert!(p.notes.iter().any(|n| n.contains("ticket 42") && n.contains("pid 777")), "{:?}", p.notes);
+            assert!(
+                p.notes.iter().any(|n| n.contains("ticket 42") && n.contains("pid 777")),
+                "{:?}",
+                p.notes
+            );
         }
     }
 
