@@ -325,16 +325,18 @@ impl<W: World> Engine<W> {
         if step.is_release() {
             // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
             // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
-            return match self.world.scan(Target::Device(step.devnum)) {
-                Ok(fresh) => recheck::release_refusal(
-                    plan,
-                    step,
-                    &fresh,
-                    self.world.cluster().as_ref(),
-                    self.world.now(),
-                ),
-                Err(e) => Some(format!("cannot re-check it with a fresh scan: {e}")),
+            let fresh = match self.world.scan(Target::Device(step.devnum)) {
+                Ok(s) => s,
+                Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
             };
+            let stalled = self.observe_io(&fresh, self.world.now());
+            return fresh
+                .entry(step.devnum)
+                .and_then(|e| gates::responsive(e, stalled.get(&step.devnum), &plan.steps))
+                .or_else(|| {
+                    let api = self.world.cluster();
+                    recheck::release_refusal(plan, step, &fresh, api.as_ref(), self.world.now())
+                });
         }
         if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
             // Its disk was deleted by the steps before it (which it depends on): the actuator
