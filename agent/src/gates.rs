@@ -260,7 +260,9 @@ pub fn mount_users(
             HolderKind::Swap | HolderKind::LoopBacking | HolderKind::Filesystem => true,
         })
         .map(|h| match h.mount_namespace {
-            Some(ns) if !h.pids.is_empty() => format!("{} in mount namespace {}", h.describe(), ns.0),
+            Some(ns) if !h.pids.is_empty() && detached.len() > 1 => {
+                format!("{} in mount namespace {}", h.describe(), ns.0)
+            }
             _ => h.describe(),
         })
         .collect();
@@ -274,4 +276,57 @@ pub fn mount_users(
         namespaces.join(", "),
         users.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BlockDevice, DeviceKind};
+
+    fn entry(holders: Vec<Holder>) -> DeviceEntry {
+        DeviceEntry::new(
+            BlockDevice {
+                name: DeviceName::new("dm-0").expect("name"),
+                devnum: DevNum::new(253, 0),
+                kind: DeviceKind::Dm,
+                size_bytes: 1 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(1),
+            },
+            holders,
+        )
+    }
+
+    fn process(kind: HolderKind, ns: u64, pid: u32, state: char) -> Holder {
+        let mut h = Holder::bare(kind);
+        h.pids = vec![pid];
+        h.comm = Some("reader".into());
+        h.process_state = Some(state);
+        h.mount_namespace = Some(MountNsId(ns));
+        h
+    }
+
+    #[test]
+    fn mount_users_exempts_only_what_the_plan_frees() {
+        let ns = [MountNsId(2)];
+        // A reader stuck on a dead map, which stopping its queueing frees.
+        let stuck = entry(vec![process(HolderKind::OpenDevice, 2, 9, 'D')]);
+        assert_eq!(mount_users(&stuck, &ns, &[9], &[]), None);
+        assert!(mount_users(&stuck, &ns, &[], &[]).is_some_and(|w| w.contains("pid 9 (reader)")));
+        // A layer the plan removes after the releases.
+        let mut layer = Holder::bare(HolderKind::StackedDevice);
+        layer.device = Some(DeviceName::new("dm-1").expect("name"));
+        let stacked = entry(vec![layer]);
+        assert_eq!(mount_users(&stacked, &ns, &[], &[DeviceName::new("dm-1").expect("name")]), None);
+        assert!(mount_users(&stacked, &ns, &[], &[]).is_some_and(|w| w.contains("dm-1 is stacked")));
+        // A cwd elsewhere is not this release's concern; a cwd in its namespace is.
+        let cwd = entry(vec![process(HolderKind::Cwd, 3, 5, 'S')]);
+        assert_eq!(mount_users(&cwd, &ns, &[], &[]), None);
+        assert!(mount_users(&cwd, &[MountNsId(3)], &[], &[]).is_some_and(|w| w.contains("--force-busy")));
+    }
 }
