@@ -11,17 +11,19 @@
 //! - [`kernel_word`]: the kernel's own claims on the device are all accounted for by the plan;
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
 //!   this node uses it per the kubelet directory;
-//! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it.
+//! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it;
+//! - [`mount_users`]: nothing uses the filesystem through a namespace whose mount a release
+//!   detaches (a detached mount lives on for its users and frees nothing).
 
 use std::collections::HashSet;
 
 use crate::act::probe::{Claim, KernelWord};
 use crate::blindspot::{self, BlindSpot};
 use crate::clock::BootTime;
-use crate::graph::DeviceEntry;
+use crate::graph::{DeviceEntry, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
-use crate::model::{DevNum, DeviceName};
+use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
 use crate::plan::step::Step;
 use crate::stall::Stall;
 
@@ -220,4 +222,111 @@ pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, steps: &[Step]) ->
         entry.device.name,
         stall.describe()
     ))
+}
+
+/// What still uses a device through the mount namespaces `detached` whose mounts of it a release
+/// would detach: a process in one of them with its cwd, root, an open file, the device node or a
+/// mapping on it; a process holder whose namespace is unknown; anything the kernel holds with no
+/// namespace (swap, a loop device's backing file, a stacked device, a filesystem with no mount).
+/// `umount2(MNT_DETACH)` removes only the mount: the filesystem stays alive for every such user,
+/// who loses only path lookups (gotcha 24), so the detach breaks them and frees nothing.
+/// Exempt: openers stuck on a dead map that the plan frees (`expected_openers`), and devices
+/// stacked on it that the plan removes (`removed`). A process in a namespace the release does
+/// not touch is not its concern: its own mount stays.
+pub fn mount_users(
+    entry: &DeviceEntry,
+    detached: &[MountNsId],
+    expected_openers: &[u32],
+    removed: &[DeviceName],
+) -> Option<String> {
+    // mutation-check: mount-users
+    let in_detached = |h: &Holder| h.mount_namespace.is_none_or(|n| detached.contains(&n));
+    let users: Vec<String> = entry
+        .holders
+        .iter()
+        .filter(|h| match h.kind {
+            HolderKind::Mount => false,
+            HolderKind::OpenDevice
+                if !h.pids.is_empty() && h.pids.iter().all(|p| expected_openers.contains(p)) =>
+            {
+                false
+            }
+            HolderKind::StackedDevice => h.device.as_ref().is_none_or(|d| !removed.contains(d)),
+            HolderKind::OpenDevice
+            | HolderKind::OpenFile
+            | HolderKind::Cwd
+            | HolderKind::Root
+            | HolderKind::Mmap => in_detached(h),
+            HolderKind::Swap | HolderKind::LoopBacking | HolderKind::Filesystem => true,
+        })
+        .map(|h| match h.mount_namespace {
+            Some(ns) if !h.pids.is_empty() && detached.len() > 1 => {
+                format!("{} in mount namespace {}", h.describe(), ns.0)
+            }
+            _ => h.describe(),
+        })
+        .collect();
+    if users.is_empty() {
+        return None;
+    }
+    let namespaces: Vec<String> = detached.iter().map(|n| n.0.to_string()).collect();
+    Some(format!(
+        "{}: a release would detach its mount(s) in mount namespace {}, but the filesystem is still used there: {}: a detached mount stays alive for its users and frees nothing, and they lose their path to it: stop those processes (or have them let go of the files) first, or pass --force-busy REASON to detach anyway",
+        entry.device.name,
+        namespaces.join(", "),
+        users.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BlockDevice, DeviceKind};
+
+    fn entry(holders: Vec<Holder>) -> DeviceEntry {
+        DeviceEntry::new(
+            BlockDevice {
+                name: DeviceName::new("dm-0").expect("name"),
+                devnum: DevNum::new(253, 0),
+                kind: DeviceKind::Dm,
+                size_bytes: 1 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(1),
+            },
+            holders,
+        )
+    }
+
+    fn process(kind: HolderKind, ns: u64, pid: u32, state: char) -> Holder {
+        let mut h = Holder::bare(kind);
+        h.pids = vec![pid];
+        h.comm = Some("reader".into());
+        h.process_state = Some(state);
+        h.mount_namespace = Some(MountNsId(ns));
+        h
+    }
+
+    #[test]
+    fn mount_users_exempts_only_what_the_plan_frees() {
+        let ns = [MountNsId(2)];
+        // A reader stuck on a dead map, which stopping its queueing frees.
+        let stuck = entry(vec![process(HolderKind::OpenDevice, 2, 9, 'D')]);
+        assert_eq!(mount_users(&stuck, &ns, &[9], &[]), None);
+        assert!(mount_users(&stuck, &ns, &[], &[]).is_some_and(|w| w.contains("pid 9 (reader)")));
+        // A layer the plan removes after the releases.
+        let mut layer = Holder::bare(HolderKind::StackedDevice);
+        layer.device = Some(DeviceName::new("dm-1").expect("name"));
+        let stacked = entry(vec![layer]);
+        assert_eq!(mount_users(&stacked, &ns, &[], &[DeviceName::new("dm-1").expect("name")]), None);
+        assert!(mount_users(&stacked, &ns, &[], &[]).is_some_and(|w| w.contains("dm-1 is stacked")));
+        // A cwd elsewhere is not this release's concern; a cwd in its namespace is.
+        let cwd = entry(vec![process(HolderKind::Cwd, 3, 5, 'S')]);
+        assert_eq!(mount_users(&cwd, &ns, &[], &[]), None);
+        assert!(mount_users(&cwd, &[MountNsId(3)], &[], &[]).is_some_and(|w| w.contains("--force-busy")));
+    }
 }

@@ -57,6 +57,10 @@ pub struct Holder {
     /// For mounts: the peer group it is a slave of (`master:N`): a copy that follows it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub master_group: Option<u32>,
+    /// For mounts: every peer group it receives propagation from as mountinfo names them
+    /// (`master:N` and `propagate_from:N`, which may differ): the links of a chain of copies.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream_groups: Vec<u32>,
     /// For mounts: the mount's own superblock device as mountinfo shows it (an anonymous
     /// `0:NN` for btrfs, joined to this block device through `/sys/fs/btrfs`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -93,6 +97,7 @@ impl Holder {
             source: None,
             shared_group: None,
             master_group: None,
+            upstream_groups: Vec::new(),
             mount_dev: None,
             namespace_entry: None,
             path: None,
@@ -149,6 +154,12 @@ impl Holder {
             || (self.kind == HolderKind::OpenDevice && self.process_state == Some('D'))
             || (self.kind == HolderKind::StackedDevice
                 && self.device.as_ref().is_some_and(|d| partitions.contains(d)))
+    }
+
+    /// The peer groups this mount receives propagation from (its master and the dominant group
+    /// mountinfo may name besides).
+    pub fn upstream(&self) -> impl Iterator<Item = u32> + '_ {
+        self.master_group.into_iter().chain(self.upstream_groups.iter().copied())
     }
 
     /// A mount in a namespace other than the host's: what `release` detaches.
@@ -251,6 +262,7 @@ impl DeviceGraph {
             h.source = Some(m.mount.source.clone());
             h.shared_group = m.mount.shared_group();
             h.master_group = m.mount.master_group();
+            h.upstream_groups = upstream_groups(&m.mount.optional);
             h.mount_dev = Some(m.mount.devnum);
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
             per_dev.entry(m.device()).or_default().push(h);
@@ -393,6 +405,96 @@ impl DeviceGraph {
     }
 }
 
+/// The peer groups a mount's optional fields name as its sources (`master:N`,
+/// `propagate_from:N`).
+fn upstream_groups(optional: &[String]) -> Vec<u32> {
+    let mut out: Vec<u32> = optional
+        .iter()
+        .filter_map(|f| f.strip_prefix("master:").or_else(|| f.strip_prefix("propagate_from:")))
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// How the mounts of one superblock are tied to the mounts live in the host's namespace by
+/// mount propagation, through any chain of peer groups.
+///
+/// Peer group numbers are kernel-wide, and every mount of a peer group (and every slave of one)
+/// is a mount of the same superblock: the mounts of the device in every namespace (btrfs mounts
+/// joined to each member) are the whole chain. A host mount `shared:5`, a copy in namespace A
+/// `shared:7 master:5` and a copy of that in B `master:7`: groups 5 and 7 both carry the host's
+/// mount, and B's copy is a copy of a live host mount as much as A's is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostChain {
+    /// Groups with a host mount in them, and (recursively) every group a mount of which is a
+    /// slave of such a group: a mount in one, or a slave of one, is a copy of a live host mount.
+    pub downstream: std::collections::BTreeSet<u32>,
+    /// Groups a host mount receives propagation from, recursively: detaching a mount of one
+    /// could propagate the unmount down to the host's copy.
+    pub upstream: std::collections::BTreeSet<u32>,
+    /// Every group some mount of the superblock is in (`shared:N`), in any namespace the scan
+    /// read: a slave of a group not among them cannot be traced to its source.
+    pub known: std::collections::BTreeSet<u32>,
+}
+
+impl HostChain {
+    /// The closure over `mounts` (the mount holders of one device, every namespace).
+    pub fn of<'a>(mounts: impl IntoIterator<Item = &'a Holder>) -> Self {
+        let mounts: Vec<&Holder> = mounts.into_iter().filter(|h| h.kind == HolderKind::Mount).collect();
+        let host = |h: &&&Holder| h.in_host_namespace == Some(true);
+        let mut c = Self {
+            downstream: mounts.iter().filter(host).filter_map(|h| h.shared_group).collect(),
+            upstream: mounts.iter().filter(host).flat_map(|h| h.upstream()).collect(),
+            known: mounts.iter().filter_map(|h| h.shared_group).collect(),
+        };
+        // Fixpoints: each turn adds at least one group or stops, so at most one turn per mount.
+        loop {
+            let before = (c.downstream.len(), c.upstream.len());
+            for h in &mounts {
+                let Some(g) = h.shared_group else { continue };
+                if h.upstream().any(|u| c.downstream.contains(&u)) {
+                    c.downstream.insert(g);
+                }
+                if c.upstream.contains(&g) {
+                    c.upstream.extend(h.upstream());
+                }
+            }
+            if (c.downstream.len(), c.upstream.len()) == before {
+                break;
+            }
+        }
+        c
+    }
+
+    /// Why detaching mount `h` would touch a mount live in the host's namespace (`None`: it is
+    /// not tied to one).
+    pub fn ties(&self, h: &Holder) -> Option<String> {
+        if let Some(g) = h.upstream().find(|g| self.downstream.contains(g)) {
+            return Some(format!(
+                "it is a slave copy (master:{g}) of a mount live in the host's namespace, directly or through a chain of copies (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on"
+            ));
+        }
+        if let Some(g) = h.shared_group.filter(|g| self.downstream.contains(g)) {
+            return Some(format!(
+                "it is a shared peer (shared:{g}) of a mount that carries the host's mount, so detaching it would unmount the host's copy (or a copy of it) too"
+            ));
+        }
+        if let Some(g) = h.shared_group.filter(|g| self.upstream.contains(g)) {
+            return Some(format!(
+                "the host's mount is a slave of its peer group (shared:{g}), directly or through a chain: detaching it could propagate the unmount to the host's copy"
+            ));
+        }
+        if let Some(g) = h.upstream().find(|g| !self.known.contains(g)) {
+            return Some(format!(
+                "it is a slave of peer group {g}, of which the scan sees no mount: whether it is a copy of a mount live on the host cannot be told"
+            ));
+        }
+        None
+    }
+}
+
 fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
     if let Some(p) = pid.and_then(|p| s.processes.get(&p)) {
         h.comm = Some(p.comm.clone());
@@ -426,5 +528,92 @@ pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
                 .map(|(n, why)| format!("{n}, which goes with the same controller(s): {why}"))
                 .collect();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::mountinfo::parse_line;
+
+    /// A mount holder from a real mountinfo line, as [`DeviceGraph::build`] fills it in.
+    fn mount(ns: u64, host: bool, line: &str) -> Holder {
+        let m = parse_line(line.as_bytes(), 1).expect("a mountinfo line");
+        let mut h = Holder::bare(HolderKind::Mount);
+        h.mount_namespace = Some(MountNsId(ns));
+        h.in_host_namespace = Some(host);
+        h.mount_id = Some(m.mount_id);
+        h.mount_point = Some(m.mount_point.clone());
+        h.shared_group = m.shared_group();
+        h.master_group = m.master_group();
+        h.upstream_groups = upstream_groups(&m.optional);
+        h.mount_dev = Some(m.devnum);
+        h
+    }
+
+    // Taken from this machine's kernel: `mount --make-shared` on the host, then `unshare -m
+    // --propagation unchanged` (A: `--make-slave`, `--make-shared`), then another namespace from
+    // A's (B: `--make-slave`).
+    const HOST: &str = "42 27 7:0 / /var/tmp/relchain/m rw,relatime shared:1 - ext4 /dev/loop0 rw";
+    const A: &str = "64 44 7:0 / /var/tmp/relchain/m rw,relatime shared:2 master:1 - ext4 /dev/loop0 rw";
+    const B: &str = "86 66 7:0 / /var/tmp/relchain/m rw,relatime master:2 - ext4 /dev/loop0 rw";
+
+    #[test]
+    fn a_slave_of_a_slave_of_the_host_is_a_host_copy() {
+        let (host, a, b) = (mount(1, true, HOST), mount(2, false, A), mount(3, false, B));
+        let chain = HostChain::of([&host, &a, &b]);
+        assert_eq!(chain.downstream.iter().copied().collect::<Vec<_>>(), [1, 2]);
+        assert!(chain.ties(&a).is_some_and(|w| w.contains("master:1")), "{chain:?}");
+        let why = chain.ties(&b).expect("B copies A, which copies the host");
+        assert!(why.contains("slave copy (master:2)") && why.contains("chain"), "{why}");
+        // The order the mounts come in does not matter.
+        assert_eq!(HostChain::of([&b, &a, &host]), chain);
+    }
+
+    #[test]
+    fn a_chain_whose_host_mount_is_gone_is_released() {
+        // The host let go: A and B are copies of nothing live on the host.
+        let (a, b) = (mount(2, false, A), mount(3, false, B));
+        let mut a_private = a.clone();
+        a_private.upstream_groups.clear();
+        a_private.master_group = None;
+        let chain = HostChain::of([&a_private, &b]);
+        assert!(chain.downstream.is_empty(), "{chain:?}");
+        assert_eq!(chain.ties(&a_private), None);
+        assert_eq!(chain.ties(&b), None, "a slave of a foreign group is not a host copy");
+        // A still claims to be a slave of group 1, which no mount the scan read is in: the chain
+        // cannot be followed, so neither is released.
+        let chain = HostChain::of([&a, &b]);
+        assert!(
+            chain.ties(&a).is_some_and(|w| w.contains("peer group 1") && w.contains("no mount")),
+            "{chain:?}"
+        );
+    }
+
+    #[test]
+    fn propagate_from_is_followed_as_well_as_master() {
+        // B's master group 9 is out of B's sight; mountinfo names the dominant group instead.
+        let host = mount(1, true, HOST);
+        let b = mount(3, false, "86 66 7:0 / /m rw,relatime master:9 propagate_from:1 - ext4 /dev/loop0 rw");
+        assert_eq!(b.upstream().collect::<Vec<_>>(), [1, 1, 9]);
+        assert!(HostChain::of([&host, &b]).ties(&b).is_some());
+    }
+
+    #[test]
+    fn a_master_of_the_hosts_mount_is_never_released() {
+        // The host's mount is a slave of a group whose only other mount is foreign.
+        let host = mount(1, true, "42 27 7:0 / /m rw,relatime master:4 - ext4 /dev/loop0 rw");
+        let master = mount(2, false, "64 44 7:0 / /m rw,relatime shared:4 - ext4 /dev/loop0 rw");
+        let sibling = mount(3, false, "86 66 7:0 / /m rw,relatime master:4 - ext4 /dev/loop0 rw");
+        let chain = HostChain::of([&host, &master, &sibling]);
+        assert!(chain.ties(&master).is_some_and(|w| w.contains("propagate the unmount")), "{chain:?}");
+        assert_eq!(chain.ties(&sibling), None, "a sibling copy is not the host's");
+    }
+
+    #[test]
+    fn a_private_copy_is_not_tied() {
+        let host = mount(1, true, HOST);
+        let private = mount(2, false, "64 44 7:0 / /var/tmp/relchain/m rw,relatime - ext4 /dev/loop0 rw");
+        assert_eq!(HostChain::of([&host, &private]).ties(&private), None);
     }
 }

@@ -18,6 +18,11 @@
 //!    `unknown`, never `stale`, and `clean --apply` refuses.
 //! 10. Where PID 1 itself cannot be inspected (this sandbox), it is a blind spot unless trusted
 //!     with `BLOCKJANITOR_TRUST_UNREADABLE_INIT` (which the helpers set: see `trust_init`).
+//! 11. (issue 17) `release --apply` is held to the clean path's standard: a mount that exists only
+//!     in a private namespace whose process has its cwd, an open file or a mapping on it is not
+//!     detached (exit 2, the holder named), unless `--force-busy REASON` (the reason audited); a
+//!     blind spot refuses it; a slave of a slave of a live host mount is never released; a copy
+//!     nobody uses is released and the device freed.
 //!
 //! Every object is owned by a guard (`LoopDev`, `HostMount`, `NsProcess`, `Daemon`) that cleans
 //! up on drop, even when an assertion fails; guards are declared so that they drop in the safe
@@ -875,4 +880,269 @@ fn root_a_filesystem_kept_alive_by_an_overlay_is_in_use() {
     assert!(lo.is_bound(), "the loop device stays bound");
     assert!(intents(&s, "detach_loop").is_empty(), "{}", journal_text(&s));
     drop(overlay);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11 (issue 17): release held to the clean path's standard.
+
+/// A process in a private mount namespace of its own that mounts `lo` at `mnt` there (the host
+/// never has it mounted), then runs `then` (a shell command line ending in an `exec`).
+fn mounted_only_in_a_namespace(lo: &LoopDev, mnt: &Path, then: &str) -> NsProcess {
+    let p = NsProcess::spawn(&format!("mount {} {} && {then}", lo.dev, utf8(mnt)));
+    assert!(
+        wait_until(Duration::from_secs(5), || p.has_mount(mnt)),
+        "the namespace never mounted {}",
+        lo.dev
+    );
+    assert!(mountinfo_line("self", mnt).is_none(), "the host's namespace has no mount of it");
+    p
+}
+
+/// `release DEV --apply` (plus `extra`), its exit code and everything it said.
+fn release_apply(s: &Scratch, lo: &LoopDev, extra: &[&str]) -> (Option<i32>, String, String) {
+    let f = files(s);
+    let mut args = with_files(&f, &["release", &lo.dev, "--apply"]);
+    args.extend(extra);
+    let out = agent(&args);
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The refusal every "in use" case expects: exit 2, the holder named (pid and what it does),
+/// no detach_mount intent, and the mount still in the namespace's own mountinfo.
+fn assert_refused_for(s: &Scratch, lo: &LoopDev, holder: &NsProcess, mnt: &Path, what: &str) {
+    let (code, out, err) = release_apply(s, lo, &[]);
+    let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
+    assert_eq!(code, Some(2), "refused (held): {said}");
+    assert!(out.contains("refused:"), "{said}");
+    assert!(
+        names_pid(&out, holder.pid()) && out.contains(what),
+        "the refusal names pid {} and `{what}`: {said}",
+        holder.pid()
+    );
+    assert!(out.contains("--force-busy"), "and how to go ahead anyway: {said}");
+    assert!(intents(s, "detach_mount").is_empty(), "no detach_mount intent: {}", journal_text(s));
+    assert!(
+        mountinfo_line(&holder.pid().to_string(), mnt).is_some(),
+        "the mount is still in the namespace's own mountinfo: {said}"
+    );
+    assert!(lo.is_bound());
+}
+
+#[test]
+fn root_release_refuses_a_mount_whose_namespace_has_its_cwd_on_it_unless_forced() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let mut holder = mounted_only_in_a_namespace(&lo, &mnt, &format!("cd {} && exec sleep 1000", utf8(&mnt)));
+    let pid = holder.pid();
+    assert!(wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .is_ok_and(|c| c == mnt)));
+    assert_refused_for(&s, &lo, &holder, &mnt, "has its working directory on it");
+
+    // The operator forces it, with a reason: detached, the reason in the plan and the audit log.
+    let reason = "ticket-4711 the db pod was evicted";
+    let (code, out, err) = release_apply(&s, &lo, &["--force-busy", reason]);
+    let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
+    assert!(mountinfo_line(&pid.to_string(), &mnt).is_none(), "forced: detached: {said}");
+    assert_eq!(done(&s, "detach_mount"), 1, "{}", journal_text(&s));
+    assert_eq!(code, Some(2), "the cwd still holds the detached filesystem: {said}");
+    assert!(out.contains(reason), "the plan says why: {said}");
+    let audit = err.lines().find(|l| l.contains("force_busy") || l.contains("mount_users"));
+    assert!(
+        audit.is_some_and(|l| l.contains("audit") && l.contains(reason) && names_pid(l, pid)),
+        "one audit line with the reason and the user: {said}"
+    );
+    assert!(holder.is_alive(), "no process is killed");
+}
+
+#[test]
+fn root_release_refuses_a_mount_whose_namespace_has_a_file_on_it_open() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let db = mnt.join("db");
+    let holder = mounted_only_in_a_namespace(&lo, &mnt, &format!("exec 3<>{} && exec sleep 1000", utf8(&db)));
+    let pid = holder.pid();
+    assert!(wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{pid}/fd/3"))
+        .is_ok_and(|c| c == db)));
+    assert_refused_for(&s, &lo, &holder, &mnt, "has a file on it open");
+}
+
+#[test]
+fn root_release_refuses_a_mount_whose_namespace_maps_a_file_on_it() {
+    if !require_real_kernel(&[TOOLS, &["python3"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let db = mnt.join("db");
+    let ready = s.path("mapped");
+    // mmap(2) through ctypes, then close the fd: only the mapping holds the file (Python's own
+    // mmap module keeps a dup of the fd).
+    let prog = s.path("map.py");
+    std::fs::write(
+        &prog,
+        r#"import ctypes, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 4096)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+addr = libc.mmap(None, 4096, 3, 1, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit("mmap failed: errno %d" % ctypes.get_errno())
+os.close(fd)
+open(sys.argv[2], "w").close()
+time.sleep(1000)
+"#,
+    )
+    .expect("write map.py");
+    let holder = mounted_only_in_a_namespace(
+        &lo,
+        &mnt,
+        &format!("exec python3 {} {} {}", utf8(&prog), utf8(&db), utf8(&ready)),
+    );
+    let pid = holder.pid();
+    assert!(
+        wait_until(Duration::from_secs(10), || ready.exists()),
+        "the process never mapped {}",
+        db.display()
+    );
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).expect("maps");
+    assert!(maps.contains(utf8(&db)), "mapped: {maps}");
+    let fds: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd dir")
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .collect();
+    assert!(!fds.contains(&db), "only the mapping holds it: {fds:?}");
+    assert_refused_for(&s, &lo, &holder, &mnt, "maps a file on it");
+}
+
+#[test]
+fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
+    if !require_real_kernel(&[TOOLS, &["nsenter"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let m = utf8(&mnt).to_owned();
+    let host = HostMount::new(&lo.dev, &mnt, &[]);
+    sh("mount", &["--make-shared", &m]);
+    let group = |line: &str, prefix: &str| -> Option<String> {
+        line.split(' ').find_map(|f| f.strip_prefix(prefix)).map(str::to_owned)
+    };
+    let host_line = mountinfo_line("self", &mnt).expect("mounted");
+    let host_group = group(&host_line, "shared:").expect("shared");
+    // A: its copy a slave of the host's and shared in a group of its own.
+    let a = NsProcess::spawn_with(
+        "unchanged",
+        &format!("mount --make-slave {m} && mount --make-shared {m} && exec sleep 1000"),
+    );
+    let a_line = || mountinfo_line(&a.pid().to_string(), &mnt).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(5), || a_line().contains("master:") && a_line().contains("shared:"))
+    );
+    let a_group = group(&a_line(), "shared:").expect("A shared");
+    assert!(a_line().contains(&format!("master:{host_group}")), "A: {}", a_line());
+    // B: made from A's namespace, its copy a slave of A's group only.
+    let b = NsProcess {
+        child: Command::new("nsenter")
+            .args(["-t", &a.pid().to_string(), "-m", "unshare", "-m", "--propagation", "unchanged"])
+            .args(["sh", "-c", &format!("mount --make-slave {m} && exec sleep 1000")])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("nsenter"),
+    };
+    let b_line = || mountinfo_line(&b.pid().to_string(), &mnt).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(5), || b_line().contains(&format!("master:{a_group}"))
+            && !b_line().contains("shared:")),
+        "B is a slave of A's group {a_group} only: {}",
+        b_line()
+    );
+    // C: a private copy, a leak nobody uses: it goes, the others stay.
+    let c = NsProcess::spawn("exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || c.has_mount(&mnt)));
+
+    let f = files(&s);
+    let dry = text(&agent(&with_files(&f, &["release", &lo.dev, "--output", "json"])).stdout);
+    let v: Value = serde_json::from_str(&dry).unwrap_or_else(|e| panic!("not JSON ({e}): {dry}"));
+    let left = v["plan"]["left_alone"].as_array().cloned().unwrap_or_default();
+    assert!(
+        left.iter().any(|l| l["holder"]["mount_namespace"] == b.ns_inode()
+            && l["reason"]
+                .as_str()
+                .is_some_and(|t| t.contains(&format!("master:{a_group}")) && t.contains("chain"))),
+        "B's copy is left alone as a slave, through A, of the host's mount: {v:#}"
+    );
+    let (code, out, err) = release_apply(&s, &lo, &[]);
+    let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
+    assert!(
+        mountinfo_line(&b.pid().to_string(), &mnt).is_some(),
+        "B's copy of the live host mount stays: {said}"
+    );
+    assert!(mountinfo_line(&a.pid().to_string(), &mnt).is_some(), "A's copy stays: {said}");
+    assert!(host.is_mounted(), "the host's mount stays: {said}");
+    assert!(!c.has_mount(&mnt), "the private leak went: {said}");
+    assert_eq!(done(&s, "detach_mount"), 1, "one detach, C's: {}", journal_text(&s));
+    assert_eq!(code, Some(2), "still held (the host's mount): {said}");
+    drop((c, b, a));
+}
+
+#[test]
+fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
+    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    // Nobody uses it, but an agent without CAP_SYS_PTRACE cannot read this root process's
+    // namespace: it cannot see the mount, nor whether anything there uses it.
+    let holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");
+    let f = files(&s);
+    let out = without_ptrace(&with_files(&f, &["release", &lo.dev, "--apply"]));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "refused, not `nothing to do`: {said}");
+    let t = text(&out.stdout);
+    assert!(t.contains("refused: blind spot") && names_some_pid(&t), "the blind spot is named: {said}");
+    assert!(intents(&s, "detach_mount").is_empty(), "{}", journal_text(&s));
+    assert!(holder.has_mount(&mnt), "the mount is still there: {said}");
+}
+
+#[test]
+fn root_release_detaches_a_copy_nobody_uses_and_frees_the_device() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
+    let mnt = s.mkdir("mnt");
+    let mut holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");
+    let (code, out, err) = release_apply(&s, &lo, &[]);
+    let said = format!("exit {code:?}\nstdout: {out}\nstderr: {err}");
+    assert_eq!(code, Some(0), "{said}");
+    assert!(out.contains("is free"), "{said}");
+    assert!(!holder.has_mount(&mnt), "detached in its namespace: {said}");
+    assert!(holder.is_alive(), "no process is killed");
+    assert_eq!(done(&s, "detach_mount"), 1, "{}", journal_text(&s));
+    assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "the filesystem is gone");
+    let v = holders(&s, &lo.dev, &[]);
+    assert_eq!(v["holders"], serde_json::json!([]), "free: {v:#}");
 }

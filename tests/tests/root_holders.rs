@@ -106,7 +106,23 @@ fn root_cwd_pin_survives_release_and_is_reported() {
     assert_eq!(cwd[0]["pids"], serde_json::json!([holder.pid()]));
     assert_eq!(cwd[0]["mount_namespace"], holder.ns_inode());
 
-    let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply", "--output", "json"]);
+    // Detaching a mount a process uses breaks it and frees nothing: refused (issue 17)...
+    let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);
+    assert_eq!(out.status.code(), Some(2), "refused: exit 2; {}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("has its working directory on it"), "{}", text(&out.stdout));
+    assert!(holder.has_mount(&mnt), "refused: the mount stays");
+    // ...unless the operator forces it.
+    let out = agent(&[
+        "--journal",
+        &journal_in(&s),
+        "release",
+        &lo.dev,
+        "--apply",
+        "--force-busy",
+        "show the pin",
+        "--output",
+        "json",
+    ]);
     assert_eq!(out.status.code(), Some(2), "still held: exit 2; {}", text(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(r["results"][0]["result"], "done", "{r:#}");

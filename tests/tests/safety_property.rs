@@ -19,7 +19,9 @@
 //! - the API, when in use, vouches and says no pod or attachment uses it; it is not protected
 //!   and no pod uses it per kubelet;
 //! - a step runs only after every step it depends on finished;
-//! - a release never detaches a mount in the host's namespace or a copy of one.
+//! - a release never detaches a mount in the host's namespace or a copy of one, nor a mount in a
+//!   namespace where a process uses the filesystem, nor one of a device the kernel holds
+//!   otherwise (swap, a loop backing file, a stacked device): that frees nothing.
 //!
 //! `scripts/mutation-check.sh` removes each gate in turn (completeness, identity, the API, the
 //! kernel's word) and requires this test to fail.
@@ -225,6 +227,7 @@ fn holder(i: usize, (kind_ix, host, stuck, group): Seen) -> Holder {
         source: None,
         shared_group: shared,
         master_group: master,
+        upstream_groups: Vec::new(),
         mount_dev: Some(DevNum::new(7, 0)),
         namespace_entry: Some(NsEntry::Task { pid: 1000 + n, tid: 1000 + n }),
         path: Some(format!("/p{n}").as_str().into()),
@@ -668,6 +671,25 @@ impl Machine {
                     "a mount in the host's namespace or a copy of one was detached: {h:?}"
                 )),
                 _ => {}
+            }
+            // A detached mount lives on for its users (gotcha 24): none in its namespace, and no
+            // holder the kernel keeps without one (a dead map's stuck readers and layers are the
+            // teardown's to free).
+            let Action::DetachMount { namespace, .. } = &step.action else { unreachable!() };
+            let user = dev.holders.iter().find(|h| {
+                let kernel = matches!(
+                    h.kind,
+                    HolderKind::Swap
+                        | HolderKind::LoopBacking
+                        | HolderKind::StackedDevice
+                        | HolderKind::Filesystem
+                );
+                h.kind != HolderKind::Mount
+                    && !(c.kind == Kind::Map && (stuck_reader(h) || h.kind == HolderKind::StackedDevice))
+                    && (kernel || h.mount_namespace.is_none_or(|n| n == *namespace))
+            });
+            if let Some(h) = user {
+                self.violation(format!("mount {mount_id} was detached while it was in use: {h:?}"));
             }
             return;
         }

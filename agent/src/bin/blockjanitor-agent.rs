@@ -158,6 +158,12 @@ enum Command {
         /// Carry out the plan.
         #[arg(long)]
         apply: bool,
+        /// Detach mounts even though processes in their namespaces still use the filesystem
+        /// (cwd, open files, mappings): they keep the detached filesystem and lose their path to
+        /// it. REASON goes into the plan and the audit log. Never overrides a blind spot or a
+        /// copy of a host mount.
+        #[arg(long, value_name = "REASON", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        force_busy: Option<String>,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
@@ -348,6 +354,7 @@ fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<LinuxW
             grace: Duration::from_secs(cli.grace_period),
             max_gap: interval * 2,
             clean,
+            release: plan::ReleaseOptions::default(),
             unresponsive_after: blockjanitor::stall::DEFAULT_THRESHOLD,
         },
     )
@@ -412,9 +419,10 @@ fn run(cli: &Cli) -> Result<u8> {
             }
             Ok(0)
         }
-        Command::Release { device, apply, output } => {
+        Command::Release { device, apply, force_busy, output } => {
             let devnum = device_arg(&host, device)?;
-            let e = engine(cli, host, plan::CleanOptions::default());
+            let mut e = engine(cli, host, plan::CleanOptions::default());
+            e.settings.release = plan::ReleaseOptions { force_busy: force_busy.clone() };
             let (_, plan) = e.plan_fresh(devnum, Operation::Release, &mut state.clocks)?;
             state.save();
             carry_out(cli, &e, &plan, *apply, *output)
@@ -549,6 +557,7 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         grace: config.grace_period(),
         max_gap: config.rescan_interval() * 2,
         clean: plan::CleanOptions::default(),
+        release: plan::ReleaseOptions::default(),
         unresponsive_after: config.unresponsive_after(),
     };
     let engine = Engine::new(world, settings);

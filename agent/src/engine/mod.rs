@@ -82,6 +82,8 @@ pub struct Settings {
     pub max_gap: Duration,
     /// Opt-ins for clean.
     pub clean: CleanOptions,
+    /// Opt-ins for release (`--force-busy`).
+    pub release: plan::ReleaseOptions,
     /// How long I/O in flight may go without any completing before the device is unresponsive.
     pub unresponsive_after: Duration,
 }
@@ -92,6 +94,7 @@ impl Default for Settings {
             grace: Duration::from_secs(300),
             max_gap: Duration::from_secs(120),
             clean: CleanOptions::default(),
+            release: plan::ReleaseOptions::default(),
             unresponsive_after: crate::stall::DEFAULT_THRESHOLD,
         }
     }
@@ -203,9 +206,16 @@ impl<W: World> Engine<W> {
         let judgement = judged.verdict(devnum);
         let mut p = match op {
             Operation::Release => {
-                let mut p = plan::release(entry);
-                if let Some(why) = crate::nvme::release_refusal(entry) {
+                // Held to the clean path's standard: no release rests on a blind scan, and none
+                // detaches a mount in use unless the operator forces it (plan::release_with).
+                let mut p = plan::release_with(entry, &self.settings.release);
+                let why = crate::nvme::release_refusal(entry)
+                    .or_else(|| gates::completeness(entry, &scan.blind_spots));
+                if let Some(why) = why {
                     p.refuse(why);
+                }
+                if let (Some(reason), None) = (&p.force_busy, &p.refusal) {
+                    tracing::warn!(target: "audit", phase = "override", gate = "mount_users", device = %p.device, identity = %p.identity.token(), reason = %reason, users = %p.notes.join("; "), "release forced although its mounts are in use");
                 }
                 p
             }
@@ -313,9 +323,20 @@ impl<W: World> Engine<W> {
     /// the plan does not account for holds it. `None`: go.
     fn recheck(&self, plan: &Plan, step: &Step) -> Option<String> {
         if step.is_release() {
-            // The actuator re-reads the namespace and the mount (ID, device, nothing beneath,
-            // resolved without symlinks) itself; a release destroys no data.
-            return None;
+            // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
+            // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
+            let fresh = match self.world.scan(Target::Device(step.devnum)) {
+                Ok(s) => s,
+                Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
+            };
+            let stalled = self.observe_io(&fresh, self.world.now());
+            return fresh
+                .entry(step.devnum)
+                .and_then(|e| gates::responsive(e, stalled.get(&step.devnum), &plan.steps))
+                .or_else(|| {
+                    let api = self.world.cluster();
+                    recheck::release_refusal(plan, step, &fresh, api.as_ref(), self.world.now())
+                });
         }
         if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
             // Its disk was deleted by the steps before it (which it depends on): the actuator

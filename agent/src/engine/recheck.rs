@@ -7,11 +7,17 @@
 //! release, the readers stuck on the map (or on a layer stacked on it) and the layers stacked
 //! on it (LVs, crypt mappings, partition maps, removed next, top-down); before a removal,
 //! nothing but the stuck readers that are exiting: the layers above a layer are gone by then.
+//!
+//! Before a mount release ([`release_refusal`]): the device is still the one planned and fully
+//! seen, the host's namespace is known, the planned mount (namespace, mount ID, superblock) is
+//! still that mount and still not tied to a mount live in the host's namespace through any chain
+//! of peer groups, and nothing in its namespace uses the filesystem (unless the operator forced
+//! the release with `--force-busy`).
 
 use crate::act::probe::KernelWord;
 use crate::clock::BootTime;
 use crate::gates::{self, Accounted};
-use crate::graph::{DeviceEntry, Holder};
+use crate::graph::{DeviceEntry, Holder, HostChain};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
 use crate::model::HolderKind;
@@ -93,4 +99,194 @@ fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<
         step.device,
         unexpected.join("; ")
     ))
+}
+
+/// Why the mount release `step` must not run now (`None`: it may). `fresh` is a new scan of the
+/// step's device. A planned mount that the fresh, complete scan no longer shows is let through:
+/// the actuator finds it gone in the namespace's own table and reports it already absent.
+pub fn release_refusal(
+    plan: &Plan,
+    step: &Step,
+    fresh: &Scan,
+    api: Option<&ClusterView>,
+    now: BootTime,
+) -> Option<String> {
+    let Action::DetachMount { namespace, mount_id, mount_dev, .. } = &step.action else {
+        return None;
+    };
+    let Some(entry) = fresh.entry(step.devnum) else {
+        return Some(format!(
+            "a fresh scan does not find {} ({}): what its mount is cannot be re-checked",
+            step.device, step.devnum
+        ));
+    };
+    let mount = entry.holders.iter().find(|h| {
+        h.kind == HolderKind::Mount && h.mount_namespace == Some(*namespace) && h.mount_id == Some(*mount_id)
+    });
+    gates::identity(&step.identity, &Identity::of(entry))
+        .or_else(|| gates::completeness(entry, &fresh.blind_spots))
+        .or_else(|| {
+            fresh
+                .graph
+                .host_ns_unsure
+                .as_ref()
+                .map(|why| format!("{why}: no mount can be told host from foreign, so none is released"))
+        })
+        .or_else(|| gates::protection(entry, &fresh.protected))
+        .or_else(|| gates::kubelet_pods(entry))
+        .or_else(|| gates::api(entry, api, now).refusal())
+        .or_else(|| {
+            let m = mount?;
+            if m.in_host_namespace != Some(false) {
+                return Some(format!(
+                    "mount {mount_id} is now in the host's mount namespace ({}): never released",
+                    namespace.0
+                ));
+            }
+            if m.mount_dev != Some(*mount_dev) {
+                return Some(format!(
+                    "mount {mount_id} in mount namespace {} is now of {}, not the planned {mount_dev}",
+                    namespace.0,
+                    m.mount_dev.map_or_else(|| "?".to_owned(), |d| d.to_string())
+                ));
+            }
+            crate::plan::host_copy(m, &HostChain::of(&entry.holders))
+                .map(|why| format!("a fresh scan ties it to the host's mount: {why}"))
+        })
+        .or_else(|| {
+            if plan.force_busy.is_some() {
+                return None;
+            }
+            gates::mount_users(entry, &[*namespace], &plan.expected_openers, &removed_devices(plan, step))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::blindspot::BlindSpot;
+    use crate::discover::namespaces::NsEntry;
+    use crate::graph::DeviceGraph;
+    use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, MountNsId};
+
+    const DEV: DevNum = DevNum { major: 7, minor: 3 };
+
+    fn mount(ns: u64, shared: Option<u32>, master: Option<u32>) -> Holder {
+        let mut h = Holder::bare(HolderKind::Mount);
+        h.mount_namespace = Some(MountNsId(ns));
+        h.in_host_namespace = Some(ns == 1);
+        h.mount_id = Some(40 + ns as u32);
+        h.mount_dev = Some(DEV);
+        h.mount_point = Some("/mnt/x".into());
+        h.shared_group = shared;
+        h.master_group = master;
+        h.namespace_entry = Some(NsEntry::Task { pid: 100, tid: 100 });
+        h
+    }
+
+    fn cwd(ns: u64) -> Holder {
+        let mut h = Holder::bare(HolderKind::Cwd);
+        h.pids = vec![777];
+        h.comm = Some("db".into());
+        h.mount_namespace = Some(MountNsId(ns));
+        h.in_host_namespace = Some(ns == 1);
+        h.path = Some("/mnt/x".into());
+        h
+    }
+
+    fn entry(holders: Vec<Holder>) -> DeviceEntry {
+        DeviceEntry::new(
+            BlockDevice {
+                name: DeviceName::new("loop3").expect("name"),
+                devnum: DEV,
+                kind: DeviceKind::Loop,
+                size_bytes: 1 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(1),
+            },
+            holders,
+        )
+    }
+
+    fn scan(holders: Vec<Holder>) -> Scan {
+        let graph =
+            DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry(holders)] };
+        Scan::complete(graph, now())
+    }
+
+    fn now() -> BootTime {
+        BootTime::from_since_boot(Duration::from_secs(100))
+    }
+
+    /// The plan made when only the leaked copy in namespace 2 held the device.
+    fn planned() -> Plan {
+        let p = crate::plan::release(&entry(vec![mount(2, None, None)]));
+        assert_eq!(p.steps.len(), 1);
+        p
+    }
+
+    fn check(p: &Plan, fresh: &Scan) -> Option<String> {
+        release_refusal(p, &p.steps[0], fresh, None, now())
+    }
+
+    #[test]
+    fn the_same_unused_copy_may_go() {
+        assert_eq!(check(&planned(), &scan(vec![mount(2, None, None)])), None);
+        // Gone since (propagation took it, someone unmounted it): the actuator says so.
+        assert_eq!(check(&planned(), &scan(Vec::new())), None);
+    }
+
+    #[test]
+    fn a_user_that_came_since_the_plan_vetoes_the_detach_unless_forced() {
+        let fresh = scan(vec![mount(2, None, None), cwd(2)]);
+        let why = check(&planned(), &fresh).expect("refused");
+        assert!(why.contains("pid 777 (db) has its working directory on it"), "{why}");
+        let mut forced = planned();
+        forced.force_busy = Some("operator said so".into());
+        assert_eq!(check(&forced, &fresh), None);
+        // A user in another namespace is not this detach's concern.
+        assert_eq!(check(&planned(), &scan(vec![mount(2, None, None), cwd(1), mount(1, None, None)])), None);
+    }
+
+    #[test]
+    fn a_copy_that_became_tied_to_the_host_through_a_chain_is_kept() {
+        // Since the plan: the host mounted it shared:5, A copies it (shared:7 master:5) and the
+        // planned mount became a slave of A's group.
+        let fresh = scan(vec![mount(1, Some(5), None), mount(3, Some(7), Some(5)), mount(2, None, Some(7))]);
+        let why = check(&planned(), &fresh).expect("refused");
+        assert!(why.contains("master:7"), "{why}");
+        let mut forced = planned();
+        forced.force_busy = Some("operator said so".into());
+        assert!(check(&forced, &fresh).is_some(), "--force-busy never overrides a host copy");
+    }
+
+    #[test]
+    fn a_blind_spot_an_unknown_host_or_a_vanished_device_refuses() {
+        let mut fresh = scan(vec![mount(2, None, None)]);
+        fresh.blind_spots.push(BlindSpot::any("process 9: mountinfo unreadable"));
+        let mut forced = planned();
+        forced.force_busy = Some("operator said so".into());
+        assert!(check(&forced, &fresh).is_some_and(|w| w.contains("blind spot")));
+        let mut fresh = scan(vec![mount(2, None, None)]);
+        fresh.graph.host_ns_unsure = Some("PID 1 cannot be read".into());
+        assert!(check(&planned(), &fresh).is_some_and(|w| w.contains("host from foreign")));
+        let mut fresh = scan(vec![mount(2, None, None)]);
+        fresh.graph.devices.clear();
+        assert!(check(&planned(), &fresh).is_some_and(|w| w.contains("does not find")));
+    }
+
+    #[test]
+    fn a_mount_id_that_now_names_another_mount_refuses() {
+        let mut other = mount(2, None, None);
+        other.mount_dev = Some(DevNum::new(0, 77));
+        let why = check(&planned(), &scan(vec![other])).expect("refused");
+        assert!(why.contains("not the planned 7:3"), "{why}");
+    }
 }

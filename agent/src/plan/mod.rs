@@ -3,16 +3,18 @@
 //! run: the gates ([`crate::gates`]) and the engine do that.
 //!
 //! `release` detaches every mount of the device that lives in a namespace other than the host's,
-//! except a copy (shared peer or slave) of a mount that is live in the host's namespace; it never
-//! kills a process. `clean` tears a device down by its kind. Every step carries the kernel
+//! except a copy (shared peer or slave, through any chain of peer groups) of a mount that is live
+//! in the host's namespace; it never kills a process, and it is refused while a process in a
+//! namespace it would detach a mount in uses the filesystem ([`release_with`]). `clean` tears a device down by its kind. Every step carries the kernel
 //! identity of the device it acts on, re-checked right before it runs.
 
 pub mod step;
 
 pub use step::{Action, LeftAlone, Plan, Step};
 
-use crate::graph::{DeviceEntry, DeviceGraph, Holder};
-use crate::model::{DeviceKind, DeviceName, HolderKind};
+use crate::gates;
+use crate::graph::{DeviceEntry, DeviceGraph, Holder, HostChain};
+use crate::model::{DeviceKind, DeviceName, HolderKind, MountNsId};
 
 impl Plan {
     fn unsupported(&mut self, reason: String) {
@@ -29,42 +31,31 @@ impl Plan {
     }
 }
 
-/// Peer groups of the device's mounts in the host's namespace: a foreign mount that is a shared
-/// peer (`shared:N`) or a slave (`master:N`) of one is a copy of a mount live on the host.
-fn host_peer_groups(entry: &DeviceEntry) -> Vec<u32> {
-    entry
-        .holders
-        .iter()
-        .filter(|h| h.kind == HolderKind::Mount && h.in_host_namespace == Some(true))
-        .filter_map(|h| h.shared_group)
-        .collect()
+/// Why a foreign mount must not be detached: it is tied to a mount live in the host's namespace
+/// by propagation, directly or through any chain of peer groups ([`HostChain`]).
+pub fn host_copy(h: &Holder, chain: &HostChain) -> Option<String> {
+    chain.ties(h).map(|why| format!("{}: {why}: left alone", h.describe()))
 }
 
-/// Why a foreign mount must not be detached: it is a copy of a mount live on the host.
-fn host_copy(h: &Holder, host_groups: &[u32]) -> Option<String> {
-    if let Some(g) = h.shared_group.filter(|g| host_groups.contains(g)) {
-        return Some(format!(
-            "{}: it is a shared peer (shared:{g}) of a mount in the host's namespace, so detaching it would unmount the host's copy too: left alone",
-            h.describe()
-        ));
-    }
-    if let Some(g) = h.master_group.filter(|g| host_groups.contains(g)) {
-        return Some(format!(
-            "{}: it is a slave copy (master:{g}) of a mount live in the host's namespace (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on: left alone",
-            h.describe()
-        ));
-    }
-    None
+/// Opt-ins for `release`, off by default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReleaseOptions {
+    /// Detach mounts although processes in their namespaces use the filesystem (`--force-busy
+    /// REASON`): the operator's reason, which goes into the plan and the audit log. Never
+    /// overrides a blind spot or a copy of a host mount.
+    pub force_busy: Option<String>,
 }
 
-/// Plans the release of every foreign-namespace mount of `entry`'s device that is not a copy of
-/// a mount live in the host's namespace.
+/// Plans the release of every foreign-namespace mount of `entry`'s device that is not tied to
+/// a mount live in the host's namespace (a shared peer, a slave through any chain of peer
+/// groups, a master of the host's mount). Nothing else: who uses the mounts is the caller's
+/// question ([`release_with`], the teardowns' own holder checks).
 pub fn release(entry: &DeviceEntry) -> Plan {
     let mut p = Plan::new("release", entry);
-    let host_groups = host_peer_groups(entry);
+    let chain = HostChain::of(&entry.holders);
     for h in &entry.holders {
         if h.is_foreign_mount() {
-            if let Some(reason) = host_copy(h, &host_groups) {
+            if let Some(reason) = host_copy(h, &chain) {
                 p.left_alone.push(LeftAlone { holder: h.clone(), reason });
                 continue;
             }
@@ -89,6 +80,47 @@ pub fn release(entry: &DeviceEntry) -> Plan {
                 p.left_alone.push(LeftAlone { holder: h.clone(), reason });
             }
         }
+    }
+    p
+}
+
+/// The mount namespaces a plan detaches mounts in.
+pub fn detached_namespaces(p: &Plan) -> Vec<MountNsId> {
+    let mut out: Vec<MountNsId> = p
+        .steps
+        .iter()
+        .filter_map(|s| match &s.action {
+            Action::DetachMount { namespace, .. } => Some(*namespace),
+            _ => None,
+        })
+        .collect();
+    out.sort_unstable_by_key(|n| n.0);
+    out.dedup();
+    out
+}
+
+/// The operation `release`: [`release`], held to the clean path's standard. Refused while a
+/// process in a namespace it would detach a mount in uses the filesystem (cwd, root, an open
+/// file or the device node, a mapping), or anything the kernel holds without a namespace (swap,
+/// a loop device's backing file, a stacked device) reaches the device ([`gates::mount_users`]):
+/// a detached mount stays alive for its users, who lose only path lookups, so detaching it
+/// breaks them and frees nothing (gotcha 24). `--force-busy REASON` lets it go ahead anyway,
+/// with the reason in the plan. A process in a namespace the plan does not touch (the host's,
+/// or one whose only mount is a copy left alone) does not refuse it: its own mount stays, and
+/// the detached copies were not its way to the files (a release there is harmless, and frees
+/// the leaked copies for when it lets go).
+pub fn release_with(entry: &DeviceEntry, opts: &ReleaseOptions) -> Plan {
+    let mut p = release(entry);
+    if p.steps.is_empty() {
+        return p;
+    }
+    let Some(users) = gates::mount_users(entry, &detached_namespaces(&p), &[], &[]) else { return p };
+    match &opts.force_busy {
+        Some(reason) => {
+            p.notes.push(format!("--force-busy ({reason}): detaching anyway although {users}"));
+            p.force_busy = Some(reason.clone());
+        }
+        None => p.refuse(users),
     }
     p
 }
@@ -347,5 +379,153 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
             entry.device.kind.as_str()
         ));
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::namespaces::NsEntry;
+    use crate::model::{BlockDevice, DevNum};
+
+    const DEV: DevNum = DevNum { major: 7, minor: 3 };
+
+    fn mount(ns: u64, shared: Option<u32>, master: Option<u32>) -> Holder {
+        let mut h = Holder::bare(HolderKind::Mount);
+        h.pids = vec![100 + ns as u32];
+        h.mount_namespace = Some(MountNsId(ns));
+        h.in_host_namespace = Some(ns == 1);
+        h.mount_id = Some(40 + ns as u32);
+        h.mount_dev = Some(DEV);
+        h.mount_point = Some("/mnt/x".into());
+        h.shared_group = shared;
+        h.master_group = master;
+        h.namespace_entry = Some(NsEntry::Task { pid: 100 + ns as u32, tid: 100 + ns as u32 });
+        h
+    }
+
+    fn user(kind: HolderKind, ns: Option<u64>, pid: u32) -> Holder {
+        let mut h = Holder::bare(kind);
+        h.pids = vec![pid];
+        h.pid_count = 1;
+        h.comm = Some("db".into());
+        h.mount_namespace = ns.map(MountNsId);
+        h.in_host_namespace = ns.map(|n| n == 1);
+        h.path = Some("/mnt/x/db".into());
+        h
+    }
+
+    fn entry(holders: Vec<Holder>) -> DeviceEntry {
+        DeviceEntry::new(
+            BlockDevice {
+                name: DeviceName::new("loop3").expect("name"),
+                devnum: DEV,
+                kind: DeviceKind::Loop,
+                size_bytes: 1 << 20,
+                read_only: false,
+                parent: None,
+                holders: Vec::new(),
+                slaves: Vec::new(),
+                loop_info: None,
+                dm: None,
+                diskseq: Some(1),
+            },
+            holders,
+        )
+    }
+
+    fn forced() -> ReleaseOptions {
+        ReleaseOptions { force_busy: Some("ticket 42: the pod is gone".into()) }
+    }
+
+    #[test]
+    fn a_release_is_refused_while_a_process_in_the_namespace_uses_the_mount() {
+        for kind in [
+            HolderKind::Cwd,
+            HolderKind::OpenFile,
+            HolderKind::Mmap,
+            HolderKind::Root,
+            HolderKind::OpenDevice,
+        ] {
+            let e = entry(vec![mount(2, None, None), user(kind, Some(2), 777)]);
+            let p = release_with(&e, &ReleaseOptions::default());
+            assert!(p.steps.is_empty(), "{kind:?}: {p:?}");
+            let why = p.refusal.as_deref().unwrap_or_default();
+            assert!(why.contains("pid 777 (db)") && why.contains("mount namespace 2"), "{kind:?}: {why}");
+            assert!(why.contains("--force-busy") && why.contains("stop those processes"), "{why}");
+            // Forced: the step is planned, and the plan says why and what it breaks.
+            let p = release_with(&e, &forced());
+            assert_eq!(p.steps.len(), 1, "{kind:?}: {p:?}");
+            assert_eq!(p.force_busy.as_deref(), Some("ticket 42: the pod is gone"));
+            assert!(
+                p.notes.iter().any(|n| n.contains("ticket 42") && n.contains("pid 777")),
+                "{:?}",
+                p.notes
+            );
+        }
+    }
+
+    #[test]
+    fn users_with_no_namespace_or_an_unknown_one_refuse_too() {
+        let mut swap = Holder::bare(HolderKind::Swap);
+        swap.path = Some("/mnt/x/swapfile".into());
+        let mut lb = Holder::bare(HolderKind::LoopBacking);
+        lb.device = Some(DeviceName::new("loop9").expect("name"));
+        let mut st = Holder::bare(HolderKind::StackedDevice);
+        st.device = Some(DeviceName::new("dm-4").expect("name"));
+        for h in [swap, lb, st, user(HolderKind::OpenFile, None, 5)] {
+            let p = release_with(&entry(vec![mount(2, None, None), h.clone()]), &ReleaseOptions::default());
+            assert!(p.refusal.is_some() && p.steps.is_empty(), "{h:?}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn a_user_in_a_namespace_the_release_does_not_touch_does_not_refuse_it() {
+        // The host's own mount and a process using it there; a leaked copy in namespace 2.
+        let e = entry(vec![mount(1, None, None), user(HolderKind::Cwd, Some(1), 5), mount(2, None, None)]);
+        let p = release_with(&e, &ReleaseOptions::default());
+        assert_eq!(p.refusal, None, "{p:?}");
+        assert_eq!(p.steps.len(), 1);
+        assert!(p.force_busy.is_none() && p.notes.is_empty());
+        // A process in namespace 3, whose only mount is a slave copy of the host's (left alone).
+        let e = entry(vec![
+            mount(1, Some(5), None),
+            mount(2, None, None),
+            mount(3, None, Some(5)),
+            user(HolderKind::Mmap, Some(3), 6),
+        ]);
+        let p = release_with(&e, &ReleaseOptions::default());
+        assert_eq!(p.refusal, None, "{p:?}");
+        assert_eq!(detached_namespaces(&p), [MountNsId(2)]);
+    }
+
+    #[test]
+    fn nothing_to_detach_is_not_refused_for_users() {
+        let e = entry(vec![mount(1, None, None), user(HolderKind::Cwd, Some(1), 5)]);
+        let p = release_with(&e, &ReleaseOptions::default());
+        assert!(p.refusal.is_none() && p.steps.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn a_slave_of_a_slave_of_the_host_is_left_alone() {
+        // Host shared:5 -> A shared:7 master:5 -> B master:7; C a private leak.
+        let e = entry(vec![
+            mount(1, Some(5), None),
+            mount(2, Some(7), Some(5)),
+            mount(3, None, Some(7)),
+            mount(4, None, None),
+        ]);
+        let p = release(&e);
+        assert_eq!(detached_namespaces(&p), [MountNsId(4)], "{p:?}");
+        let b = p.left_alone.iter().find(|l| l.holder.mount_namespace == Some(MountNsId(3))).expect("B");
+        assert!(b.reason.contains("slave copy (master:7)"), "{}", b.reason);
+    }
+
+    #[test]
+    fn a_dead_maps_teardown_keeps_its_own_holder_rules() {
+        // plan::release itself (what the teardowns build on) plans the detach: the teardown's
+        // own checks decide about the users.
+        let e = entry(vec![mount(2, None, None), user(HolderKind::Cwd, Some(2), 777)]);
+        assert_eq!(release(&e).steps.len(), 1);
     }
 }

@@ -182,6 +182,10 @@ pub struct Plan {
     /// them, so the re-checks before the map's steps expect them (and nothing else).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub expected_openers: Vec<u32>,
+    /// A release the operator forces although processes use its mounts (`--force-busy`): the
+    /// reason they gave. The re-check before each detach then lets those users be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force_busy: Option<String>,
 }
 
 impl Plan {
@@ -198,6 +202,7 @@ impl Plan {
             unsupported: false,
             notes: Vec::new(),
             expected_openers: Vec::new(),
+            force_busy: None,
         }
     }
 
