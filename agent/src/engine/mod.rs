@@ -19,6 +19,7 @@
 
 pub mod recheck;
 pub mod recover;
+pub mod workflow;
 pub mod world;
 
 use std::collections::HashMap;
@@ -255,6 +256,17 @@ impl<W: World> Engine<W> {
     /// must agree with the plan ([`recheck`]); a step whose prerequisite did not finish is not
     /// run. Failures are collected, not short-circuited across independent steps.
     pub fn execute(&self, plan: &Plan, journal: &mut Journal) -> Result<Vec<StepReport>, EngineError> {
+        self.execute_indexed(plan, journal, None)
+    }
+
+    /// [`Engine::execute`] of the steps of `plan` at `only` (all when `None`): the rest of a
+    /// resumed plan, whose other steps finished before the interruption.
+    fn execute_indexed(
+        &self,
+        plan: &Plan,
+        journal: &mut Journal,
+        only: Option<&[usize]>,
+    ) -> Result<Vec<StepReport>, EngineError> {
         if plan.refusal.is_some() || plan.steps.is_empty() {
             return Ok(Vec::new());
         }
@@ -262,6 +274,9 @@ impl<W: World> Engine<W> {
         let mut reports: Vec<StepReport> = Vec::new();
         let mut unfinished: Vec<usize> = Vec::new();
         for (i, step) in plan.steps.iter().enumerate() {
+            if only.is_some_and(|o| !o.contains(&i)) {
+                continue;
+            }
             if let Some(k) = unfinished.iter().copied().find(|&k| depends_on(step, &plan.steps[k])) {
                 let earlier = &plan.steps[k];
                 reports.push(StepReport {
@@ -279,7 +294,7 @@ impl<W: World> Engine<W> {
                 unfinished.push(i);
                 continue;
             }
-            let id = match journal.begin(step) {
+            let id = match journal.begin_at(step, Some(i)) {
                 Ok(id) => id,
                 Err(e) => {
                     let reason = format!("cannot write the journal {}: {e}", journal.path().display());
@@ -293,7 +308,11 @@ impl<W: World> Engine<W> {
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id);
             let result = match self.recheck(plan, step) {
-                Some(reason) => Err(ActError::Precondition { device: step.device.clone(), reason }),
+                Some(Halt::Refuse(reason)) => Err(ActError::Precondition { device: step.device.clone(), reason }),
+                Some(Halt::Absent(why)) => {
+                    tracing::info!(device = %step.device, "{why}");
+                    Ok(StepOutcome::AlreadyAbsent)
+                }
                 None => self.world.run(step),
             };
             let (word, detail) = crate::act::outcome_word(&result);
@@ -310,8 +329,10 @@ impl<W: World> Engine<W> {
     }
 
     /// Checks, right before `step` runs, that the device is still what was planned and nothing
-    /// the plan does not account for holds it. `None`: go.
-    fn recheck(&self, plan: &Plan, step: &Step) -> Option<String> {
+    /// the plan does not account for holds it. `None`: go. A device the fresh scan no longer has
+    /// is never handed to the actuator: it is already absent only where nothing on the host is
+    /// the step's kernel object any more ([`Engine::vanished`]), else refused.
+    fn recheck(&self, plan: &Plan, step: &Step) -> Option<Halt> {
         if step.is_release() {
             // The actuator re-reads the namespace and the mount (ID, device, nothing beneath,
             // resolved without symlinks) itself; a release destroys no data.
@@ -324,18 +345,56 @@ impl<W: World> Engine<W> {
         }
         let fresh = match self.world.scan(Target::Device(step.devnum)) {
             Ok(s) => s,
-            // Gone: the actuator finds it gone too and reports it already absent.
-            Err(EngineError::NotFound(_)) => return None,
-            Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
+            Err(EngineError::NotFound(_)) => return Some(self.vanished(step)),
+            Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
         };
-        let entry = fresh.entry(step.devnum)?;
+        let Some(entry) = fresh.entry(step.devnum) else { return Some(self.vanished(step)) };
         let stalled = self.observe_io(&fresh, self.world.now());
         if let Some(r) = gates::responsive(entry, stalled.get(&step.devnum), &plan.steps) {
-            return Some(r);
+            return Some(Halt::Refuse(r));
         }
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
-        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now()).map(Halt::Refuse)
+    }
+
+    /// The step's device number is gone from a fresh scan: looks for the step's kernel object
+    /// (the map's uuid, the disk's wwid and address, the rbd id, the loop binding, the NVMe
+    /// controller) anywhere on the host. Absent only when nothing is it any more, as the
+    /// actuator's own identity check would find; otherwise, or when the host cannot be read,
+    /// refused with why.
+    fn vanished(&self, step: &Step) -> Halt {
+        let all = match self.world.scan(Target::All) {
+            Ok(s) => s,
+            Err(e) => {
+                return Halt::Refuse(format!(
+                    "{} ({}) is no longer in a fresh scan, and the host cannot be read to tell whether it is gone: {e}",
+                    step.device, step.devnum
+                ))
+            }
+        };
+        match all.graph.devices.iter().find(|e| is_the_object_of(step, e)) {
+            Some(e) => Halt::Refuse(format!(
+                "{} ({}) is no longer in a fresh scan, but the object {} acts on is now {} ({}): not the device it was planned for",
+                step.device,
+                step.devnum,
+                step.action(),
+                e.device.name,
+                e.device.devnum
+            )),
+            None if matches!(step.action, crate::plan::Action::NvmeDeleteController { .. }) => {
+                Halt::Refuse(format!(
+                    "{} ({}) is no longer in a fresh scan; its controller may remain without a namespace, which a scan does not show: check it with `nvme list-subsys`",
+                    step.device, step.devnum
+                ))
+            }
+            None => Halt::Absent(format!(
+                "{} ({}) is gone and nothing on the host is the object {} acts on any more: already absent",
+                step.device,
+                step.devnum,
+                step.action()
+            )),
+        }
     }
 
     /// Binds an operator's request to the identities they saw (a Plan's answer): refuses when
@@ -358,6 +417,43 @@ impl<W: World> Engine<W> {
             planned: expected.to_owned(),
             now: now.token(),
         })
+    }
+}
+
+/// Why a step does not reach the actuator ([`Engine::recheck`]).
+enum Halt {
+    /// A gate says no: the step is refused with why.
+    Refuse(String),
+    /// What the step would remove is gone already: reported already absent, nothing run.
+    Absent(String),
+}
+
+/// Whether `e` is the kernel object `step` acts on (the key its actuator checks), whatever its
+/// device number now.
+fn is_the_object_of(step: &Step, e: &crate::graph::DeviceEntry) -> bool {
+    use crate::plan::Action;
+    match &step.action {
+        Action::DmMessage { uuid, .. } | Action::DmRemove { uuid, .. } => {
+            e.device.dm.as_ref().is_some_and(|d| &d.uuid == uuid)
+        }
+        Action::ScsiOffline { wwid, address, .. } | Action::ScsiDelete { wwid, address } => {
+            e.scsi.as_ref().is_some_and(|s| {
+                s.disk.address.to_string() == *address || s.disk.wwid.as_deref() == Some(wwid.as_str())
+            })
+        }
+        Action::RbdUnmap { id, image_id, .. } => {
+            e.rbd.as_ref().is_some_and(|r| r.id == *id || (!image_id.is_empty() && r.image_id == *image_id))
+        }
+        Action::DetachLoop { backing_dev, backing_inode, .. } => e.device.loop_info.as_ref().is_some_and(|l| {
+            backing_inode.is_some() && l.backing_dev == *backing_dev && l.backing_inode == *backing_inode
+        }),
+        Action::NvmeDeleteController { controller, .. } => {
+            e.nvme.as_ref().is_some_and(|n| n.controllers.iter().any(|c| &c.name == controller))
+        }
+        // A mount, an nbd connection or an iSCSI session is re-read by its actuator itself.
+        Action::DetachMount { .. } | Action::NbdDisconnect { .. } | Action::IscsiLogout { .. } => {
+            e.device.devnum == step.devnum
+        }
     }
 }
 
