@@ -307,6 +307,24 @@ impl<W: World> Engine<W> {
                     out.unfinished.push(unfinished_words(&p));
                 }
             }
+            // A resumed step refused because its device is now another one (an impostor reusing
+            // the name): the argument is not planned afresh against that other device in the same
+            // run; the operator sees why and decides.
+            if let Some(why) = out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
+                Err(ActError::Precondition { reason, .. }) if reason.contains("identity") => {
+                    Some(format!("{}: {reason}", r.step.device))
+                }
+                _ => None,
+            }) {
+                out.refusal = Some((
+                    Class::Refused,
+                    format!(
+                        "the interrupted plan '{}' owed is not finished: {why}; the device now under that name is not planned in this run: run the command again to plan it on its own",
+                        req.argument
+                    ),
+                ));
+                return Ok(out);
+            }
             lock_and_journal = Some((lock, j));
         }
         // 4. A fresh plan.
@@ -505,10 +523,11 @@ fn plan_record(plan: &Plan, scan: Option<&Scan>, req: &Request<'_>) -> Value {
 
 /// Reads a plan record back into a plan (its steps with their identities).
 pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
-    let operation: &'static str = match r.pointer("/request/operation").and_then(Value::as_str) {
-        Some("clean") => "clean",
-        Some("release") => "release",
-        other => return Err(format!("unknown operation {other:?}")),
+    // A plan's operation word, as its planner names it.
+    const OPERATIONS: [&str; 6] = ["clean", "release", "teardown", "delete", "unmap", "disconnect"];
+    let word = r.pointer("/request/operation").and_then(Value::as_str);
+    let Some(operation) = OPERATIONS.iter().copied().find(|o| Some(*o) == word) else {
+        return Err(format!("unknown operation {word:?}"));
     };
     let identity: Identity = serde_json::from_value(r.get("identity_parts").cloned().unwrap_or(Value::Null))
         .map_err(|e| format!("identity_parts: {e}"))?;
