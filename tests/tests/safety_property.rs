@@ -828,6 +828,13 @@ fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     let Ok(outcome) = engine.carry_out(&request) else { return (machine, Vec::new()) };
     assert!(outcome.refusal.is_none(), "the simulated machine lets the engine act: {:?}", outcome.refusal);
     let reports = outcome.reports;
+    // The workflow leaves nothing open in its journal: every intent has a result, every plan
+    // its end.
+    let open = blockjanitor::journal::pending(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    let plans = blockjanitor::journal::open_plans(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    if open != 0 || plans != 0 {
+        machine.violation(format!("the journal has {open} open intent(s) and {plans} open plan(s)"));
+    }
     (machine, reports)
 }
 
