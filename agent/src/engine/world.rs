@@ -190,6 +190,25 @@ impl World for LinuxWorld {
                 "this run is not root (uid {euid}), so it cannot see other processes' mount namespaces, open files, working directories and memory maps: it cannot tell whether anything holds the device; run it as root on the host (in a pod: privileged, hostPID: true)"
             ));
         }
+        // Root without the capabilities that open other processes' namespaces and fd tables.
+        let status = std::fs::read_to_string(self.host.proc().join("self/status")).unwrap_or_default();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+        if let (true, Some(eff)) = (self.host.is_live(), eff) {
+            let missing: Vec<&str> = [(2, "CAP_DAC_READ_SEARCH"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")]
+                .iter()
+                .filter(|(bit, _)| eff & (1 << bit) == 0)
+                .map(|(_, name)| *name)
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "this run lacks {}, so it cannot see every process's mount namespace, open files and memory maps: it cannot tell whether anything holds the device; run it as root with every capability (in a pod: privileged, hostPID: true)",
+                    missing.join(", ")
+                ));
+            }
+        }
         Ok(())
     }
 
