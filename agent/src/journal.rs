@@ -6,7 +6,15 @@
 //! `recovered` record carrying the same `id`, a resolution word and what it found in plain words
 //! ([`crate::engine::recover`]); the device is then re-planned from a fresh scan.
 //!
-//! Records, one JSON object a line: `{"ts", "id", "phase": "intent", "step": {...}}`,
+//! A plan is journaled whole before its first intent ([`Journal::plan`]: the operator's
+//! argument, the operation, the devices with their names, uuids, wwids and identities, every step
+//! with its identity) and closed after its last result ([`Journal::plan_end`]); its intents name
+//! it (`plan`, `index`). A plan with no end is unfinished ([`open_plans`]): re-running the same
+//! command finishes it ([`crate::engine::workflow`]).
+//!
+//! Records, one JSON object a line: `{"ts", "id", "phase": "plan", "request", "device", "steps",
+//! ...}`, `{"ts", "id", "phase": "plan_end", "result", "detail"}`,
+//! `{"ts", "id", "phase": "intent", "step": {...}, "plan"?, "index"?}`,
 //! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
 //! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
 //! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
@@ -16,12 +24,16 @@
 //! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
 //! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk
 //! ([`FAULT_ENV`]); with `BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD=N`, right before it writes
-//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call). So a
-//! test can stop the agent at every phase of every step of a plan, from the one write point.
+//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call); the same
+//! with `..._PLAN_RECORD=N` for the Nth plan or plan-end record ([`FAULT_PLAN_ENV`],
+//! [`FAULT_PLAN_BEFORE_ENV`]). So a test can stop the agent after every record of a plan.
 //!
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
-//! rotation never loses a step a crash left open (see [`crate::durable`]).
+//! rotation never loses a step a crash left open, nor an unfinished plan (its records are carried
+//! over whole; see [`crate::durable`]). A torn last line (a write a crash cut short) is ended with
+//! a newline on open, so the next record is never glued to it. One writer at a time: [`lock`]
+//! takes `<journal>.lock` (`flock`), which names its holder's pid.
 
 use std::fs::File;
 use std::io::{self, BufRead, Write};
@@ -51,8 +63,20 @@ pub const FAULT_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
 /// journal knows how it ended. Unset, empty or `0`: off.
 pub const FAULT_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD";
 
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right after its Nth
+/// plan record (a plan or a plan's end) is fsync'd. Unset, empty or `0`: off.
+pub const FAULT_PLAN_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_PLAN_RECORD";
+
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right before it writes
+/// its Nth plan record. Unset, empty or `0`: off.
+pub const FAULT_PLAN_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_PLAN_RECORD";
+
 /// Step records (intents and results) this process has written, for the fault points.
 static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+/// Plan records (plans and their ends) this process has written, for the fault points.
+static PLAN_RECORDS: AtomicU64 = AtomicU64::new(0);
+static PLAN_AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static PLAN_BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 /// The values of [`FAULT_ENV`] and [`FAULT_BEFORE_ENV`], read once.
 static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 static BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
@@ -211,15 +235,17 @@ impl Journal {
         self.append_value_step(&rec)
     }
 
+    /// Appends a plan record, at the fault points of [`FAULT_PLAN_BEFORE_ENV`] and
+    /// [`FAULT_PLAN_ENV`] (off unless set).
     fn append_value_step(&mut self, rec: &serde_json::Value) -> io::Result<()> {
-        let n = STEP_RECORDS.load(Ordering::SeqCst) + 1;
-        fault(FAULT_BEFORE_ENV, &BEFORE, n, "before");
+        let n = PLAN_RECORDS.load(Ordering::SeqCst) + 1;
+        fault(FAULT_PLAN_BEFORE_ENV, &PLAN_BEFORE, n, "before plan");
         let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
         line.push(b'\n');
         self.file.write_all(&line)?;
         self.file.sync_data()?;
-        STEP_RECORDS.store(n, Ordering::SeqCst);
-        fault(FAULT_ENV, &AFTER, n, "after");
+        PLAN_RECORDS.store(n, Ordering::SeqCst);
+        fault(FAULT_PLAN_ENV, &PLAN_AFTER, n, "after plan");
         Ok(())
     }
 
@@ -401,6 +427,9 @@ pub struct OpenPlan {
     pub finished: std::collections::BTreeSet<usize>,
     /// The indexes of its steps that have an intent still open.
     pub in_flight: std::collections::BTreeSet<usize>,
+    /// The indexes of its steps recovery found run against a device that is another one now
+    /// (`identity_changed`): never to be repeated.
+    pub changed: std::collections::BTreeSet<usize>,
 }
 
 fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
@@ -415,6 +444,7 @@ fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
                 record: v.clone(),
                 finished: Default::default(),
                 in_flight: Default::default(),
+                changed: Default::default(),
             }),
             "plan_end" => plans.retain(|p| p.id != id),
             "intent" => {
@@ -436,6 +466,9 @@ fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
                 };
                 if finished {
                     p.finished.insert(*index);
+                }
+                if phase == "recovered" && text_of(v, "result") == "identity_changed" {
+                    p.changed.insert(*index);
                 }
             }
             _ => {}
@@ -682,7 +715,8 @@ mod tests {
         assert_eq!(open[0].finished.iter().copied().collect::<Vec<_>>(), [0]);
         assert_eq!(open[0].in_flight.iter().copied().collect::<Vec<_>>(), [1]);
         let text = std::fs::read_to_string(&path).expect("read");
-        let intent: serde_json::Value = serde_json::from_str(text.lines().nth(3).expect("intent 1")).expect("json");
+        let intent: serde_json::Value =
+            serde_json::from_str(text.lines().nth(3).expect("intent 1")).expect("json");
         assert_eq!(intent["plan"], plan.as_str(), "an intent names its plan");
         assert_eq!(intent["index"], 1);
         // Recovery closing step 1 as done by the step itself counts it finished.
@@ -751,5 +785,4 @@ mod tests {
         drop(held);
         waiter.join().expect("thread").expect("the waiter got it");
     }
-
 }

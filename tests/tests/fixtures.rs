@@ -90,7 +90,8 @@ fn incident5_release_plans_one_detach_and_refuses_to_apply_on_a_fixture() {
     let j = tempfile::tempdir().expect("tempdir");
     let journal = j.path().join("journal.jsonl");
     // Refused (exit 4) in one line, before anything is journaled.
-    let out = agent(&["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"]);
+    let out =
+        agent(&["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"]);
     let said = text(&out.stdout);
     assert_eq!(out.status.code(), Some(4), "{said}{}", text(&out.stderr));
     assert_eq!(said.trim_end().lines().count(), 1, "one line: {said}");

@@ -17,8 +17,8 @@ use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
 use blockjanitor::discover::namespaces::MountReader;
-use blockjanitor::engine::world::LinuxWorld;
 use blockjanitor::engine::workflow::{self, Class, Outcome, Request, Subject};
+use blockjanitor::engine::world::LinuxWorld;
 use blockjanitor::engine::{Engine, Operation, Settings, World};
 use blockjanitor::grace::Clocks;
 use blockjanitor::host::HostRoot;
@@ -419,7 +419,8 @@ fn run(cli: &Cli) -> Result<u8> {
             let e = engine(cli, host, plan::CleanOptions::default());
             let judged = e.judge(e.scan(Target::Device(devnum))?, &mut state.clocks);
             state.save();
-            let incomplete = judged.scan.entry(devnum).and_then(|e| workflow::incomplete_view(&judged.scan, Some(e)));
+            let incomplete =
+                judged.scan.entry(devnum).and_then(|e| workflow::incomplete_view(&judged.scan, Some(e)));
             match output {
                 Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
                 Output::Table => {

@@ -17,8 +17,8 @@ use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
 use crate::act::StepReport;
 use crate::config::{Config, Mode};
-use crate::engine::world::LinuxWorld;
 use crate::engine::workflow::{Outcome, Request, Subject};
+use crate::engine::world::LinuxWorld;
 use crate::engine::{Engine, EngineError, Operation};
 use crate::grace::Clocks;
 use crate::host::HostRoot;
@@ -493,8 +493,18 @@ impl AgentState {
         let by = format!("daemon mode {}", self.config.mode.as_str());
         let mut plans = Vec::new();
         for &devnum in targets {
-            match self.engine.carry_out(&self.request(devnum, devnum.to_string(), op, false, None, by.clone(), None)) {
-                Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_none() && !p.steps.is_empty() => plans.push(p),
+            match self.engine.carry_out(&self.request(
+                devnum,
+                devnum.to_string(),
+                op,
+                false,
+                None,
+                by.clone(),
+                None,
+            )) {
+                Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_none() && !p.steps.is_empty() => {
+                    plans.push(p)
+                }
                 // The latest view called it a candidate; the fresh scan behind the plan did not
                 // agree. Said, so an operator can see why a stale device was left alone.
                 Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_some() => {

@@ -14,6 +14,11 @@
 //!
 //! After a crash, [`Engine::recover`] closes the steps the journal has open ([`recover`]).
 //!
+//! Every way in (the one-shot CLI, the daemon's modes and Apply, the property test) goes through
+//! one request workflow, [`Engine::carry_out`] ([`workflow`]): journal lock and recovery first,
+//! a fresh plan bound to the identity the caller saw, may-act, the plan journaled whole, execute,
+//! the after-state. Nothing else calls [`Engine::plan_fresh`] or [`Engine::execute`].
+//!
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
 
@@ -308,7 +313,9 @@ impl<W: World> Engine<W> {
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id);
             let result = match self.recheck(plan, step) {
-                Some(Halt::Refuse(reason)) => Err(ActError::Precondition { device: step.device.clone(), reason }),
+                Some(Halt::Refuse(reason)) => {
+                    Err(ActError::Precondition { device: step.device.clone(), reason })
+                }
                 Some(Halt::Absent(why)) => {
                     tracing::info!(device = %step.device, "{why}");
                     Ok(StepOutcome::AlreadyAbsent)
@@ -444,9 +451,11 @@ fn is_the_object_of(step: &Step, e: &crate::graph::DeviceEntry) -> bool {
         Action::RbdUnmap { id, image_id, .. } => {
             e.rbd.as_ref().is_some_and(|r| r.id == *id || (!image_id.is_empty() && r.image_id == *image_id))
         }
-        Action::DetachLoop { backing_dev, backing_inode, .. } => e.device.loop_info.as_ref().is_some_and(|l| {
-            backing_inode.is_some() && l.backing_dev == *backing_dev && l.backing_inode == *backing_inode
-        }),
+        Action::DetachLoop { backing_dev, backing_inode, .. } => {
+            e.device.loop_info.as_ref().is_some_and(|l| {
+                backing_inode.is_some() && l.backing_dev == *backing_dev && l.backing_inode == *backing_inode
+            })
+        }
         Action::NvmeDeleteController { controller, .. } => {
             e.nvme.as_ref().is_some_and(|n| n.controllers.iter().any(|c| &c.name == controller))
         }

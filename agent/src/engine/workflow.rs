@@ -134,11 +134,19 @@ pub struct Resumed {
     pub already_done: usize,
     /// The remaining steps, each re-checked and run (or found already absent).
     pub reports: Vec<StepReport>,
+    /// Why the plan was not resumed (a step of it ran against a device that is another one now).
+    pub refused: Option<String>,
 }
 
 impl Resumed {
     /// One line for humans.
     pub fn describe(&self) -> String {
+        if let Some(why) = &self.refused {
+            return format!(
+                "the unfinished {} of {} ('{}', journal plan {}) is not resumed: {why}",
+                self.operation, self.device, self.argument, self.plan_id
+            );
+        }
         let total = self.already_done + self.reports.len();
         let words: Vec<String> = self
             .reports
@@ -208,6 +216,9 @@ impl Outcome {
         let mut class = Class::Done;
         for r in &self.resumed {
             class = class.worst(reports_class(&r.reports));
+            if r.refused.is_some() {
+                class = class.worst(Class::Refused);
+            }
         }
         let Some(plan) = &self.plan else { return class };
         let entry = self.judged.as_ref().and_then(|j| j.scan.entry(plan.devnum));
@@ -228,11 +239,8 @@ impl Outcome {
         if !self.applied {
             return class.worst(if blind { Class::Unknown } else { Class::Done });
         }
-        let still_held = self
-            .after
-            .as_ref()
-            .and_then(|s| s.entry(plan.devnum))
-            .is_some_and(|e| !e.holders.is_empty());
+        let still_held =
+            self.after.as_ref().and_then(|s| s.entry(plan.devnum)).is_some_and(|e| !e.holders.is_empty());
         let deferred = self.reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
         let c = reports_class(&self.reports);
         class.worst(if c == Class::Done && (still_held || deferred) { Class::Held } else { c })
@@ -310,12 +318,15 @@ impl<W: World> Engine<W> {
             // A resumed step refused because its device is now another one (an impostor reusing
             // the name): the argument is not planned afresh against that other device in the same
             // run; the operator sees why and decides.
-            if let Some(why) = out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
-                Err(ActError::Precondition { reason, .. }) if reason.contains("identity") => {
-                    Some(format!("{}: {reason}", r.step.device))
-                }
-                _ => None,
-            }) {
+            let impostor = out.resumed.iter().find_map(|r| r.refused.clone()).or_else(|| {
+                out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
+                    Err(ActError::Precondition { reason, .. }) if reason.contains("identity") => {
+                        Some(format!("{}: {reason}", r.step.device))
+                    }
+                    _ => None,
+                })
+            });
+            if let Some(why) = impostor {
                 out.refusal = Some((
                     Class::Refused,
                     format!(
@@ -390,10 +401,16 @@ impl<W: World> Engine<W> {
     /// At daemon start (and for `journal --resume`): takes the lock, closes the interrupted
     /// intents and, when `resume`, finishes every unfinished plan through the usual re-checks;
     /// otherwise lists them.
-    pub fn recover_all(&self, path: &Path, lock_wait: Duration, resume: bool) -> Result<Outcome, EngineError> {
+    pub fn recover_all(
+        &self,
+        path: &Path,
+        lock_wait: Duration,
+        resume: bool,
+    ) -> Result<Outcome, EngineError> {
         let mut out = Outcome::default();
         let jerr = |source| EngineError::Journal { path: path.to_owned(), source };
-        if journal::pending(path).map_err(jerr)?.is_empty() && journal::open_plans(path).map_err(jerr)?.is_empty()
+        if journal::pending(path).map_err(jerr)?.is_empty()
+            && journal::open_plans(path).map_err(jerr)?.is_empty()
         {
             return Ok(out);
         }
@@ -433,6 +450,7 @@ impl<W: World> Engine<W> {
             device: text(r, "device"),
             already_done: p.finished.len(),
             reports: Vec::new(),
+            refused: None,
         };
         let plan = match journaled_plan(r) {
             Ok(plan) => plan,
@@ -443,6 +461,17 @@ impl<W: World> Engine<W> {
                 return Ok(resumed);
             }
         };
+        if let Some(&k) = p.changed.iter().next() {
+            // The interrupted step's device is another one now: nothing of this plan runs again
+            // (its other steps depend on that one); the devices are judged afresh on their own.
+            let step = plan.steps.get(k).map_or_else(|| format!("step {}", k + 1), Step::describe);
+            let why = format!(
+                "'{step}' was interrupted and its device is another one now (identity changed): the plan is closed, and what is left is judged afresh"
+            );
+            j.plan_end(&p.id, "incomplete", &why).map_err(jerr)?;
+            resumed.refused = Some(why);
+            return Ok(resumed);
+        }
         let remaining: Vec<usize> = (0..plan.steps.len()).filter(|i| !p.finished.contains(i)).collect();
         j.resume_plan(&p.id);
         tracing::warn!(target: "audit", phase = "resume", operation = plan.operation, device = %plan.device, journal_id = %p.id, remaining = remaining.len(), "resuming an unfinished plan");
@@ -561,7 +590,9 @@ pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
 fn plan_end_words(reports: &[StepReport]) -> (&'static str, String) {
     let not: Vec<String> = reports
         .iter()
-        .filter(|r| !r.result.as_ref().is_ok_and(|o| o.is_finished() || matches!(o, StepOutcome::Deferred(_))))
+        .filter(|r| {
+            !r.result.as_ref().is_ok_and(|o| o.is_finished() || matches!(o, StepOutcome::Deferred(_)))
+        })
         .map(|r| {
             let (w, d) = r.word();
             format!("{}: {w} {d}", r.step.describe())

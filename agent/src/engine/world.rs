@@ -197,11 +197,12 @@ impl World for LinuxWorld {
             .find_map(|l| l.strip_prefix("CapEff:"))
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
         if let (true, Some(eff)) = (self.host.is_live(), eff) {
-            let missing: Vec<&str> = [(2, "CAP_DAC_READ_SEARCH"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")]
-                .iter()
-                .filter(|(bit, _)| eff & (1 << bit) == 0)
-                .map(|(_, name)| *name)
-                .collect();
+            let missing: Vec<&str> =
+                [(2, "CAP_DAC_READ_SEARCH"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")]
+                    .iter()
+                    .filter(|(bit, _)| eff & (1 << bit) == 0)
+                    .map(|(_, name)| *name)
+                    .collect();
             if !missing.is_empty() {
                 return Err(format!(
                     "this run lacks {}, so it cannot see every process's mount namespace, open files and memory maps: it cannot tell whether anything holds the device; run it as root with every capability (in a pod: privileged, hostPID: true)",
