@@ -463,27 +463,19 @@ impl AgentState {
 
     /// A request for `op` on `devnum` through the one workflow ([`Engine::carry_out`]), with
     /// the daemon's journal and grace clocks.
-    fn request<'a>(
-        &'a self,
-        devnum: DevNum,
-        argument: String,
-        op: Operation,
-        apply: bool,
-        expected_identity: Option<String>,
-        by: String,
-        admit: Option<&'a dyn Fn(&Plan) -> Result<(), String>>,
-    ) -> Request<'a> {
+    /// (Set `expected_identity` and `admit` with struct update syntax.)
+    fn request(&self, devnum: DevNum, op: Operation, apply: bool, by: &str) -> Request<'_> {
         Request {
             op,
             subject: Subject::Device(devnum),
-            argument,
-            expected_identity,
+            argument: devnum.to_string(),
+            expected_identity: None,
             apply,
-            by,
+            by: by.to_owned(),
             journal: &self.config.journal,
             lock_wait: crate::engine::workflow::LOCK_WAIT,
             clocks: &self.clocks,
-            admit,
+            admit: None,
         }
     }
 
@@ -493,15 +485,7 @@ impl AgentState {
         let by = format!("daemon mode {}", self.config.mode.as_str());
         let mut plans = Vec::new();
         for &devnum in targets {
-            match self.engine.carry_out(&self.request(
-                devnum,
-                devnum.to_string(),
-                op,
-                false,
-                None,
-                by.clone(),
-                None,
-            )) {
+            match self.engine.carry_out(&self.request(devnum, op, false, &by)) {
                 Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_none() && !p.steps.is_empty() => {
                     plans.push(p)
                 }
@@ -535,15 +519,12 @@ impl AgentState {
         };
         let mut out = Vec::new();
         for p in plans {
-            let req = self.request(
-                p.devnum,
-                p.device.to_string(),
-                op,
-                true,
-                Some(p.identity.token()),
-                by.clone(),
-                Some(&admit),
-            );
+            let req = Request {
+                argument: p.device.to_string(),
+                expected_identity: Some(p.identity.token()),
+                admit: Some(&admit),
+                ..self.request(p.devnum, op, true, &by)
+            };
             match self.engine.carry_out(&req) {
                 Ok(o) => {
                     if let Some((_, why)) = &o.refusal {
@@ -640,7 +621,7 @@ impl AgentState {
         tokio::task::spawn_blocking(move || {
             let mut plans = Vec::new();
             for devnum in targets {
-                let req = me.request(devnum, devnum.to_string(), op, false, None, "Plan".into(), None);
+                let req = me.request(devnum, op, false, "Plan");
                 match me.engine.carry_out(&req) {
                     Ok(o) => plans.extend(o.plan),
                     Err(EngineError::NotFound(_)) => {}
@@ -696,15 +677,10 @@ impl AgentState {
             let by = "Apply".to_owned();
             let mut bound = Vec::new();
             for (devnum, expected) in &wanted {
-                let o = me.engine.carry_out(&me.request(
-                    *devnum,
-                    devnum.to_string(),
-                    op,
-                    false,
-                    expected.clone(),
-                    by.clone(),
-                    None,
-                ))?;
+                let o = me.engine.carry_out(&Request {
+                    expected_identity: expected.clone(),
+                    ..me.request(*devnum, op, false, &by)
+                })?;
                 if let Some((_, why)) = o.refusal {
                     return Err(ApiError::FailedPrecondition(why));
                 }
@@ -718,15 +694,11 @@ impl AgentState {
             let mut plans = Vec::new();
             let mut reports = Vec::new();
             for (devnum, expected) in bound {
-                let o = me.engine.carry_out(&me.request(
-                    devnum,
-                    devnum.to_string(),
-                    op,
-                    true,
-                    expected,
-                    by.clone(),
-                    Some(&admit),
-                ))?;
+                let o = me.engine.carry_out(&Request {
+                    expected_identity: expected,
+                    admit: Some(&admit),
+                    ..me.request(devnum, op, true, &by)
+                })?;
                 if let Some((_, why)) = &o.refusal {
                     if plans.is_empty() && reports.is_empty() {
                         return Err(ApiError::FailedPrecondition(why.clone()));

@@ -74,8 +74,11 @@ pub struct Request<'a> {
     /// The grace clocks (locked only while judging, never while steps run).
     pub clocks: &'a Mutex<Clocks>,
     /// The caller's own may-act on the plan (the daemon's step budget): why not.
-    pub admit: Option<&'a dyn Fn(&Plan) -> Result<(), String>>,
+    pub admit: Option<Admit<'a>>,
 }
+
+/// A caller's own may-act on a plan, called right before the plan is journaled: why not.
+pub type Admit<'a> = &'a dyn Fn(&Plan) -> Result<(), String>;
 
 /// What a request came to, in the words a script needs (see the README's "Exit codes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
