@@ -556,11 +556,31 @@ mod tests {
         live_agent: Option<u32>,
         /// Fresh scans show one I/O in flight that never completes.
         stuck_io: bool,
+        /// Fresh scans no longer have loop3 (7:3); `Some(n)`: its backing is bound to loop n now.
+        vanished: Option<Option<u32>>,
     }
 
     impl World for &Test {
-        fn scan(&self, _target: Target) -> Result<Scan, EngineError> {
+        fn scan(&self, target: Target) -> Result<Scan, EngineError> {
             let mut e = entry(self.seq.get().max(1));
+            if let Some(moved) = self.vanished {
+                if let Target::Device(_) = target {
+                    return Err(EngineError::NotFound("no 7:3".into()));
+                }
+                let devices = match moved {
+                    Some(n) => {
+                        e.device.devnum = DevNum::new(7, n);
+                        e.device.name = DeviceName::new(&format!("loop{n}")).expect("name");
+                        e.holders.clear();
+                        vec![e]
+                    }
+                    None => Vec::new(),
+                };
+                return Ok(Scan::complete(
+                    DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices },
+                    BootTime::from_since_boot(Duration::from_secs(100)),
+                ));
+            }
             if !self.held {
                 e.holders.clear();
             }
@@ -793,4 +813,94 @@ mod tests {
         assert!(again.resolved.is_empty(), "{again:?}");
         assert_eq!(std::fs::read_to_string(j.path()).expect("read").lines().count(), before);
     }
+    /// A step whose device a fresh scan no longer has never reaches the actuator: already absent
+    /// when nothing on the host is its object any more, refused when the object is elsewhere.
+    #[test]
+    fn a_vanished_device_is_absent_only_when_its_object_is_gone_and_never_run_blind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut unbind_planned = plan_of("clean", vec![unbind()]);
+        if let Action::DetachLoop { backing_inode, .. } = &mut unbind_planned.steps[0].action {
+            *backing_inode = Some(1); // the binding the actuator checks
+        }
+        let gone = Test { seq: Cell::new(1), vanished: Some(None), ..Test::default() };
+        let reports =
+            Engine::new(&gone, Settings::default()).execute(&unbind_planned, &mut journal(&dir)).expect("acts");
+        assert!(matches!(reports[0].result, Ok(StepOutcome::AlreadyAbsent)), "{:?}", reports[0].result);
+        assert!(gone.actuator.calls.borrow().is_empty(), "nothing handed to the actuator");
+        let moved = Test { seq: Cell::new(1), vanished: Some(Some(9)), ..Test::default() };
+        let reports =
+            Engine::new(&moved, Settings::default()).execute(&unbind_planned, &mut journal(&dir)).expect("acts");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("is now loop9")),
+            "{:?}",
+            reports[0].result
+        );
+        assert!(moved.actuator.calls.borrow().is_empty());
+    }
+
+    /// The one workflow: a dry run writes nothing; an applied request journals its plan whole
+    /// before the first intent and closes it; a plan killed midway is resumed by the same request
+    /// (its finished steps not repeated), and an expected identity that is not the device's is
+    /// refused before anything runs.
+    #[test]
+    fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
+        use super::workflow::{Class, Request, Subject};
+        let t = Test { seq: Cell::new(1), held: true, ..Test::default() };
+        let engine = Engine::new(&t, Settings { grace: Duration::ZERO, ..Settings::default() });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j.jsonl");
+        let clocks = Mutex::new(Clocks::new(None));
+        let req = |apply: bool, expected: Option<String>| Request {
+            op: Operation::Release,
+            subject: Subject::Device(DevNum::new(7, 3)),
+            argument: "/dev/loop3".into(),
+            expected_identity: expected,
+            apply,
+            by: "test".into(),
+            journal: &path,
+            lock_wait: Duration::ZERO,
+            clocks: &clocks,
+            admit: None,
+        };
+        let dry = engine.carry_out(&req(false, None)).expect("dry run");
+        assert_eq!(dry.plan.as_ref().map(|p| p.steps.len()), Some(2), "{:?}", dry.plan);
+        assert!(!dry.applied && !path.exists(), "a dry run writes nothing");
+        assert_eq!(dry.class(), Class::Done);
+
+        let wrong = engine.carry_out(&req(true, Some("loop3@7:3#99;x".into()))).expect("refused");
+        assert_eq!(wrong.class(), Class::Refused, "{:?}", wrong.refusal);
+        assert!(t.actuator.calls.borrow().is_empty());
+
+        // A run that died after its plan and the first release: the plan record and one
+        // finished step are on disk, the second release is owed.
+        let mut j = Journal::open(&path).expect("journal");
+        let planned = dry.plan.as_ref().expect("plan");
+        let body = serde_json::json!({
+            "request": { "argument": "/dev/loop3", "operation": "release" },
+            "device": "loop3",
+            "identity_parts": &planned.identity,
+            "devices": [{ "name": "loop3", "devnum": planned.devnum }],
+            "steps": planned.steps.iter().map(|s| serde_json::json!({ "step": s, "identity_parts": &s.identity })).collect::<Vec<_>>(),
+        });
+        let id = j.plan(&body).expect("plan");
+        let first = j.begin_at(&planned.steps[0], Some(0)).expect("intent");
+        j.finish(&first, "done", "").expect("result");
+        drop(j);
+        let text = std::fs::read_to_string(&path).expect("read");
+        // Another process wrote it (this test's pid would be this run's own).
+        std::fs::write(&path, text.replace(&format!("-{}-", std::process::id()), "-1-")).expect("write");
+        let id = id.replace(&format!("-{}-", std::process::id()), "-1-");
+        let t2 = Test { seq: Cell::new(1), held: false, ..Test::default() };
+        let engine = Engine::new(&t2, Settings { grace: Duration::ZERO, ..Settings::default() });
+        let out = engine.carry_out(&req(true, None)).expect("resumed");
+        assert_eq!(out.resumed.len(), 1, "{out:?}");
+        assert_eq!(out.resumed[0].plan_id, id);
+        assert_eq!(out.resumed[0].already_done, 1);
+        assert_eq!(out.resumed[0].reports.len(), 1, "only the owed step ran again");
+        assert_eq!(t2.actuator.calls.borrow().len(), 1, "{:?}", t2.actuator.calls.borrow());
+        assert!(crate::journal::open_plans(&path).expect("plans").is_empty(), "closed");
+        assert!(crate::journal::pending(&path).expect("pending").is_empty());
+        assert!(out.resumed[0].describe().contains("1 of 2 step(s) had finished"), "{}", out.resumed[0].describe());
+    }
+
 }
