@@ -477,6 +477,22 @@ fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
     plans
 }
 
+/// The last plan of the journal at `path` that `wanted` accepts and that was closed, with its
+/// end record: what became of a device whose plan finished.
+pub fn last_closed_plan(
+    path: &Path,
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> io::Result<Option<(serde_json::Value, serde_json::Value)>> {
+    let all = records(path)?;
+    Ok(all.iter().rev().filter(|v| text_of(v, "phase") == "plan_end").find_map(|end| {
+        let id = text_of(end, "id");
+        all.iter()
+            .find(|v| text_of(v, "phase") == "plan" && text_of(v, "id") == id)
+            .filter(|p| wanted(p))
+            .map(|p| (p.clone(), end.clone()))
+    }))
+}
+
 /// The plans the journal at `path` has open (see [`OpenPlan`]). A missing journal has none.
 pub fn open_plans(path: &Path) -> io::Result<Vec<OpenPlan>> {
     Ok(open_plans_in(&records(path)?))

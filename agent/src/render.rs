@@ -505,6 +505,9 @@ pub fn outcome_text(out: &crate::engine::workflow::Outcome, argument: &str) -> S
     for r in &out.resumed {
         let _ = writeln!(text, "{}", r.describe());
     }
+    if let Some(gone) = &out.gone {
+        let _ = writeln!(text, "{gone}");
+    }
     let Some(plan) = &out.plan else {
         if !out.resumed.is_empty() {
             let _ = writeln!(text, "{argument} is gone: the interrupted plan it named is finished");
@@ -556,6 +559,7 @@ pub fn outcome_json(out: &crate::engine::workflow::Outcome, exit_code: u8) -> Va
         })).collect::<Vec<_>>(),
         "plan": out.plan,
         "refusal": out.refusal.as_ref().map(|(_, why)| why),
+        "gone": out.gone,
         "applied": out.applied,
         "results": out.reports,
         "after": after,

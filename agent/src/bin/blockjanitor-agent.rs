@@ -446,11 +446,23 @@ fn run(cli: &Cli) -> Result<u8> {
             let path = journal_path(cli);
             let pending =
                 journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            if pending.is_empty() {
+            let plans =
+                journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            if pending.is_empty() && plans.is_empty() {
                 println!("no unfinished steps in {}", path.display());
             }
             for p in pending {
                 println!("unfinished: {p}");
+            }
+            for p in plans {
+                let op = p.record.pointer("/request/operation").and_then(|v| v.as_str()).unwrap_or("?");
+                let arg = p.record.pointer("/request/argument").and_then(|v| v.as_str()).unwrap_or("?");
+                let total = p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len);
+                println!(
+                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it",
+                    p.id,
+                    p.finished.len()
+                );
             }
             Ok(0)
         }

@@ -823,13 +823,15 @@ mod tests {
             *backing_inode = Some(1); // the binding the actuator checks
         }
         let gone = Test { seq: Cell::new(1), vanished: Some(None), ..Test::default() };
-        let reports =
-            Engine::new(&gone, Settings::default()).execute(&unbind_planned, &mut journal(&dir)).expect("acts");
+        let reports = Engine::new(&gone, Settings::default())
+            .execute(&unbind_planned, &mut journal(&dir))
+            .expect("acts");
         assert!(matches!(reports[0].result, Ok(StepOutcome::AlreadyAbsent)), "{:?}", reports[0].result);
         assert!(gone.actuator.calls.borrow().is_empty(), "nothing handed to the actuator");
         let moved = Test { seq: Cell::new(1), vanished: Some(Some(9)), ..Test::default() };
-        let reports =
-            Engine::new(&moved, Settings::default()).execute(&unbind_planned, &mut journal(&dir)).expect("acts");
+        let reports = Engine::new(&moved, Settings::default())
+            .execute(&unbind_planned, &mut journal(&dir))
+            .expect("acts");
         assert!(
             matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("is now loop9")),
             "{:?}",
@@ -900,7 +902,10 @@ mod tests {
         assert_eq!(t2.actuator.calls.borrow().len(), 1, "{:?}", t2.actuator.calls.borrow());
         assert!(crate::journal::open_plans(&path).expect("plans").is_empty(), "closed");
         assert!(crate::journal::pending(&path).expect("pending").is_empty());
-        assert!(out.resumed[0].describe().contains("1 of 2 step(s) had finished"), "{}", out.resumed[0].describe());
+        assert!(
+            out.resumed[0].describe().contains("1 of 2 step(s) had finished"),
+            "{}",
+            out.resumed[0].describe()
+        );
     }
-
 }

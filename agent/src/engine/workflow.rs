@@ -199,6 +199,8 @@ pub struct Outcome {
     pub applied: bool,
     /// A fresh scan of the device after the steps (none: gone).
     pub after: Option<Scan>,
+    /// The device named is gone and the journal says which finished plan of it removed it.
+    pub gone: Option<String>,
 }
 
 impl Outcome {
@@ -217,6 +219,9 @@ impl Outcome {
             return *c;
         }
         let mut class = Class::Done;
+        if self.gone.is_some() {
+            return class;
+        }
         for r in &self.resumed {
             class = class.worst(reports_class(&r.reports));
             if r.refused.is_some() {
@@ -347,6 +352,24 @@ impl<W: World> Engine<W> {
             Subject::Argument(a) => match self.world.resolve(a) {
                 Ok(d) => d,
                 Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
+                Err(EngineError::NotFound(why)) => {
+                    // Gone: said so when a finished plan of the journal removed it (a run killed
+                    // after its last record, run again), else unknown.
+                    let finished =
+                        journal::last_closed_plan(req.journal, |p| owed_by_record(p, a, None)).ok().flatten();
+                    let Some((plan, end)) = finished else { return Err(EngineError::NotFound(why)) };
+                    let text =
+                        |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+                    out.gone = Some(format!(
+                        "{a} is gone: the {} of {} (journal plan {}) ended {}: {}",
+                        plan.pointer("/request/operation").and_then(Value::as_str).unwrap_or("?"),
+                        text(&plan, "device"),
+                        text(&plan, "id"),
+                        text(&end, "result"),
+                        text(&end, "detail")
+                    ));
+                    return Ok(out);
+                }
                 Err(e) => return Err(e),
             },
         };
@@ -489,7 +512,10 @@ impl<W: World> Engine<W> {
 /// Whether the request names the unfinished plan `p`: its argument, or a device of it (name,
 /// `/dev/` path, dm name, number).
 fn owed_by(p: &OpenPlan, argument: &str, devnum: Option<DevNum>) -> bool {
-    let r = &p.record;
+    owed_by_record(&p.record, argument, devnum)
+}
+
+fn owed_by_record(r: &Value, argument: &str, devnum: Option<DevNum>) -> bool {
     let arg = argument.trim();
     let journaled = r.pointer("/request/argument").and_then(Value::as_str).unwrap_or_default();
     if !arg.is_empty() && arg == journaled {
