@@ -45,6 +45,21 @@ pub fn open_append(path: &Path) -> io::Result<File> {
         .map_err(|e| explain(path, e))
 }
 
+/// Opens (creating it and its directory) `path` for reading and writing, without truncating
+/// it: a lock file.
+pub fn open_lock(path: &Path) -> io::Result<File> {
+    std::fs::create_dir_all(dir_of(path))?;
+    OpenOptions::new()
+        .create(true)
+        .read(true)
+        .write(true)
+        .truncate(false)
+        .mode(MODE)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| explain(path, e))
+}
+
 /// Opens `path` for reading.
 pub fn open_read(path: &Path) -> io::Result<File> {
     OpenOptions::new()

@@ -6,7 +6,15 @@
 //! `recovered` record carrying the same `id`, a resolution word and what it found in plain words
 //! ([`crate::engine::recover`]); the device is then re-planned from a fresh scan.
 //!
-//! Records, one JSON object a line: `{"ts", "id", "phase": "intent", "step": {...}}`,
+//! A plan is journaled whole before its first intent ([`Journal::plan`]: the operator's
+//! argument, the operation, the devices with their names, uuids, wwids and identities, every step
+//! with its identity) and closed after its last result ([`Journal::plan_end`]); its intents name
+//! it (`plan`, `index`). A plan with no end is unfinished ([`open_plans`]): re-running the same
+//! command finishes it ([`crate::engine::workflow`]).
+//!
+//! Records, one JSON object a line: `{"ts", "id", "phase": "plan", "request", "device", "steps",
+//! ...}`, `{"ts", "id", "phase": "plan_end", "result", "detail"}`,
+//! `{"ts", "id", "phase": "intent", "step": {...}, "plan"?, "index"?}`,
 //! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
 //! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
 //! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
@@ -16,12 +24,16 @@
 //! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
 //! SIGKILL (exactly `kill -9`) right after the Nth intent or result record it writes is on disk
 //! ([`FAULT_ENV`]); with `BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD=N`, right before it writes
-//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call). So a
-//! test can stop the agent at every phase of every step of a plan, from the one write point.
+//! the Nth ([`FAULT_BEFORE_ENV`]: before a result, that is after the step's kernel call); the same
+//! with `..._PLAN_RECORD=N` for the Nth plan or plan-end record ([`FAULT_PLAN_ENV`],
+//! [`FAULT_PLAN_BEFORE_ENV`]). So a test can stop the agent after every record of a plan.
 //!
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
-//! rotation never loses a step a crash left open (see [`crate::durable`]).
+//! rotation never loses a step a crash left open, nor an unfinished plan (its records are carried
+//! over whole; see [`crate::durable`]). A torn last line (a write a crash cut short) is ended with
+//! a newline on open, so the next record is never glued to it. One writer at a time: [`lock`]
+//! takes `<journal>.lock` (`flock`), which names its holder's pid.
 
 use std::fs::File;
 use std::io::{self, BufRead, Write};
@@ -51,8 +63,20 @@ pub const FAULT_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
 /// journal knows how it ended. Unset, empty or `0`: off.
 pub const FAULT_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD";
 
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right after its Nth
+/// plan record (a plan or a plan's end) is fsync'd. Unset, empty or `0`: off.
+pub const FAULT_PLAN_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_PLAN_RECORD";
+
+/// Fault injection for crash tests: `N` makes the process SIGKILL itself right before it writes
+/// its Nth plan record. Unset, empty or `0`: off.
+pub const FAULT_PLAN_BEFORE_ENV: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_PLAN_RECORD";
+
 /// Step records (intents and results) this process has written, for the fault points.
 static STEP_RECORDS: AtomicU64 = AtomicU64::new(0);
+/// Plan records (plans and their ends) this process has written, for the fault points.
+static PLAN_RECORDS: AtomicU64 = AtomicU64::new(0);
+static PLAN_AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+static PLAN_BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 /// The values of [`FAULT_ENV`] and [`FAULT_BEFORE_ENV`], read once.
 static AFTER: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
 static BEFORE: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
@@ -91,6 +115,8 @@ fn fault(name: &'static str, cell: &'static std::sync::OnceLock<Option<u64>>, n:
 pub struct Journal {
     file: File,
     path: PathBuf,
+    /// The plan whose steps are being journaled ([`Journal::plan`]): intents name it.
+    current_plan: Option<String>,
 }
 
 #[derive(Serialize)]
@@ -100,6 +126,11 @@ struct Record<'a> {
     phase: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<&'a Step>,
+    /// The plan an intent belongs to, and the step's place in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    plan: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     result: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -124,8 +155,9 @@ impl Journal {
                 rotate(path)?;
             }
         }
-        let file = durable::open_append(path)?;
-        Ok(Self { file, path: path.to_owned() })
+        let mut file = durable::open_append(path)?;
+        terminate_torn_tail(path, &mut file)?;
+        Ok(Self { file, path: path.to_owned(), current_plan: None })
     }
 
     pub fn path(&self) -> &Path {
@@ -152,27 +184,84 @@ impl Journal {
 
     /// Records the intent to run `step`; returns the record ID for [`Journal::finish`].
     pub fn begin(&mut self, step: &Step) -> io::Result<String> {
-        let id = format!(
-            "{}-{}-{}",
-            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        self.begin_at(step, None)
+    }
+
+    /// Records the intent to run `step`, step `index` of the plan being journaled (see
+    /// [`Journal::plan`]); returns the record ID for [`Journal::finish`].
+    pub fn begin_at(&mut self, step: &Step, index: Option<usize>) -> io::Result<String> {
+        let id = new_id("");
+        let plan = self.current_plan.clone();
         self.append_step(&Record {
             ts: now(),
             id: &id,
             phase: "intent",
             step: Some(step),
+            plan: plan.as_deref(),
+            index: index.filter(|_| plan.is_some()),
             result: None,
             detail: None,
         })?;
         Ok(id)
     }
 
+    /// Records a whole plan before its first intent: `body` is what a re-run needs to finish it
+    /// (the operator's argument, the operation, the devices with their identities, every step).
+    /// The intents written until [`Journal::plan_end`] name it. Returns the plan's record ID.
+    pub fn plan(&mut self, body: &serde_json::Value) -> io::Result<String> {
+        let id = new_id("plan-");
+        let mut rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan" });
+        if let (Some(r), Some(b)) = (rec.as_object_mut(), body.as_object()) {
+            r.extend(b.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        self.append_value_step(&rec)?;
+        self.current_plan = Some(id.clone());
+        Ok(id)
+    }
+
+    /// Continues an unfinished plan of an earlier run: the intents written until
+    /// [`Journal::plan_end`] name it.
+    pub fn resume_plan(&mut self, id: &str) {
+        self.current_plan = Some(id.to_owned());
+    }
+
+    /// Closes the plan `id`: every step of it has a result (or will never run), with `result`
+    /// (`finished`, `incomplete`, `resumed`, `gone`) and what happened in words.
+    pub fn plan_end(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
+        if self.current_plan.as_deref() == Some(id) {
+            self.current_plan = None;
+        }
+        let rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan_end", "result": result, "detail": detail });
+        self.append_value_step(&rec)
+    }
+
+    /// Appends a plan record, at the fault points of [`FAULT_PLAN_BEFORE_ENV`] and
+    /// [`FAULT_PLAN_ENV`] (off unless set).
+    fn append_value_step(&mut self, rec: &serde_json::Value) -> io::Result<()> {
+        let n = PLAN_RECORDS.load(Ordering::SeqCst) + 1;
+        fault(FAULT_PLAN_BEFORE_ENV, &PLAN_BEFORE, n, "before plan");
+        let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
+        line.push(b'\n');
+        self.file.write_all(&line)?;
+        self.file.sync_data()?;
+        PLAN_RECORDS.store(n, Ordering::SeqCst);
+        fault(FAULT_PLAN_ENV, &PLAN_AFTER, n, "after plan");
+        Ok(())
+    }
+
     /// Records how the step `id` ended.
     pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
         let detail = (!detail.is_empty()).then_some(detail);
-        self.append_step(&Record { ts: now(), id, phase: "result", step: None, result: Some(result), detail })
+        self.append_step(&Record {
+            ts: now(),
+            id,
+            phase: "result",
+            step: None,
+            plan: None,
+            index: None,
+            result: Some(result),
+            detail,
+        })
     }
 
     /// Closes the intent `id` a run that died left open: `resolution` is a word
@@ -183,6 +272,8 @@ impl Journal {
             id,
             phase: "recovered",
             step: None,
+            plan: None,
+            index: None,
             result: Some(resolution),
             detail: Some(detail),
         })
@@ -201,7 +292,7 @@ pub fn previous_generation(path: &Path) -> std::path::PathBuf {
 /// to `.1` before the new one replaces it, so a crash at any point leaves every open intent in
 /// the journal.
 fn rotate(path: &Path) -> io::Result<()> {
-    let open = pending(path)?;
+    let open = unfinished_records(path)?;
     let mut text = Vec::new();
     for v in &open {
         serde_json::to_writer(&mut text, v).map_err(io::Error::other)?;
@@ -210,7 +301,16 @@ fn rotate(path: &Path) -> io::Result<()> {
     let previous = previous_generation(path);
     let note = format!("rotated; the earlier records are in {}", previous.display());
     let id = format!("rotate-{}", std::process::id());
-    let rec = Record { ts: now(), id: &id, phase: "rotated", step: None, result: None, detail: Some(&note) };
+    let rec = Record {
+        ts: now(),
+        id: &id,
+        phase: "rotated",
+        step: None,
+        plan: None,
+        index: None,
+        result: None,
+        detail: Some(&note),
+    };
     serde_json::to_writer(&mut text, &rec).map_err(io::Error::other)?;
     text.push(b'\n');
     match std::fs::remove_file(&previous) {
@@ -227,22 +327,250 @@ fn rotate(path: &Path) -> io::Result<()> {
 /// not yet resolved. A missing journal has none. Lines that do not parse (a torn last write) are
 /// skipped.
 pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
+    Ok(pending_in(&records(path)?))
+}
+
+/// A fresh record ID: `<prefix><ns since the epoch>-<pid of the writer>-<counter>`.
+fn new_id(prefix: &str) -> String {
+    format!(
+        "{prefix}{}-{}-{}",
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The writer's pid in a record ID (intents: `<ns>-<pid>-<n>`, plans: `plan-<ns>-<pid>-<n>`).
+pub fn writer_pid(id: &str) -> Option<u32> {
+    id.trim_start_matches("plan-").split('-').nth(1).and_then(|p| p.parse().ok())
+}
+
+/// Ends a torn last line (a write cut short by a crash) with a newline, so the next record starts
+/// a line of its own instead of being glued to the fragment (which [`pending`] skips).
+fn terminate_torn_tail(path: &Path, file: &mut File) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    durable::open_read(path)?.read_exact_at(&mut last, len - 1)?;
+    if last[0] != b'\n' {
+        tracing::warn!(journal = %path.display(), "the journal's last line is torn (a write cut short by a crash): ended so the next record starts a line of its own");
+        file.write_all(b"\n")?;
+        file.sync_data()?;
+    }
+    Ok(())
+}
+
+/// Every record of the journal that parses, in order (a torn line is skipped).
+fn records(path: &Path) -> io::Result<Vec<serde_json::Value>> {
     let file = match durable::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    let mut open: Vec<(String, serde_json::Value)> = Vec::new();
-    for line in io::BufReader::new(file).lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line?) else { continue };
-        let id = v.get("id").and_then(|i| i.as_str()).unwrap_or_default().to_owned();
-        match v.get("phase").and_then(|p| p.as_str()) {
-            Some("intent") => open.push((id, v)),
-            Some("result" | "recovered") => open.retain(|(i, _)| *i != id),
+    let mut out = Vec::new();
+    for line in io::BufReader::new(file).split(b'\n') {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line?) {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn text_of<'a>(v: &'a serde_json::Value, k: &str) -> &'a str {
+    v.get(k).and_then(serde_json::Value::as_str).unwrap_or_default()
+}
+
+/// What a rotation must carry over: the open intents, and every record of an unfinished plan
+/// (the plan, its intents and their results), in their order.
+fn unfinished_records(path: &Path) -> io::Result<Vec<serde_json::Value>> {
+    let all = records(path)?;
+    let open_plans: std::collections::HashSet<String> =
+        open_plans_in(&all).into_iter().map(|p| p.id).collect();
+    let open_intents: std::collections::HashSet<String> =
+        pending_in(&all).iter().map(|v| text_of(v, "id").to_owned()).collect();
+    let mut of_open_plans: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for v in all {
+        let id = text_of(&v, "id").to_owned();
+        let keep = match text_of(&v, "phase") {
+            "plan" => open_plans.contains(&id),
+            "intent" => {
+                let in_plan = open_plans.contains(text_of(&v, "plan"));
+                if in_plan {
+                    of_open_plans.insert(id.clone());
+                }
+                in_plan || open_intents.contains(&id)
+            }
+            "result" | "recovered" => of_open_plans.contains(&id),
+            _ => false,
+        };
+        if keep {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+/// A plan a run journaled ([`Journal::plan`]) and never closed ([`Journal::plan_end`]).
+#[derive(Debug, Clone)]
+pub struct OpenPlan {
+    pub id: String,
+    /// The process that wrote it.
+    pub writer_pid: Option<u32>,
+    /// The plan record as journaled.
+    pub record: serde_json::Value,
+    /// The indexes of its steps that finished (a result `done`, `already_absent` or
+    /// `deferred`, or closed by recovery as `gone` or `in_place`).
+    pub finished: std::collections::BTreeSet<usize>,
+    /// The indexes of its steps that have an intent still open.
+    pub in_flight: std::collections::BTreeSet<usize>,
+    /// The indexes of its steps recovery found run against a device that is another one now
+    /// (`identity_changed`): never to be repeated.
+    pub changed: std::collections::BTreeSet<usize>,
+}
+
+fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
+    let mut plans: Vec<OpenPlan> = Vec::new();
+    let mut intents: std::collections::HashMap<String, (String, usize)> = std::collections::HashMap::new();
+    for v in all {
+        let id = text_of(v, "id");
+        match text_of(v, "phase") {
+            "plan" => plans.push(OpenPlan {
+                id: id.to_owned(),
+                writer_pid: writer_pid(id),
+                record: v.clone(),
+                finished: Default::default(),
+                in_flight: Default::default(),
+                changed: Default::default(),
+            }),
+            "plan_end" => plans.retain(|p| p.id != id),
+            "intent" => {
+                let plan = text_of(v, "plan");
+                let Some(index) = v.get("index").and_then(serde_json::Value::as_u64) else { continue };
+                let index = index as usize;
+                if let Some(p) = plans.iter_mut().find(|p| p.id == plan) {
+                    p.in_flight.insert(index);
+                    intents.insert(id.to_owned(), (plan.to_owned(), index));
+                }
+            }
+            phase @ ("result" | "recovered") => {
+                let Some((plan, index)) = intents.get(id) else { continue };
+                let Some(p) = plans.iter_mut().find(|p| &p.id == plan) else { continue };
+                p.in_flight.remove(index);
+                let finished = match (phase, text_of(v, "result")) {
+                    ("result", r) => matches!(r, "done" | "already_absent" | "deferred"),
+                    (_, r) => matches!(r, "gone" | "in_place"),
+                };
+                if finished {
+                    p.finished.insert(*index);
+                }
+                if phase == "recovered" && text_of(v, "result") == "identity_changed" {
+                    p.changed.insert(*index);
+                }
+            }
             _ => {}
         }
     }
-    Ok(open.into_iter().map(|(_, v)| v).collect())
+    plans
+}
+
+/// The last plan of the journal at `path` that `wanted` accepts and that was closed, with its
+/// end record: what became of a device whose plan finished.
+pub fn last_closed_plan(
+    path: &Path,
+    wanted: impl Fn(&serde_json::Value) -> bool,
+) -> io::Result<Option<(serde_json::Value, serde_json::Value)>> {
+    let all = records(path)?;
+    Ok(all.iter().rev().filter(|v| text_of(v, "phase") == "plan_end").find_map(|end| {
+        let id = text_of(end, "id");
+        all.iter()
+            .find(|v| text_of(v, "phase") == "plan" && text_of(v, "id") == id)
+            .filter(|p| wanted(p))
+            .map(|p| (p.clone(), end.clone()))
+    }))
+}
+
+/// The plans the journal at `path` has open (see [`OpenPlan`]). A missing journal has none.
+pub fn open_plans(path: &Path) -> io::Result<Vec<OpenPlan>> {
+    Ok(open_plans_in(&records(path)?))
+}
+
+fn pending_in(all: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    let mut open: Vec<(String, serde_json::Value)> = Vec::new();
+    for v in all {
+        let id = text_of(v, "id").to_owned();
+        match text_of(v, "phase") {
+            "intent" => open.push((id, v.clone())),
+            "result" | "recovered" => open.retain(|(i, _)| *i != id),
+            _ => {}
+        }
+    }
+    open.into_iter().map(|(_, v)| v).collect()
+}
+
+/// The file beside the journal that one writer at a time holds locked ([`lock`]).
+pub fn lock_path(journal: &Path) -> PathBuf {
+    let mut name = journal.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".lock");
+    journal.with_file_name(name)
+}
+
+/// The journal's writer lock, held until dropped: `flock(LOCK_EX)` on [`lock_path`], which
+/// names the holder's pid. One writer at a time: a one-shot `--apply` run holds it for the whole
+/// run, the daemon for each action.
+#[derive(Debug)]
+pub struct JournalLock {
+    _file: File,
+}
+
+/// Why [`lock`] gave up: another process held the lock for the whole wait.
+pub fn is_busy(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+/// Takes the journal's writer lock, waiting at most `wait` for another holder to let go; past
+/// that, an error (`WouldBlock`, see [`is_busy`]) naming the holder's pid.
+pub fn lock(journal: &Path, wait: std::time::Duration) -> io::Result<JournalLock> {
+    use std::io::{Read, Seek};
+    use std::os::fd::AsRawFd;
+    let path = lock_path(journal);
+    let mut file = durable::open_lock(&path)?;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: flock on a file descriptor this function owns (`file` outlives the call);
+        // LOCK_NB makes it return at once.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+        if start.elapsed() >= wait {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = holder.trim();
+            let who = if holder.is_empty() { "another process".to_owned() } else { holder.to_owned() };
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "another run is writing the journal {} ({who}, holding {}); waited {}s: let it finish (or check that process), then run again",
+                    journal.display(),
+                    path.display(),
+                    wait.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    file.set_len(0)?;
+    file.rewind()?;
+    file.write_all(format!("agent process {}\n", std::process::id()).as_bytes())?;
+    Ok(JournalLock { _file: file })
 }
 
 #[cfg(test)]
@@ -355,5 +683,122 @@ mod tests {
         let e = Journal::open(&path).expect_err("refused");
         assert!(e.to_string().contains("symbolic link"), "{e}");
         assert!(pending(&path).is_err(), "reading through it is refused too");
+    }
+    #[test]
+    fn a_torn_last_line_is_ended_on_open_so_the_next_record_is_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open(&path).expect("open");
+        let a = j.begin(&step()).expect("begin a");
+        drop(j);
+        // A crash in the middle of writing a's result.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("reopen")
+            .write_all(format!("{{\"ts\":1,\"id\":\"{a}\",\"phase\":\"res").as_bytes())
+            .expect("torn");
+        let mut j = Journal::open(&path).expect("open ends the torn line");
+        j.recovered(&a, "gone", "loop9 is gone").expect("recovered");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let last = text.lines().last().expect("a line");
+        let v: serde_json::Value = serde_json::from_str(last).expect("the next record is a line of its own");
+        assert_eq!(v["phase"], "recovered", "{text}");
+        assert!(pending(&path).expect("pending").is_empty(), "the recovered record closed it: {text}");
+        assert!(text.ends_with('\n'));
+        // Opening a journal whose last line is whole adds nothing.
+        let before = std::fs::read(&path).expect("read");
+        drop(Journal::open(&path).expect("open"));
+        assert_eq!(std::fs::read(&path).expect("read"), before);
+    }
+
+    #[test]
+    fn a_plan_stays_open_until_its_end_and_knows_which_steps_finished() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open(&path).expect("open");
+        let plan = j
+            .plan(&serde_json::json!({ "request": { "argument": "/dev/loop9", "operation": "clean" } }))
+            .expect("plan");
+        let a = j.begin_at(&step(), Some(0)).expect("intent 0");
+        j.finish(&a, "done", "").expect("result 0");
+        let b = j.begin_at(&step(), Some(1)).expect("intent 1");
+        let open = open_plans(&path).expect("open plans");
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].id, plan);
+        assert_eq!(open[0].writer_pid, Some(std::process::id()));
+        assert_eq!(open[0].record["request"]["argument"], "/dev/loop9");
+        assert_eq!(open[0].finished.iter().copied().collect::<Vec<_>>(), [0]);
+        assert_eq!(open[0].in_flight.iter().copied().collect::<Vec<_>>(), [1]);
+        let text = std::fs::read_to_string(&path).expect("read");
+        let intent: serde_json::Value =
+            serde_json::from_str(text.lines().nth(3).expect("intent 1")).expect("json");
+        assert_eq!(intent["plan"], plan.as_str(), "an intent names its plan");
+        assert_eq!(intent["index"], 1);
+        // Recovery closing step 1 as done by the step itself counts it finished.
+        j.recovered(&b, "in_place", "unbound").expect("recovered");
+        assert_eq!(open_plans(&path).expect("open")[0].finished.len(), 2);
+        j.plan_end(&plan, "finished", "2 step(s)").expect("end");
+        assert!(open_plans(&path).expect("open plans").is_empty());
+        // Intents after the end name no plan.
+        let c = j.begin_at(&step(), Some(0)).expect("intent");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let last: serde_json::Value = serde_json::from_str(text.lines().last().expect("line")).expect("json");
+        assert_eq!(last["id"], c.as_str());
+        assert!(last.get("plan").is_none(), "{last}");
+    }
+
+    #[test]
+    fn rotation_carries_an_unfinished_plan_over_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let mut j = Journal::open_bounded(&path, 4096).expect("open");
+        let plan = j.plan(&serde_json::json!({ "request": { "operation": "clean" } })).expect("plan");
+        let a = j.begin_at(&step(), Some(0)).expect("intent");
+        j.finish(&a, "done", "").expect("result");
+        j.plan_end(&plan, "finished", "").expect("end");
+        let open = j.plan(&serde_json::json!({ "request": { "operation": "release" } })).expect("plan");
+        let b = j.begin_at(&step(), Some(0)).expect("intent");
+        j.finish(&b, "done", "").expect("result");
+        for _ in 0..20 {
+            let id = j.begin(&step()).expect("begin");
+            j.finish(&id, "done", "").expect("finish");
+        }
+        drop(j);
+        drop(Journal::open_bounded(&path, 4096).expect("reopen rotates"));
+        let after = std::fs::read_to_string(&path).expect("read");
+        assert!(after.contains("\"phase\":\"rotated\""), "{after}");
+        let plans = open_plans(&path).expect("open plans");
+        assert_eq!(plans.len(), 1, "only the unfinished plan is carried over: {after}");
+        assert_eq!(plans[0].id, open);
+        assert_eq!(plans[0].finished.len(), 1, "with its finished step: {after}");
+        assert!(!after.contains(&plan), "a finished plan is left in the previous generation: {after}");
+    }
+
+    #[test]
+    fn one_writer_at_a_time_and_the_second_is_told_who_holds_the_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("journal.jsonl");
+        let first = lock(&path, std::time::Duration::ZERO).expect("first");
+        // flock is per open file: a second open, even in this process, conflicts.
+        let started = std::time::Instant::now();
+        let e = lock(&path, std::time::Duration::from_millis(300)).expect_err("second");
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300), "it waited");
+        assert!(is_busy(&e), "{e}");
+        let said = e.to_string();
+        assert!(said.contains(&format!("agent process {}", std::process::id())), "{said}");
+        assert!(said.contains("journal.jsonl"), "{said}");
+        drop(first);
+        let again = lock(&path, std::time::Duration::ZERO).expect("free once the first let go");
+        drop(again);
+        // A waiting writer gets the lock as soon as the holder lets go.
+        let held = lock(&path, std::time::Duration::ZERO).expect("held");
+        let waiter = {
+            let path = path.clone();
+            std::thread::spawn(move || lock(&path, std::time::Duration::from_secs(10)).map(|_| ()))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        drop(held);
+        waiter.join().expect("thread").expect("the waiter got it");
     }
 }

@@ -492,3 +492,77 @@ pub fn reports_text(reports: &[StepReport]) -> String {
     }
     out
 }
+
+/// The report of one request ([`crate::engine::workflow::Outcome`]) as text: the "INCOMPLETE
+/// VIEW" line first when the scan behind it could not see everything, then the unfinished plans
+/// it resumed, the plan, the steps as run and the device afterwards. `argument` is what the
+/// operator named.
+pub fn outcome_text(out: &crate::engine::workflow::Outcome, argument: &str) -> String {
+    let mut text = String::new();
+    if let Some(line) = out.incomplete() {
+        let _ = writeln!(text, "{line}");
+    }
+    for r in &out.resumed {
+        let _ = writeln!(text, "{}", r.describe());
+    }
+    if let Some(gone) = &out.gone {
+        let _ = writeln!(text, "{gone}");
+    }
+    let Some(plan) = &out.plan else {
+        if !out.resumed.is_empty() {
+            let _ = writeln!(text, "{argument} is gone: the interrupted plan it named is finished");
+        }
+        return text;
+    };
+    text.push_str(&plan_text(plan, out.applied));
+    if let Some((_, why)) = &out.refusal {
+        let _ = writeln!(text, "refused: {why}");
+    }
+    if !out.applied {
+        return text;
+    }
+    text.push_str(&reports_text(&out.reports));
+    match out.after.as_ref().and_then(|s| s.entry(plan.devnum).map(|e| (s, e))) {
+        Some((scan, entry)) if !entry.holders.is_empty() => {
+            let _ = writeln!(text, "still held after {}:", plan.operation);
+            text.push_str(&entry_table(scan, entry, None));
+        }
+        Some((_, entry)) if entry.device.is_unbound_loop() => {
+            let _ = writeln!(text, "{} is free and unbound", entry.device.name);
+        }
+        Some((_, entry)) => {
+            let _ = writeln!(text, "{} is free: nothing holds it any more", entry.device.name);
+        }
+        None => {
+            let _ = writeln!(text, "{} is gone", plan.device);
+        }
+    }
+    text
+}
+
+/// The report of one request as JSON, with the exit code it ends with.
+pub fn outcome_json(out: &crate::engine::workflow::Outcome, exit_code: u8) -> Value {
+    let after = out.plan.as_ref().and_then(|p| {
+        let scan = out.after.as_ref()?;
+        scan.entry(p.devnum).map(|e| entry_doc(scan, e, None))
+    });
+    json!({
+        "incomplete": out.incomplete(),
+        "resumed": out.resumed.iter().map(|r| json!({
+            "plan_id": r.plan_id,
+            "operation": r.operation,
+            "argument": r.argument,
+            "device": r.device,
+            "already_done": r.already_done,
+            "results": r.reports,
+            "summary": r.describe(),
+        })).collect::<Vec<_>>(),
+        "plan": out.plan,
+        "refusal": out.refusal.as_ref().map(|(_, why)| why),
+        "gone": out.gone,
+        "applied": out.applied,
+        "results": out.reports,
+        "after": after,
+        "exit_code": exit_code,
+    })
+}

@@ -89,11 +89,14 @@ fn incident5_release_plans_one_detach_and_refuses_to_apply_on_a_fixture() {
     assert!(s.contains("via pid 21839 tid 28447 (umount2 MNT_DETACH)"), "{s}");
     let j = tempfile::tempdir().expect("tempdir");
     let journal = j.path().join("journal.jsonl");
-    let err = assert_one_line_error(
-        &["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"],
-        "is not this process's procfs (a fixture tree?)",
-    );
-    assert!(err.contains("incident5/proc"), "{err}");
+    // Refused (exit 4) in one line, before anything is journaled.
+    let out =
+        agent(&["--root", &root, "--journal", journal.to_str().expect("utf8"), "release", "rbd3", "--apply"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(4), "{said}{}", text(&out.stderr));
+    assert_eq!(said.trim_end().lines().count(), 1, "one line: {said}");
+    assert!(said.contains("is not this process's procfs (a fixture tree?)"), "{said}");
+    assert!(said.contains("incident5/proc"), "{said}");
     assert!(!journal.exists(), "nothing journaled when nothing may be done");
 }
 
@@ -157,7 +160,7 @@ fn a_truncated_mountinfo_is_a_blind_spot_naming_file_and_line() {
             "--output",
             "json",
         ],
-        0,
+        3,
     );
     let what = blind_spot(&v, "proc/21839/task/28447/mountinfo")["what"].as_str().expect("what").to_owned();
     assert!(what.contains("line 5") && what.contains("truncated"), "{what}");
@@ -182,7 +185,8 @@ fn blind_spot<'a>(v: &'a serde_json::Value, needle: &str) -> &'a serde_json::Val
 fn garbage_in_sysfs_blinds_the_scan_to_that_device_only() {
     let (_d, root) = broken_copy();
     std::fs::write(root.join("sys/devices/rbd/3/block/rbd3/dev"), "garbage\n").expect("write");
-    let v = agent_json(&["--root", root.to_str().expect("utf8"), "scan", "--output", "json"], 0);
+    // A scan with a blind spot exits 3 (unknown).
+    let v = agent_json(&["--root", root.to_str().expect("utf8"), "scan", "--output", "json"], 3);
     let b = blind_spot(&v, "sys/class/block/rbd3/dev");
     let what = b["what"].as_str().expect("what");
     assert!(what.contains("'garbage'") && what.contains("MAJ:MIN"), "{what}");
@@ -199,7 +203,7 @@ fn garbage_in_sysfs_blinds_the_scan_to_that_device_only() {
 fn a_malformed_process_is_a_blind_spot_and_the_rest_is_still_seen() {
     let (_d, root) = broken_copy();
     std::fs::write(root.join("proc/1187/stat"), "1187 (kubelet").expect("write");
-    let v = agent_json(&["--root", root.to_str().expect("utf8"), "holders", "rbd3", "--output", "json"], 0);
+    let v = agent_json(&["--root", root.to_str().expect("utf8"), "holders", "rbd3", "--output", "json"], 3);
     assert_eq!(v["holders"][0]["pids"], serde_json::json!([21839]), "the other processes are still seen");
     assert_eq!(blind_spot(&v, "proc/1187/stat")["could_hide"], "any device");
 }
@@ -251,7 +255,7 @@ fn iscsi_disks_show_their_session_an_outage_is_never_cleaned_and_an_emptied_sess
     let root = fixtures().join("iscsi").to_string_lossy().into_owned();
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", "sdd"]);
     let t = text(&out.stdout);
-    assert_eq!(out.status.code(), Some(2), "refused: {t}{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "refused: {t}{}", text(&out.stderr));
     assert!(t.contains("outage") && !t.contains("delete SCSI disk"), "{t}");
     // session4 is logged in and both its LUNs are offline: each disk's plan deletes it; the
     // session is logged out on the plan of its last disk, after the delete.
@@ -287,7 +291,7 @@ fn fc_disks_show_their_remote_port_and_blocked_is_not_stale() {
     let root = fixtures().join("fc").to_string_lossy().into_owned();
     let name = blocked["device"]["name"].as_str().expect("name");
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", name]);
-    assert_eq!(out.status.code(), Some(2), "refused: {}", text(&out.stdout));
+    assert_eq!(out.status.code(), Some(4), "refused: {}", text(&out.stdout));
     assert!(text(&out.stdout).contains("not stale"), "{}", text(&out.stdout));
 }
 
@@ -328,9 +332,9 @@ fn incident1_unused_mapping_reports_the_watcher_identity_and_plans_the_unmap() {
     assert!(!text(&out.stdout).contains("force"), "{}", text(&out.stdout));
     let out = agent(&["--root", &root, "--grace-period", "0", "clean", "rbd4", "--force"]);
     assert!(text(&out.stdout).contains("with force (in-flight I/O fails)"), "{}", text(&out.stdout));
-    // Not yet stale with the default grace: refused (exit 2), with the reason.
+    // Not yet stale with the default grace: refused (exit 4), with the reason.
     let out = agent(&["--root", &root, "clean", "rbd4"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(4));
     assert!(text(&out.stdout).contains("suspect, not stale"), "{}", text(&out.stdout));
 }
 
@@ -383,9 +387,9 @@ fn incident1_with_a_plugin() -> (tempfile::TempDir, PathBuf) {
 
 /// `holders rbd4` and `clean rbd4` (a dry run) on `root`: the verdict document, and clean's exit
 /// code and output.
-fn rbd4_verdict_and_clean(root: &Path) -> (serde_json::Value, Option<i32>, String) {
+fn rbd4_verdict_and_clean(root: &Path, code: i32) -> (serde_json::Value, Option<i32>, String) {
     let r = root.to_str().expect("utf8");
-    let v = agent_json(&["--root", r, "--grace-period", "0", "holders", "rbd4", "--output", "json"], 0);
+    let v = agent_json(&["--root", r, "--grace-period", "0", "holders", "rbd4", "--output", "json"], code);
     let journal = root.join("journal.jsonl");
     let out = agent(&[
         "--root",
@@ -404,7 +408,7 @@ fn rbd4_verdict_and_clean(root: &Path) -> (serde_json::Value, Option<i32>, Strin
 fn an_unreadable_ns_mnt_fd_dir_or_maps_makes_the_candidate_unknown() {
     // Intact, the extra process holds nothing: rbd4 is stale and clean plans the unmap.
     let (_d, root) = incident1_with_a_plugin();
-    let (v, code, said) = rbd4_verdict_and_clean(&root);
+    let (v, code, said) = rbd4_verdict_and_clean(&root, 0);
     assert_eq!(v["verdict"], "stale", "{v:#}");
     assert_eq!(v["blind_spots"], serde_json::json!([]), "{v:#}");
     assert_eq!(code, Some(0), "{said}");
@@ -443,13 +447,13 @@ fn an_unreadable_ns_mnt_fd_dir_or_maps_makes_the_candidate_unknown() {
     for (what, break_it, needle) in breaks {
         let (_d, root) = incident1_with_a_plugin();
         break_it(&root.join("proc/4242"));
-        let (v, code, said) = rbd4_verdict_and_clean(&root);
+        let (v, code, said) = rbd4_verdict_and_clean(&root, 3);
         assert_eq!(v["verdict"], "unknown", "unreadable {what}: pid 4242 could hold rbd4: {v:#}");
         let spot = blind_spot(&v, needle);
         assert_eq!(spot["could_hide"], "any device", "unreadable {what}: {spot:#}");
         let reasons = v["reasons"].to_string();
         assert!(reasons.contains("blind spot") && reasons.contains("4242"), "unreadable {what}: {reasons}");
-        assert_eq!(code, Some(2), "unreadable {what}: clean refuses an unknown device: {said}");
+        assert_eq!(code, Some(3), "unreadable {what}: clean refuses an unknown device (exit 3): {said}");
         assert!(said.contains("refused: blind spot") && said.contains("4242"), "unreadable {what}: {said}");
         assert!(!said.contains("unmap rbd k8s/"), "unreadable {what}: no unmap step planned: {said}");
     }

@@ -1,18 +1,41 @@
-//! Crash recovery on this machine's kernel (issue 13), through the one-shot `clean --apply`: the
-//! agent is killed by SIGKILL at its journal write point (its fault injection,
-//! `BLOCKJANITOR_FAULT_SIGKILL_{AFTER,BEFORE}_STEP_RECORD`) in the middle of unbinding a loop
-//! device, and the next `--apply` closes the interrupted step in the journal, saying what it
-//! found, before anything else. The dead multipath map's teardown, killed at every phase of every
-//! step under the daemon, is `root_guest_kill9_at_each_journal_phase_converges` (in the guest).
+//! Crash recovery, the journal's one writer and sight, on this machine's kernel (issues 13 and
+//! 17), through the one-shot `clean --apply` (the one request workflow).
+//!
+//! The agent is killed by SIGKILL at its journal write points (its fault injection,
+//! `BLOCKJANITOR_FAULT_SIGKILL_{AFTER,BEFORE}_{PLAN,STEP}_RECORD`: before and after the plan, each
+//! intent and result, and the plan's end) while it releases a loop device's ext4 mount
+//! held only in a private mount namespace and then unbinds the device; the SAME command run again
+//! recovers the journal and finishes the plan before it resolves its argument. A torn journal
+//! tail, two concurrent `--apply` runs, a run that finds the journal locked and runs without the
+//! privileges to see are shown too. The dead multipath map's teardown, killed at every journal
+//! line, is in the guest (`tests/guest/scenarios/crash-recovery.sh`).
 
 use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use blockjanitor_tests::*;
 use serde_json::Value;
 
-/// `clean LOOP --apply` with no grace period, its journal and state in `s`, and `fault` set.
-fn clean(s: &Scratch, lo: &LoopDev, fault: Option<(&str, &str)>) -> Output {
+const AFTER: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD";
+const BEFORE: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD";
+const PLAN_AFTER: &str = "BLOCKJANITOR_FAULT_SIGKILL_AFTER_PLAN_RECORD";
+const PLAN_BEFORE: &str = "BLOCKJANITOR_FAULT_SIGKILL_BEFORE_PLAN_RECORD";
+
+/// Every kill point of a run whose plan has `steps` steps, in the order of its records: before
+/// and after the plan, each intent and result, and the plan's end.
+fn kill_points(steps: usize) -> Vec<(&'static str, usize)> {
+    let mut v = vec![(PLAN_BEFORE, 1), (PLAN_AFTER, 1)];
+    for r in 1..=2 * steps {
+        v.extend([(BEFORE, r), (AFTER, r)]);
+    }
+    v.extend([(PLAN_BEFORE, 2), (PLAN_AFTER, 2)]);
+    v
+}
+
+/// `OP DEV --apply` with no grace period, its journal and state in `s`, `fault` set, and
+/// `extra` arguments before the command.
+fn apply(s: &Scratch, op: &str, dev: &str, fault: Option<(&str, String)>, extra: &[&str]) -> Output {
     let (journal, state) = (s.path("journal.jsonl"), s.path("state.json"));
     let mut cmd = Command::new(agent_bin());
     trust_init(&mut cmd);
@@ -20,86 +43,359 @@ fn clean(s: &Scratch, lo: &LoopDev, fault: Option<(&str, &str)>) -> Output {
         cmd.env(var, n);
     }
     cmd.args(["--journal", journal.to_str().expect("utf8"), "--state", state.to_str().expect("utf8")])
-        .args(["--grace-period", "0", "clean", lo.name(), "--apply"])
+        .args(extra)
+        .args(["--grace-period", "0", op, dev, "--apply"])
         .stdin(Stdio::null())
         .output()
         .expect("run blockjanitor-agent")
 }
 
-fn records(s: &Scratch) -> Vec<Value> {
-    std::fs::read_to_string(s.path("journal.jsonl"))
-        .expect("journal")
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal line {l:?}: {e}")))
-        .collect()
+fn clean(s: &Scratch, dev: &str, fault: Option<(&str, String)>) -> Output {
+    apply(s, "clean", dev, fault, &[])
 }
 
-/// Runs `clean --apply` killed at `fault`, checks it died by SIGKILL leaving `detach_loop` open,
-/// then once more without the fault; returns both runs' records and the second run's output.
-fn killed_then_rerun(s: &Scratch, lo: &LoopDev, fault: (&str, &str)) -> (Vec<Value>, Output) {
-    let out = clean(s, lo, Some(fault));
-    assert_eq!(
-        out.status.signal(),
-        Some(libc::SIGKILL),
-        "{fault:?}: killed by its fault point; stdout:\n{}\nstderr:\n{}",
-        text(&out.stdout),
-        text(&out.stderr)
+fn release(s: &Scratch, dev: &str, fault: Option<(&str, String)>) -> Output {
+    apply(s, "release", dev, fault, &[])
+}
+
+fn said(out: &Output) -> String {
+    format!("exit {:?}\nstdout:\n{}\nstderr:\n{}", out.status, text(&out.stdout), text(&out.stderr))
+}
+
+fn records(s: &Scratch) -> Vec<Value> {
+    match std::fs::read_to_string(s.path("journal.jsonl")) {
+        Ok(t) => t
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal line {l:?}: {e}")))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The journal has no open intent (every intent has a result or a `recovered` record) and no
+/// open plan (every plan has its end).
+fn assert_nothing_open(journal: &[Value]) {
+    for r in journal.iter().filter(|r| r["phase"] == "intent") {
+        assert!(
+            journal
+                .iter()
+                .any(|x| x["id"] == r["id"] && (x["phase"] == "result" || x["phase"] == "recovered")),
+            "intent {} has no result: {journal:#?}",
+            r["id"]
+        );
+    }
+    for r in journal.iter().filter(|r| r["phase"] == "plan") {
+        assert!(
+            journal.iter().any(|x| x["id"] == r["id"] && x["phase"] == "plan_end"),
+            "plan {} is not closed: {journal:#?}",
+            r["id"]
+        );
+    }
+}
+
+/// An 8 MiB ext4 image bound to a loop device, mounted twice only inside a process's private
+/// mount namespace (the host never sees the mounts).
+struct Privately {
+    lo: LoopDev,
+    ns: NsProcess,
+    dirs: [std::path::PathBuf; 2],
+}
+
+fn privately_mounted(s: &Scratch, img: &Path) -> Privately {
+    let lo = LoopDev::attach(img);
+    let (a, b) = (s.mkdir("mnt-a"), s.mkdir("mnt-b"));
+    let ns = NsProcess::spawn(&format!(
+        "mount {dev} {} && mount {dev} {} && exec sleep 600",
+        a.display(),
+        b.display(),
+        dev = lo.dev
+    ));
+    assert!(
+        wait_until(REACT, || ns.has_mount(&a) && ns.has_mount(&b)),
+        "the namespace never mounted {}",
+        lo.dev
     );
-    let open = records(s);
-    assert_eq!(open.len(), 1, "the killed run left one intent: {open:#?}");
-    assert_eq!(open[0]["phase"], "intent");
-    assert_eq!(open[0]["step"]["action"], "detach_loop");
-    let out = clean(s, lo, None);
-    (records(s), out)
+    Privately { lo, ns, dirs: [a, b] }
+}
+
+/// Whether the namespace of `p` still has a mount of its device.
+fn still_mounted(p: &Privately) -> bool {
+    p.dirs.iter().any(|d| p.ns.has_mount(d))
 }
 
 /// A loop device bound to an 8 MiB file of the scratch directory, held by nothing.
-fn unheld_loop(s: &Scratch) -> LoopDev {
-    let img = s.path("a.img");
+fn unheld_loop(s: &Scratch, name: &str) -> LoopDev {
+    let img = s.path(name);
     std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
     LoopDev::attach(&img)
 }
 
-#[test]
-fn root_apply_killed_before_its_kernel_call_is_replanned_by_the_next_apply() {
-    if !require_real_kernel(&["losetup"]) {
-        return;
+/// Kills `OP DEV --apply` at `var=n`, then runs the same command again: it must converge
+/// (`converged`), close everything in the journal, and say what it resumed. Returns the
+/// journal.
+fn killed_then_again(
+    s: &Scratch,
+    op: &str,
+    dev: &str,
+    name: &str,
+    (var, n): (&str, usize),
+    steps: &[&str],
+) -> (Vec<Value>, Output) {
+    let out = apply(s, op, dev, Some((var, n.to_string())), &[]);
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{op} {var}={n}: killed; {}", said(&out));
+    let before = records(s);
+    let plan_open =
+        before.iter().any(|r| r["phase"] == "plan") && !before.iter().any(|r| r["phase"] == "plan_end");
+    if !before.is_empty() {
+        assert_eq!(before[0]["phase"], "plan", "{var}={n}: the plan comes first: {before:#?}");
+        assert_eq!(before[0]["request"]["argument"], dev);
+        let journaled = before[0]["steps"].as_array().expect("steps");
+        let actions: Vec<&str> = journaled.iter().filter_map(|s| s["step"]["action"].as_str()).collect();
+        assert_eq!(actions, steps, "{:#}", before[0]);
+        assert!(journaled.iter().all(|s| s["step"]["identity"].as_str().is_some_and(|i| !i.is_empty())));
     }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = unheld_loop(&s);
-    let (journal, out) = killed_then_rerun(&s, &lo, ("BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD", "1"));
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", text(&out.stdout), text(&out.stderr));
-    assert!(!lo.is_bound(), "the re-planned unbind ran");
-    let phases: Vec<&str> = journal.iter().filter_map(|r| r["phase"].as_str()).collect();
-    assert_eq!(phases, ["intent", "recovered", "intent", "result"], "{journal:#?}");
-    assert_eq!(journal[1]["id"], journal[0]["id"], "the recovered record closes the interrupted intent");
-    assert_eq!(journal[1]["result"], "replan", "{:#}", journal[1]);
-    assert_eq!(journal[2]["step"], journal[0]["step"], "the same step, against the same identity");
-    assert_eq!(journal[3]["result"], "done");
-    assert!(text(&out.stderr).contains("recovered interrupted step"), "{}", text(&out.stderr));
+    // The same command again.
+    let again = apply(s, op, dev, None, &[]);
+    assert_eq!(again.status.code(), Some(0), "{op} {var}={n}: converges; {}", said(&again));
+    let journal = records(s);
+    assert_nothing_open(&journal);
+    if plan_open {
+        assert!(
+            text(&again.stdout).contains(&format!("resumed the unfinished {op} of {name}")),
+            "{op} {var}={n}: the second run says what it resumed: {}",
+            said(&again)
+        );
+        let end = journal.iter().find(|r| r["phase"] == "plan_end").expect("closed");
+        assert_eq!(end["id"], before[0]["id"], "{journal:#?}");
+        assert_eq!(end["result"], "resumed", "{journal:#?}");
+    }
+    // Nothing that finished ran twice.
+    for (i, _) in steps.iter().enumerate() {
+        let done = journal
+            .iter()
+            .filter(|r| {
+                r["phase"] == "intent"
+                    && r["index"] == i
+                    && r["plan"] == before.first().map_or(Value::Null, |p| p["id"].clone())
+            })
+            .filter(|r| {
+                journal.iter().any(|x| x["id"] == r["id"] && x["phase"] == "result" && x["result"] == "done")
+            })
+            .count();
+        assert!(done <= 1, "{op} {var}={n}: step {i} done twice: {journal:#?}");
+    }
+    (journal, again)
 }
 
 #[test]
-fn root_apply_killed_after_its_kernel_call_is_found_done_by_the_next_apply() {
+fn root_release_and_clean_killed_after_every_journal_record_converge_when_run_again() {
+    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare"]) {
+        return;
+    }
+    let _serial = serial();
+    // Release of two mounts only a private namespace has: plan, two intents and results, end.
+    let unbind_points = kill_points(1);
+    for (k, fault) in kill_points(2).into_iter().enumerate() {
+        let s = Scratch::new();
+        let img = s.ext4_image("a.img", 8);
+        let p = privately_mounted(&s, &img);
+        let dev = p.lo.dev.clone();
+        killed_then_again(&s, "release", &dev, p.lo.name(), fault, &["detach_mount", "detach_mount"]);
+        assert!(!still_mounted(&p), "{fault:?}: both mounts released");
+        assert!(p.lo.is_bound(), "a release unbinds nothing");
+        // Then the unbind of a device nothing holds: plan, intent, result, end.
+        if let Some(&unbind) = unbind_points.get(k) {
+            let s = Scratch::new();
+            let lo = unheld_loop(&s, "b.img");
+            killed_then_again(&s, "clean", &lo.dev, lo.name(), unbind, &["detach_loop"]);
+            assert!(!lo.is_bound(), "{unbind:?}: unbound");
+        }
+    }
+}
+
+#[test]
+fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
     if !require_real_kernel(&["losetup"]) {
         return;
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = unheld_loop(&s);
-    // Killed right before the result record: LOOP_CLR_FD was made, the journal does not know.
-    let (journal, out) = killed_then_rerun(&s, &lo, ("BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD", "2"));
-    assert_eq!(out.status.code(), Some(0), "stdout:\n{}\nstderr:\n{}", text(&out.stdout), text(&out.stderr));
-    assert!(!lo.is_bound());
-    let phases: Vec<&str> = journal.iter().filter_map(|r| r["phase"].as_str()).collect();
-    assert_eq!(phases, ["intent", "recovered"], "nothing runs twice: {journal:#?}");
-    assert_eq!(journal[1]["id"], journal[0]["id"]);
-    assert_eq!(journal[1]["result"], "in_place", "{:#}", journal[1]);
-    let detail = journal[1]["detail"].as_str().unwrap_or_default();
+    let lo = unheld_loop(&s, "a.img");
+    let dev = lo.dev.clone();
+    // Killed right after the plan record: the unbind is owed.
+    let out = clean(&s, &dev, Some((PLAN_AFTER, "1".into())));
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{}", said(&out));
+    assert!(lo.is_bound());
+    // Someone else unbinds it and binds another file under the same name.
+    sh("losetup", &["-d", &dev]);
+    let other = s.path("other.img");
+    std::fs::File::create(&other).expect("other").set_len(8 << 20).expect("size");
+    sh("losetup", &[&dev, other.to_str().expect("utf8")]);
+    let impostor = LoopDev::adopt(lo.name(), &other);
+    let again = clean(&s, &dev, None);
+    assert_eq!(again.status.code(), Some(4), "refused; {}", said(&again));
+    assert!(impostor.is_bound(), "the impostor was not unbound: {}", said(&again));
+    let stdout = text(&again.stdout);
     assert!(
-        detail.contains(&format!("detach_loop of {}", lo.name()))
-            && detail.contains("unbound loop device now"),
-        "{detail}"
+        stdout.contains("changed identity") && stdout.contains("not planned in this run"),
+        "{}",
+        said(&again)
     );
+    let journal = records(&s);
+    assert_nothing_open(&journal);
+    let end = journal.iter().find(|r| r["phase"] == "plan_end").expect("the plan is closed");
+    assert_eq!(end["result"], "incomplete", "{end:#}");
+    drop(impostor);
+}
+
+#[test]
+fn root_a_torn_journal_tail_is_ended_and_the_plan_still_resumes() {
+    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare"]) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let img = s.ext4_image("a.img", 8);
+    let p = privately_mounted(&s, &img);
+    let dev = p.lo.dev.clone();
+    let out = release(&s, &dev, Some((AFTER, "1".into())));
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{}", said(&out));
+    // A crash in the middle of a record: half a line, no newline.
+    let mut f = std::fs::OpenOptions::new().append(true).open(s.path("journal.jsonl")).expect("journal");
+    std::io::Write::write_all(&mut f, b"{\"ts\":1.5,\"id\":\"17-1-0\",\"phase\":\"res").expect("torn");
+    drop(f);
+    let again = release(&s, &dev, None);
+    assert_eq!(again.status.code(), Some(0), "{}", said(&again));
+    assert!(!still_mounted(&p), "{}", said(&again));
+    let t = std::fs::read_to_string(s.path("journal.jsonl")).expect("journal");
+    let lines: Vec<&str> = t.lines().collect();
+    let torn =
+        lines.iter().position(|l| l.ends_with("\"phase\":\"res")).expect("the torn fragment stays, alone");
+    let whole: Vec<Value> = lines
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != torn)
+        .map(|(_, l)| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("a whole record per line: {l:?}: {e}"))
+        })
+        .collect();
+    assert!(whole.len() > torn, "records follow the fragment on lines of their own: {t}");
+    assert_nothing_open(&whole);
+}
+
+#[test]
+fn root_two_concurrent_applies_lose_nothing_and_a_locked_journal_names_its_holder() {
+    if !require_real_kernel(&["losetup"]) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let make = |name: &str| unheld_loop(&s, name);
+    let (a, b) = (make("a.img"), make("b.img"));
+    let spawn = |dev: &str| {
+        let mut cmd = Command::new(agent_bin());
+        trust_init(&mut cmd);
+        cmd.args(["--journal", s.path("journal.jsonl").to_str().expect("utf8")])
+            .args(["--state", s.path("state.json").to_str().expect("utf8")])
+            .args(["--grace-period", "0", "clean", dev, "--apply"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let (ca, cb) = (spawn(&a.dev), spawn(&b.dev));
+    let (oa, ob) = (ca.wait_with_output().expect("a"), cb.wait_with_output().expect("b"));
+    assert_eq!(oa.status.code(), Some(0), "{}", said(&oa));
+    assert_eq!(ob.status.code(), Some(0), "{}", said(&ob));
+    assert!(!a.is_bound() && !b.is_bound());
+    let journal = records(&s);
+    assert_nothing_open(&journal);
+    assert_eq!(journal.iter().filter(|r| r["phase"] == "plan").count(), 2, "{journal:#?}");
+    // The runs did not interleave: each plan's records are contiguous.
+    let plans: Vec<usize> =
+        journal.iter().enumerate().filter(|(_, r)| r["phase"] == "plan").map(|(i, _)| i).collect();
+    assert_eq!(journal[plans[0] + 3]["phase"], "plan_end", "one writer at a time: {journal:#?}");
+
+    // This process holds the lock (as a run would, naming itself): a run with a short wait is
+    // refused, naming it, and writes nothing.
+    let c = make("c.img");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(s.path("journal.jsonl.lock"))
+        .expect("lock file");
+    // SAFETY: flock on a file this test owns.
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) }, 0);
+    lock.set_len(0).expect("truncate");
+    std::io::Write::write_all(&mut &lock, format!("agent process {}\n", std::process::id()).as_bytes())
+        .expect("name");
+    let before = records(&s).len();
+    let out = apply(&s, "clean", &c.dev, None, &["--lock-wait", "1"]);
+    assert_eq!(out.status.code(), Some(4), "refused; {}", said(&out));
+    let stdout = text(&out.stdout);
+    assert_eq!(stdout.lines().count(), 1, "one line: {}", said(&out));
+    assert!(
+        stdout.contains(&format!("agent process {}", std::process::id())),
+        "names the holder: {}",
+        said(&out)
+    );
+    assert!(c.is_bound());
+    assert_eq!(records(&s).len(), before, "nothing written without the lock");
+    drop(lock);
+    let out = clean(&s, &c.dev, None);
+    assert_eq!(out.status.code(), Some(0), "{}", said(&out));
+    assert!(!c.is_bound());
+}
+
+/// Runs the agent as nobody (uid and gid 65534, no groups, no capabilities).
+fn as_nobody(args: &[&str]) -> Output {
+    let mut cmd = Command::new("setpriv");
+    trust_init(&mut cmd);
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(agent_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run setpriv")
+}
+
+#[test]
+fn root_a_run_without_sight_refuses_apply_and_says_its_view_is_incomplete() {
+    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare", "setpriv"]) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let img = s.ext4_image("a.img", 8);
+    let p = privately_mounted(&s, &img);
+    for op in ["release", "clean"] {
+        let out = as_nobody(&["--grace-period", "0", op, &p.lo.dev, "--apply"]);
+        assert_eq!(out.status.code(), Some(4), "{op}: refused; {}", said(&out));
+        let stdout = text(&out.stdout);
+        assert_eq!(stdout.lines().count(), 1, "{op}: one clear line; {}", said(&out));
+        assert!(
+            stdout.contains("--apply refused")
+                && stdout.contains("not root")
+                && stdout.contains("run it as root"),
+            "{op}: names what it cannot see and what to do: {}",
+            said(&out)
+        );
+    }
+    assert!(p.lo.is_bound());
+    assert!(still_mounted(&p), "the private mounts are untouched");
+    // Without --apply: an answer, but the first line says it is incomplete, and the exit code
+    // says unknown.
+    let out = as_nobody(&["--grace-period", "0", "release", &p.lo.dev]);
+    assert_eq!(out.status.code(), Some(3), "dry run: unknown; {}", said(&out));
+    assert!(text(&out.stdout).starts_with("INCOMPLETE VIEW"), "{}", said(&out));
+    let out = as_nobody(&["scan"]);
+    assert_eq!(out.status.code(), Some(3), "scan: unknown, not 0; {}", said(&out));
+    let first = text(&out.stdout).lines().next().unwrap_or_default().to_owned();
+    assert!(first.starts_with("INCOMPLETE VIEW") && first.contains("run as root"), "{first}");
+    // As root the same scan sees everything and says nothing of the kind.
+    let out = agent(&["scan"]);
+    assert!(!text(&out.stdout).starts_with("INCOMPLETE VIEW"), "{}", said(&out));
 }

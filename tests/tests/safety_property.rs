@@ -39,11 +39,11 @@ use blockjanitor::discover::namespaces::NsEntry;
 use blockjanitor::discover::nbd::NbdDevice;
 use blockjanitor::discover::rbd::RbdMapping;
 use blockjanitor::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
+use blockjanitor::engine::workflow::{Request, Subject};
 use blockjanitor::engine::{Engine, EngineError, Operation, Settings, World};
 use blockjanitor::grace::Clocks;
 use blockjanitor::graph::{DeviceEntry, DeviceGraph, Holder};
 use blockjanitor::identity::Identity;
-use blockjanitor::journal::Journal;
 use blockjanitor::kube::{ClusterView, PodInfo, VaInfo};
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
 use blockjanitor::nvme::{NvmeRole, NvmeView};
@@ -789,8 +789,9 @@ fn scratch() -> tempfile::TempDir {
 }
 
 /// Drives the engine through one case, as the daemon and the CLI do: observations by scans over
-/// time (grace clocks kept across them), then a plan from a fresh scan, maybe the device number
-/// reused meanwhile, then execute. Returns the machine (what reached it, what it saw) and the
+/// time (grace clocks kept across them), then one request through the workflow every way in
+/// uses ([`Engine::carry_out`]): a plan from a fresh scan, maybe the device number reused
+/// between the plan and its first step, then the steps. Returns the machine (what reached it, what it saw) and the
 /// step reports (none when the device could not be planned).
 fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     let machine = Rc::new(Machine::new(c));
@@ -818,18 +819,44 @@ fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     machine.hidden.set(c.hidden);
     machine.devs.borrow_mut()[0].holders = final_holders(c);
     let devnum = machine.subject().devnum;
-    let Ok((_, plan)) = engine.plan_fresh(devnum, c.op, &mut clocks) else { return (machine, Vec::new()) };
-    machine.observe(!(c.extra_blind || c.hidden == Some(Hidden::Open)));
-    if c.swap {
-        // The device was let go and another one took its number: a new disk sequence and
-        // backing, and none of the old one's mounts (a mounted device cannot be let go).
-        let mut devs = machine.devs.borrow_mut();
-        devs[0].seq += 100;
-        devs[0].holders.retain(|h| h.kind != HolderKind::Mount);
-    }
     let dir = scratch();
-    let mut journal = Journal::open(&dir.path().join("journal.jsonl")).expect("journal");
-    let reports = engine.execute(&plan, &mut journal).expect("the simulated machine lets the engine act");
+    let journal = dir.path().join("journal.jsonl");
+    let clocks = std::sync::Mutex::new(clocks);
+    // Right after the plan, before its first step: what the machine looked like when planned,
+    // and maybe the device number reused by another device meanwhile.
+    let between = |_: &blockjanitor::plan::Plan| {
+        machine.observe(!(c.extra_blind || c.hidden == Some(Hidden::Open)));
+        if c.swap {
+            // The device was let go and another one took its number: a new disk sequence and
+            // backing, and none of the old one's mounts (a mounted device cannot be let go).
+            let mut devs = machine.devs.borrow_mut();
+            devs[0].seq += 100;
+            devs[0].holders.retain(|h| h.kind != HolderKind::Mount);
+        }
+        Ok(())
+    };
+    let request = Request {
+        op: c.op,
+        subject: Subject::Device(devnum),
+        argument: machine.subject().name.to_string(),
+        expected_identity: None,
+        apply: true,
+        by: "property test".into(),
+        journal: &journal,
+        lock_wait: Duration::from_secs(5),
+        clocks: &clocks,
+        admit: Some(&between),
+    };
+    let Ok(outcome) = engine.carry_out(&request) else { return (machine, Vec::new()) };
+    assert!(outcome.refusal.is_none(), "the simulated machine lets the engine act: {:?}", outcome.refusal);
+    let reports = outcome.reports;
+    // The workflow leaves nothing open in its journal: every intent has a result, every plan
+    // its end.
+    let open = blockjanitor::journal::pending(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    let plans = blockjanitor::journal::open_plans(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    if open != 0 || plans != 0 {
+        machine.violation(format!("the journal has {open} open intent(s) and {plans} open plan(s)"));
+    }
     (machine, reports)
 }
 

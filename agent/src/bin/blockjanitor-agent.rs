@@ -1,6 +1,7 @@
 //! `blockjanitor-agent`: scan this node's block devices and who holds them, and release stale
-//! holders. Parses flags, calls the library, prints. Exit codes: 0 done, 1 error, 2 refused
-//! because the device is still held.
+//! holders. Parses flags, calls the library (`release` and `clean` through the one request
+//! workflow, [`Engine::carry_out`]), prints. Exit codes (README, "Exit codes"): 0 free or done,
+//! 1 error, 2 held, 3 unknown (could not see), 4 refused.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,21 +11,21 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
-use blockjanitor::act::{StepOutcome, StepReport};
 use blockjanitor::config::Config;
 use blockjanitor::daemon::mount_watch::{self, MountWatch};
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
 use blockjanitor::discover::namespaces::MountReader;
+use blockjanitor::engine::workflow::{self, Class, Outcome, Request, Subject};
 use blockjanitor::engine::world::LinuxWorld;
 use blockjanitor::engine::{Engine, Operation, Settings, World};
 use blockjanitor::grace::Clocks;
 use blockjanitor::host::HostRoot;
-use blockjanitor::journal::{self, Journal};
+use blockjanitor::journal;
 use blockjanitor::metrics::Metrics;
 use blockjanitor::model::DevNum;
-use blockjanitor::plan::{self, Plan};
+use blockjanitor::plan;
 use blockjanitor::scan::Target;
 use blockjanitor::snapshot::ScanOptions;
 use blockjanitor::{render, resolve, server};
@@ -32,7 +33,8 @@ use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
-const EXIT_HELD: u8 = 2;
+/// Exit code of a scan or a holders report that could not see everything (a blind spot).
+const EXIT_UNKNOWN: u8 = 3;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -48,8 +50,13 @@ after it runs and logged as one audit line.",
 blockjanitor-agent release /dev/loop3            # dry run: print the plan\n  blockjanitor-agent release /dev/loop3 --apply    \
 # detach foreign-namespace mounts\n  blockjanitor-agent clean loop3 --apply           # detach an unheld loop device\n  \
 blockjanitor-agent --root /host holders 7:3      # in a pod that mounts the host at /host\n\n\
-EXIT CODES:\n  0  done (or dry run printed)\n  1  error (bad argument, unreadable host, failed step)\n  \
-2  refused or still held: the device is in use and was left alone"
+EXIT CODES:\n  0  free or done: nothing holds it, nothing to do, the dry run may go, or every step done\n  \
+1  error: bad argument, unreadable host or journal, a failed step\n  \
+2  held: something still holds the device; it was left alone\n  \
+3  unknown: the agent could not see everything that could hold it (a blind spot: not root, \
+an unreadable process or namespace); the report's first line says INCOMPLETE VIEW\n  \
+4  refused: a safety rule said no (protected, the API cannot vouch, not stale yet, identity \
+changed, --apply without the privileges to see, another run holds the journal)"
 )]
 struct Cli {
     /// The host's root; /proc, /sys and /dev are looked for under it.
@@ -104,6 +111,10 @@ struct Cli {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     trust_unreadable_init: bool,
+    /// Seconds an --apply run waits for another run (or the daemon) writing the same journal
+    /// before it refuses, naming that run's pid.
+    #[arg(long, global = true, default_value_t = 30, value_name = "SECONDS")]
+    lock_wait: u64,
     /// Log format on stderr (audit lines included).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -402,49 +413,68 @@ fn run(cli: &Cli) -> Result<u8> {
             let e = engine(cli, host, plan::CleanOptions::default());
             let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
             state.save();
+            let incomplete = workflow::incomplete_view(&judged.scan, None);
             match output {
                 Output::Json => print_json(&render::scan_json(&judged))?,
-                Output::Table => print!("{}", render::scan_table(&judged)),
+                Output::Table => {
+                    if let Some(line) = &incomplete {
+                        println!("{line}");
+                    }
+                    print!("{}", render::scan_table(&judged))
+                }
             }
-            Ok(0)
+            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
         }
         Command::Holders { device, output } => {
             let devnum = device_arg(&host, device)?;
             let e = engine(cli, host, plan::CleanOptions::default());
             let judged = e.judge(e.scan(Target::Device(devnum))?, &mut state.clocks);
             state.save();
+            let incomplete =
+                judged.scan.entry(devnum).and_then(|e| workflow::incomplete_view(&judged.scan, Some(e)));
             match output {
                 Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
-                Output::Table => print!("{}", render::holders_table(&judged, devnum)?),
+                Output::Table => {
+                    if let Some(line) = &incomplete {
+                        println!("{line}");
+                    }
+                    print!("{}", render::holders_table(&judged, devnum)?)
+                }
             }
-            Ok(0)
+            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
         }
         Command::Release { device, apply, force_busy, output } => {
-            let devnum = device_arg(&host, device)?;
             let mut e = engine(cli, host, plan::CleanOptions::default());
             e.settings.release = plan::ReleaseOptions { force_busy: force_busy.clone() };
-            let (_, plan) = e.plan_fresh(devnum, Operation::Release, &mut state.clocks)?;
-            state.save();
-            carry_out(cli, &e, &plan, *apply, *output)
+            one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
-            let devnum = device_arg(&host, device)?;
             let clean = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
             let e = engine(cli, host, clean);
-            let (_, plan) = e.plan_fresh(devnum, Operation::Clean, &mut state.clocks)?;
-            state.save();
-            carry_out(cli, &e, &plan, *apply, *output)
+            one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
         }
         Command::Serve(args) => serve(cli, args, host),
         Command::Journal => {
             let path = journal_path(cli);
             let pending =
                 journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
-            if pending.is_empty() {
+            let plans =
+                journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            if pending.is_empty() && plans.is_empty() {
                 println!("no unfinished steps in {}", path.display());
             }
             for p in pending {
                 println!("unfinished: {p}");
+            }
+            for p in plans {
+                let op = p.record.pointer("/request/operation").and_then(|v| v.as_str()).unwrap_or("?");
+                let arg = p.record.pointer("/request/argument").and_then(|v| v.as_str()).unwrap_or("?");
+                let total = p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len);
+                println!(
+                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it",
+                    p.id,
+                    p.finished.len()
+                );
             }
             Ok(0)
         }
@@ -563,7 +593,21 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
     let engine = Engine::new(world, settings);
     // Before anything acts: close the steps a run that died left open, each re-checked against
     // its device as it is now; the devices are then planned afresh by the scans.
-    recover_journal(&engine, &config.journal, |line| tracing::warn!("{line}"));
+    // An unfinished plan is resumed (each remaining step re-checked) only by a daemon that acts
+    // by itself; a reporting one lists it.
+    let resume = config.mode != blockjanitor::config::Mode::Report;
+    match engine.recover_all(&config.journal, workflow::LOCK_WAIT, resume) {
+        Ok(out) => {
+            say_recovery(&out, |line| tracing::warn!("{line}"));
+            for r in &out.resumed {
+                tracing::warn!("{}", r.describe());
+            }
+            if let Some((_, why)) = &out.refusal {
+                tracing::warn!("journal recovery postponed: {why}");
+            }
+        }
+        Err(err) => tracing::warn!("cannot recover the journal {}: {err}", config.journal.display()),
+    }
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new()?);
         let every = config.rescan_interval();
@@ -643,99 +687,68 @@ fn watch_options(k: &blockjanitor::config::KubernetesConfig) -> blockjanitor::ku
     }
 }
 
-/// Closes the steps the journal at `path` has open from a run that died
-/// ([`Engine::recover`]), saying each resolution (and each step left open) through `say`. A
-/// journal with none is not opened, so report-only runs create no file.
-fn recover_journal(e: &Engine<LinuxWorld>, path: &std::path::Path, say: impl Fn(&str)) {
-    match journal::pending(path) {
-        Ok(open) if open.is_empty() => return,
-        Ok(_) => {}
-        Err(err) => {
-            say(&format!("cannot read the journal {} to recover interrupted steps: {err}", path.display()));
-            return;
-        }
+/// Says what the journal's recovery did through `say`: each interrupted step closed (or left
+/// open), each unfinished plan resumed or left for its own command.
+fn say_recovery(out: &Outcome, say: impl Fn(&str)) {
+    for (i, how) in &out.recovery.resolved {
+        say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
     }
-    let recovery = Journal::open(path).and_then(|mut j| e.recover(&mut j));
-    match recovery {
-        Ok(r) => {
-            for (i, how) in &r.resolved {
-                say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
-            }
-            for (id, why) in &r.left_open {
-                say(&format!("journal step {id} left open: {why}"));
-            }
-        }
-        Err(err) => {
-            say(&format!("cannot record the recovery of interrupted steps in {}: {err}", path.display()))
-        }
+    for (id, why) in &out.recovery.left_open {
+        say(&format!("journal step {id} left open: {why}"));
+    }
+    for u in &out.unfinished {
+        say(u);
     }
 }
 
-fn carry_out(cli: &Cli, e: &Engine<LinuxWorld>, plan: &Plan, apply: bool, output: Output) -> Result<u8> {
-    let refused_held = plan.refusal.is_some() && !plan.unsupported;
-    let live = e.world.can_act().is_ok();
+/// `release` or `clean` of the device the operator named, through the one request workflow
+/// ([`Engine::carry_out`]): with --apply, recovery and the unfinished plan this argument owes
+/// come first, before the argument is resolved. Prints the report; returns the exit code.
+fn one_request(
+    cli: &Cli,
+    e: &Engine<LinuxWorld>,
+    state: &mut StateFile<'_>,
+    op: Operation,
+    device: &str,
+    apply: bool,
+    output: Output,
+) -> Result<u8> {
     let journal_file = journal_path(cli);
-    if apply && live {
-        // Steps a run that died left open are closed first, whatever this plan holds (nothing to
-        // do, a refusal): --apply is where the journal is kept.
-        recover_journal(e, &journal_file, |line| eprintln!("warning: {line}"));
-    }
-    if output == Output::Table {
-        print!("{}", render::plan_text(plan, apply && live));
-    }
-    if plan.refusal.is_some() || !apply || plan.steps.is_empty() {
-        if output == Output::Json {
-            print_json(&serde_json::json!({ "plan": plan, "applied": false }))?;
-        }
-        return Ok(match (&plan.refusal, refused_held) {
-            (Some(_), true) => EXIT_HELD,
-            (Some(r), false) => anyhow::bail!("{r}"),
-            (None, _) => 0,
-        });
-    }
-    if let Err(why) = e.world.can_act() {
-        anyhow::bail!("--apply refused: {why}");
-    }
-    let mut journal = Journal::open(&journal_file).with_context(|| {
-        format!("cannot open the journal {} (needed before any change)", journal_file.display())
-    })?;
-    let reports: Vec<StepReport> = e.execute(plan, &mut journal)?;
-    let failed = reports.iter().any(|r| r.result.is_err());
-    let deferred = reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
-    let after = match e.scan(Target::Device(plan.devnum)) {
-        Ok(scan) => Some(scan),
-        Err(blockjanitor::engine::EngineError::NotFound(_)) => None,
-        Err(err) => return Err(err.into()),
+    let clocks = std::sync::Mutex::new(std::mem::replace(&mut state.clocks, Clocks::new(None)));
+    let request = Request {
+        op,
+        subject: Subject::Argument(device.to_owned()),
+        argument: device.to_owned(),
+        expected_identity: None,
+        apply,
+        by: format!("cli (uid {})", nix::unistd::geteuid()),
+        journal: &journal_file,
+        lock_wait: Duration::from_secs(cli.lock_wait),
+        clocks: &clocks,
+        admit: None,
     };
-    let after_entry = after.as_ref().and_then(|s| s.entry(plan.devnum).map(|entry| (s, entry)));
-    let still_held = after_entry.is_some_and(|(_, entry)| !entry.holders.is_empty());
-    match output {
-        Output::Table => {
-            print!("{}", render::reports_text(&reports));
-            match after_entry {
-                Some((scan, entry)) if !entry.holders.is_empty() => {
-                    println!("still held after {}:", plan.operation);
-                    print!("{}", render::entry_table(scan, entry, None));
-                }
-                Some((_, entry)) if entry.device.is_unbound_loop() => {
-                    println!("{} is free and unbound", entry.device.name)
-                }
-                Some((_, entry)) => println!("{} is free: nothing holds it any more", entry.device.name),
-                None => println!("{} is gone", plan.device),
-            }
-        }
-        Output::Json => print_json(&serde_json::json!({
-            "plan": plan,
-            "applied": true,
-            "results": reports,
-            "after": after_entry.map(|(scan, entry)| render::entry_doc(scan, entry, None)),
-        }))?,
+    let result = e.carry_out(&request);
+    state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
+    state.save();
+    let out = result?;
+    say_recovery(&out, |line| eprintln!("warning: {line}"));
+    let class = out.class();
+    if output == Output::Json {
+        print_json(&render::outcome_json(&out, class.exit_code()))?;
+        return Ok(class.exit_code());
     }
-    Ok(if failed {
-        1
-    } else if still_held || deferred {
-        EXIT_HELD
-    } else {
-        0
-    })
+    // The one line a refusal before any step is (sight, may-act, the journal's lock).
+    if let Some((_, why)) = &out.refusal {
+        if out.plan.is_none() {
+            println!("{why}");
+            return Ok(class.exit_code());
+        }
+    }
+    print!("{}", render::outcome_text(&out, device));
+    if class == Class::Error {
+        if let Some(p) = out.plan.as_ref().filter(|p| p.unsupported) {
+            anyhow::bail!("{}", p.refusal.as_deref().unwrap_or_default());
+        }
+    }
+    Ok(class.exit_code())
 }

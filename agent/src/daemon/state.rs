@@ -17,11 +17,11 @@ use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
 use crate::act::StepReport;
 use crate::config::{Config, Mode};
+use crate::engine::workflow::{Outcome, Request, Subject};
 use crate::engine::world::LinuxWorld;
 use crate::engine::{Engine, EngineError, Operation};
 use crate::grace::Clocks;
 use crate::host::HostRoot;
-use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::model::{DevNum, MountNsId};
 use crate::plan::Plan;
@@ -461,15 +461,37 @@ impl AgentState {
         self.request_rescan("apply");
     }
 
-    /// Plans `op` for each target from a fresh scan and runs the plans the budget admits.
+    /// A request for `op` on `devnum` through the one workflow ([`Engine::carry_out`]), with
+    /// the daemon's journal and grace clocks.
+    /// (Set `expected_identity` and `admit` with struct update syntax.)
+    fn request(&self, devnum: DevNum, op: Operation, apply: bool, by: &str) -> Request<'_> {
+        Request {
+            op,
+            subject: Subject::Device(devnum),
+            argument: devnum.to_string(),
+            expected_identity: None,
+            apply,
+            by: by.to_owned(),
+            journal: &self.config.journal,
+            lock_wait: crate::engine::workflow::LOCK_WAIT,
+            clocks: &self.clocks,
+            admit: None,
+        }
+    }
+
+    /// Plans `op` for each target from a fresh scan (a dry run of the one workflow), then carries
+    /// out, bound to the identity it planned for, each plan the budget admits.
     fn act_blocking(&self, targets: &[DevNum], op: Operation) -> Result<Vec<StepReport>, ApiError> {
+        let by = format!("daemon mode {}", self.config.mode.as_str());
         let mut plans = Vec::new();
         for &devnum in targets {
-            match self.engine.plan_fresh(devnum, op, &mut self.clocks()) {
-                Ok((_, p)) if p.refusal.is_none() && !p.steps.is_empty() => plans.push(p),
+            match self.engine.carry_out(&self.request(devnum, op, false, &by)) {
+                Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_none() && !p.steps.is_empty() => {
+                    plans.push(p)
+                }
                 // The latest view called it a candidate; the fresh scan behind the plan did not
                 // agree. Said, so an operator can see why a stale device was left alone.
-                Ok((_, p)) if p.refusal.is_some() => {
+                Ok(Outcome { plan: Some(p), .. }) if p.refusal.is_some() => {
                     let why = p.refusal.as_deref().unwrap_or_default();
                     tracing::info!(device = %p.device, op = ?op, "not acting on it: {why}");
                 }
@@ -482,18 +504,75 @@ impl AgentState {
         plans.sort_by_key(|p| {
             p.steps.iter().any(|s| matches!(s.action, crate::plan::Action::IscsiLogout { .. }))
         });
-        let mut admitted = Vec::new();
-        {
+        let admit = |p: &Plan| {
             let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
-            for p in plans {
-                if budget.admit(p.steps.len(), Instant::now()) {
-                    admitted.push(p);
-                } else {
-                    tracing::warn!(device = %p.device, steps = p.steps.len(), limit = self.config.max_actions_per_minute, "rate limit reached: postponed to a later scan");
+            if budget.admit(p.steps.len(), Instant::now()) {
+                self.action_started(p);
+                Ok(())
+            } else {
+                Err(format!(
+                    "rate limit reached ({} steps a minute): {} step(s) postponed to a later scan",
+                    self.config.max_actions_per_minute,
+                    p.steps.len()
+                ))
+            }
+        };
+        let mut out = Vec::new();
+        for p in plans {
+            let req = Request {
+                argument: p.device.to_string(),
+                expected_identity: Some(p.identity.token()),
+                admit: Some(&admit),
+                ..self.request(p.devnum, op, true, &by)
+            };
+            match self.engine.carry_out(&req) {
+                Ok(o) => {
+                    if let Some((_, why)) = &o.refusal {
+                        tracing::warn!(device = %p.device, op = ?op, "not acting on it: {why}");
+                    }
+                    out.extend(self.finished(o));
                 }
+                Err(e) => tracing::warn!(device = %p.device, "cannot act: {e}"),
             }
         }
-        self.execute_blocking(&admitted)
+        Ok(out)
+    }
+
+    fn action_started(&self, p: &Plan) {
+        let name = p.device.as_str();
+        let _ = self.events.send(AgentEvent::new(
+            EventKind::ActionStarted,
+            name,
+            format!("{} {name}: {} step(s)", p.operation, p.steps.len()),
+            None,
+        ));
+    }
+
+    /// Metrics and the ActionFinished event of a carried-out request; its step reports (those
+    /// of unfinished plans it resumed first).
+    fn finished(&self, o: Outcome) -> Vec<StepReport> {
+        let mut reports: Vec<StepReport> = o.resumed.into_iter().flat_map(|r| r.reports).collect();
+        for r in &reports {
+            self.metrics.action(r.step.action(), r.word().0);
+        }
+        if let (Some(p), true) = (&o.plan, o.applied) {
+            let name = p.device.as_str();
+            let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+            for r in &o.reports {
+                let (word, _) = r.word();
+                self.metrics.action(r.step.action(), word);
+                *counts.entry(word).or_default() += 1;
+            }
+            let summary: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
+            let _ = self.events.send(AgentEvent::new(
+                EventKind::ActionFinished,
+                name,
+                format!("{} {name}: {}", p.operation, summary.join(", ")),
+                None,
+            ));
+        }
+        reports.extend(o.reports);
+        reports
     }
 
     /// Looks a device argument up in the latest view.
@@ -542,8 +621,9 @@ impl AgentState {
         tokio::task::spawn_blocking(move || {
             let mut plans = Vec::new();
             for devnum in targets {
-                match me.engine.plan_fresh(devnum, op, &mut me.clocks()) {
-                    Ok((_, p)) => plans.push(p),
+                let req = me.request(devnum, op, false, "Plan");
+                match me.engine.carry_out(&req) {
+                    Ok(o) => plans.extend(o.plan),
                     Err(EngineError::NotFound(_)) => {}
                     Err(e) => return Err(ApiError::from(e)),
                 }
@@ -592,57 +672,47 @@ impl AgentState {
         let _guard = self.act_lock.lock().await;
         let me = Arc::clone(self);
         let (plans, reports) = tokio::task::spawn_blocking(move || {
-            let mut plans = Vec::new();
-            for (devnum, expected) in wanted {
-                let (judged, plan) = me.engine.plan_fresh(devnum, op, &mut me.clocks())?;
-                if let Some(token) = expected {
-                    me.engine.expect_identity(&judged, devnum, &token)?;
+            // Every device bound to the identity the caller saw before anything runs (a dry run
+            // of each), then each carried out through the one workflow, bound to it again.
+            let by = "Apply".to_owned();
+            let mut bound = Vec::new();
+            for (devnum, expected) in &wanted {
+                let o = me.engine.carry_out(&Request {
+                    expected_identity: expected.clone(),
+                    ..me.request(*devnum, op, false, &by)
+                })?;
+                if let Some((_, why)) = o.refusal {
+                    return Err(ApiError::FailedPrecondition(why));
                 }
-                plans.push(plan);
+                let token = o.plan.as_ref().map(|p| p.identity.token());
+                bound.push((*devnum, expected.clone().or(token)));
             }
-            let reports = me.execute_blocking(&plans)?;
+            let admit = |p: &Plan| {
+                me.action_started(p);
+                Ok(())
+            };
+            let mut plans = Vec::new();
+            let mut reports = Vec::new();
+            for (devnum, expected) in bound {
+                let o = me.engine.carry_out(&Request {
+                    expected_identity: expected,
+                    admit: Some(&admit),
+                    ..me.request(devnum, op, true, &by)
+                })?;
+                if let Some((_, why)) = &o.refusal {
+                    if plans.is_empty() && reports.is_empty() {
+                        return Err(ApiError::FailedPrecondition(why.clone()));
+                    }
+                    tracing::warn!(device = %devnum, "Apply: not acting on it: {why}");
+                }
+                plans.extend(o.plan.clone());
+                reports.extend(me.finished(o));
+            }
             Ok::<_, ApiError>((plans, reports))
         })
         .await
         .map_err(|e| ApiError::Internal(format!("apply thread failed: {e}")))??;
         self.request_rescan("apply");
         Ok((plans, reports))
-    }
-
-    fn execute_blocking(&self, plans: &[Plan]) -> Result<Vec<StepReport>, ApiError> {
-        let runnable: Vec<&Plan> =
-            plans.iter().filter(|p| p.refusal.is_none() && !p.steps.is_empty()).collect();
-        if runnable.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut journal = Journal::open(&self.config.journal).map_err(|e| {
-            ApiError::Unavailable(format!("cannot open the journal {}: {e}", self.config.journal.display()))
-        })?;
-        let mut out = Vec::new();
-        for p in runnable {
-            let name = p.device.as_str();
-            let _ = self.events.send(AgentEvent::new(
-                EventKind::ActionStarted,
-                name,
-                format!("{} {name}: {} step(s)", p.operation, p.steps.len()),
-                None,
-            ));
-            let reports = self.engine.execute(p, &mut journal)?;
-            let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
-            for r in &reports {
-                let (word, _) = r.word();
-                self.metrics.action(r.step.action(), word);
-                *counts.entry(word).or_default() += 1;
-            }
-            let summary: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
-            let _ = self.events.send(AgentEvent::new(
-                EventKind::ActionFinished,
-                name,
-                format!("{} {name}: {}", p.operation, summary.join(", ")),
-                None,
-            ));
-            out.extend(reports);
-        }
-        Ok(out)
     }
 }

@@ -23,7 +23,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::mountinfo::{self, MountEntry};
 use super::processes::ProcEntry;
@@ -48,7 +48,7 @@ pub enum MountReader {
 static MOUNT_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
 
 /// How to get into a namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "via")]
 pub enum NsEntry {
     /// A task living in it: `/proc/PID/task/TID/ns/mnt`. Paths in its mountinfo are relative to

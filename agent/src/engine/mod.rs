@@ -14,11 +14,17 @@
 //!
 //! After a crash, [`Engine::recover`] closes the steps the journal has open ([`recover`]).
 //!
+//! Every way in (the one-shot CLI, the daemon's modes and Apply, the property test) goes through
+//! one request workflow, [`Engine::carry_out`] ([`workflow`]): journal lock and recovery first,
+//! a fresh plan bound to the identity the caller saw, may-act, the plan journaled whole, execute,
+//! the after-state. Nothing else calls [`Engine::plan_fresh`] or [`Engine::execute`].
+//!
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
 
 pub mod recheck;
 pub mod recover;
+pub mod workflow;
 pub mod world;
 
 use std::collections::HashMap;
@@ -265,6 +271,17 @@ impl<W: World> Engine<W> {
     /// must agree with the plan ([`recheck`]); a step whose prerequisite did not finish is not
     /// run. Failures are collected, not short-circuited across independent steps.
     pub fn execute(&self, plan: &Plan, journal: &mut Journal) -> Result<Vec<StepReport>, EngineError> {
+        self.execute_indexed(plan, journal, None)
+    }
+
+    /// [`Engine::execute`] of the steps of `plan` at `only` (all when `None`): the rest of a
+    /// resumed plan, whose other steps finished before the interruption.
+    fn execute_indexed(
+        &self,
+        plan: &Plan,
+        journal: &mut Journal,
+        only: Option<&[usize]>,
+    ) -> Result<Vec<StepReport>, EngineError> {
         if plan.refusal.is_some() || plan.steps.is_empty() {
             return Ok(Vec::new());
         }
@@ -272,6 +289,9 @@ impl<W: World> Engine<W> {
         let mut reports: Vec<StepReport> = Vec::new();
         let mut unfinished: Vec<usize> = Vec::new();
         for (i, step) in plan.steps.iter().enumerate() {
+            if only.is_some_and(|o| !o.contains(&i)) {
+                continue;
+            }
             if let Some(k) = unfinished.iter().copied().find(|&k| depends_on(step, &plan.steps[k])) {
                 let earlier = &plan.steps[k];
                 reports.push(StepReport {
@@ -289,7 +309,7 @@ impl<W: World> Engine<W> {
                 unfinished.push(i);
                 continue;
             }
-            let id = match journal.begin(step) {
+            let id = match journal.begin_at(step, Some(i)) {
                 Ok(id) => id,
                 Err(e) => {
                     let reason = format!("cannot write the journal {}: {e}", journal.path().display());
@@ -303,7 +323,13 @@ impl<W: World> Engine<W> {
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id);
             let result = match self.recheck(plan, step) {
-                Some(reason) => Err(ActError::Precondition { device: step.device.clone(), reason }),
+                Some(Halt::Refuse(reason)) => {
+                    Err(ActError::Precondition { device: step.device.clone(), reason })
+                }
+                Some(Halt::Absent(why)) => {
+                    tracing::info!(device = %step.device, "{why}");
+                    Ok(StepOutcome::AlreadyAbsent)
+                }
                 None => self.world.run(step),
             };
             let (word, detail) = crate::act::outcome_word(&result);
@@ -320,14 +346,16 @@ impl<W: World> Engine<W> {
     }
 
     /// Checks, right before `step` runs, that the device is still what was planned and nothing
-    /// the plan does not account for holds it. `None`: go.
-    fn recheck(&self, plan: &Plan, step: &Step) -> Option<String> {
+    /// the plan does not account for holds it. `None`: go. A device the fresh scan no longer has
+    /// is never handed to the actuator: it is already absent only where nothing on the host is
+    /// the step's kernel object any more ([`Engine::vanished`]), else refused.
+    fn recheck(&self, plan: &Plan, step: &Step) -> Option<Halt> {
         if step.is_release() {
             // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
             // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
             let fresh = match self.world.scan(Target::Device(step.devnum)) {
                 Ok(s) => s,
-                Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
+                Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
             };
             let stalled = self.observe_io(&fresh, self.world.now());
             return fresh
@@ -336,7 +364,8 @@ impl<W: World> Engine<W> {
                 .or_else(|| {
                     let api = self.world.cluster();
                     recheck::release_refusal(plan, step, &fresh, api.as_ref(), self.world.now())
-                });
+                })
+                .map(Halt::Refuse);
         }
         if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
             // Its disk was deleted by the steps before it (which it depends on): the actuator
@@ -345,18 +374,56 @@ impl<W: World> Engine<W> {
         }
         let fresh = match self.world.scan(Target::Device(step.devnum)) {
             Ok(s) => s,
-            // Gone: the actuator finds it gone too and reports it already absent.
-            Err(EngineError::NotFound(_)) => return None,
-            Err(e) => return Some(format!("cannot re-check it with a fresh scan: {e}")),
+            Err(EngineError::NotFound(_)) => return Some(self.vanished(step)),
+            Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
         };
-        let entry = fresh.entry(step.devnum)?;
+        let Some(entry) = fresh.entry(step.devnum) else { return Some(self.vanished(step)) };
         let stalled = self.observe_io(&fresh, self.world.now());
         if let Some(r) = gates::responsive(entry, stalled.get(&step.devnum), &plan.steps) {
-            return Some(r);
+            return Some(Halt::Refuse(r));
         }
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
-        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now()).map(Halt::Refuse)
+    }
+
+    /// The step's device number is gone from a fresh scan: looks for the step's kernel object
+    /// (the map's uuid, the disk's wwid and address, the rbd id, the loop binding, the NVMe
+    /// controller) anywhere on the host. Absent only when nothing is it any more, as the
+    /// actuator's own identity check would find; otherwise, or when the host cannot be read,
+    /// refused with why.
+    fn vanished(&self, step: &Step) -> Halt {
+        let all = match self.world.scan(Target::All) {
+            Ok(s) => s,
+            Err(e) => {
+                return Halt::Refuse(format!(
+                    "{} ({}) is no longer in a fresh scan, and the host cannot be read to tell whether it is gone: {e}",
+                    step.device, step.devnum
+                ))
+            }
+        };
+        match all.graph.devices.iter().find(|e| is_the_object_of(step, e)) {
+            Some(e) => Halt::Refuse(format!(
+                "{} ({}) is no longer in a fresh scan, but the object {} acts on is now {} ({}): not the device it was planned for",
+                step.device,
+                step.devnum,
+                step.action(),
+                e.device.name,
+                e.device.devnum
+            )),
+            None if matches!(step.action, crate::plan::Action::NvmeDeleteController { .. }) => {
+                Halt::Refuse(format!(
+                    "{} ({}) is no longer in a fresh scan; its controller may remain without a namespace, which a scan does not show: check it with `nvme list-subsys`",
+                    step.device, step.devnum
+                ))
+            }
+            None => Halt::Absent(format!(
+                "{} ({}) is gone and nothing on the host is the object {} acts on any more: already absent",
+                step.device,
+                step.devnum,
+                step.action()
+            )),
+        }
     }
 
     /// Binds an operator's request to the identities they saw (a Plan's answer): refuses when
@@ -379,6 +446,45 @@ impl<W: World> Engine<W> {
             planned: expected.to_owned(),
             now: now.token(),
         })
+    }
+}
+
+/// Why a step does not reach the actuator ([`Engine::recheck`]).
+enum Halt {
+    /// A gate says no: the step is refused with why.
+    Refuse(String),
+    /// What the step would remove is gone already: reported already absent, nothing run.
+    Absent(String),
+}
+
+/// Whether `e` is the kernel object `step` acts on (the key its actuator checks), whatever its
+/// device number now.
+fn is_the_object_of(step: &Step, e: &crate::graph::DeviceEntry) -> bool {
+    use crate::plan::Action;
+    match &step.action {
+        Action::DmMessage { uuid, .. } | Action::DmRemove { uuid, .. } => {
+            e.device.dm.as_ref().is_some_and(|d| &d.uuid == uuid)
+        }
+        Action::ScsiOffline { wwid, address, .. } | Action::ScsiDelete { wwid, address } => {
+            e.scsi.as_ref().is_some_and(|s| {
+                s.disk.address.to_string() == *address || s.disk.wwid.as_deref() == Some(wwid.as_str())
+            })
+        }
+        Action::RbdUnmap { id, image_id, .. } => {
+            e.rbd.as_ref().is_some_and(|r| r.id == *id || (!image_id.is_empty() && r.image_id == *image_id))
+        }
+        Action::DetachLoop { backing_dev, backing_inode, .. } => {
+            e.device.loop_info.as_ref().is_some_and(|l| {
+                backing_inode.is_some() && l.backing_dev == *backing_dev && l.backing_inode == *backing_inode
+            })
+        }
+        Action::NvmeDeleteController { controller, .. } => {
+            e.nvme.as_ref().is_some_and(|n| n.controllers.iter().any(|c| &c.name == controller))
+        }
+        // A mount, an nbd connection or an iSCSI session is re-read by its actuator itself.
+        Action::DetachMount { .. } | Action::NbdDisconnect { .. } | Action::IscsiLogout { .. } => {
+            e.device.devnum == step.devnum
+        }
     }
 }
 
@@ -472,11 +578,31 @@ mod tests {
         live_agent: Option<u32>,
         /// Fresh scans show one I/O in flight that never completes.
         stuck_io: bool,
+        /// Fresh scans no longer have loop3 (7:3); `Some(n)`: its backing is bound to loop n now.
+        vanished: Option<Option<u32>>,
     }
 
     impl World for &Test {
-        fn scan(&self, _target: Target) -> Result<Scan, EngineError> {
+        fn scan(&self, target: Target) -> Result<Scan, EngineError> {
             let mut e = entry(self.seq.get().max(1));
+            if let Some(moved) = self.vanished {
+                if let Target::Device(_) = target {
+                    return Err(EngineError::NotFound("no 7:3".into()));
+                }
+                let devices = match moved {
+                    Some(n) => {
+                        e.device.devnum = DevNum::new(7, n);
+                        e.device.name = DeviceName::new(&format!("loop{n}")).expect("name");
+                        e.holders.clear();
+                        vec![e]
+                    }
+                    None => Vec::new(),
+                };
+                return Ok(Scan::complete(
+                    DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices },
+                    BootTime::from_since_boot(Duration::from_secs(100)),
+                ));
+            }
             if !self.held {
                 e.holders.clear();
             }
@@ -708,5 +834,100 @@ mod tests {
         let again = engine.recover(&mut j).expect("recover again");
         assert!(again.resolved.is_empty(), "{again:?}");
         assert_eq!(std::fs::read_to_string(j.path()).expect("read").lines().count(), before);
+    }
+    /// A step whose device a fresh scan no longer has never reaches the actuator: already absent
+    /// when nothing on the host is its object any more, refused when the object is elsewhere.
+    #[test]
+    fn a_vanished_device_is_absent_only_when_its_object_is_gone_and_never_run_blind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut unbind_planned = plan_of("clean", vec![unbind()]);
+        if let Action::DetachLoop { backing_inode, .. } = &mut unbind_planned.steps[0].action {
+            *backing_inode = Some(1); // the binding the actuator checks
+        }
+        let gone = Test { seq: Cell::new(1), vanished: Some(None), ..Test::default() };
+        let reports = Engine::new(&gone, Settings::default())
+            .execute(&unbind_planned, &mut journal(&dir))
+            .expect("acts");
+        assert!(matches!(reports[0].result, Ok(StepOutcome::AlreadyAbsent)), "{:?}", reports[0].result);
+        assert!(gone.actuator.calls.borrow().is_empty(), "nothing handed to the actuator");
+        let moved = Test { seq: Cell::new(1), vanished: Some(Some(9)), ..Test::default() };
+        let reports = Engine::new(&moved, Settings::default())
+            .execute(&unbind_planned, &mut journal(&dir))
+            .expect("acts");
+        assert!(
+            matches!(&reports[0].result, Err(ActError::Precondition { reason, .. }) if reason.contains("is now loop9")),
+            "{:?}",
+            reports[0].result
+        );
+        assert!(moved.actuator.calls.borrow().is_empty());
+    }
+
+    /// The one workflow: a dry run writes nothing; an applied request journals its plan whole
+    /// before the first intent and closes it; a plan killed midway is resumed by the same request
+    /// (its finished steps not repeated), and an expected identity that is not the device's is
+    /// refused before anything runs.
+    #[test]
+    fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
+        use super::workflow::{Class, Request, Subject};
+        let t = Test { seq: Cell::new(1), held: true, ..Test::default() };
+        let engine = Engine::new(&t, Settings { grace: Duration::ZERO, ..Settings::default() });
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("j.jsonl");
+        let clocks = Mutex::new(Clocks::new(None));
+        let req = |apply: bool, expected: Option<String>| Request {
+            op: Operation::Release,
+            subject: Subject::Device(DevNum::new(7, 3)),
+            argument: "/dev/loop3".into(),
+            expected_identity: expected,
+            apply,
+            by: "test".into(),
+            journal: &path,
+            lock_wait: Duration::ZERO,
+            clocks: &clocks,
+            admit: None,
+        };
+        let dry = engine.carry_out(&req(false, None)).expect("dry run");
+        assert_eq!(dry.plan.as_ref().map(|p| p.steps.len()), Some(2), "{:?}", dry.plan);
+        assert!(!dry.applied && !path.exists(), "a dry run writes nothing");
+        assert_eq!(dry.class(), Class::Done);
+
+        let wrong = engine.carry_out(&req(true, Some("loop3@7:3#99;x".into()))).expect("refused");
+        assert_eq!(wrong.class(), Class::Refused, "{:?}", wrong.refusal);
+        assert!(t.actuator.calls.borrow().is_empty());
+
+        // A run that died after its plan and the first release: the plan record and one
+        // finished step are on disk, the second release is owed.
+        let mut j = Journal::open(&path).expect("journal");
+        let planned = dry.plan.as_ref().expect("plan");
+        let body = serde_json::json!({
+            "request": { "argument": "/dev/loop3", "operation": "release" },
+            "device": "loop3",
+            "identity_parts": &planned.identity,
+            "devices": [{ "name": "loop3", "devnum": planned.devnum }],
+            "steps": planned.steps.iter().map(|s| serde_json::json!({ "step": s, "identity_parts": &s.identity })).collect::<Vec<_>>(),
+        });
+        let id = j.plan(&body).expect("plan");
+        let first = j.begin_at(&planned.steps[0], Some(0)).expect("intent");
+        j.finish(&first, "done", "").expect("result");
+        drop(j);
+        let text = std::fs::read_to_string(&path).expect("read");
+        // Another process wrote it (this test's pid would be this run's own).
+        std::fs::write(&path, text.replace(&format!("-{}-", std::process::id()), "-1-")).expect("write");
+        let id = id.replace(&format!("-{}-", std::process::id()), "-1-");
+        let t2 = Test { seq: Cell::new(1), held: false, ..Test::default() };
+        let engine = Engine::new(&t2, Settings { grace: Duration::ZERO, ..Settings::default() });
+        let out = engine.carry_out(&req(true, None)).expect("resumed");
+        assert_eq!(out.resumed.len(), 1, "{out:?}");
+        assert_eq!(out.resumed[0].plan_id, id);
+        assert_eq!(out.resumed[0].already_done, 1);
+        assert_eq!(out.resumed[0].reports.len(), 1, "only the owed step ran again");
+        assert_eq!(t2.actuator.calls.borrow().len(), 1, "{:?}", t2.actuator.calls.borrow());
+        assert!(crate::journal::open_plans(&path).expect("plans").is_empty(), "closed");
+        assert!(crate::journal::pending(&path).expect("pending").is_empty());
+        assert!(
+            out.resumed[0].describe().contains("1 of 2 step(s) had finished"),
+            "{}",
+            out.resumed[0].describe()
+        );
     }
 }

@@ -14,10 +14,15 @@
 //!   device found disconnected, is the step's own effect and counts as `in_place`.
 //! - `in_place`: the same device, with the step's effect visible (queueing off after
 //!   `fail_if_no_path`, a disk offline, the mount gone, a loop device unbound).
-//! - `replan`: the same device, the effect not in place. Nothing is run from the old plan: the
-//!   device is planned again from a fresh scan, through every gate and the re-check before each
-//!   step, so the step runs again only if that plan still calls for it, against this same
-//!   device, as an idempotent re-run.
+//! - `replan`: the same device, the effect not in place. The step is not finished: when its plan
+//!   was journaled ([`crate::journal::Journal::plan`]) and the request resumes it
+//!   ([`super::workflow`]), it runs again from that plan, re-checked right before (identity,
+//!   holders, the kernel's word), against this same device, as an idempotent re-run; otherwise the
+//!   device is planned again from a fresh scan, through every gate.
+//!
+//! Closing intents is the first half of recovery; the second, finishing the unfinished plans, is
+//! [`super::workflow`]'s (a plan whose interrupted step found `identity_changed` is closed, never
+//! resumed).
 //!
 //! An intent whose writer is still alive (a concurrent `--apply` run) is in flight, not
 //! interrupted, and is left open; so is one whose device cannot be re-checked (a failed scan):

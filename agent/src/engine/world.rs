@@ -59,6 +59,16 @@ pub trait World {
     fn iscsi_session(&self, sid: u32) -> Result<Option<(String, Option<String>)>, String> {
         Err(format!("this world cannot read iSCSI session{sid}"))
     }
+    /// The device an operator's argument names now (`/dev/loop3`, `loop3`, a dm name,
+    /// `MAJ:MIN`); `NotFound` when none.
+    fn resolve(&self, arg: &str) -> Result<DevNum, EngineError> {
+        Err(EngineError::NotFound(format!("unknown device '{arg}'")))
+    }
+    /// Whether this agent has the privileges to see every process and mount namespace (why
+    /// not, in one line with what to do): without them, "nothing holds it" is no evidence.
+    fn sight(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// `PROC_PID_INIT_INO`: the inode of the initial PID namespace, fixed by the kernel.
@@ -164,6 +174,43 @@ impl World for LinuxWorld {
 
     fn kernel_word(&self, device: &DeviceName, devnum: DevNum) -> KernelWord {
         probe::kernel_word(&self.host, device, devnum, self.timeout)
+    }
+
+    fn resolve(&self, arg: &str) -> Result<DevNum, EngineError> {
+        let devices = blockdev::scan(&self.host)?;
+        crate::resolve::device(&self.host, &devices, arg)
+            .map(|d| d.devnum)
+            .map_err(|e| EngineError::NotFound(e.to_string()))
+    }
+
+    fn sight(&self) -> Result<(), String> {
+        let euid = nix::unistd::geteuid();
+        if self.host.is_live() && !euid.is_root() {
+            return Err(format!(
+                "this run is not root (uid {euid}), so it cannot see other processes' mount namespaces, open files, working directories and memory maps: it cannot tell whether anything holds the device; run it as root on the host (in a pod: privileged, hostPID: true)"
+            ));
+        }
+        // Root without the capabilities that open other processes' namespaces and fd tables.
+        let status = std::fs::read_to_string(self.host.proc().join("self/status")).unwrap_or_default();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+        if let (true, Some(eff)) = (self.host.is_live(), eff) {
+            let missing: Vec<&str> =
+                [(2, "CAP_DAC_READ_SEARCH"), (19, "CAP_SYS_PTRACE"), (21, "CAP_SYS_ADMIN")]
+                    .iter()
+                    .filter(|(bit, _)| eff & (1 << bit) == 0)
+                    .map(|(_, name)| *name)
+                    .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "this run lacks {}, so it cannot see every process's mount namespace, open files and memory maps: it cannot tell whether anything holds the device; run it as root with every capability (in a pod: privileged, hostPID: true)",
+                    missing.join(", ")
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn cluster(&self) -> Option<ClusterView> {

@@ -3,7 +3,7 @@
 //! own in `stack.rs`, `nvme.rs`, `plan_iscsi.rs`, and [`super`]'s), the gates and `act/`, so that
 //! each imports these types without importing the planners.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::discover::namespaces::NsEntry;
 use crate::graph::{DeviceEntry, Holder};
@@ -11,7 +11,7 @@ use crate::identity::Identity;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
 
 /// What a step does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// `umount2(MNT_DETACH)` of one mount, inside its own namespace. `mount_dev` is the mount's

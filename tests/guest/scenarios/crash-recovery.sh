@@ -9,6 +9,11 @@
 #   phase changed  after record CHANGED_AT (the intent of the first path's delete); then that disk
 #                  is deleted and found again by a host rescan (same name, number, wwid; a new
 #                  diskseq) before the restart: the interrupted step must not be repeated.
+#   phase cli-P    issue 17: the same teardown by the ONE-SHOT `clean mpathb --apply`, killed at
+#                  every journal record in turn (P = plan-before-1, plan-1, before-K, K,
+#                  plan-before-2, plan-2: before and after the plan record, each step record and
+#                  the plan's end), then the SAME command run once more: it must finish the plan
+#                  (resumed before its argument is resolved, the map being gone) or say it is gone.
 # Each phase has its own map (scsi_debug reloaded: sda and sdb again) and its own journal.
 # Sections per phase (read by tests/tests/guest.rs): setup-P (name dev diskseq of each device
 # before the daemon), crash-P (exit code of the killed daemon, its fault line), journal-P (the
@@ -115,5 +120,41 @@ LINGER=3 restart changed /tmp/journal-changed.jsonl sdb
 [ -e /sys/block/sda ] || fail "phase changed: the new sda was deleted"
 rmmod scsi_debug || fail "rmmod scsi_debug after phase changed"
 echo "phase changed: $(($(date +%s) - t)) s"
+
+# cli_phase LABEL VARIABLE K: the one-shot teardown killed at VARIABLE=K, then run again.
+cli_phase() {
+  t=$(date +%s)
+  setup cli-$1
+  jf=/tmp/journal-cli-$1.jsonl; st=/tmp/state-cli-$1.json
+  CLEAN="--journal $jf --state $st --grace-period 0 clean mpathb --apply"
+  set +e
+  (export "$2=$3"; exec timeout 90 $A $CLEAN) >/tmp/crash-cli-$1.log 2>&1
+  rc=$?
+  timeout 90 $A $CLEAN >/tmp/again-cli-$1.log 2>&1
+  rc2=$?
+  set -e
+  echo "BEGIN crash-cli-$1"; echo "rc=$rc"; grep -a "fault injection: SIGKILL" /tmp/crash-cli-$1.log || true; echo "END crash-cli-$1"
+  echo "BEGIN again-cli-$1"; echo "rc=$rc2"; grep -a "resumed\|is gone\|carrying out\|refused\|error" /tmp/again-cli-$1.log; echo "END again-cli-$1"
+  echo "BEGIN journal-cli-$1"; cat "$jf"; echo "END journal-cli-$1"
+  echo "BEGIN after-cli-$1"; ls /sys/block | grep -E '^(sd|dm-)' || true; dmsetup ls; echo "END after-cli-$1"
+  [ $rc = 137 ] || { tail -n 30 /tmp/crash-cli-$1.log; fail "phase cli-$1: the one-shot run was not killed by SIGKILL (rc $rc)"; }
+  [ $rc2 = 0 ] || { cat /tmp/again-cli-$1.log; fail "phase cli-$1: the same command run again did not converge (rc $rc2)"; }
+  gone "$MAP" sda sdb || { cat /tmp/again-cli-$1.log; fail "phase cli-$1: the map or a path is left"; }
+  $A --journal "$jf" journal | grep -q "^no unfinished steps" || { $A --journal "$jf" journal; fail "phase cli-$1: something is left open in the journal"; }
+  rmmod scsi_debug || fail "rmmod scsi_debug after phase cli-$1"
+  echo "phase cli-$1: $(($(date +%s) - t)) s"
+}
+if [ -z "${SKIP_CLI:-}" ]; then
+  cli_phase plan-before-1 BLOCKJANITOR_FAULT_SIGKILL_BEFORE_PLAN_RECORD 1
+  cli_phase plan-1 BLOCKJANITOR_FAULT_SIGKILL_AFTER_PLAN_RECORD 1
+  k=1
+  while [ $k -le $RECORDS ]; do
+    cli_phase before-$k BLOCKJANITOR_FAULT_SIGKILL_BEFORE_STEP_RECORD $k
+    cli_phase $k BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD $k
+    k=$((k + 1))
+  done
+  cli_phase plan-before-2 BLOCKJANITOR_FAULT_SIGKILL_BEFORE_PLAN_RECORD 2
+  cli_phase plan-2 BLOCKJANITOR_FAULT_SIGKILL_AFTER_PLAN_RECORD 2
+fi
 echo "all phases: $(($(date +%s) - T0)) s"
 echo OK

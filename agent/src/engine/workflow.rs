@@ -1,0 +1,645 @@
+//! The one request workflow: every way in (the one-shot CLI's `release`/`clean`, the daemon's
+//! modes, the gRPC Apply and the console's forwarded Apply, the property test) carries a
+//! request out through [`Engine::carry_out`], and nothing else strings plan and execute together.
+//!
+//! For a request that acts (`apply`), in this order:
+//!
+//! 1. **sight and may-act**: an agent that may not act on the host, or that lacks the privileges
+//!    to see other processes and namespaces ([`World::sight`]), refuses before anything else, in
+//!    one line saying what it cannot see and what to do;
+//! 2. **one writer**: the journal's lock ([`journal::lock`]) is taken for the whole request (a
+//!    second writer waits a bounded time, then is refused naming the holder's pid);
+//! 3. **recovery**: the intents a run that died left open are closed ([`Engine::recover`]); an
+//!    unfinished journaled plan that the request names (its argument, a device of it) is
+//!    resumed: its remaining steps run through the usual re-check before each (identity: an
+//!    impostor reusing a name is refused), or are found already gone. This happens before the
+//!    argument is resolved, so an argument naming a device the plan already removed resumes it;
+//! 4. **a fresh plan**: the argument is resolved, the device scanned, judged and planned through
+//!    every gate; bound to the identity the caller was shown when one is given;
+//! 5. **the caller's may-act** on the plan (the daemon's per-minute budget);
+//! 6. **the plan journaled whole** (argument, operation, devices with their identities, every
+//!    step), then executed (each step journaled before and after and re-checked), then closed;
+//! 7. **the after-state**: a fresh scan of the device.
+//!
+//! A dry run (no `apply`) goes through the same resolution, fresh plan and identity binding and
+//! stops before the lock and the journal. [`Outcome::class`] says what a script needs to know:
+//! free or done, held, unknown (could not see), refused, error.
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::recover::Recovery;
+use super::{Engine, EngineError, Judged, Operation, World};
+use crate::act::{ActError, StepOutcome, StepReport};
+use crate::grace::Clocks;
+use crate::identity::Identity;
+use crate::journal::{self, Journal, OpenPlan};
+use crate::model::DevNum;
+use crate::plan::{Action, Plan, Step};
+use crate::policy::Verdict;
+use crate::scan::{Scan, Target};
+
+/// Default bound on waiting for another writer of the journal.
+pub const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The device a request is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A device already resolved (the daemon's view).
+    Device(DevNum),
+    /// What the operator typed (`/dev/loop3`, `loop3`, `mpatha`, `7:3`): resolved only after
+    /// recovery, so that a device an unfinished plan already removed still resumes that plan.
+    Argument(String),
+}
+
+/// One request: an operation on one device, maybe carried out.
+pub struct Request<'a> {
+    pub op: Operation,
+    pub subject: Subject,
+    /// What the caller named, in its words, for the journal and the reports.
+    pub argument: String,
+    /// The identity token the caller was shown (a Plan's answer): the device must still be it.
+    pub expected_identity: Option<String>,
+    /// Carry the plan out; false is a dry run through the same workflow.
+    pub apply: bool,
+    /// Who asks, for the journal and the audit log (`cli`, `daemon mode clean`, `Apply by X`).
+    pub by: String,
+    /// The journal (its lock file lives beside it).
+    pub journal: &'a Path,
+    /// How long to wait for another writer of the journal before refusing.
+    pub lock_wait: Duration,
+    /// The grace clocks (locked only while judging, never while steps run).
+    pub clocks: &'a Mutex<Clocks>,
+    /// The caller's own may-act on the plan (the daemon's step budget): why not.
+    pub admit: Option<Admit<'a>>,
+}
+
+/// A caller's own may-act on a plan, called right before the plan is journaled: why not.
+pub type Admit<'a> = &'a dyn Fn(&Plan) -> Result<(), String>;
+
+/// What a request came to, in the words a script needs (see the README's "Exit codes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Nothing to do, a dry run that may go, or every step done: the device is free.
+    Done,
+    /// Something still holds the device: left alone.
+    Held,
+    /// The agent could not see everything that could hold it: no confident answer.
+    Unknown,
+    /// A gate other than a holder said no (protected, the API cannot vouch, not stale yet, the
+    /// identity changed, not privileged, another run holds the journal, a step re-check).
+    Refused,
+    /// Something failed (a step, a read).
+    Error,
+}
+
+impl Class {
+    /// The one-shot CLI's exit code for this class.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Class::Done => 0,
+            Class::Error => 1,
+            Class::Held => 2,
+            Class::Unknown => 3,
+            Class::Refused => 4,
+        }
+    }
+
+    /// The worse of two classes (error > refused > unknown > held > done).
+    pub fn worst(self, other: Class) -> Class {
+        let rank = |c: Class| match c {
+            Class::Done => 0,
+            Class::Held => 1,
+            Class::Unknown => 2,
+            Class::Refused => 3,
+            Class::Error => 4,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
+/// An unfinished journaled plan this request finished (or found gone).
+#[derive(Debug)]
+pub struct Resumed {
+    pub plan_id: String,
+    /// The plan's operation and the argument it was asked with.
+    pub operation: String,
+    pub argument: String,
+    pub device: String,
+    /// The steps that had finished before the crash.
+    pub already_done: usize,
+    /// The remaining steps, each re-checked and run (or found already absent).
+    pub reports: Vec<StepReport>,
+    /// Why the plan was not resumed (a step of it ran against a device that is another one now).
+    pub refused: Option<String>,
+}
+
+impl Resumed {
+    /// One line for humans.
+    pub fn describe(&self) -> String {
+        if let Some(why) = &self.refused {
+            return format!(
+                "the unfinished {} of {} ('{}', journal plan {}) is not resumed: {why}",
+                self.operation, self.device, self.argument, self.plan_id
+            );
+        }
+        let total = self.already_done + self.reports.len();
+        let words: Vec<String> = self
+            .reports
+            .iter()
+            .map(|r| {
+                let (w, d) = r.word();
+                if d.is_empty() {
+                    format!("{}: {w}", r.step.describe())
+                } else {
+                    format!("{}: {w}: {d}", r.step.describe())
+                }
+            })
+            .collect();
+        format!(
+            "resumed the unfinished {} of {} ('{}', journal plan {}): {} of {} step(s) had finished before the interruption{}{}",
+            self.operation,
+            self.device,
+            self.argument,
+            self.plan_id,
+            self.already_done,
+            total,
+            if words.is_empty() { "; nothing was left" } else { "; the rest: " },
+            words.join("; ")
+        )
+    }
+}
+
+/// What [`Engine::carry_out`] did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// The interrupted steps recovery closed (and those it left open).
+    pub recovery: Recovery,
+    /// The unfinished plans this request resumed.
+    pub resumed: Vec<Resumed>,
+    /// Unfinished plans left for their own command, in words.
+    pub unfinished: Vec<String>,
+    /// The judged fresh scan behind the plan.
+    pub judged: Option<Judged>,
+    /// The fresh plan (none when the device is gone and a resumed plan accounted for it).
+    pub plan: Option<Plan>,
+    /// Why the workflow refused before any step (sight, may-act, identity, the caller's
+    /// may-act, the journal's lock), with its class.
+    pub refusal: Option<(Class, String)>,
+    /// The fresh plan's steps as run.
+    pub reports: Vec<StepReport>,
+    /// Whether the fresh plan was carried out.
+    pub applied: bool,
+    /// A fresh scan of the device after the steps (none: gone).
+    pub after: Option<Scan>,
+    /// The device named is gone and the journal says which finished plan of it removed it.
+    pub gone: Option<String>,
+}
+
+impl Outcome {
+    /// Why the view behind this answer is incomplete: the blind spots of the plan's scan that
+    /// could hide a holder of its device (`None`: it saw everything it needed).
+    pub fn incomplete(&self) -> Option<String> {
+        let j = self.judged.as_ref()?;
+        let plan = self.plan.as_ref()?;
+        let entry = j.scan.entry(plan.devnum)?;
+        incomplete_view(&j.scan, Some(entry))
+    }
+
+    /// What this outcome means to a script.
+    pub fn class(&self) -> Class {
+        if let Some((c, _)) = &self.refusal {
+            return *c;
+        }
+        let mut class = Class::Done;
+        if self.gone.is_some() {
+            return class;
+        }
+        for r in &self.resumed {
+            class = class.worst(reports_class(&r.reports));
+            if r.refused.is_some() {
+                class = class.worst(Class::Refused);
+            }
+        }
+        let Some(plan) = &self.plan else { return class };
+        let entry = self.judged.as_ref().and_then(|j| j.scan.entry(plan.devnum));
+        let blind = self.incomplete().is_some();
+        if plan.refusal.is_some() {
+            let verdict = self.judged.as_ref().and_then(|j| j.verdict(plan.devnum)).map(|v| v.verdict);
+            let c = if plan.unsupported {
+                Class::Error
+            } else if blind || verdict == Some(Verdict::Unknown) {
+                Class::Unknown
+            } else if verdict == Some(Verdict::InUse) || entry.is_some_and(|e| !e.holders.is_empty()) {
+                Class::Held
+            } else {
+                Class::Refused
+            };
+            return class.worst(c);
+        }
+        if !self.applied {
+            return class.worst(if blind { Class::Unknown } else { Class::Done });
+        }
+        let still_held =
+            self.after.as_ref().and_then(|s| s.entry(plan.devnum)).is_some_and(|e| !e.holders.is_empty());
+        let deferred = self.reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
+        let c = reports_class(&self.reports);
+        class.worst(if c == Class::Done && (still_held || deferred) { Class::Held } else { c })
+    }
+}
+
+/// The class of a run of steps: a failed step is an error, a step a re-check refused (or not
+/// run for it) is refused.
+fn reports_class(reports: &[StepReport]) -> Class {
+    reports.iter().fold(Class::Done, |c, r| {
+        c.worst(match &r.result {
+            Ok(_) => Class::Done,
+            Err(ActError::Precondition { .. } | ActError::Skipped { .. }) => Class::Refused,
+            Err(_) => Class::Error,
+        })
+    })
+}
+
+/// The first line of a report on `scan` that cannot see everything (for `entry`'s device, or
+/// the whole host when `None`); `None` when nothing is hidden from it.
+pub fn incomplete_view(scan: &Scan, entry: Option<&crate::graph::DeviceEntry>) -> Option<String> {
+    let spots: Vec<&crate::blindspot::BlindSpot> = match entry {
+        Some(e) => crate::blindspot::reaching(&scan.blind_spots, &e.device),
+        None => scan.blind_spots.iter().collect(),
+    };
+    let first = spots.first()?;
+    Some(format!(
+        "INCOMPLETE VIEW: {} thing(s) could not be read (first: {}), so a holder could be hidden and no answer here is confident; run as root on the host (in a pod: privileged, hostPID: true)",
+        spots.len(),
+        first.what
+    ))
+}
+
+impl<W: World> Engine<W> {
+    /// Carries `req` out (see the module docs): the only caller of [`Engine::plan_fresh`] and
+    /// [`Engine::execute`] outside the engine. `Err` only when the host or the journal cannot
+    /// be read at all, or the device named does not exist and no unfinished plan owes it.
+    pub fn carry_out(&self, req: &Request<'_>) -> Result<Outcome, EngineError> {
+        let mut out = Outcome::default();
+        let mut lock_and_journal = None;
+        if req.apply {
+            // 1. Sight and may-act: one line, before the journal is touched.
+            if let Err(why) = self.world.can_act().and_then(|()| self.world.sight()) {
+                out.refusal = Some((Class::Refused, format!("--apply refused: {why}")));
+                return Ok(out);
+            }
+            // 2. One writer.
+            let lock = match journal::lock(req.journal, req.lock_wait) {
+                Ok(l) => l,
+                Err(e) if journal::is_busy(&e) => {
+                    out.refusal = Some((Class::Refused, format!("--apply refused: {e}")));
+                    return Ok(out);
+                }
+                Err(source) => return Err(EngineError::Journal { path: req.journal.to_owned(), source }),
+            };
+            let mut j = Journal::open(req.journal)
+                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+            // 3. Recovery, then the unfinished plans this request owes.
+            out.recovery = self
+                .recover(&mut j)
+                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+            let open = journal::open_plans(req.journal)
+                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+            let subject = match &req.subject {
+                Subject::Device(d) => Some(*d),
+                Subject::Argument(_) => None,
+            };
+            for p in open {
+                if owed_by(&p, &req.argument, subject) {
+                    out.resumed.push(self.resume(&p, &mut j)?);
+                } else {
+                    out.unfinished.push(unfinished_words(&p));
+                }
+            }
+            // A resumed step refused because its device is now another one (an impostor reusing
+            // the name): the argument is not planned afresh against that other device in the same
+            // run; the operator sees why and decides.
+            let impostor = out.resumed.iter().find_map(|r| r.refused.clone()).or_else(|| {
+                out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
+                    Err(ActError::Precondition { reason, .. }) if reason.contains("identity") => {
+                        Some(format!("{}: {reason}", r.step.device))
+                    }
+                    _ => None,
+                })
+            });
+            if let Some(why) = impostor {
+                out.refusal = Some((
+                    Class::Refused,
+                    format!(
+                        "the interrupted plan '{}' owed is not finished: {why}; the device now under that name is not planned in this run: run the command again to plan it on its own",
+                        req.argument
+                    ),
+                ));
+                return Ok(out);
+            }
+            lock_and_journal = Some((lock, j));
+        }
+        // 4. A fresh plan.
+        let devnum = match &req.subject {
+            Subject::Device(d) => *d,
+            Subject::Argument(a) => match self.world.resolve(a) {
+                Ok(d) => d,
+                Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
+                Err(EngineError::NotFound(why)) => {
+                    // Gone: said so when a finished plan of the journal removed it (a run killed
+                    // after its last record, run again), else unknown.
+                    let finished =
+                        journal::last_closed_plan(req.journal, |p| owed_by_record(p, a, None)).ok().flatten();
+                    let Some((plan, end)) = finished else { return Err(EngineError::NotFound(why)) };
+                    let text =
+                        |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+                    out.gone = Some(format!(
+                        "{a} is gone: the {} of {} (journal plan {}) ended {}: {}",
+                        plan.pointer("/request/operation").and_then(Value::as_str).unwrap_or("?"),
+                        text(&plan, "device"),
+                        text(&plan, "id"),
+                        text(&end, "result"),
+                        text(&end, "detail")
+                    ));
+                    return Ok(out);
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let judged = {
+            let scan = match self.scan(Target::Device(devnum)) {
+                Ok(s) => s,
+                Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
+                Err(e) => return Err(e),
+            };
+            let mut clocks = req.clocks.lock().unwrap_or_else(|p| p.into_inner());
+            self.judge(scan, &mut clocks)
+        };
+        let plan = self.plan(&judged, devnum, req.op)?;
+        if let Some(token) = &req.expected_identity {
+            if let Err(e) = self.expect_identity(&judged, devnum, token) {
+                out.refusal = Some((Class::Refused, e.to_string()));
+            }
+        }
+        out.judged = Some(judged);
+        let runnable = plan.refusal.is_none() && !plan.steps.is_empty();
+        out.plan = Some(plan);
+        let Some((_lock, mut j)) = lock_and_journal else { return Ok(out) };
+        if out.refusal.is_some() || !runnable {
+            return Ok(out);
+        }
+        let plan = out.plan.as_ref().expect("set above");
+        // 5. The caller's may-act.
+        if let Some(admit) = req.admit {
+            if let Err(why) = admit(plan) {
+                out.refusal = Some((Class::Refused, why));
+                return Ok(out);
+            }
+        }
+        // 6. The plan journaled whole, executed, closed.
+        let body = plan_record(plan, out.judged.as_ref().map(|j| &j.scan), req);
+        let plan_id =
+            j.plan(&body).map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+        tracing::info!(target: "audit", phase = "plan", operation = plan.operation, device = %plan.device, argument = %req.argument, by = %req.by, steps = plan.steps.len(), journal_id = %plan_id);
+        let reports = self.execute(plan, &mut j)?;
+        let (word, detail) = plan_end_words(&reports);
+        if let Err(e) = j.plan_end(&plan_id, word, &detail) {
+            tracing::error!(journal_id = %plan_id, "cannot close the plan in the journal: {e}");
+        }
+        out.reports = reports;
+        out.applied = true;
+        // 7. The after-state.
+        out.after = match self.scan(Target::Device(devnum)) {
+            Ok(s) => Some(s),
+            Err(EngineError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        Ok(out)
+    }
+
+    /// At daemon start (and for `journal --resume`): takes the lock, closes the interrupted
+    /// intents and, when `resume`, finishes every unfinished plan through the usual re-checks;
+    /// otherwise lists them.
+    pub fn recover_all(
+        &self,
+        path: &Path,
+        lock_wait: Duration,
+        resume: bool,
+    ) -> Result<Outcome, EngineError> {
+        let mut out = Outcome::default();
+        let jerr = |source| EngineError::Journal { path: path.to_owned(), source };
+        if journal::pending(path).map_err(jerr)?.is_empty()
+            && journal::open_plans(path).map_err(jerr)?.is_empty()
+        {
+            return Ok(out);
+        }
+        let _lock = match journal::lock(path, lock_wait) {
+            Ok(l) => l,
+            Err(e) if journal::is_busy(&e) => {
+                out.refusal = Some((Class::Refused, e.to_string()));
+                return Ok(out);
+            }
+            Err(e) => return Err(jerr(e)),
+        };
+        let mut j = Journal::open(path).map_err(jerr)?;
+        out.recovery = self.recover(&mut j).map_err(jerr)?;
+        let may_act = self.world.can_act().is_ok();
+        for p in journal::open_plans(path).map_err(jerr)? {
+            if resume && may_act {
+                out.resumed.push(self.resume(&p, &mut j)?);
+            } else {
+                out.unfinished.push(unfinished_words(&p));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Finishes an unfinished journaled plan: its remaining steps, each re-checked right before it
+    /// runs (identity, holders, the kernel's word) or found already absent; then closes it.
+    fn resume(&self, p: &OpenPlan, j: &mut Journal) -> Result<Resumed, EngineError> {
+        let path = j.path().to_owned();
+        let jerr = |source| EngineError::Journal { path: path.clone(), source };
+        let r = &p.record;
+        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
+        let request = r.get("request").cloned().unwrap_or(Value::Null);
+        let mut resumed = Resumed {
+            plan_id: p.id.clone(),
+            operation: text(&request, "operation"),
+            argument: text(&request, "argument"),
+            device: text(r, "device"),
+            already_done: p.finished.len(),
+            reports: Vec::new(),
+            refused: None,
+        };
+        let plan = match journaled_plan(r) {
+            Ok(plan) => plan,
+            Err(why) => {
+                let detail = format!("the journaled plan cannot be read back ({why}): not resumed");
+                tracing::error!(journal_id = %p.id, "{detail}");
+                j.plan_end(&p.id, "unreadable", &detail).map_err(jerr)?;
+                return Ok(resumed);
+            }
+        };
+        if let Some(&k) = p.changed.iter().next() {
+            // The interrupted step's device is another one now: nothing of this plan runs again
+            // (its other steps depend on that one); the devices are judged afresh on their own.
+            let step = plan.steps.get(k).map_or_else(|| format!("step {}", k + 1), Step::describe);
+            let why = format!(
+                "'{step}' was interrupted and its device is another one now (identity changed): the plan is closed, and what is left is judged afresh"
+            );
+            j.plan_end(&p.id, "incomplete", &why).map_err(jerr)?;
+            resumed.refused = Some(why);
+            return Ok(resumed);
+        }
+        let remaining: Vec<usize> = (0..plan.steps.len()).filter(|i| !p.finished.contains(i)).collect();
+        j.resume_plan(&p.id);
+        tracing::warn!(target: "audit", phase = "resume", operation = plan.operation, device = %plan.device, journal_id = %p.id, remaining = remaining.len(), "resuming an unfinished plan");
+        let reports = self.execute_indexed(&plan, j, Some(&remaining))?;
+        let (word, detail) = plan_end_words(&reports);
+        j.plan_end(&p.id, if word == "finished" { "resumed" } else { word }, &detail).map_err(jerr)?;
+        resumed.reports = reports;
+        Ok(resumed)
+    }
+}
+
+/// Whether the request names the unfinished plan `p`: its argument, or a device of it (name,
+/// `/dev/` path, dm name, number).
+fn owed_by(p: &OpenPlan, argument: &str, devnum: Option<DevNum>) -> bool {
+    owed_by_record(&p.record, argument, devnum)
+}
+
+fn owed_by_record(r: &Value, argument: &str, devnum: Option<DevNum>) -> bool {
+    let arg = argument.trim();
+    let journaled = r.pointer("/request/argument").and_then(Value::as_str).unwrap_or_default();
+    if !arg.is_empty() && arg == journaled {
+        return true;
+    }
+    let bare = arg.trim_start_matches("/dev/mapper/").trim_start_matches("/dev/");
+    let devices = r.get("devices").and_then(Value::as_array).cloned().unwrap_or_default();
+    devices.iter().any(|d| {
+        let name = d.get("name").and_then(Value::as_str).unwrap_or_default();
+        let dm = d.get("dm_name").and_then(Value::as_str).unwrap_or_default();
+        let num: Option<DevNum> = d.get("devnum").cloned().and_then(|v| serde_json::from_value(v).ok());
+        (!bare.is_empty() && (bare == name || bare == dm || num.is_some_and(|n| n.to_string() == bare)))
+            || (devnum.is_some() && num == devnum)
+    })
+}
+
+fn unfinished_words(p: &OpenPlan) -> String {
+    let r = &p.record;
+    let op = r.pointer("/request/operation").and_then(Value::as_str).unwrap_or("?");
+    let arg = r.pointer("/request/argument").and_then(Value::as_str).unwrap_or("?");
+    let device = r.get("device").and_then(Value::as_str).unwrap_or("?");
+    format!(
+        "journal plan {} ({op} of {device}, asked as '{arg}', by process {}) is unfinished: run `{op} {arg} --apply` again to finish it",
+        p.id,
+        p.writer_pid.map_or("?".to_owned(), |p| p.to_string())
+    )
+}
+
+/// The plan record's body: what a re-run needs to finish the plan.
+fn plan_record(plan: &Plan, scan: Option<&Scan>, req: &Request<'_>) -> Value {
+    let mut devices: Vec<Value> = Vec::new();
+    let mut seen: Vec<DevNum> = Vec::new();
+    for (devnum, name, identity) in std::iter::once((plan.devnum, &plan.device, &plan.identity))
+        .chain(plan.steps.iter().map(|s| (s.devnum, &s.device, &s.identity)))
+    {
+        if seen.contains(&devnum) {
+            continue;
+        }
+        seen.push(devnum);
+        let e = scan.and_then(|s| s.entry(devnum));
+        devices.push(json!({
+            "name": name.as_str(),
+            "devnum": devnum,
+            "identity": identity.token(),
+            "dm_name": e.and_then(|e| e.device.dm.as_ref()).map(|d| d.name.clone()),
+            "uuid": e.and_then(|e| e.device.dm.as_ref()).map(|d| d.uuid.clone()),
+            "wwid": e.and_then(|e| e.scsi.as_ref()).and_then(|s| s.disk.wwid.clone()),
+        }));
+    }
+    let steps: Vec<Value> =
+        plan.steps.iter().map(|s| json!({ "step": s, "identity_parts": &s.identity })).collect();
+    json!({
+        "request": { "argument": req.argument, "operation": plan.operation, "by": req.by },
+        "device": plan.device.as_str(),
+        "devnum": plan.devnum,
+        "identity": plan.identity.token(),
+        "identity_parts": &plan.identity,
+        "devices": devices,
+        "steps": steps,
+        "expected_openers": plan.expected_openers,
+    })
+}
+
+/// Reads a plan record back into a plan (its steps with their identities).
+pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
+    // A plan's operation word, as its planner names it.
+    const OPERATIONS: [&str; 6] = ["clean", "release", "teardown", "delete", "unmap", "disconnect"];
+    let word = r.pointer("/request/operation").and_then(Value::as_str);
+    let Some(operation) = OPERATIONS.iter().copied().find(|o| Some(*o) == word) else {
+        return Err(format!("unknown operation {word:?}"));
+    };
+    let identity: Identity = serde_json::from_value(r.get("identity_parts").cloned().unwrap_or(Value::Null))
+        .map_err(|e| format!("identity_parts: {e}"))?;
+    let mut steps = Vec::new();
+    for (i, s) in r.get("steps").and_then(Value::as_array).cloned().unwrap_or_default().iter().enumerate() {
+        let step = s.get("step").ok_or_else(|| format!("step {i}: missing"))?;
+        let identity: Identity =
+            serde_json::from_value(s.get("identity_parts").cloned().unwrap_or(Value::Null))
+                .map_err(|e| format!("step {i}: identity_parts: {e}"))?;
+        let action: Action = serde_json::from_value(step.clone()).map_err(|e| format!("step {i}: {e}"))?;
+        steps.push(Step { device: identity.name.clone(), devnum: identity.devnum, identity, action });
+    }
+    let expected_openers: Vec<u32> =
+        serde_json::from_value(r.get("expected_openers").cloned().unwrap_or(json!([]))).unwrap_or_default();
+    Ok(Plan {
+        operation,
+        device: identity.name.clone(),
+        devnum: identity.devnum,
+        identity,
+        steps,
+        left_alone: Vec::new(),
+        refusal: None,
+        unsupported: false,
+        notes: Vec::new(),
+        expected_openers,
+        // A resumed release is re-checked without an override: users refuse it again.
+        force_busy: None,
+    })
+}
+
+/// How a plan's run ends in the journal: `finished` when every step finished, else
+/// `incomplete` naming the steps that did not.
+fn plan_end_words(reports: &[StepReport]) -> (&'static str, String) {
+    let not: Vec<String> = reports
+        .iter()
+        .filter(|r| {
+            !r.result.as_ref().is_ok_and(|o| o.is_finished() || matches!(o, StepOutcome::Deferred(_)))
+        })
+        .map(|r| {
+            let (w, d) = r.word();
+            format!("{}: {w} {d}", r.step.describe())
+        })
+        .collect();
+    if not.is_empty() {
+        ("finished", format!("{} step(s) finished", reports.len()))
+    } else {
+        (
+            "incomplete",
+            format!(
+                "{} of {} step(s) did not finish (not repeated by a re-run: plan the device again): {}",
+                not.len(),
+                reports.len(),
+                not.join("; ")
+            ),
+        )
+    }
+}
