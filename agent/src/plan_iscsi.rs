@@ -17,7 +17,7 @@ use crate::model::DeviceName;
 use crate::plan::step::{Action, Step};
 
 /// The iSCSI session a disk goes through (`session<SID>`).
-fn session_of(e: &DeviceEntry) -> Option<&str> {
+pub(crate) fn session_of(e: &DeviceEntry) -> Option<&str> {
     match e.scsi.as_ref().map(|s| &s.disk.transport) {
         Some(Transport::Iscsi { session }) => Some(session),
         _ => None,

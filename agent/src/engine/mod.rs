@@ -187,9 +187,42 @@ impl<W: World> Engine<W> {
         op: Operation,
         clocks: &mut Clocks,
     ) -> Result<(Judged, Plan), EngineError> {
-        let judged = self.judge(self.scan(Target::Device(devnum))?, clocks);
-        let plan = self.plan(&judged, devnum, op)?;
+        let mut judged = self.judge(self.scan(Target::Device(devnum))?, clocks);
+        let mut plan = self.plan(&judged, devnum, op)?;
+        // What the steps remove besides the device (an NVMe controller's other namespaces, an
+        // iSCSI session's disks) must be scanned too: widen the scan to the plan's scope and
+        // plan again, until it covers all of it (what stays uncovered is refused by `plan`).
+        for _ in 0..MAX_WIDENINGS {
+            let want = self.draft_scope(&judged.scan, devnum, op);
+            if want.iter().all(|d| judged.scan.covers(*d)) {
+                break;
+            }
+            let mut target = vec![devnum];
+            target.extend(judged.scan.scope.iter().flatten().copied());
+            target.extend(want);
+            dedup_keep_first(&mut target);
+            tracing::debug!(device = %devnum, devices = target.len(), "widening the scan to what the plan removes");
+            judged = self.judge(self.scan(Target::Devices(target))?, clocks);
+            plan = self.plan(&judged, devnum, op)?;
+        }
         Ok((judged, plan))
+    }
+
+    /// A fresh scan of `devnum` that covers everything `step` removes ([`crate::scan::removed_by`]).
+    fn scan_for_step(&self, step: &Step) -> Result<Scan, EngineError> {
+        let mut fresh = self.world.scan(Target::Device(step.devnum))?;
+        for _ in 0..MAX_WIDENINGS {
+            let want = crate::scan::removed_by(step, &fresh.graph);
+            if want.iter().all(|d| fresh.covers(*d)) {
+                break;
+            }
+            let mut target = vec![step.devnum];
+            target.extend(fresh.scope.iter().flatten().copied());
+            target.extend(want);
+            dedup_keep_first(&mut target);
+            fresh = self.world.scan(Target::Devices(target))?;
+        }
+        Ok(fresh)
     }
 
     /// The plan for `op` on one device of `judged`, through every gate: nothing is done to a
@@ -201,16 +234,7 @@ impl<W: World> Engine<W> {
             .entry(devnum)
             .ok_or_else(|| EngineError::NotFound(format!("device {devnum} is not in the scan")))?;
         let judgement = judged.verdict(devnum);
-        let mut p = match op {
-            Operation::Release => {
-                let mut p = plan::release(entry);
-                if let Some(why) = crate::nvme::release_refusal(entry) {
-                    p.refuse(why);
-                }
-                p
-            }
-            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
-        };
+        let mut p = self.draft(scan, entry, op);
         let api = self.world.cluster();
         // The other devices the plan acts on (the layers stacked on a map) pass the same gates.
         let mut others: Vec<&crate::graph::DeviceEntry> = Vec::new();
@@ -241,12 +265,78 @@ impl<W: World> Engine<W> {
             // A plan already refused (still held, a path active) keeps its own reason.
             let r = gates::completeness(entry, &scan.blind_spots)
                 .or_else(|| others.iter().find_map(|e| gates::completeness(e, &scan.blind_spots)))
-                .or_else(|| not_stale(&p, judgement));
+                .or_else(|| self.side_effects_refusal(&p, scan))
+                .or_else(|| not_stale(&p, judgement))
+                .or_else(|| self.openers_refusal(&p, scan));
             if let Some(r) = r {
                 p.refuse(r);
             }
         }
         Ok(p)
+    }
+
+    /// The plan of `op` for `entry` by its kind, before the gates.
+    fn draft(&self, scan: &Scan, entry: &crate::graph::DeviceEntry, op: Operation) -> Plan {
+        match op {
+            Operation::Release => {
+                let mut p = plan::release(entry);
+                if let Some(why) = crate::nvme::release_refusal(entry) {
+                    p.refuse(why);
+                }
+                p
+            }
+            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
+        }
+    }
+
+    /// What the plan of `op` for `devnum` would remove by its kind, before the gates (a gate
+    /// that refuses it may be refusing for want of the wider scan).
+    fn draft_scope(&self, scan: &Scan, devnum: DevNum, op: Operation) -> Vec<DevNum> {
+        match scan.entry(devnum) {
+            Some(entry) => crate::scan::plan_scope(&self.draft(scan, entry, op), &scan.graph),
+            None => vec![devnum],
+        }
+    }
+
+    /// Why the plan must not run because of a device a step removes besides its own (an NVMe
+    /// controller's other namespaces, a disk's partitions, a session's other disks): not looked
+    /// at by the scan, held, protected, used by a pod, or hidden by a blind spot.
+    fn side_effects_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
+        let api = self.world.cluster();
+        crate::scan::side_effects(p, &scan.graph).into_iter().find_map(|(d, step)| {
+            let Some(e) = scan.entry(d) else {
+                return Some(format!(
+                    "{d} goes too when {} runs ({}), but it is not in the scan",
+                    step.action(),
+                    step.describe()
+                ));
+            };
+            recheck::side_effect(step, scan, e, None, api.as_ref(), self.world.now())
+        })
+    }
+
+    /// Why the plan must not run because the kernel counts more openers of a dm device it acts
+    /// on than the plan accounts for ([`gates::openers`]: mounts it releases, layers it removes,
+    /// stuck readers it frees), asked once per dm device at planning time (the re-check asks
+    /// again right before each dm step).
+    fn openers_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
+        let mut asked = Vec::new();
+        for step in &p.steps {
+            if !matches!(
+                step.action,
+                crate::plan::Action::DmMessage { .. } | crate::plan::Action::DmRemove { .. }
+            ) || asked.contains(&step.devnum)
+            {
+                continue;
+            }
+            asked.push(step.devnum);
+            let Some(entry) = scan.entry(step.devnum) else { continue };
+            let word = self.world.kernel_word(&step.device, step.devnum);
+            if let Some(r) = recheck::planned_openers_refusal(p, entry, &word) {
+                return Some(r);
+            }
+        }
+        None
     }
 
     /// Runs a plan's steps in order. Refuses outright when this agent may not act on the host.
@@ -322,7 +412,7 @@ impl<W: World> Engine<W> {
             // re-reads the session itself (same target and portal, no SCSI device left on it).
             return None;
         }
-        let fresh = match self.world.scan(Target::Device(step.devnum)) {
+        let fresh = match self.scan_for_step(step) {
             Ok(s) => s,
             // Gone: the actuator finds it gone too and reports it already absent.
             Err(EngineError::NotFound(_)) => return None,
@@ -336,6 +426,25 @@ impl<W: World> Engine<W> {
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
         recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+            .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
+    }
+
+    /// The re-check of what `step` removes besides its own device, in the fresh scan: each such
+    /// device still there must be unheld, pass the gates and have the kernel's word agree.
+    fn recheck_side_effects(
+        &self,
+        plan: &Plan,
+        step: &Step,
+        fresh: &Scan,
+        api: Option<&crate::kube::ClusterView>,
+    ) -> Option<String> {
+        crate::scan::side_effects(plan, &fresh.graph).into_iter().filter(|(_, s)| *s == step).find_map(
+            |(d, _)| {
+                let e = fresh.entry(d)?;
+                let word = self.world.kernel_word(&e.device.name, d);
+                recheck::side_effect(step, fresh, e, Some(&word), api, self.world.now())
+            },
+        )
     }
 
     /// Binds an operator's request to the identities they saw (a Plan's answer): refuses when
@@ -359,6 +468,16 @@ impl<W: World> Engine<W> {
             now: now.token(),
         })
     }
+}
+
+/// How many times a scan is widened to what a plan removes before what is still outside it is
+/// refused (each widening adds what the wider scan showed; two suffice on any real host).
+const MAX_WIDENINGS: usize = 3;
+
+/// Removes later duplicates, keeping the first (the device asked about) first.
+fn dedup_keep_first(v: &mut Vec<DevNum>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|d| seen.insert(*d));
 }
 
 /// Whether `later` may only run once `earlier` finished: a mount release depends only on the
