@@ -27,10 +27,11 @@ echo "BEGIN clean"; timeout 60 $A $J clean "$MAP" --grace-period 0 --apply; echo
 set -e
 echo "BEGIN after"
 for d in "$MAP" sda sdb; do if [ -e /sys/block/$d ]; then echo "$d present"; else echo "$d gone"; fi; done
-echo "status: $(dmsetup status mpathb)"
+# The table shows queue_if_no_path while the map queues (fail_if_no_path clears it).
+echo "table: $(dmsetup table mpathb)"
 echo "END after"
 [ -e /sys/block/$MAP ] || fail "the map was removed under the opener"
-dmsetup status mpathb | grep -q queue_if_no_path || fail "fail_if_no_path was sent under the opener"
+dmsetup table mpathb | grep -q queue_if_no_path || fail "fail_if_no_path was sent under the opener"
 
 kill $OPENER
 i=0; while [ -e /proc/$OPENER ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
