@@ -180,31 +180,31 @@ impl<W: World> Engine<W> {
         Judged { scan, verdicts, api_state, judged_at: now, stalled }
     }
 
-    /// Scans one device, judges it and plans `op` for it: the usual way to plan.
+    /// Scans one device, judges it and plans `op` for it: the usual way to plan. What the plan's
+    /// steps would remove besides the device (an NVMe controller's other namespaces, an iSCSI
+    /// session's disks, partitions) is scanned too: the scan is widened to the plan's scope
+    /// before anything is judged (what stays outside it is refused by [`Engine::plan`]).
     pub fn plan_fresh(
         &self,
         devnum: DevNum,
         op: Operation,
         clocks: &mut Clocks,
     ) -> Result<(Judged, Plan), EngineError> {
-        let mut judged = self.judge(self.scan(Target::Device(devnum))?, clocks);
-        let mut plan = self.plan(&judged, devnum, op)?;
-        // What the steps remove besides the device (an NVMe controller's other namespaces, an
-        // iSCSI session's disks) must be scanned too: widen the scan to the plan's scope and
-        // plan again, until it covers all of it (what stays uncovered is refused by `plan`).
+        let mut scan = self.scan(Target::Device(devnum))?;
         for _ in 0..MAX_WIDENINGS {
-            let want = self.draft_scope(&judged.scan, devnum, op);
-            if want.iter().all(|d| judged.scan.covers(*d)) {
+            let want = self.draft_scope(&scan, devnum, op);
+            if want.iter().all(|d| scan.covers(*d)) {
                 break;
             }
             let mut target = vec![devnum];
-            target.extend(judged.scan.scope.iter().flatten().copied());
+            target.extend(scan.scope.iter().flatten().copied());
             target.extend(want);
             dedup_keep_first(&mut target);
             tracing::debug!(device = %devnum, devices = target.len(), "widening the scan to what the plan removes");
-            judged = self.judge(self.scan(Target::Devices(target))?, clocks);
-            plan = self.plan(&judged, devnum, op)?;
+            scan = self.scan(Target::Devices(target))?;
         }
+        let judged = self.judge(scan, clocks);
+        let plan = self.plan(&judged, devnum, op)?;
         Ok((judged, plan))
     }
 
