@@ -234,7 +234,16 @@ impl<W: World> Engine<W> {
             .entry(devnum)
             .ok_or_else(|| EngineError::NotFound(format!("device {devnum} is not in the scan")))?;
         let judgement = judged.verdict(devnum);
-        let mut p = self.draft(scan, entry, op);
+        let mut p = match op {
+            Operation::Release => {
+                let mut p = plan::release(entry);
+                if let Some(why) = crate::nvme::release_refusal(entry) {
+                    p.refuse(why);
+                }
+                p
+            }
+            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
+        };
         let api = self.world.cluster();
         // The other devices the plan acts on (the layers stacked on a map) pass the same gates.
         let mut others: Vec<&crate::graph::DeviceEntry> = Vec::new();
@@ -275,26 +284,15 @@ impl<W: World> Engine<W> {
         Ok(p)
     }
 
-    /// The plan of `op` for `entry` by its kind, before the gates.
-    fn draft(&self, scan: &Scan, entry: &crate::graph::DeviceEntry, op: Operation) -> Plan {
-        match op {
-            Operation::Release => {
-                let mut p = plan::release(entry);
-                if let Some(why) = crate::nvme::release_refusal(entry) {
-                    p.refuse(why);
-                }
-                p
-            }
-            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
-        }
-    }
-
     /// What the plan of `op` for `devnum` would remove by its kind, before the gates (a gate
-    /// that refuses it may be refusing for want of the wider scan).
+    /// that refuses it may be refusing for want of the wider scan). A release removes no device.
     fn draft_scope(&self, scan: &Scan, devnum: DevNum, op: Operation) -> Vec<DevNum> {
-        match scan.entry(devnum) {
-            Some(entry) => crate::scan::plan_scope(&self.draft(scan, entry, op), &scan.graph),
-            None => vec![devnum],
+        match (scan.entry(devnum), op) {
+            (Some(entry), Operation::Clean) => {
+                let draft = plan::for_clean(entry, &scan.graph, self.settings.clean);
+                crate::scan::plan_scope(&draft, &scan.graph)
+            }
+            _ => vec![devnum],
         }
     }
 
