@@ -207,7 +207,7 @@ fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<
 }
 
 #[cfg(test)]
-mod tests {
+mod scope_tests {
     use std::cell::{Cell, RefCell};
     use std::time::Duration;
 
