@@ -1,24 +1,24 @@
 //! The check right before a destructive step: a fresh scan of the step's device and the
 //! kernel's own word must agree with the plan. Pure: the engine hands in what it read.
 //!
+//! A dm device's open count must not exceed the openers the plan accounts for ([`openers`]).
+//! Whatever else the step removes (an NVMe controller's other namespaces, a disk's partitions)
+//! passes the same gates and must be unheld ([`side_effect`]).
+//!
 //! The device must still be the one planned (identity), fully seen (no blind spot reaches it),
 //! not protected, used by no pod (kubelet, the API), and held by nothing the plan does not
 //! account for: before `fail_if_no_path` the plan may still hold the mounts it is about to
 //! release, the readers stuck on the map (or on a layer stacked on it) and the layers stacked
 //! on it (LVs, crypt mappings, partition maps, removed next, top-down); before a removal,
 //! nothing but the stuck readers that are exiting: the layers above a layer are gone by then.
-//!
-//! A dm device's open count must not exceed the openers the plan accounts for ([`openers`]).
-//! Whatever else the step removes (an NVMe controller's other namespaces, a disk's partitions)
-//! passes the same gates and must be unheld ([`side_effect`]).
 
 use crate::act::probe::KernelWord;
 use crate::clock::BootTime;
-use crate::gates::{self, Accounted, Openers};
+use crate::gates::{self, Accounted};
 use crate::graph::{DeviceEntry, Holder};
 use crate::identity::Identity;
 use crate::kube::ClusterView;
-use crate::model::{DeviceName, HolderKind};
+use crate::model::HolderKind;
 use crate::plan::{Action, Plan, Step};
 use crate::scan::Scan;
 
@@ -55,7 +55,7 @@ pub fn openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord)
 /// fresh scan's `entry` and the kernel's `word`: the filesystem whose mounts the plan releases
 /// after stopping the queueing (one per superblock), the layers stacked on it that the plan
 /// removes after it (one per table), and the fds of the stuck readers it expects to exit.
-pub fn expected_openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> Openers {
+pub fn expected_openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
     let a = accounted(plan, step);
     openers_of(plan, entry, word, a.filesystem_released, &a.stacked_removed)
 }
@@ -63,10 +63,10 @@ pub fn expected_openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &Ke
 /// The openers of dm device `entry` that the plan accounts for when it is made, before any step
 /// ran: the filesystem whose mounts it releases, every layer stacked on it that it removes, the
 /// fds of the stuck readers it frees.
-pub fn planned_openers(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> Openers {
+pub fn planned_openers(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
     let devnum = entry.device.devnum;
     let released = plan.steps.iter().any(|s| s.is_release() && s.devnum == devnum);
-    let removed: Vec<DeviceName> = plan
+    let removed: Vec<crate::model::DeviceName> = plan
         .steps
         .iter()
         .filter(|s| matches!(s.action, Action::DmRemove { .. }) && s.devnum != devnum)
@@ -86,8 +86,8 @@ fn openers_of(
     entry: &DeviceEntry,
     word: &KernelWord,
     filesystem_released: bool,
-    stacked_removed: &[DeviceName],
-) -> Openers {
+    stacked_removed: &[crate::model::DeviceName],
+) -> gates::Openers {
     let mounted = entry.holders.iter().any(|h| h.kind == HolderKind::Mount);
     let filesystems =
         if filesystem_released { word.live_filesystems.len().max(usize::from(mounted)) } else { 0 };
@@ -102,7 +102,7 @@ fn openers_of(
         })
         .map(|h| h.fds.len().max(1))
         .sum();
-    Openers { filesystems, stacked, fds }
+    gates::Openers { filesystems, stacked, fds }
 }
 
 /// Why `step` must not run because of `entry`, a device it removes besides its own (an NVMe
@@ -204,155 +204,4 @@ fn unaccounted_holders(plan: &Plan, step: &Step, entry: &DeviceEntry) -> Option<
         step.device,
         unexpected.join("; ")
     ))
-}
-
-#[cfg(test)]
-mod scope_tests {
-    use std::cell::{Cell, RefCell};
-    use std::time::Duration;
-
-    use crate::act::probe::{Claim, KernelWord};
-    use crate::act::recording::RecordingActuator;
-    use crate::act::{ActError, Actuator, StepOutcome};
-    use crate::clock::BootTime;
-    use crate::discover::nvme::CtrlState;
-    use crate::engine::{Engine, EngineError, Operation, Settings, World};
-    use crate::grace::Clocks;
-    use crate::graph::{DeviceGraph, Holder};
-    use crate::journal::Journal;
-    use crate::kube::ClusterView;
-    use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
-    use crate::nvme::test_support::{ctrl, entries};
-    use crate::plan::Step;
-    use crate::scan::{Scan, Target};
-
-    /// One NVMe/TCP subsystem with two namespaces behind one controller reconnecting for ever;
-    /// a scan looks for holders only of the devices its target names (as on a real host), and
-    /// `held` puts a process on the second namespace.
-    #[derive(Default)]
-    struct TwoNamespaces {
-        held: Cell<bool>,
-        scans: RefCell<Vec<Target>>,
-        actuator: RecordingActuator,
-    }
-
-    fn now() -> BootTime {
-        BootTime::from_since_boot(Duration::from_secs(100))
-    }
-
-    impl World for &TwoNamespaces {
-        fn scan(&self, target: Target) -> Result<Scan, EngineError> {
-            self.scans.borrow_mut().push(target.clone());
-            let mut e = entries(
-                &["nvme0n1", "nvme0n2"],
-                vec![ctrl("nvme0", "nqn.2026-11.io.blockjanitor:two", "4420", CtrlState::Connecting, true)],
-                Vec::new(),
-            );
-            let all: Vec<DevNum> = e.iter().map(|x| x.device.devnum).collect();
-            let scope = match target {
-                Target::All => all,
-                Target::Device(d) => vec![d],
-                Target::Devices(v) => v,
-            };
-            if self.held.get() && scope.contains(&e[1].device.devnum) {
-                let mut h = Holder::bare(HolderKind::OpenDevice);
-                h.pids = vec![77];
-                h.comm = Some("sleep".into());
-                h.path = Some("/dev/nvme0n2".into());
-                h.fds = vec![0];
-                e[1].holders.push(h);
-            }
-            crate::graph::mark_held_siblings(&mut e);
-            let graph = DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: e };
-            Ok(Scan { scope: Some(scope), ..Scan::complete(graph, now()) })
-        }
-        fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
-            KernelWord {
-                claim: Claim::Unclaimed,
-                sysfs_holders: Vec::new(),
-                live_filesystems: Vec::new(),
-                loops_on_top: Vec::new(),
-                dm_open_count: None,
-                unreadable: Vec::new(),
-            }
-        }
-        fn cluster(&self) -> Option<ClusterView> {
-            None
-        }
-        fn can_act(&self) -> Result<(), String> {
-            Ok(())
-        }
-        fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
-            self.actuator.run(step)
-        }
-        fn now(&self) -> BootTime {
-            now()
-        }
-    }
-
-    const N1: DevNum = DevNum::new(259, 1);
-    const N2: DevNum = DevNum::new(259, 3);
-
-    fn engine(w: &TwoNamespaces) -> Engine<&TwoNamespaces> {
-        Engine::new(w, Settings { grace: Duration::ZERO, ..Settings::default() })
-    }
-
-    /// Issue 17: a one-shot clean of nvme0n1 scans nvme0n1 only at first; deleting its controller
-    /// removes nvme0n2 too, so the scan is widened to it, its holder is found, and the plan is
-    /// refused naming the sibling and the process.
-    #[test]
-    fn a_plan_whose_step_removes_a_held_sibling_is_refused_after_widening_the_scan() {
-        let w = TwoNamespaces::default();
-        w.held.set(true);
-        let e = engine(&w);
-        let (judged, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
-        assert_eq!(*w.scans.borrow(), vec![Target::Device(N1), Target::Devices(vec![N1, N2])]);
-        assert!(judged.scan.covers(N2));
-        let r = plan.refusal.as_deref().unwrap_or_default();
-        assert!(plan.steps.is_empty(), "{plan:?}");
-        assert!(r.contains("nvme0n2") && r.contains("pid 77 (sleep) has the device node open"), "{r}");
-    }
-
-    /// Unheld, the plan deletes the controller; a holder appearing on the sibling between the
-    /// plan and the step vetoes it right before it runs (the re-check widens its scan too).
-    #[test]
-    fn a_sibling_held_after_planning_vetoes_the_controller_deletion() {
-        let w = TwoNamespaces::default();
-        let e = engine(&w);
-        let (_, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
-        assert!(plan.refusal.is_none() && plan.steps.len() == 1, "{plan:?}");
-        w.held.set(true);
-        w.scans.borrow_mut().clear();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut j = Journal::open(&dir.path().join("j.jsonl")).expect("journal");
-        let reports = e.execute(&plan, &mut j).expect("may act");
-        assert_eq!(*w.scans.borrow(), vec![Target::Device(N1), Target::Devices(vec![N1, N2])]);
-        match &reports[0].result {
-            Err(ActError::Precondition { reason, .. }) => assert!(
-                reason.starts_with("nvme0n2 goes too when nvme_delete_controller runs")
-                    && reason.contains("pid 77 (sleep) has the device node open"),
-                "{reason}"
-            ),
-            other => panic!("not vetoed: {other:?}"),
-        }
-        assert!(w.actuator.calls.borrow().is_empty(), "the controller was not deleted");
-        // Free again: the step runs.
-        w.held.set(false);
-        let reports = e.execute(&plan, &mut j).expect("may act");
-        assert!(reports[0].result.is_ok(), "{:?}", reports[0].result);
-        assert_eq!(w.actuator.calls.borrow().len(), 1);
-    }
-
-    /// A device a step removes that the scan did not look at is refused, never assumed free.
-    #[test]
-    fn a_side_effect_outside_the_scan_is_refused() {
-        let w = TwoNamespaces::default();
-        let e = engine(&w);
-        let (judged, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
-        let mut narrow = judged.scan.clone();
-        narrow.scope = Some(vec![N1]);
-        let sibling = narrow.entry(N2).expect("in the graph");
-        let r = super::side_effect(&plan.steps[0], &narrow, sibling, None, None, now()).unwrap_or_default();
-        assert!(r.contains("nvme0n2 goes too") && r.contains("did not look for its holders"), "{r}");
-    }
 }
