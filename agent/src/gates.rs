@@ -9,6 +9,9 @@
 //! - [`api`]: the Kubernetes API vouches (watches synced and answering, this Node exists) and
 //!   no running pod on this node or attached VolumeAttachment uses the device;
 //! - [`kernel_word`]: the kernel's own claims on the device are all accounted for by the plan;
+//! - [`openers`]: a dm device's open count is no more than the openers the plan accounts for
+//!   (what the fd scan cannot see, an fd in flight over a unix socket or an io_uring fixed
+//!   file, still counts in the kernel);
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
 //!   this node uses it per the kubelet directory;
 //! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it;
@@ -190,6 +193,65 @@ pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted
         return None;
     }
     Some(format!("the kernel says {device} is in use: {}", unexplained.join("; ")))
+}
+
+/// The openers of a dm device a plan accounts for right before a step on it: each is one open
+/// of the device in the kernel's count (`md->open_count`, one per open file description, per
+/// mounted superblock, per dm table stacked on it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Openers {
+    /// Filesystems on it that the plan releases (a mounted superblock opens the device once).
+    pub filesystems: usize,
+    /// Devices stacked on it that the plan removes (each table opens the device once).
+    pub stacked: Vec<DeviceName>,
+    /// Open fds of the device node the scan saw, held by processes the plan expects to let go
+    /// (readers stuck on a dead map). Counted per fd: fds that share one open file description
+    /// (dup, fork) make this larger than the kernel's count, never smaller.
+    pub fds: usize,
+}
+
+impl Openers {
+    /// How many opens of the device the plan accounts for.
+    pub fn total(&self) -> usize {
+        self.filesystems + self.stacked.len() + self.fds
+    }
+
+    fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.filesystems > 0 {
+            parts.push(format!("{} filesystem(s) released", self.filesystems));
+        }
+        if !self.stacked.is_empty() {
+            let names: Vec<&str> = self.stacked.iter().map(DeviceName::as_str).collect();
+            parts.push(format!("stacked {} removed", names.join(", ")));
+        }
+        if self.fds > 0 {
+            parts.push(format!("{} fd(s) of stuck readers", self.fds));
+        }
+        if parts.is_empty() {
+            "nothing".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+}
+
+/// The kernel counts more openers of a dm device than the plan accounts for: something the scan
+/// cannot see holds it open (an fd in flight over a unix socket, an io_uring fixed file, a
+/// process that passed its fd on during the scan), and stopping the queueing or removing the
+/// map would fail its I/O. Fewer is fine (fds sharing one open file description, an opener
+/// that left since the scan). Not a dm device (no count): nothing to compare.
+pub fn openers(device: &DeviceName, word: &KernelWord, accounted: &Openers) -> Option<String> {
+    // mutation-check: openers
+    let open = word.dm_open_count?;
+    let total = accounted.total();
+    if usize::try_from(open).is_ok_and(|n| n <= total) {
+        return None;
+    }
+    Some(format!(
+        "open count {open}, accounted {total} ({}): something the scan cannot see holds {device} open (an fd in flight over a unix socket, an io_uring fixed file, a process passing its fd on during the scan); find it (fuser -v /dev/{device}, ss -xp for unix sockets, /proc/PID/fdinfo of io_uring instances), stop it, and plan again",
+        accounted.describe()
+    ))
 }
 
 /// The device is protected (behind the host root, the kubelet or the runtime, or listed).

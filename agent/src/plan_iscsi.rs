@@ -17,7 +17,7 @@ use crate::model::DeviceName;
 use crate::plan::step::{Action, Step};
 
 /// The iSCSI session a disk goes through (`session<SID>`).
-fn session_of(e: &DeviceEntry) -> Option<&str> {
+pub(crate) fn session_of(e: &DeviceEntry) -> Option<&str> {
     match e.scsi.as_ref().map(|s| &s.disk.transport) {
         Some(Transport::Iscsi { session }) => Some(session),
         _ => None,
@@ -136,6 +136,24 @@ mod tests {
                 iface: "default".into(),
             }
         );
+    }
+
+    /// Issue 17: the logout's step concerns every disk of its session: they are all in the
+    /// plan's scope (scanned, held to the gates), and the other disk, which no step of this
+    /// plan deletes, is a side effect that must be unheld.
+    #[test]
+    fn a_logout_scopes_every_disk_of_its_session() {
+        let g = graph();
+        let sdf = entry(&g, "sdf");
+        let (steps, _) = logouts(&g, &[name("sdf")], &going_with(sdf, &g));
+        let devnum = |n: &str| entry(&g, n).device.devnum;
+        let removed = crate::scan::removed_by(&steps[0], &g);
+        assert!(removed.contains(&devnum("sde")) && removed.contains(&devnum("sdf")), "{removed:?}");
+        assert!(!removed.contains(&devnum("sdc")), "another session's disk: {removed:?}");
+        let mut p = crate::plan::Plan::new("delete", sdf);
+        p.steps = steps;
+        let side: Vec<_> = crate::scan::side_effects(&p, &g).into_iter().map(|(d, _)| d).collect();
+        assert!(side.contains(&devnum("sde")), "{side:?}");
     }
 
     #[test]

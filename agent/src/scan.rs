@@ -1,5 +1,11 @@
 //! One scan as the engine uses it: the device graph, what the scan could not see, which devices
 //! are protected, and when it was taken. Verdicts and plans are always made from one `Scan`.
+//!
+//! A scan of one device looks for holders of that device and what is stacked on it. A plan's
+//! steps may remove more than their own device (an NVMe controller's other namespaces, the
+//! partitions of a disk, an iSCSI session's disks): [`removed_by`] and [`plan_scope`] say what,
+//! so the engine can widen the scan to all of it ([`Target::Devices`]) and hold every device a
+//! step removes to the same gates.
 
 use std::collections::HashSet;
 
@@ -9,15 +15,19 @@ use crate::blindspot::BlindSpot;
 use crate::clock::BootTime;
 use crate::graph::{DeviceEntry, DeviceGraph};
 use crate::model::DevNum;
+use crate::plan::{Action, Plan, Step};
 use crate::snapshot::ScanStats;
 
 /// What a scan looks at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
     /// Every block device.
     All,
     /// One device and everything stacked on it (partitions, sysfs holders), transitively.
     Device(DevNum),
+    /// These devices (the first is the one asked about: the scan fails when it is not there)
+    /// and everything stacked on each: a plan's scope ([`plan_scope`]).
+    Devices(Vec<DevNum>),
 }
 
 /// The result of one scan.
@@ -64,5 +74,349 @@ impl Scan {
     /// Whether this scan looked for holders of `devnum`.
     pub fn covers(&self, devnum: DevNum) -> bool {
         self.scope.as_ref().is_none_or(|s| s.contains(&devnum))
+    }
+}
+
+/// Every device `step` removes, as `graph` shows the host: its own device and, besides it, every
+/// namespace device of the NVMe controller it deletes (heads, namespaces without multipath,
+/// hidden paths), every disk of the iSCSI session it logs out; then, transitively, the
+/// partitions and stacked devices of each (what a removal takes along or what stopping a map's
+/// queueing fails the I/O of). A mount release removes no device.
+pub fn removed_by(step: &Step, graph: &DeviceGraph) -> Vec<DevNum> {
+    let mut out = Vec::new();
+    match &step.action {
+        Action::DetachMount { .. } => return out,
+        Action::NvmeDeleteController { controller, .. } => {
+            out.push(step.devnum);
+            out.extend(
+                graph
+                    .devices
+                    .iter()
+                    .filter(|e| {
+                        e.nvme.as_ref().is_some_and(|v| v.controllers.iter().any(|c| &c.name == controller))
+                    })
+                    .map(|e| e.device.devnum),
+            );
+        }
+        Action::IscsiLogout { sid, .. } => {
+            out.push(step.devnum);
+            let session = format!("session{sid}");
+            out.extend(
+                graph
+                    .devices
+                    .iter()
+                    .filter(|e| crate::plan_iscsi::session_of(e) == Some(session.as_str()))
+                    .map(|e| e.device.devnum),
+            );
+        }
+        _ => out.push(step.devnum),
+    }
+    with_stacked(graph, out)
+}
+
+/// The scope a plan's scan must cover: its device and everything its steps remove
+/// ([`removed_by`]), each with what is stacked on it. Sorted, without duplicates.
+pub fn plan_scope(plan: &Plan, graph: &DeviceGraph) -> Vec<DevNum> {
+    let mut out = with_stacked(graph, vec![plan.devnum]);
+    for s in &plan.steps {
+        out.extend(removed_by(s, graph));
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// What a plan's steps remove that no step of its own acts on: an NVMe controller's other
+/// namespaces, the partitions of a disk, a session's other disks. Each must be seen, unheld and
+/// pass the gates, since nothing else in the plan looks at it. With the step that removes it.
+pub fn side_effects<'p>(plan: &'p Plan, graph: &DeviceGraph) -> Vec<(DevNum, &'p Step)> {
+    let mut out: Vec<(DevNum, &Step)> = Vec::new();
+    for s in &plan.steps {
+        for d in removed_by(s, graph) {
+            if d != plan.devnum
+                && !plan.steps.iter().any(|o| o.devnum == d)
+                && !out.iter().any(|(x, _)| *x == d)
+            {
+                out.push((d, s));
+            }
+        }
+    }
+    out
+}
+
+/// `roots` and, transitively, every device stacked on one of them (partitions, sysfs holders).
+fn with_stacked(graph: &DeviceGraph, roots: Vec<DevNum>) -> Vec<DevNum> {
+    let mut out: Vec<DevNum> = Vec::new();
+    for r in roots {
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    let mut i = 0;
+    while i < out.len() {
+        let cur = out[i];
+        i += 1;
+        let Some(dev) = graph.get(cur).map(|e| &e.device) else { continue };
+        let children: Vec<DevNum> = graph
+            .devices
+            .iter()
+            .filter(|c| c.device.parent.as_ref() == Some(&dev.name) || dev.holders.contains(&c.device.name))
+            .map(|c| c.device.devnum)
+            .collect();
+        for c in children {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::nvme::CtrlState;
+    use crate::model::MountNsId;
+    use crate::nvme::test_support::{ctrl, entries};
+
+    const NQN: &str = "nqn.2026-11.io.blockjanitor:two";
+
+    fn graph(devices: Vec<DeviceEntry>) -> DeviceGraph {
+        DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices }
+    }
+
+    /// Deleting the controller of one namespace removes the subsystem's other namespace too: it
+    /// is in the plan's scope, and a side effect of that step (no step of its own).
+    #[test]
+    fn the_scope_of_a_controller_deletion_is_every_namespace_it_serves() {
+        let e = entries(
+            &["nvme0n1", "nvme0n2"],
+            vec![ctrl("nvme0", NQN, "4420", CtrlState::Connecting, true)],
+            Vec::new(),
+        );
+        let g = graph(e.clone());
+        let p = crate::nvme::plan_clean(&e[0], &g);
+        assert!(p.refusal.is_none() && p.steps.len() == 1, "{p:?}");
+        let (n1, n2) = (e[0].device.devnum, e[1].device.devnum);
+        assert_eq!(removed_by(&p.steps[0], &g), vec![n1, n2]);
+        let mut want = vec![n1, n2];
+        want.sort_unstable();
+        assert_eq!(plan_scope(&p, &g), want);
+        let side = side_effects(&p, &g);
+        assert_eq!(side.len(), 1, "{side:?}");
+        assert_eq!(side[0].0, n2);
+        assert_eq!(side[0].1, &p.steps[0]);
+        // A scan of nvme0n1 alone does not cover it.
+        let targeted = Scan {
+            scope: Some(vec![n1]),
+            ..Scan::complete(g.clone(), BootTime::from_since_boot(std::time::Duration::ZERO))
+        };
+        assert!(!plan_scope(&p, &g).iter().all(|d| targeted.covers(*d)));
+        // A refused plan removes nothing: its scope is its device.
+        let mut refused = p.clone();
+        refused.refuse("held".into());
+        assert_eq!(plan_scope(&refused, &g), vec![n1]);
+    }
+
+    /// A release removes no device; partitions and stacked devices go with what they sit on;
+    /// a device with a step of its own is not a side effect.
+    #[test]
+    fn partitions_and_stacked_devices_are_in_the_scope_and_steps_of_their_own_are_not_side_effects() {
+        use crate::model::{BlockDevice, DeviceKind, DeviceName};
+        let name = |n: &str| DeviceName::new(n).expect("name");
+        let disk = BlockDevice {
+            holders: vec![name("dm-0")],
+            ..BlockDevice::new(name("sda"), DevNum::new(8, 0), DeviceKind::Disk, 1 << 20)
+        };
+        let part = BlockDevice {
+            parent: Some(name("sda")),
+            ..BlockDevice::new(name("sda1"), DevNum::new(8, 1), DeviceKind::Partition, 1 << 19)
+        };
+        let map = BlockDevice::new(name("dm-0"), DevNum::new(254, 0), DeviceKind::Dm, 1 << 20);
+        let g = graph(vec![
+            DeviceEntry::new(disk, Vec::new()),
+            DeviceEntry::new(part, Vec::new()),
+            DeviceEntry::new(map, Vec::new()),
+        ]);
+        let mut p = Plan::new("delete", &g.devices[0]);
+        p.steps.push(Step::on(
+            &g.devices[0],
+            Action::ScsiDelete { wwid: "w".into(), address: "0:0:0:0".into() },
+        ));
+        assert_eq!(
+            removed_by(&p.steps[0], &g),
+            vec![DevNum::new(8, 0), DevNum::new(8, 1), DevNum::new(254, 0)]
+        );
+        let side: Vec<DevNum> = side_effects(&p, &g).into_iter().map(|(d, _)| d).collect();
+        assert_eq!(side, vec![DevNum::new(8, 1), DevNum::new(254, 0)]);
+        p.steps.insert(0, Step::on(&g.devices[2], Action::DmRemove { uuid: "u".into(), deferred: false }));
+        let side: Vec<DevNum> = side_effects(&p, &g).into_iter().map(|(d, _)| d).collect();
+        assert_eq!(side, vec![DevNum::new(8, 1)], "the map has its own step");
+        let release = Step::on(
+            &g.devices[0],
+            Action::DetachMount {
+                namespace: MountNsId(9),
+                via: crate::discover::namespaces::NsEntry::Task { pid: 1, tid: 1 },
+                mount_id: 1,
+                mount_dev: DevNum::new(8, 0),
+                mount_point: "/mnt".into(),
+                fstype: "ext4".into(),
+            },
+        );
+        assert!(removed_by(&release, &g).is_empty());
+    }
+}
+
+/// The engine over a world whose scans look only at what they target: widening to a plan's
+/// scope, and the re-check of what a step removes besides its own device.
+#[cfg(test)]
+mod engine_tests {
+    use std::cell::{Cell, RefCell};
+    use std::time::Duration;
+
+    use crate::act::probe::{Claim, KernelWord};
+    use crate::act::recording::RecordingActuator;
+    use crate::act::{ActError, Actuator, StepOutcome};
+    use crate::clock::BootTime;
+    use crate::discover::nvme::CtrlState;
+    use crate::engine::{Engine, EngineError, Operation, Settings, World};
+    use crate::grace::Clocks;
+    use crate::graph::{DeviceGraph, Holder};
+    use crate::journal::Journal;
+    use crate::kube::ClusterView;
+    use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
+    use crate::nvme::test_support::{ctrl, entries};
+    use crate::plan::Step;
+    use crate::scan::{Scan, Target};
+
+    /// One NVMe/TCP subsystem with two namespaces behind one controller reconnecting for ever;
+    /// a scan looks for holders only of the devices its target names (as on a real host), and
+    /// `held` puts a process on the second namespace.
+    #[derive(Default)]
+    struct TwoNamespaces {
+        held: Cell<bool>,
+        scans: RefCell<Vec<Target>>,
+        actuator: RecordingActuator,
+    }
+
+    fn now() -> BootTime {
+        BootTime::from_since_boot(Duration::from_secs(100))
+    }
+
+    impl World for &TwoNamespaces {
+        fn scan(&self, target: Target) -> Result<Scan, EngineError> {
+            self.scans.borrow_mut().push(target.clone());
+            let mut e = entries(
+                &["nvme0n1", "nvme0n2"],
+                vec![ctrl("nvme0", "nqn.2026-11.io.blockjanitor:two", "4420", CtrlState::Connecting, true)],
+                Vec::new(),
+            );
+            let all: Vec<DevNum> = e.iter().map(|x| x.device.devnum).collect();
+            let scope = match target {
+                Target::All => all,
+                Target::Device(d) => vec![d],
+                Target::Devices(v) => v,
+            };
+            if self.held.get() && scope.contains(&e[1].device.devnum) {
+                let mut h = Holder::bare(HolderKind::OpenDevice);
+                h.pids = vec![77];
+                h.comm = Some("sleep".into());
+                h.path = Some("/dev/nvme0n2".into());
+                h.fds = vec![0];
+                e[1].holders.push(h);
+            }
+            crate::graph::mark_held_siblings(&mut e);
+            let graph = DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: e };
+            Ok(Scan { scope: Some(scope), ..Scan::complete(graph, now()) })
+        }
+        fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
+            KernelWord {
+                claim: Claim::Unclaimed,
+                sysfs_holders: Vec::new(),
+                live_filesystems: Vec::new(),
+                loops_on_top: Vec::new(),
+                dm_open_count: None,
+                unreadable: Vec::new(),
+            }
+        }
+        fn cluster(&self) -> Option<ClusterView> {
+            None
+        }
+        fn can_act(&self) -> Result<(), String> {
+            Ok(())
+        }
+        fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
+            self.actuator.run(step)
+        }
+        fn now(&self) -> BootTime {
+            now()
+        }
+    }
+
+    const N1: DevNum = DevNum::new(259, 1);
+    const N2: DevNum = DevNum::new(259, 3);
+
+    fn engine(w: &TwoNamespaces) -> Engine<&TwoNamespaces> {
+        Engine::new(w, Settings { grace: Duration::ZERO, ..Settings::default() })
+    }
+
+    /// Issue 17: a one-shot clean of nvme0n1 scans nvme0n1 only at first; deleting its controller
+    /// removes nvme0n2 too, so the scan is widened to it, its holder is found, and the plan is
+    /// refused naming the sibling and the process.
+    #[test]
+    fn a_plan_whose_step_removes_a_held_sibling_is_refused_after_widening_the_scan() {
+        let w = TwoNamespaces::default();
+        w.held.set(true);
+        let e = engine(&w);
+        let (judged, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
+        assert_eq!(*w.scans.borrow(), vec![Target::Device(N1), Target::Devices(vec![N1, N2])]);
+        assert!(judged.scan.covers(N2));
+        let r = plan.refusal.as_deref().unwrap_or_default();
+        assert!(plan.steps.is_empty(), "{plan:?}");
+        assert!(r.contains("nvme0n2") && r.contains("pid 77 (sleep) has the device node open"), "{r}");
+    }
+
+    /// Unheld, the plan deletes the controller; a holder appearing on the sibling between the
+    /// plan and the step vetoes it right before it runs (the re-check widens its scan too).
+    #[test]
+    fn a_sibling_held_after_planning_vetoes_the_controller_deletion() {
+        let w = TwoNamespaces::default();
+        let e = engine(&w);
+        let (_, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
+        assert!(plan.refusal.is_none() && plan.steps.len() == 1, "{plan:?}");
+        w.held.set(true);
+        w.scans.borrow_mut().clear();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut j = Journal::open(&dir.path().join("j.jsonl")).expect("journal");
+        let reports = e.execute(&plan, &mut j).expect("may act");
+        assert_eq!(*w.scans.borrow(), vec![Target::Device(N1), Target::Devices(vec![N1, N2])]);
+        match &reports[0].result {
+            Err(ActError::Precondition { reason, .. }) => assert!(
+                reason.starts_with("nvme0n2 goes too when nvme_delete_controller runs")
+                    && reason.contains("pid 77 (sleep) has the device node open"),
+                "{reason}"
+            ),
+            other => panic!("not vetoed: {other:?}"),
+        }
+        assert!(w.actuator.calls.borrow().is_empty(), "the controller was not deleted");
+        // Free again: the step runs.
+        w.held.set(false);
+        let reports = e.execute(&plan, &mut j).expect("may act");
+        assert!(reports[0].result.is_ok(), "{:?}", reports[0].result);
+        assert_eq!(w.actuator.calls.borrow().len(), 1);
+    }
+
+    /// A device a step removes that the scan did not look at is refused, never assumed free.
+    #[test]
+    fn a_side_effect_outside_the_scan_is_refused() {
+        let w = TwoNamespaces::default();
+        let e = engine(&w);
+        let (judged, plan) = e.plan_fresh(N1, Operation::Clean, &mut Clocks::new(None)).expect("planned");
+        let mut narrow = judged.scan.clone();
+        narrow.scope = Some(vec![N1]);
+        let sibling = narrow.entry(N2).expect("in the graph");
+        let r = crate::engine::recheck::side_effect(&plan.steps[0], &narrow, sibling, None, None, now())
+            .unwrap_or_default();
+        assert!(r.contains("nvme0n2 goes too") && r.contains("did not look for its holders"), "{r}");
     }
 }

@@ -757,6 +757,60 @@ mod tests {
         assert!(r.is_some(), "{r:?}");
     }
 
+    /// The map's open count against what the plan accounts for: one open per layer's table
+    /// the plan removes and per fd of a stuck reader it frees; anything more is an opener the
+    /// scan cannot see (an fd in flight over a unix socket) and refuses the step, naming the
+    /// difference. Fewer (fds sharing one open file description) is fine.
+    #[test]
+    fn the_dm_open_count_must_not_exceed_the_openers_the_plan_accounts_for() {
+        use crate::engine::recheck::{expected_openers, openers, refusal};
+        let mut g = graph();
+        let mut reader = Holder::bare(HolderKind::OpenDevice);
+        reader.pids = vec![42];
+        reader.fds = vec![3, 4];
+        reader.process_state = Some('D');
+        g.devices[0].holders.push(reader);
+        let scan = scan_of(g);
+        let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+        assert_eq!(p.expected_openers, vec![42], "{p:?}");
+        let map = &scan.graph.devices[0];
+        let stop = &p.steps[0];
+        assert!(matches!(stop.action, Action::DmMessage { .. }), "{stop:?}");
+        let now = BootTime::from_since_boot(Duration::from_secs(100));
+        let mut w = word(Claim::Claimed, &["dm-1", "dm-4"]);
+        let e = expected_openers(&p, stop, map, &w);
+        assert_eq!((e.filesystems, e.stacked.len(), e.fds, e.total()), (0, 2, 2, 4), "{e:?}");
+        for (count, refused) in [(4, false), (3, false), (0, false), (5, true)] {
+            w.dm_open_count = Some(count);
+            let r = openers(&p, stop, map, &w);
+            assert_eq!(r.is_some(), refused, "open count {count}: {r:?}");
+        }
+        w.dm_open_count = Some(5);
+        let r = refusal(&p, stop, &scan, map, &w, None, now).unwrap_or_default();
+        assert!(
+            r.starts_with("open count 5, accounted 4 (stacked dm-1, dm-4 removed, 2 fd(s) of stuck readers): something the scan cannot see holds dm-0 open (an fd in flight over a unix socket"),
+            "{r}"
+        );
+        // Not a dm device: no count, nothing to compare.
+        w.dm_open_count = None;
+        assert_eq!(openers(&p, stop, map, &w), None);
+        // Before the map's own removal the layers are gone: only the stuck reader's fds count.
+        let remove_map = p.steps.iter().rfind(|s| matches!(s.action, Action::DmRemove { .. })).expect("step");
+        assert_eq!(remove_map.devnum, map.device.devnum);
+        let mut bare = map.clone();
+        bare.device.holders.clear();
+        bare.holders.retain(|h| h.kind == HolderKind::OpenDevice);
+        let mut w = word(Claim::Unclaimed, &[]);
+        w.dm_open_count = Some(3);
+        let r = openers(&p, remove_map, &bare, &w).unwrap_or_default();
+        assert!(r.starts_with("open count 3, accounted 2 (2 fd(s) of stuck readers)"), "{r}");
+        // A step that is not a dm step is not compared.
+        let scsi = p.steps.iter().find(|s| matches!(s.action, Action::ScsiDelete { .. }));
+        if let Some(s) = scsi {
+            assert_eq!(openers(&p, s, &bare, &w), None);
+        }
+    }
+
     /// Crash recovery closes an interrupted removal of a layer like any dm removal: gone, the
     /// same layer still there (planned again with its map), or another device at its number.
     #[test]

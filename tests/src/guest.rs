@@ -88,8 +88,15 @@ pub fn run_scenario(name: &str) -> Run {
 /// [`run_scenario`] for a scenario that needs longer than run.sh's default host timeout (120 s):
 /// `timeout` seconds, unless `BLOCKJANITOR_GUEST_TIMEOUT` asks for more.
 pub fn run_scenario_within(name: &str, timeout: Option<u64>) -> Run {
+    run_scenario_with(name, timeout, |_| {})
+}
+
+/// [`run_scenario_within`], with `stage` putting more files into the staged `/extra/` (a helper
+/// program built on the host, as `/extra/bin/NAME`).
+pub fn run_scenario_with(name: &str, timeout: Option<u64>, stage: impl FnOnce(&Path)) -> Run {
     let extra = tempfile::tempdir().expect("tempdir");
     stage_agent(extra.path());
+    stage(extra.path());
     let mut cmd = Command::new(guest_dir().join("run.sh"));
     if let Some(t) = timeout {
         let asked = std::env::var("BLOCKJANITOR_GUEST_TIMEOUT").ok().and_then(|v| v.parse::<u64>().ok());

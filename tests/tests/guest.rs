@@ -2,7 +2,7 @@
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
 use blockjanitor_tests::find_device;
-use blockjanitor_tests::guest::{require_guest, run_scenario, run_scenario_within};
+use blockjanitor_tests::guest::{require_guest, run_scenario, run_scenario_with, run_scenario_within};
 
 #[test]
 fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
@@ -968,4 +968,94 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     assert!(scan["blind_spots"].as_array().is_none_or(Vec::is_empty), "{:#}", scan["blind_spots"]);
     let refused = run.section("outage-clean");
     assert!(refused.contains("rc=2") && refused.contains("outage"), "{refused}");
+}
+
+// ---- Issue 17: everything a step removes is scanned; openers the scan cannot see.
+
+/// Issue 17 (tests/guest/scenarios/nvme-sibling-held.sh): one NVMe/TCP subsystem with two
+/// namespaces, its controller reconnecting for ever, a process holding the SECOND namespace
+/// open. A one-shot `clean` of the FIRST is refused (non-zero exit code) naming the second and
+/// its holder, and the controller stays; the holder gone, the same command deletes it.
+#[test]
+fn root_guest_clean_of_an_nvme_namespace_whose_sibling_is_open_is_refused() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario("nvme-sibling-held.sh");
+    if skipped_in_guest(&run) {
+        return;
+    }
+    run.assert_ok();
+    let devices = run.section("devices");
+    let field = |k: &str| {
+        devices
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{k}=")).map(str::to_owned))
+            .unwrap_or_else(|| panic!("no {k} in {devices}"))
+    };
+    let (ctrl, n1, n2) = (field("controller"), field("n1"), field("n2"));
+    let clean = run.section("clean");
+    assert!(!clean.contains("rc=0") && clean.contains("rc=2"), "refused with the 'held' exit code: {clean}");
+    assert!(
+        clean.contains(&format!("{n2}, which goes with the same controller(s)"))
+            && clean.contains("(sleep) has the device node open"),
+        "names the sibling and its holder: {clean}"
+    );
+    assert!(!clean.contains("delete_controller): done"), "{clean}");
+    let after = run.section("after");
+    assert!(after.contains(&format!("controller {ctrl} connecting")), "the controller stays: {after}");
+    assert!(after.contains(&format!("{n1} present")) && after.contains(&format!("{n2} present")), "{after}");
+    assert!(after.contains(&format!("alive: /dev/{n2}")), "the holder keeps its namespace: {after}");
+    // Nothing held: the same one-shot command deletes the controller, both namespaces with it.
+    let free = run.section("clean_free");
+    assert!(free.contains("rc=0") && free.contains("(delete_controller): done"), "{free}");
+    let after = run.section("after_free");
+    assert!(
+        after.contains(&format!("controller {ctrl} gone")) && after.contains(&format!("{n2} gone")),
+        "{after}"
+    );
+}
+
+/// Builds tests/guest/scenario-lib/fd-in-flight.c on the host, static, into `extra/bin/`.
+fn stage_fd_in_flight(extra: &std::path::Path) {
+    let src = blockjanitor_tests::guest::guest_dir().join("scenario-lib/fd-in-flight.c");
+    std::fs::create_dir_all(extra.join("bin")).expect("mkdir bin");
+    let out = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-Wall", "-Werror", "-o"])
+        .arg(extra.join("bin/fd-in-flight"))
+        .arg(&src)
+        .output()
+        .expect("gcc (needed to build the guest's fd-in-flight helper)");
+    assert!(out.status.success(), "gcc -static fd-in-flight.c: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Issue 17 (tests/guest/scenarios/dm-fd-in-flight.sh): an fd of a dead multipath map passed
+/// over a unix socket (SCM_RIGHTS) and still in flight: no /proc/PID/fd shows it, the dm open
+/// count does. `clean MAP --apply` is refused naming the difference, fail_if_no_path is not
+/// sent (the map keeps queueing) and nothing is removed; the opener gone, the same command
+/// tears the map down.
+#[test]
+fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refused() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario_with("dm-fd-in-flight.sh", None, stage_fd_in_flight);
+    run.assert_ok();
+    let opener = run.section("opener");
+    assert!(opener.contains("open count 1"), "the kernel counts the fd in flight: {opener}");
+    assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc: {opener}");
+    let clean = run.section("clean");
+    assert!(clean.contains("rc=2"), "refused with the 'held' exit code: {clean}");
+    assert!(
+        clean.contains("open count 1, accounted 0 (nothing): something the scan cannot see holds dm-"),
+        "names the difference: {clean}"
+    );
+    assert!(!clean.contains(": done"), "no step ran: {clean}");
+    let after = run.section("after");
+    assert!(after.contains("present") && !after.contains("gone"), "{after}");
+    assert!(after.contains("queue_if_no_path"), "fail_if_no_path was not sent: {after}");
+    let free = run.section("clean_free");
+    assert!(free.contains("rc=0"), "{free}");
+    let after = run.section("after_free");
+    assert!(!after.contains("present"), "the map and its paths are gone: {after}");
 }

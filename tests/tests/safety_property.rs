@@ -4,7 +4,8 @@
 //!
 //! Each case is a device (loop, rbd, nbd, a multipath map with two paths, an offline disk) with
 //! holders the scan sees, maybe a holder it cannot see (a filesystem claim no mount table shows,
-//! or an open fd of a process it cannot read, which comes with a blind spot), a history of
+//! an open fd of a process it cannot read, which comes with a blind spot, or an fd of a map in
+//! flight over a unix socket, which only the dm open count shows), a history of
 //! observations (gaps in time, incomplete scans, moments it was held), the Kubernetes API's state,
 //! protection, kubelet's pods, failing steps, and maybe the device number reused by another
 //! device between plan and execute. The engine scans, judges (with grace clocks that persist
@@ -24,7 +25,7 @@
 //!   otherwise (swap, a loop backing file, a stacked device): that frees nothing.
 //!
 //! `scripts/mutation-check.sh` removes each gate in turn (completeness, identity, the API, the
-//! kernel's word) and requires this test to fail.
+//! kernel's word, the dm openers) and requires this test to fail.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashSet, VecDeque};
@@ -83,6 +84,9 @@ enum Hidden {
     Claim,
     /// An open fd of a process the scan could not read: the scan knows it is blind.
     Open,
+    /// An fd of the map in flight over a unix socket (SCM_RIGHTS), or an io_uring fixed file:
+    /// no process shows it and the scan is not blind; only the dm open count tells (maps only).
+    InFlight,
 }
 
 /// The Kubernetes API's state.
@@ -133,7 +137,8 @@ fn case() -> impl Strategy<Value = Case> {
     ];
     let op = prop_oneof![4 => Just(Operation::Clean), 1 => Just(Operation::Release)];
     let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of((any::<bool>(), 1u32..3)));
-    let hidden = proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open)]);
+    let hidden =
+        proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open), Just(Hidden::InFlight)]);
     let api = prop_oneof![
         3 => Just(Api::NotConfigured),
         3 => Just(Api::Vouches),
@@ -553,7 +558,19 @@ impl World for Sim {
                 .collect(),
             live_filesystems: if fs { vec!["ext4 at /sys/fs/ext4/x".into()] } else { Vec::new() },
             loops_on_top: Vec::new(),
-            dm_open_count: None,
+            // The map's opens: its filesystem's superblock, each fd of it, each device stacked
+            // on it, swap, a loop device on its node, and an fd in flight.
+            dm_open_count: (m.case.kind == Kind::Map && subject).then(|| {
+                let opens: usize = holders
+                    .iter()
+                    .map(|h| match h.kind {
+                        HolderKind::OpenDevice => h.fds.len().max(1),
+                        HolderKind::StackedDevice | HolderKind::Swap | HolderKind::LoopBacking => 1,
+                        _ => 0,
+                    })
+                    .sum();
+                i32::from(fs) + opens as i32 + i32::from(m.hidden.get() == Some(Hidden::InFlight))
+            }),
             unreadable: Vec::new(),
         }
     }
@@ -816,7 +833,8 @@ fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     // The final state: then plan from a fresh scan, as every caller does.
     machine.now.set(machine.now.get().after(Duration::from_secs(30)));
     machine.blind.set(c.extra_blind);
-    machine.hidden.set(c.hidden);
+    // An fd in flight is modelled on maps only: for other kinds the kernel exposes no count.
+    machine.hidden.set(c.hidden.filter(|h| *h != Hidden::InFlight || c.kind == Kind::Map));
     machine.devs.borrow_mut()[0].holders = final_holders(c);
     let devnum = machine.subject().devnum;
     let dir = scratch();
@@ -928,6 +946,8 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         ..base.clone()
     };
     assert_eq!(count_runs(&map), 7, "fail_if_no_path, release, remove, then offline and delete both paths");
+    let in_flight = Case { hidden: Some(Hidden::InFlight), ..map.clone() };
+    assert_eq!(count_runs(&in_flight), 0, "an fd of the map in flight: its open count says so");
     for (what, c) in [
         ("hidden claim", Case { hidden: Some(Hidden::Claim), ..base.clone() }),
         ("blind scan", Case { extra_blind: true, ..base.clone() }),

@@ -189,16 +189,49 @@ impl<W: World> Engine<W> {
         Judged { scan, verdicts, api_state, judged_at: now, stalled }
     }
 
-    /// Scans one device, judges it and plans `op` for it: the usual way to plan.
+    /// Scans one device, judges it and plans `op` for it: the usual way to plan. What the plan's
+    /// steps would remove besides the device (an NVMe controller's other namespaces, an iSCSI
+    /// session's disks, partitions) is scanned too: the scan is widened to the plan's scope
+    /// before anything is judged (what stays outside it is refused by [`Engine::plan`]).
     pub fn plan_fresh(
         &self,
         devnum: DevNum,
         op: Operation,
         clocks: &mut Clocks,
     ) -> Result<(Judged, Plan), EngineError> {
-        let judged = self.judge(self.scan(Target::Device(devnum))?, clocks);
+        let mut scan = self.scan(Target::Device(devnum))?;
+        for _ in 0..MAX_WIDENINGS {
+            let want = self.draft_scope(&scan, devnum, op);
+            if want.iter().all(|d| scan.covers(*d)) {
+                break;
+            }
+            let mut target = vec![devnum];
+            target.extend(scan.scope.iter().flatten().copied());
+            target.extend(want);
+            dedup_keep_first(&mut target);
+            tracing::debug!(device = %devnum, devices = target.len(), "widening the scan to what the plan removes");
+            scan = self.scan(Target::Devices(target))?;
+        }
+        let judged = self.judge(scan, clocks);
         let plan = self.plan(&judged, devnum, op)?;
         Ok((judged, plan))
+    }
+
+    /// A fresh scan of `devnum` that covers everything `step` removes ([`crate::scan::removed_by`]).
+    fn scan_for_step(&self, step: &Step) -> Result<Scan, EngineError> {
+        let mut fresh = self.world.scan(Target::Device(step.devnum))?;
+        for _ in 0..MAX_WIDENINGS {
+            let want = crate::scan::removed_by(step, &fresh.graph);
+            if want.iter().all(|d| fresh.covers(*d)) {
+                break;
+            }
+            let mut target = vec![step.devnum];
+            target.extend(fresh.scope.iter().flatten().copied());
+            target.extend(want);
+            dedup_keep_first(&mut target);
+            fresh = self.world.scan(Target::Devices(target))?;
+        }
+        Ok(fresh)
     }
 
     /// The plan for `op` on one device of `judged`, through every gate: nothing is done to a
@@ -257,12 +290,67 @@ impl<W: World> Engine<W> {
             // A plan already refused (still held, a path active) keeps its own reason.
             let r = gates::completeness(entry, &scan.blind_spots)
                 .or_else(|| others.iter().find_map(|e| gates::completeness(e, &scan.blind_spots)))
-                .or_else(|| not_stale(&p, judgement));
+                .or_else(|| self.side_effects_refusal(&p, scan))
+                .or_else(|| not_stale(&p, judgement))
+                .or_else(|| self.openers_refusal(&p, scan));
             if let Some(r) = r {
                 p.refuse(r);
             }
         }
         Ok(p)
+    }
+
+    /// What the plan of `op` for `devnum` would remove by its kind, before the gates (a gate
+    /// that refuses it may be refusing for want of the wider scan). A release removes no device.
+    fn draft_scope(&self, scan: &Scan, devnum: DevNum, op: Operation) -> Vec<DevNum> {
+        match (scan.entry(devnum), op) {
+            (Some(entry), Operation::Clean) => {
+                let draft = plan::for_clean(entry, &scan.graph, self.settings.clean);
+                crate::scan::plan_scope(&draft, &scan.graph)
+            }
+            _ => vec![devnum],
+        }
+    }
+
+    /// Why the plan must not run because of a device a step removes besides its own (an NVMe
+    /// controller's other namespaces, a disk's partitions, a session's other disks): not looked
+    /// at by the scan, held, protected, used by a pod, or hidden by a blind spot.
+    fn side_effects_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
+        let api = self.world.cluster();
+        crate::scan::side_effects(p, &scan.graph).into_iter().find_map(|(d, step)| {
+            let Some(e) = scan.entry(d) else {
+                return Some(format!(
+                    "{d} goes too when {} runs ({}), but it is not in the scan",
+                    step.action(),
+                    step.describe()
+                ));
+            };
+            recheck::side_effect(step, scan, e, None, api.as_ref(), self.world.now())
+        })
+    }
+
+    /// Why the plan must not run because the kernel counts more openers of a dm device it acts
+    /// on than the plan accounts for ([`gates::openers`]: mounts it releases, layers it removes,
+    /// stuck readers it frees), asked once per dm device at planning time (the re-check asks
+    /// again right before each dm step).
+    fn openers_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
+        let mut asked = Vec::new();
+        for step in &p.steps {
+            if !matches!(
+                step.action,
+                crate::plan::Action::DmMessage { .. } | crate::plan::Action::DmRemove { .. }
+            ) || asked.contains(&step.devnum)
+            {
+                continue;
+            }
+            asked.push(step.devnum);
+            let Some(entry) = scan.entry(step.devnum) else { continue };
+            let word = self.world.kernel_word(&step.device, step.devnum);
+            if let Some(r) = recheck::planned_openers_refusal(p, entry, &word) {
+                return Some(r);
+            }
+        }
+        None
     }
 
     /// Runs a plan's steps in order. Refuses outright when this agent may not act on the host.
@@ -372,7 +460,7 @@ impl<W: World> Engine<W> {
             // re-reads the session itself (same target and portal, no SCSI device left on it).
             return None;
         }
-        let fresh = match self.world.scan(Target::Device(step.devnum)) {
+        let fresh = match self.scan_for_step(step) {
             Ok(s) => s,
             Err(EngineError::NotFound(_)) => return Some(self.vanished(step)),
             Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
@@ -384,7 +472,9 @@ impl<W: World> Engine<W> {
         }
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
-        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now()).map(Halt::Refuse)
+        recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+            .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
+            .map(Halt::Refuse)
     }
 
     /// The step's device number is gone from a fresh scan: looks for the step's kernel object
@@ -424,6 +514,24 @@ impl<W: World> Engine<W> {
                 step.action()
             )),
         }
+    }
+
+    /// The re-check of what `step` removes besides its own device, in the fresh scan: each such
+    /// device still there must be unheld, pass the gates and have the kernel's word agree.
+    fn recheck_side_effects(
+        &self,
+        plan: &Plan,
+        step: &Step,
+        fresh: &Scan,
+        api: Option<&crate::kube::ClusterView>,
+    ) -> Option<String> {
+        crate::scan::side_effects(plan, &fresh.graph).into_iter().filter(|(_, s)| *s == step).find_map(
+            |(d, _)| {
+                let e = fresh.entry(d)?;
+                let word = self.world.kernel_word(&e.device.name, d);
+                recheck::side_effect(step, fresh, e, Some(&word), api, self.world.now())
+            },
+        )
     }
 
     /// Binds an operator's request to the identities they saw (a Plan's answer): refuses when
@@ -486,6 +594,16 @@ fn is_the_object_of(step: &Step, e: &crate::graph::DeviceEntry) -> bool {
             e.device.devnum == step.devnum
         }
     }
+}
+
+/// How many times a scan is widened to what a plan removes before what is still outside it is
+/// refused (each widening adds what the wider scan showed; two suffice on any real host).
+const MAX_WIDENINGS: usize = 3;
+
+/// Removes later duplicates, keeping the first (the device asked about) first.
+fn dedup_keep_first(v: &mut Vec<DevNum>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|d| seen.insert(*d));
 }
 
 /// Whether `later` may only run once `earlier` finished: a mount release depends only on the

@@ -1,6 +1,10 @@
 //! The check right before a destructive step: a fresh scan of the step's device and the
 //! kernel's own word must agree with the plan. Pure: the engine hands in what it read.
 //!
+//! A dm device's open count must not exceed the openers the plan accounts for ([`openers`]).
+//! Whatever else the step removes (an NVMe controller's other namespaces, a disk's partitions)
+//! passes the same gates and must be unheld ([`side_effect`]).
+//!
 //! The device must still be the one planned (identity), fully seen (no blind spot reaches it),
 //! not protected, used by no pod (kubelet, the API), and held by nothing the plan does not
 //! account for: before `fail_if_no_path` the plan may still hold the mounts it is about to
@@ -41,6 +45,113 @@ pub fn refusal(
         .or_else(|| gates::api(entry, api, now).refusal())
         .or_else(|| unaccounted_holders(plan, step, entry))
         .or_else(|| gates::kernel_word(&step.device, word, &accounted(plan, step)))
+        .or_else(|| openers(plan, step, entry, word))
+}
+
+/// Why a dm step must not run: the kernel counts openers of its device that the plan does not
+/// account for ([`gates::openers`]). `None` for other steps.
+pub fn openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> Option<String> {
+    if !matches!(step.action, Action::DmMessage { .. } | Action::DmRemove { .. }) {
+        return None;
+    }
+    gates::openers(&step.device, word, &expected_openers(plan, step, entry, word))
+}
+
+/// The openers of `step`'s device that the plan accounts for right before it runs, from the
+/// fresh scan's `entry` and the kernel's `word`: the filesystem whose mounts the plan releases
+/// after stopping the queueing (one per superblock), the layers stacked on it that the plan
+/// removes after it (one per table), and the fds of the stuck readers it expects to exit.
+pub fn expected_openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
+    let a = accounted(plan, step);
+    openers_of(plan, entry, word, a.filesystem_released, &a.stacked_removed)
+}
+
+/// The openers of dm device `entry` that the plan accounts for when it is made, before any step
+/// ran: the filesystem whose mounts it releases, every layer stacked on it that it removes, the
+/// fds of the stuck readers it frees.
+pub fn planned_openers(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
+    let devnum = entry.device.devnum;
+    let released = plan.steps.iter().any(|s| s.is_release() && s.devnum == devnum);
+    let removed: Vec<crate::model::DeviceName> = plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s.action, Action::DmRemove { .. }) && s.devnum != devnum)
+        .map(|s| s.device.clone())
+        .collect();
+    openers_of(plan, entry, word, released, &removed)
+}
+
+/// Why the plan must not run: the kernel counts more openers of `entry`, a dm device a step
+/// acts on, than the plan accounts for when it is made ([`planned_openers`]).
+pub fn planned_openers_refusal(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> Option<String> {
+    gates::openers(&entry.device.name, word, &planned_openers(plan, entry, word))
+}
+
+fn openers_of(
+    plan: &Plan,
+    entry: &DeviceEntry,
+    word: &KernelWord,
+    filesystem_released: bool,
+    stacked_removed: &[crate::model::DeviceName],
+) -> gates::Openers {
+    let mounted = entry.holders.iter().any(|h| h.kind == HolderKind::Mount);
+    let filesystems =
+        if filesystem_released { word.live_filesystems.len().max(usize::from(mounted)) } else { 0 };
+    let stacked = word.sysfs_holders.iter().filter(|h| stacked_removed.contains(h)).cloned().collect();
+    let fds = entry
+        .holders
+        .iter()
+        .filter(|h| {
+            h.kind == HolderKind::OpenDevice
+                && !h.pids.is_empty()
+                && h.pids.iter().all(|p| plan.expected_openers.contains(p))
+        })
+        .map(|h| h.fds.len().max(1))
+        .sum();
+    gates::Openers { filesystems, stacked, fds }
+}
+
+/// Why `step` must not run because of `entry`, a device it removes besides its own (an NVMe
+/// controller's other namespace, a partition, a session's other disk), as the fresh scan sees
+/// it: it must have been looked at, pass the same gates and be held by nothing at all, not even
+/// per the kernel. `None`: it may go.
+pub fn side_effect(
+    step: &Step,
+    fresh: &Scan,
+    entry: &DeviceEntry,
+    word: Option<&KernelWord>,
+    api: Option<&ClusterView>,
+    now: BootTime,
+) -> Option<String> {
+    let name = &entry.device.name;
+    let why = if !fresh.covers(entry.device.devnum) {
+        Some("the scan did not look for its holders, so it cannot be vouched for".to_owned())
+    } else {
+        gates::completeness(entry, &fresh.blind_spots)
+            .or_else(|| gates::protection(entry, &fresh.protected))
+            .or_else(|| gates::kubelet_pods(entry))
+            .or_else(|| gates::api(entry, api, now).refusal())
+            .or_else(|| {
+                (!entry.holders.is_empty()).then(|| {
+                    let held: Vec<String> = entry.holders.iter().map(Holder::describe).collect();
+                    format!("it is held: {}", held.join("; "))
+                })
+            })
+            .or_else(|| {
+                // A hidden NVMe path has no device node: the exclusive open cannot tell.
+                let hidden = entry.nvme.as_ref().is_some_and(|v| v.role == crate::nvme::NvmeRole::Path);
+                let accounted = Accounted { open_may_fail: hidden, ..Accounted::default() };
+                word.and_then(|w| gates::kernel_word(name, w, &accounted))
+            })
+    };
+    why.map(|w| {
+        format!(
+            "{name} goes too when {} runs ({}): {w}; nothing that something still uses is removed: resolve what holds {name}, or leave {} alone",
+            step.action(),
+            step.describe(),
+            step.device
+        )
+    })
 }
 
 /// What the plan accounts for on the step's device, for the kernel's word.

@@ -146,6 +146,24 @@ impl World for LinuxWorld {
                 let s = blockdev::with_descendants(&devices.devices, d);
                 (Scope::Devices(s.clone()), Some(s))
             }
+            // A plan's scope: the device asked about must be there; the others as they are.
+            Target::Devices(ds) => {
+                if let Some(d) = ds.first().filter(|d| !devices.devices.iter().any(|x| x.devnum == **d)) {
+                    return Err(EngineError::NotFound(format!(
+                        "no block device {d} in {}",
+                        self.host.sys_class_block().display()
+                    )));
+                }
+                let mut s: Vec<DevNum> = Vec::new();
+                for d in ds.iter().filter(|d| devices.devices.iter().any(|x| x.devnum == **d)) {
+                    for x in blockdev::with_descendants(&devices.devices, *d) {
+                        if !s.contains(&x) {
+                            s.push(x);
+                        }
+                    }
+                }
+                (Scope::Devices(s.clone()), Some(s))
+            }
         };
         let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options)?;
         let scan = self.scan_of(&snap, taken_at, covered);
