@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Mutation check of the safety property test: removes each gate of agent/src/gates.rs in turn
 # (completeness, identity, the Kubernetes API, the kernel's word, the users of a mount a release
-# detaches), in a copy of the sources, and
+# detaches, a dm device's openers), in a copy of the sources, and
 # requires tests/tests/safety_property.rs to FAIL against every mutant. A mutant that passes
 # means the property test no longer guards that gate: this script then exits 1.
 #
-# Usage: scripts/mutation-check.sh [GATE...]   (default: all five)
+# Usage: scripts/mutation-check.sh [GATE...]   (default: all six)
 # The copy shares this checkout's target/ directory for dependencies (the mutant's own crates are
 # built under their own copy's path, and no binary of this checkout is replaced).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 gates=("$@")
-[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users)
+[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users openers)
 cases=${BLOCKJANITOR_MUTATION_CASES:-20000}
 work=$(mktemp -d /var/tmp/bj-mutants.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -21,8 +21,8 @@ survivors=()
 for gate in "${gates[@]}"; do
   case "$gate" in
     api) body='        return ApiWord::NotConfigured;' ;;
-    completeness | identity | kernel-word | mount-users) body='        return None;' ;;
-    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users)" >&2; exit 2 ;;
+    completeness | identity | kernel-word | mount-users | openers) body='        return None;' ;;
+    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, openers)" >&2; exit 2 ;;
   esac
   copy="$work/$gate"
   mkdir -p "$copy"

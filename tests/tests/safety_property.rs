@@ -1,12 +1,15 @@
-//! The safety contract as a property of the one engine the binary and the daemon run
-//! (`blockjanitor::engine::Engine`), driven over a simulated machine whose truth the engine can
+//! The safety contract as a property of the one request workflow every way in runs
+//! (`blockjanitor::engine::Engine::carry_out`: the one-shot CLI, the daemon's modes, the gRPC and
+//! the console's forwarded Apply), driven over a simulated machine whose truth the engine can
 //! only partly see.
 //!
 //! Each case is a device (loop, rbd, nbd, a multipath map with two paths, an offline disk) with
 //! holders the scan sees, maybe a holder it cannot see (a filesystem claim no mount table shows,
 //! an open fd of a process it cannot read, which comes with a blind spot, or an fd of a map in
 //! flight over a unix socket, which only the dm open count shows), a history of
-//! observations (gaps in time, incomplete scans, moments it was held), the Kubernetes API's state,
+//! observations (gaps in time, incomplete scans, moments it was held), mounts in chains of peer
+//! groups (a copy of a copy of a host mount), the Kubernetes API's state (one watch silent among
+//! answering ones included),
 //! protection, kubelet's pods, failing steps, and maybe the device number reused by another
 //! device between plan and execute. The engine scans, judges (with grace clocks that persist
 //! across observations), plans `clean` or `release` and executes; the simulated machine checks,
@@ -20,12 +23,14 @@
 //! - the API, when in use, vouches and says no pod or attachment uses it; it is not protected
 //!   and no pod uses it per kubelet;
 //! - a step runs only after every step it depends on finished;
-//! - a release never detaches a mount in the host's namespace or a copy of one, nor a mount in a
+//! - a release never detaches a mount in the host's namespace or a copy of one through any chain
+//!   of peer groups (the oracle computes the chain on its own), nor a mount in a
 //!   namespace where a process uses the filesystem, nor one of a device the kernel holds
 //!   otherwise (swap, a loop backing file, a stacked device): that frees nothing.
 //!
 //! `scripts/mutation-check.sh` removes each gate in turn (completeness, identity, the API, the
-//! kernel's word, the dm openers) and requires this test to fail.
+//! kernel's word, the users of a mount a release detaches, the dm openers) and requires this
+//! test to fail; the journal must end with no intent and no plan left open.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashSet, VecDeque};
@@ -45,7 +50,7 @@ use blockjanitor::engine::{Engine, EngineError, Operation, Settings, World};
 use blockjanitor::grace::Clocks;
 use blockjanitor::graph::{DeviceEntry, DeviceGraph, Holder};
 use blockjanitor::identity::Identity;
-use blockjanitor::kube::{ClusterView, PodInfo, VaInfo};
+use blockjanitor::kube::{ClusterView, PodInfo, VaInfo, WatchHealth};
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
 use blockjanitor::nvme::{NvmeRole, NvmeView};
 use blockjanitor::owner::KubeOwner;
@@ -99,10 +104,22 @@ enum Api {
     NoNode,
     PodUses,
     Attached,
+    /// The Node answers and two watches hear from the server, but the pods watch has heard
+    /// nothing (no event, no bookmark) for longer than the silence bound.
+    SilentWatch,
 }
 
-/// A holder the scan sees: (kind, in the host's namespace, D state, shared/master group).
-type Seen = (usize, bool, bool, Option<(bool, u32)>);
+/// A holder the scan sees: (kind, in the host's namespace, D state, its mount's propagation).
+type Seen = (usize, bool, bool, Option<Group>);
+
+/// A mount's place in the peer groups (`shared:N`, `master:N`, both: a copy of a copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    Shared(u32),
+    Slave(u32),
+    /// `shared:N master:M`: a peer group of its own that receives from M (chains of copies).
+    SharedSlave(u32, u32),
+}
 
 /// One observation before the plan: seconds since the last one, whether the scan was blind,
 /// whether something held the device at that moment.
@@ -136,7 +153,12 @@ fn case() -> impl Strategy<Value = Case> {
         Just(Kind::Nvme)
     ];
     let op = prop_oneof![4 => Just(Operation::Clean), 1 => Just(Operation::Release)];
-    let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of((any::<bool>(), 1u32..3)));
+    let group = prop_oneof![
+        (1u32..4).prop_map(Group::Shared),
+        (1u32..4).prop_map(Group::Slave),
+        (1u32..4, 1u32..4).prop_map(|(g, m)| Group::SharedSlave(g, m)),
+    ];
+    let seen = (0usize..10, any::<bool>(), any::<bool>(), proptest::option::of(group));
     let hidden =
         proptest::option::of(prop_oneof![Just(Hidden::Claim), Just(Hidden::Open), Just(Hidden::InFlight)]);
     let api = prop_oneof![
@@ -144,6 +166,7 @@ fn case() -> impl Strategy<Value = Case> {
         3 => Just(Api::Vouches),
         1 => Just(Api::Unsynced),
         1 => Just(Api::Silent),
+        1 => Just(Api::SilentWatch),
         1 => Just(Api::NoNode),
         1 => Just(Api::PodUses),
         1 => Just(Api::Attached),
@@ -211,8 +234,9 @@ fn holder(i: usize, (kind_ix, host, stuck, group): Seen) -> Holder {
     let kind = HolderKind::ALL[kind_ix % 9]; // every kind the scan reports (not the kernel-only one)
     let n = i as u32;
     let (shared, master) = match group {
-        Some((true, g)) => (Some(g), None),
-        Some((false, g)) => (None, Some(g)),
+        Some(Group::Shared(g)) => (Some(g), None),
+        Some(Group::Slave(m)) => (None, Some(m)),
+        Some(Group::SharedSlave(g, m)) => (Some(g), Some(m)),
         None => (None, None),
     };
     Holder {
@@ -459,16 +483,37 @@ fn candidate_holders(holders: &[Holder], kind: Kind) -> bool {
     holders.iter().all(|h| kind == Kind::Map && (foreign_plain_mount(h, holders) || stuck_reader(h)))
 }
 
+/// A mount in another namespace that is tied to no mount live in the host's namespace by
+/// propagation, through any chain of peer groups: the truth, computed here on its own (not by
+/// the agent's code). Groups carrying the host's mount: the host mounts' own, and every group
+/// whose mounts receive from one of those (a copy of a copy...). Groups the host's mount
+/// receives from: the host mounts' masters, and their masters in turn. A mount in or receiving
+/// from the first kind, or in the second, is tied to the host's mount.
 fn foreign_plain_mount(h: &Holder, all: &[Holder]) -> bool {
-    let host_groups: Vec<u32> = all
-        .iter()
-        .filter(|x| x.kind == HolderKind::Mount && x.in_host_namespace == Some(true))
-        .filter_map(|x| x.shared_group)
-        .collect();
+    let mounts: Vec<&Holder> = all.iter().filter(|x| x.kind == HolderKind::Mount).collect();
+    let host = |x: &&&Holder| x.in_host_namespace == Some(true);
+    let mut carrying: HashSet<u32> = mounts.iter().filter(host).filter_map(|x| x.shared_group).collect();
+    let mut feeding: HashSet<u32> = mounts.iter().filter(host).filter_map(|x| x.master_group).collect();
+    loop {
+        let before = (carrying.len(), feeding.len());
+        for x in &mounts {
+            if let (Some(g), Some(m)) = (x.shared_group, x.master_group) {
+                if carrying.contains(&m) {
+                    carrying.insert(g);
+                }
+                if feeding.contains(&g) {
+                    feeding.insert(m);
+                }
+            }
+        }
+        if (carrying.len(), feeding.len()) == before {
+            break;
+        }
+    }
     h.kind == HolderKind::Mount
         && h.in_host_namespace == Some(false)
-        && !h.shared_group.is_some_and(|g| host_groups.contains(&g))
-        && !h.master_group.is_some_and(|g| host_groups.contains(&g))
+        && !h.shared_group.is_some_and(|g| carrying.contains(&g) || feeding.contains(&g))
+        && !h.master_group.is_some_and(|g| carrying.contains(&g))
 }
 
 /// The subject of a [`Kind::Nvme`] case: a head of subsystem `nqn.test:a` behind one NVMe/TCP
@@ -612,6 +657,19 @@ impl World for Sim {
                 ..vouching
             }),
             Api::NoNode => Some(ClusterView { node_found: Some(false), ..vouching }),
+            Api::SilentWatch => {
+                let long_ago = BootTime::from_since_boot(Duration::from_secs(1));
+                let watch =
+                    |resource, heard| WatchHealth { resource, synced: true, error: None, heard: Some(heard) };
+                Some(ClusterView {
+                    watches: vec![
+                        watch("pods", long_ago),
+                        watch("volumeattachments", now),
+                        watch("persistentvolumes", now),
+                    ],
+                    ..vouching
+                })
+            }
             Api::PodUses => Some(ClusterView { pods_on_node: vec![pod], ..vouching }),
             Api::Attached => Some(ClusterView { volume_attachments: vec![va], ..vouching }),
         }
@@ -946,12 +1004,37 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         ..base.clone()
     };
     assert_eq!(count_runs(&map), 7, "fail_if_no_path, release, remove, then offline and delete both paths");
+    // A chain of copies: host `shared:1`, A `shared:2 master:1`, B `master:2`, and a private
+    // copy C that nothing ties to the host: a release detaches C alone.
+    let chain = Case {
+        op: Operation::Release,
+        holders: vec![
+            (0, true, false, Some(Group::Shared(1))),
+            (0, false, false, Some(Group::SharedSlave(2, 1))),
+            (0, false, false, Some(Group::Slave(2))),
+            (0, false, false, None),
+        ],
+        ..base.clone()
+    };
+    let (machine, _) = drive(&chain);
+    let detached: Vec<u32> = machine
+        .runs
+        .borrow()
+        .iter()
+        .filter_map(|s| match &s.action {
+            Action::DetachMount { mount_id, .. } => Some(*mount_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(detached, [103], "only the private copy C (mount 103), never A or B of the chain");
+    assert!(machine.violations.borrow().is_empty(), "{:?}", machine.violations.borrow());
     let in_flight = Case { hidden: Some(Hidden::InFlight), ..map.clone() };
     assert_eq!(count_runs(&in_flight), 0, "an fd of the map in flight: its open count says so");
     for (what, c) in [
         ("hidden claim", Case { hidden: Some(Hidden::Claim), ..base.clone() }),
         ("blind scan", Case { extra_blind: true, ..base.clone() }),
         ("API silent", Case { api: Api::Silent, ..base.clone() }),
+        ("one watch silent", Case { api: Api::SilentWatch, ..base.clone() }),
         ("no Node", Case { api: Api::NoNode, ..base.clone() }),
         (
             "gap in observation",
