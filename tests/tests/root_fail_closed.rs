@@ -1116,12 +1116,22 @@ fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
     // namespace: it cannot see the mount, nor whether anything there uses it.
     let holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");
     let f = files(&s);
+    // The plan itself is refused for the blind spot (exit 3, unknown), naming it.
+    let out = without_ptrace(&with_files(&f, &["release", &lo.dev]));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(3), "unknown, not `nothing to do`: {said}");
+    let t = text(&out.stdout);
+    assert!(t.contains("refused: blind spot") && names_some_pid(&t), "the blind spot is named: {said}");
+    // And --apply from a run that cannot see is refused before anything (exit 4, one line).
     let out = without_ptrace(&with_files(&f, &["release", &lo.dev, "--apply"]));
     let said =
         format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
-    assert_eq!(out.status.code(), Some(2), "refused, not `nothing to do`: {said}");
-    let t = text(&out.stdout);
-    assert!(t.contains("refused: blind spot") && names_some_pid(&t), "the blind spot is named: {said}");
+    assert_eq!(out.status.code(), Some(4), "refused: {said}");
+    assert!(
+        text(&out.stdout).contains("--apply refused") || text(&out.stderr).contains("--apply refused"),
+        "{said}"
+    );
     assert!(intents(&s, "detach_mount").is_empty(), "{}", journal_text(&s));
     assert!(holder.has_mount(&mnt), "the mount is still there: {said}");
 }
