@@ -199,6 +199,16 @@ impl<W: World> Engine<W> {
         op: Operation,
         clocks: &mut Clocks,
     ) -> Result<(Judged, Plan), EngineError> {
+        let scan = self.plan_scan(devnum, op)?;
+        let judged = self.judge(scan, clocks);
+        let plan = self.plan(&judged, devnum, op)?;
+        Ok((judged, plan))
+    }
+
+    /// The scan a plan for `op` on `devnum` rests on: the device, widened to everything the
+    /// plan's steps would remove ([`crate::scan::plan_scope`]: an NVMe controller's other
+    /// namespaces, a session's other disks, what is stacked on them).
+    pub(crate) fn plan_scan(&self, devnum: DevNum, op: Operation) -> Result<Scan, EngineError> {
         let mut scan = self.scan(Target::Device(devnum))?;
         for _ in 0..MAX_WIDENINGS {
             let want = self.draft_scope(&scan, devnum, op);
@@ -212,9 +222,7 @@ impl<W: World> Engine<W> {
             tracing::debug!(device = %devnum, devices = target.len(), "widening the scan to what the plan removes");
             scan = self.scan(Target::Devices(target))?;
         }
-        let judged = self.judge(scan, clocks);
-        let plan = self.plan(&judged, devnum, op)?;
-        Ok((judged, plan))
+        Ok(scan)
     }
 
     /// A fresh scan of `devnum` that covers everything `step` removes ([`crate::scan::removed_by`]).

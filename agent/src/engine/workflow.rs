@@ -374,7 +374,7 @@ impl<W: World> Engine<W> {
             },
         };
         let judged = {
-            let scan = match self.scan(Target::Device(devnum)) {
+            let scan = match self.plan_scan(devnum, req.op) {
                 Ok(s) => s,
                 Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
                 Err(e) => return Err(e),
