@@ -348,17 +348,13 @@ mod tests {
     fn entry(holders: Vec<Holder>) -> DeviceEntry {
         DeviceEntry::new(
             BlockDevice {
-                name: DeviceName::new("dm-0").expect("name"),
-                devnum: DevNum::new(253, 0),
-                kind: DeviceKind::Dm,
-                size_bytes: 1 << 20,
-                read_only: false,
-                parent: None,
-                holders: Vec::new(),
-                slaves: Vec::new(),
-                loop_info: None,
-                dm: None,
                 diskseq: Some(1),
+                ..BlockDevice::new(
+                    DeviceName::new("dm-0").expect("name"),
+                    DevNum::new(253, 0),
+                    DeviceKind::Dm,
+                    1 << 20,
+                )
             },
             holders,
         )

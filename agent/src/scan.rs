@@ -274,7 +274,7 @@ mod engine_tests {
     use std::cell::{Cell, RefCell};
     use std::time::Duration;
 
-    use crate::act::probe::{Claim, KernelWord};
+    use crate::act::probe::KernelWord;
     use crate::act::recording::RecordingActuator;
     use crate::act::{ActError, Actuator, StepOutcome};
     use crate::clock::BootTime;
@@ -330,14 +330,7 @@ mod engine_tests {
             Ok(Scan { scope: Some(scope), ..Scan::complete(graph, now()) })
         }
         fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
-            KernelWord {
-                claim: Claim::Unclaimed,
-                sysfs_holders: Vec::new(),
-                live_filesystems: Vec::new(),
-                loops_on_top: Vec::new(),
-                dm_open_count: None,
-                unreadable: Vec::new(),
-            }
+            KernelWord::unclaimed()
         }
         fn cluster(&self) -> Option<ClusterView> {
             None

@@ -62,6 +62,19 @@ pub struct KernelWord {
 }
 
 impl KernelWord {
+    /// The word on a device nothing claims: no exclusive claim, nothing in `holders/`, no live
+    /// filesystem, no loop on top, no dm open count, everything read.
+    pub fn unclaimed() -> Self {
+        Self {
+            claim: Claim::Unclaimed,
+            sysfs_holders: Vec::new(),
+            live_filesystems: Vec::new(),
+            loops_on_top: Vec::new(),
+            dm_open_count: None,
+            unreadable: Vec::new(),
+        }
+    }
+
     /// Every reason the kernel gives that the device is in use, in words (empty: none).
     pub fn users(&self) -> Vec<String> {
         let mut out = Vec::new();

@@ -640,7 +640,7 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
-    use crate::act::probe::{Claim, KernelWord};
+    use crate::act::probe::KernelWord;
     use crate::act::recording::RecordingActuator;
     use crate::act::Actuator;
     use crate::discover::namespaces::NsEntry;
@@ -741,14 +741,7 @@ mod tests {
             ))
         }
         fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
-            KernelWord {
-                claim: Claim::Unclaimed,
-                sysfs_holders: Vec::new(),
-                live_filesystems: Vec::new(),
-                loops_on_top: Vec::new(),
-                dm_open_count: None,
-                unreadable: Vec::new(),
-            }
+            KernelWord::unclaimed()
         }
         fn cluster(&self) -> Option<ClusterView> {
             None

@@ -310,17 +310,8 @@ mod tests {
     fn entry(holders: Vec<Holder>) -> DeviceEntry {
         DeviceEntry::new(
             BlockDevice {
-                name: DeviceName::new("loop3").expect("name"),
-                devnum: DEV,
-                kind: DeviceKind::Loop,
-                size_bytes: 1 << 20,
-                read_only: false,
-                parent: None,
-                holders: Vec::new(),
-                slaves: Vec::new(),
-                loop_info: None,
-                dm: None,
                 diskseq: Some(1),
+                ..BlockDevice::new(DeviceName::new("loop3").expect("name"), DEV, DeviceKind::Loop, 1 << 20)
             },
             holders,
         )
