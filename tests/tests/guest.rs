@@ -96,7 +96,7 @@ fn root_guest_map_with_an_active_path_is_never_stale() {
     assert_eq!(h["verdict"], "unused", "{h:#}");
     assert!(h["reasons"].to_string().contains("1 of 2 path(s) active"), "{h:#}");
     let clean = run.section("clean");
-    assert!(clean.contains("refused") && clean.contains("rc=2"), "{clean}");
+    assert!(clean.contains("refused") && clean.contains("rc=4"), "refused (exit 4): {clean}");
 }
 
 #[test]
@@ -895,7 +895,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert!(clean_b.contains("refused") && clean_b.contains("rc=2"), "{clean_b}");
     assert!(!clean_b.contains("detach mount"), "never released under a dead path: {clean_b}");
     let clean_c = run.section("clean_c");
-    assert!(clean_c.contains("live") && clean_c.contains("rc=2"), "{clean_c}");
+    assert!(clean_c.contains("live") && clean_c.contains("rc=4"), "refused (exit 4): {clean_c}");
     // Every controller to 127.0.0.1 down at once: an outage, nothing cleaned.
     let outage = json_section(&run, "outage");
     assert_eq!(outage["verdict"], "outage", "{outage:#}");
@@ -967,7 +967,7 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     }
     assert!(scan["blind_spots"].as_array().is_none_or(Vec::is_empty), "{:#}", scan["blind_spots"]);
     let refused = run.section("outage-clean");
-    assert!(refused.contains("rc=2") && refused.contains("outage"), "{refused}");
+    assert!(refused.contains("rc=4") && refused.contains("outage"), "refused (exit 4): {refused}");
 }
 
 // ---- Issue 17: everything a step removes is scanned; openers the scan cannot see.
@@ -1045,7 +1045,7 @@ fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refu
     assert!(opener.contains("open count 1"), "the kernel counts the fd in flight: {opener}");
     assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc: {opener}");
     let clean = run.section("clean");
-    assert!(clean.contains("rc=2"), "refused with the 'held' exit code: {clean}");
+    assert!(clean.contains("rc=4"), "refused (exit 4: the kernel's count, not a holder the scan saw): {clean}");
     assert!(
         clean.contains("open count 1, accounted 0 (nothing): something the scan cannot see holds dm-"),
         "names the difference: {clean}"
