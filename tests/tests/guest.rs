@@ -901,7 +901,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert_eq!(outage["verdict"], "outage", "{outage:#}");
     assert!(outage["reasons"][0].as_str().expect("reason").starts_with("outage:"), "{outage:#}");
     let co = run.section("clean_outage");
-    assert!(co.contains("outage") && co.contains("rc=2"), "{co}");
+    assert!(co.contains("outage") && co.contains("rc=4"), "refused (exit 4): {co}");
     // The scenario itself checked the kernel's side (controller gone, mount kept, live untouched).
     assert!(run.output.contains("after clean: nvme0 gone"), "{}", run.output);
 }
