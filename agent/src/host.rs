@@ -171,7 +171,10 @@ mod tests {
         assert!(!h.is_live());
         assert!(h.host_fs_roots().is_empty(), "a fixture tree has no init to ask");
         assert!(HostRoot::default().is_live());
-        assert_eq!(HostRoot::default().host_fs_roots(), [PathBuf::from("/proc/1/root"), PathBuf::from("/proc/2/root")]);
+        assert_eq!(
+            HostRoot::default().host_fs_roots(),
+            [PathBuf::from("/proc/1/root"), PathBuf::from("/proc/2/root")]
+        );
         let fixture = HostRoot::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi"));
         assert!(fixture.stat_on_host(Path::new("/sys")).is_ok());
         let host = HostRoot::default();

@@ -279,8 +279,9 @@ impl Snapshot {
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
-        let fd_scans =
-            parallel::map(&user_procs, |e| fds::scan_process(host, e, &targets, nsfs_dev, &known, live, &anon));
+        let fd_scans = parallel::map(&user_procs, |e| {
+            fds::scan_process(host, e, &targets, nsfs_dev, &known, live, &anon)
+        });
         let mut proc_refs = Vec::new();
         let mut stuck_pids = Vec::new();
         let mut pins = scan.nsfs_pins;
@@ -578,7 +579,9 @@ fn learn_loop_backing(host: &HostRoot, devices: &[BlockDevice], anon: &mut AnonI
             continue;
         }
         let (h, path) = (host.clone(), l.backing_file.as_path().to_path_buf());
-        let looked = crate::bounded::read(format!("loop-backing-{dev}"), BTRFS_FSID_DEADLINE, move || h.stat_on_host(&path));
+        let looked = crate::bounded::read(format!("loop-backing-{dev}"), BTRFS_FSID_DEADLINE, move || {
+            h.stat_on_host(&path)
+        });
         let Ok(Ok(id)) = looked else { continue };
         if id.dev == dev && id.ino == ino {
             let members = anon.members_of(&id).to_vec();

@@ -272,7 +272,9 @@ fn host_paths_are_resolved_on_the_host(s: &Scratch, socket: &Path, container: &C
     );
     let want = file.to_string_lossy().into_owned();
     let (shown, last) = device_until(socket, lo.name(), |d| {
-        d["holders"].as_array().is_some_and(|hs| hs.iter().any(|h| h["kind"] == "swap" && h["path"] == want.as_str()))
+        d["holders"]
+            .as_array()
+            .is_some_and(|hs| hs.iter().any(|h| h["kind"] == "swap" && h["path"] == want.as_str()))
     });
     assert!(
         shown,
@@ -329,7 +331,19 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     if !nix::unistd::geteuid().is_root() {
         missing.push("root".to_owned());
     }
-    for t in ["podman", "runc", "strip", "losetup", "mkfs.ext4", "unshare", "mount", "umount", "mkswap", "swapon", "swapoff"] {
+    for t in [
+        "podman",
+        "runc",
+        "strip",
+        "losetup",
+        "mkfs.ext4",
+        "unshare",
+        "mount",
+        "umount",
+        "mkswap",
+        "swapon",
+        "swapoff",
+    ] {
         if on_path(t).is_none() {
             missing.push(format!("the {t} command"));
         }

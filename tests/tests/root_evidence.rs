@@ -34,23 +34,22 @@ fn btrfs_image(s: &Scratch, name: &str) -> PathBuf {
 /// `holders DEV --output json` (exit 0), with the scratch's state file and journal.
 fn holders(s: &Scratch, dev: &str) -> Value {
     let (state, journal) = (s.path("state.json"), s.path("journal.jsonl"));
-    agent_json(
-        &["--state", utf8(&state), "--journal", utf8(&journal), "holders", dev, "--output", "json"],
-        0,
-    )
+    agent_json(&["--state", utf8(&state), "--journal", utf8(&journal), "holders", dev, "--output", "json"], 0)
 }
 
 /// The holders of `kind` whose pids include `pid`.
 fn holder_with_pid<'a>(v: &'a Value, kind: &str, pid: u32) -> Option<&'a Value> {
     v["holders"].as_array()?.iter().find(|h| {
-        h["kind"] == kind && h["pids"].as_array().is_some_and(|p| p.iter().any(|x| x.as_u64() == Some(u64::from(pid))))
+        h["kind"] == kind
+            && h["pids"].as_array().is_some_and(|p| p.iter().any(|x| x.as_u64() == Some(u64::from(pid))))
     })
 }
 
 /// Waits for a pid file the namespace's script writes; panics naming it when it never comes.
 fn pid_file(p: &Path) -> u32 {
     assert!(
-        wait_until(Duration::from_secs(20), || std::fs::read_to_string(p).is_ok_and(|t| t.trim().parse::<u32>().is_ok())),
+        wait_until(Duration::from_secs(20), || std::fs::read_to_string(p)
+            .is_ok_and(|t| t.trim().parse::<u32>().is_ok())),
         "{} was never written: the namespace's script failed",
         p.display()
     );
@@ -91,8 +90,10 @@ fn root_a_forged_dev_kmsg_line_is_no_kernel_evidence() {
             if logged(text) {
                 return true;
             }
-            let mut k =
-                std::fs::OpenOptions::new().write(true).open("/dev/kmsg").expect("open /dev/kmsg for writing");
+            let mut k = std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/kmsg")
+                .expect("open /dev/kmsg for writing");
             k.write_all(format!("{prefix}{text}").as_bytes()).expect("write a record to /dev/kmsg");
             std::thread::sleep(Duration::from_millis(1500));
             false
@@ -129,7 +130,10 @@ fn root_a_forged_dev_kmsg_line_is_no_kernel_evidence() {
     assert!(log.fenced.contains_key(&rbd), "the same lines from the kernel fence {rbd}: {log:?}");
     // From user space, nothing.
     assert!(iscsi::luns_gone(seen.clone(), &wanted).is_empty(), "a forged record made a LUN gone");
-    assert!(iscsi::read_luns_gone(&host, &wanted).is_empty(), "the live kernel log's forged record made a LUN gone");
+    assert!(
+        iscsi::read_luns_gone(&host, &wanted).is_empty(),
+        "the live kernel log's forged record made a LUN gone"
+    );
     let log = kmsg::read_rbd(&host);
     assert!(!log.fenced.contains_key(&rbd), "a forged record fenced {rbd}: {log:?}");
     assert!(!log.attached.contains_key(&rbd), "a forged record announced {rbd}: {log:?}");
@@ -147,8 +151,13 @@ fn a_forged_lun_gone_record_changes_no_verdict_in_a_scan() {
     std::fs::create_dir_all(root.join("dev")).expect("mkdir dev");
     let line = "sd 3:0:0:1: [sdc] tag#18 Add. Sense: Logical unit not supported";
     let scan = |priority: u32| -> Value {
-        std::fs::write(root.join("dev/kmsg"), format!("5,900,13682979,-;sd 3:0:0:1: [sdc] Attached SCSI disk\n{priority},952,23438550,-;{line}\n"))
-            .expect("write kmsg");
+        std::fs::write(
+            root.join("dev/kmsg"),
+            format!(
+                "5,900,13682979,-;sd 3:0:0:1: [sdc] Attached SCSI disk\n{priority},952,23438550,-;{line}\n"
+            ),
+        )
+        .expect("write kmsg");
         let v = agent_json(&["--root", utf8(&root), "--grace-period", "0", "scan", "--output", "json"], 0);
         find_device(&v, "sdc").clone()
     };
@@ -205,14 +214,19 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
         use std::os::unix::fs::MetadataExt;
         m.dev()
     });
-    assert!(sub_dev.as_ref().is_ok_and(|&d| libc::major(d) == 0), "the cwd is on an anonymous device: {sub_dev:?}");
-    assert!(std::fs::read_to_string(format!("/proc/{map}/maps")).is_ok_and(|m| m.contains(&format!("{pp}/sleep"))));
+    assert!(
+        sub_dev.as_ref().is_ok_and(|&d| libc::major(d) == 0),
+        "the cwd is on an anonymous device: {sub_dev:?}"
+    );
+    assert!(std::fs::read_to_string(format!("/proc/{map}/maps"))
+        .is_ok_and(|m| m.contains(&format!("{pp}/sleep"))));
 
     let v = holders(&s, &lo.dev);
     let shown = serde_json::to_string_pretty(&v["holders"]).unwrap_or_default();
     assert!(
-        v["holders"].as_array().is_some_and(|hs| hs.iter().any(|h| h["kind"] == "mount" && h["fstype"] == "btrfs"
-            && h["in_host_namespace"] == false)),
+        v["holders"].as_array().is_some_and(|hs| hs
+            .iter()
+            .any(|h| h["kind"] == "mount" && h["fstype"] == "btrfs" && h["in_host_namespace"] == false)),
         "the namespace's btrfs mount is tied to {} by its fsid: {shown}",
         lo.dev
     );
@@ -224,7 +238,9 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
         );
     }
     assert!(
-        v["holders"].as_array().is_some_and(|hs| hs.iter().any(|h| h["kind"] == "loop_backing" && h["device"] == inner_name.as_str())),
+        v["holders"].as_array().is_some_and(|hs| hs
+            .iter()
+            .any(|h| h["kind"] == "loop_backing" && h["device"] == inner_name.as_str())),
         "{inner_name}, backed by a file on the btrfs subvolume, is not a holder of {}: {shown}",
         lo.dev
     );
@@ -277,12 +293,18 @@ fn root_a_btrfs_mount_whose_source_text_lies_is_tied_by_its_fsid() {
         eprintln!("note: this kernel shows the mount's real device, not the node's name: {line}");
     }
     let mount_at = |v: &Value| -> bool {
-        v["holders"].as_array().is_some_and(|hs| hs.iter().any(|h| h["kind"] == "mount" && h["mount_point"] == pp))
+        v["holders"]
+            .as_array()
+            .is_some_and(|hs| hs.iter().any(|h| h["kind"] == "mount" && h["mount_point"] == pp))
     };
     let vb = holders(&s, &b.dev);
     assert!(mount_at(&vb), "the mount at {pp} (mountinfo: {line}) is not a holder of {}: {vb:#}", b.dev);
     let va = holders(&s, &a.dev);
-    assert!(!mount_at(&va), "the mount at {pp} (mountinfo: {line}) was tied to {} by its source text: {va:#}", a.dev);
+    assert!(
+        !mount_at(&va),
+        "the mount at {pp} (mountinfo: {line}) was tied to {} by its source text: {va:#}",
+        a.dev
+    );
     drop(ns);
     drop(b);
     drop(a);

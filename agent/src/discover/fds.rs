@@ -60,7 +60,12 @@ pub struct FdScan {
 
 /// The in-scope devices a file's `st_dev` stands for: itself, or the member devices of the
 /// btrfs filesystem it lives on (learning its subvolume's number).
-fn file_devices(id: &sys::FileId, targets: &HashSet<DevNum>, anon: &AnonIndex, out: &mut FdScan) -> Vec<DevNum> {
+fn file_devices(
+    id: &sys::FileId,
+    targets: &HashSet<DevNum>,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) -> Vec<DevNum> {
     if targets.contains(&id.dev) {
         return vec![id.dev];
     }
@@ -117,12 +122,22 @@ pub fn scan_process(
         let held = if id.is_block_device() && targets.contains(&id.rdev) {
             vec![(HolderKind::OpenDevice, id.rdev)]
         } else {
-            file_devices(&id, targets, anon, &mut out).into_iter().map(|d| (HolderKind::OpenFile, d)).collect()
+            file_devices(&id, targets, anon, &mut out)
+                .into_iter()
+                .map(|d| (HolderKind::OpenFile, d))
+                .collect()
         };
         if !held.is_empty() {
             let text = link_text(&path);
             for (kind, devnum) in held {
-                out.refs.push(ProcRef { pid: entry.pid, tid: None, kind, devnum, path: text.clone(), fd: Some(fd) });
+                out.refs.push(ProcRef {
+                    pid: entry.pid,
+                    tid: None,
+                    kind,
+                    devnum,
+                    path: text.clone(),
+                    fd: Some(fd),
+                });
             }
         }
         if nsfs_dev == Some(id.dev) && !known_ns.contains(&MountNsId(id.ino)) {

@@ -51,7 +51,13 @@ impl<'a> KernelRecord<'a> {
     /// How a verdict names this record: the kernel wrote it, where it sits in the log, and what
     /// it says.
     pub fn evidence(&self) -> String {
-        format!("kernel record #{} at {}.{:06} s, facility kern: {}", self.seq, self.usec / 1_000_000, self.usec % 1_000_000, self.message)
+        format!(
+            "kernel record #{} at {}.{:06} s, facility kern: {}",
+            self.seq,
+            self.usec / 1_000_000,
+            self.usec % 1_000_000,
+            self.message
+        )
     }
 }
 
@@ -158,9 +164,15 @@ mod tests {
             .expect("facility 0");
         assert_eq!((k.level, k.seq, k.usec), (4, 1234, 98_765_432));
         assert_eq!(k.message, "rbd: rbd0: failed to reregister watch: -108");
-        assert_eq!(k.evidence(), "kernel record #1234 at 98.765432 s, facility kern: rbd: rbd0: failed to reregister watch: -108");
+        assert_eq!(
+            k.evidence(),
+            "kernel record #1234 at 98.765432 s, facility kern: rbd: rbd0: failed to reregister watch: -108"
+        );
         // Written from user space: facility 1 (user, PRIORITY 8..15) or any other.
-        assert_eq!(KernelRecord::parse("12,1235,98765433,-;rbd: rbd0: failed to reregister watch: -108"), None);
+        assert_eq!(
+            KernelRecord::parse("12,1235,98765433,-;rbd: rbd0: failed to reregister watch: -108"),
+            None
+        );
         assert_eq!(KernelRecord::parse("8,1,2,-;x"), None);
         assert_eq!(KernelRecord::parse("30,1,2,-;x"), None);
         assert!(KernelRecord::parse("7,1,2,-;x").is_some(), "facility 0, level 7");
