@@ -81,3 +81,31 @@ pub fn protected_devices(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::MountNsId;
+
+    /// On a tree (a fixture host): a protected path that does not exist protects nothing and
+    /// blinds nothing; one that cannot be resolved (a file where a directory should be) is a
+    /// blind spot over every device, never skipped.
+    #[test]
+    fn an_unresolvable_protected_path_is_a_blind_spot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("file"), b"x").expect("write");
+        let host = HostRoot::new(dir.path());
+        let graph = DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: Vec::new() };
+        let mut blind = Vec::new();
+        let paths = [PathBuf::from("/absent"), PathBuf::from("/file/below")];
+        let out = protected_devices(&host, &graph, &paths[..1], &[], &mut blind);
+        assert!(out.is_empty() && blind.is_empty(), "{blind:?}");
+        protected_devices(&host, &graph, &paths, &[], &mut blind);
+        assert_eq!(blind.len(), 1, "{blind:?}");
+        assert!(
+            blind[0].what.starts_with("protected path /file/below cannot be resolved on the host"),
+            "{blind:?}"
+        );
+        assert_eq!(blind[0].reach, crate::blindspot::Reach::AnyDevice);
+    }
+}

@@ -363,6 +363,27 @@ impl LinuxActuator {
 }
 
 #[cfg(test)]
+mod detach_loop_identity {
+    use super::*;
+
+    /// A plan with no identity for the binding (no diskseq, no backing file device and inode)
+    /// is refused before anything is opened: the number may be bound to another file by now.
+    #[test]
+    fn a_detach_with_no_identity_to_check_is_refused() {
+        let a = LinuxActuator::new(HostRoot::new("/nonexistent"), Duration::from_secs(1));
+        let name = DeviceName::new("loop7").expect("name");
+        let err = a.detach_loop(&name, DevNum::new(7, 7), None, None, None).expect_err("refused");
+        assert!(
+            matches!(&err, ActError::Precondition { reason, .. } if reason.contains("no identity")),
+            "{err:?}"
+        );
+        // With an identity, the same call goes on (here: no such device on the tree, so absent).
+        let absent = a.detach_loop(&name, DevNum::new(7, 7), Some(12), None, None).expect("checked");
+        assert_eq!(absent, StepOutcome::AlreadyAbsent);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
