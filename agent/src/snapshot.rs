@@ -329,7 +329,7 @@ impl Snapshot {
                 }
             }
         }
-        learn_loop_backing(host, &devices, &mut anon);
+        learn_loop_backing(host, &devices, &mounts, &mut anon);
 
         let Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme } =
             read_inventories(host, &devices, &targets, &anon, &mut blind);
@@ -565,25 +565,41 @@ fn read_swaps(
 }
 
 /// A loop device whose backing file is on btrfs has the subvolume's anonymous number as
-/// `lo_device`, which the index knows only when a mount root or an open file showed it. For the
-/// others, the backing file is looked up on the host by its path (`loop/backing_file`), and only
-/// if the kernel says it is the very file (`lo_device` and `lo_inode` match) does the mount it
-/// was reached through tie the number to its filesystem's members.
-fn learn_loop_backing(host: &HostRoot, devices: &[BlockDevice], anon: &mut AnonIndex) {
+/// `lo_device`, which the index knows only when a mount root or an open file showed it (a file
+/// in a nested subvolume shows neither). For the others, the backing file is looked up by its
+/// path (`loop/backing_file`, printed from the root of the namespace that mounts it) on the host
+/// and through a task of each namespace that mounts a tied btrfs, and only if the kernel says it
+/// is the very file (`lo_device` and `lo_inode` match) does the mount it was reached through tie
+/// the number to its filesystem's members.
+fn learn_loop_backing(host: &HostRoot, devices: &[BlockDevice], mounts: &[NsMount], anon: &mut AnonIndex) {
     if anon.is_empty() {
         return;
+    }
+    let mut roots: Vec<Option<std::path::PathBuf>> = vec![None];
+    for m in mounts.iter().filter(|m| m.mount.devnum.major == 0 && m.block.is_some()) {
+        if let NsEntry::Task { pid, tid } = m.via {
+            let r = Some(host.proc_task(pid, tid).join("root"));
+            if !roots.contains(&r) {
+                roots.push(r);
+            }
+        }
     }
     for l in devices.iter().filter_map(|d| d.loop_info.as_ref()) {
         let (Some(dev), Some(ino)) = (l.backing_dev, l.backing_inode) else { continue };
         if dev.major != 0 || !anon.members_of_dev(dev).is_empty() || l.backing_deleted {
             continue;
         }
-        let (h, path) = (host.clone(), l.backing_file.as_path().to_path_buf());
+        let (h, path, tries) = (host.clone(), l.backing_file.as_path().to_path_buf(), roots.clone());
         let looked = crate::bounded::read(format!("loop-backing-{dev}"), BTRFS_FSID_DEADLINE, move || {
-            h.stat_on_host(&path)
+            tries.iter().find_map(|root| {
+                let id = match root {
+                    None => h.stat_on_host(&path),
+                    Some(r) => sys::stat_in_root(r, &path),
+                };
+                id.ok().filter(|id| id.dev == dev && id.ino == ino)
+            })
         });
-        let Ok(Ok(id)) = looked else { continue };
-        if id.dev == dev && id.ino == ino {
+        if let Ok(Some(id)) = looked {
             let members = anon.members_of(&id).to_vec();
             anon.add_dev(dev, &members);
         }

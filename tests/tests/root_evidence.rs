@@ -193,12 +193,14 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
     let (pp, st) = (utf8(&p), utf8(s.dir.path()));
     let script = format!(
         "set -e; mount {dev} {pp}; btrfs subvolume create {pp}/sub >/dev/null; cp /bin/sleep {pp}/sub/sleep; \
-         echo data > {pp}/sub/file; truncate -s 16M {pp}/sub/inner.img; umount {pp}; \
+         echo data > {pp}/sub/file; truncate -s 16M {pp}/sub/inner.img; \
+         btrfs subvolume create {pp}/sub/nested >/dev/null; truncate -s 16M {pp}/sub/nested/deep.img; umount {pp}; \
          mount -o subvol=sub {dev} {pp}; \
          sh -c 'echo $$ > {st}/cwd.pid; cd {pp}; exec sleep 1000' & \
          sh -c 'echo $$ > {st}/fd.pid; cd /; exec 3<{pp}/file; exec sleep 1000' & \
          sh -c 'echo $$ > {st}/map.pid; cd /; exec {pp}/sleep 1000' & \
          losetup -f --show {pp}/inner.img > {st}/inner.tmp && mv {st}/inner.tmp {st}/inner; \
+         losetup -f --show {pp}/nested/deep.img > {st}/deep.tmp && mv {st}/deep.tmp {st}/deep; \
          echo $$ > {st}/ns.pid; wait",
         dev = lo.dev
     );
@@ -209,6 +211,9 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
     let inner_dev = std::fs::read_to_string(s.path("inner")).expect("inner loop device").trim().to_owned();
     let inner_name = inner_dev.trim_start_matches("/dev/").to_owned();
     let inner = LoopDev::adopt(&inner_name, &p.join("inner.img"));
+    let deep_dev = std::fs::read_to_string(s.path("deep")).expect("deep loop device").trim().to_owned();
+    let deep_name = deep_dev.trim_start_matches("/dev/").to_owned();
+    let deep = LoopDev::adopt(&deep_name, &p.join("nested/deep.img"));
     // The holders exist as the kernel shows them: cwd, fd, mapping on the subvolume.
     let sub_dev = std::fs::metadata(format!("/proc/{cwd}/cwd")).map(|m| {
         use std::os::unix::fs::MetadataExt;
@@ -244,7 +249,17 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
         "{inner_name}, backed by a file on the btrfs subvolume, is not a holder of {}: {shown}",
         lo.dev
     );
+    // A file in a nested subvolume (its own anonymous number, which no mount root or open file
+    // shows): tied through the namespace's view of the backing file's path, checked by inode.
+    assert!(
+        v["holders"].as_array().is_some_and(|hs| hs
+            .iter()
+            .any(|h| h["kind"] == "loop_backing" && h["device"] == deep_name.as_str())),
+        "{deep_name}, backed by a file in a nested btrfs subvolume, is not a holder of {}: {shown}",
+        lo.dev
+    );
     assert_ne!(v["verdict"], "unused", "{v:#}");
+    drop(deep);
     drop(inner);
     drop(ns);
     drop(lo);
