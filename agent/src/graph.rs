@@ -312,8 +312,12 @@ impl DeviceGraph {
             if let Some(l) = &d.loop_info {
                 // The filesystem its backing file lives on, and the device when the backing
                 // file is a device node (`losetup /dev/loop5 /dev/nbd0`).
-                let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")];
-                for (dev, what) in on.into_iter().filter_map(|(d, w)| Some((d?, w))) {
+                // A file on btrfs: its subvolume's anonymous number, followed to the members.
+                let on_btrfs = l.backing_dev.map_or(&[][..], |b| s.anon.members_of_dev(b));
+                let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")]
+                    .into_iter()
+                    .chain(on_btrfs.iter().map(|m| (Some(*m), "file")));
+                for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))) {
                     let mut h = Holder::bare(HolderKind::LoopBacking);
                     h.device = Some(d.name.clone());
                     h.path = Some(l.backing_file.clone());

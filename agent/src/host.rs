@@ -114,6 +114,39 @@ impl HostRoot {
         self.root.join(rel)
     }
 
+    /// Where the host's own `/` (as its init sees it, not this process's root: in the
+    /// DaemonSet's container that is the image) can be reached from here, in the order to try:
+    /// on a live host PID 1's `root` link, then kthreadd's (PID 2: kernel threads share the
+    /// initial root, and PID 1 may be shielded, as a sandbox supervisor or an LSM does). Empty on
+    /// a fixture tree (see [`Self::stat_on_host`]).
+    pub fn host_fs_roots(&self) -> Vec<PathBuf> {
+        if !self.is_live() {
+            return Vec::new();
+        }
+        [1, 2].into_iter().map(|pid| self.proc_pid(pid).join("root")).collect()
+    }
+
+    /// Stats `path` as the HOST sees it: resolved with the host's `/` as root
+    /// ([`Self::host_fs_roots`], through `openat2(RESOLVE_IN_ROOT)`, so the host's absolute
+    /// symlinks stay on the host). The first root that can be opened answers (`NotFound`
+    /// included); when none can, the first root's error. On a fixture tree: the path under the
+    /// tree ([`Self::host_path`]).
+    pub fn stat_on_host(&self, path: &Path) -> std::io::Result<crate::sys::FileId> {
+        let roots = self.host_fs_roots();
+        if roots.is_empty() {
+            return crate::sys::stat_cached(&self.host_path(path));
+        }
+        let mut first = None;
+        for root in roots {
+            if let Err(e) = crate::sys::stat_cached(&root) {
+                first.get_or_insert(std::io::Error::new(e.kind(), format!("{}: {e}", root.display())));
+                continue;
+            }
+            return crate::sys::stat_in_root(&root, path);
+        }
+        Err(first.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
+    }
+
     /// True when the proc root is a live procfs of our own PID namespace (its `self` link
     /// names this process), so the PIDs it lists can be entered. False on fixture trees.
     pub fn is_live(&self) -> bool {
@@ -136,6 +169,18 @@ mod tests {
         assert_eq!(h.host_path(Path::new("/proc/1/fd/3")), PathBuf::from("/hostproc/1/fd/3"));
         assert_eq!(h.multipath_wwids(), PathBuf::from("/host/etc/multipath/wwids"));
         assert!(!h.is_live());
+        assert!(h.host_fs_roots().is_empty(), "a fixture tree has no init to ask");
         assert!(HostRoot::default().is_live());
+        assert_eq!(
+            HostRoot::default().host_fs_roots(),
+            [PathBuf::from("/proc/1/root"), PathBuf::from("/proc/2/root")]
+        );
+        let fixture = HostRoot::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi"));
+        assert!(fixture.stat_on_host(Path::new("/sys")).is_ok());
+        let host = HostRoot::default();
+        assert_eq!(
+            host.stat_on_host(Path::new("/nonexistent-protected-path")).map_err(|e| e.kind()).err(),
+            Some(std::io::ErrorKind::NotFound)
+        );
     }
 }

@@ -21,6 +21,11 @@ pub struct FileId {
     pub rdev: DevNum,
     pub ino: u64,
     pub mode: u32,
+    /// The ID of the mount the file was reached through (mountinfo's first field), when the
+    /// kernel gave it (`STATX_MNT_ID`, Linux 5.8). For a file on btrfs this is what ties it to
+    /// its filesystem: its `st_dev` is the subvolume's anonymous number, which no mount table
+    /// shows (gotcha 23).
+    pub mnt_id: Option<u64>,
 }
 
 impl FileId {
@@ -36,15 +41,22 @@ fn cpath(path: &Path) -> io::Result<CString> {
 /// `statx(path)` following links, from cached attributes only (`AT_STATX_DONT_SYNC`).
 pub fn stat_cached(path: &Path) -> io::Result<FileId> {
     let c = cpath(path)?;
+    statx_id(libc::AT_FDCWD, &c, 0)
+}
+
+/// `statx(AT_STATX_DONT_SYNC)` of `dirfd` + `path` (`AT_EMPTY_PATH` in `flags` with an empty
+/// path: the fd itself), asking for the type, inode and mount ID.
+fn statx_id(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int) -> io::Result<FileId> {
     let mut buf = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call, and `buf` points to
-    // writable memory the size of `struct statx`.
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call, `dirfd` is
+    // AT_FDCWD or an fd the caller keeps open, and `buf` points to writable memory the size of
+    // `struct statx`.
     let rc = unsafe {
         libc::statx(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            libc::AT_STATX_DONT_SYNC,
-            libc::STATX_TYPE | libc::STATX_INO,
+            dirfd,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC | flags,
+            libc::STATX_TYPE | libc::STATX_INO | libc::STATX_MNT_ID,
             buf.as_mut_ptr(),
         )
     };
@@ -58,7 +70,109 @@ pub fn stat_cached(path: &Path) -> io::Result<FileId> {
         rdev: DevNum::new(s.stx_rdev_major, s.stx_rdev_minor),
         ino: s.stx_ino,
         mode: u32::from(s.stx_mode),
+        mnt_id: (s.stx_mask & libc::STATX_MNT_ID != 0).then_some(s.stx_mnt_id),
     })
+}
+
+/// [`stat_cached`] of an open fd (an `O_PATH` one will do).
+pub fn stat_fd(fd: BorrowedFd<'_>) -> io::Result<FileId> {
+    statx_id(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
+}
+
+/// `struct open_how` from `<linux/openat2.h>` (libc's is `non_exhaustive`).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Opens `path` as if `root` were `/`: `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` on
+/// `root`, so `..` and absolute symlinks (`/var/lib/docker -> /data/docker` on the host) stay
+/// inside it, which a plain walk of `/proc/1/root/...` does not do (an absolute symlink there
+/// resolves in the caller's root). `flags` are `open(2)` flags (`O_CLOEXEC` is added).
+pub fn open_in_root(root: &Path, path: &Path, flags: libc::c_int) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(root)?;
+    let rel = path.strip_prefix("/").unwrap_or(path);
+    let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
+    let c = cpath(rel)?;
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    // SAFETY: openat2 takes a directory fd kept open for the call, a NUL-terminated path that
+    // outlives it, and a pointer to an `open_how` of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = libc::c_int::try_from(fd).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    // SAFETY: openat2 returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// [`stat_cached`] of `path` resolved with `root` as `/` ([`open_in_root`], `O_PATH`: the file
+/// is not opened, no filesystem's `open` runs).
+pub fn stat_in_root(root: &Path, path: &Path) -> io::Result<FileId> {
+    use std::os::fd::AsFd;
+    let fd = open_in_root(root, path, libc::O_PATH)?;
+    stat_fd(fd.as_fd())
+}
+
+/// `BLKGETDISKSEQ` (`_IOR(0x12, 128, __u64)`, Linux 5.15).
+const BLKGETDISKSEQ: libc::c_ulong = 0x8008_1280;
+
+/// The disk sequence number of the open block device (`diskseq` in sysfs): unique per disk and
+/// per loop binding within a boot, so it names the very binding the fd reached.
+pub fn disk_seq(fd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut seq: u64 = 0;
+    // SAFETY: the fd is open for the call and `seq` is the 8 writable bytes the ioctl encodes.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), BLKGETDISKSEQ as _, &mut seq as *mut u64) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(seq)
+}
+
+/// `BTRFS_IOC_FS_INFO` (`_IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)`, 1024 bytes).
+const BTRFS_IOC_FS_INFO: libc::c_ulong = 0x8400_941f;
+
+/// The fsid of the btrfs filesystem an open fd (not `O_PATH`) is on, as the kernel names the
+/// filesystem's directory `/sys/fs/btrfs/<fsid>` (`BTRFS_IOC_FS_INFO`; the ioctl reads the
+/// in-memory superblock: no I/O to the device). `ENOTTY`: not btrfs.
+pub fn btrfs_fsid(fd: BorrowedFd<'_>) -> io::Result<[u8; 16]> {
+    // struct btrfs_ioctl_fs_info_args: max_id u64, num_devices u64, fsid [u8; 16], ...
+    let mut args = [0u64; 128];
+    // SAFETY: the fd is open for the call, and `args` is 1024 writable bytes, the size the
+    // ioctl number encodes.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), BTRFS_IOC_FS_INFO as _, args.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut fsid = [0u8; 16];
+    fsid[..8].copy_from_slice(&args[2].to_ne_bytes());
+    fsid[8..].copy_from_slice(&args[3].to_ne_bytes());
+    Ok(fsid)
+}
+
+/// An fsid as `/sys/fs/btrfs/` names it (`%pU`: lower-case 8-4-4-4-12).
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The ID of the mount an open file (or `O_PATH` fd) lives on: what mountinfo's first field

@@ -210,6 +210,85 @@ fn as_the_daemonset_runs_it(
     (flags, args)
 }
 
+/// `agentctl holders DEV -o json`'s device, once the agent's scan shows `ok` of it (polled: the
+/// daemon rescans every second).
+fn device_until(socket: &Path, dev: &str, ok: impl Fn(&serde_json::Value) -> bool) -> (bool, String) {
+    let mut last = String::new();
+    let shown = wait_until(Duration::from_secs(20), || {
+        let out = agentctl(socket, &["holders", dev, "-o", "json"]);
+        last = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        ok(&v["device"])
+    });
+    (shown, last)
+}
+
+/// A swap file turned on on the host; turned off on drop.
+struct SwapOn(PathBuf);
+
+impl Drop for SwapOn {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+    }
+}
+
+/// Issue 17, item 6: the agent in its container (its own root: the image) resolves the host's
+/// paths on the host. The host's root disk is `protected` (not `in_use`), and a swap file the
+/// host turned on, on a filesystem of a loop device, is that device's `swap` holder (before, the
+/// container stat'ed `/` and the swap file in its own root: the root disk was only `in_use`, and
+/// the swap file, missing there, blinded every device).
+fn host_paths_are_resolved_on_the_host(s: &Scratch, socket: &Path, container: &Container) {
+    use std::os::unix::fs::MetadataExt;
+    let root_dev = std::fs::metadata("/").expect("stat /").dev();
+    let (major, minor) = (libc::major(root_dev), libc::minor(root_dev));
+    match std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")) {
+        Ok(link) if major != 0 => {
+            let name = link.file_name().expect("name").to_string_lossy().into_owned();
+            let (shown, last) = device_until(socket, &name, |d| d["verdict"] == "protected");
+            assert!(
+                shown,
+                "the host's root disk {name} ({major}:{minor}) is not protected in the container's scan: {last}\nagent log:\n{}",
+                container.logs()
+            );
+        }
+        other => eprintln!(
+            "note: the host's / is on {major}:{minor}, not a block device ({other:?}): its protection is not shown here"
+        ),
+    }
+    let img = s.ext4_image("swapfs.img", 64);
+    let lo = LoopDev::attach(&img);
+    let dir = s.mkdir("swapfs");
+    let fs = HostMount::new(&lo.dev, &dir, &[]);
+    let file = dir.join("swapfile");
+    let dir_text = dir.to_str().expect("utf8");
+    sh("dd", &["if=/dev/zero", &format!("of={dir_text}/swapfile"), "bs=1M", "count=16", "status=none"]);
+    sh("chmod", &["600", file.to_str().expect("utf8")]);
+    sh("mkswap", &[file.to_str().expect("utf8")]);
+    sh("swapon", &[file.to_str().expect("utf8")]);
+    let swap = SwapOn(file.clone());
+    assert!(
+        std::fs::read_to_string("/proc/swaps").is_ok_and(|t| t.contains(file.to_str().expect("utf8"))),
+        "the host's swap file is not active"
+    );
+    let want = file.to_string_lossy().into_owned();
+    let (shown, last) = device_until(socket, lo.name(), |d| {
+        d["holders"]
+            .as_array()
+            .is_some_and(|hs| hs.iter().any(|h| h["kind"] == "swap" && h["path"] == want.as_str()))
+    });
+    assert!(
+        shown,
+        "the host's swap file {want} is not a swap holder of {} in the container's scan: {last}\nagent log:\n{}",
+        lo.dev,
+        container.logs()
+    );
+    // The swap file blinds nothing: another device's view has no blind spot naming it.
+    assert!(!last.contains("cannot resolve it on the host"), "{last}");
+    drop(swap);
+    drop(fs);
+    drop(lo);
+}
+
 /// `MAJ:MIN` of a block device.
 fn devnum(name: &str) -> String {
     std::fs::read_to_string(format!("/sys/class/block/{name}/dev")).expect("dev").trim().to_owned()
@@ -252,7 +331,19 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     if !nix::unistd::geteuid().is_root() {
         missing.push("root".to_owned());
     }
-    for t in ["podman", "runc", "strip", "losetup", "mkfs.ext4", "unshare", "mount", "umount"] {
+    for t in [
+        "podman",
+        "runc",
+        "strip",
+        "losetup",
+        "mkfs.ext4",
+        "unshare",
+        "mount",
+        "umount",
+        "mkswap",
+        "swapon",
+        "swapoff",
+    ] {
         if on_path(t).is_none() {
             missing.push(format!("the {t} command"));
         }
@@ -358,6 +449,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     let container = start(&repo().join("deploy/base/agent.toml"), "report");
     reachable(&container);
     let agent_pid = container.host_pid();
+    host_paths_are_resolved_on_the_host(&s, &socket, &container);
 
     // Incident 5 on the host, under the kubelet-like directory.
     let img = s.ext4_image("volume.img", 32);

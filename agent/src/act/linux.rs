@@ -58,7 +58,7 @@ impl Actuator for LinuxActuator {
                 self.detach_mount(device, *mount_dev, *namespace, via, *mount_id)
             }
             Action::DetachLoop { backing_dev, backing_inode, .. } => {
-                self.detach_loop(device, devnum, *backing_dev, *backing_inode)
+                self.detach_loop(device, devnum, step.identity.diskseq, *backing_dev, *backing_inode)
             }
             Action::DmMessage { uuid, message } => self.dm_message(device, devnum, uuid, message),
             Action::DmRemove { uuid, deferred } => self.dm_remove(device, devnum, uuid, *deferred),
@@ -284,14 +284,29 @@ impl LinuxActuator {
         }
     }
 
+    /// Detaches a loop device, only if the binding the fd reaches is the planned one: its
+    /// `diskseq` (new with every binding) when the plan has it, and its backing file (`lo_device`,
+    /// `lo_inode`) when the plan has them. A plan with neither has no identity to check, and is
+    /// refused: a number bound again since is indistinguishable from the planned binding.
     fn detach_loop(
         &self,
         device: &DeviceName,
         devnum: DevNum,
+        diskseq: Option<u64>,
         backing_dev: Option<DevNum>,
         backing_inode: Option<u64>,
     ) -> Result<StepOutcome, ActError> {
         let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
+        let backing = match (backing_dev, backing_inode) {
+            (Some(d), Some(i)) => Some((d, i)),
+            _ => None,
+        };
+        if diskseq.is_none() && backing.is_none() {
+            return Err(fail(format!(
+                "the plan has no identity for {device}'s binding (no diskseq, no backing file device and inode): \
+                 nothing to prove the number is still bound to the planned file; scan again where LOOP_GET_STATUS64 answers"
+            )));
+        }
         let backing_attr = self.host.sys_class_block().join(device.as_str()).join("loop/backing_file");
         if !backing_attr.exists() {
             return Ok(StepOutcome::AlreadyAbsent);
@@ -302,10 +317,14 @@ impl LinuxActuator {
             return Err(fail(format!("{} is not device {devnum}", node.display())));
         }
         let dev = device.clone();
-        let expect = (backing_dev, backing_inode);
         let outcome = bounded(device, "LOOP_CLR_FD", self.timeout, move || {
             let f =
                 File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
+            if let Some(planned) = diskseq {
+                if sys::disk_seq(f.as_fd())? != planned {
+                    return Ok(None);
+                }
+            }
             let st = match sys::loop_get_status(f.as_fd()) {
                 Ok(st) => st,
                 Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
@@ -313,8 +332,8 @@ impl LinuxActuator {
                 }
                 Err(e) => return Err(e),
             };
-            let now = (Some(DevNum::from_dev_t(st.lo_device)), Some(st.lo_inode));
-            if expect.0.is_some() && now != expect {
+            let now = (DevNum::from_dev_t(st.lo_device), st.lo_inode);
+            if backing.is_some_and(|b| b != now) {
                 return Ok(None);
             }
             match sys::loop_clear(f.as_fd()) {
@@ -325,7 +344,7 @@ impl LinuxActuator {
         })?;
         let Some(outcome) = outcome else {
             return Err(fail(format!(
-                "{dev} is now bound to another file than planned: device name reused?"
+                "{dev} is now another binding than planned (its diskseq or backing file changed): device name reused?"
             )));
         };
         // A transient opener (a scan reading LOOP_GET_STATUS64, blkid) turns LOOP_CLR_FD into
@@ -340,6 +359,27 @@ impl LinuxActuator {
             )));
         }
         Ok(outcome)
+    }
+}
+
+#[cfg(test)]
+mod detach_loop_identity {
+    use super::*;
+
+    /// A plan with no identity for the binding (no diskseq, no backing file device and inode)
+    /// is refused before anything is opened: the number may be bound to another file by now.
+    #[test]
+    fn a_detach_with_no_identity_to_check_is_refused() {
+        let a = LinuxActuator::new(HostRoot::new("/nonexistent"), Duration::from_secs(1));
+        let name = DeviceName::new("loop7").expect("name");
+        let err = a.detach_loop(&name, DevNum::new(7, 7), None, None, None).expect_err("refused");
+        assert!(
+            matches!(&err, ActError::Precondition { reason, .. } if reason.contains("no identity")),
+            "{err:?}"
+        );
+        // With an identity, the same call goes on (here: no such device on the tree, so absent).
+        let absent = a.detach_loop(&name, DevNum::new(7, 7), Some(12), None, None).expect("checked");
+        assert_eq!(absent, StepOutcome::AlreadyAbsent);
     }
 }
 

@@ -6,6 +6,12 @@
 //! NFS server cannot hang the scan. `maps` of a process in D state is read on its own thread with
 //! a deadline (reading it takes the target's mmap lock, which a stuck process may hold).
 //! Whatever cannot be read is reported, so the scan knows it is incomplete.
+//!
+//! A file on btrfs stats with its subvolume's anonymous `st_dev`, and its mapping shows the
+//! superblock's: neither is a block device (gotcha 23). Both are followed to the filesystem's
+//! member devices through the [`AnonIndex`] (the superblock's number, or the mount the file was
+//! reached through, by the kernel's mount ID), so a cwd, an open file or a mapping on btrfs is a
+//! holder of every device the filesystem sits on.
 
 use std::collections::HashSet;
 use std::os::unix::ffi::OsStringExt;
@@ -14,6 +20,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::livefs::AnonIndex;
 use super::maps;
 use super::namespaces::NsEntry;
 use super::processes::ProcEntry;
@@ -45,9 +52,32 @@ pub struct FdScan {
     pub stuck: bool,
     /// What could not be read, naming the file and the process.
     pub unreadable: Vec<String>,
+    /// Subvolume numbers (anonymous `st_dev`) seen on files reached through a mount the
+    /// [`AnonIndex`] knows, with that filesystem's members: for a loop device backed by a file
+    /// there.
+    pub learned: Vec<(DevNum, Vec<DevNum>)>,
 }
 
-/// Scans one process. `nsfs_dev` (live hosts) lets fds on namespace files be recognised;
+/// The in-scope devices a file's `st_dev` stands for: itself, or the member devices of the
+/// btrfs filesystem it lives on (learning its subvolume's number).
+fn file_devices(
+    id: &sys::FileId,
+    targets: &HashSet<DevNum>,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) -> Vec<DevNum> {
+    if targets.contains(&id.dev) {
+        return vec![id.dev];
+    }
+    let members = anon.members_of(id);
+    if !members.is_empty() && anon.members_of_dev(id.dev).is_empty() {
+        out.learned.push((id.dev, members.to_vec()));
+    }
+    members.iter().copied().filter(|m| targets.contains(m)).collect()
+}
+
+/// Scans one process. `anon` follows btrfs's anonymous numbers to their member devices;
+/// `nsfs_dev` (live hosts) lets fds on namespace files be recognised;
 /// `known_ns` are the namespaces that already have tasks; `live` ([`HostRoot::is_live`]) says
 /// the PIDs are this process's own, so the kernel can be asked about them directly. What cannot
 /// be read (other than the process exiting) is listed in [`FdScan::unreadable`]: it is a blind
@@ -59,6 +89,7 @@ pub fn scan_process(
     nsfs_dev: Option<DevNum>,
     known_ns: &HashSet<MountNsId>,
     live: bool,
+    anon: &AnonIndex,
 ) -> FdScan {
     let mut out = FdScan::default();
     let who = format!("pid {} ({})", entry.pid, entry.comm);
@@ -88,22 +119,26 @@ pub fn scan_process(
                 continue;
             }
         };
-        let kind = if id.is_block_device() && targets.contains(&id.rdev) {
-            Some((HolderKind::OpenDevice, id.rdev))
-        } else if targets.contains(&id.dev) {
-            Some((HolderKind::OpenFile, id.dev))
+        let held = if id.is_block_device() && targets.contains(&id.rdev) {
+            vec![(HolderKind::OpenDevice, id.rdev)]
         } else {
-            None
+            file_devices(&id, targets, anon, &mut out)
+                .into_iter()
+                .map(|d| (HolderKind::OpenFile, d))
+                .collect()
         };
-        if let Some((kind, devnum)) = kind {
-            out.refs.push(ProcRef {
-                pid: entry.pid,
-                tid: None,
-                kind,
-                devnum,
-                path: link_text(&path),
-                fd: Some(fd),
-            });
+        if !held.is_empty() {
+            let text = link_text(&path);
+            for (kind, devnum) in held {
+                out.refs.push(ProcRef {
+                    pid: entry.pid,
+                    tid: None,
+                    kind,
+                    devnum,
+                    path: text.clone(),
+                    fd: Some(fd),
+                });
+            }
         }
         if nsfs_dev == Some(id.dev) && !known_ns.contains(&MountNsId(id.ino)) {
             if let Some(ns) =
@@ -120,7 +155,7 @@ pub fn scan_process(
             fd_dir.display()
         ));
     }
-    let leader_seen = dir_refs(&dir, entry.pid, None, targets, &mut out);
+    let leader_seen = dir_refs(&dir, entry.pid, None, targets, anon, &mut out);
     // A task can have a working directory and root of its own (it unshared CLONE_FS, or its
     // mount namespace): every task's is checked. A task that shares the leader's fs_struct (the
     // pthread default) has the leader's cwd and root, just seen: `kcmp(KCMP_FS)` proves it in
@@ -133,7 +168,7 @@ pub fn scan_process(
         if tid == entry.pid || (by_kcmp && sys::same_fs_context(entry.pid, tid).unwrap_or(false)) {
             continue;
         }
-        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, &mut out);
+        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, anon, &mut out);
     }
     out.stuck = entry.state == 'D';
     match read_maps(&dir, entry.pid, out.stuck) {
@@ -141,15 +176,23 @@ pub fn scan_process(
             // Bytes: a mapped file's name need not be UTF-8, and must not hide the mapping.
             let mut seen = HashSet::new();
             for m in maps::file_mappings(&text) {
-                if targets.contains(&m.devnum) && seen.insert((m.devnum, m.inode)) {
-                    out.refs.push(ProcRef {
-                        pid: entry.pid,
-                        tid: None,
-                        kind: HolderKind::Mmap,
-                        devnum: m.devnum,
-                        path: Some(KernelText::from(m.path)),
-                        fd: None,
-                    });
+                // maps shows btrfs's superblock number: follow it to the members.
+                let devs: Vec<DevNum> = if targets.contains(&m.devnum) {
+                    vec![m.devnum]
+                } else {
+                    anon.members_of_dev(m.devnum).iter().copied().filter(|d| targets.contains(d)).collect()
+                };
+                for devnum in devs {
+                    if seen.insert((devnum, m.devnum, m.inode)) {
+                        out.refs.push(ProcRef {
+                            pid: entry.pid,
+                            tid: None,
+                            kind: HolderKind::Mmap,
+                            devnum,
+                            path: Some(KernelText::from(m.path)),
+                            fd: None,
+                        });
+                    }
                 }
             }
         }
@@ -180,15 +223,23 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
 }
 
 /// Checks a task's cwd and root. True when both were seen (not gone, not unreadable).
-fn dir_refs(dir: &Path, pid: u32, tid: Option<u32>, targets: &HashSet<DevNum>, out: &mut FdScan) -> bool {
+fn dir_refs(
+    dir: &Path,
+    pid: u32,
+    tid: Option<u32>,
+    targets: &HashSet<DevNum>,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) -> bool {
     let mut seen = true;
     for (name, kind) in [("cwd", HolderKind::Cwd), ("root", HolderKind::Root)] {
         let path = dir.join(name);
         match sys::stat_cached(&path) {
-            Ok(id) if targets.contains(&id.dev) => {
-                out.refs.push(ProcRef { pid, tid, kind, devnum: id.dev, path: link_text(&path), fd: None })
+            Ok(id) => {
+                for devnum in file_devices(&id, targets, anon, out) {
+                    out.refs.push(ProcRef { pid, tid, kind, devnum, path: link_text(&path), fd: None })
+                }
             }
-            Ok(_) => {}
             // Gone, or a zombie (no files any more).
             Err(e) if is_gone(&e) => seen = false,
             Err(e) => {
@@ -247,7 +298,7 @@ mod tests {
         let entry = processes::read_entry(&host, me).expect("readable").expect("alive");
         let targets: HashSet<DevNum> = [procfs].into();
         let dirs = |live: bool| -> Vec<(Option<u32>, HolderKind)> {
-            let s = scan_process(&host, &entry, &targets, None, &HashSet::new(), live);
+            let s = scan_process(&host, &entry, &targets, None, &HashSet::new(), live, &AnonIndex::default());
             assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
             let mut v: Vec<_> = s
                 .refs
@@ -280,7 +331,7 @@ mod tests {
         let entry = processes::read_entry(&host, std::process::id()).expect("readable").expect("alive");
         let targets: HashSet<DevNum> = [procfs].into();
         let holds = || {
-            scan_process(&host, &entry, &targets, None, &HashSet::new(), true)
+            scan_process(&host, &entry, &targets, None, &HashSet::new(), true, &AnonIndex::default())
                 .refs
                 .iter()
                 .any(|r| r.fd == Some(fd))

@@ -259,10 +259,12 @@ enum SdEvent {
     NotSupported,
 }
 
-/// `(H:C:T:L, sdX, event)` of one kmsg record, when it is one the LUN check needs.
-fn sd_record(record: &str) -> Option<(&str, &str, SdEvent, &str)> {
-    let msg = record.split_once(';')?.1.trim_end();
-    let rest = msg.strip_prefix("sd ")?;
+/// `(H:C:T:L, sdX, event, evidence)` of one kmsg record, when it is one the LUN check needs.
+/// Only the kernel's own records (facility 0) count: `/dev/kmsg` takes writes from user space
+/// (facility >= 1), and a forged line must never make a healthy LUN look gone (gotcha 26).
+fn sd_record(record: &str) -> Option<(&str, &str, SdEvent, String)> {
+    let k = crate::discover::kmsg::KernelRecord::parse(record)?;
+    let rest = k.message.strip_prefix("sd ")?;
     let (hctl, rest) = rest.split_once(": [")?;
     let (name, what) = rest.split_once("] ")?;
     let event = if what == "Attached SCSI disk" {
@@ -272,12 +274,13 @@ fn sd_record(record: &str) -> Option<(&str, &str, SdEvent, &str)> {
     } else {
         return None;
     };
-    Some((hctl, name, event, msg))
+    Some((hctl, name, event, k.evidence()))
 }
 
-/// The disks (by name) whose LUN the target reports gone, with the kernel's line: the latest
-/// record for the disk's name and address since it was attached is `Logical unit not
-/// supported`. Only these names are looked for (`wanted`: `(name, H:C:T:L)`); no record: not
+/// The disks (by name) whose LUN the target reports gone, with the kernel's record (its
+/// evidence text names it a kernel record): the latest of the kernel's own records for the
+/// disk's name and address since it was attached is `Logical unit not supported`; records
+/// written from user space are ignored. Only these names are looked for (`wanted`: `(name, H:C:T:L)`); no record: not
 /// gone (the kernel says nothing until a command reaches the LUN, see ARCHITECTURE.md).
 pub fn luns_gone(
     records: impl IntoIterator<Item = String>,
@@ -287,7 +290,7 @@ pub fn luns_gone(
     for r in records {
         let Some((hctl, name, event, msg)) = sd_record(&r) else { continue };
         if let Some((n, _)) = wanted.iter().find(|(n, a)| n == name && a == hctl) {
-            last.insert(n.as_str(), (event, msg.to_owned()));
+            last.insert(n.as_str(), (event, msg));
         }
     }
     let mut out: Vec<(String, String)> = last
@@ -360,9 +363,20 @@ mod tests {
             gone,
             [(
                 "sdb".to_owned(),
-                "sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported".to_owned()
+                "kernel record #952 at 23.438550 s, facility kern: sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported".to_owned()
             )]
         );
+        // The same line written from user space (facility 1: PRIORITY 8 + level) is no
+        // evidence: a healthy LUN with a forged record stays not gone.
+        let forged = [
+            "5,900,13682979,-;sd 0:0:0:1: [sdb] Attached SCSI disk",
+            "11,990,23438999,-;sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported",
+        ]
+        .map(String::from);
+        assert!(luns_gone(forged.clone(), &wanted).is_empty(), "a user-space record is not the kernel's");
+        let mut kern = forged;
+        kern[1] = kern[1].replacen("11,", "3,", 1);
+        assert_eq!(luns_gone(kern, &wanted).len(), 1, "the same text from the kernel counts");
         assert!(read_luns_gone(&HostRoot::new("/nonexistent"), &wanted).is_empty());
     }
 

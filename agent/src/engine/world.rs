@@ -111,15 +111,17 @@ impl LinuxWorld {
     /// A [`Scan`] of a snapshot: its graph, blind spots and protected devices.
     fn scan_of(&self, snap: &Snapshot, taken_at: BootTime, scope: Option<Vec<DevNum>>) -> Scan {
         let graph = DeviceGraph::build(snap);
+        let mut blind_spots = snap.blind_spots.clone();
         let protected = protected_devices(
             &self.host,
             &graph,
             &self.options.protected_paths,
             &self.options.protected_devices,
+            &mut blind_spots,
         );
         Scan {
             graph,
-            blind_spots: snap.blind_spots.clone(),
+            blind_spots,
             protected,
             stats: snap.stats.clone(),
             warnings: snap.warnings.clone(),

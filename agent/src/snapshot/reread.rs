@@ -98,7 +98,7 @@ impl Snapshot {
         self.refresh_filesystems(host)?;
         let filesystems = started.elapsed();
         let mut fresh = read.mounts;
-        join_anonymous(host, &mut fresh, &self.devices, &self.live_fs, &mut self.blind_spots);
+        join_anonymous(host, &mut fresh, &self.devices, &self.live_fs, &mut self.blind_spots, &mut self.anon);
         self.mounts.retain(|m| !changed.contains(&m.ns));
         self.take_mounts(host, &to_read, fresh);
         tracing::debug!(
@@ -136,7 +136,7 @@ impl Snapshot {
         let all: HashSet<DevNum> = devices.iter().map(|d| d.devnum).collect();
         let mut blind = Vec::new();
         let Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme } =
-            read_inventories(host, &devices, &all, &mut blind);
+            read_inventories(host, &devices, &all, &self.anon, &mut blind);
         if let Some(b) = blind.first() {
             return Err(b.what.clone());
         }
