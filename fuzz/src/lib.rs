@@ -79,9 +79,11 @@ pub fn kubelet_input(data: &[u8]) {
 
 /// Kernel log records (`/dev/kmsg`).
 pub fn kmsg_records(data: &[u8]) {
-    for record in text(data).split('\n') {
-        let _ = kmsg::fenced_record(record);
+    let t = text(data);
+    for record in t.split('\n') {
+        let _ = kmsg::KernelRecord::parse(record);
     }
+    let _ = kmsg::RbdLog::from_records(t.split('\n'));
 }
 
 /// What the kernel sends the daemon: fanotify mount-event records, uevent messages, and a

@@ -1045,7 +1045,10 @@ fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refu
     assert!(opener.contains("open count 1"), "the kernel counts the fd in flight: {opener}");
     assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc: {opener}");
     let clean = run.section("clean");
-    assert!(clean.contains("rc=4"), "refused (exit 4: the kernel's count, not a holder the scan saw): {clean}");
+    assert!(
+        clean.contains("rc=4"),
+        "refused (exit 4: the kernel's count, not a holder the scan saw): {clean}"
+    );
     assert!(
         clean.contains("open count 1, accounted 0 (nothing): something the scan cannot see holds dm-"),
         "names the difference: {clean}"
