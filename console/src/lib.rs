@@ -16,6 +16,8 @@
 //! - [`link`]: one task per agent keeping its part of the index current.
 //! - [`index`]: the fleet index and its lookups.
 //! - [`watchers`]: parsing `rbd status` / `rados listwatchers` text.
+//! - [`ceph_addr`]: every identifier a user pastes from Ceph (addresses, vectors, ranges, client
+//!   ids, `rbd status` and `ceph osd blocklist ls` lines) for WhoWatches, and matching it.
 //! - [`cluster`]: Nodes, PVs, PVCs and VolumeAttachments, watched.
 //! - [`multiattach`]: one diagnosis per node for a volume.
 //! - [`apply`]: an Apply's targets (identities required), its dry run's summary, the fleet-wide
@@ -23,6 +25,7 @@
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
 pub mod apply;
+pub mod ceph_addr;
 pub mod cluster;
 pub mod discover;
 pub mod index;

@@ -29,6 +29,7 @@ use crate::link::Links;
 use crate::metrics::Metrics;
 use crate::multiattach;
 use crate::watchers;
+use crate::ceph_addr;
 
 /// Everything the service reads.
 pub struct FleetService {
@@ -69,6 +70,27 @@ fn on_behalf_of<T>(req: &mut Request<T>, who: &str) -> Result<(), Status> {
         .map_err(|_| Status::invalid_argument("the caller's identity cannot travel as metadata"))?;
     req.metadata_mut().insert(ON_BEHALF_OF, value);
     Ok(())
+}
+
+/// What a WhoWatches request asks about: `text` (any form [`ceph_addr::parse_query`] reads), or
+/// `client_addr` and/or `client_id`. Anything not understood is an error, never an answer.
+fn parse_who_watches(r: &pb::WhoWatchesRequest) -> Result<Vec<ceph_addr::Query>, String> {
+    if !r.text.trim().is_empty() {
+        return ceph_addr::parse_query(&r.text).map_err(|e| e.to_string());
+    }
+    let (addr, id) = (r.client_addr.trim(), r.client_id.trim());
+    if addr.is_empty() && id.is_empty() {
+        return Err(format!("give client_addr, client_id or text: {}", ceph_addr::EXPECTED));
+    }
+    let mut q = ceph_addr::Query::default();
+    if !addr.is_empty() {
+        q.addrs = ceph_addr::parse_addr(addr).map_err(|e| e.to_string())?;
+        q.addr_text = addr.to_owned();
+    }
+    if !id.is_empty() {
+        q.client = Some(ceph_addr::parse_client(id).map_err(|e| e.to_string())?);
+    }
+    Ok(vec![q])
 }
 
 fn uninterpretable(what: &str) -> Status {
@@ -223,6 +245,26 @@ impl FleetService {
         (out, self.missing_of(&ix))
     }
 
+    /// The rbd mappings that belong to a WhoWatches query (parsed values compared, never raw
+    /// text), the rbd mappings whose client cannot be read (they may be this client's) and the
+    /// nodes not answered for.
+    fn watcher_mappings(&self, q: &ceph_addr::Query) -> (Vec<pb::FleetDevice>, Vec<String>, Vec<pb::MissingNode>) {
+        let ix = self.index.read();
+        let mut found = Vec::new();
+        let mut unreadable = Vec::new();
+        for n in ix.nodes.values() {
+            for d in n.devices.values() {
+                let Some(r) = &d.rbd else { continue };
+                if q.matches(&r.client_addr, &r.client_id) {
+                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) });
+                } else if !ceph_addr::readable(&r.client_addr, &r.client_id) {
+                    unreadable.push(format!("{}/{}", n.name, d.name));
+                }
+            }
+        }
+        (found, unreadable, self.missing_of(&ix))
+    }
+
     fn agent_for(
         &self,
         node: &str,
@@ -312,59 +354,38 @@ impl Fleet for FleetService {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
-        let mut asked: Vec<watchers::Watcher> = Vec::new();
-        if !r.text.is_empty() {
-            asked = watchers::parse(&r.text);
-            if asked.is_empty() {
-                return Err(uninterpretable("the text has no `watcher=ADDR client.N cookie=N` line"));
-            }
-        } else if !r.client_addr.is_empty() || !r.client_id.is_empty() {
-            let client = if r.client_id.is_empty() {
-                String::new()
-            } else {
-                watchers::normalize_client(&r.client_id).ok_or_else(|| {
-                    uninterpretable(&format!("'{}' is not a client id (client.N)", r.client_id))
-                })?
-            };
-            asked.push(watchers::Watcher {
-                addr: r.client_addr.trim().to_owned(),
-                client,
-                cookie: String::new(),
-            });
-        } else {
-            return Err(uninterpretable("give client_addr, client_id or text"));
-        }
+        let asked = parse_who_watches(&r).map_err(|e| {
+            tracing::info!(error = %e, "WhoWatches: query not understood");
+            uninterpretable(&e)
+        })?;
         if r.fresh {
             self.links.refresh_all(None).await;
         }
         let mut out = Vec::new();
         let mut missing = Vec::new();
         for w in asked {
-            let mut keys = Vec::new();
-            if !w.addr.is_empty() {
-                keys.push(if w.addr.contains('/') {
-                    Key::ClientAddr(w.addr.clone())
-                } else {
-                    Key::ClientIp(watchers::addr_ip(&w.addr).to_owned())
-                });
-            }
-            if !w.client.is_empty() {
-                keys.push(Key::ClientId(w.client.clone()));
-            }
-            let (mappings, m) = self.lookup(&keys);
+            let (mappings, unreadable, m) = self.watcher_mappings(&w);
             missing = m;
-            let (unfence_safe, detail) = match (mappings.is_empty(), missing.is_empty()) {
-                (true, true) => {
+            let (unfence_safe, detail) = match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
+                (true, true, true) => {
                     (true, "no node maps anything for this client and every node answered".to_owned())
                 }
-                (true, false) => (
+                (true, false, _) => (
                     false,
                     format!(
                         "no answering node maps anything for this client, but {} node(s) did not answer",
                         missing.len()
                     ),
                 ),
-                (false, _) => (
+                (true, true, false) => (
+                    false,
+                    format!(
+                        "no node maps anything for this client, but these rbd mappings report no readable \
+                         client address or id, so they may be this client's: {}",
+                        unreadable.join(", ")
+                    ),
+                ),
+                (false, _, _) => (
                     false,
                     format!(
                         "still mapped on {}: unmap there first",
@@ -380,8 +401,10 @@ impl Fleet for FleetService {
                     ),
                 ),
             };
-            let node_by_address = match (&self.cluster, w.addr.is_empty()) {
-                (Some(c), false) => c.node_with_address(watchers::addr_ip(&w.addr)).unwrap_or_default(),
+            let ip = w.ip().map(|i| i.to_canonical().to_string());
+            let w = watchers::Watcher { addr: w.addr_text.clone(), client: w.client_text(), cookie: w.cookie };
+            let node_by_address = match (&self.cluster, ip) {
+                (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
                 _ => String::new(),
             };
             let detail = if node_by_address.is_empty() {

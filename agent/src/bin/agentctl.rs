@@ -290,10 +290,12 @@ enum FleetCommand {
         fresh: bool,
     },
     /// Which node and device a Ceph watcher belongs to, and whether unfencing it is safe. WATCHER
-    /// is a client address (IP:0/NONCE or IP), a client id (client.N), or `-` to read `rbd
-    /// status` / `rados listwatchers` output from stdin.
+    /// is a client address as Ceph prints it (IP:0/NONCE, v1:IP:0/NONCE, [v2:...,v1:...],
+    /// [IPv6]:0/NONCE), an IP or range, a client id (client.N), a `rbd status` or `ceph osd
+    /// blocklist ls` line, or `-` to read such output from stdin. Input it does not understand is
+    /// an error, never an answer.
     WhoWatches {
-        /// IP:0/NONCE, IP, client.N, or `-` for text on stdin.
+        /// IP:0/NONCE (with or without v1:/v2:), IP, client.N, a watcher= or blocklist line, or `-`.
         watcher: String,
         /// Ask every agent now instead of answering from the console's index.
         #[arg(long)]
@@ -478,12 +480,11 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
                 std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
                     .context("cannot read the watcher text from stdin")?;
                 req.text = text;
-            } else if watcher.contains("watcher=") {
-                req.text = watcher.clone();
-            } else if watcher.starts_with("client") || watcher.bytes().all(|b| b.is_ascii_digit()) {
-                req.client_id = watcher.clone();
             } else {
-                req.client_addr = watcher.clone();
+                // Whatever was pasted (an address with or without its v1:/v2: prefix, a vector, a
+                // client id, a `rbd status` or `ceph osd blocklist ls` line): the console parses
+                // it and refuses what it does not understand (INVALID_ARGUMENT, exit non-zero).
+                req.text = watcher.clone();
             }
             let r =
                 client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
