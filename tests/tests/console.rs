@@ -592,6 +592,99 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
     });
 }
 
+/// Issue 18: the address as Ceph prints it (`v1:` prefix, vector, `ceph osd blocklist ls` line,
+/// range) finds the mapping and is never "safe"; what is not understood is INVALID_ARGUMENT (exit 1
+/// in agentctl), never an answer.
+#[test]
+fn who_watches_reads_every_ceph_address_form_and_refuses_what_it_does_not_understand() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let old = vec![pair("node-old", "rbd4")];
+        for text in [
+            "v1:10.125.53.47:0/3423687629",
+            "any:10.125.53.47:0/3423687629",
+            "[v2:10.125.53.47:3300/3423687629,v1:10.125.53.47:6789/3423687629]",
+            "10.125.53.47:0/3423687629 2026-11-27T03:00:00.000000+0000\nlisted 1 entries\n",
+            "Watchers:\n\twatcher=v1:10.125.53.47:0/3423687629 client.1138525 cookie=18446462598732840961\n",
+            "client.1138525",
+            "1138525",
+        ] {
+            let r = c
+                .who_watches(pb::WhoWatchesRequest { text: text.into(), ..Default::default() })
+                .await
+                .unwrap_or_else(|e| panic!("{text:?}: {e:?}"))
+                .into_inner();
+            assert_eq!(r.watchers.len(), 1, "{text:?}: {r:#?}");
+            let w = &r.watchers[0];
+            assert_eq!(devs(&w.mappings), old, "{text:?}: {r:#?}");
+            assert!(!w.unfence_safe, "{text:?}: {w:#?}");
+            assert!(w.detail.contains("still mapped on node-old/rbd4"), "{text:?}: {}", w.detail);
+        }
+        // The same through client_addr, and a range covering both nodes' clients.
+        let r = c
+            .who_watches(pb::WhoWatchesRequest {
+                client_addr: "v1:10.125.53.47:0/3423687629".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("client_addr with v1:")
+            .into_inner();
+        assert_eq!(devs(&r.watchers[0].mappings), old, "{r:#?}");
+        assert!(!r.watchers[0].unfence_safe);
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { text: "10.125.53.0/24".into(), ..Default::default() })
+            .await
+            .expect("range")
+            .into_inner();
+        let mut found = devs(&r.watchers[0].mappings);
+        found.sort();
+        assert_eq!(found, vec![pair("node-new", "rbd0"), pair("node-old", "rbd4")], "{r:#?}");
+        // Another instance from the same IP (another nonce) is not this mapping.
+        let r = c
+            .who_watches(pb::WhoWatchesRequest { text: "v1:10.125.53.47:0/1".into(), ..Default::default() })
+            .await
+            .expect("other nonce")
+            .into_inner();
+        assert!(r.watchers[0].mappings.is_empty(), "{r:#?}");
+
+        for text in [
+            "garbage",
+            "v1:10.125.53.47",
+            "10.125.53.47:0/",
+            "10.125.53.47:0/3423687629 tomorrow",
+            "watcher=v1:10.125.53.47:0/x client.1138525 cookie=1",
+            "Watchers:\n\twatcher=10.125.53.47:0/3423687629 client.1138525 cookie=1\n\twatcher=bogus client.2 cookie=2\n",
+        ] {
+            let e = c
+                .who_watches(pb::WhoWatchesRequest { text: text.into(), ..Default::default() })
+                .await
+                .expect_err(text);
+            assert_eq!(e.code(), Code::InvalidArgument, "{text:?}: {e:?}");
+            assert!(e.message().contains("10.0.0.5:0/3710147553"), "no example: {}", e.message());
+        }
+        for req in [
+            pb::WhoWatchesRequest { client_addr: "node-old".into(), ..Default::default() },
+            pb::WhoWatchesRequest { client_id: "osd.3".into(), ..Default::default() },
+            pb::WhoWatchesRequest::default(),
+        ] {
+            let e = c.who_watches(req.clone()).await.expect_err("not understood");
+            assert_eq!(e.code(), Code::InvalidArgument, "{req:?}: {e:?}");
+        }
+
+        // agentctl: the pasted form answers; garbage is one error line and exit 1.
+        let agentctl = bin("agentctl");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "who-watches", "v1:10.125.53.47:0/3423687629"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("unfence safe: no") && out.contains("node-old"), "{out}");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "who-watches", "v1:10.125.53.47:0/zz"]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(!out.contains("unfence safe"), "{out}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains("is not a Ceph address"), "{err}");
+    });
+}
+
 #[test]
 fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_operator() {
     rt().block_on(async {
