@@ -14,7 +14,7 @@
 # the AFL++ output stays in target/afl/out/TARGET.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-targets=(mountinfo dm proc kubelet kmsg config grpc sysfs events)
+targets=(mountinfo dm proc kubelet kmsg config grpc sysfs events ceph_addr)
 [ $# -ge 1 ] || { sed -n '2,13p' "$0" >&2; exit 2; }
 which=$1 secs=${2:-60}
 case "$which" in

@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("grpc", grpc_requests),
     ("sysfs", sysfs_attributes),
     ("events", kernel_events),
+    ("ceph_addr", ceph_identifiers),
 ];
 
 /// The target called `name` (a binary's own name: a typo is a bug in this crate).
@@ -75,6 +76,24 @@ pub fn kubelet_input(data: &[u8]) {
     let t = text(data);
     let _ = kubelet::parse_vol_data(&t);
     let _ = kubelet::parse_rbd_dir_name(&t);
+}
+
+/// What an operator pastes into the console's who-watches from Ceph (addresses, vectors, ranges,
+/// client ids, `rbd status` and `ceph osd blocklist ls` lines), then matched against an agent's
+/// report; and an agent's report itself.
+pub fn ceph_identifiers(data: &[u8]) {
+    use blockjanitor_console::ceph_addr;
+    let t = text(data);
+    if let Ok(qs) = ceph_addr::parse_query(&t) {
+        for q in qs {
+            let _ = q.matches("10.254.0.1:0/1532017994", "client4122");
+            let _ = q.matches(&t, &t);
+            let _ = (q.ip(), q.client_text());
+        }
+    }
+    let _ = ceph_addr::parse_addr(&t);
+    let _ = ceph_addr::parse_client(&t);
+    let _ = ceph_addr::readable(&t, &t);
 }
 
 /// Kernel log records (`/dev/kmsg`).
