@@ -19,7 +19,8 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// What is expected, with examples (ends every error).
-pub const EXPECTED: &str = "expected a Ceph client address (10.0.0.5:0/3710147553, v1:10.0.0.5:0/3710147553, \
+pub const EXPECTED: &str =
+    "expected a Ceph client address (10.0.0.5:0/3710147553, v1:10.0.0.5:0/3710147553, \
      [v2:10.0.0.5:3300/0,v1:10.0.0.5:6789/0], [fd00::5]:0/123), an IP or range (10.0.0.5, 10.0.0.0/24), \
      a client id (client.4235 or 4235), or lines of `rbd status`, `rados listwatchers` \
      (watcher=10.0.0.5:0/123 client.4235 cookie=18446462598732840961) or `ceph osd blocklist ls`";
@@ -332,7 +333,7 @@ mod tests {
     use super::*;
 
     fn v4(s: &str) -> IpAddr {
-        s.parse().unwrap()
+        s.parse().expect("parses")
     }
 
     fn exact(ip: &str, port: u16, nonce: u32) -> AddrSpec {
@@ -353,12 +354,11 @@ mod tests {
         );
         let v6 = AddrSpec::Exact { ip: v4("fd00::5"), port: 0, nonce: 123 };
         assert_eq!(parse_addr("[fd00::5]:0/123"), Ok(vec![v6]));
-        assert_eq!(parse_addr("v2:[fd00::5]:3300/0").unwrap()[0], AddrSpec::Exact {
-            ip: v4("fd00::5"),
-            port: 3300,
-            nonce: 0
-        });
-        assert_eq!(parse_addr("[v2:[fd00::5]:3300/7]").unwrap().len(), 1);
+        assert_eq!(
+            parse_addr("v2:[fd00::5]:3300/0").expect("parses")[0],
+            AddrSpec::Exact { ip: v4("fd00::5"), port: 3300, nonce: 0 }
+        );
+        assert_eq!(parse_addr("[v2:[fd00::5]:3300/7]").expect("parses").len(), 1);
         assert_eq!(parse_addr("10.0.0.5"), Ok(vec![AddrSpec::Ip(v4("10.0.0.5"))]));
         assert_eq!(parse_addr("fd00::5"), Ok(vec![AddrSpec::Ip(v4("fd00::5"))]));
         assert_eq!(parse_addr("[fd00::5]"), Ok(vec![AddrSpec::Ip(v4("fd00::5"))]));
@@ -402,7 +402,7 @@ mod tests {
         ] {
             assert!(parse_addr(s).is_err(), "{s:?} parsed");
         }
-        let e = parse_addr("garbage").unwrap_err().to_string();
+        let e = parse_addr("garbage").expect_err("an error").to_string();
         assert!(e.contains("'garbage'") && e.contains("10.0.0.5:0/3710147553"), "{e}");
     }
 
@@ -422,39 +422,42 @@ mod tests {
 
     #[test]
     fn rbd_status_listwatchers_and_blocklist_lines() {
-        let q = parse_query(RBD_STATUS).unwrap();
-        assert_eq!(q, vec![Query {
-            addr_text: "10.254.0.1:0/904239915".into(),
-            addrs: vec![exact("10.254.0.1", 0, 904239915)],
-            client: Some(4122),
-            cookie: "18446462598732840961".into(),
-        }]);
+        let q = parse_query(RBD_STATUS).expect("parses");
+        assert_eq!(
+            q,
+            vec![Query {
+                addr_text: "10.254.0.1:0/904239915".into(),
+                addrs: vec![exact("10.254.0.1", 0, 904239915)],
+                client: Some(4122),
+                cookie: "18446462598732840961".into(),
+            }]
+        );
         // `rados -p k8s listwatchers rbd_header.ID`: the same line without the tab.
         assert_eq!(
-            parse_query("watcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961").unwrap(),
+            parse_query("watcher=10.254.0.1:0/904239915 client.4122 cookie=18446462598732840961")
+                .expect("parses"),
             q
         );
         // A terminal paste with prompt: the prompt is ignored once there are watcher lines.
         let paste = "$ rbd status k8s/x\nWatchers:\n\twatcher=v1:10.0.0.5:0/123 client.4235 cookie=1\n\twatcher=[fd00::5]:0/9 client.4236 cookie=2\n";
-        let q = parse_query(paste).unwrap();
+        let q = parse_query(paste).expect("parses");
         assert_eq!(q.len(), 2);
         assert_eq!(q[0].addrs, vec![exact("10.0.0.5", 0, 123)]);
         assert_eq!(q[1].client, Some(4236));
         // `ceph osd blocklist ls`.
         let bl = "10.0.0.5:0/3710147553 2026-11-27T03:00:00.000000+0000\nv1:10.0.0.6:0/11 2026-11-27 03:00:00.000000\ncidr:10.0.1.0:0/24 2026-11-27T03:00:00.000000+0000\nlisted 3 entries\n";
-        let q = parse_query(bl).unwrap();
+        let q = parse_query(bl).expect("parses");
         assert_eq!(q.len(), 3);
         assert_eq!(q[0].addrs, vec![exact("10.0.0.5", 0, 3710147553)]);
         assert_eq!(q[1].addrs, vec![exact("10.0.0.6", 0, 11)]);
         assert_eq!(q[2].addrs, vec![AddrSpec::Range { net: v4("10.0.1.0"), bits: 24 }]);
         // Single identifiers.
-        assert_eq!(parse_query("client.4235").unwrap()[0].client, Some(4235));
-        assert_eq!(parse_query("4235\n").unwrap()[0].client_text(), "client.4235");
-        assert_eq!(parse_query(" v1:10.42.7.12:0/3094577161 ").unwrap()[0].addrs, vec![exact(
-            "10.42.7.12",
-            0,
-            3094577161
-        )]);
+        assert_eq!(parse_query("client.4235").expect("parses")[0].client, Some(4235));
+        assert_eq!(parse_query("4235\n").expect("parses")[0].client_text(), "client.4235");
+        assert_eq!(
+            parse_query(" v1:10.42.7.12:0/3094577161 ").expect("parses")[0].addrs,
+            vec![exact("10.42.7.12", 0, 3094577161)]
+        );
     }
 
     #[test]
@@ -478,27 +481,27 @@ mod tests {
         ] {
             assert!(parse_query(s).is_err(), "{s:?} parsed: {:?}", parse_query(s));
         }
-        let e = parse_query("a\nb").unwrap_err().to_string();
+        let e = parse_query("a\nb").expect_err("an error").to_string();
         assert!(e.starts_with("line 1 ('a')") && e.contains("watcher=10.0.0.5:0/123"), "{e}");
     }
 
     #[test]
     fn matching_compares_parsed_values() {
-        let q = &parse_query("v1:10.42.7.12:0/3094577161").unwrap()[0];
+        let q = &parse_query("v1:10.42.7.12:0/3094577161").expect("parses")[0];
         assert!(q.matches("10.42.7.12:0/3094577161", ""));
         assert!(!q.matches("10.42.7.12:0/3094577162", ""));
         assert!(!q.matches("10.42.7.13:0/3094577161", ""));
         assert!(!q.matches("garbage", "client1"));
-        let q = &parse_query("client.4122").unwrap()[0];
+        let q = &parse_query("client.4122").expect("parses")[0];
         assert!(q.matches("", "client4122"));
         assert!(!q.matches("", "client41220"));
-        let q = &parse_query("10.42.7.12").unwrap()[0];
+        let q = &parse_query("10.42.7.12").expect("parses")[0];
         assert!(q.matches("10.42.7.12:0/1", ""));
         // Ports only when both have one; IPv4-mapped IPv6 is the IPv4 address.
-        let q = &parse_query("[v2:10.0.0.5:3300/7,v1:10.0.0.5:6789/7]").unwrap()[0];
+        let q = &parse_query("[v2:10.0.0.5:3300/7,v1:10.0.0.5:6789/7]").expect("parses")[0];
         assert!(q.matches("10.0.0.5:6789/7", "") && q.matches("10.0.0.5:0/7", ""));
         assert!(!q.matches("10.0.0.5:1234/7", ""));
-        let q = &parse_query("[::ffff:10.0.0.5]:0/7").unwrap()[0];
+        let q = &parse_query("[::ffff:10.0.0.5]:0/7").expect("parses")[0];
         assert!(q.matches("10.0.0.5:0/7", ""));
         assert!(q.matches("10.0.0.5:0/7", "") && q.ip() == Some(v4("::ffff:10.0.0.5")));
     }

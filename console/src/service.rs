@@ -23,13 +23,13 @@ use tonic::{Request, Response, Status};
 use blockjanitor::daemon::peer_limit::PeerLimit;
 
 use crate::apply::{self, StepBudget};
+use crate::ceph_addr;
 use crate::cluster::Cluster;
 use crate::index::{Index, Key};
 use crate::link::Links;
 use crate::metrics::Metrics;
 use crate::multiattach;
 use crate::watchers;
-use crate::ceph_addr;
 
 /// Everything the service reads.
 pub struct FleetService {
@@ -248,7 +248,10 @@ impl FleetService {
     /// The rbd mappings that belong to a WhoWatches query (parsed values compared, never raw
     /// text), the rbd mappings whose client cannot be read (they may be this client's) and the
     /// nodes not answered for.
-    fn watcher_mappings(&self, q: &ceph_addr::Query) -> (Vec<pb::FleetDevice>, Vec<String>, Vec<pb::MissingNode>) {
+    fn watcher_mappings(
+        &self,
+        q: &ceph_addr::Query,
+    ) -> (Vec<pb::FleetDevice>, Vec<String>, Vec<pb::MissingNode>) {
         let ix = self.index.read();
         let mut found = Vec::new();
         let mut unreadable = Vec::new();
@@ -366,43 +369,45 @@ impl Fleet for FleetService {
         for w in asked {
             let (mappings, unreadable, m) = self.watcher_mappings(&w);
             missing = m;
-            let (unfence_safe, detail) = match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
-                (true, true, true) => {
-                    (true, "no node maps anything for this client and every node answered".to_owned())
-                }
-                (true, false, _) => (
-                    false,
-                    format!(
-                        "no answering node maps anything for this client, but {} node(s) did not answer",
-                        missing.len()
+            let (unfence_safe, detail) =
+                match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
+                    (true, true, true) => {
+                        (true, "no node maps anything for this client and every node answered".to_owned())
+                    }
+                    (true, false, _) => (
+                        false,
+                        format!(
+                            "no answering node maps anything for this client, but {} node(s) did not answer",
+                            missing.len()
+                        ),
                     ),
-                ),
-                (true, true, false) => (
-                    false,
-                    format!(
+                    (true, true, false) => (
+                        false,
+                        format!(
                         "no node maps anything for this client, but these rbd mappings report no readable \
                          client address or id, so they may be this client's: {}",
                         unreadable.join(", ")
                     ),
-                ),
-                (false, _, _) => (
-                    false,
-                    format!(
-                        "still mapped on {}: unmap there first",
-                        mappings
-                            .iter()
-                            .map(|d| format!(
-                                "{}/{}",
-                                d.node,
-                                d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
-                            ))
-                            .collect::<Vec<_>>()
-                            .join(", ")
                     ),
-                ),
-            };
+                    (false, _, _) => (
+                        false,
+                        format!(
+                            "still mapped on {}: unmap there first",
+                            mappings
+                                .iter()
+                                .map(|d| format!(
+                                    "{}/{}",
+                                    d.node,
+                                    d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
+                                ))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                };
             let ip = w.ip().map(|i| i.to_canonical().to_string());
-            let w = watchers::Watcher { addr: w.addr_text.clone(), client: w.client_text(), cookie: w.cookie };
+            let w =
+                watchers::Watcher { addr: w.addr_text.clone(), client: w.client_text(), cookie: w.cookie };
             let node_by_address = match (&self.cluster, ip) {
                 (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
                 _ => String::new(),
