@@ -485,6 +485,15 @@ mod tests {
         assert!(e.starts_with("line 1 ('a')") && e.contains("watcher=10.0.0.5:0/123"), "{e}");
     }
 
+    /// An agent's report that names no client (old kernels have no `client_addr`) may be anyone's.
+    #[test]
+    fn reports_that_name_no_client_are_unreadable() {
+        assert!(readable("10.254.0.1:0/1532017994", ""));
+        assert!(readable("", "client4122"));
+        assert!(!readable("", ""));
+        assert!(!readable("10.254.0.1", "garbage"));
+    }
+
     #[test]
     fn matching_compares_parsed_values() {
         let q = &parse_query("v1:10.42.7.12:0/3094577161").expect("parses")[0];
