@@ -6,8 +6,8 @@
 # means the property test no longer guards that gate: this script then exits 1.
 #
 # Usage: scripts/mutation-check.sh [GATE...]   (default: all six)
-# The copy shares this checkout's target/ directory for dependencies (the mutant's own crates are
-# built under their own copy's path, and no binary of this checkout is replaced).
+# The copy shares this checkout's target/ directory for dependencies; its own crates carry
+# another version, so none of this checkout's compiled crates or binaries is replaced.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -31,6 +31,14 @@ for gate in "${gates[@]}"; do
   for member in $(sed -n '/^members *=/s/[][",=]/ /gp' Cargo.toml | sed 's/^ *members *//'); do
     cp -r "$member" "$copy/"
   done
+  # Cargo names a workspace crate's artifacts by a hash of its package id that does not depend on
+  # where the workspace lies: a copy at another path would overwrite this checkout's own compiled
+  # crates in the shared target/ (and a later warm run would link a test against the copy's,
+  # with the copy's paths baked in). Another version for the copy's members gives them artifacts
+  # of their own; the dependencies stay shared. The copy's Cargo.lock is updated to match (only
+  # the members' versions change: nothing is resolved anew).
+  sed -i 's/^version = "\(.*\)"$/version = "\1-mutant"/' "$copy/Cargo.toml"
+  grep -q '^version = ".*-mutant"$' "$copy/Cargo.toml" || { echo "mutation-check: no workspace version to set in Cargo.toml" >&2; exit 2; }
   marker="// mutation-check: $gate"
   grep -qF "$marker" "$copy/agent/src/gates.rs" || { echo "mutation-check: no marker '$marker' in gates.rs" >&2; exit 2; }
   # Replace the gate's body by an early "let everything through".
@@ -39,7 +47,7 @@ for gate in "${gates[@]}"; do
   start=$(date +%s)
   set +e
   (cd "$copy" && CARGO_TARGET_DIR="$repo/target" BLOCKJANITOR_PROPERTY_CASES="$cases" \
-    cargo test --locked --quiet -p blockjanitor-tests --test safety_property -- --test-threads=2 \
+    cargo test --offline --quiet -p blockjanitor-tests --test safety_property -- --test-threads=2 \
     >"$work/$gate.log" 2>&1)
   rc=$?
   set -e
