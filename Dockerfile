@@ -10,7 +10,7 @@
 #
 # Build args: BASE (the Debian bookworm image the runtime's libraries come from; default
 # debian:bookworm-slim), BUILDER (the Rust toolchain image; default rust:1-bookworm), BIN_DIR
-# (runtime-prebuilt: where in the build context the two binaries are).
+# (runtime-prebuilt: where in the build context the three binaries are).
 #
 # The runtime image is not bookworm-slim itself (75 MB before anything is added): it is an empty
 # image holding the two binaries and exactly the bookworm libraries they load (libc, libgcc_s,

@@ -1,8 +1,13 @@
 # Shared by the scripts in this folder (sourced): installing the Debian packages they need.
 
-# build_missing: the packages the build needs and lacks (the udev crate links libudev).
+# build_missing: the packages the build needs and lacks (the udev crate links libudev). The
+# headers are pinned to the installed libudev1's version, so that installing them never upgrades
+# libudev1 and systemd with it (install_missing says what to do when the archive lacks it).
 build_missing() {
-  pkg-config --exists libudev 2>/dev/null || echo "libudev-dev pkg-config"
+  pkg-config --exists libudev 2>/dev/null && return 0
+  local v
+  v=$(dpkg-query -W -f='${Version}' libudev1 2>/dev/null) || v=
+  if [ -n "$v" ]; then echo "libudev-dev=$v pkg-config"; else echo "libudev-dev pkg-config"; fi
 }
 
 # install_missing WHO PACKAGE...: as root, installs the packages (never starting a service while
@@ -22,7 +27,19 @@ install_missing() {
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && own_policy=1
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@"
+  # --no-upgrade: a package already installed is never upgraded on the way.
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-upgrade "$@"; then
+    local unpinned=("${@%%=*}")
+    if [ "${CI:-}" != true ] && [ "${BLOCKJANITOR_ALLOW_UPGRADE:-}" != 1 ]; then
+      echo "$who: apt cannot install $* as pinned (the archive no longer has that version);" \
+        "installing ${unpinned[*]} unpinned may upgrade libudev1 and systemd on this host." \
+        "Run it with BLOCKJANITOR_ALLOW_UPGRADE=1 to allow that, or install them yourself." >&2
+      [ "$own_policy" = 1 ] && rm -f /usr/sbin/policy-rc.d
+      return 1
+    fi
+    echo "$who: the pinned versions are gone from the archive; installing ${unpinned[*]} (may upgrade libudev1)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${unpinned[@]}"
+  fi
   if [ "$own_policy" = 1 ]; then
     rm -f /usr/sbin/policy-rc.d
   fi

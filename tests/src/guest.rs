@@ -49,16 +49,29 @@ pub struct Run {
 }
 
 impl Run {
-    /// Panics with everything the guest said unless the scenario exited 0.
+    /// Panics with everything the guest said unless the scenario exited 0. The lines that tell
+    /// why (the scenario's `FAIL`, each `rc=`, and the agent's refusals and errors) come first,
+    /// so a log cut in the middle still shows them.
     pub fn assert_ok(&self) -> &Self {
         assert_eq!(
             self.code,
             Some(0),
-            "guest scenario failed\n--- scenario output ---\n{}\n--- harness and console ---\n{}",
+            "guest scenario failed\n--- why ---\n{}\n--- scenario output ---\n{}\n--- harness and console ---\n{}",
+            self.why(),
             self.output,
             self.harness
         );
         self
+    }
+
+    /// The lines of the output that say why a scenario failed.
+    pub fn why(&self) -> String {
+        const TELLING: [&str; 8] =
+            ["FAIL", "rc=", "ERROR", "WARN", "refused", "error:", "INCOMPLETE", "unknown"];
+        let lines: Vec<&str> =
+            self.output.lines().filter(|l| TELLING.iter().any(|t| l.contains(t))).collect();
+        let skip = lines.len().saturating_sub(40);
+        lines[skip..].join("\n")
     }
 
     /// The lines between `BEGIN name` and `END name` markers the scenario printed.

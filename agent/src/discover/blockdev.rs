@@ -43,13 +43,22 @@ pub fn scan_all(host: &HostRoot) -> Result<SysfsDevices, DiscoverError> {
     let mut out = Vec::new();
     let mut unreadable = Vec::new();
     for name in list_dir(&class)? {
-        match read_device(host, &class.join(&name), &name) {
+        let dir = class.join(&name);
+        match read_device(host, &dir, &name) {
             Ok(Some(d)) => out.push(d),
-            Ok(None) => {} // removed while we looked
+            Ok(None) => {}                 // removed while we looked
+            Err(_) if vanished(&dir) => {} // removed while we read it: nothing left to hold
             Err(e) => unreadable.push((name, e)),
         }
     }
     Ok(SysfsDevices { devices: out, unreadable })
+}
+
+/// Whether the device whose sysfs directory is `dir` is gone (its `dev` attribute with it): a
+/// read that failed on a device being deleted (a SCSI disk, a dm map) says nothing about the
+/// devices that remain, so it is no blind spot.
+pub fn vanished(dir: &Path) -> bool {
+    matches!(std::fs::symlink_metadata(dir.join("dev")), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
 }
 
 /// Reads one device directory. `Ok(None)` when it vanished under us.
@@ -162,4 +171,33 @@ pub fn with_descendants(devices: &[BlockDevice], root: DevNum) -> Vec<DevNum> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gone is told by the `dev` attribute: a device without one was deleted (no blind spot),
+    /// one whose `dev` is still there but an attribute is garbage is a blind spot.
+    #[test]
+    fn gone_is_told_by_dev_and_a_garbage_device_still_there_is_unreadable() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let class = root.path().join("sys/class/block");
+        for (name, dev) in [("sdx", None), ("sdy", Some("8:16\n"))] {
+            let d = class.join(name);
+            std::fs::create_dir_all(&d).expect("mkdir");
+            // `size` garbage in both: the read fails on it.
+            std::fs::write(d.join("size"), "not a number\n").expect("size");
+            if let Some(dev) = dev {
+                std::fs::write(d.join("dev"), dev).expect("dev");
+            }
+        }
+        assert!(vanished(&class.join("sdx")));
+        assert!(!vanished(&class.join("sdy")));
+        let host = HostRoot::new(root.path());
+        let seen = scan_all(&host).expect("scan");
+        let names: Vec<&str> = seen.unreadable.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["sdy"], "only the device still there is a blind spot");
+        assert!(seen.devices.is_empty());
+    }
 }

@@ -288,8 +288,12 @@ pub fn scan_disks(host: &HostRoot) -> Result<Vec<ScsiDisk>, DiscoverError> {
     let mut out = Vec::new();
     for name in list_dir(&class)? {
         if is_disk_name(&name) {
-            if let Some(d) = read_disk(&class.join(&name), &name)? {
-                out.push(d);
+            let dir = class.join(&name);
+            match read_disk(&dir, &name) {
+                Ok(Some(d)) => out.push(d),
+                Ok(None) => {}
+                Err(_) if super::blockdev::vanished(&dir) => {} // deleted while we read it
+                Err(e) => return Err(e),
             }
         }
     }
