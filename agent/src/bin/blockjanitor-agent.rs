@@ -428,7 +428,9 @@ fn run(cli: &Cli) -> Result<u8> {
         Command::Holders { device, output } => {
             let devnum = device_arg(&host, device)?;
             let e = engine(cli, host, plan::CleanOptions::default());
-            let judged = e.judge(e.scan(Target::Device(devnum))?, &mut state.clocks);
+            // The scan a cleanup of it would rest on: what its removal takes with it (an NVMe
+            // controller's other namespaces, a session's other disks) is looked at too.
+            let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
             state.save();
             let incomplete =
                 judged.scan.entry(devnum).and_then(|e| workflow::incomplete_view(&judged.scan, Some(e)));

@@ -208,7 +208,7 @@ impl<W: World> Engine<W> {
     /// The scan a plan for `op` on `devnum` rests on: the device, widened to everything the
     /// plan's steps would remove ([`crate::scan::plan_scope`]: an NVMe controller's other
     /// namespaces, a session's other disks, what is stacked on them).
-    pub(crate) fn plan_scan(&self, devnum: DevNum, op: Operation) -> Result<Scan, EngineError> {
+    pub fn plan_scan(&self, devnum: DevNum, op: Operation) -> Result<Scan, EngineError> {
         let mut scan = self.scan(Target::Device(devnum))?;
         for _ in 0..MAX_WIDENINGS {
             let want = self.draft_scope(&scan, devnum, op);
