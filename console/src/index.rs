@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use blockjanitor::client::now_secs;
 use blockjanitor_proto::v1 as pb;
 
 use crate::watchers::{addr_ip, normalize_client};
@@ -85,6 +86,8 @@ pub struct NodeEntry {
     pub last_sync: f64,
     /// The last error, "" after a success.
     pub error: String,
+    /// When the link was last found dead (seconds since the epoch; 0 while it is up).
+    pub down_since: f64,
     pub failures: u32,
     pub agent: Option<pb::Node>,
     pub devices: BTreeMap<String, pb::Device>,
@@ -99,11 +102,36 @@ impl NodeEntry {
         if self.address.is_empty() {
             return Some(if self.error.is_empty() { "no agent address".into() } else { self.error.clone() });
         }
+        let since = if self.down_since > 0.0 {
+            format!(" for {:.1} s", (now_secs() - self.down_since).max(0.0))
+        } else {
+            String::new()
+        };
         Some(match (self.error.is_empty(), self.synced) {
-            (false, _) => format!("unreachable: {}", self.error),
+            (false, _) => format!("unreachable{since}: {}", self.error),
             (true, false) => "not synced yet".into(),
-            (true, true) => "connection lost".into(),
+            (true, true) => format!("connection lost{since}"),
         })
+    }
+
+    /// Marks the link dead: not reachable, why, and since when (the first time only, so that
+    /// "since" counts from when it went silent, not from the latest failed retry).
+    pub fn mark_down(&mut self, why: String) {
+        if self.reachable || self.down_since <= 0.0 {
+            self.down_since = now_secs();
+        }
+        self.reachable = false;
+        self.error = why;
+    }
+
+    /// Marks the link live: the agent answered a full read at `now`.
+    pub fn mark_up(&mut self, now: f64) {
+        self.reachable = true;
+        self.synced = true;
+        self.down_since = 0.0;
+        self.last_seen = now;
+        self.error.clear();
+        self.failures = 0;
     }
 
     /// The node as a message.
@@ -218,14 +246,13 @@ impl Inner {
             .nodes
             .entry(name.to_owned())
             .or_insert_with(|| NodeEntry { name: name.to_owned(), ..Default::default() });
-        if n.address != address {
-            n.reachable = false;
+        if n.address != address && n.reachable {
+            n.mark_down(format!("the agent's address changed to {address}"));
         }
         n.address = address.to_owned();
         n.source = source.to_owned();
         if let Some(e) = error {
-            n.error = e.to_owned();
-            n.reachable = false;
+            n.mark_down(e.to_owned());
         }
     }
 
