@@ -343,4 +343,29 @@ mod tests {
         }
         assert_eq!(w.missing().len(), 1);
     }
+
+    #[test]
+    fn a_down_mark_says_since_when_and_why_until_the_agent_answers_again() {
+        let ix = Index::new();
+        let mut w = ix.write();
+        w.upsert_node("a", "127.0.0.2:1", "static", None);
+        let n = w.nodes.get_mut("a").expect("node");
+        n.mark_up(now_secs());
+        assert!(n.missing_reason().is_none());
+        n.mark_down("WatchEvents: Unavailable: keep-alive timed out".into());
+        let since = n.down_since;
+        assert!(since > 0.0);
+        // A failed retry says why now, and keeps when the link went silent.
+        n.mark_down("connect: timed out".into());
+        assert_eq!(n.down_since, since);
+        let reason = n.missing_reason().expect("missing");
+        assert!(
+            reason.starts_with("unreachable for ") && reason.ends_with(": connect: timed out"),
+            "{reason}"
+        );
+        n.mark_up(now_secs());
+        assert!(n.missing_reason().is_none());
+        assert_eq!(n.down_since, 0.0);
+        assert!(n.error.is_empty());
+    }
 }

@@ -361,3 +361,30 @@ fn root_a_cut_network_link_is_named_missing_within_seconds() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// Established TCP connections the process `pid` holds on its listening `port` (from `ss`).
+fn established_on(pid: u32, port: u16) -> usize {
+    let out = sh("ss", &["-Htnp", "state", "established", "sport", &format!("= :{port}")]);
+    out.lines().filter(|l| l.contains(&format!("pid={pid},"))).count()
+}
+
+#[test]
+fn the_agent_drops_the_watch_of_a_console_that_went_silent() {
+    let f = Fleet::start(1);
+    let agent = f.agent("node-00");
+    let (pid, port) = (agent.child.id(), agent.tcp.expect("tcp").port());
+    rt().block_on(async {
+        let mut c = viewer(&f.pki, f.console.tcp).await;
+        all_up(&mut c).await;
+    });
+    assert_eq!(established_on(pid, port), 1, "the console's link (calls and WatchEvents on one connection)");
+    let t = Instant::now();
+    let _stopped = Stopped(f.console.child.id());
+    signal(f.console.child.id(), Signal::SIGSTOP);
+    // The agent pings every 5 s and gives up after 10 s without an answer.
+    assert!(
+        wait_until(Duration::from_secs(30), || established_on(pid, port) == 0),
+        "the agent still holds the stopped console's connection after 30 s"
+    );
+    println!("console stopped: the agent dropped its connection after {}", ms(t.elapsed()));
+}
