@@ -353,7 +353,11 @@ async fn session(
             m = stream.message() => match m {
                 Ok(Some(ev)) => apply_event(index, &spec.node, ev),
                 Ok(None) => return (true, "the agent ended the event stream".into()),
-                Err(s) => return (true, format!("WatchEvents: {}", client::status_line(&s))),
+                Err(s) => return (true, format!(
+                    "the link broke (no answer to a keepalive ping within {:?}, or the connection closed): WatchEvents: {}",
+                    opts.keepalive_timeout,
+                    client::status_line(&s)
+                )),
             },
             _ = tick.tick() => true,
             _ = resync.notified() => true,

@@ -185,6 +185,7 @@ fn a_stopped_agent_is_named_missing_within_seconds_and_cleared_when_it_continues
         let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
         let reason = &missing(&n, "node-01").expect("missing").reason;
         assert!(reason.starts_with("unreachable for "), "says since when and why: {reason}");
+        println!("SIGSTOP: node-01's reason: {reason}");
         assert_eq!(n.missing_nodes.len(), 1, "only the stopped agent: {n:#?}");
 
         // While it stays stopped, fresh questions do not wait on it again.
