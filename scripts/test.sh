@@ -31,6 +31,7 @@ command -v runc >/dev/null || missing+=(runc)                  # podman's runtim
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
 command -v strip >/dev/null || missing+=(binutils)
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
+command -v ip >/dev/null && command -v ss >/dev/null || missing+=(iproute2) # tests/console_liveness.rs: netns, sockets
 command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config) # its FUSE library and headers
 command -v fusermount3 >/dev/null || missing+=(fuse3)

@@ -159,7 +159,16 @@ fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, ConnectError> {
 
 /// Connects to the agent; the whole attempt is bounded by `timeout`.
 pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<Channel>, ConnectError> {
-    Ok(AgentClient::new(connect_channel(target, timeout).await?)
+    connect_tuned(target, timeout, |e| e).await
+}
+
+/// Like [`connect`], with `tune` applied to the endpoint (keepalives, for a long-lived link).
+pub async fn connect_tuned(
+    target: &Target,
+    timeout: Duration,
+    tune: impl FnOnce(Endpoint) -> Endpoint,
+) -> Result<AgentClient<Channel>, ConnectError> {
+    Ok(AgentClient::new(connect_channel_tuned(target, timeout, tune).await?)
         .max_decoding_message_size(MAX_MESSAGE)
         .max_encoding_message_size(MAX_MESSAGE))
 }
@@ -167,6 +176,15 @@ pub async fn connect(target: &Target, timeout: Duration) -> Result<AgentClient<C
 /// A channel to the agent (or, over TCP, to the fleet console, which speaks the same mutual
 /// TLS); the whole attempt is bounded by `timeout`.
 pub async fn connect_channel(target: &Target, timeout: Duration) -> Result<Channel, ConnectError> {
+    connect_channel_tuned(target, timeout, |e| e).await
+}
+
+/// Like [`connect_channel`], with `tune` applied to the endpoint.
+pub async fn connect_channel_tuned(
+    target: &Target,
+    timeout: Duration,
+    tune: impl FnOnce(Endpoint) -> Endpoint,
+) -> Result<Channel, ConnectError> {
     let transport = |e: &(dyn std::error::Error + 'static)| ConnectError::Transport {
         target: target.describe(),
         message: error_chain(e),
@@ -177,7 +195,7 @@ pub async fn connect_channel(target: &Target, timeout: Duration) -> Result<Chann
                 probe_socket(path)?;
                 let path = path.clone();
                 // The URI is required by the API but unused: the connector ignores it.
-                Endpoint::from_static("http://[::]:50051")
+                tune(Endpoint::from_static("http://[::]:50051"))
                     .connect_timeout(timeout)
                     .connect_with_connector(tower::service_fn(move |_: Uri| {
                         let path = path.clone();
@@ -196,8 +214,7 @@ pub async fn connect_channel(target: &Target, timeout: Duration) -> Result<Chann
                     .ca_certificate(Certificate::from_pem(ca))
                     .identity(Identity::from_pem(cert, key))
                     .domain_name(t.server_name.clone());
-                Endpoint::from_shared(format!("https://{}", t.addr))
-                    .map_err(|e| transport(&e))?
+                tune(Endpoint::from_shared(format!("https://{}", t.addr)).map_err(|e| transport(&e))?)
                     .connect_timeout(timeout)
                     .tls_config(tls)
                     .map_err(|e| transport(&e))?

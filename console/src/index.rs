@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use blockjanitor::client::now_secs;
 use blockjanitor_proto::v1 as pb;
 
 use crate::watchers::{addr_ip, normalize_client};
@@ -85,6 +86,8 @@ pub struct NodeEntry {
     pub last_sync: f64,
     /// The last error, "" after a success.
     pub error: String,
+    /// When the link was last found dead (seconds since the epoch; 0 while it is up).
+    pub down_since: f64,
     pub failures: u32,
     pub agent: Option<pb::Node>,
     pub devices: BTreeMap<String, pb::Device>,
@@ -99,11 +102,36 @@ impl NodeEntry {
         if self.address.is_empty() {
             return Some(if self.error.is_empty() { "no agent address".into() } else { self.error.clone() });
         }
+        let since = if self.down_since > 0.0 {
+            format!(" for {:.1} s", (now_secs() - self.down_since).max(0.0))
+        } else {
+            String::new()
+        };
         Some(match (self.error.is_empty(), self.synced) {
-            (false, _) => format!("unreachable: {}", self.error),
+            (false, _) => format!("unreachable{since}: {}", self.error),
             (true, false) => "not synced yet".into(),
-            (true, true) => "connection lost".into(),
+            (true, true) => format!("connection lost{since}"),
         })
+    }
+
+    /// Marks the link dead: not reachable, why, and since when (the first time only, so that
+    /// "since" counts from when it went silent, not from the latest failed retry).
+    pub fn mark_down(&mut self, why: String) {
+        if self.reachable || self.down_since <= 0.0 {
+            self.down_since = now_secs();
+        }
+        self.reachable = false;
+        self.error = why;
+    }
+
+    /// Marks the link live: the agent answered a full read at `now`.
+    pub fn mark_up(&mut self, now: f64) {
+        self.reachable = true;
+        self.synced = true;
+        self.down_since = 0.0;
+        self.last_seen = now;
+        self.error.clear();
+        self.failures = 0;
     }
 
     /// The node as a message.
@@ -218,14 +246,13 @@ impl Inner {
             .nodes
             .entry(name.to_owned())
             .or_insert_with(|| NodeEntry { name: name.to_owned(), ..Default::default() });
-        if n.address != address {
-            n.reachable = false;
+        if n.address != address && n.reachable {
+            n.mark_down(format!("the agent's address changed to {address}"));
         }
         n.address = address.to_owned();
         n.source = source.to_owned();
         if let Some(e) = error {
-            n.error = e.to_owned();
-            n.reachable = false;
+            n.mark_down(e.to_owned());
         }
     }
 
@@ -315,5 +342,30 @@ mod tests {
             n.synced = true;
         }
         assert_eq!(w.missing().len(), 1);
+    }
+
+    #[test]
+    fn a_down_mark_says_since_when_and_why_until_the_agent_answers_again() {
+        let ix = Index::new();
+        let mut w = ix.write();
+        w.upsert_node("a", "127.0.0.2:1", "static", None);
+        let n = w.nodes.get_mut("a").expect("node");
+        n.mark_up(now_secs());
+        assert!(n.missing_reason().is_none());
+        n.mark_down("WatchEvents: Unavailable: keep-alive timed out".into());
+        let since = n.down_since;
+        assert!(since > 0.0);
+        // A failed retry says why now, and keeps when the link went silent.
+        n.mark_down("connect: timed out".into());
+        assert_eq!(n.down_since, since);
+        let reason = n.missing_reason().expect("missing");
+        assert!(
+            reason.starts_with("unreachable for ") && reason.ends_with(": connect: timed out"),
+            "{reason}"
+        );
+        n.mark_up(now_secs());
+        assert!(n.missing_reason().is_none());
+        assert_eq!(n.down_since, 0.0);
+        assert!(n.error.is_empty());
     }
 }

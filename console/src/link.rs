@@ -7,6 +7,13 @@
 //!
 //! [`Links`] keeps the tasks in step with discovery (one per node and address) and hands out the
 //! live clients for forwarded calls and forced fan-outs.
+//!
+//! Liveness: every link sends HTTP/2 pings (and TCP keepalives), so an agent that goes silent
+//! (stopped, partitioned, killed) ends its connection within `keepalive_interval +
+//! keepalive_timeout`, and its node is marked down in the index (since when, why) and named
+//! missing in every answer. A forced read that fails marks the node down at once and ends its
+//! session, so the next fan-out skips it instead of waiting the call deadline again; only a new
+//! connection whose full read succeeds marks it up again.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -47,6 +54,12 @@ pub struct LinkOptions {
     pub backoff_initial: Duration,
     /// The longest wait.
     pub backoff_max: Duration,
+    /// Between two HTTP/2 pings on a link (sent whether or not calls are in flight).
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the link counts as dead.
+    pub keepalive_timeout: Duration,
+    /// Idle time before the kernel's TCP keepalive probes start.
+    pub tcp_keepalive: Duration,
 }
 
 impl LinkOptions {
@@ -60,11 +73,24 @@ impl LinkOptions {
             resync_interval: Duration::from_secs(60),
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(1),
+            keepalive_timeout: Duration::from_secs(2),
+            tcp_keepalive: Duration::from_secs(10),
         }
     }
 }
 
-type ClientSlot = Arc<Mutex<Option<AgentClient<Channel>>>>;
+/// A connected session's client, and how to end that session (a forced read found it dead).
+#[derive(Clone)]
+struct Live {
+    client: AgentClient<Channel>,
+    end: Arc<Notify>,
+}
+
+type ClientSlot = Arc<Mutex<Option<Live>>>;
+
+/// Why a session ended when a forced read marked its link dead (the index says more).
+const ENDED_BY_FAN_OUT: &str = "a forced read failed";
 
 struct Link {
     address: String,
@@ -136,8 +162,24 @@ impl Links {
     pub fn client(&self, node: &str) -> Option<AgentClient<Channel>> {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let l = links.get(node)?;
-        let c = l.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let c = l.client.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.client.clone());
         c
+    }
+
+    /// Marks a node's link dead after a failed call (`why`) and ends its session, so that no
+    /// caller waits on it again until a new connection has answered a full read.
+    pub fn mark_dead(&self, node: &str, why: String) {
+        let live = self
+            .links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(node)
+            .and_then(|l| l.client.lock().unwrap_or_else(|p| p.into_inner()).take());
+        tracing::warn!(node = %node, error = %why, "link marked dead: skipped until the agent answers again");
+        self.index.with_node(node, |n| n.mark_down(why));
+        if let Some(l) = live {
+            l.end.notify_one();
+        }
     }
 
     /// Asks a node's link to read the full device list again soon.
@@ -149,16 +191,20 @@ impl Links {
 
     /// Reads every connected agent's device list now, all at once, each bounded by the call
     /// deadline, and puts the answers in the index. Returns when all have answered or timed out.
+    /// Links already known dead are not asked (answers name their nodes missing); a link whose
+    /// read fails is marked dead, so the next fan-out does not wait on it again.
     pub async fn refresh_all(&self, only: Option<&str>) {
-        let clients: Vec<(String, AgentClient<Channel>)> = {
+        let (clients, skipped) = {
             let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
-            links
-                .iter()
-                .filter(|(n, _)| only.is_none_or(|o| o == n.as_str()))
-                .filter_map(|(n, l)| {
-                    l.client.lock().unwrap_or_else(|p| p.into_inner()).clone().map(|c| (n.clone(), c))
-                })
-                .collect()
+            let mut clients: Vec<(String, AgentClient<Channel>)> = Vec::new();
+            let mut skipped = 0usize;
+            for (n, l) in links.iter().filter(|(n, _)| only.is_none_or(|o| o == n.as_str())) {
+                match l.client.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    Some(live) => clients.push((n.clone(), live.client.clone())),
+                    None => skipped += 1,
+                }
+            }
+            (clients, skipped)
         };
         let started = std::time::Instant::now();
         let asked = clients.len();
@@ -168,25 +214,24 @@ impl Links {
             let timeout = self.opts.call_timeout;
             set.spawn(async move {
                 let t = std::time::Instant::now();
-                if let Err(e) = sync_devices(&mut c, &index, &node, timeout, None).await {
-                    index.with_node(&node, |n| {
-                        n.error = e;
-                        n.reachable = false;
-                    });
-                }
-                (node, t.elapsed())
+                let r = sync_devices(&mut c, &index, &node, timeout, None).await;
+                (node, t.elapsed(), r)
             });
         }
         let mut slowest = (String::new(), Duration::ZERO);
+        let mut failed = 0usize;
         while let Some(r) = set.join_next().await {
-            if let Ok((node, took)) = r {
-                if took > slowest.1 {
-                    slowest = (node, took);
-                }
+            let Ok((node, took, r)) = r else { continue };
+            if let Err(e) = r {
+                failed += 1;
+                self.mark_dead(&node, format!("a forced read failed: {e}"));
+            }
+            if took > slowest.1 {
+                slowest = (node, took);
             }
         }
-        tracing::info!(agents = asked, took_ms = started.elapsed().as_millis() as u64, slowest = %slowest.0,
-            slowest_ms = slowest.1.as_millis() as u64, "fan-out done");
+        tracing::info!(agents = asked, skipped_dead = skipped, failed, took_ms = started.elapsed().as_millis() as u64,
+            slowest = %slowest.0, slowest_ms = slowest.1.as_millis() as u64, "fan-out done");
     }
 }
 
@@ -207,8 +252,10 @@ async fn run(spec: AgentSpec, opts: Arc<LinkOptions>, index: Index, slot: Client
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
         tracing::info!(node = %spec.node, address = %spec.address, error = %error, "link to the agent lost");
         index.with_node(&spec.node, |n| {
-            n.reachable = false;
-            n.error = error;
+            // A forced read that ended the session marked the node down already, saying why.
+            if error != ENDED_BY_FAN_OUT {
+                n.mark_down(error);
+            }
             n.failures = n.failures.saturating_add(1);
         });
         if synced {
@@ -255,12 +302,8 @@ pub async fn sync_devices(
         if agent.is_some() {
             n.agent = agent;
         }
-        n.reachable = true;
-        n.synced = true;
-        n.last_seen = now;
+        n.mark_up(now);
         n.last_sync = now;
-        n.error.clear();
-        n.failures = 0;
     }
     Ok(())
 }
@@ -280,7 +323,13 @@ async fn session(
         ca: opts.tls.ca.clone(),
         server_name: opts.server_name.clone(),
     });
-    let mut c = match client::connect(&target, opts.connect_timeout).await {
+    let keepalive = |e: tonic::transport::Endpoint| {
+        e.http2_keep_alive_interval(opts.keepalive_interval)
+            .keep_alive_timeout(opts.keepalive_timeout)
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(opts.tcp_keepalive))
+    };
+    let mut c = match client::connect_tuned(&target, opts.connect_timeout, keepalive).await {
         Ok(c) => c,
         Err(e) => return (false, e.to_string()),
     };
@@ -294,7 +343,8 @@ async fn session(
     if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
         return (false, e);
     }
-    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+    let end = Arc::new(Notify::new());
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live { client: c.clone(), end: Arc::clone(&end) });
     tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
     let mut tick = tokio::time::interval(opts.resync_interval);
     tick.tick().await;
@@ -303,10 +353,15 @@ async fn session(
             m = stream.message() => match m {
                 Ok(Some(ev)) => apply_event(index, &spec.node, ev),
                 Ok(None) => return (true, "the agent ended the event stream".into()),
-                Err(s) => return (true, format!("WatchEvents: {}", client::status_line(&s))),
+                Err(s) => return (true, format!(
+                    "the link broke (no answer to a keepalive ping within {:?}, or the connection closed): WatchEvents: {}",
+                    opts.keepalive_timeout,
+                    client::status_line(&s)
+                )),
             },
             _ = tick.tick() => true,
             _ = resync.notified() => true,
+            _ = end.notified() => return (true, ENDED_BY_FAN_OUT.into()),
         };
         if again {
             if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {

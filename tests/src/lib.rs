@@ -10,10 +10,12 @@ pub mod ceph;
 pub mod daemon;
 pub mod deploy;
 pub mod fixture;
+pub mod fleet;
 pub mod guest;
 pub mod kube_mock;
 pub mod load;
 pub mod measure;
+pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

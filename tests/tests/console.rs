@@ -10,16 +10,15 @@
 //! Also: the agent's `blockjanitor_device_info` series on a real serve process, and
 //! `agentctl fleet` / `kubectl blockjanitor` against the console.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, Daemon, Pki};
+use blockjanitor_tests::fleet::{bin, console_args, start_agent, Console};
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
@@ -38,14 +37,6 @@ const RBD_STATUS_OLD: &str =
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let bin = dir.join(name);
-    assert!(bin.exists(), "{} is missing: build it first (cargo build --workspace --bins)", bin.display());
-    bin
 }
 
 /// A port free on 127.0.0.2..6 (the agents' pod IPs share it, as pods share a containerPort).
@@ -119,76 +110,6 @@ fn va(name: &str, node: &str) -> Value {
     let mut v = kube_mock::volume_attachment(name, node, PV, true, 95);
     v["spec"]["attacher"] = json!("kubernetes.io/rbd");
     v
-}
-
-/// The console process, stopped on drop; its listeners' addresses from its JSON log.
-struct Console {
-    child: Child,
-    tcp: SocketAddr,
-    metrics: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Console {
-    fn start(args: &[String]) -> Self {
-        let mut child = Command::new(bin("blockjanitor-console"))
-            .args(args)
-            .args(["--log-format", "json", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn blockjanitor-console");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel::<(String, String)>();
-        let log2 = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    if let (Some(l), Some(a)) = (v["listener"].as_str(), v["address"].as_str()) {
-                        let _ = tx.send((l.to_owned(), a.to_owned()));
-                    }
-                }
-                if let Ok(mut g) = log2.lock() {
-                    g.push(line);
-                }
-            }
-        });
-        let (mut tcp, mut metrics) = (None, None);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tcp.is_none() || metrics.is_none() {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok((l, a)) if l == "tcp" => tcp = a.parse().ok(),
-                Ok((l, a)) if l == "metrics" => metrics = a.parse().ok(),
-                Ok(_) => {}
-                Err(_) => panic!(
-                    "the console did not start listening; its log:\n{}",
-                    log.lock().map(|g| g.join("\n")).unwrap_or_default()
-                ),
-            }
-        }
-        Console { child, tcp: tcp.expect("tcp"), metrics: metrics.expect("metrics"), log }
-    }
-
-    fn log_text(&self) -> String {
-        self.log.lock().map(|g| g.join("\n")).unwrap_or_default()
-    }
-}
-
-impl Drop for Console {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        for _ in 0..250 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The whole cluster: API, agents, console, and the certificates to talk to it.
@@ -357,42 +278,6 @@ fn devs(list: &[pb::FleetDevice]) -> Vec<(String, String)> {
 
 fn pair(node: &str, dev: &str) -> (String, String) {
     (node.to_owned(), dev.to_owned())
-}
-
-/// The console's flags for its own mutual-TLS listener (`cert`, `key`, the CA clients must come
-/// from, with the viewer `dashboard`) and for reaching the agents as the console (a certificate
-/// issued here, trusting the same CA, the agents' certificate for `localhost`), then `extra`.
-fn console_args(
-    s: &Scratch,
-    pki: &Pki,
-    (cert, key, ca): (&Path, &Path, &Path),
-    extra: &[&str],
-) -> Vec<String> {
-    let console_pem = pki.issue("console", &["console"]);
-    let (ccert, ckey) = (s.path("console.crt"), s.path("console.key"));
-    std::fs::write(&ccert, console_pem.cert).expect("write cert");
-    std::fs::write(&ckey, console_pem.key).expect("write key");
-    let utf8 = |p: &Path| p.to_str().expect("utf8").to_owned();
-    let mut args = vec![
-        "--tls-cert".to_owned(),
-        utf8(cert),
-        "--tls-key".to_owned(),
-        utf8(key),
-        "--tls-client-ca".to_owned(),
-        utf8(ca),
-        "--viewer".to_owned(),
-        "dashboard".to_owned(),
-        "--agent-cert".to_owned(),
-        utf8(&ccert),
-        "--agent-key".to_owned(),
-        utf8(&ckey),
-        "--agent-ca".to_owned(),
-        utf8(ca),
-        "--agent-server-name".to_owned(),
-        "localhost".to_owned(),
-    ];
-    args.extend(extra.iter().map(|a| (*a).to_owned()));
-    args
 }
 
 #[test]
@@ -1243,37 +1128,6 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         assert_eq!(out.status.code(), Some(1));
         assert!(text(&out.stderr).contains("fleet needs --console"), "{}", text(&out.stderr));
     });
-}
-
-fn start_agent(
-    dir: &Path,
-    fixture: &str,
-    node: &str,
-    listen: &str,
-    tls: &(PathBuf, PathBuf, PathBuf),
-) -> Daemon {
-    let root = fixtures().join(fixture).to_string_lossy().into_owned();
-    let (cert, key, ca) = tls;
-    Daemon::start_with_global(
-        dir,
-        &["--root", &root],
-        &[
-            "--listen",
-            listen,
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-            "--grace-period",
-            "0",
-            "--node-name",
-            node,
-        ],
-    )
 }
 
 async fn wait_for<F: Fn(&pb::ListNodesResponse) -> bool>(c: &mut FleetClient<Channel>, what: &str, ok: F) {

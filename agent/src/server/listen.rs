@@ -22,6 +22,11 @@ use super::metrics_http;
 use super::service::AgentService;
 use crate::daemon::state::AgentState;
 
+/// Between two HTTP/2 pings the agent sends on an idle-or-busy TCP connection.
+const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a ping may go unanswered before the connection (and its event streams) is dropped.
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What stopped the server from starting or serving.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -186,7 +191,11 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
         let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
         tracing::info!(listener = "tcp", address = %bound, "serving gRPC on tcp {bound} (mutual TLS)");
+        // HTTP/2 pings on every TCP connection: a stream to a caller that vanished (a console
+        // stopped or cut off) ends within PING_INTERVAL + PING_TIMEOUT instead of never.
         let router = Server::builder()
+            .http2_keepalive_interval(Some(PING_INTERVAL))
+            .http2_keepalive_timeout(Some(PING_TIMEOUT))
             .add_service(health.clone())
             .add_service(reflection()?)
             .add_service(reflection_v1alpha()?)

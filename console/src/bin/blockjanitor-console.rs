@@ -90,6 +90,16 @@ struct Cli {
     /// Longest wait between two connection attempts, in seconds.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     backoff_max_seconds: u64,
+    /// Between two HTTP/2 pings on each link to an agent, in milliseconds. An agent that goes
+    /// silent is named missing within this plus --keepalive-timeout-ms.
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    keepalive_interval_ms: u64,
+    /// How long a ping may go unanswered before the link counts as dead, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    keepalive_timeout_ms: u64,
+    /// Idle seconds before TCP keepalive probes start on each link to an agent.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    tcp_keepalive_seconds: u64,
     /// Fleet-wide budget: at most this many steps a minute carried out through the console's
     /// Apply, across every node and caller; an Apply over it is refused, saying when it frees
     /// (0: no budget).
@@ -143,6 +153,9 @@ fn run(cli: Cli) -> Result<()> {
     links.connect_timeout = Duration::from_millis(cli.connect_timeout_ms.max(1));
     links.resync_interval = Duration::from_secs(cli.resync_seconds.max(1));
     links.backoff_max = Duration::from_secs(cli.backoff_max_seconds.max(1));
+    links.keepalive_interval = Duration::from_millis(cli.keepalive_interval_ms.max(1));
+    links.keepalive_timeout = Duration::from_millis(cli.keepalive_timeout_ms.max(1));
+    links.tcp_keepalive = Duration::from_secs(cli.tcp_keepalive_seconds.max(1));
     let opts = ConsoleOptions {
         listen: cli.listen,
         tls_cert: cli.tls_cert,
