@@ -436,9 +436,10 @@ fn hits_with_api(
     wanted: Wanted<'_>,
 ) -> std::io::Result<Option<Listing>> {
     use std::os::fd::AsFd;
-    let ns_file = match std::fs::File::open(host.proc_task(pid, tid).join("ns/mnt")) {
+    let task = host.proc_task(pid, tid);
+    let ns_file = match std::fs::File::open(task.join("ns/mnt")) {
         Ok(f) => f,
-        Err(e) if is_gone(&e) => return Ok(None),
+        Err(e) if is_gone(&e) || super::processes::reaped(&e, &task) => return Ok(None),
         Err(e) => return Err(e),
     };
     let id = mount_api::mntns_id(ns_file.as_fd())?;

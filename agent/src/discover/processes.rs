@@ -90,7 +90,7 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
                         link.display()
                     )),
                 },
-                Err(e) if is_gone(&e) => {}
+                Err(e) if is_gone(&e) || reaped(&e, &task) => {}
                 Err(e) => {
                     unreadable.push(format!("cannot read {} of pid {pid} ({comm}): {e}", link.display()));
                     denied = Some(e);
@@ -113,6 +113,15 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         tasks,
         unreadable,
     }))
+}
+
+/// Whether a task whose `ns/*` link read failed with EACCES is simply gone: the kernel answers
+/// EACCES, not ENOENT, for the namespace link of a task reaped after its directory was listed
+/// (`proc_ns_readlink` finds no task). Gone when its `stat` no longer resolves; a task still
+/// there that denies us stays a blind spot.
+pub(crate) fn reaped(e: &std::io::Error, task_dir: &Path) -> bool {
+    e.kind() == std::io::ErrorKind::PermissionDenied
+        && matches!(std::fs::symlink_metadata(task_dir.join("stat")), Err(ref g) if is_gone(g))
 }
 
 /// `comm` from a `stat` line: between the first `(` and the last `)` (the name itself may hold
@@ -204,6 +213,48 @@ fn token_in(hay: &str, needle: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kernel's EACCES for the namespace link of a task reaped after the link was looked up
+    /// (as a scan that listed the task a moment before sees it) is told apart from a denial: the
+    /// task is gone, so it is no blind spot. A task still alive is never called reaped.
+    #[test]
+    fn the_eacces_of_a_reaped_tasks_namespace_link_means_gone() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).expect("send tid");
+            stop_rx.recv().ok();
+        });
+        let tid = rx.recv().expect("tid");
+        let task = Path::new("/proc/self/task").join(tid.to_string());
+        let link = std::fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+            .open(task.join("ns/mnt"))
+            .expect("open ns/mnt O_PATH");
+        let read = |fd: &std::fs::File| {
+            let mut buf = [0u8; 64];
+            // SAFETY: `buf` is valid for its length; an empty path reads the fd's own link.
+            let n =
+                unsafe { libc::readlinkat(fd.as_raw_fd(), c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(n)
+            }
+        };
+        assert!(read(&link).is_ok(), "the live task's link reads");
+        let denied = std::io::Error::from_raw_os_error(libc::EACCES);
+        assert!(!reaped(&denied, &task), "a live task is not reaped");
+        stop_tx.send(()).expect("stop");
+        thread.join().expect("join");
+        let e = read(&link).expect_err("the reaped task's link");
+        assert_eq!(e.raw_os_error(), Some(libc::EACCES), "the kernel's answer for a reaped task: {e}");
+        assert!(reaped(&e, &task), "gone, not a blind spot");
+    }
 
     #[test]
     fn kernel_thread_names() {
