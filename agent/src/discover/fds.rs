@@ -240,8 +240,9 @@ fn dir_refs(
                     out.refs.push(ProcRef { pid, tid, kind, devnum, path: link_text(&path), fd: None })
                 }
             }
-            // Gone, or a zombie (no files any more).
-            Err(e) if is_gone(&e) => seen = false,
+            // Gone, a zombie (no files any more), or reaped after its directory was found (the
+            // kernel answers EACCES for a reaped task's links).
+            Err(e) if is_gone(&e) || super::processes::reaped(&e, dir) => seen = false,
             Err(e) => {
                 seen = false;
                 out.unreadable.push(format!("cannot stat {}: {e}", path.display()))
