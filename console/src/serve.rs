@@ -186,9 +186,11 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<FleetServer<FleetService>>().await;
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
-    let reflection =
-        blockjanitor::server::listen::reflection_v1(&sets).map_err(|e| ConsoleError::Setup(e.to_string()))?;
-    let reflection_v1alpha = blockjanitor::server::listen::reflection_v1alpha(&sets)
+    // Only what the console serves: the descriptor set also holds the agent's service.
+    let served = [pb::fleet_server::SERVICE_NAME, blockjanitor::server::listen::HEALTH_SERVICE];
+    let reflection = blockjanitor::server::listen::reflection_v1(&sets, &served)
+        .map_err(|e| ConsoleError::Setup(e.to_string()))?;
+    let reflection_v1alpha = blockjanitor::server::listen::reflection_v1alpha(&sets, &served)
         .map_err(|e| ConsoleError::Setup(e.to_string()))?;
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(read(&opts.tls_cert)?, read(&opts.tls_key)?))

@@ -89,37 +89,44 @@ pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeErr
     Ok(listener)
 }
 
-/// Server reflection (`grpc.reflection.v1`) over the given encoded descriptor sets.
+/// The gRPC health service's name, which every listener serves beside its own.
+pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
+
+/// A reflection builder over the given encoded descriptor sets that advertises only `services`
+/// (fully qualified), the services the listener really serves: a descriptor set may hold others
+/// (the agent's holds the console's `Fleet`), which a client would otherwise call and get
+/// UNIMPLEMENTED. Their types stay resolvable.
+fn reflection_builder<'b>(sets: &[&'b [u8]], services: &[&str]) -> tonic_reflection::server::Builder<'b> {
+    let b = sets.iter().fold(tonic_reflection::server::Builder::configure(), |b, s| {
+        b.register_encoded_file_descriptor_set(s)
+    });
+    services.iter().fold(b, |b, name| b.with_service_name(*name))
+}
+
+/// Server reflection (`grpc.reflection.v1`) over the given encoded descriptor sets, advertising
+/// `services` (and reflection itself).
 pub fn reflection_v1(
     sets: &[&'static [u8]],
+    services: &[&str],
 ) -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
     ServeError,
 > {
-    sets.iter()
-        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
-            b.register_encoded_file_descriptor_set(s)
-        })
-        .build_v1()
-        .map_err(|e| ServeError::Reflection(e.to_string()))
+    reflection_builder(sets, services).build_v1().map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
 /// The same as `grpc.reflection.v1alpha`, which many clients still speak (Python's
 /// `grpc_reflection`, `grpc_cli`, older grpcurl and Postman) and get UNIMPLEMENTED without.
 pub fn reflection_v1alpha(
     sets: &[&'static [u8]],
+    services: &[&str],
 ) -> Result<
     tonic_reflection::server::v1alpha::ServerReflectionServer<
         impl tonic_reflection::server::v1alpha::ServerReflection,
     >,
     ServeError,
 > {
-    sets.iter()
-        .fold(tonic_reflection::server::Builder::configure(), |b, s| {
-            b.register_encoded_file_descriptor_set(s)
-        })
-        .build_v1alpha()
-        .map_err(|e| ServeError::Reflection(e.to_string()))
+    reflection_builder(sets, services).build_v1alpha().map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
@@ -150,8 +157,9 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
-    let reflection = || reflection_v1(&sets);
-    let reflection_v1alpha = || reflection_v1alpha(&sets);
+    let served = [pb::agent_server::SERVICE_NAME, HEALTH_SERVICE];
+    let reflection = || reflection_v1(&sets, &served);
+    let reflection_v1alpha = || reflection_v1alpha(&sets, &served);
     let agent =
         || AgentServer::new(AgentService::new(Arc::clone(&state), Arc::clone(&policy), shutdown.clone()));
 
