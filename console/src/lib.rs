@@ -34,4 +34,5 @@ pub mod metrics;
 pub mod multiattach;
 pub mod serve;
 pub mod service;
+pub mod sweep;
 pub mod watchers;

@@ -29,6 +29,7 @@ use crate::index::{Index, Key};
 use crate::link::Links;
 use crate::metrics::Metrics;
 use crate::multiattach;
+use crate::sweep;
 use crate::watchers;
 
 /// Everything the service reads.
@@ -212,20 +213,7 @@ impl FleetService {
     /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
     /// Kubernetes API, every Node with no agent at all.
     fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
-        let mut m = ix.missing();
-        if let Some(c) = &self.cluster {
-            for n in c.nodes.all() {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                if !ix.nodes.contains_key(&name) {
-                    m.push(pb::MissingNode {
-                        node: name,
-                        reason: "no blockjanitor agent pod on this node".into(),
-                    });
-                }
-            }
-            m.sort_by(|a, b| a.node.cmp(&b.node));
-        }
-        m
+        sweep::missing_nodes(ix, self.cluster.as_ref())
     }
 
     fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
@@ -266,6 +254,17 @@ impl FleetService {
             }
         }
         (found, unreadable, self.missing_of(&ix))
+    }
+
+    /// The fleet-wide sweep of the index (after asking every agent, with `fresh`).
+    async fn sweep_now(&self, fresh: bool, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
+        if fresh {
+            self.links.refresh_all(None).await;
+        }
+        let answer = sweep::run(&self.index.read(), self.cluster.as_ref(), kinds);
+        tracing::info!(findings = answer.findings.len(), complete = answer.complete,
+            missing = answer.missing_nodes.len(), "sweep: {}", answer.summary);
+        answer
     }
 
     fn agent_for(
@@ -369,63 +368,12 @@ impl Fleet for FleetService {
         for w in asked {
             let (mappings, unreadable, m) = self.watcher_mappings(&w);
             missing = m;
-            let (unfence_safe, detail) =
-                match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
-                    (true, true, true) => {
-                        (true, "no node maps anything for this client and every node answered".to_owned())
-                    }
-                    (true, false, _) => (
-                        false,
-                        format!(
-                            "no answering node maps anything for this client, but {} node(s) did not answer",
-                            missing.len()
-                        ),
-                    ),
-                    (true, true, false) => (
-                        false,
-                        format!(
-                        "no node maps anything for this client, but these rbd mappings report no readable \
-                         client address or id, so they may be this client's: {}",
-                        unreadable.join(", ")
-                    ),
-                    ),
-                    (false, _, _) => (
-                        false,
-                        format!(
-                            "still mapped on {}: unmap there first",
-                            mappings
-                                .iter()
-                                .map(|d| format!(
-                                    "{}/{}",
-                                    d.node,
-                                    d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
-                                ))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
-                };
-            let ip = w.ip().map(|i| i.to_canonical().to_string());
-            let w =
-                watchers::Watcher { addr: w.addr_text.clone(), client: w.client_text(), cookie: w.cookie };
+            let ip = w.ip().or_else(|| watchers::ip_of_mappings(&mappings)).map(|i| i.to_canonical().to_string());
             let node_by_address = match (&self.cluster, ip) {
                 (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
                 _ => String::new(),
             };
-            let detail = if node_by_address.is_empty() {
-                detail
-            } else {
-                format!("{detail}; the client's address is node {node_by_address}'s")
-            };
-            out.push(pb::WatcherMatch {
-                node_by_address,
-                client_addr: w.addr,
-                client_id: w.client,
-                cookie: w.cookie,
-                mappings,
-                unfence_safe,
-                detail,
-            });
+            out.push(watchers::answer(&w, mappings, &unreadable, &missing, node_by_address));
         }
         self.timed(
             "WhoWatches",
@@ -441,6 +389,12 @@ impl Fleet for FleetService {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
+        if r.pv.is_empty() && r.pvc.is_empty() {
+            let sweep = self.sweep_now(false, &[]).await;
+            let missing_nodes = sweep.missing_nodes.clone();
+            let r = pb::MultiAttachResponse { sweep: Some(sweep), missing_nodes, ..Default::default() };
+            return self.timed("MultiAttach", t, Ok(Response::new(r)));
+        }
         let cluster = self.cluster()?;
         let pv = match (r.pv.is_empty(), r.pvc.is_empty()) {
             (false, true) => r.pv.clone(),
@@ -488,8 +442,26 @@ impl Fleet for FleetService {
         self.timed(
             "MultiAttach",
             t,
-            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing })),
+            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing, sweep: None })),
         )
+    }
+
+    async fn sweep(&self, req: Request<pb::SweepRequest>) -> Result<Response<pb::SweepResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let kinds = r
+            .kinds
+            .iter()
+            .map(|k| {
+                pb::FindingKind::try_from(*k)
+                    .ok()
+                    .filter(|k| *k != pb::FindingKind::Unspecified)
+                    .ok_or_else(|| uninterpretable(&format!("finding kind {k} is not one of {:?}", sweep::KINDS)))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let answer = self.sweep_now(r.fresh, &kinds).await;
+        self.timed("Sweep", t, Ok(Response::new(answer)))
     }
 
     async fn plan(
