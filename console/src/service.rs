@@ -94,12 +94,12 @@ fn parse_who_watches(r: &pb::WhoWatchesRequest) -> Result<Vec<ceph_addr::Query>,
     Ok(vec![q])
 }
 
-fn uninterpretable(what: &str) -> Status {
+pub(crate) fn uninterpretable(what: &str) -> Status {
     Status::invalid_argument(what.to_owned())
 }
 
 impl FleetService {
-    fn cluster(&self) -> Result<&Cluster, Status> {
+    pub(crate) fn cluster(&self) -> Result<&Cluster, Status> {
         let c = self.cluster.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "the console runs without the Kubernetes API: PVs and PVCs are unknown",
@@ -144,79 +144,13 @@ impl FleetService {
         r
     }
 
-    /// What a Where request names.
-    fn resolve(&self, r: &pb::WhereRequest) -> Result<(String, Vec<Key>), Status> {
-        let set = [&r.query, &r.image, &r.pv, &r.pvc, &r.wwid].iter().filter(|s| !s.is_empty()).count();
-        if set != 1 {
-            return Err(uninterpretable("give exactly one of query, image, pv, pvc, wwid"));
-        }
-        if !r.image.is_empty() {
-            return Ok((format!("rbd image {}", r.image), vec![Key::Image(r.image.clone())]));
-        }
-        if !r.pv.is_empty() {
-            return self.pv_keys(&r.pv, format!("PV {}", r.pv));
-        }
-        if !r.pvc.is_empty() {
-            let pv = self.cluster()?.pv_of_pvc(&r.pvc).map_err(Status::not_found)?;
-            return self.pv_keys(&pv, format!("PVC {} -> PV {pv}", r.pvc));
-        }
-        if !r.wwid.is_empty() {
-            return Ok((format!("WWID {}", r.wwid), vec![Key::Wwid(r.wwid.to_ascii_lowercase())]));
-        }
-        let q = r.query.trim();
-        if let Some(pv) = q.strip_prefix("pv/") {
-            return self.pv_keys(pv, format!("PV {pv}"));
-        }
-        if let Some(pvc) = q.strip_prefix("pvc/") {
-            let pv = self.cluster()?.pv_of_pvc(pvc).map_err(Status::not_found)?;
-            return self.pv_keys(&pv, format!("PVC {pvc} -> PV {pv}"));
-        }
-        let cluster = self.cluster.as_ref().filter(|c| c.not_synced().is_none());
-        if q.contains('/') {
-            if let Some(pv) = cluster.and_then(|c| c.pv_of_pvc(q).ok()) {
-                return self.pv_keys(&pv, format!("PVC {q} -> PV {pv}"));
-            }
-            // An image, or the same spec as an rbd-nbd backend.
-            return Ok((
-                format!("rbd image {q}"),
-                vec![Key::Image(q.to_owned()), Key::NbdBackend(q.to_owned())],
-            ));
-        }
-        if !self.index.read().lookup(&Key::NbdBackend(q.to_owned())).is_empty() {
-            return Ok((format!("nbd backend {q}"), vec![Key::NbdBackend(q.to_owned())]));
-        }
-        if cluster.is_some_and(|c| c.pv(q).is_some())
-            || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
-        {
-            return self.pv_keys(q, format!("PV {q}"));
-        }
-        Ok((format!("WWID {q}"), vec![Key::Wwid(q.to_ascii_lowercase())]))
-    }
-
-    /// The keys of a PV: its name, and its images and WWIDs when the API has it.
-    fn pv_keys(&self, pv: &str, mut resolved: String) -> Result<(String, Vec<Key>), Status> {
-        let mut keys = vec![Key::Pv(pv.to_owned())];
-        if let Some(obj) = self.cluster.as_ref().and_then(|c| c.pv(pv)) {
-            let v = multiattach::volume_id(&obj);
-            for i in &v.images {
-                resolved.push_str(&format!(" -> rbd image {i}"));
-            }
-            for w in &v.wwids {
-                resolved.push_str(&format!(" -> WWID {w}"));
-            }
-            keys.extend(v.images.into_iter().map(Key::Image));
-            keys.extend(v.wwids.into_iter().map(Key::Wwid));
-        }
-        Ok((resolved, keys))
-    }
-
     /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
     /// Kubernetes API, every Node with no agent at all.
     fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
         sweep::missing_nodes(ix, self.cluster.as_ref())
     }
 
-    fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
+    pub(crate) fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
         let ix = self.index.read();
         let mut out: Vec<pb::FleetDevice> = Vec::new();
         for k in keys {
@@ -341,11 +275,15 @@ impl Fleet for FleetService {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
-        let (resolved, keys) = self.resolve(&r)?;
+        let resolved = self.resolve(&r)?;
         if r.fresh {
             self.links.refresh_all(None).await;
         }
-        let (matches, missing_nodes) = self.lookup(&keys);
+        let (mut matches, missing_nodes) = self.lookup(&resolved.keys);
+        if let Some(target) = &resolved.target {
+            matches.extend(self.scan_target(target));
+        }
+        let resolved = resolved.text;
         self.timed("Where", t, Ok(Response::new(pb::WhereResponse { resolved, matches, missing_nodes })))
     }
 
