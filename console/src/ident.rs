@@ -111,7 +111,7 @@ pub fn parse_wwid(s: &str) -> Result<Vec<String>, IdentError> {
         return if rest.trim().is_empty() { Err(err("nothing after t10.")) } else { Ok(vec![l.clone()]) };
     }
     let Some(first) = l.chars().next() else { return Err(err("it is empty")) };
-    let rest = &l[1..];
+    let rest = &l[first.len_utf8()..];
     match first {
         '3' if hex(rest) && [16, 32].contains(&rest.len()) => Ok(vec![l.clone(), format!("naa.{rest}")]),
         '2' if hex(rest) && [16, 24, 32].contains(&rest.len()) => Ok(vec![l.clone(), format!("eui.{rest}")]),

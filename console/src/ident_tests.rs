@@ -96,4 +96,8 @@ fn a_bare_query_is_taken_by_its_form_or_refused_with_every_form() {
     let e = parse_bare("iqn.x").expect_err("a bad IQN").to_string();
     assert!(e.contains("is not an iSCSI name"), "{e}");
     assert!(parse_bare("").is_err());
+    // Not ASCII where a type digit or a date is expected: an error, never a panic.
+    for odd in ["é3600a0b8", "3é", "iqn.20é4-10.com.x:y", "nqn.2014-0é.org:x", "naa.é"] {
+        assert!(parse_bare(odd).is_err(), "{odd}");
+    }
 }
