@@ -1035,6 +1035,9 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
     let s = Scratch::new();
     let root = s.path("incident1");
     copy_tree(&fixtures().join("incident1"), &root);
+    // The image in a rados namespace (`k8s/tenants/IMAGE`): the pool and the namespace are two
+    // labels, never `pool="tenants"`.
+    std::fs::write(root.join("sys/devices/rbd/4/pool_ns"), "tenants\n").expect("write pool_ns");
     let d = Daemon::start_with_global(
         s.dir.path(),
         &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
@@ -1042,12 +1045,13 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
     );
     let addr = d.metrics.expect("metrics address");
     let m = http_get(addr, "/metrics");
-    let rbd = "blockjanitor_device_info{client_addr=\"10.125.53.47:0/3423687629\",device=\"rbd4\",image=\"kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\",kind=\"rbd\",node=\"node-old\",pool=\"k8s\",pv=\"\",verdict=\"stale\",wwid=\"\"} 1";
+    let rbd = "blockjanitor_device_info{client_addr=\"10.125.53.47:0/3423687629\",device=\"rbd4\",image=\"kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\",kind=\"rbd\",node=\"node-old\",pool=\"k8s\",pv=\"\",rados_namespace=\"tenants\",verdict=\"stale\",wwid=\"\"} 1";
     assert!(m.contains(rbd), "{m}");
     assert!(
         m.lines().any(|l| l.starts_with("blockjanitor_device_info{")
             && l.contains("device=\"sda\"")
-            && l.contains("kind=\"disk\"")),
+            && l.contains("kind=\"disk\"")
+            && l.contains("rados_namespace=\"\"")),
         "SCSI disks too: {m}"
     );
     assert!(!m.contains("device=\"sda1\""), "partitions are not listed: {m}");
