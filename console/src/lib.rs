@@ -38,3 +38,5 @@ pub mod serve;
 pub mod service;
 pub mod sweep;
 pub mod watchers;
+#[cfg(test)]
+mod alerts_tests;
