@@ -309,7 +309,25 @@ fn attachment_findings(
             }
             continue;
         }
-        if !index.nodes.contains_key(node) || crate::multiattach::devices_of(index, v).contains_key(node) {
+        let is_node = k.nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node));
+        if !index.nodes.contains_key(node) {
+            if !is_node {
+                out.push(pb::Finding {
+                    kind: pb::FindingKind::DeadNodeWatcher as i32,
+                    volume,
+                    pv: pv.to_owned(),
+                    nodes: vec![node.to_owned()],
+                    volume_attachments: vec![va_text],
+                    detail: format!(
+                        "attached to {node}, which is no Node of the cluster any more and has no agent: if the \
+                         machine still runs, its client may still watch the volume"
+                    ),
+                    ..Default::default()
+                });
+            }
+            continue;
+        }
+        if crate::multiattach::devices_of(index, v).contains_key(node) {
             continue;
         }
         let in_use = k.nodes.iter().any(|n| {

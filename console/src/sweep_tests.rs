@@ -203,6 +203,14 @@ fn volume_attachments_to_idle_and_dead_nodes() {
     assert_eq!(r.findings[1].volume_attachments, ["va-dead (node=dead, attached=true)"]);
     assert!(!r.complete);
 
+    // The dead node is deleted (no Node, no agent), its VolumeAttachment is not: still a finding,
+    // and the sweep is complete (every node there is answered).
+    let ix = index(vec![("free", true, vec![]), ("used", true, vec![rbd("rbd0", "db", pb::Verdict::InUse, true)])]);
+    let r = run(&ix, Some(&k));
+    assert!(r.complete, "{r:#?}");
+    let dead = r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");
+    assert!(dead.detail.contains("no Node of the cluster any more"), "{}", dead.detail);
+
     let ix = index(vec![("used", true, vec![rbd("rbd0", "db", pb::Verdict::InUse, true)])]);
     let k = KubeView { vas: vec![], ..kube(false) };
     let r = run(&ix, Some(&k));
