@@ -42,7 +42,11 @@ pub fn plan_targets(args: &[String]) -> Result<Vec<(String, Vec<String>)>, Strin
 
 /// One node's plan as the dry run shows it: its steps, and why its part would be refused (a
 /// device's refusal, a device the plan does not cover, the plan not to be had).
-pub fn summarise(node: &str, devices: &[String], plan: Result<pb::PlanResponse, String>) -> pb::NodePlanSummary {
+pub fn summarise(
+    node: &str,
+    devices: &[String],
+    plan: Result<pb::PlanResponse, String>,
+) -> pb::NodePlanSummary {
     let plan = match plan {
         Ok(p) => p,
         Err(e) => {
@@ -59,7 +63,9 @@ pub fn summarise(node: &str, devices: &[String], plan: Result<pb::PlanResponse, 
         .filter(|d| !plan.plans.iter().any(|p| &p.device == *d))
         .map(|d| format!("{d}: the agent's plan does not cover it"))
         .collect();
-    refusals.extend(plan.plans.iter().filter(|p| !p.refusal.is_empty()).map(|p| format!("{}: {}", p.device, p.refusal)));
+    refusals.extend(
+        plan.plans.iter().filter(|p| !p.refusal.is_empty()).map(|p| format!("{}: {}", p.device, p.refusal)),
+    );
     if devices.is_empty() && plan.plans.is_empty() {
         refusals.push("no stale device to clean".to_owned());
     }
@@ -122,7 +128,8 @@ mod tests {
 
     #[test]
     fn a_plan_is_summarised_with_its_refusals() {
-        let p = pb::PlanResponse { plans: vec![plan("rbd4", "", 2), plan("rbd0", "in use: mounted at /mnt", 0)] };
+        let p =
+            pb::PlanResponse { plans: vec![plan("rbd4", "", 2), plan("rbd0", "in use: mounted at /mnt", 0)] };
         let n = summarise("a", &s(&["rbd4", "rbd0", "loop9"]), Ok(p));
         assert_eq!(n.steps, 2);
         assert_eq!(n.refusal, "loop9: the agent's plan does not cover it; rbd0: in use: mounted at /mnt");

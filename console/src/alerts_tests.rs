@@ -7,8 +7,10 @@ use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::sweep::{kind_name, KINDS};
 
-const RULE: &str =
-    include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/overlays/console-monitoring/prometheusrule.yaml"));
+const RULE: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/overlays/console-monitoring/prometheusrule.yaml"
+));
 
 fn names(text: &str, prefix: &str, allowed: impl Fn(char) -> bool) -> Vec<String> {
     let mut out: Vec<String> = text
@@ -28,7 +30,10 @@ fn every_alert_uses_a_served_series_and_every_kind_has_an_alert() {
     let used = names(RULE, "blockjanitor_console_", |c| c.is_ascii_alphanumeric() || c == '_');
     assert!(used.len() >= 3, "{used:?}");
     for n in &used {
-        assert!(served.lines().any(|l| l.starts_with(&format!("{n}{{")) || l.starts_with(&format!("{n} "))), "{n} is not served:\n{served}");
+        assert!(
+            served.lines().any(|l| l.starts_with(&format!("{n}{{")) || l.starts_with(&format!("{n} "))),
+            "{n} is not served:\n{served}"
+        );
     }
     let kinds: Vec<String> = names(RULE, "kind=\"", |c| c != '}')
         .iter()
@@ -50,7 +55,8 @@ fn promtool_accepts_the_rules() {
     };
     // promtool reads the rule groups (the PrometheusRule's spec) as a rules file.
     let spec = RULE.split_once("\nspec:\n").expect("a spec").1;
-    let groups: String = spec.lines().map(|l| l.strip_prefix("  ").unwrap_or(l)).map(|l| format!("{l}\n")).collect();
+    let groups: String =
+        spec.lines().map(|l| l.strip_prefix("  ").unwrap_or(l)).map(|l| format!("{l}\n")).collect();
     let file = std::env::temp_dir().join(format!("blockjanitor-console-rules-{}.yaml", std::process::id()));
     std::fs::write(&file, groups).expect("write");
     let out = std::process::Command::new(path).args(["check", "rules"]).arg(&file).output();

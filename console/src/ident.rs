@@ -71,8 +71,12 @@ pub fn parse_image(s: &str) -> Result<ImageSpec, IdentError> {
         return Err(err("a part between slashes is empty"));
     }
     match parts.as_slice() {
-        [pool, image] => Ok(ImageSpec { pool: (*pool).into(), namespace: String::new(), image: (*image).into() }),
-        [pool, ns, image] => Ok(ImageSpec { pool: (*pool).into(), namespace: (*ns).into(), image: (*image).into() }),
+        [pool, image] => {
+            Ok(ImageSpec { pool: (*pool).into(), namespace: String::new(), image: (*image).into() })
+        }
+        [pool, ns, image] => {
+            Ok(ImageSpec { pool: (*pool).into(), namespace: (*ns).into(), image: (*image).into() })
+        }
         [_] => Err(err("no pool (no '/')")),
         _ => Err(err("more than three parts")),
     }

@@ -7,7 +7,12 @@ use super::*;
 #[test]
 fn image_specs_with_and_without_a_rados_namespace() {
     for (text, pool, ns, image) in [
-        ("k8s/csi-vol-1f0c7a4e-5b2d-11ee-9c1b-0a580a8100a6", "k8s", "", "csi-vol-1f0c7a4e-5b2d-11ee-9c1b-0a580a8100a6"),
+        (
+            "k8s/csi-vol-1f0c7a4e-5b2d-11ee-9c1b-0a580a8100a6",
+            "k8s",
+            "",
+            "csi-vol-1f0c7a4e-5b2d-11ee-9c1b-0a580a8100a6",
+        ),
         ("replicapool/tenants/csi-vol-10ff5cc1", "replicapool", "tenants", "csi-vol-10ff5cc1"),
         ("rbd:mec-ecs-pool/kubernetes-dynamic-pvc-0a5e", "mec-ecs-pool", "", "kubernetes-dynamic-pvc-0a5e"),
         ("  rbd/img.v2_final  ", "rbd", "", "img.v2_final"),
@@ -21,7 +26,8 @@ fn image_specs_with_and_without_a_rados_namespace() {
 
 #[test]
 fn image_specs_that_are_not_are_errors_naming_what_was_expected() {
-    for bad in ["", "img", "k8s/", "/img", "k8s//img", "a/b/c/d", "k8s/my image", "k8s/im\tg", "k8s/im\u{7}g"] {
+    for bad in ["", "img", "k8s/", "/img", "k8s//img", "a/b/c/d", "k8s/my image", "k8s/im\tg", "k8s/im\u{7}g"]
+    {
         let e = parse_image(bad).expect_err(bad).to_string();
         assert!(e.contains("expected pool/image or pool/namespace/image"), "{bad}: {e}");
     }
@@ -34,7 +40,8 @@ fn image_specs_that_are_not_are_errors_naming_what_was_expected() {
 #[test]
 fn wwids_in_every_form_the_tools_print() {
     // multipath -ll (NAA 6), its sysfs device/wwid, and the udev by-id link: the same LUN.
-    let want = vec!["3600a0b80005b10ca0000b1d44d3fd8d1".to_owned(), "naa.600a0b80005b10ca0000b1d44d3fd8d1".into()];
+    let want =
+        vec!["3600a0b80005b10ca0000b1d44d3fd8d1".to_owned(), "naa.600a0b80005b10ca0000b1d44d3fd8d1".into()];
     assert_eq!(parse_wwid("3600A0B80005B10CA0000B1D44D3FD8D1").expect("multipath"), want);
     assert_eq!(parse_wwid("naa.600a0b80005b10ca0000b1d44d3fd8d1").expect("sysfs"), want);
     assert_eq!(parse_wwid("wwn-0x600a0b80005b10ca0000b1d44d3fd8d1").expect("by-id"), want);
@@ -45,7 +52,18 @@ fn wwids_in_every_form_the_tools_print() {
     assert!(parse_wwid("t10.ATA     QEMU HARDDISK                           QM00005").is_ok());
     assert!(parse_wwid("1ATA     ST3500418AS                                     9VMH0WRQ").is_ok());
     assert!(parse_wwid("8iqn.2004-10.com.example:disk1").is_ok());
-    for bad in ["", "3600a0b8", "3600a0b8zz05b10ca0000b1d44d3fd8d1", "naa.600a", "wwn-0xnothex", "eui.12", "t10.", "hello", "1abc", "8x"] {
+    for bad in [
+        "",
+        "3600a0b8",
+        "3600a0b8zz05b10ca0000b1d44d3fd8d1",
+        "naa.600a",
+        "wwn-0xnothex",
+        "eui.12",
+        "t10.",
+        "hello",
+        "1abc",
+        "8x",
+    ] {
         let e = parse_wwid(bad).expect_err(bad).to_string();
         assert!(e.contains("expected 3600a0b8000"), "{bad}: {e}");
     }
@@ -63,7 +81,15 @@ fn iscsi_and_nvme_names() {
         assert!(parse_iqn(ok).is_ok(), "{ok}");
     }
     assert_eq!(parse_iqn("IQN.1994-05.com.redhat:ab").expect("ok"), "iqn.1994-05.com.redhat:ab");
-    for bad in ["iqn.2004.com.example", "iqn.2004-13.com.example:x", "iqn.2004-10.:x", "iqn.2004-10.com..x", "eui.123", "target1", "iqn.2004-10.com.example:a b"] {
+    for bad in [
+        "iqn.2004.com.example",
+        "iqn.2004-13.com.example:x",
+        "iqn.2004-10.:x",
+        "iqn.2004-10.com..x",
+        "eui.123",
+        "target1",
+        "iqn.2004-10.com.example:a b",
+    ] {
         let e = parse_iqn(bad).expect_err(bad).to_string();
         assert!(e.contains("expected iqn.YYYY-MM.reversed.domain"), "{bad}: {e}");
     }
@@ -78,7 +104,12 @@ fn iscsi_and_nvme_names() {
     assert!(parse_nqn("nqn.2014-08.org.nvmexpress:uuid:1B4E28BA-2FA1-11D2-883F-0016D3CCA427")
         .expect("ok")
         .ends_with("1b4e28ba-2fa1-11d2-883f-0016d3cca427"));
-    for bad in ["nqn.2014-08.org.nvmexpress:uuid:xyz", "nqn.2019-08.org.qemu", "nqn.19-08.org.qemu:x", "iqn.2019-08.org.qemu:x"] {
+    for bad in [
+        "nqn.2014-08.org.nvmexpress:uuid:xyz",
+        "nqn.2019-08.org.qemu",
+        "nqn.19-08.org.qemu:x",
+        "iqn.2019-08.org.qemu:x",
+    ] {
         let e = parse_nqn(bad).expect_err(bad).to_string();
         assert!(e.contains("expected nqn."), "{bad}: {e}");
     }

@@ -24,6 +24,8 @@
 //!   step budget.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
+#[cfg(test)]
+mod alerts_tests;
 pub mod apply;
 pub mod ceph_addr;
 pub mod cluster;
@@ -38,5 +40,3 @@ pub mod serve;
 pub mod service;
 pub mod sweep;
 pub mod watchers;
-#[cfg(test)]
-mod alerts_tests;

@@ -66,8 +66,10 @@ impl Metrics {
             "sweep_complete",
             "1 when the sweep at this scrape heard from every node (and a synced Kubernetes view), 0 when it is incomplete.",
         )?;
-        let sweep_missing =
-            Gauge::new("sweep_missing_nodes", "Nodes the sweep at this scrape could not ask (down, not synced, no agent).")?;
+        let sweep_missing = Gauge::new(
+            "sweep_missing_nodes",
+            "Nodes the sweep at this scrape could not ask (down, not synced, no agent).",
+        )?;
         registry.register(Box::new(latency.clone()))?;
         registry.register(Box::new(findings.clone()))?;
         registry.register(Box::new(sweep_complete.clone()))?;
@@ -75,7 +77,17 @@ impl Metrics {
         for m in METHODS {
             latency.with_label_values(&[m]);
         }
-        Ok(Self { registry, agents, index_size, latency, findings, sweep_complete, sweep_missing, index, cluster: None })
+        Ok(Self {
+            registry,
+            agents,
+            index_size,
+            latency,
+            findings,
+            sweep_complete,
+            sweep_missing,
+            index,
+            cluster: None,
+        })
     }
 
     /// Sweeps with the cluster's view too (VolumeAttachments, Nodes without an agent).
@@ -113,6 +125,17 @@ impl Metrics {
     }
 }
 
+impl blockjanitor::server::metrics_http::Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+}
+
+/// Serves `/metrics` until `shutdown` turns true (the agent's server, with the console's figures).
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: watch::Receiver<bool>) {
+    blockjanitor::server::metrics_http::serve(listener, metrics, shutdown).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,17 +162,9 @@ mod tests {
         assert!(text.contains("blockjanitor_console_sweep_complete 0"), "{text}");
         assert!(text.contains("blockjanitor_console_sweep_missing_nodes 1"), "{text}");
         assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"dead_node_watcher\"} 1"), "{text}");
-        assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"attached_not_in_use\"} 0"), "{text}");
+        assert!(
+            text.contains("blockjanitor_console_sweep_findings{kind=\"attached_not_in_use\"} 0"),
+            "{text}"
+        );
     }
-}
-
-impl blockjanitor::server::metrics_http::Exposition for Metrics {
-    fn render(&self) -> String {
-        Metrics::render(self)
-    }
-}
-
-/// Serves `/metrics` until `shutdown` turns true (the agent's server, with the console's figures).
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: watch::Receiver<bool>) {
-    blockjanitor::server::metrics_http::serve(listener, metrics, shutdown).await;
 }

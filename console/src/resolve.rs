@@ -61,16 +61,22 @@ fn wwid_keys(forms: Vec<String>) -> Vec<Key> {
 fn check_pvc(pvc: &str) -> Result<(), Status> {
     match pvc.split('/').collect::<Vec<_>>().as_slice() {
         [ns, name] if !ns.is_empty() && !name.is_empty() => Ok(()),
-        _ => Err(uninterpretable(&format!("'{pvc}' is not a PVC: expected NAMESPACE/NAME (e.g. shop/data-db-0)"))),
+        _ => Err(uninterpretable(&format!(
+            "'{pvc}' is not a PVC: expected NAMESPACE/NAME (e.g. shop/data-db-0)"
+        ))),
     }
 }
 
 impl FleetService {
     /// What a Where request names.
     pub(crate) fn resolve(&self, r: &pb::WhereRequest) -> Result<Resolved, Status> {
-        let set = [&r.query, &r.image, &r.pv, &r.pvc, &r.wwid].iter().filter(|s| !s.trim().is_empty()).count();
+        let set =
+            [&r.query, &r.image, &r.pv, &r.pvc, &r.wwid].iter().filter(|s| !s.trim().is_empty()).count();
         if set != 1 {
-            return Err(uninterpretable(&format!("give exactly one of query, image, pv, pvc, wwid: {}", ident::EXPECTED)));
+            return Err(uninterpretable(&format!(
+                "give exactly one of query, image, pv, pvc, wwid: {}",
+                ident::EXPECTED
+            )));
         }
         if !r.image.is_empty() {
             let spec = ident::parse_image(&r.image).map_err(invalid)?;
@@ -102,14 +108,17 @@ impl FleetService {
             let spec = ident::parse_image(q).map_err(invalid)?;
             let mut text = format!("rbd image {}", spec.key());
             if self.cluster.is_some() && cluster.is_none() && q.split('/').count() == 2 {
-                text.push_str(" (the Kubernetes view is not synced: were it a PVC, it could not be found now)");
+                text.push_str(
+                    " (the Kubernetes view is not synced: were it a PVC, it could not be found now)",
+                );
             }
             return Ok(keys(text, vec![Key::Image(spec.key()), Key::NbdBackend(q.to_owned())]));
         }
         if !self.index.read().lookup(&Key::NbdBackend(q.to_owned())).is_empty() {
             return Ok(keys(format!("nbd backend {q}"), vec![Key::NbdBackend(q.to_owned())]));
         }
-        if cluster.is_some_and(|c| c.pv(q).is_some()) || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
+        if cluster.is_some_and(|c| c.pv(q).is_some())
+            || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
         {
             return Ok(self.pv_keys(q, format!("PV {q}")));
         }
@@ -118,9 +127,11 @@ impl FleetService {
             Bare::Iqn(iqn) => {
                 Resolved { text: format!("iSCSI target {iqn}"), keys: vec![], target: Some(Target::Iqn(iqn)) }
             }
-            Bare::Nqn(nqn) => {
-                Resolved { text: format!("NVMe subsystem {nqn}"), keys: vec![], target: Some(Target::Nqn(nqn)) }
-            }
+            Bare::Nqn(nqn) => Resolved {
+                text: format!("NVMe subsystem {nqn}"),
+                keys: vec![],
+                target: Some(Target::Nqn(nqn)),
+            },
         })
     }
 

@@ -164,7 +164,9 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
     }
 
     let metrics = Arc::new(
-        Metrics::new(index.clone()).map_err(|e| ConsoleError::Setup(e.to_string()))?.with_cluster(cluster.clone()),
+        Metrics::new(index.clone())
+            .map_err(|e| ConsoleError::Setup(e.to_string()))?
+            .with_cluster(cluster.clone()),
     );
     let policy = Arc::new(Policy {
         socket_gid: None,

@@ -196,8 +196,13 @@ impl FleetService {
             self.links.refresh_all(None).await;
         }
         let answer = sweep::run(&self.index.read(), self.cluster.as_ref(), kinds);
-        tracing::info!(findings = answer.findings.len(), complete = answer.complete,
-            missing = answer.missing_nodes.len(), "sweep: {}", answer.summary);
+        tracing::info!(
+            findings = answer.findings.len(),
+            complete = answer.complete,
+            missing = answer.missing_nodes.len(),
+            "sweep: {}",
+            answer.summary
+        );
         answer
     }
 
@@ -306,7 +311,8 @@ impl Fleet for FleetService {
         for w in asked {
             let (mappings, unreadable, m) = self.watcher_mappings(&w);
             missing = m;
-            let ip = w.ip().or_else(|| watchers::ip_of_mappings(&mappings)).map(|i| i.to_canonical().to_string());
+            let ip =
+                w.ip().or_else(|| watchers::ip_of_mappings(&mappings)).map(|i| i.to_canonical().to_string());
             let node_by_address = match (&self.cluster, ip) {
                 (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
                 _ => String::new(),
@@ -380,7 +386,12 @@ impl Fleet for FleetService {
         self.timed(
             "MultiAttach",
             t,
-            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing, sweep: None })),
+            Ok(Response::new(pb::MultiAttachResponse {
+                pv,
+                nodes: diags,
+                missing_nodes: missing,
+                sweep: None,
+            })),
         )
     }
 
@@ -392,10 +403,9 @@ impl Fleet for FleetService {
             .kinds
             .iter()
             .map(|k| {
-                pb::FindingKind::try_from(*k)
-                    .ok()
-                    .filter(|k| *k != pb::FindingKind::Unspecified)
-                    .ok_or_else(|| uninterpretable(&format!("finding kind {k} is not one of {:?}", sweep::KINDS)))
+                pb::FindingKind::try_from(*k).ok().filter(|k| *k != pb::FindingKind::Unspecified).ok_or_else(
+                    || uninterpretable(&format!("finding kind {k} is not one of {:?}", sweep::KINDS)),
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         let answer = self.sweep_now(r.fresh, &kinds).await;

@@ -64,7 +64,10 @@ pub fn missing_nodes(ix: &Inner, cluster: Option<&Cluster>) -> Vec<pb::MissingNo
         for n in c.nodes.all() {
             let name = n.metadata.name.clone().unwrap_or_default();
             if !ix.nodes.contains_key(&name) {
-                m.push(pb::MissingNode { node: name, reason: "no blockjanitor agent pod on this node".into() });
+                m.push(pb::MissingNode {
+                    node: name,
+                    reason: "no blockjanitor agent pod on this node".into(),
+                });
             }
         }
         m.sort_by(|a, b| a.node.cmp(&b.node));
@@ -135,11 +138,8 @@ fn unused(d: &pb::Device) -> bool {
 /// holder anywhere in the group. `None` when something uses it or the agent cannot vouch.
 fn idle_top<'a>(ds: &[&'a pb::Device]) -> Option<Vec<&'a pb::Device>> {
     let names: BTreeSet<&str> = ds.iter().map(|d| d.name.as_str()).collect();
-    let top: Vec<&pb::Device> = ds
-        .iter()
-        .filter(|d| !d.stacked_on_top.iter().any(|t| names.contains(t.as_str())))
-        .copied()
-        .collect();
+    let top: Vec<&pb::Device> =
+        ds.iter().filter(|d| !d.stacked_on_top.iter().any(|t| names.contains(t.as_str()))).copied().collect();
     let outside = |d: &pb::Device| d.stacked_on_top.iter().any(|t| !names.contains(t.as_str()));
     let quiet = ds.iter().all(|d| {
         d.holders.is_empty()
@@ -159,7 +159,8 @@ pub fn sweep(
     kinds: &[pb::FindingKind],
 ) -> pb::SweepResponse {
     let missing_names: BTreeSet<&str> = missing.iter().map(|m| m.node.as_str()).collect();
-    let pv_ids: Vec<VolumeId> = kube.map(|k| k.pvs.iter().map(|p| volume_id(p)).collect()).unwrap_or_default();
+    let pv_ids: Vec<VolumeId> =
+        kube.map(|k| k.pvs.iter().map(|p| volume_id(p)).collect()).unwrap_or_default();
     let pv_of = |volume: &str| {
         pv_ids
             .iter()
@@ -189,7 +190,8 @@ pub fn sweep(
                 .iter()
                 .map(|(n, ds)| {
                     let last = if missing_names.contains(n) { ", as last seen" } else { "" };
-                    let states: Vec<String> = ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
+                    let states: Vec<String> =
+                        ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
                     format!("{n} ({}{last})", states.join(", "))
                 })
                 .collect();
@@ -287,7 +289,8 @@ fn attachment_findings(
         let Some(pv) = va.spec.source.persistent_volume_name.as_deref() else { continue };
         let Some(v) = pv_ids.iter().find(|v| v.pv == pv) else { continue };
         let node = va.spec.node_name.as_str();
-        let va_text = format!("{} (node={node}, attached=true)", va.metadata.name.clone().unwrap_or_default());
+        let va_text =
+            format!("{} (node={node}, attached=true)", va.metadata.name.clone().unwrap_or_default());
         let volume = v.images.first().or(v.wwids.first()).cloned().unwrap_or_else(|| format!("pv/{pv}"));
         if let Some(m) = missing.iter().find(|m| m.node == node) {
             // Its last-seen mappings already make a finding; the attachment alone does too.

@@ -205,7 +205,10 @@ fn volume_attachments_to_idle_and_dead_nodes() {
 
     // The dead node is deleted (no Node, no agent), its VolumeAttachment is not: still a finding,
     // and the sweep is complete (every node there is answered).
-    let ix = index(vec![("free", true, vec![]), ("used", true, vec![rbd("rbd0", "db", pb::Verdict::InUse, true)])]);
+    let ix = index(vec![
+        ("free", true, vec![]),
+        ("used", true, vec![rbd("rbd0", "db", pb::Verdict::InUse, true)]),
+    ]);
     let r = run(&ix, Some(&k));
     assert!(r.complete, "{r:#?}");
     let dead = r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");

@@ -135,7 +135,11 @@ pub fn answer(
                 nodes.join(", "),
                 mappings
                     .iter()
-                    .map(|d| format!("{}/{}", d.node, d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")))
+                    .map(|d| format!(
+                        "{}/{}",
+                        d.node,
+                        d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
+                    ))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
@@ -227,7 +231,11 @@ mod tests {
         let a = answer(&q, m, &[], &[], "node-a".into());
         assert_eq!(a.nodes, ["node-a"]);
         assert!(!a.unfence_safe);
-        assert!(a.detail.starts_with("client.4151 is on node-a: still mapped on node-a/rbd0"), "{}", a.detail);
+        assert!(
+            a.detail.starts_with("client.4151 is on node-a: still mapped on node-a/rbd0"),
+            "{}",
+            a.detail
+        );
 
         let a = answer(&q, vec![], &[], &[], String::new());
         assert!(a.unfence_safe && a.nodes.is_empty());

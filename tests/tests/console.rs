@@ -1523,7 +1523,8 @@ fn finding_kinds(r: &pb::SweepResponse) -> Vec<(String, String, Vec<String>)> {
     r.findings
         .iter()
         .map(|f| {
-            let kind = pb::FindingKind::try_from(f.kind).map(|k| k.as_str_name().to_owned()).unwrap_or_default();
+            let kind =
+                pb::FindingKind::try_from(f.kind).map(|k| k.as_str_name().to_owned()).unwrap_or_default();
             (kind, f.volume.clone(), f.nodes.clone())
         })
         .collect()
@@ -1544,7 +1545,9 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
         let found = finding_kinds(&r);
         let has = |kind: &str, volume: &str, nodes: &[&str]| {
-            found.iter().any(|(k, v, n)| k == kind && v == volume && n.iter().map(String::as_str).eq(nodes.iter().copied()))
+            found.iter().any(|(k, v, n)| {
+                k == kind && v == volume && n.iter().map(String::as_str).eq(nodes.iter().copied())
+            })
         };
         assert!(has("FINDING_KIND_MULTI_NODE", &image, &["node-new", "node-old"]), "{r:#?}");
         assert!(has("FINDING_KIND_ATTACHED_NOT_IN_USE", &image, &["node-old"]), "rbd4 is stale: {r:#?}");
@@ -1575,7 +1578,10 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         let agentctl = bin("agentctl");
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep"]);
         assert_eq!(code, 3, "{out}{err}");
-        assert!(out.starts_with("sweep of ") && out.contains("volume(s): incomplete: 1 node(s) did not answer"), "{out}");
+        assert!(
+            out.starts_with("sweep of ") && out.contains("volume(s): incomplete: 1 node(s) did not answer"),
+            "{out}"
+        );
         assert!(out.contains("multi_node") && out.contains("node-new,node-old"), "{out}");
         assert!(out.contains("node-gone: unreachable"), "{out}");
         assert!(!out.contains("clean"), "{out}");
@@ -1629,13 +1635,18 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
             if r.complete {
                 break r;
             }
-            assert!(Instant::now() < deadline, "node-gone never left the fleet: {r:#?}\n{}", cl.console.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "node-gone never left the fleet: {r:#?}\n{}",
+                cl.console.log_text()
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
         assert!(r.summary.contains("every node answered"), "{}", r.summary);
         assert!(r.missing_nodes.is_empty());
         // Its VolumeAttachment stays: a finding still, never dropped with the node.
-        let dead = r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");
+        let dead =
+            r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");
         assert_eq!(dead.nodes, ["node-gone"]);
         assert!(dead.detail.contains("no Node of the cluster any more"), "{}", dead.detail);
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep"]);
@@ -1685,9 +1696,58 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
         let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
         assert_eq!(code, 2, "{out}{err}");
         assert!(out.contains("fleet budget: 0 of 1 steps left this minute"), "{out}");
-        assert!(out.contains("REFUSED by the fleet budget: these 1 step(s) need more than the 0 of 1 steps left"), "{out}");
+        assert!(
+            out.contains("REFUSED by the fleet budget: these 1 step(s) need more than the 0 of 1 steps left"),
+            "{out}"
+        );
         assert!(err.contains("nothing ran: REFUSED by the fleet budget"), "{err}");
         assert!(!err.contains("[y/N]"), "no question when nothing may run: {err}");
         assert_eq!(audits(), before + 1, "only the first apply reached the agent");
+    });
+}
+
+/// Issue 18: Where reads what it is given (an image in a rados namespace, a WWID as udev names
+/// it, an IQN, an NQN) and refuses what it does not understand (INVALID_ARGUMENT naming what was
+/// expected; agentctl exit 1), never an empty answer that reads as "nowhere".
+#[test]
+fn where_reads_every_identifier_form_and_refuses_what_it_does_not_understand() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let q = |query: &str| pb::WhereRequest { query: query.into(), ..Default::default() };
+        // The multipath map of incident 3 by its udev name (wwn-0x<naa>) and its sysfs form.
+        for form in ["wwn-0x618cf24100f8f457014a764c000001f6", "naa.618CF24100F8F457014A764C000001F6"] {
+            let r = c.r#where(q(form)).await.expect(form).into_inner();
+            assert!(r.resolved.starts_with("WWID 3618cf24100f8f457014a764c000001f6"), "{}", r.resolved);
+            let want = vec![pair("node-free", "dm-12"), pair("node-free", "sdi"), pair("node-free", "sdj")];
+            assert_eq!(devs(&r.matches), want, "{form}: {r:#?}");
+        }
+        let r = c.r#where(q("replicapool/tenants/csi-vol-1")).await.expect("namespaced").into_inner();
+        assert_eq!(r.resolved, "rbd image replicapool/tenants/csi-vol-1");
+        let r = c.r#where(q("iqn.2004-10.com.example:disk1")).await.expect("iqn").into_inner();
+        assert_eq!(r.resolved, "iSCSI target iqn.2004-10.com.example:disk1");
+        let r = c.r#where(q("nqn.2019-08.org.qemu:nvme-tcp-target")).await.expect("nqn").into_inner();
+        assert_eq!(r.resolved, "NVMe subsystem nqn.2019-08.org.qemu:nvme-tcp-target");
+        assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+
+        for (req, want) in [
+            (q("no-such-pv-or-wwid"), "expected an rbd image (pool/image or pool/namespace/image)"),
+            (q(&format!("k8s/{IMAGE}@daily")), "names a snapshot"),
+            (q("a/b/c/d"), "expected pool/image or pool/namespace/image"),
+            (q("naa.61"), "is not a WWID"),
+            (q("iqn.2004.com.example"), "is not an iSCSI name"),
+            (pb::WhereRequest { image: "k8s".into(), ..Default::default() }, "no pool"),
+            (pb::WhereRequest { wwid: "disk1".into(), ..Default::default() }, "is not a WWID"),
+            (pb::WhereRequest { pvc: "shop".into(), ..Default::default() }, "expected NAMESPACE/NAME"),
+            (pb::WhereRequest::default(), "give exactly one of"),
+        ] {
+            let e = c.r#where(req.clone()).await.expect_err("not understood");
+            assert_eq!(e.code(), Code::InvalidArgument, "{req:?}: {e:?}");
+            assert!(e.message().contains(want), "{req:?}: {}", e.message());
+        }
+        let (code, out, err) = ctl(&cl, &bin("agentctl"), &["fleet", "where", "no-such-pv-or-wwid"]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains("is not understood: expected an rbd image"), "{err}");
     });
 }
