@@ -110,7 +110,7 @@ impl Metrics {
             self.agents.with_label_values(&["down"]).set((ix.nodes.len() - up) as f64);
             self.index_size.with_label_values(&["nodes"]).set(ix.nodes.len() as f64);
             self.index_size.with_label_values(&["devices"]).set(ix.device_count() as f64);
-            let sweep = crate::sweep::run(&ix, self.cluster.as_ref(), &[]);
+            let sweep = crate::sweep::counts(&ix, self.cluster.as_ref());
             for (kind, n) in &sweep.counts {
                 self.findings.with_label_values(&[kind]).set(f64::from(*n));
             }

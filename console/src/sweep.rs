@@ -14,7 +14,7 @@
 //! the Kubernetes view, when there is one, is synced; otherwise it says "incomplete" and names what
 //! could not be asked. Pure: the index, the Kubernetes objects and the missing nodes come in.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use blockjanitor_proto::v1 as pb;
@@ -81,6 +81,13 @@ pub fn run(ix: &Inner, cluster: Option<&Cluster>, kinds: &[pb::FindingKind]) -> 
     sweep(ix, kube.as_ref(), missing_nodes(ix, cluster), kinds)
 }
 
+/// [`run`] for counting (metrics): the same findings, counts, completeness and summary, but each
+/// finding carries only its kind.
+pub fn counts(ix: &Inner, cluster: Option<&Cluster>) -> pb::SweepResponse {
+    let kube = cluster.map(KubeView::of);
+    sweep_with(ix, kube.as_ref(), missing_nodes(ix, cluster), &[], false)
+}
+
 /// The volume a device is a view of (`None`: not a volume, such as a loop device).
 pub fn volume_of(d: &pb::Device) -> Option<(String, bool)> {
     if let Some(r) = &d.rbd {
@@ -137,6 +144,11 @@ fn unused(d: &pb::Device) -> bool {
 /// map over its paths, which share its WWID and are held only by it), every one unused, and no
 /// holder anywhere in the group. `None` when something uses it or the agent cannot vouch.
 fn idle_top<'a>(ds: &[&'a pb::Device]) -> Option<Vec<&'a pb::Device>> {
+    if let [d] = ds {
+        // One device (the usual case): no group to look inside.
+        let quiet = d.holders.is_empty() && d.stacked_on_top.is_empty();
+        return (quiet && unused(d)).then(|| vec![*d]);
+    }
     let names: BTreeSet<&str> = ds.iter().map(|d| d.name.as_str()).collect();
     let top: Vec<&pb::Device> =
         ds.iter().filter(|d| !d.stacked_on_top.iter().any(|t| names.contains(t.as_str()))).copied().collect();
@@ -158,16 +170,25 @@ pub fn sweep(
     missing: Vec<pb::MissingNode>,
     kinds: &[pb::FindingKind],
 ) -> pb::SweepResponse {
+    sweep_with(index, kube, missing, kinds, true)
+}
+
+/// [`sweep`], with every finding in full or (`full` false, for counting) only its kind.
+fn sweep_with(
+    index: &Inner,
+    kube: Option<&KubeView>,
+    missing: Vec<pb::MissingNode>,
+    kinds: &[pb::FindingKind],
+    full: bool,
+) -> pb::SweepResponse {
     let missing_names: BTreeSet<&str> = missing.iter().map(|m| m.node.as_str()).collect();
     let pv_ids: Vec<VolumeId> =
         kube.map(|k| k.pvs.iter().map(|p| volume_id(p)).collect()).unwrap_or_default();
-    let pv_of = |volume: &str| {
-        pv_ids
-            .iter()
-            .find(|v| v.images.iter().chain(&v.wwids).any(|i| i == volume))
-            .map(|v| v.pv.clone())
-            .unwrap_or_default()
-    };
+    let pv_by_volume: HashMap<&str, &str> = pv_ids
+        .iter()
+        .flat_map(|v| v.images.iter().chain(&v.wwids).map(move |i| (i.as_str(), v.pv.as_str())))
+        .collect();
+    let pv_of = |volume: &str| pv_by_volume.get(volume).map(|p| (*p).to_owned()).unwrap_or_default();
 
     let mut volumes: BTreeMap<String, Volume> = BTreeMap::new();
     for n in index.nodes.values() {
@@ -183,27 +204,37 @@ pub fn sweep(
     }
 
     let mut findings = Vec::new();
+    // Counting only (metrics): no device copied, no detail written.
+    let mut add = |kind: pb::FindingKind, build: &dyn Fn() -> pb::Finding| {
+        if !kinds.is_empty() && !kinds.contains(&kind) {
+            return;
+        }
+        let mut f = if full { build() } else { pb::Finding::default() };
+        f.kind = kind as i32;
+        findings.push(f);
+    };
     for (key, v) in &volumes {
         if v.by_node.len() > 1 && !v.snapshot {
-            let parts: Vec<String> = v
-                .by_node
-                .iter()
-                .map(|(n, ds)| {
-                    let last = if missing_names.contains(n) { ", as last seen" } else { "" };
-                    let states: Vec<String> =
-                        ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
-                    format!("{n} ({}{last})", states.join(", "))
-                })
-                .collect();
-            findings.push(pb::Finding {
-                kind: pb::FindingKind::MultiNode as i32,
-                volume: key.clone(),
-                pv: v.pv.clone(),
-                nodes: v.by_node.keys().map(|n| (*n).to_owned()).collect(),
-                devices: v.by_node.iter().flat_map(|(n, ds)| fleet_devices(n, ds)).collect(),
-                clients: v.by_node.values().flat_map(|ds| clients_of(ds)).collect(),
-                detail: format!("mapped on {} nodes: {}", v.by_node.len(), parts.join("; ")),
-                ..Default::default()
+            add(pb::FindingKind::MultiNode, &|| {
+                let parts: Vec<String> = v
+                    .by_node
+                    .iter()
+                    .map(|(n, ds)| {
+                        let last = if missing_names.contains(n) { ", as last seen" } else { "" };
+                        let states: Vec<String> =
+                            ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
+                        format!("{n} ({}{last})", states.join(", "))
+                    })
+                    .collect();
+                pb::Finding {
+                    volume: key.clone(),
+                    pv: v.pv.clone(),
+                    nodes: v.by_node.keys().map(|n| (*n).to_owned()).collect(),
+                    devices: v.by_node.iter().flat_map(|(n, ds)| fleet_devices(n, ds)).collect(),
+                    clients: v.by_node.values().flat_map(|ds| clients_of(ds)).collect(),
+                    detail: format!("mapped on {} nodes: {}", v.by_node.len(), parts.join("; ")),
+                    ..Default::default()
+                }
             });
         }
         for (n, ds) in &v.by_node {
@@ -213,8 +244,8 @@ pub fn sweep(
                     continue;
                 }
                 let reason = missing.iter().find(|m| m.node == *n).map(|m| m.reason.as_str()).unwrap_or("");
-                findings.push(pb::Finding {
-                    kind: pb::FindingKind::DeadNodeWatcher as i32,
+                add(pb::FindingKind::DeadNodeWatcher, &|| {
+                    pb::Finding {
                     volume: key.clone(),
                     pv: v.pv.clone(),
                     nodes: vec![(*n).to_owned()],
@@ -226,12 +257,12 @@ pub fn sweep(
                     ),
                     devices: fleet_devices(n, &rbd),
                     ..Default::default()
+                }
                 });
                 continue;
             }
             let Some(idle) = idle_top(ds) else { continue };
-            findings.push(pb::Finding {
-                kind: pb::FindingKind::AttachedNotInUse as i32,
+            add(pb::FindingKind::AttachedNotInUse, &|| pb::Finding {
                 volume: key.clone(),
                 pv: v.pv.clone(),
                 nodes: vec![(*n).to_owned()],
@@ -250,9 +281,9 @@ pub fn sweep(
     }
     if let Some(k) = kube {
         findings.extend(attachment_findings(index, k, &pv_ids, &missing));
-    }
-    if !kinds.is_empty() {
-        findings.retain(|f| kinds.iter().any(|k| *k as i32 == f.kind));
+        if !kinds.is_empty() {
+            findings.retain(|f| kinds.iter().any(|k| *k as i32 == f.kind));
+        }
     }
     findings.sort_by(|a, b| (a.kind, &a.volume, &a.nodes).cmp(&(b.kind, &b.volume, &b.nodes)));
     let counts = KINDS
