@@ -1591,6 +1591,9 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         assert_eq!(v["complete"], false);
         assert_eq!(v["findings"].as_array().map(Vec::len), Some(1), "{v:#}");
         assert_eq!(v["findings"][0]["kind"], "multi_node");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "multiattach"]);
+        assert_eq!(code, 3, "multiattach with no volume sweeps: {out}{err}");
+        assert!(out.starts_with("sweep of ") && out.contains("incomplete"), "{out}");
         let (code, _, err) = ctl(&cl, &agentctl, &["fleet", "sweep", "--kind", "bogus"]);
         assert_ne!(code, 0);
         assert!(err.contains("expected multi_node, attached_not_in_use or dead_node_watcher"), "{err}");

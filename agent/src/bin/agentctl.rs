@@ -241,12 +241,14 @@ EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect,
     #[command(
         long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
 image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
-stuck in Multi-Attach. Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
+stuck in Multi-Attach; every volume on several nodes, attached but unused, or held by a dead node (sweep); \
+each node's plan (plan) and carrying it out (apply). Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
 the nodes it could not speak for.\n\nInstalled as `kubectl-blockjanitor` (a symlink), this is the kubectl \
 plugin: `kubectl blockjanitor where shop/data-db-0`.",
         after_help = "EXAMPLES:\n  agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
 agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
-rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n\n\
+rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
+agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\
 EXIT CODES:\n  0  ok\n  1  error"
     )]
     Fleet {
@@ -302,10 +304,11 @@ enum FleetCommand {
         fresh: bool,
     },
     /// For a PV or PVC: one diagnosis per node (in_use_correct, stale_mapping with the steps that
-    /// clear it, safe_to_delete_va, unknown).
+    /// clear it, safe_to_delete_va, unknown). Without one: the fleet-wide sweep (as `fleet
+    /// sweep`, with its exit codes).
     Multiattach {
-        /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME.
-        volume: String,
+        /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME (none: sweep every volume).
+        volume: Option<String>,
     },
     /// Every volume across the fleet: mapped on more than one node, attached but not in use, or
     /// watched by a client of a node whose agent cannot be asked. Exit code 0 when every node
@@ -520,7 +523,14 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
                 client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
             render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
         }
-        FleetCommand::Multiattach { volume } => {
+        FleetCommand::Multiattach { volume: None } => {
+            let req = pb::MultiAttachRequest::default();
+            let r =
+                client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
+            write_out(&render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?)?;
+            return Ok(r.sweep.as_ref().map_or(1, sweep_exit_code));
+        }
+        FleetCommand::Multiattach { volume: Some(volume) } => {
             let mut req = pb::MultiAttachRequest::default();
             if let Some(pv) = volume.strip_prefix("pv/") {
                 req.pv = pv.to_owned();
@@ -542,11 +552,7 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
             let req = pb::SweepRequest { fresh: *fresh, kinds: kind.iter().map(|k| *k as i32).collect() };
             let r = client::call(timeout, c.sweep(client::request(req, timeout))).await.map_err(status)?;
             write_out(&render(out, || fr::sweep_value(&r), || fr::sweep_table(&r))?)?;
-            return Ok(match (r.complete, r.findings.is_empty()) {
-                (false, _) => 3,
-                (true, false) => 2,
-                (true, true) => 0,
-            });
+            return Ok(sweep_exit_code(&r));
         }
         FleetCommand::Plan { targets } => return fleet_plan(&mut c, cli, targets).await,
     };
@@ -633,6 +639,15 @@ async fn fleet_apply(
     let done = client::call(long, c.apply(client::request(request, long))).await.map_err(status)?;
     write_out(&render(out, || client::fleet_apply_value(&done), || client::fleet_results_table(&done))?)?;
     Ok(if client::fleet_all_done(&done) { 0 } else { 2 })
+}
+
+/// A sweep's exit code: 0 clean (complete, nothing found), 2 findings, 3 incomplete.
+fn sweep_exit_code(r: &pb::SweepResponse) -> u8 {
+    match (r.complete, r.findings.is_empty()) {
+        (false, _) => 3,
+        (true, false) => 2,
+        (true, true) => 0,
+    }
 }
 
 /// `fleet plan`: each node's plan through the console (as the caller: the console's per-caller
