@@ -10,9 +10,9 @@
 //!   (stopped, partitioned, no agent pod): its client may still watch the image, and nothing can
 //!   vouch that it does not.
 //!
-//! Fails closed: the answer is `complete` (and may say "clean") only when every node answered and
-//! the Kubernetes view, when there is one, is synced; otherwise it says "incomplete" and names what
-//! could not be asked. Pure: the index, the Kubernetes objects and the missing nodes come in.
+//! Fails closed: the answer is `complete` (and may say "clean") only when every node answered, the
+//! Kubernetes view, when there is one, is synced, and no agent reports a volume's device it cannot
+//! vouch for (verdict unknown); otherwise it says "incomplete" and names what could not be known. Pure: the index, the Kubernetes objects and the missing nodes come in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -291,9 +291,30 @@ fn sweep_with(
         .filter(|k| kinds.is_empty() || kinds.contains(k))
         .map(|k| (kind_name(*k).to_owned(), findings.iter().filter(|f| f.kind == *k as i32).count() as u32))
         .collect();
-    let kube_gap = kube.and_then(|k| k.not_synced.clone());
-    let complete = missing.is_empty() && kube_gap.is_none();
-    let summary = summary_line(&findings, &missing, kube_gap.as_deref(), kube.is_none());
+    let mut gaps: Vec<String> = kube.and_then(|k| k.not_synced.clone()).into_iter().collect();
+    // An agent that answered but cannot vouch for a device (verdict unknown): nothing is known
+    // about that volume there, so the sweep cannot be clean either.
+    let unvouched: Vec<String> = volumes
+        .values()
+        .flat_map(|v| v.by_node.iter())
+        .filter(|(n, _)| !missing_names.contains(*n))
+        .flat_map(|(n, ds)| {
+            ds.iter()
+                .filter(|d| d.verdict == pb::Verdict::Unknown as i32)
+                .map(move |d| format!("{n}/{}", d.name))
+        })
+        .collect();
+    if !unvouched.is_empty() {
+        let more = unvouched.len().saturating_sub(10);
+        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+        gaps.push(format!(
+            "the agents cannot vouch for {} device(s) (verdict unknown): {}{tail}",
+            unvouched.len(),
+            unvouched[..unvouched.len().min(10)].join(", ")
+        ));
+    }
+    let complete = missing.is_empty() && gaps.is_empty();
+    let summary = summary_line(&findings, &missing, &gaps, kube.is_none());
     pb::SweepResponse {
         findings,
         missing_nodes: missing,
@@ -392,7 +413,7 @@ fn attachment_findings(
 fn summary_line(
     findings: &[pb::Finding],
     missing: &[pb::MissingNode],
-    kube_gap: Option<&str>,
+    other_gaps: &[String],
     no_kube: bool,
 ) -> String {
     let found = match findings.len() {
@@ -404,9 +425,7 @@ fn summary_line(
         let names: Vec<&str> = missing.iter().map(|m| m.node.as_str()).collect();
         gaps.push(format!("{} node(s) did not answer ({})", missing.len(), names.join(", ")));
     }
-    if let Some(g) = kube_gap {
-        gaps.push(g.to_owned());
-    }
+    gaps.extend(other_gaps.iter().cloned());
     let tail = if no_kube { " (without the Kubernetes API: VolumeAttachments not examined)" } else { "" };
     match (gaps.is_empty(), findings.is_empty()) {
         (false, _) => format!("incomplete: {}; {found} among what answered{tail}", gaps.join("; ")),

@@ -137,6 +137,13 @@ fn snapshots_unknown_verdicts_and_filters() {
     ]);
     let r = run(&ix, None);
     assert!(r.findings.is_empty(), "a read-only snapshot on two nodes, an unknown verdict: {r:#?}");
+    assert!(!r.complete, "an agent that cannot vouch for a device: never clean");
+    assert!(
+        r.summary
+            .starts_with("incomplete: the agents cannot vouch for 1 device(s) (verdict unknown): a/rbd1"),
+        "{}",
+        r.summary
+    );
 
     let ix = index(vec![
         ("a", true, vec![rbd("rbd0", "db", pb::Verdict::Stale, false)]),
