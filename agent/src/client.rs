@@ -1101,6 +1101,9 @@ pub fn fleet_summary_table(r: &pb::FleetApplyResponse) -> String {
             r.budget_steps_left, r.budget_steps_per_minute
         );
     }
+    if let Some(why) = crate::fleet_plan::over_budget(r) {
+        let _ = writeln!(out, "{why}");
+    }
     out
 }
 

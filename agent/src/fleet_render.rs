@@ -68,12 +68,16 @@ pub fn who_watches_value(r: &pb::WhoWatchesResponse) -> Value {
             "unfence_safe": w.unfence_safe,
             "detail": w.detail,
             "node_by_address": w.node_by_address,
+            "nodes": w.nodes,
         })).collect::<Vec<_>>(),
         "missing_nodes": missing_value(&r.missing_nodes),
     })
 }
 
 pub fn multiattach_value(r: &pb::MultiAttachResponse) -> Value {
+    if let Some(s) = &r.sweep {
+        return sweep_value(s);
+    }
     json!({
         "pv": r.pv,
         "nodes": r.nodes.iter().map(|d| json!({
@@ -185,6 +189,9 @@ pub fn who_watches_table(r: &pb::WhoWatchesResponse) -> String {
             if w.unfence_safe { "yes" } else { "no" },
             clean(&w.detail)
         ));
+        if !w.nodes.is_empty() {
+            out.push_str(&format!("  on node(s): {}\n", clean(&w.nodes.join(", "))));
+        }
         if !w.mappings.is_empty() {
             out.push_str(&columns(&DEVICE_HEADER, &device_rows(&w.mappings)));
         }
@@ -193,6 +200,9 @@ pub fn who_watches_table(r: &pb::WhoWatchesResponse) -> String {
 }
 
 pub fn multiattach_table(r: &pb::MultiAttachResponse) -> String {
+    if let Some(s) = &r.sweep {
+        return sweep_table(s);
+    }
     let rows: Vec<Vec<String>> = r
         .nodes
         .iter()
@@ -235,6 +245,66 @@ pub fn multiattach_table(r: &pb::MultiAttachResponse) -> String {
     out + &missing_lines(&r.missing_nodes)
 }
 
+/// `multi_node`, `attached_not_in_use`, `dead_node_watcher` for a raw `FindingKind`.
+pub fn finding_kind_name(raw: i32) -> String {
+    match pb::FindingKind::try_from(raw) {
+        Ok(k) => k.as_str_name().trim_start_matches("FINDING_KIND_").to_ascii_lowercase(),
+        Err(_) => format!("unknown({raw})"),
+    }
+}
+
+/// The kind named on the command line (`multi_node`...), or what the names are.
+pub fn parse_finding_kind(s: &str) -> Result<pb::FindingKind, String> {
+    let want = format!("FINDING_KIND_{}", s.trim().to_ascii_uppercase().replace('-', "_"));
+    pb::FindingKind::from_str_name(&want).filter(|k| *k != pb::FindingKind::Unspecified).ok_or_else(|| {
+        format!("'{s}' is not a finding kind: expected multi_node, attached_not_in_use or dead_node_watcher")
+    })
+}
+
+pub fn sweep_value(r: &pb::SweepResponse) -> Value {
+    json!({
+        "complete": r.complete,
+        "summary": r.summary,
+        "volumes": r.volumes,
+        "counts": r.counts,
+        "findings": r.findings.iter().map(|f| json!({
+            "kind": finding_kind_name(f.kind),
+            "volume": f.volume,
+            "pv": f.pv,
+            "nodes": f.nodes,
+            "devices": f.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "volume_attachments": f.volume_attachments,
+            "clients": f.clients,
+            "detail": f.detail,
+        })).collect::<Vec<_>>(),
+        "missing_nodes": missing_value(&r.missing_nodes),
+    })
+}
+
+/// The sweep: its verdict line first (`clean` only when complete), a row per finding, the counts.
+pub fn sweep_table(r: &pb::SweepResponse) -> String {
+    let mut out = format!("sweep of {} volume(s): {}\n", r.volumes, clean(&r.summary));
+    if !r.findings.is_empty() {
+        let rows: Vec<Vec<String>> = r
+            .findings
+            .iter()
+            .map(|f| {
+                vec![
+                    finding_kind_name(f.kind),
+                    clean(&f.volume),
+                    if f.pv.is_empty() { "-".into() } else { clean(&f.pv) },
+                    clean(&f.nodes.join(",")),
+                    clean(&f.detail),
+                ]
+            })
+            .collect();
+        out.push_str(&columns(&["KIND", "VOLUME", "PV", "NODES", "DETAIL"], &rows));
+    }
+    let counts: Vec<String> = r.counts.iter().map(|(k, n)| format!("{}={n}", clean(k))).collect();
+    out.push_str(&format!("counts: {}\n", counts.join(" ")));
+    out + &missing_lines(&r.missing_nodes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,5 +327,25 @@ mod tests {
         assert!(t.contains("not mapped on any node that answered"), "{t}");
         assert!(t.contains("n1: unreachable: refused"), "{t}");
         assert_eq!(where_value(&r)["missing_nodes"][0]["node"], "n1");
+    }
+
+    #[test]
+    fn an_incomplete_sweep_says_so_before_anything_else() {
+        let r = pb::SweepResponse {
+            complete: false,
+            summary: "incomplete: 1 node(s) did not answer (n1); no finding among what answered".into(),
+            volumes: 3,
+            counts: [("multi_node".to_owned(), 0)].into_iter().collect(),
+            missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
+            findings: vec![],
+        };
+        let t = sweep_table(&r);
+        assert!(t.starts_with("sweep of 3 volume(s): incomplete: 1 node(s) did not answer (n1)"), "{t}");
+        assert!(!t.contains("clean"), "{t}");
+        assert!(t.contains("n1: unreachable: refused"), "{t}");
+        assert_eq!(sweep_value(&r)["complete"], false);
+        assert_eq!(parse_finding_kind("dead-node-watcher"), Ok(pb::FindingKind::DeadNodeWatcher));
+        assert!(parse_finding_kind("unspecified").is_err());
+        assert_eq!(finding_kind_name(pb::FindingKind::MultiNode as i32), "multi_node");
     }
 }

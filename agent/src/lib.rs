@@ -21,6 +21,7 @@ pub mod dmioctl;
 pub mod durable;
 pub mod engine;
 pub mod errors;
+pub mod fleet_plan;
 pub mod fleet_render;
 pub mod gates;
 pub mod grace;

@@ -98,9 +98,9 @@ impl Metrics {
         let device_info = GaugeVec::new(
             Opts::new(
                 "device_info",
-                "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of.",
+                "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).",
             ),
-            &["node", "device", "kind", "pool", "image", "client_addr", "wwid", "pv", "verdict"],
+            &["node", "device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv", "verdict"],
         )?;
         let device_unresponsive = GaugeVec::new(
             Opts::new(
@@ -245,10 +245,11 @@ impl Metrics {
             {
                 continue;
             }
-            let (pool, image, client_addr) = e
+            // The pool alone, and the rados namespace as its own label ("" for the default).
+            let (pool, namespace, image, client_addr) = e
                 .rbd
                 .as_ref()
-                .map(|r| (r.pool.as_str(), r.image.as_str(), r.client_addr.as_str()))
+                .map(|r| (r.pool.as_str(), r.pool_ns.as_str(), r.image.as_str(), r.client_addr.as_str()))
                 .unwrap_or_default();
             let wwid = e.wwid();
             let pv = e.kubernetes.as_ref().map(|k| k.pv_names.join(",")).unwrap_or_default();
@@ -258,6 +259,7 @@ impl Metrics {
                     e.device.name.as_str(),
                     crate::stack::kind_label(&e.device),
                     pool,
+                    namespace,
                     image,
                     client_addr,
                     wwid.as_str(),

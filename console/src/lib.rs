@@ -24,14 +24,19 @@
 //!   step budget.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
+#[cfg(test)]
+mod alerts_tests;
 pub mod apply;
 pub mod ceph_addr;
 pub mod cluster;
 pub mod discover;
+pub mod ident;
 pub mod index;
 pub mod link;
 pub mod metrics;
 pub mod multiattach;
+pub mod resolve;
 pub mod serve;
 pub mod service;
+pub mod sweep;
 pub mod watchers;

@@ -86,7 +86,9 @@ pub fn devices_of(index: &Inner, v: &VolumeId) -> BTreeMap<String, Vec<pb::Fleet
     out
 }
 
-fn held(d: &pb::Device) -> bool {
+/// Whether something on its node uses the device (a holder, an in-use or protected verdict, a device
+/// stacked on it).
+pub fn held(d: &pb::Device) -> bool {
     !d.holders.is_empty()
         || d.verdict == pb::Verdict::InUse as i32
         || d.verdict == pb::Verdict::Protected as i32

@@ -163,7 +163,11 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         }
     }
 
-    let metrics = Arc::new(Metrics::new(index.clone()).map_err(|e| ConsoleError::Setup(e.to_string()))?);
+    let metrics = Arc::new(
+        Metrics::new(index.clone())
+            .map_err(|e| ConsoleError::Setup(e.to_string()))?
+            .with_cluster(cluster.clone()),
+    );
     let policy = Arc::new(Policy {
         socket_gid: None,
         socket_group_name: None,

@@ -29,6 +29,7 @@ use crate::index::{Index, Key};
 use crate::link::Links;
 use crate::metrics::Metrics;
 use crate::multiattach;
+use crate::sweep;
 use crate::watchers;
 
 /// Everything the service reads.
@@ -93,12 +94,12 @@ fn parse_who_watches(r: &pb::WhoWatchesRequest) -> Result<Vec<ceph_addr::Query>,
     Ok(vec![q])
 }
 
-fn uninterpretable(what: &str) -> Status {
+pub(crate) fn uninterpretable(what: &str) -> Status {
     Status::invalid_argument(what.to_owned())
 }
 
 impl FleetService {
-    fn cluster(&self) -> Result<&Cluster, Status> {
+    pub(crate) fn cluster(&self) -> Result<&Cluster, Status> {
         let c = self.cluster.as_ref().ok_or_else(|| {
             Status::failed_precondition(
                 "the console runs without the Kubernetes API: PVs and PVCs are unknown",
@@ -143,92 +144,13 @@ impl FleetService {
         r
     }
 
-    /// What a Where request names.
-    fn resolve(&self, r: &pb::WhereRequest) -> Result<(String, Vec<Key>), Status> {
-        let set = [&r.query, &r.image, &r.pv, &r.pvc, &r.wwid].iter().filter(|s| !s.is_empty()).count();
-        if set != 1 {
-            return Err(uninterpretable("give exactly one of query, image, pv, pvc, wwid"));
-        }
-        if !r.image.is_empty() {
-            return Ok((format!("rbd image {}", r.image), vec![Key::Image(r.image.clone())]));
-        }
-        if !r.pv.is_empty() {
-            return self.pv_keys(&r.pv, format!("PV {}", r.pv));
-        }
-        if !r.pvc.is_empty() {
-            let pv = self.cluster()?.pv_of_pvc(&r.pvc).map_err(Status::not_found)?;
-            return self.pv_keys(&pv, format!("PVC {} -> PV {pv}", r.pvc));
-        }
-        if !r.wwid.is_empty() {
-            return Ok((format!("WWID {}", r.wwid), vec![Key::Wwid(r.wwid.to_ascii_lowercase())]));
-        }
-        let q = r.query.trim();
-        if let Some(pv) = q.strip_prefix("pv/") {
-            return self.pv_keys(pv, format!("PV {pv}"));
-        }
-        if let Some(pvc) = q.strip_prefix("pvc/") {
-            let pv = self.cluster()?.pv_of_pvc(pvc).map_err(Status::not_found)?;
-            return self.pv_keys(&pv, format!("PVC {pvc} -> PV {pv}"));
-        }
-        let cluster = self.cluster.as_ref().filter(|c| c.not_synced().is_none());
-        if q.contains('/') {
-            if let Some(pv) = cluster.and_then(|c| c.pv_of_pvc(q).ok()) {
-                return self.pv_keys(&pv, format!("PVC {q} -> PV {pv}"));
-            }
-            // An image, or the same spec as an rbd-nbd backend.
-            return Ok((
-                format!("rbd image {q}"),
-                vec![Key::Image(q.to_owned()), Key::NbdBackend(q.to_owned())],
-            ));
-        }
-        if !self.index.read().lookup(&Key::NbdBackend(q.to_owned())).is_empty() {
-            return Ok((format!("nbd backend {q}"), vec![Key::NbdBackend(q.to_owned())]));
-        }
-        if cluster.is_some_and(|c| c.pv(q).is_some())
-            || !self.index.read().lookup(&Key::Pv(q.to_owned())).is_empty()
-        {
-            return self.pv_keys(q, format!("PV {q}"));
-        }
-        Ok((format!("WWID {q}"), vec![Key::Wwid(q.to_ascii_lowercase())]))
-    }
-
-    /// The keys of a PV: its name, and its images and WWIDs when the API has it.
-    fn pv_keys(&self, pv: &str, mut resolved: String) -> Result<(String, Vec<Key>), Status> {
-        let mut keys = vec![Key::Pv(pv.to_owned())];
-        if let Some(obj) = self.cluster.as_ref().and_then(|c| c.pv(pv)) {
-            let v = multiattach::volume_id(&obj);
-            for i in &v.images {
-                resolved.push_str(&format!(" -> rbd image {i}"));
-            }
-            for w in &v.wwids {
-                resolved.push_str(&format!(" -> WWID {w}"));
-            }
-            keys.extend(v.images.into_iter().map(Key::Image));
-            keys.extend(v.wwids.into_iter().map(Key::Wwid));
-        }
-        Ok((resolved, keys))
-    }
-
     /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
     /// Kubernetes API, every Node with no agent at all.
     fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
-        let mut m = ix.missing();
-        if let Some(c) = &self.cluster {
-            for n in c.nodes.all() {
-                let name = n.metadata.name.clone().unwrap_or_default();
-                if !ix.nodes.contains_key(&name) {
-                    m.push(pb::MissingNode {
-                        node: name,
-                        reason: "no blockjanitor agent pod on this node".into(),
-                    });
-                }
-            }
-            m.sort_by(|a, b| a.node.cmp(&b.node));
-        }
-        m
+        sweep::missing_nodes(ix, self.cluster.as_ref())
     }
 
-    fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
+    pub(crate) fn lookup(&self, keys: &[Key]) -> (Vec<pb::FleetDevice>, Vec<pb::MissingNode>) {
         let ix = self.index.read();
         let mut out: Vec<pb::FleetDevice> = Vec::new();
         for k in keys {
@@ -266,6 +188,22 @@ impl FleetService {
             }
         }
         (found, unreadable, self.missing_of(&ix))
+    }
+
+    /// The fleet-wide sweep of the index (after asking every agent, with `fresh`).
+    async fn sweep_now(&self, fresh: bool, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
+        if fresh {
+            self.links.refresh_all(None).await;
+        }
+        let answer = sweep::run(&self.index.read(), self.cluster.as_ref(), kinds);
+        tracing::info!(
+            findings = answer.findings.len(),
+            complete = answer.complete,
+            missing = answer.missing_nodes.len(),
+            "sweep: {}",
+            answer.summary
+        );
+        answer
     }
 
     fn agent_for(
@@ -342,11 +280,15 @@ impl Fleet for FleetService {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
-        let (resolved, keys) = self.resolve(&r)?;
+        let resolved = self.resolve(&r)?;
         if r.fresh {
             self.links.refresh_all(None).await;
         }
-        let (matches, missing_nodes) = self.lookup(&keys);
+        let (mut matches, missing_nodes) = self.lookup(&resolved.keys);
+        if let Some(target) = &resolved.target {
+            matches.extend(self.scan_target(target));
+        }
+        let resolved = resolved.text;
         self.timed("Where", t, Ok(Response::new(pb::WhereResponse { resolved, matches, missing_nodes })))
     }
 
@@ -369,63 +311,13 @@ impl Fleet for FleetService {
         for w in asked {
             let (mappings, unreadable, m) = self.watcher_mappings(&w);
             missing = m;
-            let (unfence_safe, detail) =
-                match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
-                    (true, true, true) => {
-                        (true, "no node maps anything for this client and every node answered".to_owned())
-                    }
-                    (true, false, _) => (
-                        false,
-                        format!(
-                            "no answering node maps anything for this client, but {} node(s) did not answer",
-                            missing.len()
-                        ),
-                    ),
-                    (true, true, false) => (
-                        false,
-                        format!(
-                        "no node maps anything for this client, but these rbd mappings report no readable \
-                         client address or id, so they may be this client's: {}",
-                        unreadable.join(", ")
-                    ),
-                    ),
-                    (false, _, _) => (
-                        false,
-                        format!(
-                            "still mapped on {}: unmap there first",
-                            mappings
-                                .iter()
-                                .map(|d| format!(
-                                    "{}/{}",
-                                    d.node,
-                                    d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
-                                ))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
-                };
-            let ip = w.ip().map(|i| i.to_canonical().to_string());
-            let w =
-                watchers::Watcher { addr: w.addr_text.clone(), client: w.client_text(), cookie: w.cookie };
+            let ip =
+                w.ip().or_else(|| watchers::ip_of_mappings(&mappings)).map(|i| i.to_canonical().to_string());
             let node_by_address = match (&self.cluster, ip) {
                 (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
                 _ => String::new(),
             };
-            let detail = if node_by_address.is_empty() {
-                detail
-            } else {
-                format!("{detail}; the client's address is node {node_by_address}'s")
-            };
-            out.push(pb::WatcherMatch {
-                node_by_address,
-                client_addr: w.addr,
-                client_id: w.client,
-                cookie: w.cookie,
-                mappings,
-                unfence_safe,
-                detail,
-            });
+            out.push(watchers::answer(&w, mappings, &unreadable, &missing, node_by_address));
         }
         self.timed(
             "WhoWatches",
@@ -441,6 +333,12 @@ impl Fleet for FleetService {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
         let r = req.into_inner();
+        if r.pv.is_empty() && r.pvc.is_empty() {
+            let sweep = self.sweep_now(false, &[]).await;
+            let missing_nodes = sweep.missing_nodes.clone();
+            let r = pb::MultiAttachResponse { sweep: Some(sweep), missing_nodes, ..Default::default() };
+            return self.timed("MultiAttach", t, Ok(Response::new(r)));
+        }
         let cluster = self.cluster()?;
         let pv = match (r.pv.is_empty(), r.pvc.is_empty()) {
             (false, true) => r.pv.clone(),
@@ -488,8 +386,30 @@ impl Fleet for FleetService {
         self.timed(
             "MultiAttach",
             t,
-            Ok(Response::new(pb::MultiAttachResponse { pv, nodes: diags, missing_nodes: missing })),
+            Ok(Response::new(pb::MultiAttachResponse {
+                pv,
+                nodes: diags,
+                missing_nodes: missing,
+                sweep: None,
+            })),
         )
+    }
+
+    async fn sweep(&self, req: Request<pb::SweepRequest>) -> Result<Response<pb::SweepResponse>, Status> {
+        let t = Instant::now();
+        self.policy.require(&req, Role::Viewer)?;
+        let r = req.into_inner();
+        let kinds = r
+            .kinds
+            .iter()
+            .map(|k| {
+                pb::FindingKind::try_from(*k).ok().filter(|k| *k != pb::FindingKind::Unspecified).ok_or_else(
+                    || uninterpretable(&format!("finding kind {k} is not one of {:?}", sweep::KINDS)),
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let answer = self.sweep_now(r.fresh, &kinds).await;
+        self.timed("Sweep", t, Ok(Response::new(answer)))
     }
 
     async fn plan(

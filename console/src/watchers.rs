@@ -5,7 +5,13 @@
 //! (`Watchers: none` when there is none) and `rados -p POOL listwatchers rbd_header.<id>`, which
 //! prints the same line without the tab. Each watcher is an address `IP:PORT/NONCE` (port 0 for a
 //! kernel client), a client id `client.N` and a cookie. Any other line is ignored, so a whole
-//! terminal paste (prompt, `rbd info` around it) parses too. I/O-free.
+//! terminal paste (prompt, `rbd info` around it) parses too. Also the answer to one watcher
+//! ([`answer`]): the nodes its client is on (by the agents' reports of client id and address) and
+//! whether unfencing it is safe. I/O-free.
+
+use blockjanitor_proto::v1 as pb;
+
+use crate::ceph_addr;
 
 /// One watcher line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +70,96 @@ pub fn addr_ip(addr: &str) -> &str {
     }
 }
 
+/// The IP of the first mapping whose client address parses (a query by client id alone names its
+/// node by address this way too).
+pub fn ip_of_mappings(mappings: &[pb::FleetDevice]) -> Option<std::net::IpAddr> {
+    mappings
+        .iter()
+        .filter_map(|m| m.device.as_ref()?.rbd.as_ref())
+        .find_map(|r| addr_ip(&r.client_addr).parse().ok())
+}
+
+/// The nodes a client is on: those mapping something for it, then the node its address belongs
+/// to, each once.
+pub fn nodes_of(mappings: &[pb::FleetDevice], node_by_address: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = Vec::new();
+    for n in mappings.iter().map(|m| m.node.as_str()).chain([node_by_address]) {
+        if !n.is_empty() && !nodes.iter().any(|x| x == n) {
+            nodes.push(n.to_owned());
+        }
+    }
+    nodes
+}
+
+/// One watcher's answer: its mappings and nodes, and whether unfencing it is safe. Safe only
+/// when nothing maps for the client, every node answered, and every rbd mapping names its client
+/// readably (one that does not may be this client's).
+pub fn answer(
+    q: &ceph_addr::Query,
+    mappings: Vec<pb::FleetDevice>,
+    unreadable: &[String],
+    missing: &[pb::MissingNode],
+    node_by_address: String,
+) -> pb::WatcherMatch {
+    let who = match (q.client_text(), q.addr_text.as_str()) {
+        (c, "") if !c.is_empty() => c,
+        (_, a) if !a.is_empty() => a.to_owned(),
+        _ => "this client".to_owned(),
+    };
+    let nodes = nodes_of(&mappings, &node_by_address);
+    let (unfence_safe, mut detail) = match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
+        (true, true, true) => (
+            true,
+            format!("no node maps anything for this client and every node answered: no agent reports {who}"),
+        ),
+        (true, false, _) => (
+            false,
+            format!(
+                "no answering node maps anything for this client, but {} node(s) did not answer: {}",
+                missing.len(),
+                missing.iter().map(|m| m.node.as_str()).collect::<Vec<_>>().join(", ")
+            ),
+        ),
+        (true, true, false) => (
+            false,
+            format!(
+                "no node maps anything for this client, but these rbd mappings report no readable client \
+                 address or id, so they may be this client's: {}",
+                unreadable.join(", ")
+            ),
+        ),
+        (false, _, _) => (
+            false,
+            format!(
+                "{who} is on {}: still mapped on {}: unmap there first",
+                nodes.join(", "),
+                mappings
+                    .iter()
+                    .map(|d| format!(
+                        "{}/{}",
+                        d.node,
+                        d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+    };
+    if !node_by_address.is_empty() {
+        detail.push_str(&format!("; the client's address is node {node_by_address}'s"));
+    }
+    pb::WatcherMatch {
+        node_by_address,
+        client_addr: q.addr_text.clone(),
+        client_id: q.client_text(),
+        cookie: q.cookie.clone(),
+        mappings,
+        unfence_safe,
+        detail,
+        nodes,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +206,45 @@ mod tests {
         assert_eq!(addr_ip("10.125.53.47:0/3423687629"), "10.125.53.47");
         assert_eq!(addr_ip("10.125.53.47"), "10.125.53.47");
         assert_eq!(addr_ip("[fd00::5]:0/77"), "fd00::5");
+    }
+
+    fn mapping(node: &str, client: &str, addr: &str) -> pb::FleetDevice {
+        pb::FleetDevice {
+            node: node.into(),
+            device: Some(pb::Device {
+                name: "rbd0".into(),
+                rbd: Some(pb::RbdMapping {
+                    client_id: client.into(),
+                    client_addr: addr.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_client_id_alone_names_its_node_and_nothing_found_is_safe_only_when_every_node_answered() {
+        let q = ceph_addr::parse_query("client.4151").expect("parse").remove(0);
+        let m = vec![mapping("node-a", "client.4151", "10.0.0.5:0/77")];
+        assert_eq!(ip_of_mappings(&m), Some("10.0.0.5".parse().expect("ip")));
+        let a = answer(&q, m, &[], &[], "node-a".into());
+        assert_eq!(a.nodes, ["node-a"]);
+        assert!(!a.unfence_safe);
+        assert!(
+            a.detail.starts_with("client.4151 is on node-a: still mapped on node-a/rbd0"),
+            "{}",
+            a.detail
+        );
+
+        let a = answer(&q, vec![], &[], &[], String::new());
+        assert!(a.unfence_safe && a.nodes.is_empty());
+        assert!(a.detail.contains("no agent reports client.4151"), "{}", a.detail);
+        let missing = [pb::MissingNode { node: "node-b".into(), reason: "unreachable".into() }];
+        let a = answer(&q, vec![], &[], &missing, String::new());
+        assert!(!a.unfence_safe);
+        assert!(a.detail.ends_with("1 node(s) did not answer: node-b"), "{}", a.detail);
+        let a = answer(&q, vec![], &["node-c/rbd1".to_owned()], &[], String::new());
+        assert!(!a.unfence_safe, "an unreadable mapping may be this client's");
     }
 }

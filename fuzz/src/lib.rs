@@ -94,6 +94,15 @@ pub fn ceph_identifiers(data: &[u8]) {
     let _ = ceph_addr::parse_addr(&t);
     let _ = ceph_addr::parse_client(&t);
     let _ = ceph_addr::readable(&t, &t);
+    // What Where takes: image specs, WWIDs, IQNs, NQNs.
+    use blockjanitor_console::ident;
+    if let Ok(spec) = ident::parse_image(&t) {
+        let _ = spec.key();
+    }
+    let _ = ident::parse_wwid(&t);
+    let _ = ident::parse_iqn(&t);
+    let _ = ident::parse_nqn(&t);
+    let _ = ident::parse_bare(&t);
 }
 
 /// Kernel log records (`/dev/kmsg`).

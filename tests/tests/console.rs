@@ -920,6 +920,9 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
     let s = Scratch::new();
     let root = s.path("incident1");
     copy_tree(&fixtures().join("incident1"), &root);
+    // The image in a rados namespace (`k8s/tenants/IMAGE`): the pool and the namespace are two
+    // labels, never `pool="tenants"`.
+    std::fs::write(root.join("sys/devices/rbd/4/pool_ns"), "tenants\n").expect("write pool_ns");
     let d = Daemon::start_with_global(
         s.dir.path(),
         &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
@@ -927,12 +930,13 @@ fn device_info_series_follow_the_devices_of_the_latest_scan() {
     );
     let addr = d.metrics.expect("metrics address");
     let m = http_get(addr, "/metrics");
-    let rbd = "blockjanitor_device_info{client_addr=\"10.125.53.47:0/3423687629\",device=\"rbd4\",image=\"kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\",kind=\"rbd\",node=\"node-old\",pool=\"k8s\",pv=\"\",verdict=\"stale\",wwid=\"\"} 1";
+    let rbd = "blockjanitor_device_info{client_addr=\"10.125.53.47:0/3423687629\",device=\"rbd4\",image=\"kubernetes-dynamic-pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\",kind=\"rbd\",node=\"node-old\",pool=\"k8s\",pv=\"\",rados_namespace=\"tenants\",verdict=\"stale\",wwid=\"\"} 1";
     assert!(m.contains(rbd), "{m}");
     assert!(
         m.lines().any(|l| l.starts_with("blockjanitor_device_info{")
             && l.contains("device=\"sda\"")
-            && l.contains("kind=\"disk\"")),
+            && l.contains("kind=\"disk\"")
+            && l.contains("rados_namespace=\"\"")),
         "SCSI disks too: {m}"
     );
     assert!(!m.contains("device=\"sda1\""), "partitions are not listed: {m}");
@@ -1366,5 +1370,241 @@ fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         drop(console);
+    });
+}
+
+fn finding_kinds(r: &pb::SweepResponse) -> Vec<(String, String, Vec<String>)> {
+    r.findings
+        .iter()
+        .map(|f| {
+            let kind =
+                pb::FindingKind::try_from(f.kind).map(|k| k.as_str_name().to_owned()).unwrap_or_default();
+            (kind, f.volume.clone(), f.nodes.clone())
+        })
+        .collect()
+}
+
+/// Issue 18: the fleet-wide sweep (Sweep, MultiAttach with no argument, `agentctl fleet sweep`,
+/// the console's metrics) over real agents: the image on two nodes, the stale mapping, the
+/// VolumeAttachment to a node with nothing of it, the one to a node whose agent cannot be asked;
+/// "incomplete" (exit 3), never "clean", while node-gone is missing; complete once it leaves the
+/// fleet. WhoWatches by client id alone names the node; a client id no node reports is "safe" only
+/// when every node answered.
+#[test]
+fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_watches_by_id_names_the_node() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let image = format!("k8s/{IMAGE}");
+        let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
+        let found = finding_kinds(&r);
+        let has = |kind: &str, volume: &str, nodes: &[&str]| {
+            found.iter().any(|(k, v, n)| {
+                k == kind && v == volume && n.iter().map(String::as_str).eq(nodes.iter().copied())
+            })
+        };
+        assert!(has("FINDING_KIND_MULTI_NODE", &image, &["node-new", "node-old"]), "{r:#?}");
+        assert!(has("FINDING_KIND_ATTACHED_NOT_IN_USE", &image, &["node-old"]), "rbd4 is stale: {r:#?}");
+        assert!(has("FINDING_KIND_ATTACHED_NOT_IN_USE", &image, &["node-free"]), "VA csi-free: {r:#?}");
+        assert!(has("FINDING_KIND_DEAD_NODE_WATCHER", &image, &["node-gone"]), "VA csi-gone: {r:#?}");
+        assert!(!has("FINDING_KIND_ATTACHED_NOT_IN_USE", &image, &["node-new"]), "rbd0 is in use: {r:#?}");
+        let multi = r.findings.iter().find(|f| f.kind == pb::FindingKind::MultiNode as i32).expect("multi");
+        assert_eq!(multi.pv, PV, "{multi:#?}");
+        assert!(!r.complete, "node-gone did not answer: {r:#?}");
+        assert!(r.summary.starts_with("incomplete: 1 node(s) did not answer (node-gone)"), "{}", r.summary);
+        assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+        assert_eq!(r.counts.get("multi_node"), Some(&1), "{:?}", r.counts);
+
+        // MultiAttach with no argument is the same sweep.
+        let m = c.multi_attach(pb::MultiAttachRequest::default()).await.expect("MultiAttach").into_inner();
+        let s = m.sweep.expect("a sweep");
+        assert_eq!(finding_kinds(&s), found);
+        assert!(!s.complete && m.pv.is_empty() && m.nodes.is_empty());
+
+        // The console's metrics: counts per kind, and the sweep incomplete.
+        let text = http_get(cl.console.metrics, "/metrics");
+        assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"multi_node\"} 1"), "{text}");
+        assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"dead_node_watcher\"} 1"), "{text}");
+        assert!(text.contains("blockjanitor_console_sweep_complete 0"), "{text}");
+        assert!(text.contains("blockjanitor_console_sweep_missing_nodes 1"), "{text}");
+
+        // agentctl: exit 3 (incomplete), the verdict line first, the missing node named.
+        let agentctl = bin("agentctl");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep"]);
+        assert_eq!(code, 3, "{out}{err}");
+        assert!(
+            out.starts_with("sweep of ") && out.contains("volume(s): incomplete: 1 node(s) did not answer"),
+            "{out}"
+        );
+        assert!(out.contains("multi_node") && out.contains("node-new,node-old"), "{out}");
+        assert!(out.contains("node-gone: unreachable"), "{out}");
+        assert!(!out.contains("clean"), "{out}");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep", "--kind", "multi_node", "-o", "json"]);
+        assert_eq!(code, 3, "{out}{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["complete"], false);
+        assert_eq!(v["findings"].as_array().map(Vec::len), Some(1), "{v:#}");
+        assert_eq!(v["findings"][0]["kind"], "multi_node");
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "multiattach"]);
+        assert_eq!(code, 3, "multiattach with no volume sweeps: {out}{err}");
+        assert!(out.starts_with("sweep of ") && out.contains("incomplete"), "{out}");
+        let (code, _, err) = ctl(&cl, &agentctl, &["fleet", "sweep", "--kind", "bogus"]);
+        assert_ne!(code, 0);
+        assert!(err.contains("expected multi_node, attached_not_in_use or dead_node_watcher"), "{err}");
+
+        // WhoWatches by client id alone: the node is named (by the agents' reports, and by address).
+        for id in ["client.1138525", "1138525"] {
+            let r = c
+                .who_watches(pb::WhoWatchesRequest { client_id: id.into(), ..Default::default() })
+                .await
+                .expect("by id")
+                .into_inner();
+            let w = &r.watchers[0];
+            assert_eq!(w.nodes, ["node-old"], "{id}: {w:#?}");
+            assert_eq!(w.node_by_address, "node-old", "{id}: the mapping's address is node-old's InternalIP");
+            assert!(!w.unfence_safe);
+            assert!(w.detail.starts_with("client.1138525 is on node-old: "), "{}", w.detail);
+        }
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "who-watches", "client.1140012"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains("  on node(s): node-new"), "{out}");
+        // A client id nobody reports: never safe while node-gone cannot be asked.
+        let nobody = pb::WhoWatchesRequest { client_id: "client.999".into(), ..Default::default() };
+        let r = c.who_watches(nobody.clone()).await.expect("nobody").into_inner();
+        assert!(r.watchers[0].nodes.is_empty() && !r.watchers[0].unfence_safe, "{r:#?}");
+        assert!(r.watchers[0].detail.contains("did not answer: node-gone"), "{}", r.watchers[0].detail);
+
+        // node-gone leaves the fleet (agent pod and Node deleted): the sweep is complete.
+        for (list, field, value) in [
+            ("/api/v1/namespaces/blockjanitor/pods", "/spec/nodeName", "node-gone"),
+            ("/api/v1/nodes", "/metadata/name", "node-gone"),
+        ] {
+            let obj = cl.api.state.lock().expect("state").lists[list]
+                .iter()
+                .find(|o| o.pointer(field).and_then(Value::as_str) == Some(value))
+                .cloned()
+                .expect("object");
+            cl.api.publish(list, "DELETED", obj);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let r = loop {
+            let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
+            if r.complete {
+                break r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node-gone never left the fleet: {r:#?}\n{}",
+                cl.console.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        assert!(r.summary.contains("every node answered"), "{}", r.summary);
+        assert!(r.missing_nodes.is_empty());
+        // Its VolumeAttachment stays: a finding still, never dropped with the node.
+        let dead =
+            r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");
+        assert_eq!(dead.nodes, ["node-gone"]);
+        assert!(dead.detail.contains("no Node of the cluster any more"), "{}", dead.detail);
+        let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep"]);
+        assert_eq!(code, 2, "complete, with findings: {out}{err}");
+        let r = c.who_watches(nobody).await.expect("nobody").into_inner();
+        assert!(r.watchers[0].unfence_safe, "{r:#?}");
+        assert!(r.watchers[0].detail.contains("no agent reports client.999"), "{}", r.watchers[0].detail);
+        let text = http_get(cl.console.metrics, "/metrics");
+        assert!(text.contains("blockjanitor_console_sweep_complete 1"), "{text}");
+    });
+}
+
+/// `agentctl fleet plan`: each node's plan through the console, summarised per node as `fleet
+/// apply` shows its dry run, nothing changed; a refusal (or a node that cannot be asked) is shown
+/// with its reason and exit 2. `fleet apply` refuses, clearly and before asking, what the fleet
+/// budget cannot take.
+#[test]
+fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal() {
+    rt().block_on(async {
+        let cl = start_cluster_with(&["--fleet-steps-per-minute", "1"]).await;
+        let audits = || apply_audits(cl.agent("node-old")).len();
+        let before = audits();
+        let (code, out, err) = ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old"], "");
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.starts_with("node-old: 1 step(s)\n  rbd_unmap rbd4: "), "{out}");
+        let (code, out, err) =
+            ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old/rbd4", "node-new/rbd0", "node-gone"], "");
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(out.contains("node-old: 1 step(s)"), "{out}");
+        assert!(out.contains("node-new: REFUSED: rbd0: "), "{out}");
+        assert!(out.contains("node-gone: REFUSED: its plan could not be had: "), "{out}");
+        let (code, out, err) = ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old", "-o", "json"], "");
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["summary"][0]["node"], "node-old");
+        assert_eq!(v["summary"][0]["steps"], 1);
+        assert_eq!(v["summary"][0]["plans"]["plans"][0]["device"], "rbd4", "{v:#}");
+        let (code, _, err) = ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old/"], "");
+        assert_eq!(code, 1);
+        assert!(err.contains("is not NODE or NODE/DEVICE"), "{err}");
+        assert_eq!(audits(), before, "a plan changes nothing");
+
+        // The budget (1 step a minute): the first apply takes it (the agent, on a fixture tree,
+        // then refuses to act); the next one is refused before the question, saying why.
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
+        assert_eq!(code, 1, "{out}{err}");
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
+        assert_eq!(code, 2, "{out}{err}");
+        assert!(out.contains("fleet budget: 0 of 1 steps left this minute"), "{out}");
+        assert!(
+            out.contains("REFUSED by the fleet budget: these 1 step(s) need more than the 0 of 1 steps left"),
+            "{out}"
+        );
+        assert!(err.contains("nothing ran: REFUSED by the fleet budget"), "{err}");
+        assert!(!err.contains("[y/N]"), "no question when nothing may run: {err}");
+        assert_eq!(audits(), before + 1, "only the first apply reached the agent");
+    });
+}
+
+/// Issue 18: Where reads what it is given (an image in a rados namespace, a WWID as udev names
+/// it, an IQN, an NQN) and refuses what it does not understand (INVALID_ARGUMENT naming what was
+/// expected; agentctl exit 1), never an empty answer that reads as "nowhere".
+#[test]
+fn where_reads_every_identifier_form_and_refuses_what_it_does_not_understand() {
+    rt().block_on(async {
+        let cl = start_cluster().await;
+        let mut c = cl.client("dashboard").await;
+        let q = |query: &str| pb::WhereRequest { query: query.into(), ..Default::default() };
+        // The multipath map of incident 3 by its udev name (wwn-0x<naa>) and its sysfs form.
+        for form in ["wwn-0x618cf24100f8f457014a764c000001f6", "naa.618CF24100F8F457014A764C000001F6"] {
+            let r = c.r#where(q(form)).await.expect(form).into_inner();
+            assert!(r.resolved.starts_with("WWID 3618cf24100f8f457014a764c000001f6"), "{}", r.resolved);
+            let want = vec![pair("node-free", "dm-12"), pair("node-free", "sdi"), pair("node-free", "sdj")];
+            assert_eq!(devs(&r.matches), want, "{form}: {r:#?}");
+        }
+        let r = c.r#where(q("replicapool/tenants/csi-vol-1")).await.expect("namespaced").into_inner();
+        assert_eq!(r.resolved, "rbd image replicapool/tenants/csi-vol-1");
+        let r = c.r#where(q("iqn.2004-10.com.example:disk1")).await.expect("iqn").into_inner();
+        assert_eq!(r.resolved, "iSCSI target iqn.2004-10.com.example:disk1");
+        let r = c.r#where(q("nqn.2019-08.org.qemu:nvme-tcp-target")).await.expect("nqn").into_inner();
+        assert_eq!(r.resolved, "NVMe subsystem nqn.2019-08.org.qemu:nvme-tcp-target");
+        assert_eq!(r.missing_nodes.iter().map(|m| m.node.as_str()).collect::<Vec<_>>(), ["node-gone"]);
+
+        for (req, want) in [
+            (q("no-such-pv-or-wwid"), "expected an rbd image (pool/image or pool/namespace/image)"),
+            (q(&format!("k8s/{IMAGE}@daily")), "names a snapshot"),
+            (q("a/b/c/d"), "expected pool/image or pool/namespace/image"),
+            (q("naa.61"), "is not a WWID"),
+            (q("iqn.2004.com.example"), "is not an iSCSI name"),
+            (pb::WhereRequest { image: "k8s".into(), ..Default::default() }, "no pool"),
+            (pb::WhereRequest { wwid: "disk1".into(), ..Default::default() }, "is not a WWID"),
+            (pb::WhereRequest { pvc: "shop".into(), ..Default::default() }, "expected NAMESPACE/NAME"),
+            (pb::WhereRequest::default(), "give exactly one of"),
+        ] {
+            let e = c.r#where(req.clone()).await.expect_err("not understood");
+            assert_eq!(e.code(), Code::InvalidArgument, "{req:?}: {e:?}");
+            assert!(e.message().contains(want), "{req:?}: {}", e.message());
+        }
+        let (code, out, err) = ctl(&cl, &bin("agentctl"), &["fleet", "where", "no-such-pv-or-wwid"]);
+        assert_eq!(code, 1, "{out}{err}");
+        assert!(out.is_empty(), "{out}");
+        assert!(err.contains("is not understood: expected an rbd image"), "{err}");
     });
 }

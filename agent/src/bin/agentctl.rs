@@ -241,12 +241,14 @@ EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect,
     #[command(
         long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
 image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
-stuck in Multi-Attach. Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
+stuck in Multi-Attach; every volume on several nodes, attached but unused, or held by a dead node (sweep); \
+each node's plan (plan) and carrying it out (apply). Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
 the nodes it could not speak for.\n\nInstalled as `kubectl-blockjanitor` (a symlink), this is the kubectl \
 plugin: `kubectl blockjanitor where shop/data-db-0`.",
         after_help = "EXAMPLES:\n  agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
 agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
-rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n\n\
+rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
+agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\
 EXIT CODES:\n  0  ok\n  1  error"
     )]
     Fleet {
@@ -302,10 +304,41 @@ enum FleetCommand {
         fresh: bool,
     },
     /// For a PV or PVC: one diagnosis per node (in_use_correct, stale_mapping with the steps that
-    /// clear it, safe_to_delete_va, unknown).
+    /// clear it, safe_to_delete_va, unknown). Without one: the fleet-wide sweep (as `fleet
+    /// sweep`, with its exit codes).
     Multiattach {
-        /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME.
-        volume: String,
+        /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME (none: sweep every volume).
+        volume: Option<String>,
+    },
+    /// Every volume across the fleet: mapped on more than one node, attached but not in use, or
+    /// watched by a client of a node whose agent cannot be asked. Exit code 0 when every node
+    /// answered and nothing was found (clean), 2 when something was found, 3 when a node did not
+    /// answer (incomplete: never read as clean, whatever was found).
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet sweep\n  agentctl fleet sweep --kind dead_node_watcher -o json\n\n\
+EXIT CODES:\n  0  clean: every node answered, nothing found\n  1  error\n  2  findings (every node answered)\n  \
+3  incomplete: a node (or the Kubernetes view) did not answer"
+    )]
+    Sweep {
+        /// Only this kind (multi_node, attached_not_in_use, dead_node_watcher), repeatable.
+        #[arg(long, value_name = "KIND", value_parser = blockjanitor::fleet_render::parse_finding_kind)]
+        kind: Vec<pb::FindingKind>,
+        /// Ask every agent now instead of answering from the console's index.
+        #[arg(long)]
+        fresh: bool,
+    },
+    /// The dry run: each node's plan (through the console, as the caller), with a per-node
+    /// summary of the steps that would run and what is refused and why. Nothing is changed. NODE
+    /// alone plans every stale device on it. Exit code 2 when anything is refused.
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet plan node-a                 # every stale device on node-a\n  \
+agentctl fleet plan node-a/rbd4 node-b/rbd0\n  agentctl fleet plan node-a -o json\n\n\
+EXIT CODES:\n  0  every node's plan may run\n  1  error\n  2  something is refused (see the summary)"
+    )]
+    Plan {
+        /// NODE (every stale device on it) or NODE/DEVICE, repeatable.
+        #[arg(required = true, value_name = "NODE[/DEVICE]")]
+        targets: Vec<String>,
     },
     /// Clean devices on one or more nodes through the console: a dry run of every node's plan
     /// is shown first, then, once confirmed (or with --yes), the same plans are carried out,
@@ -490,7 +523,14 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
                 client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
             render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
         }
-        FleetCommand::Multiattach { volume } => {
+        FleetCommand::Multiattach { volume: None } => {
+            let req = pb::MultiAttachRequest::default();
+            let r =
+                client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
+            write_out(&render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?)?;
+            return Ok(r.sweep.as_ref().map_or(1, sweep_exit_code));
+        }
+        FleetCommand::Multiattach { volume: Some(volume) } => {
             let mut req = pb::MultiAttachRequest::default();
             if let Some(pv) = volume.strip_prefix("pv/") {
                 req.pv = pv.to_owned();
@@ -508,6 +548,13 @@ async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8>
         FleetCommand::Apply { devices, identity, yes } => {
             return fleet_apply(&mut c, cli, devices, identity, *yes).await;
         }
+        FleetCommand::Sweep { kind, fresh } => {
+            let req = pb::SweepRequest { fresh: *fresh, kinds: kind.iter().map(|k| *k as i32).collect() };
+            let r = client::call(timeout, c.sweep(client::request(req, timeout))).await.map_err(status)?;
+            write_out(&render(out, || fr::sweep_value(&r), || fr::sweep_table(&r))?)?;
+            return Ok(sweep_exit_code(&r));
+        }
+        FleetCommand::Plan { targets } => return fleet_plan(&mut c, cli, targets).await,
     };
     write_out(&text)?;
     Ok(0)
@@ -572,6 +619,10 @@ async fn fleet_apply(
         eprintln!("nothing ran: the dry run refuses (see above)");
         return Ok(2);
     }
+    if let Some(why) = blockjanitor::fleet_plan::over_budget(&dry) {
+        eprintln!("nothing ran: {why}");
+        return Ok(2);
+    }
     if !yes {
         let steps: u32 = dry.summary.iter().map(|n| n.steps).sum();
         eprint!("Carry out these {steps} step(s) on {} node(s)? [y/N] ", dry.summary.len());
@@ -588,6 +639,39 @@ async fn fleet_apply(
     let done = client::call(long, c.apply(client::request(request, long))).await.map_err(status)?;
     write_out(&render(out, || client::fleet_apply_value(&done), || client::fleet_results_table(&done))?)?;
     Ok(if client::fleet_all_done(&done) { 0 } else { 2 })
+}
+
+/// A sweep's exit code: 0 clean (complete, nothing found), 2 findings, 3 incomplete.
+fn sweep_exit_code(r: &pb::SweepResponse) -> u8 {
+    match (r.complete, r.findings.is_empty()) {
+        (false, _) => 3,
+        (true, false) => 2,
+        (true, true) => 0,
+    }
+}
+
+/// `fleet plan`: each node's plan through the console (as the caller: the console's per-caller
+/// limit counts it), summarised per node as `fleet apply` shows its dry run. Every node is asked
+/// even when one fails; its failure is its refusal.
+async fn fleet_plan(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    cli: &Cli,
+    targets: &[String],
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let targets = blockjanitor::fleet_plan::plan_targets(targets).map_err(anyhow::Error::msg)?;
+    let mut summary = Vec::new();
+    for (node, devices) in &targets {
+        let req = pb::FleetPlanRequest { node: node.clone(), devices: devices.clone() };
+        let plan = client::call(timeout, c.plan(client::request(req, timeout)))
+            .await
+            .map(|p| p.plan.unwrap_or_default())
+            .map_err(|s| client::status_line(&s));
+        summary.push(blockjanitor::fleet_plan::summarise(node, devices, plan));
+    }
+    let r = pb::FleetApplyResponse { summary, ..Default::default() };
+    write_out(&render(cli.output, || client::fleet_apply_value(&r), || client::fleet_summary_table(&r))?)?;
+    Ok(if client::fleet_dry_run_refuses(&r) { 2 } else { 0 })
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
