@@ -260,6 +260,14 @@ pub async fn assert_serving_and_reflected(ch: tonic::transport::Channel, service
     let services = reflected_services(ch.clone()).await;
     assert!(services.iter().any(|s| s == service), "reflection v1: {services:?}");
     assert!(services.iter().any(|s| s == "grpc.health.v1.Health"), "reflection v1: {services:?}");
+    // Nothing it does not serve (the descriptor set also holds the other binary's service).
+    let foreign: Vec<&String> =
+        services.iter().filter(|s| s.starts_with("blockjanitor.") && s.as_str() != service).collect();
+    assert!(foreign.is_empty(), "reflection v1 advertises services not served here: {foreign:?}");
     let services = reflected_services_v1alpha(ch).await;
     assert!(services.iter().any(|s| s == service), "reflection v1alpha: {services:?}");
+    assert!(
+        services.iter().all(|s| !s.starts_with("blockjanitor.") || s == service),
+        "reflection v1alpha advertises services not served here: {services:?}"
+    );
 }
