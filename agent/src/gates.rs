@@ -2,7 +2,8 @@
 //! everywhere its question is asked: by policy (a verdict), by planning (a refusal) and by the
 //! engine right before a step runs (a veto). So no path can skip one, and removing one is
 //! visible everywhere at once: `scripts/mutation-check.sh` removes each (at its `mutation-check`
-//! marker) and requires the property test to fail.
+//! marker: a build with the `mutation-check` feature lets everything through the gate named by
+//! `BLOCKJANITOR_MUTANT`) and requires the property test to fail.
 //!
 //! - [`completeness`]: no blind spot of the scan could hide a holder of the device;
 //! - [`identity`]: the number still stands for the device the plan was made for;
@@ -30,10 +31,29 @@ use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
 use crate::plan::step::Step;
 use crate::stall::Stall;
 
+/// The early "let everything through" of a gate, taken only in a `mutation-check` build when
+/// `BLOCKJANITOR_MUTANT` names it (scripts/mutation-check.sh); nothing in any other build.
+macro_rules! removable {
+    ($gate:literal, $through:expr) => {
+        #[cfg(feature = "mutation-check")]
+        if removed($gate) {
+            return $through;
+        }
+    };
+}
+
+/// Whether `BLOCKJANITOR_MUTANT` names `gate` (read once).
+#[cfg(feature = "mutation-check")]
+fn removed(gate: &str) -> bool {
+    static MUTANT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MUTANT.get_or_init(|| std::env::var("BLOCKJANITOR_MUTANT").unwrap_or_default()) == gate
+}
+
 /// A blind spot that could hide a holder of the device: nothing destructive rests on an
 /// incomplete scan.
 pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<String> {
     // mutation-check: completeness
+    removable!("completeness", None);
     let reaching = blindspot::reaching(blind_spots, &entry.device);
     if reaching.is_empty() {
         return None;
@@ -50,6 +70,7 @@ pub fn completeness(entry: &DeviceEntry, blind_spots: &[BlindSpot]) -> Option<St
 /// The device at the planned number is no longer the device the plan was made for.
 pub fn identity(planned: &Identity, now: &Identity) -> Option<String> {
     // mutation-check: identity
+    removable!("identity", None);
     (planned != now).then(|| {
         format!(
             "{} changed identity since it was planned: planned for {} [{}], now {} [{}]",
@@ -94,6 +115,7 @@ pub const PER_THE_API: &str = "per the API";
 /// Asks the cluster's view about `entry` at `now` (`None`: no API configured).
 pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> ApiWord {
     // mutation-check: api
+    removable!("api", ApiWord::NotConfigured);
     let Some(view) = view else { return ApiWord::NotConfigured };
     if let Err(why) = view.vouch(now) {
         return ApiWord::CannotVouch(why);
@@ -155,6 +177,7 @@ pub struct Accounted {
 /// The kernel says the device is used in a way the plan does not account for.
 pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted) -> Option<String> {
     // mutation-check: kernel-word
+    removable!("kernel-word", None);
     let mut unexplained = Vec::new();
     // A dm table claims the devices it sits on: every device stacked on it is one the plan
     // removes first (an exclusive claimant other than dm would keep the tables out, and the
@@ -243,6 +266,7 @@ impl Openers {
 /// that left since the scan). Not a dm device (no count): nothing to compare.
 pub fn openers(device: &DeviceName, word: &KernelWord, accounted: &Openers) -> Option<String> {
     // mutation-check: openers
+    removable!("openers", None);
     let open = word.dm_open_count?;
     let total = accounted.total();
     if usize::try_from(open).is_ok_and(|n| n <= total) {
@@ -302,6 +326,7 @@ pub fn mount_users(
     removed: &[DeviceName],
 ) -> Option<String> {
     // mutation-check: mount-users
+    removable!("mount-users", None);
     let in_detached = |h: &Holder| h.mount_namespace.is_none_or(|n| detached.contains(&n));
     let users: Vec<String> = entry
         .holders
