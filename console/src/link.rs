@@ -190,13 +190,13 @@ impl Links {
     }
 }
 
-/// A jittered wait: between half and all of `d`.
+/// A jittered wait: between half and all of `d`. The fraction comes from a fresh `RandomState`
+/// (random keys per instance), not the clock: links started in the same microsecond must not
+/// wait alike (a clock with microsecond resolution has no useful low digits).
 fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    d / 2 + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    d / 2 + d.mul_f64((r % 1000) as f64 / 2000.0)
 }
 
 /// The link's loop: a session, then a backoff, until aborted.
@@ -296,8 +296,11 @@ async fn session(
     }
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
     tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
-    let mut tick = tokio::time::interval(opts.resync_interval);
-    tick.tick().await;
+    // Resyncs jittered: after a cold start every link syncs within seconds of the others, and
+    // unjittered they would all read their agents' lists again in the same second, every period.
+    let first = tokio::time::Instant::now() + jitter(opts.resync_interval);
+    let mut tick = tokio::time::interval_at(first, opts.resync_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let again = tokio::select! {
             m = stream.message() => match m {

@@ -563,6 +563,8 @@ impl Fleet for FleetService {
                 refused.join("; ")
             )));
         }
+        // With several replicas only the apply Lease's holder spends the fleet's one budget.
+        self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
         response.budget_steps_left =
             self.budget.take(steps, Instant::now()).map_err(|e| Status::resource_exhausted(e.to_string()))?;
 

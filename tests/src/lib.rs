@@ -9,7 +9,9 @@
 pub mod ceph;
 pub mod daemon;
 pub mod deploy;
+pub mod failover;
 pub mod fixture;
+pub mod fleet;
 pub mod guest;
 pub mod kube_mock;
 pub mod load;
