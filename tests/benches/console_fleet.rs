@@ -134,32 +134,13 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("bench CA");
     let files = ConsoleFiles::write(&pki, dir.path());
-    let fixtures = blockjanitor_tests::fixtures();
 
     // Real agents.
-    let mut reals = Vec::new();
-    for (i, fixture) in ["incident1", "incident1-newnode", "multipath-incident3"].iter().enumerate() {
-        let d = dir.path().join(format!("real{i}"));
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let root = fixtures.join(fixture).to_string_lossy().into_owned();
-        let s = |p: &std::path::PathBuf| p.to_string_lossy().into_owned();
-        let args = [
-            "--listen".to_owned(),
-            "127.0.0.1:0".into(),
-            "--tls-cert".into(),
-            s(&files.cert),
-            "--tls-key".into(),
-            s(&files.key),
-            "--tls-client-ca".into(),
-            s(&files.ca),
-            "--tls-console".into(),
-            "console".into(),
-            "--node-name".into(),
-            format!("node-{i:04}"),
-        ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        reals.push(Daemon::start_with_global(&d, &["--root", &root], &args));
-    }
+    let reals: Vec<Daemon> = ["incident1", "incident1-newnode", "multipath-incident3"]
+        .iter()
+        .enumerate()
+        .map(|(i, fixture)| fleet::real_agent(dir.path(), &files, fixture, &format!("node-{i:04}")))
+        .collect();
     let mut entries: Vec<String> =
         reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
 

@@ -142,6 +142,10 @@ pub async fn run_with_kill(
     let kill_time = killed.lock().expect("lock").expect("the replica was killed");
     let mut rep = FailoverReport { asked: all.len(), ..Default::default() };
     for (a, right) in &all {
+        if std::env::var_os("FAILOVER_DEBUG").is_some() && a.took > Duration::from_millis(200) {
+            let at = a.started.checked_duration_since(kill_time).map_or_else(|| format!("-{:?}", kill_time - a.started), |d| format!("+{d:?}"));
+            eprintln!("slow question: started {at} from the kill, took {:?}, by {:?}, failures {:?}", a.took, a.answered_by, a.failures);
+        }
         if !a.failures.is_empty() {
             rep.failed_attempts += 1;
             if a.started > kill_time + IN_FLIGHT_GRACE {

@@ -215,6 +215,22 @@ impl ConsoleFiles {
     }
 }
 
+/// A real `blockjanitor-agent serve` on fixture `fixture` (a directory of
+/// [`crate::fixtures`]), as node `node`, serving mutual TLS on a free loopback port with the
+/// console's certificate (identity `console`) given the console role.
+pub fn real_agent(dir: &Path, files: &ConsoleFiles, fixture: &str, node: &str) -> crate::daemon::Daemon {
+    let d = dir.join(format!("agent-{node}"));
+    std::fs::create_dir_all(&d).expect("mkdir");
+    let root = crate::fixtures().join(fixture).to_string_lossy().into_owned();
+    let p = |p: &PathBuf| p.to_string_lossy().into_owned();
+    let (cert, key, ca) = (p(&files.cert), p(&files.key), p(&files.ca));
+    let args = [
+        "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca,
+        "--tls-console", "console", "--node-name", node,
+    ];
+    crate::daemon::Daemon::start_with_global(&d, &["--root", &root], &args)
+}
+
 /// A `blockjanitor-console` process (JSON log on stderr, listening on a free loopback port),
 /// killed on drop.
 pub struct ConsoleProc {
