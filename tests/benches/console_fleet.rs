@@ -30,7 +30,7 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
 use blockjanitor_tests::failover::{run_with_kill, Replicas, IN_FLIGHT_GRACE};
-use blockjanitor_tests::fleet::{self, ConsoleFiles, ConsoleProc, StandIn, DEVICES};
+use blockjanitor_tests::fleet::{self, ConsoleFiles, ConsoleProc, StandIn};
 use blockjanitor_tests::measure::{ms, percentile, status_kib};
 use tonic::transport::Channel;
 
@@ -249,7 +249,6 @@ fn main() {
         who_lat.sort();
         fan.sort();
         let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
-        let list = |v: &[u64]| v.iter().map(|k| mib(*k)).collect::<Vec<_>>().join(" / ");
         let secs = |v: &[Duration]| v.iter().map(|d| format!("{:.2} s", d.as_secs_f64())).collect::<Vec<_>>().join(" / ");
         let per_device: Vec<String> = rss_converged
             .iter()
@@ -272,7 +271,10 @@ fn main() {
             None => println!("| sweep, p99 | not measured: no sweep RPC in this build (hook: `sweep` in this bench) | p99 ≤ 2 s |"),
         }
         println!("| forced fan-out (`Where` fresh), p50 / p99 / max ({fanouts} calls) | {} / {} / {} | p99 ≤ 5 s |", ms(percentile(&fan, 0.5)), ms(percentile(&fan, 0.99)), ms(fan[fan.len() - 1]));
-        println!("| console RSS per replica: listening / converged / after the queries (peak), MiB | {} / {} / {} ({}) | ≤ 1 GiB |", list(&rss_listening), list(&rss_converged), list(&rss), list(&hwm));
+        let rss_rows: Vec<String> = (0..replicas)
+            .map(|r| format!("#{r}: {} → {} → {} ({})", mib(rss_listening[r]), mib(rss_converged[r]), mib(rss[r]), mib(hwm[r])))
+            .collect();
+        println!("| console RSS per replica, MiB: listening → converged → after the queries (peak) | {} | ≤ 1 GiB |", rss_rows.join("; "));
         println!("| console RSS growth listening → converged, per device, per replica (links + index) | {} | |", per_device.join(" / "));
         println!("| index memory per device (an index of the same {index_devices} devices filled in the bench process: RSS delta / devices) | {index_per_device:.0} B | |");
         if let Some(f) = failover {
