@@ -214,7 +214,10 @@ impl StepBudget {
             if self.per_minute > 0 {
                 let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
                 spent.push_back((t.into_std(), self.per_minute));
-                tracing::info!(steps = self.per_minute, "took the apply Lease over: this minute's budget counts as spent");
+                tracing::info!(
+                    steps = self.per_minute,
+                    "took the apply Lease over: this minute's budget counts as spent"
+                );
             }
         }
         Ok(())

@@ -90,7 +90,8 @@ fn ours(opts: &LeaseOptions, old: Option<Lease>, now: Timestamp, take: bool) -> 
         },
         spec: None,
     });
-    let mut spec = l.spec.take().unwrap_or_else(|| LeaseSpec { lease_transitions: Some(0), ..Default::default() });
+    let mut spec =
+        l.spec.take().unwrap_or_else(|| LeaseSpec { lease_transitions: Some(0), ..Default::default() });
     if take || spec.acquire_time.is_none() {
         spec.acquire_time = Some(MicroTime(now));
         if take {
@@ -276,7 +277,10 @@ mod tests {
         let (tx, rx) = watch::channel(Holding::Other { holder: "console-7d9f-b".into() });
         let l = ApplyLease { rx, what: "blockjanitor/apply".into(), identity: "console-7d9f-a".into() };
         let e = l.check(now).expect_err("not the holder");
-        assert!(e.contains("console-7d9f-b") && e.contains("console-7d9f-a") && e.contains("nothing ran"), "{e}");
+        assert!(
+            e.contains("console-7d9f-b") && e.contains("console-7d9f-a") && e.contains("nothing ran"),
+            "{e}"
+        );
         tx.send_replace(Holding::Held { until: now + Duration::from_secs(5), took_over: None });
         assert_eq!(l.check(now), Ok(None));
         assert!(l.check(now + Duration::from_secs(6)).is_err(), "an unrenewed Lease stops Applies");

@@ -516,6 +516,11 @@ impl Fleet for FleetService {
         let r = req.into_inner();
         let targets = apply::targets(&r).map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.admit(&self.apply_limit, &caller.identity, "Applies", self.limits.applies_per_minute)?;
+        // With several replicas only the apply Lease's holder spends the fleet's one budget:
+        // the others refuse an execution before asking any node (dry runs: any replica).
+        if r.execute {
+            self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
+        }
 
         // The dry run: every target's plan, asked at once, before anything runs.
         let plans = join_in_order(
@@ -563,7 +568,7 @@ impl Fleet for FleetService {
                 refused.join("; ")
             )));
         }
-        // With several replicas only the apply Lease's holder spends the fleet's one budget.
+        // Still the holder after the dry run?
         self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
         response.budget_steps_left =
             self.budget.take(steps, Instant::now()).map_err(|e| Status::resource_exhausted(e.to_string()))?;

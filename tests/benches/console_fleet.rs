@@ -166,13 +166,17 @@ fn main() {
     });
     entries.extend(addrs);
     let mut args = files.args("bench");
-    args.extend(["--call-timeout-ms", "1000", "--connect-timeout-ms", "1000", "--backoff-max-seconds", "5"].map(String::from));
+    args.extend(
+        ["--call-timeout-ms", "1000", "--connect-timeout-ms", "1000", "--backoff-max-seconds", "5"]
+            .map(String::from),
+    );
     args.extend(["--agents".to_owned(), entries.join(",")]);
 
     let echo = std::env::var_os("BENCH_CONSOLE_LOG").is_some();
     let bin = target_dir().join("blockjanitor-console");
     let started = Instant::now();
-    let mut consoles: Vec<ConsoleProc> = (0..replicas).map(|_| ConsoleProc::start(&bin, &args, echo)).collect();
+    let mut consoles: Vec<ConsoleProc> =
+        (0..replicas).map(|_| ConsoleProc::start(&bin, &args, echo)).collect();
     let rss_listening: Vec<u64> = consoles.iter().map(|c| status_kib(c.pid, "VmRSS:")).collect();
     let addrs: Vec<_> = consoles.iter().map(|c| c.addr).collect();
     let pids: Vec<u32> = consoles.iter().map(|c| c.pid).collect();

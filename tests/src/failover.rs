@@ -42,7 +42,8 @@ impl Replicas {
     pub async fn connect(addrs: &[SocketAddr], ca: &str, who: &Pem) -> Self {
         let mut clients = Vec::new();
         for a in addrs {
-            let ch = tls_channel(*a, ca, Some((&who.cert, &who.key))).await.expect("connect to a console replica");
+            let ch =
+                tls_channel(*a, ca, Some((&who.cert, &who.key))).await.expect("connect to a console replica");
             clients.push(FleetClient::new(ch).max_decoding_message_size(64 << 20));
         }
         let down = addrs.iter().map(|_| AtomicBool::new(false)).collect();
@@ -143,8 +144,14 @@ pub async fn run_with_kill(
     let mut rep = FailoverReport { asked: all.len(), ..Default::default() };
     for (a, right) in &all {
         if std::env::var_os("FAILOVER_DEBUG").is_some() && a.took > Duration::from_millis(200) {
-            let at = a.started.checked_duration_since(kill_time).map_or_else(|| format!("-{:?}", kill_time - a.started), |d| format!("+{d:?}"));
-            eprintln!("slow question: started {at} from the kill, took {:?}, by {:?}, failures {:?}", a.took, a.answered_by, a.failures);
+            let at = a
+                .started
+                .checked_duration_since(kill_time)
+                .map_or_else(|| format!("-{:?}", kill_time - a.started), |d| format!("+{d:?}"));
+            eprintln!(
+                "slow question: started {at} from the kill, took {:?}, by {:?}, failures {:?}",
+                a.took, a.answered_by, a.failures
+            );
         }
         if !a.failures.is_empty() {
             rep.failed_attempts += 1;

@@ -225,8 +225,18 @@ pub fn real_agent(dir: &Path, files: &ConsoleFiles, fixture: &str, node: &str) -
     let p = |p: &PathBuf| p.to_string_lossy().into_owned();
     let (cert, key, ca) = (p(&files.cert), p(&files.key), p(&files.ca));
     let args = [
-        "--listen", "127.0.0.1:0", "--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca,
-        "--tls-console", "console", "--node-name", node,
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--tls-client-ca",
+        &ca,
+        "--tls-console",
+        "console",
+        "--node-name",
+        node,
     ];
     crate::daemon::Daemon::start_with_global(&d, &["--root", &root], &args)
 }
@@ -278,7 +288,10 @@ impl ConsoleProc {
             }
         });
         let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
-            panic!("the console did not listen; its log:\n{}", log.lock().map(|g| g.join("\n")).unwrap_or_default())
+            panic!(
+                "the console did not listen; its log:\n{}",
+                log.lock().map(|g| g.join("\n")).unwrap_or_default()
+            )
         });
         ConsoleProc { child, pid, addr, log }
     }

@@ -14,6 +14,7 @@ pub mod fixture;
 pub mod fleet;
 pub mod guest;
 pub mod kube_mock;
+pub mod lease_mock;
 pub mod load;
 pub mod measure;
 

@@ -109,3 +109,83 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     );
     drop(reals);
 }
+
+/// An Apply with `execute` through replica `addr`, as the operator `admin`.
+async fn execute_apply(addr: std::net::SocketAddr, pki: &Pki) -> tonic::Status {
+    let admin = pki.issue("admin", &["admin"]);
+    let ch = tls_channel(addr, &pki.ca.cert, Some((&admin.cert, &admin.key))).await.expect("connect");
+    let req = pb::FleetApplyRequest {
+        node: "node-0000".into(),
+        devices: vec!["loop0".into()],
+        identities: vec!["loop=not-this-one".into()],
+        execute: true,
+        ..Default::default()
+    };
+    FleetClient::new(ch).apply(req).await.expect_err("nothing here may run")
+}
+
+#[test]
+fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
+    const KEY: &str = "blockjanitor/blockjanitor-console-apply";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new("lease CA");
+    let files = ConsoleFiles::write(&pki, dir.path());
+    let agent = fleet::real_agent(dir.path(), &files, "incident1", "node-0000");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let api = rt.block_on(blockjanitor_tests::lease_mock::LeaseServer::start());
+    let console = bin("blockjanitor-console");
+    let mut replicas: Vec<ConsoleProc> = (0..2)
+        .map(|i| {
+            let mut args = files.args("viewer");
+            args.extend(["--operator", "admin", "--kube-url", &api.url(), "--apply-lease"].map(String::from));
+            args.extend(
+                ["blockjanitor-console-apply", "--lease-namespace", "blockjanitor"].map(String::from),
+            );
+            args.extend(["--lease-seconds".to_owned(), "3".to_owned(), "--lease-identity".to_owned()]);
+            args.extend([
+                format!("replica-{i}"),
+                "--agents".into(),
+                format!("node-0000={}", agent.tcp.expect("tcp")),
+            ]);
+            ConsoleProc::start(&console, &args, false)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let holder = loop {
+        if let Some(h) = api.holder(KEY) {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "no replica took the Lease");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let h: usize = holder.strip_prefix("replica-").and_then(|i| i.parse().ok()).expect("a replica's name");
+    let other = 1 - h;
+    rt.block_on(async {
+        for r in &replicas {
+            wait_synced(r.addr, &pki, 1).await;
+        }
+        let refused = execute_apply(replicas[other].addr, &pki).await;
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert!(
+            refused.message().contains(&holder) && refused.message().contains(&format!("replica-{other}")),
+            "the refusal names the holder and this replica: {refused:?}"
+        );
+        // The holder goes on to the dry run (which refuses: the identity is not the device's).
+        let dry = execute_apply(replicas[h].addr, &pki).await;
+        assert_eq!(dry.code(), tonic::Code::FailedPrecondition, "the holder asks the nodes: {dry:?}");
+    });
+    assert_eq!(api.holder(KEY).as_deref(), Some(holder.as_str()), "the holder renews, nobody steals it");
+
+    // The holder dies: the survivor takes the Lease over once it expired, and then executes.
+    replicas[h].kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while api.holder(KEY).as_deref() != Some(&format!("replica-{other}")) {
+        assert!(Instant::now() < deadline, "the survivor never took the Lease: {:?}", api.lease(KEY));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let lease = api.lease(KEY).expect("lease");
+    assert!(lease["spec"]["leaseTransitions"].as_i64() >= Some(1), "{lease}");
+    let after = rt.block_on(execute_apply(replicas[other].addr, &pki));
+    assert_eq!(after.code(), tonic::Code::FailedPrecondition, "the survivor now applies: {after:?}");
+    drop(replicas);
+}

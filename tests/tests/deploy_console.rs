@@ -21,7 +21,8 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
             return;
         }
     };
-    let objects = render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
+    let objects =
+        render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
     let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
     assert!(d["spec"]["replicas"].as_i64().unwrap_or(1) >= 2, "replicas: {}", d["spec"]["replicas"]);
     assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "a rollout keeps every replica");
@@ -29,19 +30,24 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
     let pod = &d["spec"]["template"]["spec"];
     let anti = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
     assert_eq!(anti["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname", "spread over nodes: {pod}");
-    assert_eq!(&anti["podAffinityTerm"]["labelSelector"]["matchLabels"], &d["spec"]["selector"]["matchLabels"]);
+    assert_eq!(
+        &anti["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        &d["spec"]["selector"]["matchLabels"]
+    );
     let c = &pod["containers"][0];
     let args = c["args"].as_array().expect("args");
     assert!(has_arg(args, &format!("--apply-lease={LEASE}")), "{args:?}");
     assert!(has_arg(args, "--lease-identity=$(POD_NAME)"), "{args:?}");
     let env = c["env"].as_array().expect("env");
     assert!(
-        env.iter().any(|e| e["name"] == "POD_NAME" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+        env.iter()
+            .any(|e| e["name"] == "POD_NAME" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
         "POD_NAME from the downward API: {env:?}"
     );
     assert!(c["readinessProbe"].is_object(), "a readiness probe: the Service sends only to live replicas");
 
-    let pdb = find(&objects, "PodDisruptionBudget", Some("blockjanitor-console")).expect("a PodDisruptionBudget");
+    let pdb =
+        find(&objects, "PodDisruptionBudget", Some("blockjanitor-console")).expect("a PodDisruptionBudget");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
     for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().expect("selector") {
         assert_eq!(&labels[k], v, "the PodDisruptionBudget selects the console's pods");
@@ -60,8 +66,13 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
         })
     };
     assert!(grants("create", false) && grants("get", true) && grants("update", true), "{rules:?}");
-    assert!(!rules.iter().any(|r| r["verbs"].as_array().is_some_and(|v| v.iter().any(|x| x == "delete" || x == "*"))));
+    assert!(!rules
+        .iter()
+        .any(|r| r["verbs"].as_array().is_some_and(|v| v.iter().any(|x| x == "delete" || x == "*"))));
     let binding = find(&objects, "RoleBinding", Some("blockjanitor-console-lease")).expect("its binding");
     assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);
-    assert_eq!(binding["metadata"]["namespace"], d["metadata"]["namespace"], "the Lease is in the console's namespace");
+    assert_eq!(
+        binding["metadata"]["namespace"], d["metadata"]["namespace"],
+        "the Lease is in the console's namespace"
+    );
 }
