@@ -259,7 +259,7 @@ impl FleetService {
             for d in n.devices.values() {
                 let Some(r) = &d.rbd else { continue };
                 if q.matches(&r.client_addr, &r.client_id) {
-                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) });
+                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) });
                 } else if !ceph_addr::readable(&r.client_addr, &r.client_id) {
                     unreadable.push(format!("{}/{}", n.name, d.name));
                 }
@@ -326,7 +326,7 @@ impl Fleet for FleetService {
             .flat_map(|n| n.devices.values().map(move |d| (n, d)))
             .filter(|(_, d)| r.kind == 0 || d.kind == r.kind)
             .filter(|(_, d)| r.verdict == 0 || d.verdict == r.verdict)
-            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) })
+            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) })
             .collect();
         let missing_nodes =
             self.missing_of(&ix).into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
