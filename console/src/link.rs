@@ -47,7 +47,14 @@ pub struct LinkOptions {
     pub backoff_initial: Duration,
     /// The longest wait.
     pub backoff_max: Duration,
+    /// Connections being set up at once (connect, subscribe, first full read), over every link:
+    /// at a cold start thousands of links would otherwise start their TLS handshakes in the same
+    /// instant, time out on a busy CPU, back off and try again together.
+    pub connecting: Arc<tokio::sync::Semaphore>,
 }
+
+/// The default of [`LinkOptions::connecting`].
+pub const CONNECTS_AT_ONCE: usize = 128;
 
 impl LinkOptions {
     /// Defaults around the given TLS files and server name.
@@ -60,6 +67,7 @@ impl LinkOptions {
             resync_interval: Duration::from_secs(60),
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            connecting: Arc::new(tokio::sync::Semaphore::new(CONNECTS_AT_ONCE)),
         }
     }
 }
@@ -280,6 +288,8 @@ async fn session(
         ca: opts.tls.ca.clone(),
         server_name: opts.server_name.clone(),
     });
+    // Held until the first full read is in (each step has its own deadline).
+    let permit = opts.connecting.acquire().await;
     let mut c = match client::connect(&target, opts.connect_timeout).await {
         Ok(c) => c,
         Err(e) => return (false, e.to_string()),
@@ -294,6 +304,7 @@ async fn session(
     if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
         return (false, e);
     }
+    drop(permit);
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
     tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
     // Resyncs jittered: after a cold start every link syncs within seconds of the others, and
