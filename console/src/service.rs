@@ -255,12 +255,25 @@ impl FleetService {
         let ix = self.index.read();
         let mut found = Vec::new();
         let mut unreadable = Vec::new();
+        // A node's mappings mostly share one client (one kernel client per cluster): the last
+        // client's verdict is reused for the same text, so a question parses about one address per
+        // node, not one per mapping (the fleet bench: 22,500 mappings at 5,000 agents).
+        let mut last: Option<(&str, &str, bool, bool)> = None;
         for n in ix.nodes.values() {
             for d in n.devices.values() {
                 let Some(r) = &d.rbd else { continue };
-                if q.matches(&r.client_addr, &r.client_id) {
+                let (matches, readable) = match last {
+                    Some((a, i, m, rd)) if a == r.client_addr && i == r.client_id => (m, rd),
+                    _ => {
+                        let m = q.matches(&r.client_addr, &r.client_id);
+                        let rd = m || ceph_addr::readable(&r.client_addr, &r.client_id);
+                        last = Some((&r.client_addr, &r.client_id, m, rd));
+                        (m, rd)
+                    }
+                };
+                if matches {
                     found.push(pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) });
-                } else if !ceph_addr::readable(&r.client_addr, &r.client_id) {
+                } else if !readable {
                     unreadable.push(format!("{}/{}", n.name, d.name));
                 }
             }
