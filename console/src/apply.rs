@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 
+use crate::lease::ApplyLease;
+
 /// The budget's window.
 const WINDOW: Duration = Duration::from_secs(60);
 
@@ -149,11 +151,14 @@ pub fn summary_text(summary: &[pb::NodePlanSummary]) -> String {
 
 /// The fleet-wide budget: at most `per_minute` steps in any minute, across every node and
 /// caller (0: no budget). Steps are counted when an Apply is let through, whether they then
-/// succeed or not.
-#[derive(Debug)]
+/// succeed or not. With several console replicas, only the holder of the apply Lease
+/// ([`crate::lease`]) may spend it ([`StepBudget::may_apply`]), so the fleet has one budget.
 pub struct StepBudget {
     per_minute: u32,
     spent: Mutex<VecDeque<(Instant, u32)>>,
+    lease: ApplyLease,
+    /// The takeover of the Lease already charged to the budget.
+    charged_takeover: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// An Apply the budget cannot take now.
@@ -183,7 +188,39 @@ impl std::fmt::Display for OverBudget {
 
 impl StepBudget {
     pub fn new(per_minute: u32) -> Self {
-        StepBudget { per_minute, spent: Mutex::new(VecDeque::new()) }
+        StepBudget {
+            per_minute,
+            spent: Mutex::new(VecDeque::new()),
+            lease: ApplyLease::alone(),
+            charged_takeover: Mutex::new(None),
+        }
+    }
+
+    /// The same budget, spent only while this replica holds `lease`.
+    pub fn with_lease(mut self, lease: ApplyLease) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Whether this replica may carry out an Apply at `now`: always without a Lease; with one,
+    /// only while it holds it, or why not (naming the holder). A replica that took the Lease over
+    /// from another holder cannot know what that one spent: the whole budget is charged at the
+    /// takeover, so the fleet never exceeds one budget in any minute across a change of holder.
+    pub fn may_apply(&self, now: Instant) -> Result<(), String> {
+        let took_over = self.lease.check(tokio::time::Instant::from_std(now))?;
+        let mut charged = self.charged_takeover.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = took_over.filter(|t| *charged != Some(*t)) {
+            *charged = Some(t);
+            if self.per_minute > 0 {
+                let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+                spent.push_back((t.into_std(), self.per_minute));
+                tracing::info!(
+                    steps = self.per_minute,
+                    "took the apply Lease over: this minute's budget counts as spent"
+                );
+            }
+        }
+        Ok(())
     }
 
     pub fn per_minute(&self) -> u32 {
@@ -330,5 +367,22 @@ mod tests {
         assert_eq!(e.frees_in, None);
         assert!(e.to_string().contains("more than the whole budget"), "{e}");
         assert_eq!(StepBudget::new(0).take(1000, t0), Ok(u32::MAX), "0: no budget");
+    }
+
+    #[test]
+    fn a_takeover_of_the_apply_lease_charges_the_whole_minute_once() {
+        use crate::lease::Holding;
+        let t0 = Instant::now();
+        let at = tokio::time::Instant::from_std(t0);
+        let (tx, lease) = ApplyLease::fixed(Holding::Other { holder: "replica-b".into() });
+        let b = StepBudget::new(5).with_lease(lease);
+        assert!(b.may_apply(t0).expect_err("not the holder").contains("replica-b"));
+        assert_eq!(b.left(t0), 5, "a refusal charges nothing");
+        tx.send_replace(Holding::Held { until: at + Duration::from_secs(10), took_over: Some(at) });
+        assert_eq!(b.may_apply(t0), Ok(()));
+        assert_eq!(b.left(t0), 0, "the old holder's minute is assumed spent");
+        assert_eq!(b.may_apply(t0 + Duration::from_secs(1)), Ok(()));
+        assert_eq!(b.left(t0 + Duration::from_secs(60)), 5, "charged once, and it leaves the window");
+        assert!(b.may_apply(t0 + Duration::from_secs(11)).is_err(), "an unrenewed Lease stops Applies");
     }
 }

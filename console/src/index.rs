@@ -90,7 +90,10 @@ pub struct NodeEntry {
     pub down_since: f64,
     pub failures: u32,
     pub agent: Option<pb::Node>,
-    pub devices: BTreeMap<String, pb::Device>,
+    /// Boxed: a `pb::Device` is over a kilobyte inline (every optional sub-message), and a
+    /// B-tree node holds 11 slots whether used or not; boxed, the index costs what the devices
+    /// hold (BENCHMARKS.md, "index memory per device").
+    pub devices: BTreeMap<String, Box<pb::Device>>,
 }
 
 impl NodeEntry {
@@ -182,7 +185,7 @@ impl Inner {
         set.iter()
             .filter_map(|(n, d)| {
                 let dev = self.nodes.get(n)?.devices.get(d)?;
-                Some(pb::FleetDevice { node: n.clone(), device: Some(dev.clone()) })
+                Some(pb::FleetDevice { node: n.clone(), device: Some(pb::Device::clone(dev)) })
             })
             .collect()
     }
@@ -212,7 +215,7 @@ impl Inner {
         let mut map = BTreeMap::new();
         for d in devices {
             self.key(node, &d);
-            map.insert(d.name.clone(), d);
+            map.insert(d.name.clone(), Box::new(d));
         }
         if let Some(n) = self.nodes.get_mut(node) {
             n.devices = map;
@@ -228,7 +231,7 @@ impl Inner {
         if self.nodes.contains_key(node) {
             self.key(node, &d);
             if let Some(n) = self.nodes.get_mut(node) {
-                n.devices.insert(d.name.clone(), d);
+                n.devices.insert(d.name.clone(), Box::new(d));
             }
         }
     }

@@ -21,7 +21,7 @@
 //! - [`cluster`]: Nodes, PVs, PVCs and VolumeAttachments, watched.
 //! - [`multiattach`]: one diagnosis per node for a volume.
 //! - [`apply`]: an Apply's targets (identities required), its dry run's summary, the fleet-wide
-//!   step budget.
+//!   step budget; [`lease`]: the apply Lease, so that with several replicas only one spends it.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
 #[cfg(test)]
@@ -32,6 +32,7 @@ pub mod cluster;
 pub mod discover;
 pub mod ident;
 pub mod index;
+pub mod lease;
 pub mod link;
 pub mod metrics;
 pub mod multiattach;

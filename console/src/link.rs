@@ -60,7 +60,14 @@ pub struct LinkOptions {
     pub keepalive_timeout: Duration,
     /// Idle time before the kernel's TCP keepalive probes start.
     pub tcp_keepalive: Duration,
+    /// Connections being set up at once (connect, subscribe, first full read), over every link:
+    /// at a cold start thousands of links would otherwise start their TLS handshakes in the same
+    /// instant, time out on a busy CPU, back off and try again together.
+    pub connecting: Arc<tokio::sync::Semaphore>,
 }
+
+/// The default of [`LinkOptions::connecting`].
+pub const CONNECTS_AT_ONCE: usize = 128;
 
 impl LinkOptions {
     /// Defaults around the given TLS files and server name.
@@ -76,6 +83,7 @@ impl LinkOptions {
             keepalive_interval: Duration::from_secs(1),
             keepalive_timeout: Duration::from_secs(2),
             tcp_keepalive: Duration::from_secs(10),
+            connecting: Arc::new(tokio::sync::Semaphore::new(CONNECTS_AT_ONCE)),
         }
     }
 }
@@ -235,13 +243,13 @@ impl Links {
     }
 }
 
-/// A jittered wait: between half and all of `d`.
+/// A jittered wait: between half and all of `d`. The fraction comes from a fresh `RandomState`
+/// (random keys per instance), not the clock: links started in the same microsecond must not
+/// wait alike (a clock with microsecond resolution has no useful low digits).
 fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    d / 2 + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
+    use std::hash::{BuildHasher, Hasher};
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    d / 2 + d.mul_f64((r % 1000) as f64 / 2000.0)
 }
 
 /// The link's loop: a session, then a backoff, until aborted.
@@ -329,6 +337,8 @@ async fn session(
             .keep_alive_while_idle(true)
             .tcp_keepalive(Some(opts.tcp_keepalive))
     };
+    // Held until the first full read is in (each step has its own deadline).
+    let permit = opts.connecting.acquire().await;
     let mut c = match client::connect_tuned(&target, opts.connect_timeout, keepalive).await {
         Ok(c) => c,
         Err(e) => return (false, e.to_string()),
@@ -343,11 +353,15 @@ async fn session(
     if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
         return (false, e);
     }
+    drop(permit);
     let end = Arc::new(Notify::new());
     *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live { client: c.clone(), end: Arc::clone(&end) });
     tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
-    let mut tick = tokio::time::interval(opts.resync_interval);
-    tick.tick().await;
+    // Resyncs jittered: after a cold start every link syncs within seconds of the others, and
+    // unjittered they would all read their agents' lists again in the same second, every period.
+    let first = tokio::time::Instant::now() + jitter(opts.resync_interval);
+    let mut tick = tokio::time::interval_at(first, opts.resync_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let again = tokio::select! {
             m = stream.message() => match m {

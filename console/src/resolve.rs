@@ -165,7 +165,7 @@ impl FleetService {
             .values()
             .flat_map(|n| n.devices.values().map(move |d| (n, d)))
             .filter(|(_, d)| target.matches(d))
-            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) })
+            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some((**d).clone()) })
             .collect()
     }
 }

@@ -20,6 +20,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use crate::cluster::Cluster;
 use crate::discover::{self, AgentSpec};
 use crate::index::Index;
+use crate::lease::{ApplyLease, LeaseOptions};
 use crate::link::{LinkOptions, Links};
 use crate::metrics::{self, Metrics};
 use blockjanitor::daemon::peer_limit::PeerLimit;
@@ -68,6 +69,9 @@ pub struct ConsoleOptions {
     pub steps_per_minute: u32,
     /// Per caller: Applies (dry runs included) and Plans a minute (0: no limit).
     pub caller_limits: CallerLimits,
+    /// With several replicas: the Lease whose holder alone carries out Applies (needs the
+    /// Kubernetes API). `None`: this console is the only one.
+    pub apply_lease: Option<LeaseOptions>,
 }
 
 /// The fleet-wide step budget's default: steps a minute across the fleet. A handful of devices
@@ -88,6 +92,8 @@ pub enum ConsoleError {
         "pod discovery needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster), or give --agents"
     )]
     NoDiscovery,
+    #[error("--apply-lease needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster)")]
+    LeaseWithoutKube,
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
@@ -143,6 +149,15 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         tasks.extend(t);
         cluster
     });
+    let lease = match (&opts.apply_lease, &client) {
+        (None, _) => ApplyLease::alone(),
+        (Some(l), Some(c)) => {
+            let (lease, t) = ApplyLease::spawn(c.clone(), l.clone());
+            tasks.push(t);
+            lease
+        }
+        (Some(_), None) => return Err(ConsoleError::LeaseWithoutKube),
+    };
     match &opts.discovery {
         Discovery::Static(agents) => links.set(agents),
         Discovery::Pods { namespace, selector, port } => {
@@ -185,7 +200,7 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
         apply_limit: PeerLimit::new(opts.caller_limits.applies_per_minute),
         plan_limit: PeerLimit::new(opts.caller_limits.plans_per_minute),
         limits: opts.caller_limits,
-        budget: StepBudget::new(opts.steps_per_minute),
+        budget: StepBudget::new(opts.steps_per_minute).with_lease(lease),
     };
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<FleetServer<FleetService>>().await;

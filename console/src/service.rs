@@ -177,12 +177,25 @@ impl FleetService {
         let ix = self.index.read();
         let mut found = Vec::new();
         let mut unreadable = Vec::new();
+        // A node's mappings mostly share one client (one kernel client per cluster): the last
+        // client's verdict is reused for the same text, so a question parses about one address per
+        // node, not one per mapping (the fleet bench: 22,500 mappings at 5,000 agents).
+        let mut last: Option<(&str, &str, bool, bool)> = None;
         for n in ix.nodes.values() {
             for d in n.devices.values() {
                 let Some(r) = &d.rbd else { continue };
-                if q.matches(&r.client_addr, &r.client_id) {
-                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) });
-                } else if !ceph_addr::readable(&r.client_addr, &r.client_id) {
+                let (matches, readable) = match last {
+                    Some((a, i, m, rd)) if a == r.client_addr && i == r.client_id => (m, rd),
+                    _ => {
+                        let m = q.matches(&r.client_addr, &r.client_id);
+                        let rd = m || ceph_addr::readable(&r.client_addr, &r.client_id);
+                        last = Some((&r.client_addr, &r.client_id, m, rd));
+                        (m, rd)
+                    }
+                };
+                if matches {
+                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) });
+                } else if !readable {
                     unreadable.push(format!("{}/{}", n.name, d.name));
                 }
             }
@@ -264,7 +277,7 @@ impl Fleet for FleetService {
             .flat_map(|n| n.devices.values().map(move |d| (n, d)))
             .filter(|(_, d)| r.kind == 0 || d.kind == r.kind)
             .filter(|(_, d)| r.verdict == 0 || d.verdict == r.verdict)
-            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(d.clone()) })
+            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) })
             .collect();
         let missing_nodes =
             self.missing_of(&ix).into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
@@ -436,6 +449,11 @@ impl Fleet for FleetService {
         let r = req.into_inner();
         let targets = apply::targets(&r).map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.admit(&self.apply_limit, &caller.identity, "Applies", self.limits.applies_per_minute)?;
+        // With several replicas only the apply Lease's holder spends the fleet's one budget:
+        // the others refuse an execution before asking any node (dry runs: any replica).
+        if r.execute {
+            self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
+        }
 
         // The dry run: every target's plan, asked at once, before anything runs.
         let plans = join_in_order(
@@ -483,6 +501,8 @@ impl Fleet for FleetService {
                 refused.join("; ")
             )));
         }
+        // Still the holder after the dry run?
+        self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
         response.budget_steps_left =
             self.budget.take(steps, Instant::now()).map_err(|e| Status::resource_exhausted(e.to_string()))?;
 

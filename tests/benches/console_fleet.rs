@@ -1,154 +1,46 @@
-//! Benchmark of the fleet console (issue 11), printed as Markdown for BENCHMARKS.md.
+//! Benchmark of the fleet console (issues 11 and 18), printed as Markdown for BENCHMARKS.md.
 //!
-//! A fleet of 500 agents on loopback, every one a real gRPC server speaking `blockjanitor.v1.Agent`
-//! over mutual TLS: 3 real `blockjanitor-agent serve` processes on fixture roots (incident 1's
-//! old and new node, incident 3's multipath node) and 497 light in-process stand-ins (the
-//! generated tonic server trait) serving generated device sets (20 devices each: a disk and its
-//! partitions, 5 rbd mappings with their own images and client addresses, loop and nbd devices).
-//! 25 addresses (5 %) refuse connections (nothing listens) and 25 stand-ins (5 %) answer every call
-//! after 5 s, past the console's 1 s deadline. The real `blockjanitor-console` binary follows them
-//! (static `--agents` list).
+//! A fleet of `BENCH_AGENTS` (default 5,000) agents on loopback, every one a real gRPC server
+//! speaking `blockjanitor.v1.Agent` over mutual TLS: 3 real `blockjanitor-agent serve` processes
+//! on fixture roots (incident 1's old and new node, incident 3's multipath node) and light
+//! in-process stand-ins (`blockjanitor_tests::standin_fleet`, 20 generated devices each), all served by
+//! this process on distinct loopback ports. 5 % of the addresses refuse connections (nothing
+//! listens) and 5 % of the stand-ins answer every call after 5 s, past the console's 1 s deadline.
+//! `BENCH_REPLICAS` (default 2) real `blockjanitor-console` processes follow the whole fleet
+//! (static `--agents` list), started at the same moment.
 //!
-//! Measured: index convergence after a cold start (every answering agent synced), `Where` and
-//! `WhoWatches` latency from the index (2,000 calls each, p50/p99), forced fan-out (`Where` with
-//! `fresh`, 30 calls, p50/p99/max) and the console's RSS.
+//! Measured, all in one run: index convergence after a cold start (every answering agent synced,
+//! on every replica), `Where` and `WhoWatches` latency from the index (`BENCH_QUERIES` calls each,
+//! default 2,000), the sweep (a hook until the sweep RPC is merged), forced fan-out (`Where` with
+//! `fresh`, `BENCH_FANOUT` calls, default 30), each console's RSS, index memory per device (an
+//! index filled in this process with the same devices: RSS delta / devices; and each console's
+//! RSS delta from listening to converged, per device), and with 2+ replicas: 4 callers
+//! round-robin over the replicas (the Service's stand-in) while one replica is killed (SIGKILL)
+//! mid-run. The machine's load average is printed with the figures.
 //!
-//! Run: `cargo build --release --bins && cargo bench -p blockjanitor-tests --bench console_fleet`.
+//! Run: `cargo build --release --bins && cargo bench -p blockjanitor-tests --bench console_fleet`
+//! (`BENCH_AGENTS=500 BENCH_REPLICAS=1` gives issue 11's scene; `BENCH_CONSOLE_LOG=1` prints the
+//! consoles' logs).
 
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use blockjanitor_console::index::Index;
 use blockjanitor_proto::v1 as pb;
-use blockjanitor_proto::v1::agent_server::{Agent, AgentServer};
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::failover::{run_with_kill, Replicas, IN_FLIGHT_GRACE};
 use blockjanitor_tests::measure::{ms, percentile, status_kib};
-use tokio_stream::Stream;
-use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use tonic::{Request, Response, Status};
+use blockjanitor_tests::standin_fleet::{self as fleet, ConsoleFiles, ConsoleProc, StandIn};
+use tonic::transport::Channel;
 
-const AGENTS: usize = 500;
-const REFUSING: usize = 25;
-const SLOW: usize = 25;
 const REAL: usize = 3;
-const DEVICES: usize = 20;
 
-/// A stand-in agent: a generated device set, optionally slow.
-struct StandIn {
-    node: String,
-    devices: Arc<Vec<pb::Device>>,
-    delay: Duration,
-}
-
-fn devices_for(i: usize) -> Vec<pb::Device> {
-    let mut v = Vec::with_capacity(DEVICES);
-    let dev = |name: String, kind: pb::DeviceKind, verdict: pb::Verdict| pb::Device {
-        name,
-        kind: kind as i32,
-        verdict: verdict as i32,
-        size_bytes: 10 << 30,
-        ..Default::default()
-    };
-    v.push(dev("sda".into(), pb::DeviceKind::Disk, pb::Verdict::InUse));
-    for p in 1..=4 {
-        v.push(dev(format!("sda{p}"), pb::DeviceKind::Partition, pb::Verdict::InUse));
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v}: expected a number")),
+        Err(_) => default,
     }
-    for r in 0..5 {
-        let mut d = dev(
-            format!("rbd{r}"),
-            pb::DeviceKind::Rbd,
-            if r == 0 { pb::Verdict::Stale } else { pb::Verdict::InUse },
-        );
-        d.rbd = Some(pb::RbdMapping {
-            id: r as u32,
-            pool: "k8s".into(),
-            image: format!("csi-vol-{i:04}-{r}"),
-            image_id: format!("{:x}", i * 100 + r),
-            snap: "-".into(),
-            client_id: format!("client.{}", 100_000 + i),
-            client_addr: format!("10.{}.{}.{}:0/{}", i / 65536, (i / 256) % 256, i % 256, 3_000_000 + i),
-            cluster_fsid: "b2e1c3d4-5f60-4a7b-8c9d-0e1f2a3b4c5d".into(),
-            ..Default::default()
-        });
-        d.pv_names = vec![format!("pvc-{i:04}-{r}")];
-        v.push(d);
-    }
-    for l in 0..6 {
-        v.push(dev(format!("loop{l}"), pb::DeviceKind::Loop, pb::Verdict::Unused));
-    }
-    for n in 0..4 {
-        let mut d = dev(format!("nbd{n}"), pb::DeviceKind::Nbd, pb::Verdict::Unused);
-        d.nbd_backend = format!("k8s/nbd-{i}-{n}");
-        v.push(d);
-    }
-    v
-}
-
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
-
-#[tonic::async_trait]
-impl Agent for StandIn {
-    async fn get_node(&self, _: Request<pb::GetNodeRequest>) -> Result<Response<pb::Node>, Status> {
-        tokio::time::sleep(self.delay).await;
-        Ok(Response::new(pb::Node {
-            name: self.node.clone(),
-            devices: self.devices.len() as u32,
-            mode: "report".into(),
-            ..Default::default()
-        }))
-    }
-    async fn list_devices(
-        &self,
-        _: Request<pb::ListDevicesRequest>,
-    ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        tokio::time::sleep(self.delay).await;
-        Ok(Response::new(pb::ListDevicesResponse {
-            devices: self.devices.to_vec(),
-            scan_unix_seconds: 1.0,
-            scan: 1,
-        }))
-    }
-    async fn get_device(&self, _: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
-        Err(Status::unimplemented("stand-in"))
-    }
-    async fn list_holders(
-        &self,
-        _: Request<pb::ListHoldersRequest>,
-    ) -> Result<Response<pb::ListHoldersResponse>, Status> {
-        Err(Status::unimplemented("stand-in"))
-    }
-    async fn plan(&self, _: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
-        Ok(Response::new(pb::PlanResponse::default()))
-    }
-    async fn apply(&self, _: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
-        Err(Status::permission_denied("stand-in"))
-    }
-    type WatchEventsStream = EventStream;
-    async fn watch_events(
-        &self,
-        _: Request<pb::WatchEventsRequest>,
-    ) -> Result<Response<EventStream>, Status> {
-        tokio::time::sleep(self.delay).await;
-        Ok(Response::new(Box::pin(tokio_stream::pending())))
-    }
-}
-
-/// Raises the soft open-files limit to the hard one (the stand-ins, their connections and the
-/// console's, which inherits it, need more than the usual 1,024).
-fn raise_nofile() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit with a valid pointer to a local rlimit.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            lim.rlim_cur = lim.rlim_max.min(65_536);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-    }
-    lim.rlim_cur
 }
 
 fn target_dir() -> std::path::PathBuf {
@@ -156,149 +48,153 @@ fn target_dir() -> std::path::PathBuf {
     exe.parent().and_then(std::path::Path::parent).expect("target dir").to_owned()
 }
 
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+/// `/proc/loadavg`'s three averages and the CPU pressure (`some avg10`).
+fn load() -> String {
+    let la = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let la: Vec<&str> = la.split_whitespace().take(3).collect();
+    let psi = std::fs::read_to_string("/proc/pressure/cpu").unwrap_or_default();
+    let some = psi.lines().next().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("avg10=?");
+    format!("load {} (CPU pressure {some} %)", la.join(" "))
 }
 
-fn main() {
-    let nofile = raise_nofile();
-    assert!(nofile >= 4096, "open-files limit {nofile}: raise the hard limit (ulimit -Hn) to run this bench");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pki = Pki::new("bench CA");
-    let (cert, key, ca) = pki.write_server(dir.path());
-    let console_pem = pki.issue("console", &["console"]);
-    let (ccert, ckey) = (dir.path().join("console.crt"), dir.path().join("console.key"));
-    std::fs::write(&ccert, &console_pem.cert).expect("write");
-    std::fs::write(&ckey, &console_pem.key).expect("write");
-    let fixtures = blockjanitor_tests::fixtures();
-
-    // Real agents.
-    let mut reals = Vec::new();
-    for (i, fixture) in ["incident1", "incident1-newnode", "multipath-incident3"].iter().enumerate() {
-        let d = dir.path().join(format!("real{i}"));
-        std::fs::create_dir_all(&d).expect("mkdir");
-        let root = fixtures.join(fixture).to_string_lossy().into_owned();
-        reals.push(Daemon::start_with_global(
-            &d,
-            &["--root", &root],
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--tls-cert",
-                cert.to_str().expect("utf8"),
-                "--tls-key",
-                key.to_str().expect("utf8"),
-                "--tls-client-ca",
-                ca.to_str().expect("utf8"),
-                "--tls-console",
-                "console",
-                "--node-name",
-                &format!("node-{i:03}"),
-            ],
-        ));
+/// RSS of this process grown by filling an index with `agents` stand-ins' devices, per device
+/// (bytes).
+fn index_bytes_per_device(agents: usize) -> (f64, usize) {
+    let me = std::process::id();
+    let before = status_kib(me, "VmRSS:");
+    let index = Index::new();
+    for i in 0..agents {
+        let node = format!("node-{i:04}");
+        let mut w = index.write();
+        w.upsert_node(&node, "127.0.0.1:1", "static", None);
+        w.replace_devices(&node, fleet::devices_for(i));
     }
-    let mut entries: Vec<String> =
-        reals.iter().enumerate().map(|(i, d)| format!("node-{i:03}={}", d.tcp.expect("tcp"))).collect();
+    let devices = index.read().device_count();
+    let after = status_kib(me, "VmRSS:");
+    drop(index);
+    ((after.saturating_sub(before) * 1024) as f64 / devices.max(1) as f64, devices)
+}
 
-    // Stand-ins, slow ones, refusing addresses.
-    let tls = ServerTlsConfig::new()
-        .identity(Identity::from_pem(&pki.server.cert, &pki.server.key))
-        .client_ca_root(Certificate::from_pem(&pki.ca.cert));
-    let addrs: Vec<(usize, SocketAddr)> = rt.block_on(async {
-        let mut out = Vec::new();
-        for i in REAL..AGENTS {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let addr = l.local_addr().expect("addr");
-            if i >= AGENTS - REFUSING {
-                drop(l); // nothing listens: connections are refused
-                out.push((i, addr));
-                continue;
-            }
-            let slow = i >= AGENTS - REFUSING - SLOW;
-            let svc = StandIn {
-                node: format!("node-{i:03}"),
-                devices: Arc::new(devices_for(i)),
-                delay: if slow { Duration::from_secs(5) } else { Duration::ZERO },
-            };
-            let router =
-                Server::builder().tls_config(tls.clone()).expect("tls").add_service(AgentServer::new(svc));
-            let incoming =
-                tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(l), |r| {
-                    r.inspect(|s| {
-                        let _ = s.set_nodelay(true);
-                    })
-                });
-            tokio::spawn(router.serve_with_incoming(incoming));
-            out.push((i, addr));
-        }
-        out
-    });
-    entries.extend(addrs.iter().map(|(i, a)| format!("node-{i:03}={a}")));
-    let answering = AGENTS - REFUSING - SLOW;
-
-    let started = Instant::now();
-    let mut child = Command::new(target_dir().join("blockjanitor-console"))
-        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--tls-cert", cert.to_str().expect("utf8"), "--tls-key", key.to_str().expect("utf8")])
-        .args(["--tls-client-ca", ca.to_str().expect("utf8"), "--viewer", "bench"])
-        .args(["--agent-cert", ccert.to_str().expect("utf8"), "--agent-key", ckey.to_str().expect("utf8")])
-        .args(["--agent-ca", ca.to_str().expect("utf8"), "--agent-server-name", "localhost"])
-        .args(["--call-timeout-ms", "1000", "--connect-timeout-ms", "1000", "--backoff-max-seconds", "5"])
-        .arg("--agents")
-        .arg(entries.join(","))
-        .env("RUST_LOG", "warn,blockjanitor_console=info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the console");
-    let stderr = child.stderr.take().expect("stderr");
-    let pid = child.id();
-    let _guard = Kill(child);
-    let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if std::env::var_os("BENCH_CONSOLE_LOG").is_some() {
-                    eprintln!("console: {line}");
-                }
-                if v["listener"] == "tcp" {
-                    if let Some(a) = v["address"].as_str().and_then(|a| a.parse().ok()) {
-                        let _ = tx.send(a);
-                    }
-                }
-            }
-        }
-    });
-    let console_addr = rx.recv_timeout(Duration::from_secs(20)).expect("the console listens");
+async fn client(addr: std::net::SocketAddr, pki: &Pki) -> FleetClient<Channel> {
     let bench = pki.issue("bench", &["bench"]);
+    let ch = tls_channel(addr, &pki.ca.cert, Some((&bench.cert, &bench.key))).await.expect("connect");
+    FleetClient::new(ch).max_decoding_message_size(64 << 20)
+}
 
-    rt.block_on(async {
-        let ch = tls_channel(console_addr, &pki.ca.cert, Some((&bench.cert, &bench.key))).await.expect("connect");
-        let mut c = FleetClient::new(ch).max_decoding_message_size(64 << 20);
-        // Convergence: every answering agent synced.
-        let converged = loop {
+/// Waits until every answering agent is synced on every console; for each, the time since
+/// `started` (polled every 200 ms: a `ListNodes` of 5,000 nodes is not free).
+async fn converge(clients: &mut [FleetClient<Channel>], answering: usize, started: Instant) -> Vec<Duration> {
+    let mut done: Vec<Option<Duration>> = vec![None; clients.len()];
+    loop {
+        for (c, d) in clients.iter_mut().zip(done.iter_mut()).filter(|(_, d)| d.is_none()) {
             let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
             let up = n.nodes.iter().filter(|x| x.reachable).count();
             if up >= answering {
-                break started.elapsed();
+                *d = Some(started.elapsed());
             }
-            assert!(started.elapsed() < Duration::from_secs(120), "no convergence: {up} of {answering} up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+            assert!(started.elapsed() < Duration::from_secs(300), "no convergence: {up} of {answering} up");
+        }
+        if done.iter().all(Option::is_some) {
+            return done.into_iter().flatten().collect();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn who_text(i: usize) -> String {
+    format!(
+        "Watchers:\n\twatcher={} client.{} cookie=18446462598732840961\n",
+        fleet::client_addr(i),
+        100_000 + i
+    )
+}
+
+/// Sweep p99 hook: the fleet-wide sweep RPC (issue 18 item 3) is not in this branch; when it is,
+/// time it here (`BENCH_QUERIES / 20` calls) and return the sorted latencies.
+async fn sweep(_c: &mut FleetClient<Channel>) -> Option<Vec<Duration>> {
+    None
+}
+
+fn main() {
+    let agents = env_usize("BENCH_AGENTS", 5000);
+    let replicas = env_usize("BENCH_REPLICAS", 2).max(1);
+    let queries = env_usize("BENCH_QUERIES", 2000).max(1);
+    let fanouts = env_usize("BENCH_FANOUT", 30).max(1);
+    let (refusing, slow) = (agents / 20, agents / 20);
+    assert!(agents > REAL + refusing + slow, "BENCH_AGENTS={agents}: too few");
+    let answering = agents - refusing - slow;
+    let load_before = load();
+    let (index_per_device, index_devices) = index_bytes_per_device(agents);
+
+    // This process: a listener per stand-in and a connection per stand-in and replica.
+    let want = (agents * (replicas + 1) + 2048) as u64;
+    let nofile = fleet::raise_nofile(want);
+    assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new("bench CA");
+    let files = ConsoleFiles::write(&pki, dir.path());
+
+    // Real agents.
+    let reals: Vec<Daemon> = ["incident1", "incident1-newnode", "multipath-incident3"]
+        .iter()
+        .enumerate()
+        .map(|(i, fixture)| fleet::real_agent(dir.path(), &files, fixture, &format!("node-{i:04}")))
+        .collect();
+    let mut entries: Vec<String> =
+        reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
+
+    // Stand-ins, slow ones, refusing addresses.
+    let tls = fleet::server_tls(&pki);
+    let addrs = rt.block_on(async {
+        let mut out = Vec::new();
+        for i in REAL..agents {
+            let addr = if i >= agents - refusing {
+                fleet::refusing().await
+            } else {
+                let slow = i >= agents - refusing - slow;
+                let svc = StandIn {
+                    node: format!("node-{i:04}"),
+                    devices: Arc::new(fleet::devices_for(i)),
+                    delay: if slow { Duration::from_secs(5) } else { Duration::ZERO },
+                };
+                fleet::serve(&tls, svc).await
+            };
+            out.push(format!("node-{i:04}={addr}"));
+        }
+        out
+    });
+    entries.extend(addrs);
+    let mut args = files.args("bench");
+    args.extend(
+        ["--call-timeout-ms", "1000", "--connect-timeout-ms", "1000", "--backoff-max-seconds", "5"]
+            .map(String::from),
+    );
+    args.extend(["--agents".to_owned(), entries.join(",")]);
+
+    let echo = std::env::var_os("BENCH_CONSOLE_LOG").is_some();
+    let bin = target_dir().join("blockjanitor-console");
+    let started = Instant::now();
+    let mut consoles: Vec<ConsoleProc> =
+        (0..replicas).map(|_| ConsoleProc::start(&bin, &args, echo)).collect();
+    let rss_listening: Vec<u64> = consoles.iter().map(|c| status_kib(c.pid, "VmRSS:")).collect();
+    let addrs: Vec<_> = consoles.iter().map(|c| c.addr).collect();
+    let pids: Vec<u32> = consoles.iter().map(|c| c.pid).collect();
+
+    rt.block_on(async {
+        let mut clients = Vec::new();
+        for a in &addrs {
+            clients.push(client(*a, &pki).await);
+        }
+        let converged = converge(&mut clients, answering, started).await;
+        let rss_converged: Vec<u64> = pids.iter().map(|p| status_kib(*p, "VmRSS:")).collect();
+        let c = &mut clients[0];
         let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
         let devices: u32 = nodes.nodes.iter().map(|n| n.devices).sum();
         let missing = nodes.missing_nodes.len();
-        let rss_converged = status_kib(pid, "VmRSS:");
 
         let mut where_lat = Vec::new();
-        for k in 0..2000 {
+        for k in 0..queries {
             let i = REAL + k % (answering - REAL);
             let req = pb::WhereRequest { image: format!("k8s/csi-vol-{i:04}-{}", k % 5), ..Default::default() };
             let t = Instant::now();
@@ -307,23 +203,17 @@ fn main() {
             assert_eq!(r.matches.len(), 1, "{r:?}");
         }
         let mut who_lat = Vec::new();
-        for k in 0..2000 {
+        for k in 0..queries {
             let i = REAL + k % (answering - REAL);
-            let text = format!(
-                "Watchers:\n\twatcher=10.{}.{}.{}:0/{} client.{} cookie=18446462598732840961\n",
-                i / 65536,
-                (i / 256) % 256,
-                i % 256,
-                3_000_000 + i,
-                100_000 + i
-            );
+            let req = pb::WhoWatchesRequest { text: who_text(i), ..Default::default() };
             let t = Instant::now();
-            let r = c.who_watches(pb::WhoWatchesRequest { text, ..Default::default() }).await.expect("WhoWatches").into_inner();
+            let r = c.who_watches(req).await.expect("WhoWatches").into_inner();
             who_lat.push(t.elapsed());
             assert_eq!(r.watchers[0].mappings.len(), 5, "{r:?}");
         }
+        let sweeps = sweep(c).await;
         let mut fan = Vec::new();
-        for k in 0..30 {
+        for k in 0..fanouts {
             let i = REAL + k % (answering - REAL);
             let req = pb::WhereRequest { image: format!("k8s/csi-vol-{i:04}-0"), fresh: true, ..Default::default() };
             let t = Instant::now();
@@ -331,20 +221,73 @@ fn main() {
             fan.push(t.elapsed());
             assert_eq!(r.matches.len(), 1);
         }
-        let rss = status_kib(pid, "VmRSS:");
-        let hwm = status_kib(pid, "VmHWM:");
+        let rss: Vec<u64> = pids.iter().map(|p| status_kib(*p, "VmRSS:")).collect();
+        let hwm: Vec<u64> = pids.iter().map(|p| status_kib(*p, "VmHWM:")).collect();
+        let load_after = load();
+
+        let failover = if replicas >= 2 {
+            let bench = pki.issue("bench", &["bench"]);
+            let rr = Arc::new(Replicas::connect(&addrs, &pki.ca.cert, &bench).await);
+            let mut victim = consoles.pop().expect("a replica");
+            let span = answering - REAL;
+            Some(
+                run_with_kill(
+                    rr,
+                    4,
+                    Duration::from_secs(6),
+                    Duration::from_secs(2),
+                    move || victim.kill(),
+                    move |k| pb::WhereRequest {
+                        image: format!("k8s/csi-vol-{:04}-{}", REAL + k % span, k % 5),
+                        ..Default::default()
+                    },
+                    |r| r.matches.len() == 1,
+                )
+                .await,
+            )
+        } else {
+            None
+        };
+
         where_lat.sort();
         who_lat.sort();
         fan.sort();
+        let mib = |k: u64| format!("{:.1}", k as f64 / 1024.0);
+        let secs = |v: &[Duration]| v.iter().map(|d| format!("{:.2} s", d.as_secs_f64())).collect::<Vec<_>>().join(" / ");
+        let per_device: Vec<String> = rss_converged
+            .iter()
+            .zip(&rss_listening)
+            .map(|(c, l)| format!("{:.0} B", (c.saturating_sub(*l) * 1024) as f64 / f64::from(devices.max(1))))
+            .collect();
+        println!("Load before: {load_before}; after the timed queries: {load_after}.\n");
         println!("| figure | measured | target |");
         println!("|---|---|---|");
-        println!("| agents (answering / slow / refusing) | {AGENTS} ({answering} / {SLOW} / {REFUSING}), {REAL} of them real | |");
+        println!("| agents (answering / slow / refusing) | {agents} ({answering} / {slow} / {refusing}), {REAL} of them real; {replicas} console replica(s) | |");
         println!("| index after convergence | {} nodes, {devices} devices, {missing} missing | |", nodes.nodes.len());
-        println!("| index convergence after cold start | {:.2} s | ≤ 5 s |", converged.as_secs_f64());
-        println!("| `Where` from the index, p50 / p99 (2,000 calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&where_lat, 0.5)), ms(percentile(&where_lat, 0.99)));
-        println!("| `WhoWatches` from the index, p50 / p99 (2,000 calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&who_lat, 0.5)), ms(percentile(&who_lat, 0.99)));
-        println!("| forced fan-out (`Where` fresh), p50 / p99 / max (30 calls) | {} / {} / {} | p99 ≤ 2 s |", ms(percentile(&fan, 0.5)), ms(percentile(&fan, 0.99)), ms(fan[fan.len() - 1]));
-        println!("| console RSS at convergence / after the queries (peak) | {:.1} / {:.1} MiB ({:.1} MiB) | ≤ 150 MiB |", rss_converged as f64 / 1024.0, rss as f64 / 1024.0, hwm as f64 / 1024.0);
+        println!("| index convergence after cold start, per replica | {} | ≤ 30 s |", secs(&converged));
+        println!("| `Where` from the index, p50 / p99 ({queries} calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&where_lat, 0.5)), ms(percentile(&where_lat, 0.99)));
+        println!("| `WhoWatches` from the index, p50 / p99 ({queries} calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&who_lat, 0.5)), ms(percentile(&who_lat, 0.99)));
+        match sweeps {
+            Some(mut s) => {
+                s.sort();
+                println!("| sweep, p50 / p99 ({} calls) | {} / {} | p99 ≤ 2 s |", s.len(), ms(percentile(&s, 0.5)), ms(percentile(&s, 0.99)));
+            }
+            None => println!("| sweep, p99 | not measured: no sweep RPC in this build (hook: `sweep` in this bench) | p99 ≤ 2 s |"),
+        }
+        println!("| forced fan-out (`Where` fresh), p50 / p99 / max ({fanouts} calls) | {} / {} / {} | p99 ≤ 5 s |", ms(percentile(&fan, 0.5)), ms(percentile(&fan, 0.99)), ms(fan[fan.len() - 1]));
+        let rss_rows: Vec<String> = (0..replicas)
+            .map(|r| format!("#{r}: {} → {} → {} ({})", mib(rss_listening[r]), mib(rss_converged[r]), mib(rss[r]), mib(hwm[r])))
+            .collect();
+        println!("| console RSS per replica, MiB: listening → converged → after the queries (peak) | {} | ≤ 1 GiB |", rss_rows.join("; "));
+        println!("| console RSS growth listening → converged, per device, per replica (links + index) | {} | |", per_device.join(" / "));
+        println!("| index memory per device (an index of the same {index_devices} devices filled in the bench process: RSS delta / devices) | {index_per_device:.0} B | |");
+        if let Some(f) = failover {
+            println!("| replica killed mid-run (SIGKILL at 2 s of 6 s, 4 callers round-robin over {replicas}): questions / failed attempts (in flight: started ≤ {} ms after the kill) / failed later / unanswered / wrong | {} / {} / {} / {} / {} | failed later = 0, unanswered = 0 |",
+                IN_FLIGHT_GRACE.as_millis(), f.asked, f.failed_attempts, f.failed_after_grace, f.unanswered, f.wrong);
+            println!("| after the kill: first answer / slowest question started after it (retries included) | {} / {} | ≤ 1 s |",
+                f.first_answer_after_kill.map_or("none".into(), ms), ms(f.worst_after_kill));
+        }
     });
+    drop(consoles);
     drop(reals);
 }

@@ -201,6 +201,9 @@ pub fn round_trip(object: &Value) -> Result<Vec<String>, String> {
         ("v1", "Service") => through::<core::Service>(object),
         ("apps/v1", "DaemonSet") => through::<apps::DaemonSet>(object),
         ("apps/v1", "Deployment") => through::<apps::Deployment>(object),
+        ("policy/v1", "PodDisruptionBudget") => {
+            through::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(object)
+        }
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => through::<rbac::ClusterRole>(object),
         ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => through::<rbac::ClusterRoleBinding>(object),
         ("rbac.authorization.k8s.io/v1", "Role") => through::<rbac::Role>(object),

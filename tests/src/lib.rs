@@ -9,13 +9,16 @@
 pub mod ceph;
 pub mod daemon;
 pub mod deploy;
+pub mod failover;
 pub mod fixture;
 pub mod fleet;
 pub mod guest;
 pub mod kube_mock;
+pub mod lease_mock;
 pub mod load;
 pub mod measure;
 pub mod netns;
+pub mod standin_fleet;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use blockjanitor_console::discover;
+use blockjanitor_console::lease::LeaseOptions;
 use blockjanitor_console::link::{LinkOptions, TlsFiles};
 use blockjanitor_console::serve::{self, ConsoleOptions, Discovery, KubeSource};
 
@@ -112,6 +113,20 @@ struct Cli {
     /// Plans a minute per caller, by client certificate identity (0: no limit).
     #[arg(long, default_value_t = 60, value_name = "N")]
     plans_per_minute_per_caller: u32,
+    /// With several replicas: the name of the coordination.k8s.io Lease whose holder alone
+    /// carries out Applies (one fleet-wide step budget); the others refuse an Apply naming the
+    /// holder. Needs the Kubernetes API. Unset: this console is the only one.
+    #[arg(long, value_name = "NAME")]
+    apply_lease: Option<String>,
+    /// Namespace of the apply Lease (default: --namespace).
+    #[arg(long, value_name = "NS")]
+    lease_namespace: Option<String>,
+    /// This replica's name in the Lease (default: $POD_NAME, else the host name).
+    #[arg(long, value_name = "NAME")]
+    lease_identity: Option<String>,
+    /// The Lease's duration in seconds; the holder renews it every third of that.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    lease_seconds: u64,
     /// Log format on stderr.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -136,6 +151,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// `$POD_NAME` (the Deployment sets it from the downward API), else the host name.
+fn default_identity() -> String {
+    std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default()
+    })
+}
+
 fn run(cli: Cli) -> Result<()> {
     let discovery = match &cli.agents {
         Some(list) => Discovery::Static(discover::parse_static(list)?),
@@ -156,6 +178,12 @@ fn run(cli: Cli) -> Result<()> {
     links.keepalive_interval = Duration::from_millis(cli.keepalive_interval_ms.max(1));
     links.keepalive_timeout = Duration::from_millis(cli.keepalive_timeout_ms.max(1));
     links.tcp_keepalive = Duration::from_secs(cli.tcp_keepalive_seconds.max(1));
+    let apply_lease = cli.apply_lease.clone().map(|name| LeaseOptions {
+        namespace: cli.lease_namespace.clone().unwrap_or_else(|| cli.namespace.clone()),
+        name,
+        identity: cli.lease_identity.clone().unwrap_or_else(default_identity),
+        duration: Duration::from_secs(cli.lease_seconds.max(3)),
+    });
     let opts = ConsoleOptions {
         listen: cli.listen,
         tls_cert: cli.tls_cert,
@@ -173,6 +201,7 @@ fn run(cli: Cli) -> Result<()> {
             applies_per_minute: cli.applies_per_minute_per_caller,
             plans_per_minute: cli.plans_per_minute_per_caller,
         },
+        apply_lease,
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {

@@ -1,0 +1,78 @@
+//! The console's deployment is highly available as deploy/overlays/console renders it: 2+
+//! replicas spread over nodes, a PodDisruptionBudget that keeps one, every replica named in the
+//! apply Lease by its pod name, and RBAC for exactly that Lease. Needs kubectl (kustomize);
+//! skipped without it (an error in CI).
+
+use blockjanitor_tests::deploy::{self, find, kubectl, render, require};
+use serde_json::Value;
+
+const LEASE: &str = "blockjanitor-console-apply";
+
+fn has_arg(args: &[Value], want: &str) -> bool {
+    args.iter().any(|a| a.as_str() == Some(want))
+}
+
+#[test]
+fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
+    let kubectl = match kubectl() {
+        Ok(k) => k,
+        Err(why) => {
+            require("rendering deploy/overlays/console", &[why]);
+            return;
+        }
+    };
+    let objects =
+        render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
+    let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
+    assert!(d["spec"]["replicas"].as_i64().unwrap_or(1) >= 2, "replicas: {}", d["spec"]["replicas"]);
+    assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "a rollout keeps every replica");
+    let labels = &d["spec"]["template"]["metadata"]["labels"];
+    let pod = &d["spec"]["template"]["spec"];
+    let anti = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname", "spread over nodes: {pod}");
+    assert_eq!(
+        &anti["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        &d["spec"]["selector"]["matchLabels"]
+    );
+    let c = &pod["containers"][0];
+    let args = c["args"].as_array().expect("args");
+    assert!(has_arg(args, &format!("--apply-lease={LEASE}")), "{args:?}");
+    assert!(has_arg(args, "--lease-identity=$(POD_NAME)"), "{args:?}");
+    let env = c["env"].as_array().expect("env");
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "POD_NAME" && e["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"),
+        "POD_NAME from the downward API: {env:?}"
+    );
+    assert!(c["readinessProbe"].is_object(), "a readiness probe: the Service sends only to live replicas");
+
+    let pdb =
+        find(&objects, "PodDisruptionBudget", Some("blockjanitor-console")).expect("a PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    for (k, v) in pdb["spec"]["selector"]["matchLabels"].as_object().expect("selector") {
+        assert_eq!(&labels[k], v, "the PodDisruptionBudget selects the console's pods");
+    }
+
+    // The Lease: create (no name can be given), get and update of that one Lease, in the
+    // console's namespace, bound to its ServiceAccount; nothing else writable.
+    let role = find(&objects, "Role", Some("blockjanitor-console-lease")).expect("the Lease Role");
+    let rules = role["rules"].as_array().expect("rules");
+    let grants = |verb: &str, named: bool| {
+        rules.iter().any(|r| {
+            r["apiGroups"][0] == "coordination.k8s.io"
+                && r["resources"][0] == "leases"
+                && r["verbs"].as_array().is_some_and(|v| v.iter().any(|x| x == verb))
+                && (!named || r["resourceNames"].as_array().is_some_and(|n| n.len() == 1 && n[0] == LEASE))
+        })
+    };
+    assert!(grants("create", false) && grants("get", true) && grants("update", true), "{rules:?}");
+    assert!(!rules
+        .iter()
+        .any(|r| r["verbs"].as_array().is_some_and(|v| v.iter().any(|x| x == "delete" || x == "*"))));
+    let binding = find(&objects, "RoleBinding", Some("blockjanitor-console-lease")).expect("its binding");
+    assert_eq!(binding["subjects"][0]["name"], pod["serviceAccountName"]);
+    assert_eq!(
+        binding["metadata"]["namespace"], d["metadata"]["namespace"],
+        "the Lease is in the console's namespace"
+    );
+}
