@@ -109,10 +109,19 @@ fn who_text(i: usize) -> String {
     )
 }
 
-/// Sweep p99 hook: the fleet-wide sweep RPC (issue 18 item 3) is not in this branch; when it is,
-/// time it here (`BENCH_QUERIES / 20` calls) and return the sorted latencies.
-async fn sweep(_c: &mut FleetClient<Channel>) -> Option<Vec<Duration>> {
-    None
+/// The fleet-wide sweep from the index (every kind), `calls` times: the sorted latencies, and
+/// the last answer's finding count and size.
+async fn sweep(c: &mut FleetClient<Channel>, calls: usize) -> Option<(Vec<Duration>, usize, usize)> {
+    let mut lat = Vec::with_capacity(calls);
+    let mut last = (0, 0);
+    for _ in 0..calls {
+        let t = Instant::now();
+        let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
+        lat.push(t.elapsed());
+        last = (r.findings.len(), prost::Message::encoded_len(&r));
+    }
+    lat.sort();
+    Some((lat, last.0, last.1))
 }
 
 fn main() {
@@ -211,7 +220,7 @@ fn main() {
             who_lat.push(t.elapsed());
             assert_eq!(r.watchers[0].mappings.len(), 5, "{r:?}");
         }
-        let sweeps = sweep(c).await;
+        let sweeps = sweep(c, (queries / 100).max(5)).await;
         let mut fan = Vec::new();
         for k in 0..fanouts {
             let i = REAL + k % (answering - REAL);
@@ -267,12 +276,8 @@ fn main() {
         println!("| index convergence after cold start, per replica | {} | ≤ 30 s |", secs(&converged));
         println!("| `Where` from the index, p50 / p99 ({queries} calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&where_lat, 0.5)), ms(percentile(&where_lat, 0.99)));
         println!("| `WhoWatches` from the index, p50 / p99 ({queries} calls) | {} / {} | p99 ≤ 50 ms |", ms(percentile(&who_lat, 0.5)), ms(percentile(&who_lat, 0.99)));
-        match sweeps {
-            Some(mut s) => {
-                s.sort();
-                println!("| sweep, p50 / p99 ({} calls) | {} / {} | p99 ≤ 2 s |", s.len(), ms(percentile(&s, 0.5)), ms(percentile(&s, 0.99)));
-            }
-            None => println!("| sweep, p99 | not measured: no sweep RPC in this build (hook: `sweep` in this bench) | p99 ≤ 2 s |"),
+        if let Some((s, findings, bytes)) = sweeps {
+            println!("| sweep from the index, every kind, p50 / p99 ({} calls; {findings} findings, {} KiB an answer) | {} / {} | p99 ≤ 2 s |", s.len(), bytes / 1024, ms(percentile(&s, 0.5)), ms(percentile(&s, 0.99)));
         }
         println!("| forced fan-out (`Where` fresh), p50 / p99 / max ({fanouts} calls) | {} / {} / {} | p99 ≤ 5 s |", ms(percentile(&fan, 0.5)), ms(percentile(&fan, 0.99)), ms(fan[fan.len() - 1]));
         let rss_rows: Vec<String> = (0..replicas)
