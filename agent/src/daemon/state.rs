@@ -100,6 +100,8 @@ pub trait NamespaceWatch: Send + Sync {
     /// Watches the namespaces not watched yet and forgets those gone; returns how many were
     /// added.
     fn sync(&self, namespaces: &[(MountNsId, std::path::PathBuf)]) -> usize;
+    /// The host the scans read (where its `/proc` is), told once before the first scan.
+    fn use_host(&self, _host: &HostRoot) {}
 }
 
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
@@ -221,6 +223,7 @@ impl AgentState {
 
     /// Uses the kernel's mount events: every full scan's namespaces are watched from now on.
     pub fn use_mount_watch(&self, watch: Arc<dyn NamespaceWatch>) {
+        watch.use_host(&self.host);
         let _ = self.mount_watch.set(watch);
     }
 
