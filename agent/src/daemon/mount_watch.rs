@@ -99,6 +99,34 @@ impl MountWatch {
     }
 }
 
+impl MountWatch {
+    /// Watches the mount namespace process `pid` is in, if it is not watched yet; true when it
+    /// was not (the caller then has it read by a full scan). The namespace is known by the
+    /// inode of its `ns/mnt` file until that scan names it.
+    pub fn watch_new(&self, pid: u32) -> bool {
+        let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
+        let Ok(ns) = std::fs::File::open(proc.join(format!("{pid}/ns/mnt"))) else { return false };
+        let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { return false };
+        let mut watched = self.watched();
+        if watched.contains_key(&ns_id) {
+            return false;
+        }
+        let Ok(meta) = ns.metadata() else { return false };
+        match self.events.watch_fd(ns.as_fd()) {
+            Ok(()) => {
+                use std::os::unix::fs::MetadataExt;
+                mount_memo::note_watched(ns_id);
+                watched.insert(ns_id, MountNsId(meta.ino()));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(pid, "cannot watch a new mount namespace: {e}");
+                true
+            }
+        }
+    }
+}
+
 impl NamespaceWatch for MountWatch {
     /// Watches the namespaces of the latest full scan (each given with a file naming it) that
     /// are not watched yet, and forgets those no longer there.
@@ -196,6 +224,7 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
         }
     };
     tracing::info!(namespaces = watch.watching(), "watching every mount namespace's mount table (fanotify)");
+    tokio::spawn(super::new_namespaces::run(Arc::clone(&state), Arc::clone(&watch), shutdown.clone()));
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         tokio::select! {
