@@ -239,7 +239,7 @@ exec "$bin" "$threads" "$ready" "$p/merged/data/app.log"'
 # pod_cmd NAME BINARY READYFILE: a command line starting one pod in the
 # background, in a fresh private mount namespace, in its own session.
 pod_cmd() {
-    printf '%q ' setsid unshare -m --propagation private -- sh -c "$POD_SCRIPT" pod \
+    printf '%q ' setsid unshare -m --propagation private -- sh "$STATE/pod.sh" \
         "$1" "$2" "$THREADS" "$3" "$STATE"
     printf '</dev/null >/dev/null 2>&1 9<&- &\n'
 }
@@ -249,6 +249,7 @@ pod_cmd() {
 # linker and libc from the disk, a rootfs with the pods' mount points, and
 # the pods' volumes.
 image_disk_up() {
+    printf '%s\n' "$POD_SCRIPT" >"$STATE/pod.sh"
     log "creating the $IMAGE_SIZE image disk"
     truncate -s "$IMAGE_SIZE" "$IMAGE_BACKING"
     local dev
