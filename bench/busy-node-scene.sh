@@ -49,7 +49,7 @@
 #     shapes container runtimes make), then runs the sleeper from the image
 #     disk with its working directory on its volume and a log file there
 #     open: its mappings, cwd and an fd are on a real block device;
-#   * `churn` starts a pod every CHURN_PERIOD seconds (0.5) and kills the
+#   * `churn` starts a pod every CHURN_PERIOD seconds (2) and kills the
 #     oldest once CHURN_LIVE (5) are alive, until it is killed: pods appearing
 #     and vanishing while a bench runs.  Churn pods run bjb-churn (a copy of
 #     the sleeper), so `status` and the benches tell them from the scene's.
@@ -75,7 +75,7 @@ HOLDER_INDEX=${SCENE_HOLDER_INDEX:-137}
 READY_TIMEOUT=${SCENE_READY_TIMEOUT:-120}
 DISK_SIZE=64M
 IMAGE_SIZE=128M
-CHURN_PERIOD=${CHURN_PERIOD:-0.5}
+CHURN_PERIOD=${CHURN_PERIOD:-2}
 CHURN_LIVE=${CHURN_LIVE:-5}
 # The shape of a scene that is up wins over the environment (down/status/churn).
 SHAPE=${SCENE_SHAPE:-busy}

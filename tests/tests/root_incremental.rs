@@ -403,6 +403,9 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
             "only {by_rereads} of {rounds} rounds were shown by re-reads alone: the incremental path was hardly checked"
         );
     });
+    if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
+        let _ = std::fs::write(f, d.log_text());
+    }
     // Namespaces first (their mounts pin the devices), then the devices.
     drop(visitors);
     drop(spaces);

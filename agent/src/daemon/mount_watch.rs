@@ -43,8 +43,9 @@ pub struct MountWatch {
 /// What a batch of events asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
-    /// Re-read these namespaces (none: nothing the agent knows of changed).
-    Namespaces(HashSet<MountNsId>),
+    /// Re-read the namespaces `changed`, and forget those `gone` (none: nothing the agent knows
+    /// of changed).
+    Namespaces { changed: HashSet<MountNsId>, gone: HashSet<MountNsId> },
     /// Only a full scan will do, and why.
     Full(String),
 }
@@ -69,6 +70,7 @@ impl MountWatch {
         let watched = self.watched();
         let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
         let mut out = HashSet::new();
+        let mut gone = HashSet::new();
         for e in events {
             let ns_id = match *e {
                 MountEvent::Overflow => {
@@ -87,6 +89,11 @@ impl MountWatch {
             let Some(ns_id) = ns_id else { continue };
             mount_memo::note_changed(ns_id);
             match watched.get(&ns_id) {
+                // A namespace's last process exited: the kernel detached every mount (one event
+                // each) and the namespace is gone, which `listmount` tells in one call.
+                Some(id) if matches!(e, MountEvent::Detached(_)) && !mount_api::ns_exists(ns_id) => {
+                    gone.insert(*id);
+                }
                 Some(id) => {
                     out.insert(*id);
                 }
@@ -95,7 +102,8 @@ impl MountWatch {
                 }
             }
         }
-        Request::Namespaces(out)
+        out.retain(|id| !gone.contains(id));
+        Request::Namespaces { changed: out, gone }
     }
 }
 
@@ -188,13 +196,16 @@ fn namespace_of_task(proc: &Path, tid: u32) -> Option<u64> {
 /// `umount2`, and releases the superblock, its sysfs directory and its journal thread on the way
 /// out): the namespaces are read again shortly after, so the view does not keep a filesystem
 /// that is gone until the next full scan.
-fn follow_up(state: &Arc<AgentState>, namespaces: &HashSet<MountNsId>) {
+fn follow_up(state: &Arc<AgentState>, changed: &HashSet<MountNsId>, gone: &HashSet<MountNsId>) {
     for delay in FOLLOW_UPS {
         let state = Arc::clone(state);
-        let ns = namespaces.clone();
+        let (changed, gone) = (changed.clone(), gone.clone());
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            state.request_namespace_rescan(ns);
+            // A namespace that is gone is forgotten again (nothing left to read), which reads
+            // the filesystems the kernel keeps alive.
+            state.request_namespaces_gone(gone);
+            state.request_namespace_rescan(changed);
         });
     }
 }
@@ -246,12 +257,13 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
                 guard.clear_ready();
                 let detached = events.iter().any(|e| matches!(e, MountEvent::Detached(_)));
                 match watch.request_for(&events) {
-                    Request::Namespaces(ns) if ns.is_empty() => {}
-                    Request::Namespaces(ns) => {
+                    Request::Namespaces { changed, gone } if changed.is_empty() && gone.is_empty() => {}
+                    Request::Namespaces { changed, gone } => {
                         if detached {
-                            follow_up(&state, &ns);
+                            follow_up(&state, &changed, &gone);
                         }
-                        state.request_namespace_rescan(ns);
+                        state.request_namespaces_gone(gone);
+                        state.request_namespace_rescan(changed);
                     }
                     Request::Full(why) => {
                         tracing::debug!("mount change: {why}; scanning in full");

@@ -206,7 +206,20 @@ impl AgentState {
     /// Asks for the mounts of `namespaces` to be re-read (a full scan, if one is pending or the
     /// re-read cannot stand in for one).
     pub fn request_namespace_rescan(&self, namespaces: HashSet<MountNsId>) {
+        if namespaces.is_empty() {
+            return;
+        }
         self.pending().namespaces.extend(namespaces);
+        self.rescan.notify_one();
+    }
+
+    /// Tells the scanner that `namespaces` no longer exist (a re-read drops them; a full scan,
+    /// if one is pending or the re-read cannot stand in for one).
+    pub fn request_namespaces_gone(&self, namespaces: HashSet<MountNsId>) {
+        if namespaces.is_empty() {
+            return;
+        }
+        self.pending().gone.extend(namespaces);
         self.rescan.notify_one();
     }
 
