@@ -227,7 +227,7 @@ mod tests {
     fn the_subscription_asks_for_exec_events() {
         let m = listen_message();
         assert_eq!(m.len(), NLMSG_HDR + CN_MSG + 8);
-        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().unwrap()) as usize, m.len());
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().expect("four bytes")) as usize, m.len());
         assert_eq!(&m[m.len() - 8..m.len() - 4], &PROC_CN_MCAST_LISTEN.to_ne_bytes());
         assert_eq!(&m[m.len() - 4..], &PROC_EVENT_EXEC.to_ne_bytes());
     }
