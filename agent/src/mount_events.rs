@@ -56,7 +56,9 @@ impl MountEvents {
     pub fn new() -> io::Result<Self> {
         let init = |flags: libc::c_uint| {
             // SAFETY: plain fanotify_init(2) call; the returned fd is checked and owned below.
-            unsafe { libc::fanotify_init(flags | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK, libc::O_RDONLY as _) }
+            unsafe {
+                libc::fanotify_init(flags | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK, libc::O_RDONLY as _)
+            }
         };
         let mut fd = init(FAN_REPORT_MNT | FAN_REPORT_TID);
         if fd < 0 {
@@ -179,7 +181,10 @@ mod tests {
     fn parses_attach_and_detach_records() {
         let mut buf = record(FAN_MNT_ATTACH, 0x8000_0000_0000_1234);
         buf.extend(record(FAN_MNT_DETACH, 7));
-        assert_eq!(parse(&buf), vec![MountEvent::Attached(0x8000_0000_0000_1234, 42), MountEvent::Detached(7)]);
+        assert_eq!(
+            parse(&buf),
+            vec![MountEvent::Attached(0x8000_0000_0000_1234, 42), MountEvent::Detached(7)]
+        );
     }
 
     #[test]

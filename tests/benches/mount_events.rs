@@ -128,10 +128,12 @@ fn main() {
         let node_before = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
         let churn = env_u64("BENCH_CHURN", 0) == 1;
         let mut churn = churn.then(|| {
-            std::process::Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/busy-node-scene.sh"))
-                .arg("churn")
-                .spawn()
-                .expect("start the pod churn")
+            std::process::Command::new(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/busy-node-scene.sh"),
+            )
+            .arg("churn")
+            .spawn()
+            .expect("start the pod churn")
         });
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
         let mut attach = Vec::with_capacity(rounds);
@@ -178,10 +180,9 @@ fn main() {
     println!("| scene | {} scene processes; device {} |", pids.len(), dev.display());
     println!("| idle CPU over {idle_secs} s, scene up | **{idle_pct:.3} %** of a core |");
     println!("ACCEPT idle CPU over {idle_secs} s: {idle_pct:.3} % (target <= 0.1 % over 600 s)");
-    for (what, mut v) in [
-        ("mount in a random namespace -> HOLDERS_CHANGED", attach),
-        ("unmount -> HOLDERS_CHANGED", detach),
-    ] {
+    for (what, mut v) in
+        [("mount in a random namespace -> HOLDERS_CHANGED", attach), ("unmount -> HOLDERS_CHANGED", detach)]
+    {
         v.sort();
         println!(
             "| {what} ({} runs) | median **{}**, p99 **{}**, max {} |",

@@ -206,7 +206,9 @@ struct Rng(u64);
 impl Rng {
     fn new() -> Self {
         let seed = std::env::var("BJB_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
         }) | 1;
         eprintln!("root_every_event_leaves_the_view_a_full_scan_would_show: BJB_SEED={seed}");
         Self(seed)
@@ -243,7 +245,8 @@ fn full_scan_mounts(dev: &str) -> Mounts {
 
 /// What the daemon's latest view shows of `dev`'s mounts.
 async fn daemon_mounts(c: &mut Client, dev: &str) -> Mounts {
-    let d = c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
+    let d =
+        c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
     d.holders
         .iter()
         .filter(|h| h.kind == pb::HolderKind::Mount as i32)

@@ -46,7 +46,9 @@ impl AgentEvent {
 fn same_holders(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> bool {
     let strip = |h: &crate::graph::Holder| crate::graph::Holder { process_state: None, ..h.clone() };
     a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| x == y || (x.process_state != y.process_state && strip(x) == strip(y)))
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x == y || (x.process_state != y.process_state && strip(x) == strip(y)))
 }
 
 /// How many holders of `a` are not in `b`, and of `b` not in `a`. The common head and tail

@@ -53,7 +53,11 @@ pub enum Request {
 impl MountWatch {
     /// Opens the kernel's mount events; an error means they are not available here.
     pub fn open() -> io::Result<Self> {
-        Ok(Self { events: MountEvents::new()?, watched: Mutex::new(HashMap::new()), proc: Default::default() })
+        Ok(Self {
+            events: MountEvents::new()?,
+            watched: Mutex::new(HashMap::new()),
+            proc: Default::default(),
+        })
     }
 
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MountNsId>> {
@@ -80,9 +84,8 @@ impl MountWatch {
                 MountEvent::Detached(mnt) => {
                     mount_memo::namespace_of(mnt).or_else(|| holder_of(&watched, mnt, None))
                 }
-                MountEvent::Attached(mnt, by) => {
-                    holder_of(&watched, mnt, namespace_of_task(proc, by)).or_else(|| mount_memo::namespace_of(mnt))
-                }
+                MountEvent::Attached(mnt, by) => holder_of(&watched, mnt, namespace_of_task(proc, by))
+                    .or_else(|| mount_memo::namespace_of(mnt)),
             };
             // Neither listed nor mounted anywhere now: attached and detached again in between,
             // which leaves every table as it was.
@@ -178,7 +181,8 @@ fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64, hint: Option<u64>) -> 
     if let Some(ns) = hint.filter(|ns| mount_api::sb_dev(*ns, mnt).is_ok()) {
         return Some(ns);
     }
-    let found = watched.keys().copied().filter(|ns| Some(*ns) != hint).find(|ns| mount_api::sb_dev(*ns, mnt).is_ok());
+    let found =
+        watched.keys().copied().filter(|ns| Some(*ns) != hint).find(|ns| mount_api::sb_dev(*ns, mnt).is_ok());
     tracing::debug!(mnt, hinted = hint.is_some(), "mount placed by asking every watched namespace");
     found
 }

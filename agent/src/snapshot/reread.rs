@@ -123,7 +123,11 @@ impl Snapshot {
         let mut pids = Vec::new();
         for ns in self.namespaces.iter().filter(|n| gone.contains(&n.id)) {
             if let Some(pin) = &ns.pinned_by {
-                return Err(format!("mount namespace {} was pinned ({}): read in full", ns.id, pin.describe()));
+                return Err(format!(
+                    "mount namespace {} was pinned ({}): read in full",
+                    ns.id,
+                    pin.describe()
+                ));
             }
             pids.extend(ns.tasks.iter().map(|t| t.0));
         }
