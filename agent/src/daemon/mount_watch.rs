@@ -260,7 +260,14 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
                 }
                 guard.clear_ready();
                 let detached = events.iter().any(|e| matches!(e, MountEvent::Detached(_)));
-                match watch.request_for(&events) {
+                let placing = std::time::Instant::now();
+                let request = watch.request_for(&events);
+                tracing::debug!(
+                    events = events.len(),
+                    place_us = placing.elapsed().as_micros() as u64,
+                    "mount events read and placed"
+                );
+                match request {
                     Request::Namespaces { changed, gone } if changed.is_empty() && gone.is_empty() => {}
                     Request::Namespaces { changed, gone } => {
                         if detached {
