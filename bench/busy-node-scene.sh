@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# busy-node-scene.sh up|down|status
+# busy-node-scene.sh up|down|status|churn
 #
 # Builds (and tears down) the real-kernel "busy node" scene used to benchmark
 # `blockjanitor-agent holders`:
@@ -35,7 +35,27 @@
 # `down` only touches: processes running $STATE/bjb-sleeper, mounts under
 # $STATE in the host namespace, and loop devices backed by $STATE/disk.img.
 #
+# SCENE_SHAPE=node (issue 20) makes the scene look like a node running pods:
+#   * a second ext4 loop device, the "image disk" ($STATE/image.img), is
+#     mounted on the host at $STATE/image before the template starts, so
+#     every namespace has it (as every container has its node's image disk);
+#     it holds the sleeper binary, its own copy of the dynamic linker and
+#     libc (the binary is linked to load them from there), a rootfs and one
+#     volume directory per pod;
+#   * every scene process is a "pod": in its own namespace it mounts a tmpfs
+#     for its state, an overlay root (lower: the image's rootfs, upper/work
+#     on that tmpfs), a bind mount of its volume, proc, sysfs, a /dev tmpfs
+#     with a /dev/shm tmpfs and a bind-mounted /etc/hostname file (the
+#     shapes container runtimes make), then runs the sleeper from the image
+#     disk with its working directory on its volume and a log file there
+#     open: its mappings, cwd and an fd are on a real block device;
+#   * `churn` starts a pod every CHURN_PERIOD seconds (2) and kills the
+#     oldest once CHURN_LIVE (5) are alive, until it is killed: pods appearing
+#     and vanishing while a bench runs.  Churn pods run bjb-churn (a copy of
+#     the sleeper), so `status` and the benches tell them from the scene's.
+#
 # Environment knobs (defaults are the benchmark's reference scene):
+#   SCENE_SHAPE         busy | node               (busy)
 #   BJB_BENCH_STATE     state dir                 (/run/blockjanitor-bench)
 #   SCENE_PROCS         processes / namespaces    (200)
 #   SCENE_THREADS       tasks per process         (20)
@@ -54,10 +74,27 @@ MOUNTS=${SCENE_MOUNTS:-1000}
 HOLDER_INDEX=${SCENE_HOLDER_INDEX:-137}
 READY_TIMEOUT=${SCENE_READY_TIMEOUT:-120}
 DISK_SIZE=64M
+IMAGE_SIZE=128M
+CHURN_PERIOD=${CHURN_PERIOD:-2}
+CHURN_LIVE=${CHURN_LIVE:-5}
+# The shape of a scene that is up wins over the environment (down/status/churn).
+SHAPE=${SCENE_SHAPE:-busy}
+if [ -s "$STATE/shape" ]; then SHAPE=$(<"$STATE/shape"); fi
+case "$SHAPE" in busy | node) ;; *)
+    echo "SCENE_SHAPE must be busy or node, not $SHAPE" >&2
+    exit 2
+    ;;
+esac
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SLEEPER_SRC=$SCRIPT_DIR/scene-sleeper.c
 SLEEPER=$STATE/bjb-sleeper   # the scene's process image (identifies scene processes)
+IMAGE_BACKING=$STATE/image.img # node shape: the image disk's backing file
+IMAGE_MNT=$STATE/image         # node shape: where the image disk is mounted (everywhere)
+PODS=$STATE/pods               # node shape: each pod's mount points
+CHURN_BIN=$IMAGE_MNT/bin/bjb-churn
+CHURN_READY=$STATE/churn-ready
+if [ "$SHAPE" = node ]; then SLEEPER=$IMAGE_MNT/bin/bjb-sleeper; fi
 BACKING=$STATE/disk.img      # loop device backing file
 EXT4_MNT=$STATE/ext4         # where ext4 is (briefly) mounted on the host
 TMPL_MNT=$STATE/t            # root of the ~1,000 template mounts
@@ -87,6 +124,13 @@ scene_pids() {
         sed 's|^/proc/||' | sort -n || true
 }
 
+# churn_pids: PIDs of the churn's pods (node shape).
+churn_pids() {
+    find /proc -mindepth 2 -maxdepth 2 -path '/proc/[0-9]*/exe' \
+        -lname "$CHURN_BIN*" -printf '%h\n' 2>/dev/null |
+        sed 's|^/proc/||' | sort -n || true
+}
+
 # ns_of_pids PID...: "PID mnt:[INODE]" for each PID still alive.
 ns_of_pids() {
     local p args=()
@@ -103,17 +147,25 @@ majmin() {
     printf '%d:%d' "0x$maj" "0x$min"
 }
 
-# our_loop_devs: loop devices whose backing file is $BACKING.  Uses both
-# `losetup -j` (needs the backing file) and the device recorded in
-# $STATE/dev (verified to be backed by $BACKING, possibly "(deleted)").
+# our_loop_devs: loop devices whose backing file is $BACKING or, in the
+# node shape, $IMAGE_BACKING.
 our_loop_devs() {
+    loop_devs_of "$BACKING" "$STATE/dev"
+    loop_devs_of "$IMAGE_BACKING" "$STATE/image_dev"
+}
+
+# loop_devs_of BACKING DEVFILE: loop devices whose backing file is BACKING.
+# Uses both `losetup -j` (needs the backing file) and the device recorded in
+# DEVFILE (verified to be backed by BACKING, possibly "(deleted)").
+loop_devs_of() {
+    local BACKING=$1 devfile=$2
     {
         if [ -e "$BACKING" ]; then
             losetup -n -O NAME -j "$BACKING" 2>/dev/null || true
         fi
-        if [ -s "$STATE/dev" ]; then
+        if [ -s "$devfile" ]; then
             local d back
-            d=$(<"$STATE/dev")
+            d=$(<"$devfile")
             back=$(losetup -n -O BACK-FILE "$d" 2>/dev/null || true)
             back=${back%% (deleted)}
             # losetup pads the column; trim trailing blanks
@@ -155,8 +207,71 @@ wait_ready() {
 # (the lock below; an inherited copy would keep it held forever).  It is
 # run either on the host or from inside the template namespace (nsenter).
 start_cmd() {
+    if [ "$SHAPE" = node ]; then
+        pod_cmd "$1" "$SLEEPER" "$READY/$1.pid"
+        return
+    fi
     printf '%q ' setsid unshare -m --propagation private -- "$SLEEPER" "$THREADS" "$READY/$1.pid"
     printf '</dev/null >/dev/null 2>&1 9<&- &\n'
+}
+
+# The node shape's pod: what a container runtime mounts in a container's
+# namespace, then the sleeper run from the image disk, its cwd and a log file
+# on the pod's volume.  Arguments: NAME BINARY THREADS READYFILE STATE.
+# shellcheck disable=SC2016 # expanded by the pod's own sh
+POD_SCRIPT='set -e
+name=$1 bin=$2 threads=$3 ready=$4 state=$5
+p=$state/pods/$name
+mkdir -p "$p" "$state/image/volumes/$name"
+mount -t tmpfs -o size=8m,mode=755 pod "$p"
+mkdir "$p/upper" "$p/work" "$p/merged"
+mount -t overlay overlay -o "lowerdir=$state/image/rootfs,upperdir=$p/upper,workdir=$p/work" "$p/merged"
+mount --bind "$state/image/volumes/$name" "$p/merged/data"
+mount -t proc proc "$p/merged/proc"
+mount -t sysfs sysfs "$p/merged/sys"
+mount -t tmpfs -o size=64k,mode=755 dev "$p/merged/dev"
+mkdir "$p/merged/dev/shm"
+mount -t tmpfs -o size=1m shm "$p/merged/dev/shm"
+mount --bind "$state/image/rootfs/etc/hostname" "$p/merged/etc/hostname"
+cd "$p/merged/data"
+exec "$bin" "$threads" "$ready" "$p/merged/data/app.log"'
+
+# pod_cmd NAME BINARY READYFILE: a command line starting one pod in the
+# background, in a fresh private mount namespace, in its own session.
+pod_cmd() {
+    printf '%q ' setsid unshare -m --propagation private -- sh "$STATE/pod.sh" \
+        "$1" "$2" "$THREADS" "$3" "$STATE"
+    printf '</dev/null >/dev/null 2>&1 9<&- &\n'
+}
+
+# image_disk_up: the node shape's image disk, mounted on the host (so every
+# namespace made from here on has it): the sleeper linked to load its dynamic
+# linker and libc from the disk, a rootfs with the pods' mount points, and
+# the pods' volumes.
+image_disk_up() {
+    printf '%s\n' "$POD_SCRIPT" >"$STATE/pod.sh"
+    log "creating the $IMAGE_SIZE image disk"
+    truncate -s "$IMAGE_SIZE" "$IMAGE_BACKING"
+    local dev
+    dev=$(losetup --find --show "$IMAGE_BACKING")
+    echo "$dev" >"$STATE/image_dev"
+    mkfs.ext4 -q -F -L bjb-image "$dev"
+    mkdir -p "$IMAGE_MNT"
+    mount -t ext4 "$dev" "$IMAGE_MNT"
+    mkdir -p "$IMAGE_MNT/bin" "$IMAGE_MNT/lib" "$IMAGE_MNT/volumes" \
+        "$IMAGE_MNT"/rootfs/{proc,sys,dev,data,etc,tmp}
+    echo pod >"$IMAGE_MNT/rootfs/etc/hostname"
+    local interp lib
+    interp=$IMAGE_MNT/lib/$(basename "$(readelf -l /bin/true | sed -n 's/.*interpreter: \(.*\)]/\1/p')")
+    gcc -O2 -Wall -Wextra -pthread -Wl,--dynamic-linker="$interp" -Wl,-rpath="$IMAGE_MNT/lib" \
+        -o "$SLEEPER" "$SLEEPER_SRC"
+    # The libraries it loads, and the linker, copied onto the image disk.
+    for lib in $(ldd "$SLEEPER" | awk '$3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+        [ -e "$IMAGE_MNT/lib/$(basename "$lib")" ] || cp -L "$lib" "$IMAGE_MNT/lib/"
+    done
+    cp -L "$(readelf -l /bin/true | sed -n 's/.*interpreter: \(.*\)]/\1/p')" "$interp"
+    cp "$SLEEPER" "$CHURN_BIN"
+    log "  image disk $dev ($(majmin "$dev")) at $IMAGE_MNT: $(ldd "$SLEEPER" | grep -c "$IMAGE_MNT") libraries from it"
 }
 
 scene_exists() {
@@ -185,7 +300,7 @@ up() {
         die "SCENE_HOLDER_INDEX must be in 1..$((PROCS - 1))"
     fi
     local tool
-    for tool in gcc losetup mkfs.ext4 unshare nsenter setsid findmnt; do
+    for tool in gcc losetup mkfs.ext4 unshare nsenter setsid findmnt readelf ldd; do
         command -v "$tool" >/dev/null || die "missing tool: $tool"
     done
 
@@ -208,8 +323,13 @@ up() {
     mkdir -p "$STATE" "$READY" "$EXT4_MNT" "$TMPL_MNT"
     echo "$PROCS $THREADS $MOUNTS $HOLDER_INDEX" >"$STATE/params"
 
-    log "compiling $SLEEPER"
-    gcc -O2 -Wall -Wextra -pthread -o "$SLEEPER" "$SLEEPER_SRC"
+    echo "$SHAPE" >"$STATE/shape"
+    if [ "$SHAPE" = node ]; then
+        image_disk_up
+    else
+        log "compiling $SLEEPER"
+        gcc -O2 -Wall -Wextra -pthread -o "$SLEEPER" "$SLEEPER_SRC"
+    fi
 
     # -- loop device with ext4, mounted on the host (for now) --------------
     log "creating $DISK_SIZE backing file and loop device"
@@ -310,7 +430,7 @@ down() {
     #    started by an interrupted `up`.
     local round n killed=()
     for round in 1 2 3 4 5; do
-        mapfile -t pids < <(scene_pids)
+        mapfile -t pids < <(scene_pids; churn_pids)
         n=${#pids[@]}
         [ "$n" -gt 0 ] || break
         log "  round $round: killing $n scene processes"
@@ -320,6 +440,7 @@ down() {
         while [ -n "$(scene_pids)" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.1; done
     done
     [ -z "$(scene_pids)" ] || die "scene processes survived SIGKILL: $(scene_pids | tr '\n' ' ')"
+    [ -z "$(churn_pids)" ] || die "churn pods survived SIGKILL: $(churn_pids | tr '\n' ' ')"
 
     # The killed processes were reparented to init, which reaps them; on
     # some systems (e.g. a minimal PID 1) only every few seconds.  Wait a
@@ -332,7 +453,7 @@ down() {
                 # still the same killed process (exiting or zombie)?
                 comm=""
                 { read -r _ comm _ <"/proc/$p/stat"; } 2>/dev/null || true
-                if [ "$comm" = "(bjb-sleeper)" ]; then zombies=$((zombies + 1)); fi
+                if [ "$comm" = "(bjb-sleeper)" ] || [ "$comm" = "(bjb-churn)" ]; then zombies=$((zombies + 1)); fi
             done
             [ "$zombies" -gt 0 ] || break
             if [ "$SECONDS" -ge "$deadline" ]; then
@@ -442,6 +563,7 @@ status() {
     [ "$nproc" -eq "$PROCS" ] && [ "$nns" -eq "$PROCS" ] || ok=0
 
     echo "scene state dir:              $STATE"
+    echo "scene shape:                  $SHAPE"
     echo "scene processes:              $nproc"
     echo "scene tasks:                  $tasks"
     echo "scene mount namespaces:       $nns"
@@ -462,6 +584,37 @@ status() {
 }
 
 # ---------------------------------------------------------------------------
+# churn: pods appearing and vanishing (node shape), until killed.  Each pod is
+# started from inside the template namespace, like the scene's; the oldest is
+# killed once CHURN_LIVE are alive; every churn pod is killed on exit.
+churn() {
+    [ "$SHAPE" = node ] || die "churn needs a node-shaped scene (SCENE_SHAPE=node up)"
+    local tpid k=0 live=()
+    tpid=$(<"$STATE/template_pid")
+    mkdir -p "$CHURN_READY"
+    trap 'kill -KILL "${live[@]}" 2>/dev/null; exit 0' INT TERM HUP EXIT
+    while :; do
+        rm -f "$CHURN_READY/c$k.pid"
+        nsenter -t "$tpid" -m -- bash -c "$(pod_cmd "c$k" "$CHURN_BIN" "$CHURN_READY/c$k.pid")"
+        local deadline=$((SECONDS + 10))
+        while [ ! -s "$CHURN_READY/c$k.pid" ] && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+        [ -s "$CHURN_READY/c$k.pid" ] && live+=("$(<"$CHURN_READY/c$k.pid")")
+        if [ "${#live[@]}" -gt "$CHURN_LIVE" ]; then
+            kill -KILL "${live[0]}" 2>/dev/null || true
+            live=("${live[@]:1}")
+        fi
+        k=$((k + 1))
+        sleep "$CHURN_PERIOD"
+    done
+}
+
+# ---------------------------------------------------------------------------
+# churn runs beside the other commands (a bench's status checks), unlocked.
+if [ "${1:-}" = churn ]; then
+    churn
+    exit 0
+fi
+
 # Serialise up/down/status: hold a lock on this script file itself (no state
 # outside $STATE, nothing to clean up).
 exec 9<"${BASH_SOURCE[0]}"

@@ -162,6 +162,9 @@ row() {
         "| \($l) | \(.median * 1000 * 10 | round / 10) ms | \(.mean * 1000 * 10 | round / 10) ± \(.stddev * 1000 * 10 | round / 10) ms | \(.min * 1000 * 10 | round / 10) ms | \(.max * 1000 * 10 | round / 10) ms | \(.user * 1000 | round) ms | \(.system * 1000 | round) ms |"' "$JSON"
 }
 
+# cpu NAME: mean user + system seconds of the named command (hyperfine counts children too).
+cpu() { jq -r --arg n "$1" '.results[] | select(.command == $n) | .user + .system' "$JSON"; }
+
 GREP_MED=$(median grep)
 FLOOR_MED=$(median floor)
 
@@ -197,6 +200,7 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         AGENT_MED=$(median agent)
         echo "- grep / agent: $(ratio "$GREP_MED" "$AGENT_MED")x (agent is this many times faster than grep)"
         echo "- agent / floor: $(ratio "$AGENT_MED" "$FLOOR_MED")x (1.00 = as fast as just reading mountinfo once per namespace)"
+        echo "- agent / floor, CPU time (user + system, hyperfine means): $(ratio "$(cpu agent)" "$(cpu floor)")x"
         TEXT_MED=$(median agent-mountinfo)
         echo "- grep / agent-mountinfo: $(ratio "$GREP_MED" "$TEXT_MED")x; agent-mountinfo / floor: $(ratio "$TEXT_MED" "$FLOOR_MED")x"
         if [ -n "$CMD_BASE" ]; then

@@ -2,7 +2,10 @@
  * scene-sleeper: the long-lived process of the blockjanitor "busy node"
  * benchmark scene (see busy-node-scene.sh).
  *
- * Usage: scene-sleeper NTHREADS READYFILE
+ * Usage: scene-sleeper NTHREADS READYFILE [OPENFILE]
+ *
+ * With OPENFILE (the node-like scene), the process also keeps that file open
+ * for appending, as a container keeps its logs or data files open.
  *
  * Starts NTHREADS-1 extra pthreads (so the process has NTHREADS tasks in
  * total, counting the main thread), then writes its PID to READYFILE
@@ -33,14 +36,19 @@ static void *idle_thread(void *arg)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s NTHREADS READYFILE\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s NTHREADS READYFILE [OPENFILE]\n", argv[0]);
         return 2;
     }
     long nthreads = strtol(argv[1], NULL, 10);
     if (nthreads < 1 || nthreads > 10000) {
         fprintf(stderr, "%s: bad thread count '%s'\n", argv[0], argv[1]);
         return 2;
+    }
+
+    if (argc == 4 && fopen(argv[3], "a") == NULL) {
+        fprintf(stderr, "%s: opening %s: %s\n", argv[0], argv[3], strerror(errno));
+        return 1;
     }
 
     pthread_attr_t attr;

@@ -5,8 +5,9 @@
 //! than a node has namespaces). A mark is placed through an `ns/mnt` file that is opened and
 //! closed right away: the mark does not keep the namespace alive (when its last process exits
 //! the kernel detaches its mounts, reports them, and drops the mark), so the agent never pins a
-//! namespace or a mount by watching it. An event names a mount by its unique 64-bit ID; which
-//! namespace it belongs to is for the caller to work out (see `daemon::mount_watch`).
+//! namespace or a mount by watching it. An event names a mount by its unique 64-bit ID and the
+//! task that made the change (`FAN_REPORT_TID`); which namespace it belongs to is for the caller
+//! to work out (see `daemon::mount_watch`): the kernel's record names none.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -14,6 +15,8 @@ use std::path::Path;
 
 /// `FAN_REPORT_MNT` from `<linux/fanotify.h>` (6.15): events carry a mount ID record.
 const FAN_REPORT_MNT: libc::c_uint = 0x0000_4000;
+/// `FAN_REPORT_TID`: an event's `pid` is the thread that caused it, not its process.
+const FAN_REPORT_TID: libc::c_uint = 0x0000_0100;
 /// `FAN_MARK_MNTNS`: the mark's object is a mount namespace (an `ns/mnt` fd).
 const FAN_MARK_MNTNS: libc::c_uint = 0x0000_0110;
 /// A mount was attached to the marked namespace.
@@ -28,7 +31,9 @@ pub const FAN_Q_OVERFLOW: u64 = 0x0000_4000;
 /// One mount event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MountEvent {
-    Attached(u64),
+    /// A mount attached, with the task that attached it (0: not known), which is usually, not
+    /// always, in the mount's namespace: a hint to check, never an answer.
+    Attached(u64, u32),
     Detached(u64),
     /// Events were lost: every namespace must be re-read.
     Overflow,
@@ -47,15 +52,18 @@ pub fn is_unsupported(e: &io::Error) -> bool {
 }
 
 impl MountEvents {
-    /// Opens a non-blocking group.
+    /// Opens a non-blocking group (reporting thread IDs where the kernel allows it).
     pub fn new() -> io::Result<Self> {
-        // SAFETY: plain fanotify_init(2) call; the returned fd is checked and owned below.
-        let fd = unsafe {
-            libc::fanotify_init(
-                FAN_REPORT_MNT | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
-                libc::O_RDONLY as libc::c_uint,
-            )
+        let init = |flags: libc::c_uint| {
+            // SAFETY: plain fanotify_init(2) call; the returned fd is checked and owned below.
+            unsafe {
+                libc::fanotify_init(flags | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK, libc::O_RDONLY as _)
+            }
         };
+        let mut fd = init(FAN_REPORT_MNT | FAN_REPORT_TID);
+        if fd < 0 {
+            fd = init(FAN_REPORT_MNT);
+        }
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -120,6 +128,7 @@ pub fn parse(mut buf: &[u8]) -> Vec<MountEvent> {
             return out;
         }
         let mask = u64::from_ne_bytes(buf[8..16].try_into().unwrap_or_default());
+        let by = u32::try_from(i32::from_ne_bytes(buf[20..24].try_into().unwrap_or_default())).unwrap_or(0);
         if mask & FAN_Q_OVERFLOW != 0 {
             out.push(MountEvent::Overflow);
         }
@@ -134,7 +143,7 @@ pub fn parse(mut buf: &[u8]) -> Vec<MountEvent> {
             if kind == FAN_EVENT_INFO_TYPE_MNT && len >= 16 {
                 let id = u64::from_ne_bytes(info[8..16].try_into().unwrap_or_default());
                 if mask & FAN_MNT_ATTACH != 0 {
-                    out.push(MountEvent::Attached(id));
+                    out.push(MountEvent::Attached(id, by));
                 }
                 if mask & FAN_MNT_DETACH != 0 {
                     out.push(MountEvent::Detached(id));
@@ -159,7 +168,7 @@ mod tests {
         b.extend_from_slice(&24u16.to_ne_bytes());
         b.extend_from_slice(&mask.to_ne_bytes());
         b.extend_from_slice(&(-1i32).to_ne_bytes()); // FAN_NOFD
-        b.extend_from_slice(&0i32.to_ne_bytes());
+        b.extend_from_slice(&42i32.to_ne_bytes()); // the thread that made the change
         b.push(FAN_EVENT_INFO_TYPE_MNT);
         b.push(0);
         b.extend_from_slice(&16u16.to_ne_bytes());
@@ -172,7 +181,10 @@ mod tests {
     fn parses_attach_and_detach_records() {
         let mut buf = record(FAN_MNT_ATTACH, 0x8000_0000_0000_1234);
         buf.extend(record(FAN_MNT_DETACH, 7));
-        assert_eq!(parse(&buf), vec![MountEvent::Attached(0x8000_0000_0000_1234), MountEvent::Detached(7)]);
+        assert_eq!(
+            parse(&buf),
+            vec![MountEvent::Attached(0x8000_0000_0000_1234, 42), MountEvent::Detached(7)]
+        );
     }
 
     #[test]
@@ -235,11 +247,15 @@ mod tests {
         t.join().expect("mounting thread");
         let mut buf = vec![0u8; 4096];
         let got = events.read(&mut buf).expect("events are queued");
-        let attached: Vec<u64> = got
+        let attached: Vec<(u64, u32)> = got
             .iter()
-            .filter_map(|e| if let MountEvent::Attached(id) = e { Some(*id) } else { None })
+            .filter_map(|e| if let MountEvent::Attached(id, by) = e { Some((*id, *by)) } else { None })
             .collect();
         assert_eq!(attached.len(), 1, "{got:?}");
+        // The event names the thread that mounted (FAN_REPORT_TID), the hint that places it.
+        let tid: u32 = ns.split('/').nth(4).and_then(|t| t.parse().ok()).expect("the thread's id");
+        assert_eq!(attached[0].1, tid, "{got:?}");
+        let attached: Vec<u64> = attached.iter().map(|a| a.0).collect();
         assert!(got.contains(&MountEvent::Detached(attached[0])), "{got:?}");
     }
 }

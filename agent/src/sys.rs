@@ -350,6 +350,16 @@ pub mod mount_api {
         }
     }
 
+    /// Whether mount namespace `ns_id` still exists: `false` only when the kernel says it does
+    /// not (`ENOENT`); any other answer counts as "it may".
+    pub fn ns_exists(ns_id: u64) -> bool {
+        let req = MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id: LSMT_ROOT, param: 0, mnt_ns_id: ns_id };
+        let mut one = [0u64; 1];
+        // SAFETY: `req` is a valid mnt_id_req; the kernel writes at most one u64 into `one`.
+        let n = unsafe { libc::syscall(SYS_LISTMOUNT, &req as *const MntIdReq, one.as_mut_ptr(), 1usize, 0) };
+        !(n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT))
+    }
+
     /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount, and its filesystem's
     /// magic number (`BTRFS_SUPER_MAGIC`...).
     pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64)> {

@@ -5,8 +5,13 @@
 //!
 //! Which kind of scan published a change is told by the device's `last_seen_scan` in the event:
 //! a full scan reads the devices (it equals that view's generation), a re-read carries the
-//! previous full scan's generation. The file holds one test, so nothing else in its process
-//! makes uevents or mounts while it runs.
+//! previous full scan's generation. Its tests take the crate's `serial()` lock, so nothing else
+//! in its process makes uevents or mounts while one runs.
+//!
+//! `root_every_event_leaves_the_view_a_full_scan_would_show` (issue 20) checks the incremental
+//! path against the full one: after each round of random mounts, unmounts, namespaces and
+//! processes coming and going, once the daemon has settled, its view of every mount of the test's
+//! devices is the one a one-shot full scan shows.
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,6 +24,7 @@ use tokio_stream::StreamExt;
 const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "nsenter", "mount", "umount"];
 
 type Events = tonic::Streaming<pb::Event>;
+type Client = pb::agent_client::AgentClient<tonic::transport::Channel>;
 
 /// Waits for a `kind` event about `device` whose message contains `text`; returns it with the
 /// generation of the view it came from.
@@ -56,6 +62,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
     if !require_real_kernel(TOOLS) {
         return;
     }
+    let _serial = serial();
     let s = Scratch::new();
     let img = s.ext4_image("disk.img", 32);
     let img2 = s.ext4_image("second.img", 32);
@@ -190,4 +197,219 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
         assert!(gone.current.as_ref().is_some_and(|d| d.holders.is_empty()), "{gone:#?}");
     });
     drop(holder);
+}
+
+/// A small pseudo-random sequence (xorshift64), seeded from `BJB_SEED` or the clock (printed, so
+/// a failing sequence can be replayed).
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Self {
+        let seed = std::env::var("BJB_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+        }) | 1;
+        eprintln!("root_every_event_leaves_the_view_a_full_scan_would_show: BJB_SEED={seed}");
+        Self(seed)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+/// Mount holders as (namespace inode, mount point): the part of a device's view a mount event
+/// changes.
+type Mounts = std::collections::BTreeSet<(u64, String)>;
+
+/// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`'s mounts.
+fn full_scan_mounts(dev: &str) -> Mounts {
+    let out = agent(&["holders", dev, "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("holders {dev}: not JSON ({e}): {}", text(&out.stdout)));
+    v["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("holders {dev}: no holder list: {v:#}"))
+        .iter()
+        .filter(|h| h["kind"] == "mount")
+        .map(|h| {
+            let ns = h["mount_namespace"].as_u64().unwrap_or_else(|| panic!("a mount's namespace: {h:#}"));
+            (ns, h["mount_point"].as_str().expect("mount point").to_owned())
+        })
+        .collect()
+}
+
+/// What the daemon's latest view shows of `dev`'s mounts.
+async fn daemon_mounts(c: &mut Client, dev: &str) -> Mounts {
+    let d =
+        c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
+    d.holders
+        .iter()
+        .filter(|h| h.kind == pb::HolderKind::Mount as i32)
+        .map(|h| (h.mount_namespace, h.mount_point.clone()))
+        .collect()
+}
+
+/// Waits until the daemon has published no view for `quiet` (the follow-up re-reads after an
+/// unmount come 100 ms and 1 s after it); returns its node summary then.
+async fn settled(c: &mut Client, quiet: Duration) -> pb::Node {
+    let deadline = tokio::time::Instant::now() + REACT;
+    let mut last = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
+    let mut since = tokio::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
+        if now.scans != last.scans {
+            last = now;
+            since = tokio::time::Instant::now();
+        } else if since.elapsed() >= quiet {
+            return now;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the daemon never settled: {last:#?}");
+    }
+}
+
+/// A namespace of the test: a process in a private mount namespace (a copy of the host's, or of
+/// another test namespace's, mounts included), with the mounts the test made in it.
+struct TestNs {
+    proc: NsProcess,
+    mounts: Vec<String>,
+}
+
+/// A private copy of `parent`'s namespace, its process killed on drop.
+fn copy_of(parent: &TestNs) -> TestNs {
+    let pid = parent.proc.pid().to_string();
+    let child = std::process::Command::new("nsenter")
+        .args(["-t", &pid, "-m", "--", "unshare", "-m", "--propagation", "private", "sleep", "600"])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn nsenter");
+    let proc = NsProcess { child };
+    let theirs = parent.proc.ns_inode();
+    assert!(
+        wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{}/ns/mnt", proc.pid()))
+            .is_ok_and(|l| !l.to_string_lossy().contains(&theirs.to_string()))),
+        "the copy never entered a namespace of its own"
+    );
+    TestNs { proc, mounts: parent.mounts.clone() }
+}
+
+#[test]
+fn root_every_event_leaves_the_view_a_full_scan_would_show() {
+    if !require_real_kernel(TOOLS) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let devs: Vec<LoopDev> =
+        (0..2).map(|i| LoopDev::attach(&s.ext4_image(&format!("d{i}.img"), 16))).collect();
+    let points: Vec<String> =
+        (0..4).map(|i| s.mkdir(&format!("m{i}")).to_string_lossy().into_owned()).collect();
+    let mut spaces: Vec<TestNs> =
+        (0..3).map(|_| TestNs { proc: NsProcess::spawn("exec sleep 600"), mounts: Vec::new() }).collect();
+    let mut visitors: Vec<NsProcess> = Vec::new();
+    let d = Daemon::start(s.dir.path(), &["--rescan-interval", "3600"]);
+    let mut rng = Rng::new();
+    let rounds: usize = std::env::var("BJB_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(24);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        let mut node = settled(&mut c, Duration::from_millis(500)).await;
+        let mut by_rereads = 0;
+        for round in 0..rounds {
+            let what = match rng.below(10) {
+                // Mount a test device in a random namespace, at a point free there.
+                0..=3 => {
+                    let i = rng.below(spaces.len());
+                    let free: Vec<&String> = points.iter().filter(|p| !spaces[i].mounts.contains(p)).collect();
+                    if free.is_empty() {
+                        continue;
+                    }
+                    let at = free[rng.below(free.len())].clone();
+                    let dev = &devs[rng.below(devs.len())].dev;
+                    in_ns(spaces[i].proc.pid(), &["mount", dev, &at]);
+                    spaces[i].mounts.push(at.clone());
+                    format!("mount {dev} at {at} in namespace #{i}")
+                }
+                // Unmount one of them.
+                4..=6 => {
+                    let i = rng.below(spaces.len());
+                    if spaces[i].mounts.is_empty() {
+                        continue;
+                    }
+                    let k = rng.below(spaces[i].mounts.len());
+                    let at = spaces[i].mounts.remove(k);
+                    in_ns(spaces[i].proc.pid(), &["umount", &at]);
+                    format!("unmount {at} in namespace #{i}")
+                }
+                // A namespace appears: a copy of another, with its mounts.
+                7 if spaces.len() < 6 => {
+                    let i = rng.below(spaces.len());
+                    let copy = copy_of(&spaces[i]);
+                    spaces.push(copy);
+                    format!("namespace #{} copied from #{i}", spaces.len() - 1)
+                }
+                // A namespace goes away with its last process (its mounts with it).
+                7 | 8 if spaces.len() > 1 => {
+                    let i = rng.below(spaces.len());
+                    drop(spaces.remove(i));
+                    format!("namespace #{i} ended")
+                }
+                // A process comes into a namespace, or one goes.
+                _ => {
+                    if !visitors.is_empty() && rng.below(2) == 0 {
+                        drop(visitors.remove(rng.below(visitors.len())));
+                        "a visiting process exited".to_owned()
+                    } else {
+                        let i = rng.below(spaces.len());
+                        let pid = spaces[i].proc.pid().to_string();
+                        let child = std::process::Command::new("nsenter")
+                            .args(["-t", &pid, "-m", "--", "sleep", "600"])
+                            .stdin(std::process::Stdio::null())
+                            .spawn()
+                            .expect("spawn nsenter");
+                        visitors.push(NsProcess { child });
+                        format!("a process joined namespace #{i}")
+                    }
+                }
+            };
+            let now = settled(&mut c, Duration::from_millis(1500)).await;
+            if now.scans > node.scans && now.last_full_scan == node.last_full_scan {
+                by_rereads += 1;
+            }
+            node = now;
+            for lo in &devs {
+                let full = full_scan_mounts(lo.name());
+                let seen = daemon_mounts(&mut c, lo.name()).await;
+                if seen != full {
+                    let log = d.log_text();
+                    if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
+                        let _ = std::fs::write(f, &log);
+                    }
+                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                    panic!(
+                        "round {round} ({what}): the daemon shows {seen:?} of {}'s mounts, a full scan {full:?}; \
+                         the daemon's last log lines, newest first:\n{}",
+                        lo.name(),
+                        tail.join("\n")
+                    );
+                }
+            }
+            eprintln!("round {round}: {what}: the view agrees with a full scan ({:?})", std::time::SystemTime::now());
+        }
+        assert!(
+            by_rereads >= rounds / 4,
+            "only {by_rereads} of {rounds} rounds were shown by re-reads alone: the incremental path was hardly checked"
+        );
+    });
+    if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
+        let _ = std::fs::write(f, d.log_text());
+    }
+    // Namespaces first (their mounts pin the devices), then the devices.
+    drop(visitors);
+    drop(spaces);
 }

@@ -41,9 +41,25 @@ impl AgentEvent {
 }
 
 /// Holders equal but for their processes' run state (which flips between R and S all the time).
+/// A holder is copied only where the states differ: a device held thousands of times (a node's
+/// image disk, mapped by every container) is compared without an allocation.
 fn same_holders(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> bool {
     let strip = |h: &crate::graph::Holder| crate::graph::Holder { process_state: None, ..h.clone() };
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| strip(x) == strip(y))
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x == y || (x.process_state != y.process_state && strip(x) == strip(y)))
+}
+
+/// How many holders of `a` are not in `b`, and of `b` not in `a`. The common head and tail
+/// (equal in place: the order is the scan's, stable between scans) are skipped, so one change
+/// among thousands of holders costs one pass, not a search of each in the other.
+fn counts_gone_new(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> (usize, usize) {
+    let head = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let (ra, rb) = (&a[head..], &b[head..]);
+    let tail = ra.iter().rev().zip(rb.iter().rev()).take_while(|(x, y)| x == y).count();
+    let (ma, mb) = (&ra[..ra.len() - tail], &rb[..rb.len() - tail]);
+    (ma.iter().filter(|h| !b.contains(h)).count(), mb.iter().filter(|h| !a.contains(h)).count())
 }
 
 /// A device's I/O stopped completing, or completes again.
@@ -74,8 +90,7 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
             )),
             Some(prev) => {
                 if !same_holders(&prev.entry.holders, &d.entry.holders) {
-                    let gone = prev.entry.holders.iter().filter(|h| !d.entry.holders.contains(h)).count();
-                    let new = d.entry.holders.iter().filter(|h| !prev.entry.holders.contains(h)).count();
+                    let (gone, new) = counts_gone_new(&prev.entry.holders, &d.entry.holders);
                     out.push(AgentEvent::new(
                         EventKind::HoldersChanged,
                         name,

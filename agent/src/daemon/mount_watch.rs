@@ -5,8 +5,11 @@
 //! The namespaces of each full scan are marked (a namespace is told apart by its 64-bit ID,
 //! which the kernel never reuses, not by its inode number, which it does). An event names a
 //! mount; a detached one is looked up in what the last listing remembered
-//! ([`crate::discover::mount_memo`]), an attached one is asked of each watched namespace with
-//! `statmount` until one has it. Whatever cannot be placed (a lost event, a namespace not
+//! ([`crate::discover::mount_memo`]); an attached one is asked first of the namespace of the
+//! task that attached it (the kernel names the task; a container runtime, a CSI plugin, or
+//! `mount(8)` run through `nsenter` mounts from inside the namespace), and only when that task
+//! is gone or elsewhere of each other watched namespace with `statmount` (measured: about
+//! 0.26 µs per namespace asked that lacks the mount, so 0.1 ms for 400 namespaces at worst). Whatever cannot be placed (a lost event, a namespace not
 //! watched) asks for a full scan instead: the watch may only ever make the agent look more.
 //! Where the kernel cannot report mount events (before 6.15), the host's mountinfo `POLLPRI`
 //! watch and the timer do the work, as before.
@@ -14,7 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::unix::AsyncFd;
@@ -33,13 +36,16 @@ pub struct MountWatch {
     events: MountEvents,
     /// Watched namespaces: 64-bit namespace ID to the ID the scan knows it by (its inode).
     watched: Mutex<HashMap<u64, MountNsId>>,
+    /// Where the host's `/proc` is (to find the namespace of the task that made a change).
+    proc: std::sync::OnceLock<PathBuf>,
 }
 
 /// What a batch of events asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Request {
-    /// Re-read these namespaces (none: nothing the agent knows of changed).
-    Namespaces(HashSet<MountNsId>),
+    /// Re-read the namespaces `changed`, and forget those `gone` (none: nothing the agent knows
+    /// of changed).
+    Namespaces { changed: HashSet<MountNsId>, gone: HashSet<MountNsId> },
     /// Only a full scan will do, and why.
     Full(String),
 }
@@ -47,7 +53,11 @@ pub enum Request {
 impl MountWatch {
     /// Opens the kernel's mount events; an error means they are not available here.
     pub fn open() -> io::Result<Self> {
-        Ok(Self { events: MountEvents::new()?, watched: Mutex::new(HashMap::new()) })
+        Ok(Self {
+            events: MountEvents::new()?,
+            watched: Mutex::new(HashMap::new()),
+            proc: Default::default(),
+        })
     }
 
     fn watched(&self) -> std::sync::MutexGuard<'_, HashMap<u64, MountNsId>> {
@@ -62,7 +72,9 @@ impl MountWatch {
     /// Which namespaces a batch of events is about.
     pub fn request_for(&self, events: &[MountEvent]) -> Request {
         let watched = self.watched();
+        let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
         let mut out = HashSet::new();
+        let mut gone = HashSet::new();
         for e in events {
             let ns_id = match *e {
                 MountEvent::Overflow => {
@@ -70,17 +82,21 @@ impl MountWatch {
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
                 MountEvent::Detached(mnt) => {
-                    mount_memo::namespace_of(mnt).or_else(|| holder_of(&watched, mnt))
+                    mount_memo::namespace_of(mnt).or_else(|| holder_of(&watched, mnt, None))
                 }
-                MountEvent::Attached(mnt) => {
-                    holder_of(&watched, mnt).or_else(|| mount_memo::namespace_of(mnt))
-                }
+                MountEvent::Attached(mnt, by) => holder_of(&watched, mnt, namespace_of_task(proc, by))
+                    .or_else(|| mount_memo::namespace_of(mnt)),
             };
             // Neither listed nor mounted anywhere now: attached and detached again in between,
             // which leaves every table as it was.
             let Some(ns_id) = ns_id else { continue };
             mount_memo::note_changed(ns_id);
             match watched.get(&ns_id) {
+                // A namespace's last process exited: the kernel detached every mount (one event
+                // each) and the namespace is gone, which `listmount` tells in one call.
+                Some(id) if matches!(e, MountEvent::Detached(_)) && !mount_api::ns_exists(ns_id) => {
+                    gone.insert(*id);
+                }
                 Some(id) => {
                     out.insert(*id);
                 }
@@ -89,7 +105,36 @@ impl MountWatch {
                 }
             }
         }
-        Request::Namespaces(out)
+        out.retain(|id| !gone.contains(id));
+        Request::Namespaces { changed: out, gone }
+    }
+}
+
+impl MountWatch {
+    /// Watches the mount namespace process `pid` is in, if it is not watched yet; true when it
+    /// was not (the caller then has it read by a full scan). The namespace is known by the
+    /// inode of its `ns/mnt` file until that scan names it.
+    pub fn watch_new(&self, pid: u32) -> bool {
+        let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
+        let Ok(ns) = std::fs::File::open(proc.join(format!("{pid}/ns/mnt"))) else { return false };
+        let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { return false };
+        let mut watched = self.watched();
+        if watched.contains_key(&ns_id) {
+            return false;
+        }
+        let Ok(meta) = ns.metadata() else { return false };
+        match self.events.watch_fd(ns.as_fd()) {
+            Ok(()) => {
+                use std::os::unix::fs::MetadataExt;
+                mount_memo::note_watched(ns_id);
+                watched.insert(ns_id, MountNsId(meta.ino()));
+                true
+            }
+            Err(e) => {
+                tracing::debug!(pid, "cannot watch a new mount namespace: {e}");
+                true
+            }
+        }
     }
 }
 
@@ -120,24 +165,51 @@ impl NamespaceWatch for MountWatch {
         watched.retain(|k, _| seen.contains(k));
         added
     }
+
+    fn use_host(&self, host: &crate::host::HostRoot) {
+        let _ = self.proc.set(host.proc().to_owned());
+    }
 }
 
-/// The watched namespace that has mount `mnt` now, asked of each with `statmount`.
-fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64) -> Option<u64> {
-    watched.keys().copied().find(|ns| mount_api::sb_dev(*ns, mnt).is_ok())
+/// The watched namespace that has mount `mnt` now: the namespace of task `by` (the one that
+/// made the change, 0 if not known) if `statmount` finds the mount there, else the first other
+/// watched namespace where it does. A mount's unique ID is never reused, so a namespace that
+/// has it is the namespace it was attached to (or, if it moved since, the one it is in now, which
+/// is the one that needs reading).
+fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64, hint: Option<u64>) -> Option<u64> {
+    let hint = hint.filter(|ns| watched.contains_key(ns));
+    if let Some(ns) = hint.filter(|ns| mount_api::sb_dev(*ns, mnt).is_ok()) {
+        return Some(ns);
+    }
+    let found =
+        watched.keys().copied().filter(|ns| Some(*ns) != hint).find(|ns| mount_api::sb_dev(*ns, mnt).is_ok());
+    tracing::debug!(mnt, hinted = hint.is_some(), "mount placed by asking every watched namespace");
+    found
+}
+
+/// The 64-bit ID of the mount namespace task `tid` is in now (`None`: not known, or gone).
+fn namespace_of_task(proc: &Path, tid: u32) -> Option<u64> {
+    if tid == 0 {
+        return None;
+    }
+    let ns = std::fs::File::open(proc.join(format!("{tid}/ns/mnt"))).ok()?;
+    mount_api::mntns_id(ns.as_fd()).ok()
 }
 
 /// A filesystem outlives its last mount by a moment (the kernel reports the detach inside
 /// `umount2`, and releases the superblock, its sysfs directory and its journal thread on the way
 /// out): the namespaces are read again shortly after, so the view does not keep a filesystem
 /// that is gone until the next full scan.
-fn follow_up(state: &Arc<AgentState>, namespaces: &HashSet<MountNsId>) {
+fn follow_up(state: &Arc<AgentState>, changed: &HashSet<MountNsId>, gone: &HashSet<MountNsId>) {
     for delay in FOLLOW_UPS {
         let state = Arc::clone(state);
-        let ns = namespaces.clone();
+        let (changed, gone) = (changed.clone(), gone.clone());
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
-            state.request_namespace_rescan(ns);
+            // A namespace that is gone is forgotten again (nothing left to read), which reads
+            // the filesystems the kernel keeps alive.
+            state.request_namespaces_gone(gone);
+            state.request_namespace_rescan(changed);
         });
     }
 }
@@ -167,6 +239,7 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
         }
     };
     tracing::info!(namespaces = watch.watching(), "watching every mount namespace's mount table (fanotify)");
+    tokio::spawn(super::new_namespaces::run(Arc::clone(&state), Arc::clone(&watch), shutdown.clone()));
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         tokio::select! {
@@ -187,13 +260,21 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
                 }
                 guard.clear_ready();
                 let detached = events.iter().any(|e| matches!(e, MountEvent::Detached(_)));
-                match watch.request_for(&events) {
-                    Request::Namespaces(ns) if ns.is_empty() => {}
-                    Request::Namespaces(ns) => {
+                let placing = std::time::Instant::now();
+                let request = watch.request_for(&events);
+                tracing::debug!(
+                    events = events.len(),
+                    place_us = placing.elapsed().as_micros() as u64,
+                    "mount events read and placed"
+                );
+                match request {
+                    Request::Namespaces { changed, gone } if changed.is_empty() && gone.is_empty() => {}
+                    Request::Namespaces { changed, gone } => {
                         if detached {
-                            follow_up(&state, &ns);
+                            follow_up(&state, &changed, &gone);
                         }
-                        state.request_namespace_rescan(ns);
+                        state.request_namespaces_gone(gone);
+                        state.request_namespace_rescan(changed);
                     }
                     Request::Full(why) => {
                         tracing::debug!("mount change: {why}; scanning in full");

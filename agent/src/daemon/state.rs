@@ -100,6 +100,8 @@ pub trait NamespaceWatch: Send + Sync {
     /// Watches the namespaces not watched yet and forgets those gone; returns how many were
     /// added.
     fn sync(&self, namespaces: &[(MountNsId, std::path::PathBuf)]) -> usize;
+    /// The host the scans read (where its `/proc` is), told once before the first scan.
+    fn use_host(&self, _host: &HostRoot) {}
 }
 
 /// Checks the shape of a device argument before looking it up: empty, overlong, or containing
@@ -204,7 +206,20 @@ impl AgentState {
     /// Asks for the mounts of `namespaces` to be re-read (a full scan, if one is pending or the
     /// re-read cannot stand in for one).
     pub fn request_namespace_rescan(&self, namespaces: HashSet<MountNsId>) {
+        if namespaces.is_empty() {
+            return;
+        }
         self.pending().namespaces.extend(namespaces);
+        self.rescan.notify_one();
+    }
+
+    /// Tells the scanner that `namespaces` no longer exist (a re-read drops them; a full scan,
+    /// if one is pending or the re-read cannot stand in for one).
+    pub fn request_namespaces_gone(&self, namespaces: HashSet<MountNsId>) {
+        if namespaces.is_empty() {
+            return;
+        }
+        self.pending().gone.extend(namespaces);
         self.rescan.notify_one();
     }
 
@@ -221,6 +236,7 @@ impl AgentState {
 
     /// Uses the kernel's mount events: every full scan's namespaces are watched from now on.
     pub fn use_mount_watch(&self, watch: Arc<dyn NamespaceWatch>) {
+        watch.use_host(&self.host);
         let _ = self.mount_watch.set(watch);
     }
 

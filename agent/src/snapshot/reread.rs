@@ -33,11 +33,14 @@ pub struct Changes {
     pub namespaces: HashSet<MountNsId>,
     /// Block devices a uevent named (kernel names).
     pub devices: HashSet<String>,
+    /// Mount namespaces the kernel says no longer exist (their last process exited: every
+    /// mount was reported detached and the namespace ID is unknown to `listmount`).
+    pub gone: HashSet<MountNsId>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.namespaces.is_empty() && self.devices.is_empty()
+        self.namespaces.is_empty() && self.devices.is_empty() && self.gone.is_empty()
     }
 }
 
@@ -55,6 +58,9 @@ impl Snapshot {
         let cloned = started.elapsed();
         if !changes.devices.is_empty() {
             next.reread_devices(host, &changes.devices, opts)?;
+        }
+        if !changes.gone.is_empty() {
+            next.drop_namespaces(host, &changes.gone)?;
         }
         let devices = started.elapsed();
         if !changes.namespaces.is_empty() {
@@ -108,6 +114,31 @@ impl Snapshot {
             "namespaces re-read"
         );
         Ok(())
+    }
+
+    /// Forgets namespaces that no longer exist, with their mounts, and what their processes held
+    /// if those processes are gone too (one still alive, having moved to another namespace or
+    /// under a reused pid, keeps what the full scan saw: a re-read may show more, never less).
+    fn drop_namespaces(&mut self, host: &HostRoot, gone: &HashSet<MountNsId>) -> Result<(), String> {
+        let mut pids = Vec::new();
+        for ns in self.namespaces.iter().filter(|n| gone.contains(&n.id)) {
+            if let Some(pin) = &ns.pinned_by {
+                return Err(format!(
+                    "mount namespace {} was pinned ({}): read in full",
+                    ns.id,
+                    pin.describe()
+                ));
+            }
+            pids.extend(ns.tasks.iter().map(|t| t.0));
+        }
+        let dead: HashSet<u32> = pids.into_iter().filter(|p| !host.proc_pid(*p).exists()).collect();
+        self.namespaces.retain(|n| !gone.contains(&n.id));
+        self.mounts.retain(|m| !gone.contains(&m.ns));
+        self.proc_refs.retain(|r| !dead.contains(&r.pid));
+        self.processes.retain(|p, _| !dead.contains(p));
+        self.stats.mount_namespaces = self.namespaces.len();
+        self.stats.mounts = self.namespaces.iter().map(|n| n.mount_count).sum();
+        self.refresh_filesystems(host)
     }
 
     /// Reads sysfs, each kind's inventory, and the mounts of the devices `named` (and of new

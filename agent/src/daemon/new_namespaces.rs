@@ -1,0 +1,234 @@
+//! New mount namespaces, noticed when a process in one starts a program: the kernel's process
+//! events (the netlink proc connector, `PROC_EVENT_EXEC`) name every `execve`, and a process
+//! whose namespace is not watched yet has its namespace marked for mount events at once
+//! ([`MountWatch::watch_new`]) and a full scan asked for, which reads it.
+//!
+//! Without this, a namespace made since the last full scan (a pod that just started: the
+//! runtime makes the namespace, mounts the pod's root and volumes in it, then starts the
+//! container's program) is not watched, so mounts made in it are not reported until the next
+//! periodic full scan. Marking before the full scan reads the namespace means a mount made
+//! after that read is reported, and one made before it is in the read. A namespace made by a
+//! process that never calls `execve` afterwards (`unshare(2)` in a running program) is still
+//! found by the periodic full scan only.
+//!
+//! The subscription asks the kernel for exec events alone (Linux 6.6 filters them; an older
+//! kernel sends every process event, which are parsed and dropped). Needs `CAP_NET_ADMIN`; where
+//! the socket cannot be opened, nothing changes from before.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use tokio::io::Interest;
+use tokio::sync::watch;
+
+use super::mount_watch::MountWatch;
+use super::state::AgentState;
+
+/// `NETLINK_CONNECTOR` and the proc connector's IDs from `<linux/connector.h>`.
+const NETLINK_CONNECTOR: libc::c_int = 11;
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+/// `PROC_CN_MCAST_LISTEN` from `<linux/cn_proc.h>`.
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+/// `PROC_EVENT_EXEC`.
+const PROC_EVENT_EXEC: u32 = 2;
+/// `struct nlmsghdr` and `struct cn_msg` sizes.
+const NLMSG_HDR: usize = 16;
+const CN_MSG: usize = 20;
+
+/// The proc connector socket, subscribed to exec events.
+struct ProcEvents(OwnedFd);
+
+impl AsRawFd for ProcEvents {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+impl ProcEvents {
+    fn open() -> io::Result<Self> {
+        // SAFETY: plain socket(2); the fd is checked and owned below.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                NETLINK_CONNECTOR,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let me = Self(unsafe { OwnedFd::from_raw_fd(fd) });
+        // SAFETY: sockaddr_nl is plain data; all-zero is a valid value before the fields are set.
+        let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        addr.nl_groups = CN_IDX_PROC;
+        // SAFETY: addr is a valid sockaddr_nl of the length given.
+        let rc = unsafe {
+            libc::bind(
+                fd,
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let msg = listen_message();
+        // SAFETY: msg is valid for reads of its length; the socket is bound.
+        let n = unsafe { libc::send(fd, msg.as_ptr().cast(), msg.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(me)
+    }
+
+    fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: buf is valid for writes of its length.
+        let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(n as usize)
+    }
+}
+
+/// `nlmsghdr` + `cn_msg` + `struct proc_input { PROC_CN_MCAST_LISTEN, PROC_EVENT_EXEC }`.
+fn listen_message() -> Vec<u8> {
+    let payload = 8u16;
+    let len = (NLMSG_HDR + CN_MSG) as u32 + u32::from(payload);
+    let mut m = Vec::with_capacity(len as usize);
+    m.extend_from_slice(&len.to_ne_bytes());
+    m.extend_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // pid
+    m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    m.extend_from_slice(&payload.to_ne_bytes());
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    m.extend_from_slice(&PROC_EVENT_EXEC.to_ne_bytes());
+    m
+}
+
+/// The processes (thread group IDs) that called `execve`, from one datagram of netlink
+/// messages; anything short or foreign is skipped.
+pub fn exec_pids(mut buf: &[u8]) -> Vec<u32> {
+    let u32_at = |b: &[u8], i: usize| b.get(i..i + 4).map(|s| u32::from_ne_bytes([s[0], s[1], s[2], s[3]]));
+    let mut out = Vec::new();
+    while buf.len() >= NLMSG_HDR {
+        let len = u32_at(buf, 0).unwrap_or(0) as usize;
+        if len < NLMSG_HDR || len > buf.len() {
+            break;
+        }
+        let msg = &buf[NLMSG_HDR..len];
+        // cn_msg, then proc_event { what, cpu, timestamp_ns, exec { process_pid, process_tgid } }.
+        let ev = msg.get(CN_MSG..).unwrap_or_default();
+        if u32_at(msg, 0) == Some(CN_IDX_PROC) && u32_at(ev, 0) == Some(PROC_EVENT_EXEC) {
+            if let Some(tgid) = u32_at(ev, 20) {
+                out.push(tgid);
+            }
+        }
+        // Messages are 4-byte aligned (NLMSG_ALIGN).
+        let next = (len + 3) & !3;
+        buf = buf.get(next..).unwrap_or_default();
+    }
+    out
+}
+
+/// Watches for processes starting programs in mount namespaces not watched yet, until
+/// `shutdown`; returns at once where the kernel's process events cannot be had.
+pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: watch::Receiver<bool>) {
+    let events = match ProcEvents::open() {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::info!("no process events ({e}): a namespace made since the last full scan is watched from the next one");
+            return;
+        }
+    };
+    let fd = match super::triggers::register(events, Interest::READABLE) {
+        Ok(fd) => fd,
+        Err(e) => {
+            tracing::warn!("cannot poll process events ({e})");
+            return;
+        }
+    };
+    tracing::info!("watching for programs started in new mount namespaces (proc connector)");
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            ready = fd.readable() => {
+                let Ok(mut guard) = ready else { return };
+                let mut found = 0;
+                loop {
+                    match fd.get_ref().recv(&mut buf) {
+                        Ok(n) => {
+                            for pid in exec_pids(&buf[..n]) {
+                                found += usize::from(watch.watch_new(pid));
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) => {
+                            // ENOBUFS: events were lost; a full scan finds what they named.
+                            tracing::debug!("process events: {e}; scanning in full");
+                            found += 1;
+                            break;
+                        }
+                    }
+                }
+                guard.clear_ready();
+                if found > 0 {
+                    tracing::debug!(namespaces = found, "a program started in a mount namespace not watched yet");
+                    state.request_rescan("namespace");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exec_message(tgid: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        let len = (NLMSG_HDR + CN_MSG + 24) as u32;
+        m.extend_from_slice(&len.to_ne_bytes());
+        m.extend_from_slice(&[0; 12]);
+        m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+        m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+        m.extend_from_slice(&[0; 12]);
+        m.extend_from_slice(&PROC_EVENT_EXEC.to_ne_bytes());
+        m.extend_from_slice(&[0; 12]); // cpu, timestamp
+        m.extend_from_slice(&(tgid + 1).to_ne_bytes()); // the thread
+        m.extend_from_slice(&tgid.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn exec_events_name_their_process() {
+        let mut buf = exec_message(4242);
+        buf.extend(exec_message(7));
+        assert_eq!(exec_pids(&buf), vec![4242, 7]);
+        // A fork event (what = 1) and a short buffer name nobody.
+        let mut fork = exec_message(9);
+        fork[NLMSG_HDR + CN_MSG] = 1;
+        assert_eq!(exec_pids(&fork), Vec::<u32>::new());
+        assert_eq!(exec_pids(&buf[..30]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn the_subscription_asks_for_exec_events() {
+        let m = listen_message();
+        assert_eq!(m.len(), NLMSG_HDR + CN_MSG + 8);
+        assert_eq!(u32::from_ne_bytes(m[0..4].try_into().expect("four bytes")) as usize, m.len());
+        assert_eq!(&m[m.len() - 8..m.len() - 4], &PROC_CN_MCAST_LISTEN.to_ne_bytes());
+        assert_eq!(&m[m.len() - 4..], &PROC_EVENT_EXEC.to_ne_bytes());
+    }
+}
