@@ -345,6 +345,7 @@ impl Fleet for FleetService {
     ) -> Result<Response<pb::MultiAttachResponse>, Status> {
         let t = Instant::now();
         self.policy.require(&req, Role::Viewer)?;
+        let caller = self.policy.caller(&req)?;
         let r = req.into_inner();
         if r.pv.is_empty() && r.pvc.is_empty() {
             let sweep = self.sweep_now(false, &[]).await;
@@ -364,21 +365,15 @@ impl Fleet for FleetService {
         let nodes = cluster.nodes.all();
         let mut missing = self.missing_of(&self.index.read());
         let mut diags = multiattach::diagnose(&v, &vas, &nodes, &self.index.read(), &mut missing);
-        // A stale mapping: the agent's own plan is the exact way to clear it.
-        let timeout = self.links.options().call_timeout;
+        // A stale mapping: the agent's own plan is the exact way to clear it (asked on behalf of
+        // the caller, as every forwarded call is, so the agent's audit names who wanted it).
         for d in diags.iter_mut().filter(|d| d.diagnosis == pb::Diagnosis::StaleMapping as i32) {
             let devices: Vec<String> =
                 d.devices.iter().filter_map(|f| f.device.as_ref().map(|x| x.name.clone())).collect();
-            let Some(mut c) = self.links.client(&d.node) else { continue };
-            match client::call(
-                timeout,
-                c.plan(client::request(
-                    pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 },
-                    timeout,
-                )),
-            )
-            .await
-            {
+            if self.links.client(&d.node).is_none() {
+                continue;
+            }
+            match self.node_plan(&d.node, devices, &caller.identity).await {
                 Ok(p) => {
                     for plan in p.plans {
                         d.clear_steps.extend(plan.steps);
