@@ -930,3 +930,53 @@ fn root_plans_are_rate_limited_per_client() {
     let out = agentctl_as_nobody("0", &["--socket", d.socket.to_str().expect("utf8"), "plan", "-o", "json"]);
     assert!(out.status.success(), "another caller plans: {}", text(&out.stderr));
 }
+
+/// The health service says whether the agent can see: the agent service (the readiness probe's)
+/// is NOT_SERVING while its latest scan failed, SERVING again once one succeeds; the server's
+/// own (the liveness probe's) stays SERVING throughout. On a copy of a fixture tree whose
+/// `/sys/class/block` is taken away, then put back.
+#[test]
+fn health_is_not_serving_while_scans_fail_and_serving_once_one_succeeds() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let s = Scratch::new();
+    let root = s.path("root");
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(fixtures().join("incident1"))
+        .arg(&root)
+        .status()
+        .expect("cp");
+    assert!(cp.success(), "cp -a the fixture");
+    let d = Daemon::start_with_global(
+        s.dir.path(),
+        &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
+        &["--node-name", "node-health"],
+    );
+    let status = |want: ServingStatus| {
+        rt().block_on(async {
+            let ch = blockjanitor_tests::daemon::unix_channel(&d.socket).await.expect("connect");
+            let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+            let mut last = Vec::new();
+            for _ in 0..100 {
+                last.clear();
+                for service in ["", "blockjanitor.v1.Agent"] {
+                    let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+                    last.push(h.check(req).await.expect("health").into_inner().status);
+                }
+                if last == [ServingStatus::Serving as i32, want as i32] {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("health never became [Serving, {want:?}] (last: {last:?}); log:\n{}", d.log_text());
+        })
+    };
+    status(ServingStatus::Serving);
+    let class = root.join("sys/class/block");
+    let aside = root.join("sys/class/block.aside");
+    std::fs::rename(&class, &aside).expect("take /sys/class/block away");
+    status(ServingStatus::NotServing);
+    assert!(d.log_text().contains("NOT_SERVING until a scan succeeds"), "{}", d.log_text());
+    std::fs::rename(&aside, &class).expect("put it back");
+    status(ServingStatus::Serving);
+}

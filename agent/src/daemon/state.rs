@@ -91,6 +91,9 @@ pub struct AgentState {
     budget: Mutex<Budget>,
     /// Plan calls a minute per caller (each scans afresh).
     pub plan_limit: super::peer_limit::PeerLimit,
+    /// Why the latest scan failed (`None`: it succeeded): the health service answers NOT_SERVING
+    /// while it is `Some`, since every answer then rests on an older view.
+    pub scan_failure: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// Something that watches mount namespaces for changes (the kernel's mount events, see
@@ -170,6 +173,7 @@ impl AgentState {
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
             plan_limit,
+            scan_failure: tokio::sync::watch::channel(None).0,
         })
     }
 
@@ -356,11 +360,13 @@ impl AgentState {
         match result {
             Ok(view) => {
                 self.publish(trigger, elapsed, view);
+                self.scan_failure.send_if_modified(|f| f.take().is_some());
                 true
             }
             Err(e) => {
                 self.metrics.scan_failed(trigger);
                 tracing::error!(trigger, "scan failed: {e}");
+                self.scan_failure.send_replace(Some(e));
                 false
             }
         }

@@ -129,6 +129,30 @@ pub fn reflection_v1alpha(
     reflection_builder(sets, services).build_v1alpha().map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
+/// Keeps the agent service's health (`blockjanitor.v1.Agent`, what the DaemonSet's readiness
+/// probe asks) in step with the latest scan: NOT_SERVING while it failed (every answer would rest
+/// on an older view), SERVING again once one succeeds. The server's own (`""`, the liveness
+/// probe's) stays SERVING: restarting the agent mends no hung device.
+async fn follow_scan_health(
+    reporter: tonic_health::server::HealthReporter,
+    mut failure: watch::Receiver<Option<String>>,
+) {
+    use tonic_health::ServingStatus;
+    loop {
+        let status = match failure.borrow_and_update().as_deref() {
+            Some(why) => {
+                tracing::warn!("health: NOT_SERVING until a scan succeeds (the latest failed: {why})");
+                ServingStatus::NotServing
+            }
+            None => ServingStatus::Serving,
+        };
+        reporter.set_service_status(pb::agent_server::SERVICE_NAME, status).await;
+        if failure.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, ServeError> {
     std::fs::read(path).map_err(|source| ServeError::ReadTls { path: path.to_owned(), source })
 }
@@ -156,6 +180,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
+    tokio::spawn(follow_scan_health(reporter, state.scan_failure.subscribe()));
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     let served = [pb::agent_server::SERVICE_NAME, HEALTH_SERVICE];
     let reflection = || reflection_v1(&sets, &served);
