@@ -104,7 +104,7 @@ fn reflection_builder<'b>(sets: &[&'b [u8]], services: &[&str]) -> tonic_reflect
 }
 
 /// Server reflection (`grpc.reflection.v1`) over the given encoded descriptor sets, advertising
-/// `services` (and reflection itself).
+/// `services` and reflection itself (its own name, as grpcurl and grpc_cli expect to see it).
 pub fn reflection_v1(
     sets: &[&'static [u8]],
     services: &[&str],
@@ -112,7 +112,10 @@ pub fn reflection_v1(
     tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
     ServeError,
 > {
-    reflection_builder(sets, services).build_v1().map_err(|e| ServeError::Reflection(e.to_string()))
+    reflection_builder(sets, services)
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
 /// The same as `grpc.reflection.v1alpha`, which many clients still speak (Python's
@@ -126,7 +129,10 @@ pub fn reflection_v1alpha(
     >,
     ServeError,
 > {
-    reflection_builder(sets, services).build_v1alpha().map_err(|e| ServeError::Reflection(e.to_string()))
+    reflection_builder(sets, services)
+        .with_service_name("grpc.reflection.v1alpha.ServerReflection")
+        .build_v1alpha()
+        .map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
 /// Keeps the agent service's health (`blockjanitor.v1.Agent`, what the DaemonSet's readiness
