@@ -139,7 +139,7 @@ pub fn console_args(
 }
 
 /// An agent serving `fixture` as node `node` on `listen` with mutual TLS (the console role for
-/// the certificate named `console`).
+/// the certificate named `console`, the viewer role for `dashboard`).
 pub fn start_agent(
     dir: &Path,
     fixture: &str,
@@ -175,6 +175,8 @@ pub fn start_agent_configured(
             ca.to_str().expect("utf8"),
             "--tls-console",
             "console",
+            "--tls-viewer",
+            "dashboard",
             "--grace-period",
             "0",
             "--node-name",

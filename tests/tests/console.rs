@@ -143,7 +143,8 @@ async fn start_cluster() -> Cluster {
 async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let tls = pki.write_server(s.dir.path());
+    let (cert, key, ca) = tls.clone();
     let port = free_port();
     let mut agents = Vec::new();
     for (node, ip, fixture) in [
@@ -152,30 +153,8 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
         ("node-free", "127.0.0.5", "multipath-incident3"),
     ] {
         let dir = s.mkdir(node);
-        let root = fixtures().join(fixture).to_string_lossy().into_owned();
         let listen = format!("{ip}:{port}");
-        let d = Daemon::start_with_global(
-            &dir,
-            &["--root", &root],
-            &[
-                "--listen",
-                &listen,
-                "--tls-cert",
-                cert.to_str().expect("utf8"),
-                "--tls-key",
-                key.to_str().expect("utf8"),
-                "--tls-client-ca",
-                ca.to_str().expect("utf8"),
-                "--tls-console",
-                "console",
-                "--tls-viewer",
-                "dashboard",
-                "--grace-period",
-                "0",
-                "--node-name",
-                node,
-            ],
-        );
+        let d = start_agent(&dir, fixture, node, &listen, &tls);
         assert_eq!(d.tcp.map(|a| a.to_string()), Some(listen), "agent listens on its pod IP");
         agents.push((node.to_owned(), d));
     }
