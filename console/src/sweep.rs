@@ -292,6 +292,26 @@ fn sweep_with(
         .map(|k| (kind_name(*k).to_owned(), findings.iter().filter(|f| f.kind == *k as i32).count() as u32))
         .collect();
     let mut gaps: Vec<String> = kube.and_then(|k| k.not_synced.clone()).into_iter().collect();
+    // A volume attached to a Node that has no agent at all: nothing on it can be asked, so the
+    // sweep cannot vouch for that attachment (it makes no finding either: the node is alive).
+    let unagented: BTreeSet<&str> = kube
+        .map(|k| {
+            k.vas
+                .iter()
+                .filter(|va| va.status.as_ref().is_some_and(|s| s.attached))
+                .map(|va| va.spec.node_name.as_str())
+                .filter(|n| !index.nodes.contains_key(*n))
+                .filter(|n| k.nodes.iter().any(|node| node.metadata.name.as_deref() == Some(*n)))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !unagented.is_empty() {
+        gaps.push(format!(
+            "volumes are attached to {} node(s) with no agent: {}",
+            unagented.len(),
+            unagented.into_iter().collect::<Vec<_>>().join(", ")
+        ));
+    }
     // An agent that answered but cannot vouch for a device (verdict unknown): nothing is known
     // about that volume there, so the sweep cannot be clean either.
     let unvouched: Vec<String> = volumes
@@ -344,41 +364,41 @@ fn attachment_findings(
         let va_text =
             format!("{} (node={node}, attached=true)", va.metadata.name.clone().unwrap_or_default());
         let volume = v.images.first().or(v.wwids.first()).cloned().unwrap_or_else(|| format!("pv/{pv}"));
+        // The one finding an attachment makes: of `kind`, on this node, saying `detail`.
+        let finding = |kind: pb::FindingKind, detail: String| pb::Finding {
+            kind: kind as i32,
+            volume: volume.clone(),
+            pv: pv.to_owned(),
+            nodes: vec![node.to_owned()],
+            volume_attachments: vec![va_text.clone()],
+            detail,
+            ..Default::default()
+        };
         if let Some(m) = missing.iter().find(|m| m.node == node) {
             // Its last-seen mappings already make a finding; the attachment alone does too.
             let mapped = crate::multiattach::devices_of(index, v).contains_key(node);
             if !mapped {
-                out.push(pb::Finding {
-                    kind: pb::FindingKind::DeadNodeWatcher as i32,
-                    volume,
-                    pv: pv.to_owned(),
-                    nodes: vec![node.to_owned()],
-                    volume_attachments: vec![va_text],
-                    detail: format!(
+                out.push(finding(
+                    pb::FindingKind::DeadNodeWatcher,
+                    format!(
                         "attached to {node}, whose agent cannot be asked ({}): its client may still watch \
                          the volume",
                         m.reason
                     ),
-                    ..Default::default()
-                });
+                ));
             }
             continue;
         }
         let is_node = k.nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node));
         if !index.nodes.contains_key(node) {
             if !is_node {
-                out.push(pb::Finding {
-                    kind: pb::FindingKind::DeadNodeWatcher as i32,
-                    volume,
-                    pv: pv.to_owned(),
-                    nodes: vec![node.to_owned()],
-                    volume_attachments: vec![va_text],
-                    detail: format!(
+                out.push(finding(
+                    pb::FindingKind::DeadNodeWatcher,
+                    format!(
                         "attached to {node}, which is no Node of the cluster any more and has no agent: if the \
                          machine still runs, its client may still watch the volume"
                     ),
-                    ..Default::default()
-                });
+                ));
             }
             continue;
         }
@@ -393,18 +413,13 @@ fn attachment_findings(
                     .is_some_and(|l| l.iter().any(|u| names_volume(u, v)))
         });
         if !in_use {
-            out.push(pb::Finding {
-                kind: pb::FindingKind::AttachedNotInUse as i32,
-                volume,
-                pv: pv.to_owned(),
-                nodes: vec![node.to_owned()],
-                volume_attachments: vec![va_text.clone()],
-                detail: format!(
+            out.push(finding(
+                pb::FindingKind::AttachedNotInUse,
+                format!(
                     "VolumeAttachment {va_text} attaches it to {node}, whose agent finds no mapping of it, and \
                      the Node does not list it in use"
                 ),
-                ..Default::default()
-            });
+            ));
         }
     }
     out

@@ -234,6 +234,17 @@ fn volume_attachments_to_idle_and_dead_nodes() {
     let dead = r.findings.iter().find(|f| f.kind == pb::FindingKind::DeadNodeWatcher as i32).expect("dead");
     assert!(dead.detail.contains("no Node of the cluster any more"), "{}", dead.detail);
 
+    // The dead node is a Node of the cluster again, but with no agent at all: nothing on it can
+    // be asked, so the sweep is incomplete (and makes no finding: the node is alive).
+    let mut k2 = kube(true);
+    k2.nodes = vec![Arc::new(
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "dead"}})).expect("node"),
+    )];
+    let r = run(&ix, Some(&k2));
+    assert!(!r.complete, "{r:#?}");
+    assert!(r.summary.contains("attached to 1 node(s) with no agent: dead"), "{}", r.summary);
+    assert!(!r.findings.iter().any(|f| f.nodes == ["dead"]), "{r:#?}");
+
     let ix = index(vec![("used", true, vec![rbd("rbd0", "db", pb::Verdict::InUse, true)])]);
     let k = KubeView { vas: vec![], ..kube(false) };
     let r = run(&ix, Some(&k));
