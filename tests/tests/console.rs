@@ -786,24 +786,8 @@ fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per
 fn the_console_role_cannot_apply_without_naming_an_operator() {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
-    let root = fixtures().join("incident1").to_string_lossy().into_owned();
-    let d = Daemon::start_with_global(
-        s.dir.path(),
-        &["--root", &root],
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-        ],
-    );
+    let tls = pki.write_server(s.dir.path());
+    let d = start_agent(s.dir.path(), "incident1", "node-old", "127.0.0.1:0", &tls);
     let console = pki.issue("console", &["console"]);
     rt().block_on(async {
         let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))

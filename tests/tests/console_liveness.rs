@@ -50,6 +50,31 @@ impl Drop for Stopped {
     }
 }
 
+/// The console's flags in these tests: mutual TLS (`console_args`), the agents `list`
+/// (`node=https://addr,...`), the shipped call deadline and quick reconnects.
+fn liveness_console_args(
+    s: &Scratch,
+    pki: &Pki,
+    tls: &(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf),
+    list: &str,
+) -> Vec<String> {
+    console_args(
+        s,
+        pki,
+        (&tls.0, &tls.1, &tls.2),
+        &[
+            "--agents",
+            list,
+            "--call-timeout-ms",
+            CALL_TIMEOUT_MS,
+            "--connect-timeout-ms",
+            "1000",
+            "--backoff-max-seconds",
+            "1",
+        ],
+    )
+}
+
 fn signal(pid: u32, sig: Signal) {
     kill(Pid::from_raw(pid as i32), sig).unwrap_or_else(|e| panic!("kill -{sig} {pid}: {e}"));
 }
@@ -82,21 +107,7 @@ impl Fleet {
             .map(|(n, d)| format!("{n}=https://{}", d.tcp.expect("the agent's TCP listener")))
             .collect::<Vec<_>>()
             .join(",");
-        let args = console_args(
-            &s,
-            &pki,
-            (&tls.0, &tls.1, &tls.2),
-            &[
-                "--agents",
-                &list,
-                "--call-timeout-ms",
-                CALL_TIMEOUT_MS,
-                "--connect-timeout-ms",
-                "1000",
-                "--backoff-max-seconds",
-                "1",
-            ],
-        );
+        let args = liveness_console_args(&s, &pki, &tls, &list);
         let console = Console::start(&args);
         Fleet { _s: s, pki, agents, console }
     }
@@ -312,20 +323,11 @@ fn root_a_cut_network_link_is_named_missing_within_seconds() {
         &tls,
         |cmd| console_ns.enter_command(cmd),
     );
-    let args = console_args(
+    let args = liveness_console_args(
         &s,
         &pki,
-        (&tls.0, &tls.1, &tls.2),
-        &[
-            "--agents",
-            "node-ns=https://10.231.7.1:9443,node-lo=https://127.0.0.1:9443",
-            "--call-timeout-ms",
-            CALL_TIMEOUT_MS,
-            "--connect-timeout-ms",
-            "1000",
-            "--backoff-max-seconds",
-            "1",
-        ],
+        &tls,
+        "node-ns=https://10.231.7.1:9443,node-lo=https://127.0.0.1:9443",
     );
     let console = Console::start_configured(&args, |cmd| console_ns.enter_command(cmd));
     let addr = console.tcp;
