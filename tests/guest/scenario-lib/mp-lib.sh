@@ -9,6 +9,21 @@ J="--journal /tmp/journal.jsonl"
 fail() { echo "FAIL: $*"; exit 1; }
 [ -x $A ] || fail "$A missing"
 
+# unload_scsi_debug LABEL: unloads scsi_debug once the kernel has dropped its last reference. A
+# path's removal returns before the kernel's own asynchronous users let go (the ALUA handler's
+# queued RTPG work holds the SCSI device, and so the module, for a moment after the map that
+# triggered it is removed): the module's refcount is waited for (10 s), and if it stays held the
+# failure names the count, so a reference the agent left would show.
+unload_scsi_debug() {
+  n=50
+  while [ "$(cat /sys/module/scsi_debug/refcnt 2>/dev/null || echo 0)" != 0 ]; do
+    n=$((n - 1))
+    [ $n -gt 0 ] || fail "rmmod scsi_debug after $1: module still held (refcnt $(cat /sys/module/scsi_debug/refcnt)); devices: $(ls /sys/block | tr '\n' ' ')"
+    sleep 0.2
+  done
+  rmmod scsi_debug || fail "rmmod scsi_debug after $1"
+}
+
 make_map() {
   modprobe scsi_debug add_host=2 num_tgts=1 max_luns=1 vpd_use_hostno=0 dev_size_mb=16 || fail "modprobe scsi_debug"
   [ -e /sys/block/sda ] && [ -e /sys/block/sdb ] || fail "scsi_debug did not give sda and sdb"

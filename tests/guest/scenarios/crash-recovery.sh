@@ -88,7 +88,7 @@ phase() {
   setup $1
   crash $1 $2 $3 /tmp/journal-$1.jsonl
   restart $1 /tmp/journal-$1.jsonl "$MAP" sda sdb
-  rmmod scsi_debug || fail "rmmod scsi_debug after phase $1"
+  unload_scsi_debug "phase $1"
   echo "phase $1: $(($(date +%s) - t)) s"
 }
 
@@ -118,7 +118,7 @@ echo "BEGIN new-sda"; echo "sda $(cat /sys/block/sda/dev) $(cat /sys/block/sda/d
 # Three more rescans after sdb is gone, for a wrong step against the new sda to show.
 LINGER=3 restart changed /tmp/journal-changed.jsonl sdb
 [ -e /sys/block/sda ] || fail "phase changed: the new sda was deleted"
-rmmod scsi_debug || fail "rmmod scsi_debug after phase changed"
+unload_scsi_debug "phase changed"
 echo "phase changed: $(($(date +%s) - t)) s"
 
 # cli_phase LABEL VARIABLE K: the one-shot teardown killed at VARIABLE=K, then run again.
@@ -141,7 +141,7 @@ cli_phase() {
   [ $rc2 = 0 ] || { cat /tmp/again-cli-$1.log; fail "phase cli-$1: the same command run again did not converge (rc $rc2)"; }
   gone "$MAP" sda sdb || { cat /tmp/again-cli-$1.log; fail "phase cli-$1: the map or a path is left"; }
   $A --journal "$jf" journal | grep -q "^no unfinished steps" || { $A --journal "$jf" journal; fail "phase cli-$1: something is left open in the journal"; }
-  rmmod scsi_debug || fail "rmmod scsi_debug after phase cli-$1"
+  unload_scsi_debug "phase cli-$1"
   echo "phase cli-$1: $(($(date +%s) - t)) s"
 }
 if [ -z "${SKIP_CLI:-}" ]; then
