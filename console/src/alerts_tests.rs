@@ -1,4 +1,4 @@
-//! The console's alerts (deploy/overlays/console-monitoring/prometheusrule.yaml) against the
+//! The console's alerts (deploy/components/console-monitoring/prometheusrule.yaml) against the
 //! console's own series: every `blockjanitor_console_*` name an alert uses is served, every
 //! finding kind has its alert and no alert names a kind the sweep does not count, and
 //! `promtool check rules` accepts the groups (skipped without promtool, failed under CI=true).
@@ -9,7 +9,7 @@ use crate::sweep::{kind_name, KINDS};
 
 const RULE: &str = include_str!(concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../deploy/overlays/console-monitoring/prometheusrule.yaml"
+    "/../deploy/components/console-monitoring/prometheusrule.yaml"
 ));
 
 fn names(text: &str, prefix: &str, allowed: impl Fn(char) -> bool) -> Vec<String> {

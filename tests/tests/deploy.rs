@@ -93,9 +93,12 @@ fn every_kustomization_renders_and_round_trips_through_typed_models() {
             continue;
         }
         let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        // Listed by a kustomization (`.../components/NAME`) or by another Component beside it
+        // (`../NAME`, as the monitoring Components list the Prometheus selector).
         let used = kustomizations().iter().any(|(d, c)| {
-            !c && std::fs::read_to_string(d.join("kustomization.yaml"))
-                .is_ok_and(|t| t.contains(&format!("components/{name}")))
+            let listed = if *c { format!("../{name}") } else { format!("components/{name}") };
+            d != &dir
+                && std::fs::read_to_string(d.join("kustomization.yaml")).is_ok_and(|t| t.contains(&listed))
         });
         assert!(used, "component {} is used by no kustomization", dir.display());
     }
@@ -907,4 +910,160 @@ fn root_serve_takes_the_kubelet_dir_from_its_config() {
     assert!(seen, "the config's kubelet_dir was not used: {last:#}\nlog:\n{}", d.log_text());
     drop(d);
     drop(mount);
+}
+
+/// The workspace's version and repository, from the top Cargo.toml.
+fn workspace_package(field: &str) -> String {
+    let text = std::fs::read_to_string(deploy::repo().join("Cargo.toml")).expect("read Cargo.toml");
+    let doc: toml::Table = text.parse().expect("Cargo.toml is TOML");
+    doc["workspace"]["package"][field]
+        .as_str()
+        .unwrap_or_else(|| panic!("workspace.package.{field}"))
+        .to_owned()
+}
+
+/// Kubernetes' recommended labels are on every object of every rendering, and the version they
+/// carry is the agent's own; no selector uses them (a new version must not orphan old pods).
+#[test]
+fn every_object_carries_the_recommended_labels() {
+    let Some(all) = rendered("the recommended labels") else { return };
+    let version = workspace_package("version");
+    for (dir, objects) in &all {
+        for o in objects {
+            let what = format!("deploy/{dir}: {} {}", o["kind"], o["metadata"]["name"]);
+            let labels = &o["metadata"]["labels"];
+            for (k, want) in [
+                ("app.kubernetes.io/name", "blockjanitor"),
+                ("app.kubernetes.io/part-of", "blockjanitor"),
+                ("app.kubernetes.io/instance", "blockjanitor"),
+                ("app.kubernetes.io/managed-by", "kustomize"),
+                ("app.kubernetes.io/version", version.as_str()),
+            ] {
+                assert_eq!(labels[k].as_str(), Some(want), "{what}: label {k} in {labels}");
+            }
+            for selector in [&o["spec"]["selector"]["matchLabels"], &o["spec"]["selector"]] {
+                for k in [
+                    "app.kubernetes.io/version",
+                    "app.kubernetes.io/instance",
+                    "app.kubernetes.io/managed-by",
+                ] {
+                    assert!(selector[k].is_null(), "{what}: its selector uses {k}: {selector}");
+                }
+            }
+        }
+    }
+}
+
+/// Every alert of both monitoring Components names its runbook: a URL in this repository
+/// (Cargo.toml's `repository`, branch main) whose page exists under docs/runbooks/, named after
+/// the alert; and every runbook page belongs to an alert.
+#[test]
+fn every_alert_has_a_runbook_that_exists() {
+    let Some(all) = rendered("the runbooks") else { return };
+    let prefix = format!("{}/blob/main/", workspace_package("repository"));
+    let mut alerts = BTreeSet::new();
+    for overlay in ["overlays/monitoring", "overlays/console-monitoring"] {
+        let objects = all.get(overlay).unwrap_or_else(|| panic!("deploy/{overlay}"));
+        let rules: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "PrometheusRule").collect();
+        assert!(!rules.is_empty(), "deploy/{overlay} has no PrometheusRule");
+        for rule in rules {
+            let rule: deploy::PrometheusRule = serde_json::from_value(rule.clone()).expect("typed");
+            for r in rule.spec.groups.iter().flat_map(|g| &g.rules) {
+                let Some(alert) = &r.alert else { continue };
+                let url = r
+                    .annotations
+                    .get("runbook_url")
+                    .unwrap_or_else(|| panic!("deploy/{overlay}: alert {alert} has no runbook_url"));
+                let path = url
+                    .strip_prefix(&prefix)
+                    .unwrap_or_else(|| panic!("alert {alert}: runbook_url {url} is not under {prefix}"));
+                assert_eq!(path, format!("docs/runbooks/{alert}.md"), "alert {alert}: its runbook's name");
+                let page = std::fs::read_to_string(deploy::repo().join(path))
+                    .unwrap_or_else(|e| panic!("alert {alert}: runbook {path}: {e}"));
+                assert!(page.starts_with(&format!("# {alert}")), "{path} is not {alert}'s page");
+                alerts.insert(alert.clone());
+            }
+        }
+    }
+    for new in ["BlockJanitorDeviceUnresponsive", "BlockJanitorDevicesUnknown", "BlockJanitorConsoleDown"] {
+        assert!(alerts.contains(new), "no alert {new}: {alerts:?}");
+    }
+    let pages = std::fs::read_dir(deploy::repo().join("docs/runbooks")).expect("docs/runbooks");
+    for page in pages {
+        let name = page.expect("entry").file_name().to_string_lossy().into_owned();
+        let Some(alert) = name.strip_suffix(".md").filter(|n| *n != "README") else { continue };
+        assert!(alerts.contains(alert), "docs/runbooks/{name} belongs to no alert");
+    }
+}
+
+/// The agents' monitoring is a Component that combines with every mode and TLS overlay, as a
+/// user's own kustomization lists it: the rendering keeps the overlay's mode, and adds the
+/// metrics Service (selecting the DaemonSet's pods), the ServiceMonitor and PrometheusRule
+/// (with the Prometheus operator's selector label) and the dashboard.
+#[test]
+fn the_monitoring_component_combines_with_every_mode() {
+    let kubectl = match kubectl() {
+        Ok(k) => k,
+        Err(why) => {
+            require("the monitoring component", &[why]);
+            return;
+        }
+    };
+    let root = deploy::repo().join("deploy");
+    let selector = std::fs::read_to_string(root.join("components/prometheus-selector/selector.yaml"))
+        .expect("the selector transformer");
+    let selector: serde_yaml_ng::Value = serde_yaml_ng::from_str(&selector).expect("yaml");
+    let (sel_key, sel_value) = selector["labels"]
+        .as_mapping()
+        .and_then(|m| m.iter().next())
+        .map(|(k, v)| (k.as_str().expect("key").to_owned(), v.as_str().expect("value").to_owned()))
+        .expect("one selector label");
+    for (overlay, mode) in [
+        ("base", Mode::Report),
+        ("overlays/release-mode", Mode::Release),
+        ("overlays/clean-mode", Mode::Clean),
+        ("overlays/tls", Mode::Report),
+        ("overlays/tls-manual", Mode::Report),
+    ] {
+        // A user's kustomization elsewhere on disk (kustomize takes only relative paths).
+        let s = Scratch::new();
+        let up = "../".repeat(s.dir.path().components().count() - 1);
+        let from_scratch =
+            |p: &str| format!("{up}{}", root.join(p).display().to_string().trim_start_matches('/'));
+        std::fs::write(
+            s.path("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: blockjanitor\nresources:\n  - {}\ncomponents:\n  - {}\n",
+                from_scratch(overlay),
+                from_scratch("components/monitoring")
+            ),
+        )
+        .expect("write kustomization");
+        let objects =
+            render(&kubectl, s.dir.path()).unwrap_or_else(|e| panic!("{overlay} + monitoring: {e}"));
+        let what = format!("deploy/{overlay} + components/monitoring");
+        assert_eq!(agent_toml(&objects, &what).mode, mode, "{what}: the mode changed");
+        let ds = find(&objects, "DaemonSet", None).unwrap_or_else(|| panic!("{what}: no DaemonSet"));
+        let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+        let svc = find(&objects, "Service", Some("blockjanitor-metrics"))
+            .unwrap_or_else(|| panic!("{what}: no Service"));
+        for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
+            assert_eq!(&pod_labels[k], v, "{what}: the Service's selector {k} misses the agent's pods");
+        }
+        for kind in ["ServiceMonitor", "PrometheusRule"] {
+            let o = find(&objects, kind, None).unwrap_or_else(|| panic!("{what}: no {kind}"));
+            assert_eq!(
+                o["metadata"]["labels"][&sel_key],
+                sel_value.as_str(),
+                "{what}: {kind}'s selector label"
+            );
+            assert_eq!(o["metadata"]["namespace"], "blockjanitor", "{what}: {kind}'s namespace");
+        }
+        assert!(
+            objects
+                .iter()
+                .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["labels"]["grafana_dashboard"] == "1"),
+            "{what}: no dashboard"
+        );
+    }
 }
