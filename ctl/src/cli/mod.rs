@@ -16,20 +16,21 @@ use serde_json::Value;
 
 use args::{Cli, Command, Output};
 
-pub(crate) mod args;
+mod args;
 pub mod choices;
-pub(crate) mod fleet;
-pub(crate) mod fleet_args;
-pub(crate) mod node;
+mod fleet;
+mod fleet_args;
+mod node;
 
 #[cfg(test)]
 mod tests;
 
-pub(crate) const EXIT_NOT_DONE: u8 = 2;
+/// The exit code when apply did not carry everything out.
+const EXIT_NOT_DONE: u8 = 2;
 
 /// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
 /// arguments are those of `agentctl fleet`.
-pub(crate) fn arguments() -> Vec<std::ffi::OsString> {
+fn arguments() -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let plugin =
         args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|n| n == "kubectl-blockjanitor");
@@ -39,6 +40,8 @@ pub(crate) fn arguments() -> Vec<std::ffi::OsString> {
     args
 }
 
+/// agentctl's `main`: parses the flags (a usage error exits 1, `--help` 0), runs the command,
+/// and prints an error as one line (exit 1).
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse_from(arguments()) {
         Ok(c) => c,
@@ -58,7 +61,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Where to connect, from the flags.
-pub(crate) fn target(cli: &Cli) -> Result<Target> {
+fn target(cli: &Cli) -> Result<Target> {
     let Some(addr) = &cli.addr else {
         if cli.cert.is_some() || cli.key.is_some() || cli.ca.is_some() || cli.server_name.is_some() {
             bail!("--cert, --key, --ca and --server-name are for TCP: add --addr HOST:PORT");
@@ -84,7 +87,7 @@ pub(crate) fn target(cli: &Cli) -> Result<Target> {
     }))
 }
 
-pub(crate) fn run(cli: &Cli) -> Result<u8> {
+fn run(cli: &Cli) -> Result<u8> {
     if let Command::Completions { shell } = &cli.command {
         let mut buf = Vec::new();
         clap_complete::generate(*shell, &mut Cli::command(), "agentctl", &mut buf);
@@ -108,7 +111,7 @@ pub(crate) fn run(cli: &Cli) -> Result<u8> {
 }
 
 /// Where the console is, from the flags.
-pub(crate) fn console_target(cli: &Cli) -> Result<Target> {
+fn console_target(cli: &Cli) -> Result<Target> {
     let Some(addr) = &cli.console else {
         bail!("fleet needs --console HOST:PORT (or BLOCKJANITOR_CONSOLE) with --cert, --key and --ca");
     };
@@ -138,7 +141,7 @@ pub(crate) fn console_target(cli: &Cli) -> Result<Target> {
 }
 
 /// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
-pub(crate) fn write_out(s: &str) -> Result<bool> {
+fn write_out(s: &str) -> Result<bool> {
     let mut out = std::io::stdout().lock();
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(true),
@@ -148,11 +151,7 @@ pub(crate) fn write_out(s: &str) -> Result<bool> {
 }
 
 /// The response in the chosen format.
-pub(crate) fn render(
-    output: Output,
-    value: impl FnOnce() -> Value,
-    table: impl FnOnce() -> String,
-) -> Result<String> {
+fn render(output: Output, value: impl FnOnce() -> Value, table: impl FnOnce() -> String) -> Result<String> {
     Ok(match output {
         Output::Table => table(),
         Output::Json => serde_json::to_string_pretty(&value())? + "\n",
@@ -160,13 +159,13 @@ pub(crate) fn render(
     })
 }
 
-pub(crate) fn status(s: tonic::Status) -> anyhow::Error {
+fn status(s: tonic::Status) -> anyhow::Error {
     anyhow::anyhow!(client::status_line(&s))
 }
 
 /// Over TLS, an agent that rejects the client certificate just drops the connection after the
 /// handshake: say so.
-pub(crate) fn tls_hint(target: &Target) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ {
+fn tls_hint(target: &Target) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ {
     move |e| {
         let msg = e.to_string();
         let broken = ["Unknown: ", "Unavailable: ", "Cancelled: "].iter().any(|p| msg.starts_with(p));

@@ -14,6 +14,7 @@ use super::args::{Cli, Command, Output};
 use super::{render, status, write_out, EXIT_NOT_DONE};
 use crate::{apply, plan, text, time, values};
 
+/// One command against the agent at `target`; its exit code.
 pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
     let timeout = Duration::from_secs(cli.timeout);
     let mut c: AgentClient<Channel> = client::connect(target, timeout).await?;
