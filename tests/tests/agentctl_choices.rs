@@ -28,7 +28,7 @@ fn kinds_are_the_agents_kinds() {
     assert_eq!(described::<KindChoice>(), described::<DeviceKind>());
     assert_eq!(KindChoice::value_variants().len(), DeviceKind::ALL.len());
     for (c, k) in KindChoice::value_variants().iter().zip(DeviceKind::ALL) {
-        assert_eq!(c.wire(), convert::kind(k), "{k:?}");
+        assert_eq!(c.wire, convert::kind(k), "{k:?}");
     }
 }
 
@@ -36,6 +36,6 @@ fn kinds_are_the_agents_kinds() {
 fn verdicts_are_the_agents_verdicts() {
     assert_eq!(described::<VerdictChoice>(), described::<Verdict>());
     for (c, v) in VerdictChoice::value_variants().iter().zip(Verdict::value_variants()) {
-        assert_eq!(c.wire(), convert::verdict(*v), "{v:?}");
+        assert_eq!(c.wire, convert::verdict(*v), "{v:?}");
     }
 }

@@ -99,10 +99,10 @@ pub(crate) struct DeviceFilter {
 impl DeviceFilter {
     /// The kind and verdict as the wire carries them (unspecified: any).
     pub(crate) fn wire(&self) -> (i32, i32) {
-        let verdict = if self.stale { Some(VerdictChoice::Stale) } else { self.verdict };
+        let verdict = if self.stale { Some(pb::Verdict::Stale) } else { self.verdict.map(|v| v.wire) };
         (
-            self.kind.map_or(pb::DeviceKind::Unspecified, KindChoice::wire) as i32,
-            verdict.map_or(pb::Verdict::Unspecified, VerdictChoice::wire) as i32,
+            self.kind.map_or(pb::DeviceKind::Unspecified, |k| k.wire) as i32,
+            verdict.unwrap_or(pb::Verdict::Unspecified) as i32,
         )
     }
 }

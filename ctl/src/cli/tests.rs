@@ -1,5 +1,6 @@
 //! Unit tests of agentctl's flags: filters, targets, the fleet console, the names of the choices.
 
+use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::client::Target;
 use clap::{CommandFactory, Parser, ValueEnum};
 
@@ -24,8 +25,8 @@ fn devices_filters() {
     assert_eq!(cli.output, Output::Yaml);
     match cli.command {
         Command::Devices { filter } => {
-            assert_eq!(filter.kind, Some(KindChoice::Loop));
-            assert_eq!(filter.verdict, Some(VerdictChoice::InUse));
+            assert_eq!(filter.kind.map(|k| k.wire), Some(pb::DeviceKind::Loop));
+            assert_eq!(filter.verdict.map(|v| v.wire), Some(pb::Verdict::InUse));
             assert!(!filter.stale);
         }
         other => panic!("parsed as {other:?}"),
@@ -40,11 +41,11 @@ fn devices_filters() {
 fn cli_names_match_the_agents_names() {
     for k in KindChoice::value_variants() {
         let name = k.to_possible_value().map(|p| p.get_name().to_owned());
-        assert_eq!(name, Some(names::kind_name(k.wire() as i32)));
+        assert_eq!(name, Some(names::kind_name(k.wire as i32)));
     }
     for v in VerdictChoice::value_variants() {
         let name = v.to_possible_value().map(|p| p.get_name().to_owned());
-        assert_eq!(name, Some(names::verdict_name(v.wire() as i32)));
+        assert_eq!(name, Some(names::verdict_name(v.wire as i32)));
     }
 }
 
