@@ -4,7 +4,7 @@
 
 /// Why the reflection service could not be built (a descriptor set it could not read).
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
+#[error("reflection: {0}")]
 pub struct ReflectionError(pub String);
 
 /// The gRPC health service's name, which every listener serves beside its own.

@@ -51,7 +51,7 @@ pub enum ServeError {
     NoSuchGroup(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("reflection: {0}")]
+    #[error("{0}")]
     Reflection(#[from] blockjanitor_rpc::health::ReflectionError),
 }
 
