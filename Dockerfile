@@ -60,9 +60,11 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY agent agent
 COPY proto proto
+COPY rpc rpc
+COPY ctl ctl
 COPY console console
 COPY tests tests
-RUN cargo build --locked --release -p blockjanitor --bin blockjanitor-agent --bin agentctl \
+RUN cargo build --locked --release -p blockjanitor --bin blockjanitor-agent -p blockjanitor-ctl --bin agentctl \
         -p blockjanitor-console --bin blockjanitor-console \
     && mkdir /out \
     && cp target/release/blockjanitor-agent target/release/agentctl target/release/blockjanitor-console /out/ \

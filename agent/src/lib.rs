@@ -12,7 +12,6 @@
 pub mod act;
 pub mod blindspot;
 pub mod bounded;
-pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
@@ -21,8 +20,6 @@ pub mod dmioctl;
 pub mod durable;
 pub mod engine;
 pub mod errors;
-pub mod fleet_plan;
-pub mod fleet_render;
 pub mod gates;
 pub mod grace;
 pub mod graph;

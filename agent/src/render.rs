@@ -18,21 +18,8 @@ use crate::snapshot::ScanStats;
 /// Holder lines shown per device in a table before the rest is summarised.
 const TABLE_HOLDERS: usize = 6;
 
-/// Sizes as `64.0M`, `1.5G`.
-pub fn size(bytes: u64) -> String {
-    let units = ["B", "K", "M", "G", "T", "P"];
-    let mut v = bytes as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{bytes}B")
-    } else {
-        format!("{v:.1}{}", units[u])
-    }
-}
+/// Sizes as `64.0M`, `1.5G` (one definition for every renderer, in blockjanitor-rpc).
+pub use blockjanitor_rpc::units::size;
 
 /// The `device` object of the JSON output.
 pub fn device_json(d: &BlockDevice) -> Value {

@@ -43,7 +43,7 @@ pub fn parse_static(list: &str) -> Result<BTreeMap<String, AgentSpec>, DiscoverE
         let (node, url) = entry.split_once('=').ok_or_else(bad)?;
         let node = node.trim();
         let addr = url.trim().trim_start_matches("https://").trim_end_matches('/');
-        if node.is_empty() || blockjanitor::client::split_host_port(addr).is_none() {
+        if node.is_empty() || blockjanitor_rpc::client::split_host_port(addr).is_none() {
             return Err(bad());
         }
         let spec = AgentSpec {

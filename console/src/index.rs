@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use blockjanitor::client::now_secs;
+use blockjanitor_ctl::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 
 use crate::watchers::{addr_ip, normalize_client};

@@ -20,9 +20,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blockjanitor::client::{self, now_secs, Target, TcpTarget};
+use blockjanitor_ctl::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
+use blockjanitor_rpc::client::{self, Target, TcpTarget};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;

@@ -125,7 +125,7 @@ impl Metrics {
     }
 }
 
-impl blockjanitor::server::metrics_http::Exposition for Metrics {
+impl blockjanitor_rpc::metrics_http::Exposition for Metrics {
     fn render(&self) -> String {
         Metrics::render(self)
     }
@@ -133,7 +133,7 @@ impl blockjanitor::server::metrics_http::Exposition for Metrics {
 
 /// Serves `/metrics` until `shutdown` turns true (the agent's server, with the console's figures).
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: watch::Receiver<bool>) {
-    blockjanitor::server::metrics_http::serve(listener, metrics, shutdown).await;
+    blockjanitor_rpc::metrics_http::serve(listener, metrics, shutdown).await;
 }
 
 #[cfg(test)]

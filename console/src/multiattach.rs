@@ -96,7 +96,7 @@ pub fn held(d: &pb::Device) -> bool {
 }
 
 fn verdict_name(raw: i32) -> String {
-    blockjanitor::client::verdict_name(raw)
+    blockjanitor_ctl::names::verdict_name(raw)
 }
 
 /// One diagnosis per node involved: named by a VolumeAttachment, listed in a Node's status, or

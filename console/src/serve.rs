@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockjanitor::server::auth::Policy;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_server::FleetServer;
+use blockjanitor_rpc::auth::Policy;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -23,7 +23,7 @@ use crate::index::Index;
 use crate::lease::{ApplyLease, LeaseOptions};
 use crate::link::{LinkOptions, Links};
 use crate::metrics::{self, Metrics};
-use blockjanitor::daemon::peer_limit::PeerLimit;
+use blockjanitor_rpc::peer_limit::PeerLimit;
 
 use crate::apply::StepBudget;
 use crate::service::{CallerLimits, FleetService};
@@ -206,10 +206,10 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
     reporter.set_serving::<FleetServer<FleetService>>().await;
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     // Only what the console serves: the descriptor set also holds the agent's service.
-    let served = [pb::fleet_server::SERVICE_NAME, blockjanitor::server::listen::HEALTH_SERVICE];
-    let reflection = blockjanitor::server::listen::reflection_v1(&sets, &served)
+    let served = [pb::fleet_server::SERVICE_NAME, blockjanitor_rpc::health::HEALTH_SERVICE];
+    let reflection = blockjanitor_rpc::health::reflection_v1(&sets, &served)
         .map_err(|e| ConsoleError::Setup(e.to_string()))?;
-    let reflection_v1alpha = blockjanitor::server::listen::reflection_v1alpha(&sets, &served)
+    let reflection_v1alpha = blockjanitor_rpc::health::reflection_v1alpha(&sets, &served)
         .map_err(|e| ConsoleError::Setup(e.to_string()))?;
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(read(&opts.tls_cert)?, read(&opts.tls_key)?))

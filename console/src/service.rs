@@ -13,14 +13,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockjanitor::client;
-use blockjanitor::server::auth::{Policy, Role, ON_BEHALF_OF};
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_server::Fleet;
+use blockjanitor_rpc::auth::{Policy, Role, ON_BEHALF_OF};
+use blockjanitor_rpc::client;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use blockjanitor::daemon::peer_limit::PeerLimit;
+use blockjanitor_rpc::peer_limit::PeerLimit;
 
 use crate::apply::{self, StepBudget};
 use crate::ceph_addr;

@@ -128,7 +128,7 @@ fn device_state(d: &pb::Device) -> String {
     if held(d) {
         d.holders.first().map(|h| h.description.clone()).unwrap_or_else(|| "in use".to_owned())
     } else {
-        blockjanitor::client::verdict_name(d.verdict)
+        blockjanitor_ctl::names::verdict_name(d.verdict)
     }
 }
 
@@ -270,7 +270,7 @@ fn sweep_with(
                 detail: format!(
                     "mapped on {n} and nothing there uses it: {}",
                     idle.iter()
-                        .map(|d| format!("{} {}", d.name, blockjanitor::client::verdict_name(d.verdict)))
+                        .map(|d| format!("{} {}", d.name, blockjanitor_ctl::names::verdict_name(d.verdict)))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),

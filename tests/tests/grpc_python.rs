@@ -142,7 +142,7 @@ fn root_grpc_python_default_options_over_socket_and_mtls() {
     // The C core's :authority for this socket is its path, percent-encoded: h2 refuses that.
     let authority = p(&d.socket).trim_start_matches('/').replace('/', "%2F");
     assert!(
-        blockjanitor::server::authority::h2_refuses(authority.as_bytes()),
+        blockjanitor_rpc::authority::h2_refuses(authority.as_bytes()),
         "{authority} would not exercise issue 13"
     );
 

@@ -7,6 +7,5 @@ pub mod budget;
 pub mod events;
 pub mod mount_watch;
 pub mod new_namespaces;
-pub mod peer_limit;
 pub mod state;
 pub mod triggers;

@@ -90,7 +90,7 @@ pub struct AgentState {
     /// Destructive steps of release/clean mode in the last minute (the rate limit's window).
     budget: Mutex<Budget>,
     /// Plan calls a minute per caller (each scans afresh).
-    pub plan_limit: super::peer_limit::PeerLimit,
+    pub plan_limit: blockjanitor_rpc::peer_limit::PeerLimit,
     /// Why the latest scan failed (`None`: it succeeded): the health service answers NOT_SERVING
     /// while it is `Some`, since every answer then rests on an older view.
     pub scan_failure: tokio::sync::watch::Sender<Option<String>>,
@@ -154,7 +154,7 @@ impl AgentState {
         let (events, _) = broadcast::channel(1024);
         let clocks = Clocks::new(crate::clock::boot_id(&host));
         let budget = Budget::new(config.max_actions_per_minute as usize, Duration::from_secs(60));
-        let plan_limit = super::peer_limit::PeerLimit::new(config.plans_per_minute_per_client);
+        let plan_limit = blockjanitor_rpc::peer_limit::PeerLimit::new(config.plans_per_minute_per_client);
         Arc::new(Self {
             host,
             config,

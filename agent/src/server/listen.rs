@@ -2,8 +2,8 @@
 //! TLS (refused without it), `/metrics`; health and reflection on both gRPC listeners; the health
 //! service alone in plain text when `[health] listen` is set (for kubelet's `grpc` probes);
 //! graceful shutdown. Both gRPC listeners read the client's bytes through
-//! [`super::authority::AuthorityFix`] (any valid `:authority`, issue 13); TLS is terminated in
-//! [`super::tls`].
+//! [`blockjanitor_rpc::authority::AuthorityFix`] (any valid `:authority`, issue 13); TLS is
+//! terminated in [`blockjanitor_rpc::tls`].
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -16,9 +16,11 @@ use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::transport::Server;
 
-use super::auth::Policy;
-use super::authority::AuthorityFix;
-use super::metrics_http;
+use blockjanitor_rpc::auth::Policy;
+use blockjanitor_rpc::authority::AuthorityFix;
+use blockjanitor_rpc::health::{reflection_v1, reflection_v1alpha, HEALTH_SERVICE};
+use blockjanitor_rpc::{metrics_http, peer, tls};
+
 use super::service::AgentService;
 use crate::daemon::state::AgentState;
 
@@ -26,6 +28,13 @@ use crate::daemon::state::AgentState;
 const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 /// How long a ping may go unanswered before the connection (and its event streams) is dropped.
 const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `/metrics` serves the agent's own exposition.
+impl metrics_http::Exposition for crate::metrics::Metrics {
+    fn render(&self) -> String {
+        crate::metrics::Metrics::render(self)
+    }
+}
 
 /// What stopped the server from starting or serving.
 #[derive(Debug, thiserror::Error)]
@@ -42,8 +51,8 @@ pub enum ServeError {
     NoSuchGroup(String),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
-    #[error("reflection: {0}")]
-    Reflection(String),
+    #[error("{0}")]
+    Reflection(#[from] blockjanitor_rpc::health::ReflectionError),
 }
 
 /// Resolves a group name or numeric GID.
@@ -87,52 +96,6 @@ pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeErr
             .map_err(|e| fail(format!("chown to group {g}: {e}")))?;
     }
     Ok(listener)
-}
-
-/// The gRPC health service's name, which every listener serves beside its own.
-pub const HEALTH_SERVICE: &str = "grpc.health.v1.Health";
-
-/// A reflection builder over the given encoded descriptor sets that advertises only `services`
-/// (fully qualified), the services the listener really serves: a descriptor set may hold others
-/// (the agent's holds the console's `Fleet`), which a client would otherwise call and get
-/// UNIMPLEMENTED. Their types stay resolvable.
-fn reflection_builder<'b>(sets: &[&'b [u8]], services: &[&str]) -> tonic_reflection::server::Builder<'b> {
-    let b = sets.iter().fold(tonic_reflection::server::Builder::configure(), |b, s| {
-        b.register_encoded_file_descriptor_set(s)
-    });
-    services.iter().fold(b, |b, name| b.with_service_name(*name))
-}
-
-/// Server reflection (`grpc.reflection.v1`) over the given encoded descriptor sets, advertising
-/// `services` and reflection itself (its own name, as grpcurl and grpc_cli expect to see it).
-pub fn reflection_v1(
-    sets: &[&'static [u8]],
-    services: &[&str],
-) -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
-    ServeError,
-> {
-    reflection_builder(sets, services)
-        .with_service_name("grpc.reflection.v1.ServerReflection")
-        .build_v1()
-        .map_err(|e| ServeError::Reflection(e.to_string()))
-}
-
-/// The same as `grpc.reflection.v1alpha`, which many clients still speak (Python's
-/// `grpc_reflection`, `grpc_cli`, older grpcurl and Postman) and get UNIMPLEMENTED without.
-pub fn reflection_v1alpha(
-    sets: &[&'static [u8]],
-    services: &[&str],
-) -> Result<
-    tonic_reflection::server::v1alpha::ServerReflectionServer<
-        impl tonic_reflection::server::v1alpha::ServerReflection,
-    >,
-    ServeError,
-> {
-    reflection_builder(sets, services)
-        .with_service_name("grpc.reflection.v1alpha.ServerReflection")
-        .build_v1alpha()
-        .map_err(|e| ServeError::Reflection(e.to_string()))
 }
 
 /// Keeps the agent service's health (`blockjanitor.v1.Agent`, what the DaemonSet's readiness
@@ -223,8 +186,8 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         let (Some(cert), Some(key), Some(ca)) = (&cfg.tcp.cert, &cfg.tcp.key, &cfg.tcp.client_ca) else {
             return Err(ServeError::Tls("a TCP listener needs tcp.cert, tcp.key and tcp.client_ca".into()));
         };
-        let tls = super::tls::server_config(&read(cert)?, &read(key)?, &read(ca)?)
-            .map_err(|e| ServeError::Tls(e.0))?;
+        let tls =
+            tls::server_config(&read(cert)?, &read(key)?, &read(ca)?).map_err(|e| ServeError::Tls(e.0))?;
         let l = TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
@@ -239,7 +202,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .add_service(reflection()?)
             .add_service(reflection_v1alpha()?)
             .add_service(agent());
-        let incoming = super::tls::incoming(l, tls, shutdown.clone());
+        let incoming = tls::incoming(l, tls, shutdown.clone());
         let stop = wait(shutdown.clone());
         tasks.spawn(async move {
             router.serve_with_incoming_shutdown(incoming, stop).await.map_err(ServeError::from)
@@ -257,7 +220,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         router
             .serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(UnixListenerStream::new(uds), |r| {
-                    r.map(|s| AuthorityFix::new(super::peer::PeerStream::new(s)))
+                    r.map(|s| AuthorityFix::new(peer::PeerStream::new(s)))
                 }),
                 stop,
             )

@@ -9,10 +9,10 @@ use blockjanitor_proto::v1::agent_server::Agent;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use super::auth::{Policy, Role};
 use super::convert;
 use super::status::to_status;
 use crate::daemon::state::AgentState;
+use blockjanitor_rpc::auth::{Policy, Role};
 
 /// The service, sharing the daemon's state.
 pub struct AgentService {
@@ -130,7 +130,7 @@ impl Agent for AgentService {
         // The console forwards many people's Plans: each counts apart ("console for alice"),
         // not all of them in one bucket.
         let forwarded_for = (caller.role == Role::Console)
-            .then(|| req.metadata().get(crate::server::auth::ON_BEHALF_OF).and_then(|v| v.to_str().ok()))
+            .then(|| req.metadata().get(blockjanitor_rpc::auth::ON_BEHALF_OF).and_then(|v| v.to_str().ok()))
             .flatten()
             .map(str::trim)
             .filter(|w| !w.is_empty());

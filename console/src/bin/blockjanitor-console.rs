@@ -145,7 +145,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", blockjanitor::errors::one_line(e.as_ref()));
+            eprintln!("error: {}", blockjanitor_rpc::errors::one_line(e.as_ref()));
             ExitCode::from(1)
         }
     }

@@ -16,12 +16,6 @@ pub trait Exposition: Send + Sync + 'static {
     fn render(&self) -> String;
 }
 
-impl Exposition for crate::metrics::Metrics {
-    fn render(&self) -> String {
-        crate::metrics::Metrics::render(self)
-    }
-}
-
 async fn handle<M: Exposition>(
     req: Request<Incoming>,
     metrics: Arc<M>,

@@ -4,7 +4,7 @@
 //! and its pid been reused by then).
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -32,8 +32,7 @@ impl PeerStream {
     /// Reads the peer's credentials once, right after the accept.
     pub fn new(inner: UnixStream) -> Self {
         let uds = inner.connect_info();
-        let groups =
-            crate::sys::peer_groups(inner.as_fd()).map(Arc::new).map_err(|e| format!("SO_PEERGROUPS: {e}"));
+        let groups = peer_groups(inner.as_fd()).map(Arc::new).map_err(|e| format!("SO_PEERGROUPS: {e}"));
         Self { inner, info: PeerInfo { uds, groups } }
     }
 }
@@ -53,6 +52,39 @@ impl AsyncRead for PeerStream {
 }
 
 write_through!(PeerStream);
+
+/// The supplementary groups of the process at the other end of a unix socket, as the kernel
+/// recorded them when it connected (`SO_PEERGROUPS`, Linux 4.13): unlike `/proc/PID/status`,
+/// immune to the peer exiting and its pid being reused.
+pub fn peer_groups(fd: BorrowedFd<'_>) -> io::Result<Vec<u32>> {
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    loop {
+        let mut len = libc::socklen_t::try_from(groups.len() * std::mem::size_of::<libc::gid_t>())
+            .map_err(|_| io::Error::other("too many groups"))?;
+        // SAFETY: the fd is open for the call; `groups` is writable for `len` bytes, and the
+        // kernel writes at most `len` bytes and stores the size it needs (or wrote) in `len`.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = usize::try_from(len).unwrap_or(0) / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -5,9 +5,10 @@
 use blockjanitor_proto::v1 as pb;
 use serde_json::{json, Value};
 
-use crate::client::{
-    ago, clean, columns, cut, device_value, kind_name, node_value, step_value, verdict_name,
-};
+use crate::names::{kind_name, verdict_name};
+use crate::table::{clean, columns, cut};
+use crate::time::ago;
+use crate::values::{device_value, node_value, step_value};
 
 /// `stale_mapping`, `safe_to_delete_va`... for a raw `Diagnosis`.
 pub fn diagnosis_name(raw: i32) -> String {

@@ -1,0 +1,253 @@
+//! agentctl's flags and commands (clap): the connection, the output format, the device filters
+//! and every command with its help; `fleet`'s own commands are in `fleet_args.rs`.
+
+use std::path::PathBuf;
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::client::DEFAULT_SOCKET;
+use clap::{Parser, Subcommand, ValueEnum};
+use clap_complete::Shell;
+
+use super::choices::{KindChoice, VerdictChoice};
+use super::fleet_args::FleetCommand;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "agentctl",
+    version,
+    about = "Ask the blockjanitor agent which block devices are stale and who holds them; plan and carry out their cleanup.",
+    long_about = "Ask the blockjanitor agent which block devices are stale and who holds them; plan and carry out \
+their cleanup; watch what changes.\n\nBy default agentctl talks to the agent on this node over its unix socket: \
+root is an operator, members of the socket's group may read. With --addr it talks to an agent on another node \
+over TCP with mutual TLS, and the name in the client certificate decides the role.\n\nOnly `apply --yes` \
+changes anything.",
+    after_help = "EXAMPLES:\n  agentctl node\n  agentctl devices --stale\n  agentctl devices --kind loop -o yaml\n  \
+agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
+agentctl apply loop3                   # show the plan, change nothing\n  \
+agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  agentctl watch -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
+agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
+EXIT CODES:\n  0  ok\n  1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
+2  apply did not carry everything out: no --yes, a plan was refused, or a step was deferred"
+)]
+pub(crate) struct Cli {
+    /// The agent's unix socket on this node.
+    #[arg(long, global = true, help_heading = "Connection", env = "BLOCKJANITOR_SOCKET", default_value = DEFAULT_SOCKET, value_name = "PATH")]
+    pub(crate) socket: PathBuf,
+    /// Talk to the agent on another node over TCP with mutual TLS instead of the socket
+    /// (needs --cert, --key and --ca).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "HOST:PORT")]
+    pub(crate) addr: Option<String>,
+    /// The fleet console, for `fleet` (needs --cert, --key and --ca).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "BLOCKJANITOR_CONSOLE",
+        value_name = "HOST:PORT"
+    )]
+    pub(crate) console: Option<String>,
+    /// Client certificate (PEM), for --addr and --console (fleet: also BLOCKJANITOR_CERT).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    pub(crate) cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM), for --addr and --console (fleet: also
+    /// BLOCKJANITOR_KEY).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    pub(crate) key: Option<PathBuf>,
+    /// CA certificate that signed the agent's (or console's) certificate (PEM) (fleet: also
+    /// BLOCKJANITOR_CA).
+    #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
+    pub(crate) ca: Option<PathBuf>,
+    /// Name the agent's certificate must carry [default: the host part of --addr].
+    #[arg(long, global = true, help_heading = "Connection", value_name = "NAME")]
+    pub(crate) server_name: Option<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, help_heading = "Output", value_enum, default_value_t = Output::Table)]
+    pub(crate) output: Output,
+    /// Give up on connecting, and on each call, after this many seconds (`watch`: on connecting only).
+    #[arg(long, global = true, help_heading = "Connection", default_value_t = 30, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) timeout: u64,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// Text for people.
+    Table,
+    /// Pretty JSON (watch: one object per line).
+    Json,
+    /// YAML (watch: one document per event).
+    Yaml,
+}
+
+/// Which devices to list (`devices`, `fleet devices`): filters combine.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DeviceFilter {
+    /// Only devices of this kind.
+    #[arg(long, value_enum)]
+    pub(crate) kind: Option<KindChoice>,
+    /// Only devices with this verdict.
+    #[arg(long, value_enum, conflicts_with = "stale")]
+    pub(crate) verdict: Option<VerdictChoice>,
+    /// Only stale devices (same as --verdict stale).
+    #[arg(long)]
+    pub(crate) stale: bool,
+}
+
+impl DeviceFilter {
+    /// The kind and verdict as the wire carries them (unspecified: any).
+    pub(crate) fn wire(&self) -> (i32, i32) {
+        let verdict = if self.stale { Some(pb::Verdict::Stale) } else { self.verdict.map(|v| v.wire) };
+        (
+            self.kind.map_or(pb::DeviceKind::Unspecified, |k| k.wire) as i32,
+            verdict.unwrap_or(pb::Verdict::Unspecified) as i32,
+        )
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Command {
+    /// This node and its agent: name, kernel, version, whether the Kubernetes API vouches, last
+    /// scan, warnings and blind spots.
+    #[command(
+        long_about = "This node and its agent: name, kernel, agent version, mode, whether the Kubernetes API \
+vouches for the verdicts (`vouching`, `not configured`, or `cannot vouch: <why>`), the last scan, its warnings, \
+and its blind spots: what the scan could not see. A cleanup candidate a blind spot could hide a holder of is \
+`unknown`, never `stale`.",
+        after_help = "EXAMPLES:\n  agentctl node\n  agentctl node -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT CODES:\n  0  ok\n  1  error"
+    )]
+    Node,
+    /// Block devices from the agent's latest scan with their verdicts, optionally filtered.
+    #[command(
+        long_about = "Block devices from the agent's latest scan: name, MAJ:MIN, kind, size, verdict, number of \
+holders and the first reason for the verdict. Filters combine (--kind loop --stale: stale loop devices).",
+        after_help = "EXAMPLES:\n  agentctl devices\n  agentctl devices --stale\n  agentctl devices --kind rbd --verdict in_use\n  \
+agentctl devices -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n\n\
+EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
+    )]
+    Devices {
+        #[command(flatten)]
+        filter: DeviceFilter,
+    },
+    /// One device: its identity, its stack, its verdict with every reason, and who holds it.
+    #[command(
+        long_about = "One device: what it is, its kernel identity (what its number stands for now), what is \
+stacked on or below it, its verdict with every reason, \
+and one line per holder (mounts in every mount namespace, open fds, working directories, memory maps, swap, \
+stacked devices, loop devices backed by it). Kernel threads named after it are shown as symptoms, not holders.\n\n\
+DEVICE is a kernel name (loop3), a /dev path, a dm name or MAJ:MIN.",
+        after_help = "EXAMPLES:\n  agentctl device loop3\n  agentctl device /dev/mapper/vg-data -o yaml\n  agentctl device 252:1\n\n\
+EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
+    )]
+    Device {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+    },
+    /// Who holds one device, one line per holder.
+    #[command(
+        long_about = "Who holds one device: one line per holder with the process, mount namespace, mount point, \
+container and pod where the agent knows them. Kernel threads (jbd2/<dev>-8...) are symptoms, not holders.\n\n\
+DEVICE is a kernel name (rbd3), a /dev path, a dm name or MAJ:MIN.",
+        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n\n\
+EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
+    )]
+    Holders {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+    },
+    /// The steps that would clean the given devices (default: every stale one). Changes nothing.
+    #[command(
+        long_about = "The ordered steps that would clean the given devices, planned by the agent from a fresh \
+scan: detach mounts in other mount namespaces (detach_mount), then tear the device down by its kind \
+(detach_loop, nbd_disconnect, rbd_unmap, dm_message and dm_remove, scsi_offline and scsi_delete). Shows the \
+identity each plan was made for, what it leaves alone and why, and why a plan is refused. Changes \
+nothing.\n\nWith no DEVICE: every device whose verdict is stale. A script that applies later passes each plan's \
+`identity` (JSON) to `apply --identity`.",
+        after_help = "EXAMPLES:\n  agentctl plan\n  agentctl plan loop3 rbd0\n  agentctl plan loop3 -o json\n\n\
+EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
+    )]
+    Plan {
+        /// Devices to plan for [default: every stale device].
+        devices: Vec<String>,
+        /// Plan only the release of the copies of their mounts that other mount namespaces keep
+        /// (incident 5); the devices themselves stay. Needs the devices named.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Carry out the plans for the given devices; without --yes only show them.
+    #[command(
+        long_about = "Carry out the plans for the given devices. With --yes, agentctl asks the agent for the \
+plans, shows them, and applies them bound to the identities they were made for: if a device number now \
+stands for another kernel object (a loop device detached and attached to another file, an nbd index or rbd \
+id reused), the agent refuses with FailedPrecondition naming both identities, and nothing is done. The agent \
+re-plans each device from a fresh scan, re-checks every step right before it runs, and journals and audits \
+it. Needs the operator role (root on the socket, or an operator certificate).\n\nWith --identity (one per \
+device, in the same order, as `agentctl plan -o json` printed them), the apply is bound to that earlier plan \
+instead and no plan is asked for.\n\nWithout --yes, shows the plans and changes nothing.",
+        after_help = "EXAMPLES:\n  agentctl apply loop3                 # show the plan, change nothing\n  \
+agentctl apply loop3 --yes           # plan, show it, carry out exactly that\n  \
+agentctl apply loop3 loop4 --yes -o json\n  \
+id=$(agentctl plan loop3 -o json | jq -r '.plans[0].identity')\n  \
+agentctl apply loop3 --yes --identity \"$id\"\n\n\
+EXIT CODES:\n  0  every step done (or already absent)\n  \
+1  error (e.g. FailedPrecondition: the device changed since it was planned), or a step failed\n  \
+2  not carried out: no --yes, a plan was refused, or a step was deferred"
+    )]
+    Apply {
+        /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN).
+        #[arg(required = true)]
+        devices: Vec<String>,
+        /// Only release the copies of their mounts that other mount namespaces keep, inside each
+        /// holder's namespace (no process is killed; live host mounts are never touched); the
+        /// devices stay. Needs no stale verdict.
+        #[arg(long)]
+        release: bool,
+        /// Carry out the plans (without it: show them only).
+        #[arg(long)]
+        yes: bool,
+        /// The identity an earlier plan was made for, one per device in the same order ("" for
+        /// none): the agent refuses a device that is now another one. Repeatable; needs --yes.
+        #[arg(long = "identity", value_name = "TOKEN", requires = "yes")]
+        identities: Vec<String>,
+    },
+    /// Stream what changes (devices, holders, verdicts, actions) until Ctrl-C or the agent stops.
+    #[command(
+        long_about = "Stream what changes on the node: devices appearing and going, holders and verdicts \
+changing, actions starting and finishing. Starts with no backlog. Runs until Ctrl-C or until the agent ends \
+the stream; --timeout bounds only the connection.\n\nTable: one line per event. JSON: one object per line. \
+YAML: one document per event.",
+        after_help = "EXAMPLES:\n  agentctl watch\n  agentctl watch -o json | jq -c 'select(.type == \"verdict_changed\")'\n\n\
+EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect, stream broken)"
+    )]
+    Watch,
+    /// Ask the fleet console about every node at once (see `agentctl fleet --help`).
+    #[command(
+        long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
+image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
+stuck in Multi-Attach; every volume on several nodes, attached but unused, or held by a dead node (sweep); \
+each node's plan (plan) and carrying it out (apply). Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
+the nodes it could not speak for.\n\nInstalled as `kubectl-blockjanitor` (a symlink), this is the kubectl \
+plugin: `kubectl blockjanitor where shop/data-db-0`.",
+        after_help = "EXAMPLES:\n  agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
+agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
+rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
+agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\
+EXIT CODES:\n  0  ok\n  1  error"
+    )]
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
+    /// Print a shell completion script to stdout.
+    #[command(after_help = "EXAMPLES:\n  agentctl completions bash > /etc/bash_completion.d/agentctl\n  \
+agentctl completions zsh > \"${fpath[1]}/_agentctl\"\n  agentctl completions fish > ~/.config/fish/completions/agentctl.fish\n\n\
+EXIT CODES:\n  0  ok\n  1  error")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}

@@ -1,0 +1,226 @@
+//! `agentctl fleet` (and `kubectl blockjanitor`): one question to the fleet console, printed;
+//! `fleet plan` asks each node's plan through it, `fleet apply` shows the dry run, asks, then
+//! carries it out.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::client::{self, Target};
+
+use super::args::Cli;
+use super::fleet_args::FleetCommand;
+use super::{render, status, write_out};
+use crate::{fleet_apply, time};
+
+/// One question to the fleet console.
+pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8> {
+    use crate::fleet_render as fr;
+    use blockjanitor_proto::v1::fleet_client::FleetClient;
+    let timeout = Duration::from_secs(cli.timeout);
+    let mut c =
+        FleetClient::new(client::connect_channel(target, timeout).await?).max_decoding_message_size(64 << 20);
+    let out = cli.output;
+    let text = match command {
+        FleetCommand::Nodes => {
+            let r = client::call(timeout, c.list_nodes(client::request(pb::ListNodesRequest {}, timeout)))
+                .await
+                .map_err(status)?;
+            render(out, || fr::nodes_value(&r), || fr::nodes_table(&r, time::now_secs()))?
+        }
+        FleetCommand::Devices { filter, node, fresh } => {
+            let (kind, verdict) = filter.wire();
+            let req = pb::FleetListDevicesRequest {
+                kind,
+                verdict,
+                node: node.clone().unwrap_or_default(),
+                fresh: *fresh,
+            };
+            let r =
+                client::call(timeout, c.list_devices(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::devices_value(&r), || fr::devices_table(&r))?
+        }
+        FleetCommand::Where { what, fresh } => {
+            let req = pb::WhereRequest { query: what.clone(), fresh: *fresh, ..Default::default() };
+            let r = client::call(timeout, c.r#where(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::where_value(&r), || fr::where_table(&r))?
+        }
+        FleetCommand::WhoWatches { watcher, fresh } => {
+            let mut req = pb::WhoWatchesRequest { fresh: *fresh, ..Default::default() };
+            if watcher == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+                    .context("cannot read the watcher text from stdin")?;
+                req.text = text;
+            } else {
+                // Whatever was pasted (an address with or without its v1:/v2: prefix, a vector, a
+                // client id, a `rbd status` or `ceph osd blocklist ls` line): the console parses
+                // it and refuses what it does not understand (INVALID_ARGUMENT, exit non-zero).
+                req.text = watcher.clone();
+            }
+            let r =
+                client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
+        }
+        FleetCommand::Multiattach { volume: None } => {
+            let req = pb::MultiAttachRequest::default();
+            let r =
+                client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
+            write_out(&render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?)?;
+            return Ok(r.sweep.as_ref().map_or(1, sweep_exit_code));
+        }
+        FleetCommand::Multiattach { volume: Some(volume) } => {
+            let mut req = pb::MultiAttachRequest::default();
+            if let Some(pv) = volume.strip_prefix("pv/") {
+                req.pv = pv.to_owned();
+            } else if let Some(pvc) = volume.strip_prefix("pvc/") {
+                req.pvc = pvc.to_owned();
+            } else if volume.contains('/') {
+                req.pvc = volume.clone();
+            } else {
+                req.pv = volume.clone();
+            }
+            let r =
+                client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
+            render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?
+        }
+        FleetCommand::Apply { devices, identity, yes } => {
+            return fleet_apply(&mut c, cli, devices, identity, *yes).await;
+        }
+        FleetCommand::Sweep { kind, fresh } => {
+            let req = pb::SweepRequest { fresh: *fresh, kinds: kind.iter().map(|k| *k as i32).collect() };
+            let r = client::call(timeout, c.sweep(client::request(req, timeout))).await.map_err(status)?;
+            write_out(&render(out, || fr::sweep_value(&r), || fr::sweep_table(&r))?)?;
+            return Ok(sweep_exit_code(&r));
+        }
+        FleetCommand::Plan { targets } => return fleet_plan(&mut c, cli, targets).await,
+    };
+    write_out(&text)?;
+    Ok(0)
+}
+
+/// `fleet apply`: identities (given, or from each node's plan now), the console's dry run shown,
+/// a confirmation unless `yes`, then the same request carried out.
+pub(crate) async fn fleet_apply(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    cli: &Cli,
+    devices: &[String],
+    identity: &[String],
+    yes: bool,
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let out = cli.output;
+    let targets = fleet_apply::fleet_targets(devices).map_err(anyhow::Error::msg)?;
+    let identities: Vec<Vec<String>> = if identity.is_empty() {
+        let mut all = Vec::new();
+        for (node, devs) in &targets {
+            let req = pb::FleetPlanRequest { node: node.clone(), devices: devs.clone() };
+            let p = client::call(timeout, c.plan(client::request(req, timeout))).await.map_err(status)?;
+            let plans = p.plan.unwrap_or_default().plans;
+            all.push(
+                devs.iter()
+                    .map(|d| {
+                        plans.iter().find(|p| &p.device == d).map(|p| p.identity.clone()).unwrap_or_default()
+                    })
+                    .collect(),
+            );
+        }
+        all
+    } else {
+        // Given in argument order: hand them out to the devices as they were named.
+        if identity.len() != devices.len() {
+            bail!(
+                "{} --identity for {} devices: give one per NODE/DEVICE, in the same order",
+                identity.len(),
+                devices.len()
+            );
+        }
+        let mut given = devices.iter().zip(identity).collect::<Vec<_>>();
+        targets
+            .iter()
+            .map(|(node, devs)| {
+                devs.iter()
+                    .map(|d| {
+                        let at = given.iter().position(|(a, _)| **a == format!("{node}/{d}")).unwrap_or(0);
+                        given.remove(at).1.clone()
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    let request = fleet_apply::fleet_apply_request(&targets, &identities, false);
+    let dry =
+        client::call(timeout, c.apply(client::request(request.clone(), timeout))).await.map_err(status)?;
+    if !write_out(&render(
+        out,
+        || fleet_apply::fleet_apply_value(&dry),
+        || fleet_apply::fleet_summary_table(&dry),
+    )?)? {
+        return Ok(2);
+    }
+    if fleet_apply::fleet_dry_run_refuses(&dry) {
+        eprintln!("nothing ran: the dry run refuses (see above)");
+        return Ok(2);
+    }
+    if let Some(why) = crate::fleet_plan::over_budget(&dry) {
+        eprintln!("nothing ran: {why}");
+        return Ok(2);
+    }
+    if !yes {
+        let steps: u32 = dry.summary.iter().map(|n| n.steps).sum();
+        eprint!("Carry out these {steps} step(s) on {} node(s)? [y/N] ", dry.summary.len());
+        let mut answer = String::new();
+        let read = std::io::stdin().read_line(&mut answer).unwrap_or(0);
+        if read == 0 || !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+            eprintln!("nothing ran (not confirmed; --yes skips the question)");
+            return Ok(2);
+        }
+    }
+    let request = pb::FleetApplyRequest { execute: true, ..request };
+    // Carrying out may take a while: the agents' own bound.
+    let long = timeout.max(Duration::from_secs(300));
+    let done = client::call(long, c.apply(client::request(request, long))).await.map_err(status)?;
+    write_out(&render(
+        out,
+        || fleet_apply::fleet_apply_value(&done),
+        || fleet_apply::fleet_results_table(&done),
+    )?)?;
+    Ok(if fleet_apply::fleet_all_done(&done) { 0 } else { 2 })
+}
+
+/// A sweep's exit code: 0 clean (complete, nothing found), 2 findings, 3 incomplete.
+pub(crate) fn sweep_exit_code(r: &pb::SweepResponse) -> u8 {
+    match (r.complete, r.findings.is_empty()) {
+        (false, _) => 3,
+        (true, false) => 2,
+        (true, true) => 0,
+    }
+}
+
+/// `fleet plan`: each node's plan through the console (as the caller: the console's per-caller
+/// limit counts it), summarised per node as `fleet apply` shows its dry run. Every node is asked
+/// even when one fails; its failure is its refusal.
+pub(crate) async fn fleet_plan(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    cli: &Cli,
+    targets: &[String],
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let targets = crate::fleet_plan::plan_targets(targets).map_err(anyhow::Error::msg)?;
+    let mut summary = Vec::new();
+    for (node, devices) in &targets {
+        let req = pb::FleetPlanRequest { node: node.clone(), devices: devices.clone() };
+        let plan = client::call(timeout, c.plan(client::request(req, timeout)))
+            .await
+            .map(|p| p.plan.unwrap_or_default())
+            .map_err(|s| client::status_line(&s));
+        summary.push(crate::fleet_plan::summarise(node, devices, plan));
+    }
+    let r = pb::FleetApplyResponse { summary, ..Default::default() };
+    write_out(&render(
+        cli.output,
+        || fleet_apply::fleet_apply_value(&r),
+        || fleet_apply::fleet_summary_table(&r),
+    )?)?;
+    Ok(if fleet_apply::fleet_dry_run_refuses(&r) { 2 } else { 0 })
+}

@@ -1,0 +1,181 @@
+//! `agentctl`: talk to the blockjanitor agent on this node (unix socket) or on another node (TCP
+//! with mutual TLS), or to the fleet console (`fleet`, and the kubectl plugin). Parses flags
+//! ([`args`], [`fleet_args`]), makes the calls ([`node`], [`fleet`]), prints; the formatting is
+//! in the crate's renderers. Exit codes: 0 ok, 1 error (the agent refused the call, e.g. a
+//! device changed since it was planned), 2 not carried out (no --yes, a plan refused, a step
+//! deferred).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use blockjanitor_rpc::client::{self, Target, TcpTarget};
+use clap::{CommandFactory, Parser};
+use serde_json::Value;
+
+use args::{Cli, Command, Output};
+
+mod args;
+pub mod choices;
+mod fleet;
+mod fleet_args;
+mod node;
+
+#[cfg(test)]
+mod tests;
+
+/// The exit code when apply did not carry everything out.
+const EXIT_NOT_DONE: u8 = 2;
+
+/// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
+/// arguments are those of `agentctl fleet`.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let plugin =
+        args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|n| n == "kubectl-blockjanitor");
+    if plugin {
+        args.insert(1, "fleet".into());
+    }
+    args
+}
+
+/// agentctl's `main`: parses the flags (a usage error exits 1, `--help` 0), runs the command,
+/// and prints an error as one line (exit 1).
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse_from(arguments()) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(&cli) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {}", blockjanitor_rpc::errors::one_line(e.as_ref()));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Where to connect, from the flags.
+fn target(cli: &Cli) -> Result<Target> {
+    let Some(addr) = &cli.addr else {
+        if cli.cert.is_some() || cli.key.is_some() || cli.ca.is_some() || cli.server_name.is_some() {
+            bail!("--cert, --key, --ca and --server-name are for TCP: add --addr HOST:PORT");
+        }
+        return Ok(Target::Unix(cli.socket.clone()));
+    };
+    let (host, _) = client::split_host_port(addr)
+        .with_context(|| format!("--addr '{addr}' is not HOST:PORT (e.g. node1:9443 or [fd00::1]:9443)"))?;
+    let missing: Vec<&str> = [("--cert", &cli.cert), ("--key", &cli.key), ("--ca", &cli.ca)]
+        .into_iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(flag, _)| flag)
+        .collect();
+    let (Some(cert), Some(key), Some(ca)) = (&cli.cert, &cli.key, &cli.ca) else {
+        bail!("--addr needs --cert, --key and --ca (mutual TLS); missing {}", missing.join(", "));
+    };
+    Ok(Target::Tcp(TcpTarget {
+        addr: addr.clone(),
+        cert: cert.clone(),
+        key: key.clone(),
+        ca: ca.clone(),
+        server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
+    }))
+}
+
+fn run(cli: &Cli) -> Result<u8> {
+    if let Command::Completions { shell } = &cli.command {
+        let mut buf = Vec::new();
+        clap_complete::generate(*shell, &mut Cli::command(), "agentctl", &mut buf);
+        write_out(&String::from_utf8_lossy(&buf))?;
+        return Ok(0);
+    }
+    if let Command::Fleet { command } = &cli.command {
+        let target = console_target(cli)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the runtime")?;
+        return rt.block_on(fleet::fleet(cli, command, &target)).map_err(tls_hint(&target));
+    }
+    let target = target(cli)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    rt.block_on(node::run_async(cli, &target)).map_err(tls_hint(&target))
+}
+
+/// Where the console is, from the flags.
+fn console_target(cli: &Cli) -> Result<Target> {
+    let Some(addr) = &cli.console else {
+        bail!("fleet needs --console HOST:PORT (or BLOCKJANITOR_CONSOLE) with --cert, --key and --ca");
+    };
+    if cli.addr.is_some() {
+        bail!("--addr names one agent; fleet talks to the console: use --console only");
+    }
+    let (host, _) = client::split_host_port(addr)
+        .with_context(|| format!("--console '{addr}' is not HOST:PORT (e.g. blockjanitor-console:9444)"))?;
+    // For fleet only, the files may come from the environment (the kubectl plugin's usual way);
+    // the local commands never pick them up from there.
+    let file =
+        |flag: &Option<PathBuf>, var: &str| flag.clone().or_else(|| std::env::var_os(var).map(PathBuf::from));
+    let (Some(cert), Some(key), Some(ca)) = (
+        file(&cli.cert, "BLOCKJANITOR_CERT"),
+        file(&cli.key, "BLOCKJANITOR_KEY"),
+        file(&cli.ca, "BLOCKJANITOR_CA"),
+    ) else {
+        bail!("--console needs --cert, --key and --ca (or BLOCKJANITOR_CERT, _KEY, _CA): mutual TLS");
+    };
+    Ok(Target::Tcp(TcpTarget {
+        addr: addr.clone(),
+        cert,
+        key,
+        ca,
+        server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
+    }))
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
+fn write_out(s: &str) -> Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("cannot write to stdout"),
+    }
+}
+
+/// The response in the chosen format.
+fn render(output: Output, value: impl FnOnce() -> Value, table: impl FnOnce() -> String) -> Result<String> {
+    Ok(match output {
+        Output::Table => table(),
+        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
+        Output::Yaml => serde_yaml_ng::to_string(&value())?,
+    })
+}
+
+fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(client::status_line(&s))
+}
+
+/// Over TLS, an agent that rejects the client certificate just drops the connection after the
+/// handshake: say so.
+fn tls_hint(target: &Target) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ {
+    move |e| {
+        let msg = e.to_string();
+        let broken = ["Unknown: ", "Unavailable: ", "Cancelled: "].iter().any(|p| msg.starts_with(p));
+        if matches!(target, Target::Tcp(_)) && broken && msg.contains("transport error") {
+            anyhow::anyhow!(
+                "{msg} (over TLS this usually means the agent rejected the client certificate: is --cert signed \
+                 by the agent's client CA?)"
+            )
+        } else {
+            e
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The commands that ask one node's agent (`node`, `devices`, `device`, `holders`, `plan`,
+//! `apply`, `watch`): one call each (`apply --yes`: a Plan, shown, then the Apply bound to the
+//! identities it answered; `watch`: a stream), printed in the chosen format.
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_proto::v1::agent_client::AgentClient;
+use blockjanitor_rpc::client::{self, Target};
+use tonic::transport::Channel;
+
+use super::args::{Cli, Command, Output};
+use super::{render, status, write_out, EXIT_NOT_DONE};
+use crate::{apply, plan, text, time, values};
+
+/// One command against the agent at `target`; its exit code.
+pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let mut c: AgentClient<Channel> = client::connect(target, timeout).await?;
+    let out = cli.output;
+    match &cli.command {
+        Command::Completions { .. } | Command::Fleet { .. } => Ok(0),
+        Command::Node => {
+            let n = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
+                .await
+                .map_err(status)?;
+            write_out(&render(out, || values::node_value(&n), || text::node_table(&n, time::now_secs()))?)?;
+            Ok(0)
+        }
+        Command::Devices { filter } => {
+            let (kind, verdict) = filter.wire();
+            let r = pb::ListDevicesRequest { kind, verdict };
+            let r =
+                client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || values::devices_value(&r), || text::devices_table(&r))?)?;
+            Ok(0)
+        }
+        Command::Device { device } => {
+            let r = pb::GetDeviceRequest { device: device.clone() };
+            let d = client::call(timeout, c.get_device(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || values::device_value(&d), || text::device_table(&d, true))?)?;
+            Ok(0)
+        }
+        Command::Holders { device } => {
+            let r = pb::ListHoldersRequest { device: device.clone() };
+            let r =
+                client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
+            let Some(d) = &r.device else { bail!("the agent answered without the device") };
+            write_out(&render(out, || values::holders_value(&r), || text::device_table(d, false))?)?;
+            Ok(0)
+        }
+        Command::Plan { devices, release } => {
+            let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
+            let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(
+                out,
+                || values::plans_value(&r),
+                || plan::plans_table(&r, devices.is_empty()),
+            )?)?;
+            Ok(0)
+        }
+        Command::Apply { devices, yes: false, release, .. } => {
+            let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
+            let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+            write_out(&render(out, || values::plans_value(&r), || plan::plans_table(&r, false))?)?;
+            eprintln!("not applied: add --yes to carry it out");
+            Ok(EXIT_NOT_DONE)
+        }
+        Command::Apply { devices, yes: true, identities, release } => {
+            let op = operation(*release);
+            // Bound to identities: from --identity (planned earlier), else from a plan shown now.
+            let (planned, request) = if identities.is_empty() {
+                let r = pb::PlanRequest { devices: devices.clone(), operation: op as i32 };
+                let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+                if out == Output::Table {
+                    write_out(&format!("{}\n", plan::plans_table(&r, false)))?;
+                }
+                if r.plans.is_empty() {
+                    eprintln!("not applied: nothing was planned");
+                    return Ok(EXIT_NOT_DONE);
+                }
+                let request = plan::apply_bound_to(&r, op);
+                (r.plans, request)
+            } else {
+                let request =
+                    plan::apply_with_identities(devices, identities, op).map_err(anyhow::Error::msg)?;
+                (Vec::new(), request)
+            };
+            let r =
+                client::call(timeout, c.apply(client::request(request, timeout))).await.map_err(status)?;
+            write_out(&render(out, || values::apply_value(&planned, &r), || apply::apply_table(&r))?)?;
+            Ok(apply::apply_summary(&r).exit_code())
+        }
+        Command::Watch => watch(&mut c, timeout, out).await,
+    }
+}
+
+/// The operation `--release` asks for (else a cleanup).
+pub(crate) fn operation(release: bool) -> pb::Operation {
+    if release {
+        pb::Operation::Release
+    } else {
+        pb::Operation::Clean
+    }
+}
+
+/// Streams events until Ctrl-C, the agent ends the stream, or stdout is closed.
+pub(crate) async fn watch(c: &mut AgentClient<Channel>, timeout: Duration, out: Output) -> Result<u8> {
+    let mut stream =
+        client::call(timeout, c.watch_events(pb::WatchEventsRequest {})).await.map_err(status)?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let event = tokio::select! {
+            _ = &mut ctrl_c => return Ok(0),
+            m = stream.message() => m.map_err(status)?,
+        };
+        let Some(e) = event else {
+            eprintln!("the agent ended the stream");
+            return Ok(0);
+        };
+        let text = match out {
+            Output::Table => text::event_line(&e) + "\n",
+            Output::Json => serde_json::to_string(&values::event_value(&e))? + "\n",
+            Output::Yaml => format!("---\n{}", serde_yaml_ng::to_string(&values::event_value(&e))?),
+        };
+        if !write_out(&text)? {
+            return Ok(0);
+        }
+    }
+}

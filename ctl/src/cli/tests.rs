@@ -1,0 +1,122 @@
+//! Unit tests of agentctl's flags: filters, targets, the fleet console, the names of the choices.
+
+use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::client::Target;
+use clap::{CommandFactory, Parser, ValueEnum};
+
+use super::args::{Cli, Command, Output};
+use super::choices::{KindChoice, VerdictChoice};
+use super::fleet_args::FleetCommand;
+use super::{console_target, target};
+use crate::names;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("agentctl").chain(args.iter().copied()))
+}
+
+#[test]
+fn cli_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn devices_filters() {
+    let cli = parse(&["devices", "--kind", "loop", "--verdict", "in_use", "-o", "yaml"]).expect("parse");
+    assert_eq!(cli.output, Output::Yaml);
+    match cli.command {
+        Command::Devices { filter } => {
+            assert_eq!(filter.kind.map(|k| k.wire), Some(pb::DeviceKind::Loop));
+            assert_eq!(filter.verdict.map(|v| v.wire), Some(pb::Verdict::InUse));
+            assert!(!filter.stale);
+        }
+        other => panic!("parsed as {other:?}"),
+    }
+    assert!(parse(&["devices", "--stale"]).is_ok());
+    assert!(parse(&["devices", "--verdict", "in-use"]).is_ok());
+    assert!(parse(&["devices", "--stale", "--verdict", "unused"]).is_err());
+    assert!(parse(&["devices", "--kind", "floppy"]).is_err());
+}
+
+#[test]
+fn cli_names_match_the_agents_names() {
+    for k in KindChoice::value_variants() {
+        let name = k.to_possible_value().map(|p| p.get_name().to_owned());
+        assert_eq!(name, Some(names::kind_name(k.wire as i32)));
+    }
+    for v in VerdictChoice::value_variants() {
+        let name = v.to_possible_value().map(|p| p.get_name().to_owned());
+        assert_eq!(name, Some(names::verdict_name(v.wire as i32)));
+    }
+}
+
+#[test]
+fn apply_needs_devices_and_timeout_is_bounded() {
+    assert!(parse(&["apply"]).is_err());
+    assert!(parse(&["apply", "loop3", "--yes"]).is_ok());
+    // --identity binds an apply to an earlier plan: repeatable, may be "", needs --yes.
+    let cli =
+        parse(&["apply", "loop3", "loop4", "--yes", "--identity", "a", "--identity", ""]).expect("parse");
+    match cli.command {
+        Command::Apply { devices, yes, identities, release } => {
+            assert_eq!(devices, ["loop3", "loop4"]);
+            assert!(yes && !release);
+            assert_eq!(identities, ["a", ""]);
+        }
+        other => panic!("parsed as {other:?}"),
+    }
+    match parse(&["apply", "--release", "loop3", "--yes"]).expect("parse").command {
+        Command::Apply { release, .. } => assert!(release),
+        other => panic!("parsed as {other:?}"),
+    }
+    assert!(parse(&["apply", "loop3", "--identity", "a"]).is_err(), "--identity without --yes");
+    assert!(parse(&["--timeout", "0", "node"]).is_err());
+    assert!(parse(&["node", "--timeout", "5"]).is_ok());
+}
+
+#[test]
+fn fleet_targets_the_console() {
+    let cli = parse(&[
+        "fleet",
+        "where",
+        "shop/db",
+        "--console",
+        "console:9444",
+        "--cert",
+        "c",
+        "--key",
+        "k",
+        "--ca",
+        "a",
+    ])
+    .expect("parse");
+    match console_target(&cli).expect("target") {
+        Target::Tcp(t) => {
+            assert_eq!((t.addr.as_str(), t.server_name.as_str()), ("console:9444", "console"))
+        }
+        other => panic!("{other:?}"),
+    }
+    let cli = parse(&["fleet", "nodes", "--console", "console:9444", "--addr", "n:1"]).expect("parse");
+    assert!(console_target(&cli).is_err(), "--addr is one agent, not the console");
+    let cli = parse(&["fleet", "multiattach", "pvc/shop/db", "-o", "yaml"]).expect("parse");
+    assert!(matches!(cli.command, Command::Fleet { command: FleetCommand::Multiattach { .. } }));
+    assert!(parse(&["fleet", "where"]).is_err(), "where needs something to look for");
+}
+
+#[test]
+fn targets() {
+    let cli = parse(&["--socket", "/tmp/a.sock", "node"]).expect("parse");
+    assert_eq!(target(&cli).expect("target"), Target::Unix("/tmp/a.sock".into()));
+    let cli = parse(&["--addr", "node1:9443", "--cert", "c.pem", "--key", "k.pem", "--ca", "ca.pem", "node"])
+        .expect("parse");
+    match target(&cli).expect("target") {
+        Target::Tcp(t) => assert_eq!(t.server_name, "node1"),
+        other => panic!("{other:?}"),
+    }
+    let cli = parse(&["--addr", "node1:9443", "--cert", "c.pem", "node"]).expect("parse");
+    let e = target(&cli).expect_err("missing files");
+    assert_eq!(e.to_string(), "--addr needs --cert, --key and --ca (mutual TLS); missing --key, --ca");
+    let cli = parse(&["--cert", "c.pem", "node"]).expect("parse");
+    assert!(target(&cli).is_err());
+    let cli = parse(&["--addr", "node1", "--cert", "c", "--key", "k", "--ca", "a", "node"]).expect("parse");
+    assert!(target(&cli).is_err());
+}
