@@ -7,12 +7,14 @@
 //! elsewhere.
 
 pub mod ceph;
+pub mod child_log;
+pub mod console;
 pub mod daemon;
 pub mod deploy;
 pub mod failover;
 pub mod fixture;
-pub mod fleet;
 pub mod guest;
+pub mod http;
 pub mod kube_mock;
 pub mod lease_mock;
 pub mod load;
@@ -30,6 +32,11 @@ use std::time::{Duration, Instant};
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A multi-threaded tokio runtime with every driver, for a synchronous test's async parts.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
 }
 
 /// Path of the `blockjanitor-agent` binary built next to this test executable.

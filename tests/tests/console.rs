@@ -10,15 +10,15 @@
 //! Also: the agent's `blockjanitor_device_info` series on a real serve process, and
 //! `agentctl fleet` / `kubectl blockjanitor` against the console.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
+use blockjanitor_tests::console::{bin, console_args, start_agent, Console};
 use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, Daemon, Pki};
-use blockjanitor_tests::fleet::{bin, console_args, start_agent, Console};
+use blockjanitor_tests::http::http_get;
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
@@ -34,10 +34,6 @@ const SELECTOR: &str = "app.kubernetes.io/name=blockjanitor-agent";
 /// layout the Ceph guest captured (`Watchers:` then a tab: tests/ceph/README.md).
 const RBD_STATUS_OLD: &str =
     "Watchers:\n\twatcher=10.125.53.47:0/3423687629 client.1138525 cookie=18446462598732840961\n";
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
 
 /// A port free on 127.0.0.2..6 (the agents' pod IPs share it, as pods share a containerPort).
 fn free_port() -> u16 {
@@ -144,7 +140,6 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
     let tls = pki.write_server(s.dir.path());
-    let (cert, key, ca) = tls.clone();
     let port = free_port();
     let mut agents = Vec::new();
     for (node, ip, fixture) in [
@@ -201,7 +196,7 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let args = console_args(
         &s,
         &pki,
-        (&cert, &key, &ca),
+        &tls,
         &[
             "--operator",
             "admin",
@@ -819,28 +814,13 @@ fn the_console_role_cannot_apply_without_naming_an_operator() {
 fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let tls = pki.write_server(s.dir.path());
     let root = fixtures().join("incident1").to_string_lossy().into_owned();
     let config = s.path("agent.toml");
     std::fs::write(&config, "plans_per_minute_per_client = 2\n").expect("config");
-    let d = Daemon::start_with_global(
-        s.dir.path(),
-        &["--root", &root],
-        &[
-            "--config",
-            config.to_str().expect("utf8"),
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-        ],
-    );
+    let config = config.to_str().expect("utf8");
+    let args = ["--config", config, "--tls-console", "console"];
+    let d = Daemon::start_tls(s.dir.path(), &["--root", &root], "127.0.0.1:0", &tls, &args);
     let console = pki.issue("console", &["console"]);
     rt().block_on(async {
         let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
@@ -861,16 +841,6 @@ fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
         assert!(e.message().starts_with("console for alice asked for more than 2 plans a minute"), "{e:?}");
         a.plan(plan("bob")).await.expect("bob has his own limit");
     });
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -1123,31 +1093,18 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
     // The old node's agent scans a copy of incident 1 every second: its rbd4 goes later.
     let root = s.path("incident1");
     copy_tree(&fixtures().join("incident1"), &root);
-    let mut old = Daemon::start_with_global(
+    let mut old = Daemon::start_tls(
         &s.mkdir("old"),
         &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
-        &[
-            "--listen",
-            &old_addr,
-            "--tls-cert",
-            tls.0.to_str().expect("utf8"),
-            "--tls-key",
-            tls.1.to_str().expect("utf8"),
-            "--tls-client-ca",
-            tls.2.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-            "--grace-period",
-            "0",
-            "--node-name",
-            "node-old",
-        ],
+        &old_addr,
+        &tls,
+        &["--tls-console", "console", "--grace-period", "0", "--node-name", "node-old"],
     );
     let agents = format!("node-old=https://{old_addr},node-late={late_addr}");
     let args = console_args(
         &s,
         &pki,
-        (&tls.0, &tls.1, &tls.2),
+        &tls,
         &[
             "--agents",
             &agents,
@@ -1263,7 +1220,7 @@ fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
         let args = console_args(
             &s,
             &pki,
-            (&tls.0, &tls.1, &tls.2),
+            &tls,
             &[
                 "--namespace",
                 NS,

@@ -10,38 +10,18 @@ use std::time::Duration;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, unix_client, Daemon, Pki};
+use blockjanitor_tests::http::{http_get, http_response};
 use blockjanitor_tests::*;
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 const TOOLS: &[&str] = &["losetup", "setpriv"];
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
 /// A daemon with a TCP listener, an operator identity and a viewer identity.
 fn tls_daemon(s: &Scratch, pki: &Pki) -> Daemon {
-    let (cert, key, ca) = pki.write_server(s.dir.path());
-    Daemon::start(
-        s.dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-operator",
-            "console",
-            "--tls-viewer",
-            "dashboard",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    )
+    let tls = pki.write_server(s.dir.path());
+    let roles = ["--tls-operator", "console", "--tls-viewer", "dashboard", "--metrics-listen", "127.0.0.1:0"];
+    Daemon::start_tls(s.dir.path(), &[], "127.0.0.1:0", &tls, &roles)
 }
 
 #[test]
@@ -291,22 +271,11 @@ fn root_fifty_concurrent_clients_and_metrics() {
             .expect("promtool");
         assert!(out.status.success(), "promtool: {}{}", text_of(&out.stdout), text_of(&out.stderr));
     }
-    assert!(http_get(d.metrics.expect("metrics"), "/other").contains("only /metrics"));
+    assert!(http_response(d.metrics.expect("metrics"), "/other").1.contains("only /metrics"));
 }
 
 fn text_of(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A plain HTTP/1.0 GET on loopback; returns the body.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
 }
 
 #[test]

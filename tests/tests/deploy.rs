@@ -25,6 +25,7 @@ use std::time::Duration;
 use blockjanitor::config::{Config, Mode};
 use blockjanitor_tests::daemon::Daemon;
 use blockjanitor_tests::deploy::{self, find, kubectl, kustomizations, render, require, round_trip};
+use blockjanitor_tests::http::http_get;
 use blockjanitor_tests::{agent_bin, require_real_kernel, serial, text, wait_until, LoopDev, Scratch};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -476,17 +477,6 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         }
     }
     drop(rt);
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    assert!(out.starts_with("HTTP/1.1 200"), "GET {path}: {out}");
-    out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
 /// `promtool check rules` accepts the alerts, and every metric name the alerts and the dashboard

@@ -41,10 +41,6 @@ use tonic::Code;
 const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "unshare", "mount", "umount"];
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
 fn utf8(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
 }
