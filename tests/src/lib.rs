@@ -15,6 +15,7 @@ pub mod failover;
 pub mod fixture;
 pub mod guest;
 pub mod http;
+pub mod journal;
 pub mod kube_mock;
 pub mod lease_mock;
 pub mod load;

@@ -63,13 +63,7 @@ fn said(out: &Output) -> String {
 }
 
 fn records(s: &Scratch) -> Vec<Value> {
-    match std::fs::read_to_string(s.path("journal.jsonl")) {
-        Ok(t) => t
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal line {l:?}: {e}")))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    journal::read(&s.path("journal.jsonl"))
 }
 
 /// The journal has no open intent (every intent has a result or a `recovered` record) and no

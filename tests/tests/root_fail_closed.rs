@@ -78,36 +78,23 @@ fn holders_of_kind<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-/// The journal's records (none when it does not exist).
+/// The scratch journal's records (none when it does not exist).
 fn journal_records(s: &Scratch) -> Vec<Value> {
-    std::fs::read_to_string(s.path("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    journal::read(&s.path("journal.jsonl"))
 }
 
-/// Intents of `action` in the journal.
+/// Intents of `action` in the scratch journal.
 fn intents(s: &Scratch, action: &str) -> Vec<Value> {
-    journal_records(s)
-        .into_iter()
-        .filter(|r| r["phase"] == "intent" && r["step"]["action"] == action)
-        .collect()
+    journal::intents(&journal_records(s), action).into_iter().cloned().collect()
 }
 
-/// How many intents of `action` have a result `done`.
+/// How many intents of `action` in the scratch journal have a result `done`.
 fn done(s: &Scratch, action: &str) -> usize {
-    let records = journal_records(s);
-    intents(s, action)
-        .iter()
-        .filter(|i| {
-            records.iter().any(|r| r["phase"] == "result" && r["id"] == i["id"] && r["result"] == "done")
-        })
-        .count()
+    journal::done(&journal_records(s), action)
 }
 
 fn journal_text(s: &Scratch) -> String {
-    std::fs::read_to_string(s.path("journal.jsonl")).unwrap_or_else(|_| "(no journal)".into())
+    journal::text(&s.path("journal.jsonl"))
 }
 
 /// A sparse `mb` MiB file.
