@@ -169,8 +169,7 @@ fn root_watch_events_sees_a_loop_device_appear_and_apply_detaches_it() {
     let _serial = serial();
     let s = Scratch::new();
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
-    let img = s.path("watched.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    let img = s.sparse_file("watched.img", 8);
     rt().block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("watch").into_inner();
@@ -395,8 +394,7 @@ fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit()
     );
     let mut devs = Vec::new();
     for i in 0..2 {
-        let img = s.path(&format!("auto{i}.img"));
-        std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+        let img = s.sparse_file(&format!("auto{i}.img"), 8);
         devs.push(LoopDev::attach(&img));
     }
     // The uevents wake the scanner; clean mode unbinds what is stale, one step a minute.
@@ -435,9 +433,7 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
             "node-a",
         ],
     );
-    let img = s.path("kept.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("kept.img");
     let name = lo.name().to_owned();
     assert!(
         wait_until(REACT, || device_verdict(&d.socket, &name) == Some(pb::Verdict::Unknown as i32)),
@@ -469,9 +465,7 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
         s.dir.path(),
         &["--grace-period", "0", "--rescan-interval", "2", "--kube-url", &url, "--node-name", NODE],
     );
-    let img = s.path("reported.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let event_posted = || {
         server.requests().iter().any(|r| {
@@ -526,19 +520,8 @@ fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
     let _serial = serial();
     let s = Scratch::new();
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
-    let kdir = s.mkdir("kubelet");
-    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-rel");
-    let gm = pv_dir.join("globalmount");
-    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
-    std::fs::write(
-        pv_dir.join("vol_data.json"),
-        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-rel","volumeHandle":"0001-0024-rel","attachmentID":"csi-rel","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
-    )
-    .expect("vol_data.json");
-    let img = s.ext4_image("rel.img", 32);
-    let host_mount = HostMount::new(img.to_str().expect("utf8"), &gm, &["-o", "loop"]);
-    let name = loop_for(&img).expect("loop device");
-    let lo = LoopDev::adopt(&name, &img);
+    let (kdir, gm) = s.staged_csi_volume("rel");
+    let (host_mount, lo) = s.loop_mount("rel.img", &gm);
     // Incident 5: a process in its own namespace keeps a copy; kubelet unmounts on the host.
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(REACT, || holder.has_mount(&gm)));
@@ -593,13 +576,6 @@ fn planned_identity(socket: &std::path::Path, device: &str) -> String {
     id
 }
 
-/// An 8 MiB file to back a loop device.
-fn image(s: &Scratch, name: &str) -> std::path::PathBuf {
-    let img = s.path(name);
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    img
-}
-
 #[test]
 fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number() {
     if !require_real_kernel(TOOLS) {
@@ -617,7 +593,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     };
 
     // agentctl plans, shows the plan with its identity, and applies bound to it.
-    let lo = LoopDev::attach(&image(&s, "first.img"));
+    let lo = LoopDev::attach(&s.sparse_file("first.img", 8));
     let name = lo.name().to_owned();
     stale(&name);
     let identity = planned_identity(&d.socket, &name);
@@ -635,13 +611,13 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     assert!(journal.contains("detach_loop") && journal.contains(&name), "{journal}");
 
     // The reuse race: planned, then the number is detached and attached to another file.
-    let old_img = image(&s, "planned.img");
+    let old_img = s.sparse_file("planned.img", 8);
     let lo = LoopDev::attach(&old_img);
     let name = lo.name().to_owned();
     stale(&name);
     let old = planned_identity(&d.socket, &name);
     sh("losetup", &["-d", &lo.dev]);
-    let new_img = image(&s, "reused.img");
+    let new_img = s.sparse_file("reused.img", 8);
     let new_path = new_img.to_str().expect("utf8");
     // The detach completes on last close (a scan may hold it open a moment).
     assert!(
@@ -707,7 +683,7 @@ fn root_viewers_get_holders_without_command_lines() {
     std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let d = Daemon::start(s.dir.path(), &["--socket-group", "1", "--rescan-interval", "1"]);
     let sock = d.socket.to_str().expect("utf8");
-    let lo = LoopDev::attach(&image(&s, "held.img"));
+    let lo = LoopDev::attach(&s.sparse_file("held.img", 8));
     let name = lo.name().to_owned();
     const MARKER: &str = "bj-holder-marker-6d1f";
     let _holder = OpenHolder::spawn(&lo.dev, MARKER);
@@ -765,7 +741,7 @@ fn root_events_hold_no_age_and_de_duplicate_across_scans() {
         s.dir.path(),
         &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
     );
-    let lo = LoopDev::attach(&image(&s, "reported.img"));
+    let lo = LoopDev::attach(&s.sparse_file("reported.img", 8));
     let name = lo.name().to_owned();
     let stale_events = || -> Vec<String> {
         server

@@ -405,9 +405,7 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         s.dir.path(),
         &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
     );
-    let img = s.path("rbac.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("rbac.img");
     let needed: [(&str, &str, &str); 10] = [
         ("", "pods", "list"),
         ("", "pods", "watch"),
@@ -685,9 +683,7 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     }
     // An unheld loop device (grace 0: stale at once): the viewer may not clean it, nor the console
     // on its own; the operator may, and does.
-    let img = s.path("tls.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("tls.img");
     let name = lo.name().to_owned();
     let mut last = String::new();
     let refused = wait_until(Duration::from_secs(20), || {

@@ -111,9 +111,7 @@ fn root_grpc_python_default_options_over_socket_and_mtls() {
     // Reachable by uid 65534 (the socket viewer).
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let img = s.path("py.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("py.img");
 
     let pki = Pki::new("blockjanitor test CA");
     let tls = pki.write_server(s.dir.path());

@@ -662,7 +662,7 @@ async fn one_stalled_watch_stops_vouching_and_is_named_until_it_answers_again() 
 fn root_one_stalled_watch_makes_a_candidate_unknown_naming_it() {
     use blockjanitor_proto::v1 as pb;
     use blockjanitor_tests::daemon::{unix_client, Daemon};
-    use blockjanitor_tests::{require_real_kernel, serial, wait_until, LoopDev, Scratch, REACT};
+    use blockjanitor_tests::{require_real_kernel, serial, wait_until, Scratch, REACT};
     if !require_real_kernel(&["losetup"]) {
         return;
     }
@@ -686,9 +686,7 @@ fn root_one_stalled_watch_makes_a_candidate_unknown_naming_it() {
             "3",
         ],
     );
-    let img = s.path("candidate.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("candidate.img");
     let name = lo.name().to_owned();
     let device = || -> Option<(i32, String)> {
         rt.block_on(async {

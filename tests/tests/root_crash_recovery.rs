@@ -117,13 +117,6 @@ fn still_mounted(p: &Privately) -> bool {
     p.dirs.iter().any(|d| p.ns.has_mount(d))
 }
 
-/// A loop device bound to an 8 MiB file of the scratch directory, held by nothing.
-fn unheld_loop(s: &Scratch, name: &str) -> LoopDev {
-    let img = s.path(name);
-    std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
-    LoopDev::attach(&img)
-}
-
 /// Kills `OP DEV --apply` at `var=n`, then runs the same command again: it must converge
 /// (`converged`), close everything in the journal, and say what it resumed. Returns the
 /// journal.
@@ -200,7 +193,7 @@ fn root_release_and_clean_killed_after_every_journal_record_converge_when_run_ag
         // Then the unbind of a device nothing holds: plan, intent, result, end.
         if let Some(&unbind) = unbind_points.get(k) {
             let s = Scratch::new();
-            let lo = unheld_loop(&s, "b.img");
+            let lo = s.loop_file("b.img");
             killed_then_again(&s, "clean", &lo.dev, lo.name(), unbind, &["detach_loop"]);
             assert!(!lo.is_bound(), "{unbind:?}: unbound");
         }
@@ -214,7 +207,7 @@ fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = unheld_loop(&s, "a.img");
+    let lo = s.loop_file("a.img");
     let dev = lo.dev.clone();
     // Killed right after the plan record: the unbind is owed.
     let out = clean(&s, &dev, Some((PLAN_AFTER, "1".into())));
@@ -222,8 +215,7 @@ fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
     assert!(lo.is_bound());
     // Someone else unbinds it and binds another file under the same name.
     sh("losetup", &["-d", &dev]);
-    let other = s.path("other.img");
-    std::fs::File::create(&other).expect("other").set_len(8 << 20).expect("size");
+    let other = s.sparse_file("other.img", 8);
     sh("losetup", &[&dev, other.to_str().expect("utf8")]);
     let impostor = LoopDev::adopt(lo.name(), &other);
     let again = clean(&s, &dev, None);
@@ -284,7 +276,7 @@ fn root_two_concurrent_applies_lose_nothing_and_a_locked_journal_names_its_holde
     }
     let _serial = serial();
     let s = Scratch::new();
-    let make = |name: &str| unheld_loop(&s, name);
+    let make = |name: &str| s.loop_file(name);
     let (a, b) = (make("a.img"), make("b.img"));
     let spawn = |dev: &str| {
         let mut cmd = Command::new(agent_bin());

@@ -41,10 +41,6 @@ use tonic::Code;
 const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "unshare", "mount", "umount"];
 
-fn utf8(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
 /// The scratch directory's state file and journal, as global flags: no test touches
 /// /var/lib/blockjanitor.
 fn files(s: &Scratch) -> [String; 4] {
@@ -95,20 +91,6 @@ fn done(s: &Scratch, action: &str) -> usize {
 
 fn journal_text(s: &Scratch) -> String {
     journal::text(&s.path("journal.jsonl"))
-}
-
-/// A sparse `mb` MiB file.
-fn blank_file(s: &Scratch, name: &str, mb: u64) -> PathBuf {
-    let p = s.path(name);
-    std::fs::File::create(&p).expect("create").set_len(mb << 20).expect("size");
-    p
-}
-
-/// A btrfs image (btrfs needs about 110 MiB at least; the file is sparse).
-fn btrfs_image(s: &Scratch, name: &str) -> PathBuf {
-    let p = blank_file(s, name, 128);
-    sh("mkfs.btrfs", &["-q", "-f", utf8(&p)]);
-    p
 }
 
 /// The loop device's autoclear flag as sysfs shows it ("1" once `LOOP_CLR_FD` was deferred).
@@ -169,7 +151,7 @@ fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses()
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
     let line = mountinfo_line("self", &mnt).expect("mounted");
@@ -211,7 +193,7 @@ fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
     let holder = NsProcess::spawn("exec sleep 1000");
@@ -249,7 +231,7 @@ fn root_loop_on_loop_is_a_loop_backing_holder_and_clean_refuses() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lower = LoopDev::attach(&blank_file(&s, "lower.img", 8));
+    let lower = LoopDev::attach(&s.sparse_file("lower.img", 8));
     // Declared after `lower`, so dropped first.
     let upper = LoopDev::attach(Path::new(&lower.dev));
     assert!(upper.is_bound(), "{} is backed by the node {}", upper.dev, lower.dev);
@@ -303,8 +285,8 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let img_a = blank_file(&s, "a.img", 8);
-    let img_b = blank_file(&s, "b.img", 8);
+    let img_a = s.sparse_file("a.img", 8);
+    let img_b = s.sparse_file("b.img", 8);
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--rescan-interval", "1"]);
     let lo_a = LoopDev::attach(&img_a);
     let name = lo_a.name().to_owned();
@@ -387,7 +369,7 @@ fn root_state_file_from_another_boot_restarts_the_grace_clock() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "idle.img", 8));
+    let lo = LoopDev::attach(&s.sparse_file("idle.img", 8));
     let state = s.path("state.json");
     let run = || holders(&s, &lo.dev, &["--grace-period", "2"]);
 
@@ -513,19 +495,8 @@ fn root_release_mode_runs_a_plan_larger_than_the_per_minute_budget() {
     let _serial = serial();
     let s = Scratch::new();
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
-    let kdir = s.mkdir("kubelet");
-    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-two");
-    let gm = pv_dir.join("globalmount");
-    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
-    std::fs::write(
-        pv_dir.join("vol_data.json"),
-        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-two","volumeHandle":"0001-0024-two","attachmentID":"csi-two","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
-    )
-    .expect("vol_data.json");
-    let img = s.ext4_image("two.img", 32);
-    let host_mount = HostMount::new(utf8(&img), &gm, &["-o", "loop"]);
-    let name = loop_for(&img).expect("loop device");
-    let lo = LoopDev::adopt(&name, &img);
+    let (kdir, gm) = s.staged_csi_volume("two");
+    let (host_mount, lo) = s.loop_mount("two.img", &gm);
     // Two processes in namespaces of their own keep copies; kubelet unmounts on the host.
     let mut first = NsProcess::spawn("exec sleep 1000");
     let mut second = NsProcess::spawn("exec sleep 1000");
@@ -595,7 +566,7 @@ fn root_acting_outside_the_host_pid_namespace_is_refused() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
     let f = files(&s);
 
     let out = in_pid_namespace(&with_files(&f, &["clean", &lo.dev, "--grace-period", "0", "--apply"]))
@@ -695,7 +666,7 @@ fn root_a_process_the_agent_cannot_inspect_makes_candidates_unknown() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
     let f = files(&s);
     // This test process keeps every capability: an agent without CAP_SYS_PTRACE cannot read it.
     let me = std::process::id();
@@ -746,7 +717,7 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
     let f = files(&s);
     let out = Command::new(agent_bin())
         .env_remove(TRUST_INIT_ENV)

@@ -27,15 +27,6 @@ fn journal_in(s: &Scratch) -> String {
     s.path("journal.jsonl").to_string_lossy().into_owned()
 }
 
-/// Mounts a fresh ext4 image with `mount -o loop` (so the loop device has autoclear set, as in
-/// the incident), returning the mount guard and the loop device guard.
-fn loop_mount(s: &Scratch, mnt: &Path) -> (HostMount, LoopDev) {
-    let img = s.ext4_image("vol.img", 32);
-    let m = HostMount::new(img.to_str().expect("utf8"), mnt, &["-o", "loop"]);
-    let name = loop_for(&img).expect("mount -o loop made a loop device");
-    (m, LoopDev::adopt(&name, &img))
-}
-
 #[test]
 fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     if !require_real_kernel(TOOLS) {
@@ -44,7 +35,7 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     host_mount.umount();
@@ -102,7 +93,7 @@ fn root_cwd_pin_survives_release_and_is_reported() {
     let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     let mut holder = NsProcess::spawn(&format!("cd {} && exec sleep 1000", mnt.display()));
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     host_mount.umount();
@@ -193,7 +184,7 @@ fn root_loop_backed_by_a_file_on_the_device() {
     let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
-    let (_host_mount, outer) = loop_mount(&s, &mnt);
+    let (_host_mount, outer) = s.loop_mount("vol.img", &mnt);
     let inner_img = mnt.join("inner.img");
     std::fs::File::create(&inner_img).expect("create").set_len(4 << 20).expect("size");
     let inner = LoopDev::attach(&inner_img);
@@ -227,8 +218,7 @@ fn root_swap_on_a_loop_device() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let img = s.path("swap.img");
-    std::fs::File::create(&img).expect("create").set_len(16 << 20).expect("size");
+    let img = s.sparse_file("swap.img", 16);
     let lo = LoopDev::attach(&img);
     sh("mkswap", &["-q", &lo.dev]);
     struct SwapOn(String);
@@ -337,7 +327,7 @@ fn root_foreign_mount_shared_with_the_host_is_left_alone() {
     let _serial = serial();
     let s = Scratch::new();
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     sh("mount", &["--make-shared", mnt.to_str().expect("utf8")]);
     // Bidirectional propagation: the child's copy joins the host mount's peer group.
     let child = Command::new("unshare")
