@@ -155,6 +155,27 @@ pub fn require_real_kernel(tools: &[&str]) -> bool {
     false
 }
 
+/// The start of a real-kernel test: `None` (the test returns, skipped) when
+/// [`require_real_kernel`] says a prerequisite is missing, else the [`serial`] lock and a fresh
+/// [`Scratch`]: `let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };`.
+pub fn real_kernel_test(tools: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Scratch)> {
+    if !require_real_kernel(tools) {
+        return None;
+    }
+    let serial = serial();
+    Some((serial, Scratch::new()))
+}
+
+/// A child process killed (SIGKILL) and reaped on drop, even when the test panics.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Runs a command, panicking with its output when it fails.
 pub fn sh(cmd: &str, args: &[&str]) -> String {
     let out =

@@ -135,6 +135,13 @@ async fn start_cluster() -> Cluster {
     start_cluster_with(&[]).await
 }
 
+/// [`start_cluster`], and a client of its console as the viewer `dashboard`.
+async fn dashboard_cluster() -> (Cluster, FleetClient<Channel>) {
+    let cl = start_cluster().await;
+    let c = cl.client("dashboard").await;
+    (cl, c)
+}
+
 /// [`start_cluster`] with more console flags.
 async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let s = Scratch::new();
@@ -257,8 +264,7 @@ fn pair(node: &str, dev: &str) -> (String, String) {
 #[test]
 fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
         let names: Vec<&str> = nodes.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["node-free", "node-gone", "node-new", "node-old"], "the log shipper is no agent");
@@ -347,8 +353,7 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
 #[test]
 fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let r = c
             .who_watches(pb::WhoWatchesRequest { text: RBD_STATUS_OLD.into(), ..Default::default() })
             .await
@@ -457,8 +462,7 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
 #[test]
 fn who_watches_reads_every_ceph_address_form_and_refuses_what_it_does_not_understand() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let old = vec![pair("node-old", "rbd4")];
         for text in [
             "v1:10.125.53.47:0/3423687629",
@@ -547,8 +551,7 @@ fn who_watches_reads_every_ceph_address_form_and_refuses_what_it_does_not_unders
 #[test]
 fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_operator() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let r = c
             .multi_attach(pb::MultiAttachRequest { pvc: PVC.into(), ..Default::default() })
             .await
@@ -1313,8 +1316,7 @@ fn finding_kinds(r: &pb::SweepResponse) -> Vec<(String, String, Vec<String>)> {
 #[test]
 fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_watches_by_id_names_the_node() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let image = format!("k8s/{IMAGE}");
         let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
         let found = finding_kinds(&r);
@@ -1489,8 +1491,7 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
 #[test]
 fn where_reads_every_identifier_form_and_refuses_what_it_does_not_understand() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let q = |query: &str| pb::WhereRequest { query: query.into(), ..Default::default() };
         // The multipath map of incident 3 by its udev name (wwn-0x<naa>) and its sysfs form.
         for form in ["wwn-0x618cf24100f8f457014a764c000001f6", "naa.618CF24100F8F457014A764C000001F6"] {

@@ -11,6 +11,7 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, unix_client, Daemon, Pki};
 use blockjanitor_tests::http::{http_get, http_response};
+use blockjanitor_tests::kube_mock::NODE;
 use blockjanitor_tests::*;
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -163,11 +164,7 @@ fn root_unix_socket_roles_health_and_bad_requests() {
 
 #[test]
 fn root_watch_events_sees_a_loop_device_appear_and_apply_detaches_it() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
     let img = s.sparse_file("watched.img", 8);
     rt().block_on(async {
@@ -370,32 +367,21 @@ fn device_verdict(sock: &std::path::Path, name: &str) -> Option<i32> {
     })
 }
 
+/// A daemon in clean mode with no grace period, then `args`.
+fn clean_daemon(s: &Scratch, args: &[&str]) -> Daemon {
+    let all: Vec<&str> = ["--mode", "clean", "--grace-period", "0"].iter().chain(args).copied().collect();
+    Daemon::start(s.dir.path(), &all)
+}
+
 #[test]
 fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let d = Daemon::start(
-        s.dir.path(),
-        // Rescans every 2 s: a scan made blind for a moment by a process of another test (its
-        // candidate then unknown, rightly) is followed by a complete one soon, not in a minute.
-        &[
-            "--mode",
-            "clean",
-            "--grace-period",
-            "0",
-            "--max-actions-per-minute",
-            "1",
-            "--rescan-interval",
-            "2",
-        ],
-    );
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    // Rescans every 2 s: a scan made blind for a moment by a process of another test (its
+    // candidate then unknown, rightly) is followed by a complete one soon, not in a minute.
+    let d = clean_daemon(&s, &["--max-actions-per-minute", "1", "--rescan-interval", "2"]);
     let mut devs = Vec::new();
     for i in 0..2 {
-        let img = s.sparse_file(&format!("auto{i}.img"), 8);
-        devs.push(LoopDev::attach(&img));
+        devs.push(s.loop_file(&format!("auto{i}.img")));
     }
     // The uevents wake the scanner; clean mode unbinds what is stale, one step a minute.
     assert!(
@@ -414,25 +400,9 @@ fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit()
 
 #[test]
 fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     // Port 9 (discard) on loopback: nothing listens, every API call fails at once.
-    let d = Daemon::start(
-        s.dir.path(),
-        &[
-            "--mode",
-            "clean",
-            "--grace-period",
-            "0",
-            "--kube-url",
-            "http://127.0.0.1:9",
-            "--node-name",
-            "node-a",
-        ],
-    );
+    let d = clean_daemon(&s, &["--kube-url", "http://127.0.0.1:9", "--node-name", "node-a"]);
     let lo = s.loop_file("kept.img");
     let name = lo.name().to_owned();
     assert!(
@@ -448,23 +418,28 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
     assert_eq!(node.mode, "clean");
 }
 
+/// A fake API server (on `rt`) with Node `NODE` Ready, and a daemon with no grace period
+/// reporting to it as that node, rescanning every `rescan` seconds.
+fn reporting_daemon(
+    s: &Scratch,
+    rt: &tokio::runtime::Runtime,
+    rescan: &str,
+) -> (kube_mock::ApiServer, Daemon) {
+    use kube_mock::{node_object, ready_only, ApiServer, NODE};
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let url = server.url();
+    let args = ["--grace-period", "0", "--rescan-interval", rescan, "--kube-url", &url, "--node-name", NODE];
+    let d = Daemon::start(s.dir.path(), &args);
+    (server, d)
+}
+
 #[test]
 fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
-    let s = Scratch::new();
-    let url = server.url();
     // Rescans every 2 s (see the clean-mode test): what is asserted is the report of a stale
     // device, not how soon a trigger arrives after a momentarily blind scan.
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--rescan-interval", "2", "--kube-url", &url, "--node-name", NODE],
-    );
+    let (server, d) = reporting_daemon(&s, &rt, "2");
     let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let event_posted = || {
@@ -514,11 +489,11 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
 
 #[test]
 fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
-    if !require_real_kernel(&[TOOLS, &["mkfs.ext4", "unshare", "mount", "umount"]].concat()) {
+    let Some((_serial, s)) =
+        real_kernel_test(&[TOOLS, &["mkfs.ext4", "unshare", "mount", "umount"]].concat())
+    else {
         return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    };
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
     let (kdir, gm) = s.staged_csi_volume("rel");
     let (host_mount, lo) = s.loop_mount("rel.img", &gm);
@@ -578,11 +553,7 @@ fn planned_identity(socket: &std::path::Path, device: &str) -> String {
 
 #[test]
 fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
     let stale = |name: &str| {
         assert!(
@@ -593,7 +564,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     };
 
     // agentctl plans, shows the plan with its identity, and applies bound to it.
-    let lo = LoopDev::attach(&s.sparse_file("first.img", 8));
+    let lo = s.loop_file("first.img");
     let name = lo.name().to_owned();
     stale(&name);
     let identity = planned_identity(&d.socket, &name);
@@ -651,42 +622,27 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
 }
 
 /// A process that keeps `device` open with `marker` in its command line; killed on drop.
-struct OpenHolder(std::process::Child);
-
-impl OpenHolder {
-    fn spawn(device: &str, marker: &str) -> Self {
-        // `$0` is the marker; `read` waits on a pipe that never delivers.
-        let child = std::process::Command::new("sh")
-            .args(["-c", &format!("exec 3<{device}; read x"), marker])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        Self(child)
-    }
-}
-
-impl Drop for OpenHolder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn open_holder(device: &str, marker: &str) -> Killed {
+    // `$0` is the marker; `read` waits on a pipe that never delivers.
+    let child = std::process::Command::new("sh")
+        .args(["-c", &format!("exec 3<{device}; read x"), marker])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    Killed(child)
 }
 
 #[test]
 fn root_viewers_get_holders_without_command_lines() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let d = Daemon::start(s.dir.path(), &["--socket-group", "1", "--rescan-interval", "1"]);
     let sock = d.socket.to_str().expect("utf8");
-    let lo = LoopDev::attach(&s.sparse_file("held.img", 8));
+    let lo = s.loop_file("held.img");
     let name = lo.name().to_owned();
     const MARKER: &str = "bj-holder-marker-6d1f";
-    let _holder = OpenHolder::spawn(&lo.dev, MARKER);
+    let _holder = open_holder(&lo.dev, MARKER);
     // Root (an operator) sees the holder's command line.
     let mut root_view = serde_json::Value::Null;
     assert!(
@@ -728,20 +684,10 @@ fn says_an_age(message: &str) -> bool {
 
 #[test]
 fn root_events_hold_no_age_and_de_duplicate_across_scans() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
-    let s = Scratch::new();
-    let url = server.url();
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
-    );
-    let lo = LoopDev::attach(&s.sparse_file("reported.img", 8));
+    let (server, d) = reporting_daemon(&s, &rt, "1");
+    let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let stale_events = || -> Vec<String> {
         server
@@ -844,11 +790,7 @@ fn root_agentctl_node_shows_the_kubernetes_api_and_blind_spots() {
 
 #[test]
 fn root_plans_are_rate_limited_per_client() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let config = s.path("agent.toml");
     std::fs::write(&config, "plans_per_minute_per_client = 3\n").expect("config");
     let d = Daemon::start(s.dir.path(), &["--config", config.to_str().expect("utf8")]);

@@ -26,7 +26,9 @@ use blockjanitor::config::{Config, Mode};
 use blockjanitor_tests::daemon::Daemon;
 use blockjanitor_tests::deploy::{self, find, kubectl, kustomizations, render, require, round_trip};
 use blockjanitor_tests::http::http_get;
-use blockjanitor_tests::{agent_bin, require_real_kernel, serial, text, wait_until, LoopDev, Scratch};
+use blockjanitor_tests::{
+    agent_bin, real_kernel_test, require_real_kernel, serial, text, wait_until, LoopDev, Scratch,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use serde_json::{json, Value};
@@ -589,11 +591,7 @@ fn root_alerts_and_dashboard_use_only_metrics_the_agent_serves() {
 /// text, and nothing else: the Agent service itself is not reachable there.
 #[test]
 fn root_health_listener_serves_health_only() {
-    if !require_real_kernel(&[]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[]) else { return };
     let d = Daemon::start(s.dir.path(), &["--health-listen", "127.0.0.1:0"]);
     let addr = d.health.expect("the health listener's address is logged");
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
@@ -855,11 +853,7 @@ fn references_resolve_within_each_rendering() {
 #[test]
 fn root_serve_takes_the_kubelet_dir_from_its_config() {
     use blockjanitor_tests::HostMount;
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "mount", "umount"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "mount", "umount"]) else { return };
     let kdir = s.mkdir("kubelet-elsewhere");
     let target = kdir.join("plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-1");
     std::fs::create_dir_all(&target).expect("mkdir");

@@ -202,11 +202,7 @@ fn root_release_and_clean_killed_after_every_journal_record_converge_when_run_ag
 
 #[test]
 fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
-    if !require_real_kernel(&["losetup"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup"]) else { return };
     let lo = s.loop_file("a.img");
     let dev = lo.dev.clone();
     // Killed right after the plan record: the unbind is owed.
@@ -236,11 +232,7 @@ fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
 
 #[test]
 fn root_a_torn_journal_tail_is_ended_and_the_plan_still_resumes() {
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "unshare"]) else { return };
     let img = s.ext4_image("a.img", 8);
     let p = privately_mounted(&s, &img);
     let dev = p.lo.dev.clone();
@@ -271,11 +263,7 @@ fn root_a_torn_journal_tail_is_ended_and_the_plan_still_resumes() {
 
 #[test]
 fn root_two_concurrent_applies_lose_nothing_and_a_locked_journal_names_its_holder() {
-    if !require_real_kernel(&["losetup"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup"]) else { return };
     let make = |name: &str| s.loop_file(name);
     let (a, b) = (make("a.img"), make("b.img"));
     let spawn = |dev: &str| {
@@ -350,11 +338,9 @@ fn as_nobody(args: &[&str]) -> Output {
 
 #[test]
 fn root_a_run_without_sight_refuses_apply_and_says_its_view_is_incomplete() {
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare", "setpriv"]) {
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "unshare", "setpriv"]) else {
         return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    };
     let img = s.ext4_image("a.img", 8);
     let p = privately_mounted(&s, &img);
     for op in ["release", "clean"] {

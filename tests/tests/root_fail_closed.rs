@@ -146,11 +146,7 @@ fn reasons_mention(v: &Value, words: &str) -> bool {
 
 #[test]
 fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses() {
-    if !require_real_kernel(BTRFS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(BTRFS) else { return };
     let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -188,11 +184,7 @@ fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses()
 
 #[test]
 fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
-    if !require_real_kernel(BTRFS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(BTRFS) else { return };
     let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -226,12 +218,8 @@ fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
 
 #[test]
 fn root_loop_on_loop_is_a_loop_backing_holder_and_clean_refuses() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lower = LoopDev::attach(&s.sparse_file("lower.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lower = s.loop_file("lower.img");
     // Declared after `lower`, so dropped first.
     let upper = LoopDev::attach(Path::new(&lower.dev));
     assert!(upper.is_bound(), "{} is backed by the node {}", upper.dev, lower.dev);
@@ -280,11 +268,7 @@ async fn wait_device(sock: &Path, name: &str, mut f: impl FnMut(&pb::Device) -> 
 
 #[test]
 fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let img_a = s.sparse_file("a.img", 8);
     let img_b = s.sparse_file("b.img", 8);
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--rescan-interval", "1"]);
@@ -364,12 +348,8 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
 
 #[test]
 fn root_state_file_from_another_boot_restarts_the_grace_clock() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&s.sparse_file("idle.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lo = s.loop_file("idle.img");
     let state = s.path("state.json");
     let run = || holders(&s, &lo.dev, &["--grace-period", "2"]);
 
@@ -409,11 +389,7 @@ fn root_state_file_from_another_boot_restarts_the_grace_clock() {
 
 #[test]
 fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -457,11 +433,7 @@ fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
 
 #[test]
 fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -489,11 +461,7 @@ fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
 
 #[test]
 fn root_release_mode_runs_a_plan_larger_than_the_per_minute_budget() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
     let (kdir, gm) = s.staged_csi_volume("two");
     let (host_mount, lo) = s.loop_mount("two.img", &gm);
@@ -549,24 +517,10 @@ fn in_pid_namespace(args: &[&str]) -> Command {
     c
 }
 
-/// A child that is killed (with its PID namespace) on drop.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn root_acting_outside_the_host_pid_namespace_is_refused() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lo = s.loop_file("free.img");
     let f = files(&s);
 
     let out = in_pid_namespace(&with_files(&f, &["clean", &lo.dev, "--grace-period", "0", "--apply"]))
@@ -661,12 +615,8 @@ fn without_ptrace(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn root_a_process_the_agent_cannot_inspect_makes_candidates_unknown() {
-    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["setpriv"]].concat()) else { return };
+    let lo = s.loop_file("free.img");
     let f = files(&s);
     // This test process keeps every capability: an agent without CAP_SYS_PTRACE cannot read it.
     let me = std::process::id();
@@ -717,7 +667,7 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&s.sparse_file("free.img", 8));
+    let lo = s.loop_file("free.img");
     let f = files(&s);
     let out = Command::new(agent_bin())
         .env_remove(TRUST_INIT_ENV)
@@ -751,11 +701,7 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
 /// is released from the namespace's root.
 #[test]
 fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
-    if !require_real_kernel(&[TOOLS, &["chroot"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["chroot"]].concat()) else { return };
     let mnt = s.mkdir("mnt");
     let jail = s.mkdir("jail");
     let img = s.ext4_image("vol.img", 32);
@@ -801,11 +747,7 @@ fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
 /// (/sys/fs/ext4/<dev>, its journal thread, its exclusive claim): in use, never cleaned.
 #[test]
 fn root_a_filesystem_kept_alive_by_an_overlay_is_in_use() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let (lower, ov, fsmnt) = (s.mkdir("lower"), s.mkdir("ov"), s.mkdir("fs"));
     let lo = LoopDev::attach(&s.ext4_image("upper.img", 32));
     let fs = HostMount::new(&lo.dev, &fsmnt, &[]);
@@ -885,11 +827,7 @@ fn assert_refused_for(s: &Scratch, lo: &LoopDev, holder: &NsProcess, mnt: &Path,
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_has_its_cwd_on_it_unless_forced() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let mut holder = mounted_only_in_a_namespace(&lo, &mnt, &format!("cd {} && exec sleep 1000", utf8(&mnt)));
@@ -916,11 +854,7 @@ fn root_release_refuses_a_mount_whose_namespace_has_its_cwd_on_it_unless_forced(
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_has_a_file_on_it_open() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let db = mnt.join("db");
@@ -933,11 +867,7 @@ fn root_release_refuses_a_mount_whose_namespace_has_a_file_on_it_open() {
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_maps_a_file_on_it() {
-    if !require_real_kernel(&[TOOLS, &["python3"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["python3"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let db = mnt.join("db");
@@ -986,11 +916,7 @@ time.sleep(1000)
 
 #[test]
 fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
-    if !require_real_kernel(&[TOOLS, &["nsenter"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["nsenter"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = utf8(&mnt).to_owned();
@@ -1059,11 +985,7 @@ fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
 
 #[test]
 fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
-    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["setpriv"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     // Nobody uses it, but an agent without CAP_SYS_PTRACE cannot read this root process's
@@ -1092,11 +1014,7 @@ fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
 
 #[test]
 fn root_release_detaches_a_copy_nobody_uses_and_frees_the_device() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let mut holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");
