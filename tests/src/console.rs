@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::child_log::{self, Log};
-use crate::daemon::{fixture_agent_configured, Daemon, Pki, ServerFiles};
+use crate::daemon::{fixture_agent, Daemon, Pki, ServerFiles};
 use crate::Scratch;
 
 /// A binary built next to this test executable (`blockjanitor-console`, `agentctl`...).
@@ -156,19 +156,19 @@ pub fn console_args(s: &Scratch, pki: &Pki, tls: &ServerFiles, extra: &[&str]) -
     args
 }
 
-/// A real agent the console follows, in `dir/agent-NODE`: [`crate::daemon::fixture_agent`] on a
+/// A real agent the console follows, in `dir/agent-NODE`: [`fixture_agent`] on a
 /// free loopback port with the console's server files.
 pub fn fleet_agent(dir: &Path, files: &ConsoleFiles, fixture: &str, node: &str) -> Daemon {
     let d = dir.join(format!("agent-{node}"));
     std::fs::create_dir_all(&d).expect("mkdir");
-    fixture_agent_configured(&d, fixture, node, "127.0.0.1:0", &files.server(), &[], |_| {})
+    fixture_agent(&d, fixture, node, "127.0.0.1:0", &files.server(), &[], |_| {})
 }
 
-/// The flags the console tests' agents get besides [`fixture_agent_configured`]'s: the viewer
+/// The flags the console tests' agents get besides [`fixture_agent`]'s: the viewer
 /// role for `dashboard`, and no grace period.
 const AGENT_ARGS: &[&str] = &["--tls-viewer", "dashboard", "--grace-period", "0"];
 
-/// An agent as the console tests run it: [`crate::daemon::fixture_agent`] with the viewer role
+/// An agent as the console tests run it: [`fixture_agent`] with the viewer role
 /// for `dashboard` and no grace period.
 pub fn start_agent(dir: &Path, fixture: &str, node: &str, listen: &str, tls: &ServerFiles) -> Daemon {
     start_agent_configured(dir, fixture, node, listen, tls, |_| {})
@@ -183,5 +183,5 @@ pub fn start_agent_configured(
     tls: &ServerFiles,
     configure: impl FnOnce(&mut Command),
 ) -> Daemon {
-    fixture_agent_configured(dir, fixture, node, listen, tls, AGENT_ARGS, configure)
+    fixture_agent(dir, fixture, node, listen, tls, AGENT_ARGS, configure)
 }

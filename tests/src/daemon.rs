@@ -127,20 +127,9 @@ impl Drop for Daemon {
 }
 
 /// An agent serving `fixture` (a directory of [`crate::fixtures`]) as node `node` on `listen`
-/// with mutual TLS, the certificate named `console` given the console role, then `args`.
+/// with mutual TLS, the certificate named `console` given the console role, then `args`;
+/// `configure` is applied to the command (e.g. a network namespace).
 pub fn fixture_agent(
-    dir: &Path,
-    fixture: &str,
-    node: &str,
-    listen: &str,
-    tls: &ServerFiles,
-    args: &[&str],
-) -> Daemon {
-    fixture_agent_configured(dir, fixture, node, listen, tls, args, |_| {})
-}
-
-/// Like [`fixture_agent`], with `configure` applied to the command (e.g. a network namespace).
-pub fn fixture_agent_configured(
     dir: &Path,
     fixture: &str,
     node: &str,
@@ -153,6 +142,22 @@ pub fn fixture_agent_configured(
     let mut all = vec!["--tls-console", "console", "--node-name", node];
     all.extend_from_slice(args);
     Daemon::start_tls_configured(dir, &["--root", &root], listen, tls, &all, configure)
+}
+
+/// A fake API server (a task on `rt`) with Node [`crate::kube_mock::NODE`] Ready, and a daemon
+/// with no grace period reporting to it as that node, then `args`.
+pub fn reporting_daemon(
+    s: &crate::Scratch,
+    rt: &tokio::runtime::Runtime,
+    args: &[&str],
+) -> (crate::kube_mock::ApiServer, Daemon) {
+    use crate::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let url = server.url();
+    let mut all = vec!["--grace-period", "0", "--kube-url", &url, "--node-name", NODE];
+    all.extend_from_slice(args);
+    let d = Daemon::start(s.dir.path(), &all);
+    (server, d)
 }
 
 /// A gRPC channel over a unix socket.

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
-use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, unix_client, Daemon, Pki};
+use blockjanitor_tests::daemon::{
+    assert_serving_and_reflected, reporting_daemon, tls_channel, unix_client, Daemon, Pki,
+};
 use blockjanitor_tests::http::{http_get, http_response};
 use blockjanitor_tests::kube_mock::NODE;
 use blockjanitor_tests::*;
@@ -418,28 +420,13 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
     assert_eq!(node.mode, "clean");
 }
 
-/// A fake API server (on `rt`) with Node `NODE` Ready, and a daemon with no grace period
-/// reporting to it as that node, rescanning every `rescan` seconds.
-fn reporting_daemon(
-    s: &Scratch,
-    rt: &tokio::runtime::Runtime,
-    rescan: &str,
-) -> (kube_mock::ApiServer, Daemon) {
-    use kube_mock::{node_object, ready_only, ApiServer, NODE};
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
-    let url = server.url();
-    let args = ["--grace-period", "0", "--rescan-interval", rescan, "--kube-url", &url, "--node-name", NODE];
-    let d = Daemon::start(s.dir.path(), &args);
-    (server, d)
-}
-
 #[test]
 fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
     // Rescans every 2 s (see the clean-mode test): what is asserted is the report of a stale
     // device, not how soon a trigger arrives after a momentarily blind scan.
-    let (server, d) = reporting_daemon(&s, &rt, "2");
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "2"]);
     let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let event_posted = || {
@@ -686,7 +673,7 @@ fn says_an_age(message: &str) -> bool {
 fn root_events_hold_no_age_and_de_duplicate_across_scans() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
-    let (server, d) = reporting_daemon(&s, &rt, "1");
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "1"]);
     let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let stale_events = || -> Vec<String> {

@@ -379,7 +379,9 @@ fn request_attributes_are_mapped_as_the_api_server_does() {
 /// requests the rendered ClusterRole allows, and every rule in it is used.
 #[test]
 fn root_rbac_grants_exactly_what_the_agent_calls() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    use blockjanitor_tests::daemon::reporting_daemon;
+    use blockjanitor_tests::kube_mock::NODE;
+    use blockjanitor_tests::rt;
     if !require_real_kernel(&["losetup"]) {
         return;
     }
@@ -398,15 +400,10 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         assert_eq!(r.rules, role.rules, "deploy/{dir} changes the ClusterRole");
     }
     let _serial = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let rt = rt();
     let s = Scratch::new();
-    let url = server.url();
     // A stale loop device (grace 0) makes the agent post an Event and set the Node condition.
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
-    );
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "1"]);
     let lo = s.loop_file("rbac.img");
     let needed: [(&str, &str, &str); 10] = [
         ("", "pods", "list"),
