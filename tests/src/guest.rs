@@ -52,6 +52,16 @@ pub struct Run {
 }
 
 impl Run {
+    /// The outcome of a harness script (`run.sh`, `agent-scenario.sh`): its exit code, the
+    /// scenario's output on stdout, the harness's on stderr.
+    pub fn from_output(out: &Output) -> Self {
+        Run {
+            code: out.status.code(),
+            output: String::from_utf8_lossy(&out.stdout).into_owned(),
+            harness: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     /// Panics with everything the guest said unless the scenario exited 0. The lines that tell
     /// why (the scenario's `FAIL`, each `rc=`, and the agent's refusals and errors) come first,
     /// so a log cut in the middle still shows them.
@@ -124,9 +134,5 @@ pub fn run_scenario_with(name: &str, timeout: Option<u64>, stage: impl FnOnce(&P
         .stdin(Stdio::null())
         .output()
         .expect("run.sh");
-    Run {
-        code: out.status.code(),
-        output: String::from_utf8_lossy(&out.stdout).into_owned(),
-        harness: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from_output(&out)
 }

@@ -144,10 +144,16 @@ pub fn require_real_kernel(tools: &[&str]) -> bool {
             missing.push(format!("the {t} command"));
         }
     }
+    require("real-kernel test", &missing)
+}
+
+/// Returns true when nothing is missing; otherwise panics under `CI=true`, or prints SKIPPED
+/// with the reasons and returns false.
+pub fn require(test: &str, missing: &[String]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let msg = format!("real-kernel test needs {}", missing.join(", "));
+    let msg = format!("{test} needs {}", missing.join(", "));
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg} (CI=true: failing instead of skipping)");
     }
