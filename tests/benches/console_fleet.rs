@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use blockjanitor_console::index::Index;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::console::{fleet_agent, Console, ConsoleFiles};
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::console::{fleet_agents, Console, ConsoleFiles};
+use blockjanitor_tests::daemon::{tls_channel, Pki};
 use blockjanitor_tests::failover::{run_with_kill, Replicas, IN_FLIGHT_GRACE};
 use blockjanitor_tests::measure::{ms, percentile, status_kib};
 use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
@@ -141,13 +141,8 @@ fn main() {
     let files = ConsoleFiles::write(&pki, dir.path());
 
     // Real agents.
-    let reals: Vec<Daemon> = ["incident1", "incident1-newnode", "multipath-incident3"]
-        .iter()
-        .enumerate()
-        .map(|(i, fixture)| fleet_agent(dir.path(), &files, fixture, &format!("node-{i:04}")))
-        .collect();
-    let mut entries: Vec<String> =
-        reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
+    let (reals, mut entries) =
+        fleet_agents(dir.path(), &files, &["incident1", "incident1-newnode", "multipath-incident3"]);
 
     // Stand-ins, slow ones, refusing addresses.
     let tls = fleet::server_tls(&pki);

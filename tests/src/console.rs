@@ -164,6 +164,19 @@ pub fn fleet_agent(dir: &Path, files: &ConsoleFiles, fixture: &str, node: &str) 
     fixture_agent(&d, fixture, node, "127.0.0.1:0", &files.server(), &[], |_| {})
 }
 
+/// Real agents the console follows, node `node-NNNN` serving `fixtures[NNNN]` (see
+/// [`fleet_agent`]), and their `--agents` entries (`node-NNNN=ADDRESS`).
+pub fn fleet_agents(dir: &Path, files: &ConsoleFiles, fixtures: &[&str]) -> (Vec<Daemon>, Vec<String>) {
+    let agents: Vec<Daemon> = fixtures
+        .iter()
+        .enumerate()
+        .map(|(i, fixture)| fleet_agent(dir, files, fixture, &format!("node-{i:04}")))
+        .collect();
+    let entries =
+        agents.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
+    (agents, entries)
+}
+
 /// The flags the console tests' agents get besides [`fixture_agent`]'s: the viewer
 /// role for `dashboard`, and no grace period.
 const AGENT_ARGS: &[&str] = &["--tls-viewer", "dashboard", "--grace-period", "0"];

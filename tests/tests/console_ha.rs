@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::console::{fleet_agent, Console, ConsoleFiles};
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::console::{fleet_agent, fleet_agents, Console, ConsoleFiles};
+use blockjanitor_tests::daemon::{tls_channel, Pki};
 use blockjanitor_tests::failover::{run_with_kill, Replicas};
 use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
 
@@ -44,13 +44,7 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("ha CA");
     let files = ConsoleFiles::write(&pki, dir.path());
-    let reals: Vec<Daemon> = ["incident1", "incident1-newnode"]
-        .iter()
-        .enumerate()
-        .map(|(i, f)| fleet_agent(dir.path(), &files, f, &format!("node-{i:04}")))
-        .collect();
-    let mut entries: Vec<String> =
-        reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
+    let (reals, mut entries) = fleet_agents(dir.path(), &files, &["incident1", "incident1-newnode"]);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let tls = fleet::server_tls(&pki);
     rt.block_on(async {
