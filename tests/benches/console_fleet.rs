@@ -135,7 +135,7 @@ fn main() {
     let want = (agents * (replicas + 1) + 2048) as u64;
     let nofile = fleet::raise_nofile(want);
     assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("bench CA");
     let files = ConsoleFiles::write(&pki, dir.path());

@@ -45,7 +45,7 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     let pki = Pki::new("ha CA");
     let files = ConsoleFiles::write(&pki, dir.path());
     let (reals, mut entries) = fleet_agents(dir.path(), &files, &["incident1", "incident1-newnode"]);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let tls = fleet::server_tls(&pki);
     rt.block_on(async {
         for i in 2..2 + STAND_INS {
@@ -126,7 +126,7 @@ fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
     let pki = Pki::new("lease CA");
     let files = ConsoleFiles::write(&pki, dir.path());
     let agent = fleet_agent(dir.path(), &files, "incident1", "node-0000");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let api = rt.block_on(blockjanitor_tests::lease_mock::LeaseServer::start());
     let mut replicas: Vec<Console> = (0..2)
         .map(|i| {

@@ -591,7 +591,7 @@ fn root_health_listener_serves_health_only() {
     let Some((_serial, s)) = real_kernel_test(&[]) else { return };
     let d = Daemon::start(s.dir.path(), &["--health-listen", "127.0.0.1:0"]);
     let addr = d.health.expect("the health listener's address is logged");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .expect("endpoint")

@@ -67,7 +67,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
     let lo = LoopDev::attach(&img);
     let name = lo.name().to_owned();
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", "20"]);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
@@ -307,7 +307,7 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", "3600"]);
     let mut rng = Rng::new();
     let rounds: usize = std::env::var("BJB_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(24);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut node = settled(&mut c, Duration::from_millis(500)).await;
