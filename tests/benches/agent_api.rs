@@ -18,7 +18,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("host");
     blockjanitor_tests::fixture::many_devices(&root, 1000);

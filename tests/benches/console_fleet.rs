@@ -28,10 +28,11 @@ use std::time::{Duration, Instant};
 use blockjanitor_console::index::Index;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::console::{fleet_agents, Console, ConsoleFiles};
+use blockjanitor_tests::daemon::{tls_channel, Pki};
 use blockjanitor_tests::failover::{run_with_kill, Replicas, IN_FLIGHT_GRACE};
 use blockjanitor_tests::measure::{ms, percentile, status_kib};
-use blockjanitor_tests::standin_fleet::{self as fleet, ConsoleFiles, ConsoleProc, StandIn};
+use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
 use tonic::transport::Channel;
 
 const REAL: usize = 3;
@@ -41,11 +42,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v}: expected a number")),
         Err(_) => default,
     }
-}
-
-fn target_dir() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    exe.parent().and_then(std::path::Path::parent).expect("target dir").to_owned()
 }
 
 /// `/proc/loadavg`'s three averages and the CPU pressure (`some avg10`).
@@ -139,19 +135,14 @@ fn main() {
     let want = (agents * (replicas + 1) + 2048) as u64;
     let nofile = fleet::raise_nofile(want);
     assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("bench CA");
     let files = ConsoleFiles::write(&pki, dir.path());
 
     // Real agents.
-    let reals: Vec<Daemon> = ["incident1", "incident1-newnode", "multipath-incident3"]
-        .iter()
-        .enumerate()
-        .map(|(i, fixture)| fleet::real_agent(dir.path(), &files, fixture, &format!("node-{i:04}")))
-        .collect();
-    let mut entries: Vec<String> =
-        reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
+    let (reals, mut entries) =
+        fleet_agents(dir.path(), &files, &["incident1", "incident1-newnode", "multipath-incident3"]);
 
     // Stand-ins, slow ones, refusing addresses.
     let tls = fleet::server_tls(&pki);
@@ -182,12 +173,16 @@ fn main() {
     args.extend(["--agents".to_owned(), entries.join(",")]);
 
     let echo = std::env::var_os("BENCH_CONSOLE_LOG").is_some();
-    let bin = target_dir().join("blockjanitor-console");
     let started = Instant::now();
-    let mut consoles: Vec<ConsoleProc> =
-        (0..replicas).map(|_| ConsoleProc::start(&bin, &args, echo)).collect();
+    let mut consoles: Vec<Console> = (0..replicas)
+        .map(|_| {
+            Console::start_configured(&args, echo.then_some("console"), |c| {
+                c.env("RUST_LOG", "warn,blockjanitor_console=info");
+            })
+        })
+        .collect();
     let rss_listening: Vec<u64> = consoles.iter().map(|c| status_kib(c.pid, "VmRSS:")).collect();
-    let addrs: Vec<_> = consoles.iter().map(|c| c.addr).collect();
+    let addrs: Vec<_> = consoles.iter().map(|c| c.tcp).collect();
     let pids: Vec<u32> = consoles.iter().map(|c| c.pid).collect();
 
     rt.block_on(async {

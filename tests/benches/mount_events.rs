@@ -78,7 +78,7 @@ fn main() {
     assert!(nix::unistd::geteuid().is_root(), "run as root");
     let (pids, dev) = scene();
     let dev_name = dev.file_name().and_then(|n| n.to_str()).expect("device name").to_owned();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let target = Path::new(STATE).join("bench-mnt");
     std::fs::create_dir_all(&target).expect("mkdir mount point");

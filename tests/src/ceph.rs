@@ -28,11 +28,7 @@ pub fn run_ceph_scenario(name: &str) -> Run {
         .stdin(Stdio::null())
         .output()
         .expect("agent-scenario.sh");
-    Run {
-        code: out.status.code(),
-        output: String::from_utf8_lossy(&out.stdout).into_owned(),
-        harness: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from_output(&out)
 }
 
 /// A throw-away cluster (`cluster.sh up`) in a temp dir, taken down on drop (`cluster.sh down`

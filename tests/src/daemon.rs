@@ -1,17 +1,21 @@
 //! Running `blockjanitor-agent serve` in tests: the process (stopped with SIGTERM on drop), its
-//! listeners' real addresses (read from its JSON log), test certificates, and gRPC clients over
-//! the unix socket and over TCP with mutual TLS.
+//! listeners' real addresses (read from its JSON log), its mutual-TLS flags, agents serving a
+//! fixture root, test certificates, and gRPC clients over the unix socket and over TCP with
+//! mutual TLS.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::child_log::{self, Log};
+
+/// The server files [`Pki::write_server`] writes: certificate, key, CA.
+pub type ServerFiles = (PathBuf, PathBuf, PathBuf);
 
 /// A running daemon.
 pub struct Daemon {
@@ -22,7 +26,7 @@ pub struct Daemon {
     /// The plain-text health listener (`--health-listen`), if any.
     pub health: Option<SocketAddr>,
     /// Every log line so far is kept here by a reader thread.
-    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    log: Log,
 }
 
 impl Daemon {
@@ -36,6 +40,29 @@ impl Daemon {
     /// [`crate::trust_init`] applies.
     pub fn start_with_global(dir: &Path, global: &[&str], args: &[&str]) -> Self {
         Self::start_configured(dir, global, args, |_| {})
+    }
+
+    /// Like [`Daemon::start_with_global`], serving mutual TLS on `listen` with the server files
+    /// `tls` (the roles and any other flag in `args`).
+    pub fn start_tls(dir: &Path, global: &[&str], listen: &str, tls: &ServerFiles, args: &[&str]) -> Self {
+        Self::start_tls_configured(dir, global, listen, tls, args, |_| {})
+    }
+
+    /// Like [`Daemon::start_tls`], with `configure` as in [`Daemon::start_configured`].
+    pub fn start_tls_configured(
+        dir: &Path,
+        global: &[&str],
+        listen: &str,
+        (cert, key, ca): &ServerFiles,
+        args: &[&str],
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
+        let utf8 = |p: &Path| p.to_str().expect("utf8 path").to_owned();
+        let (cert, key, ca) = (utf8(cert), utf8(key), utf8(ca));
+        let mut all =
+            vec!["--listen", listen, "--tls-cert", &cert, "--tls-key", &key, "--tls-client-ca", &ca];
+        all.extend_from_slice(args);
+        Self::start_configured(dir, global, &all, configure)
     }
 
     /// Like [`Daemon::start_with_global`], with `configure` applied to the command after
@@ -64,22 +91,7 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn serve");
-        let stderr = child.stderr.take().expect("stderr");
-        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (tx, rx) = mpsc::channel::<(String, String)>();
-        let log2 = std::sync::Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                    if let (Some(l), Some(a)) = (v["listener"].as_str(), v["address"].as_str()) {
-                        let _ = tx.send((l.to_owned(), a.to_owned()));
-                    }
-                }
-                if let Ok(mut g) = log2.lock() {
-                    g.push(line);
-                }
-            }
-        });
+        let (log, rx) = child_log::follow(child.stderr.take().expect("stderr"), None);
         let mut d = Self { child, socket, tcp: None, metrics: None, health: None, log };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         loop {
@@ -97,22 +109,12 @@ impl Daemon {
     }
 
     pub fn log_text(&self) -> String {
-        self.log.lock().map(|g| g.join("\n")).unwrap_or_default()
+        self.log.text()
     }
 
     /// Sends SIGTERM and waits (5 s at most); returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        for _ in 0..250 {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        None
+        child_log::stop(&mut self.child)
     }
 }
 
@@ -122,6 +124,40 @@ impl Drop for Daemon {
             self.stop();
         }
     }
+}
+
+/// An agent serving `fixture` (a directory of [`crate::fixtures`]) as node `node` on `listen`
+/// with mutual TLS, the certificate named `console` given the console role, then `args`;
+/// `configure` is applied to the command (e.g. a network namespace).
+pub fn fixture_agent(
+    dir: &Path,
+    fixture: &str,
+    node: &str,
+    listen: &str,
+    tls: &ServerFiles,
+    args: &[&str],
+    configure: impl FnOnce(&mut Command),
+) -> Daemon {
+    let root = crate::fixtures().join(fixture).to_string_lossy().into_owned();
+    let mut all = vec!["--tls-console", "console", "--node-name", node];
+    all.extend_from_slice(args);
+    Daemon::start_tls_configured(dir, &["--root", &root], listen, tls, &all, configure)
+}
+
+/// A fake API server (a task on `rt`) with Node [`crate::kube_mock::NODE`] Ready, and a daemon
+/// with no grace period reporting to it as that node, then `args`.
+pub fn reporting_daemon(
+    s: &crate::Scratch,
+    rt: &tokio::runtime::Runtime,
+    args: &[&str],
+) -> (crate::kube_mock::ApiServer, Daemon) {
+    use crate::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let url = server.url();
+    let mut all = vec!["--grace-period", "0", "--kube-url", &url, "--node-name", NODE];
+    all.extend_from_slice(args);
+    let d = Daemon::start(s.dir.path(), &all);
+    (server, d)
 }
 
 /// A gRPC channel over a unix socket.

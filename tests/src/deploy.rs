@@ -21,19 +21,7 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_owned()
 }
 
-/// Returns true when nothing is missing; otherwise panics under `CI=true`, or prints SKIPPED
-/// with the reasons and returns false.
-pub fn require(test: &str, missing: &[String]) -> bool {
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("{test} needs {}", missing.join(", "));
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg} (CI=true: failing instead of skipping)");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
+pub use crate::require;
 
 /// A command on PATH.
 pub fn on_path(cmd: &str) -> Option<PathBuf> {

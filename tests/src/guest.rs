@@ -19,7 +19,8 @@ pub fn require_guest() -> bool {
 
 /// Puts the agent and agentctl binaries (stripped), the shared libraries they need, and the
 /// scenarios' shell library into `dir`, so that they run in the guest as
-/// `/extra/bin/blockjanitor-agent`, `/extra/bin/agentctl` and `/extra/lib/mp-lib.sh`.
+/// `/extra/bin/blockjanitor-agent`, `/extra/bin/agentctl`, `/extra/lib/mp-lib.sh` and
+/// `/extra/lib/nvme-lib.sh`.
 pub fn stage_agent(dir: &Path) {
     let agent = crate::agent_bin();
     for (bin, name) in [(agent.clone(), "blockjanitor-agent"), (agent.with_file_name("agentctl"), "agentctl")]
@@ -35,8 +36,10 @@ pub fn stage_agent(dir: &Path) {
         assert!(out.status.success(), "strip: {}", String::from_utf8_lossy(&out.stderr));
     }
     std::fs::create_dir_all(dir.join("lib")).expect("mkdir lib");
-    std::fs::copy(guest_dir().join("scenario-lib/mp-lib.sh"), dir.join("lib/mp-lib.sh"))
-        .expect("copy mp-lib.sh");
+    for lib in ["mp-lib.sh", "nvme-lib.sh"] {
+        std::fs::copy(guest_dir().join("scenario-lib").join(lib), dir.join("lib").join(lib))
+            .unwrap_or_else(|e| panic!("copy {lib}: {e}"));
+    }
 }
 
 /// The outcome of one scenario.
@@ -49,6 +52,16 @@ pub struct Run {
 }
 
 impl Run {
+    /// The outcome of a harness script (`run.sh`, `agent-scenario.sh`): its exit code, the
+    /// scenario's output on stdout, the harness's on stderr.
+    pub fn from_output(out: &Output) -> Self {
+        Run {
+            code: out.status.code(),
+            output: String::from_utf8_lossy(&out.stdout).into_owned(),
+            harness: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
     /// Panics with everything the guest said unless the scenario exited 0. The lines that tell
     /// why (the scenario's `FAIL`, each `rc=`, and the agent's refusals and errors) come first,
     /// so a log cut in the middle still shows them.
@@ -121,9 +134,5 @@ pub fn run_scenario_with(name: &str, timeout: Option<u64>, stage: impl FnOnce(&P
         .stdin(Stdio::null())
         .output()
         .expect("run.sh");
-    Run {
-        code: out.status.code(),
-        output: String::from_utf8_lossy(&out.stdout).into_owned(),
-        harness: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from_output(&out)
 }

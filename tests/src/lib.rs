@@ -7,12 +7,15 @@
 //! elsewhere.
 
 pub mod ceph;
+pub mod child_log;
+pub mod console;
 pub mod daemon;
 pub mod deploy;
 pub mod failover;
 pub mod fixture;
-pub mod fleet;
 pub mod guest;
+pub mod http;
+pub mod journal;
 pub mod kube_mock;
 pub mod lease_mock;
 pub mod load;
@@ -30,6 +33,16 @@ use std::time::{Duration, Instant};
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A multi-threaded tokio runtime with every driver, for a synchronous test's async parts.
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
+}
+
+/// A path as the UTF-8 text a command line takes.
+pub fn utf8(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
 }
 
 /// Path of the `blockjanitor-agent` binary built next to this test executable.
@@ -131,15 +144,42 @@ pub fn require_real_kernel(tools: &[&str]) -> bool {
             missing.push(format!("the {t} command"));
         }
     }
+    require("real-kernel test", &missing)
+}
+
+/// Returns true when nothing is missing; otherwise panics under `CI=true`, or prints SKIPPED
+/// with the reasons and returns false.
+pub fn require(test: &str, missing: &[String]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let msg = format!("real-kernel test needs {}", missing.join(", "));
+    let msg = format!("{test} needs {}", missing.join(", "));
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{msg} (CI=true: failing instead of skipping)");
     }
     eprintln!("SKIPPED: {msg}");
     false
+}
+
+/// The start of a real-kernel test: `None` (the test returns, skipped) when
+/// [`require_real_kernel`] says a prerequisite is missing, else the [`serial`] lock and a fresh
+/// [`Scratch`]: `let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };`.
+pub fn real_kernel_test(tools: &[&str]) -> Option<(std::sync::MutexGuard<'static, ()>, Scratch)> {
+    if !require_real_kernel(tools) {
+        return None;
+    }
+    let serial = serial();
+    Some((serial, Scratch::new()))
+}
+
+/// A child process killed (SIGKILL) and reaped on drop, even when the test panics.
+pub struct Killed(pub Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// Runs a command, panicking with its output when it fails.
@@ -184,11 +224,58 @@ impl Scratch {
 
     /// Makes `name` a `mb` MiB ext4 image and returns its path.
     pub fn ext4_image(&self, name: &str, mb: u64) -> PathBuf {
-        let p = self.path(name);
-        let f = std::fs::File::create(&p).expect("create image");
-        f.set_len(mb << 20).expect("size image");
+        let p = self.sparse_file(name, mb);
         sh("mkfs.ext4", &["-q", "-F", p.to_str().expect("utf8")]);
         p
+    }
+
+    /// A btrfs image `name` (btrfs needs about 110 MiB at least; the file is sparse).
+    pub fn btrfs_image(&self, name: &str) -> PathBuf {
+        let p = self.sparse_file(name, 128);
+        sh("mkfs.btrfs", &["-q", "-f", utf8(&p)]);
+        p
+    }
+
+    /// A sparse file `name` of `mb` MiB.
+    pub fn sparse_file(&self, name: &str, mb: u64) -> PathBuf {
+        let p = self.path(name);
+        std::fs::File::create(&p).expect("create image").set_len(mb << 20).expect("size image");
+        p
+    }
+
+    /// A loop device on a fresh sparse file `name` of 8 MiB.
+    pub fn loop_file(&self, name: &str) -> LoopDev {
+        LoopDev::attach(&self.sparse_file(name, 8))
+    }
+
+    /// A fresh 32 MiB ext4 image `image` mounted on `target` with `mount -o loop` (so the loop
+    /// device has autoclear set, as kubelet's mounts and the incident's have): the mount guard
+    /// and the loop device guard.
+    pub fn loop_mount(&self, image: &str, target: &Path) -> (HostMount, LoopDev) {
+        let img = self.ext4_image(image, 32);
+        let m = HostMount::new(img.to_str().expect("utf8"), target, &["-o", "loop"]);
+        let name = loop_for(&img).expect("mount -o loop made a loop device");
+        (m, LoopDev::adopt(&name, &img))
+    }
+
+    /// A kubelet directory `kubelet` with one CSI volume `pv` of node `node-a` staged the
+    /// pre-1.24 way (`vol_data.json`, an empty `globalmount`) and no pod using it; returns the
+    /// kubelet directory and the globalmount.
+    pub fn staged_csi_volume(&self, pv: &str) -> (PathBuf, PathBuf) {
+        let kdir = self.mkdir("kubelet");
+        let pv_dir = kdir.join(format!("plugins/kubernetes.io/csi/pv/pvc-{pv}"));
+        let gm = pv_dir.join("globalmount");
+        std::fs::create_dir_all(&gm).expect("mkdir globalmount");
+        let vol_data = serde_json::json!({
+            "driverName": "rbd.csi.ceph.com",
+            "specVolID": format!("pvc-{pv}"),
+            "volumeHandle": format!("0001-0024-{pv}"),
+            "attachmentID": format!("csi-{pv}"),
+            "nodeName": "node-a",
+            "volumeLifecycleMode": "Persistent",
+        });
+        std::fs::write(pv_dir.join("vol_data.json"), vol_data.to_string()).expect("vol_data.json");
+        (kdir, gm)
     }
 
     /// Makes an empty directory `name` and returns its path.

@@ -16,7 +16,7 @@
 //! even on panic.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -358,25 +358,12 @@ pub fn run(cfg: &LoadConfig) -> LoadReport {
     let anchor = LoopDev::attach(&anchor_img);
     let anchor_name = anchor.name().to_owned();
     let pki = Pki::new("blockjanitor load CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let tls = pki.write_server(s.dir.path());
     let names: Vec<String> = (0..cfg.clients).map(|i| format!("load-client-{i:03}")).collect();
     let idents: Vec<_> = names.iter().map(|n| pki.issue(n, &[n])).collect();
-    let p = |p: &Path| p.to_str().expect("utf8").to_owned();
-    let mut args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
-    args.extend([
-        "--tls-cert".into(),
-        p(&cert),
-        "--tls-key".into(),
-        p(&key),
-        "--tls-client-ca".into(),
-        p(&ca),
-    ]);
-    for n in &names {
-        args.extend(["--tls-viewer".into(), n.clone()]);
-    }
+    let viewers: Vec<&str> = names.iter().flat_map(|n| ["--tls-viewer", n.as_str()]).collect();
     let run_dir = s.mkdir("run");
-    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    let daemon = Daemon::start(&run_dir, &arg_refs);
+    let daemon = Daemon::start_tls(&run_dir, &[], "127.0.0.1:0", &tls, &viewers);
     let pid = daemon.child.id();
     let addr = daemon.tcp.expect("tcp address logged");
     let rt =

@@ -1,13 +1,11 @@
-//! A fleet for the console's bench and tests: light stand-in agents (the generated tonic server
-//! trait, real gRPC over mutual TLS on loopback, generated device sets, optionally slow),
-//! addresses that refuse connections, and console processes (`blockjanitor-console`, the real
-//! binary) found by their JSON log and killed on drop.
+//! Stand-in agents for the console's bench and tests: light servers of the generated tonic
+//! trait (real gRPC over mutual TLS on loopback, generated device sets, optionally slow), and
+//! addresses that refuse connections. The console process and real agents are in
+//! [`crate::console`] and [`crate::daemon`].
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
@@ -172,144 +170,4 @@ pub fn raise_nofile(want: u64) -> u64 {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
     }
     lim.rlim_cur
-}
-
-/// The files a console needs: its serving certificate (the PKI's server one), the CA, and its
-/// client certificate towards the agents (identity `console`).
-pub struct ConsoleFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    pub ca: PathBuf,
-    pub agent_cert: PathBuf,
-    pub agent_key: PathBuf,
-}
-
-impl ConsoleFiles {
-    /// Writes them into `dir`.
-    pub fn write(pki: &Pki, dir: &Path) -> Self {
-        let (cert, key, ca) = pki.write_server(dir);
-        let pem = pki.issue("console", &["console"]);
-        let (agent_cert, agent_key) = (dir.join("console.crt"), dir.join("console.key"));
-        std::fs::write(&agent_cert, &pem.cert).expect("write");
-        std::fs::write(&agent_key, &pem.key).expect("write");
-        ConsoleFiles { cert, key, ca, agent_cert, agent_key }
-    }
-
-    /// The console's TLS flags (`viewer` gets the viewer role), and the agents' server name as
-    /// the test PKI issues it.
-    pub fn args(&self, viewer: &str) -> Vec<String> {
-        let p = |p: &PathBuf| p.to_string_lossy().into_owned();
-        [
-            ("--tls-cert", p(&self.cert)),
-            ("--tls-key", p(&self.key)),
-            ("--tls-client-ca", p(&self.ca)),
-            ("--viewer", viewer.to_owned()),
-            ("--agent-cert", p(&self.agent_cert)),
-            ("--agent-key", p(&self.agent_key)),
-            ("--agent-ca", p(&self.ca)),
-            ("--agent-server-name", "localhost".to_owned()),
-        ]
-        .into_iter()
-        .flat_map(|(f, v)| [f.to_owned(), v])
-        .collect()
-    }
-}
-
-/// A real `blockjanitor-agent serve` on fixture `fixture` (a directory of
-/// [`crate::fixtures`]), as node `node`, serving mutual TLS on a free loopback port with the
-/// console's certificate (identity `console`) given the console role.
-pub fn real_agent(dir: &Path, files: &ConsoleFiles, fixture: &str, node: &str) -> crate::daemon::Daemon {
-    let d = dir.join(format!("agent-{node}"));
-    std::fs::create_dir_all(&d).expect("mkdir");
-    let root = crate::fixtures().join(fixture).to_string_lossy().into_owned();
-    let p = |p: &PathBuf| p.to_string_lossy().into_owned();
-    let (cert, key, ca) = (p(&files.cert), p(&files.key), p(&files.ca));
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--tls-cert",
-        &cert,
-        "--tls-key",
-        &key,
-        "--tls-client-ca",
-        &ca,
-        "--tls-console",
-        "console",
-        "--node-name",
-        node,
-    ];
-    crate::daemon::Daemon::start_with_global(&d, &["--root", &root], &args)
-}
-
-/// A `blockjanitor-console` process (JSON log on stderr, listening on a free loopback port),
-/// killed on drop.
-pub struct ConsoleProc {
-    child: Child,
-    pub pid: u32,
-    /// Its gRPC address.
-    pub addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl ConsoleProc {
-    /// Starts `bin` with `args` and waits (20 s at most) for its gRPC listener. With `echo`,
-    /// its log lines are also printed on stderr.
-    pub fn start(bin: &Path, args: &[String], echo: bool) -> Self {
-        let mut child = Command::new(bin)
-            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(args)
-            .env("RUST_LOG", "warn,blockjanitor_console=info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
-        let stderr = child.stderr.take().expect("stderr");
-        let pid = child.id();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let log2 = Arc::clone(&log);
-        let (tx, rx) = std::sync::mpsc::channel::<SocketAddr>();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                if echo {
-                    eprintln!("console {pid}: {line}");
-                }
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                    if let Some(a) = v["address"].as_str().filter(|_| v["listener"] == "tcp") {
-                        if let Ok(a) = a.parse() {
-                            let _ = tx.send(a);
-                        }
-                    }
-                }
-                if let Ok(mut g) = log2.lock() {
-                    g.push(line);
-                }
-            }
-        });
-        let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
-            panic!(
-                "the console did not listen; its log:\n{}",
-                log.lock().map(|g| g.join("\n")).unwrap_or_default()
-            )
-        });
-        ConsoleProc { child, pid, addr, log }
-    }
-
-    /// Its log so far.
-    pub fn log_text(&self) -> String {
-        self.log.lock().map(|g| g.join("\n")).unwrap_or_default()
-    }
-
-    /// SIGKILL, as a node failure or an OOM kill does it.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ConsoleProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }

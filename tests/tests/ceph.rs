@@ -1,17 +1,17 @@
 //! The rbd incidents (1, 4 and 5) against a real Ceph cluster and Debian's kernel client, and
 //! the console's `who-watches` on the cluster's own watcher list (issue 11).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blockjanitor_tests::ceph::{ceph_dir, require_ceph, run_ceph_scenario, Cluster};
+use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::Pki;
 use blockjanitor_tests::guest::{stage_agent, Run};
-use blockjanitor_tests::{agent_bin, serial, text};
+use blockjanitor_tests::{serial, text};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -138,46 +138,9 @@ impl Drop for Proc {
     }
 }
 
-fn bin(name: &str) -> PathBuf {
-    let b = agent_bin().with_file_name(name);
-    assert!(b.exists(), "{} is missing: build it first (cargo build --workspace --bins)", b.display());
-    b
-}
-
-/// The console, started inside the cluster's namespace; its gRPC address there.
-fn start_console(cluster: &Cluster, args: &[String]) -> (Proc, String, Arc<Mutex<Vec<String>>>) {
-    let mut cmd = cluster.command(&bin("blockjanitor-console"));
-    cmd.args(args)
-        .args(["--log-format", "json", "--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = cmd.spawn().expect("spawn blockjanitor-console");
-    let stderr = child.stderr.take().expect("stderr");
-    let proc = Proc(child);
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let log2 = Arc::clone(&log);
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if let ("tcp", Some(a)) = (v["listener"].as_str().unwrap_or(""), v["address"].as_str()) {
-                    let _ = tx.send(a.to_owned());
-                }
-            }
-            if let Ok(mut g) = log2.lock() {
-                g.push(line);
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_else(|_| {
-        panic!(
-            "the console did not start listening:\n{}",
-            log.lock().map(|g| g.join("\n")).unwrap_or_default()
-        )
-    });
-    (proc, addr, log)
+/// The console, started inside the cluster's namespace.
+fn start_console(cluster: &Cluster, args: &[String]) -> Console {
+    Console::start_command(cluster.command(&bin("blockjanitor-console")), args, None)
 }
 
 /// Waits (bounded) for a handshake file the guest writes into the share, while the guest runs.
@@ -270,7 +233,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
     let pki = Pki::new("blockjanitor ceph test CA");
     std::fs::create_dir_all(extra.join("tls")).expect("mkdir tls");
     pki.write_server(&extra.join("tls"));
-    let (cert, key, ca) = pki.write_server(&host);
+    let files = ConsoleFiles::write(&pki, &host);
     let path = |p: &Path| p.to_str().expect("utf8").to_owned();
     let write_pem = |name: &str| {
         let pem = pki.issue(name, &[name]);
@@ -279,7 +242,6 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         std::fs::write(&k, pem.key).expect("write key");
         (c, k)
     };
-    let (ccert, ckey) = write_pem("console");
     let (vcert, vkey) = write_pem("dashboard");
 
     let out = top.join("guest.out");
@@ -300,25 +262,9 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
             .expect("guest-rbd.sh"),
     );
 
-    let (_console, console_addr, console_log) = start_console(
-        &cluster,
-        &[
-            "--tls-cert",
-            &path(&cert),
-            "--tls-key",
-            &path(&key),
-            "--tls-client-ca",
-            &path(&ca),
-            "--viewer",
-            "dashboard",
-            "--agent-cert",
-            &path(&ccert),
-            "--agent-key",
-            &path(&ckey),
-            "--agent-ca",
-            &path(&ca),
-            "--agent-server-name",
-            "localhost",
+    let mut console_args = files.args("dashboard");
+    console_args.extend(
+        [
             "--agents",
             &format!("guest-a=https://127.0.0.1:{AGENT_PORT}"),
             "--call-timeout-ms",
@@ -330,6 +276,8 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         ]
         .map(String::from),
     );
+    let console = start_console(&cluster, &console_args);
+    let console_addr = console.tcp.to_string();
     // agentctl, in the namespace, as the viewer `dashboard`; stdin the text given.
     let ctl = |args: &[&str], stdin: &str| -> (i32, String, String) {
         let mut child = cluster
@@ -337,7 +285,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
             .arg("fleet")
             .args(args)
             .args(["--console", &console_addr, "--server-name", "localhost", "--timeout", "20"])
-            .args(["--cert", &path(&vcert), "--key", &path(&vkey), "--ca", &path(&ca)])
+            .args(["--cert", &path(&vcert), "--key", &path(&vkey), "--ca", &path(&files.ca)])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -375,7 +323,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         assert!(
             Instant::now() < deadline,
             "the console did not reach guest-a: {e}{o}\n{}",
-            console_log.lock().map(|g| g.join("\n")).unwrap_or_default()
+            console.log_text()
         );
         std::thread::sleep(Duration::from_millis(200));
     }

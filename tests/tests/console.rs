@@ -10,15 +10,15 @@
 //! Also: the agent's `blockjanitor_device_info` series on a real serve process, and
 //! `agentctl fleet` / `kubectl blockjanitor` against the console.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
+use blockjanitor_tests::console::{bin, console_args, start_agent, Console};
 use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, Daemon, Pki};
-use blockjanitor_tests::fleet::{bin, console_args, start_agent, Console};
+use blockjanitor_tests::http::http_get;
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
@@ -34,10 +34,6 @@ const SELECTOR: &str = "app.kubernetes.io/name=blockjanitor-agent";
 /// layout the Ceph guest captured (`Watchers:` then a tab: tests/ceph/README.md).
 const RBD_STATUS_OLD: &str =
     "Watchers:\n\twatcher=10.125.53.47:0/3423687629 client.1138525 cookie=18446462598732840961\n";
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
 
 /// A port free on 127.0.0.2..6 (the agents' pod IPs share it, as pods share a containerPort).
 fn free_port() -> u16 {
@@ -139,12 +135,18 @@ async fn start_cluster() -> Cluster {
     start_cluster_with(&[]).await
 }
 
+/// [`start_cluster`], and a client of its console as the viewer `dashboard`.
+async fn dashboard_cluster() -> (Cluster, FleetClient<Channel>) {
+    let cl = start_cluster().await;
+    let c = cl.client("dashboard").await;
+    (cl, c)
+}
+
 /// [`start_cluster`] with more console flags.
 async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
     let tls = pki.write_server(s.dir.path());
-    let (cert, key, ca) = tls.clone();
     let port = free_port();
     let mut agents = Vec::new();
     for (node, ip, fixture) in [
@@ -201,7 +203,7 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     let args = console_args(
         &s,
         &pki,
-        (&cert, &key, &ca),
+        &tls,
         &[
             "--operator",
             "admin",
@@ -262,8 +264,7 @@ fn pair(node: &str, dev: &str) -> (String, String) {
 #[test]
 fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
         let names: Vec<&str> = nodes.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(names, ["node-free", "node-gone", "node-new", "node-old"], "the log shipper is no agent");
@@ -352,8 +353,7 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
 #[test]
 fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let r = c
             .who_watches(pb::WhoWatchesRequest { text: RBD_STATUS_OLD.into(), ..Default::default() })
             .await
@@ -462,8 +462,7 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
 #[test]
 fn who_watches_reads_every_ceph_address_form_and_refuses_what_it_does_not_understand() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let old = vec![pair("node-old", "rbd4")];
         for text in [
             "v1:10.125.53.47:0/3423687629",
@@ -552,8 +551,7 @@ fn who_watches_reads_every_ceph_address_form_and_refuses_what_it_does_not_unders
 #[test]
 fn multiattach_diagnoses_each_node_and_apply_is_forwarded_on_behalf_of_the_operator() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let r = c
             .multi_attach(pb::MultiAttachRequest { pvc: PVC.into(), ..Default::default() })
             .await
@@ -819,28 +817,13 @@ fn the_console_role_cannot_apply_without_naming_an_operator() {
 fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
     let s = Scratch::new();
     let pki = Pki::new("blockjanitor test CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let tls = pki.write_server(s.dir.path());
     let root = fixtures().join("incident1").to_string_lossy().into_owned();
     let config = s.path("agent.toml");
     std::fs::write(&config, "plans_per_minute_per_client = 2\n").expect("config");
-    let d = Daemon::start_with_global(
-        s.dir.path(),
-        &["--root", &root],
-        &[
-            "--config",
-            config.to_str().expect("utf8"),
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-        ],
-    );
+    let config = config.to_str().expect("utf8");
+    let args = ["--config", config, "--tls-console", "console"];
+    let d = Daemon::start_tls(s.dir.path(), &["--root", &root], "127.0.0.1:0", &tls, &args);
     let console = pki.issue("console", &["console"]);
     rt().block_on(async {
         let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
@@ -861,16 +844,6 @@ fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
         assert!(e.message().starts_with("console for alice asked for more than 2 plans a minute"), "{e:?}");
         a.plan(plan("bob")).await.expect("bob has his own limit");
     });
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
 }
 
 fn copy_tree(from: &Path, to: &Path) {
@@ -1123,31 +1096,18 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
     // The old node's agent scans a copy of incident 1 every second: its rbd4 goes later.
     let root = s.path("incident1");
     copy_tree(&fixtures().join("incident1"), &root);
-    let mut old = Daemon::start_with_global(
+    let mut old = Daemon::start_tls(
         &s.mkdir("old"),
         &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
-        &[
-            "--listen",
-            &old_addr,
-            "--tls-cert",
-            tls.0.to_str().expect("utf8"),
-            "--tls-key",
-            tls.1.to_str().expect("utf8"),
-            "--tls-client-ca",
-            tls.2.to_str().expect("utf8"),
-            "--tls-console",
-            "console",
-            "--grace-period",
-            "0",
-            "--node-name",
-            "node-old",
-        ],
+        &old_addr,
+        &tls,
+        &["--tls-console", "console", "--grace-period", "0", "--node-name", "node-old"],
     );
     let agents = format!("node-old=https://{old_addr},node-late={late_addr}");
     let args = console_args(
         &s,
         &pki,
-        (&tls.0, &tls.1, &tls.2),
+        &tls,
         &[
             "--agents",
             &agents,
@@ -1263,7 +1223,7 @@ fn discovery_follows_agent_pods_without_an_ip_and_their_new_addresses() {
         let args = console_args(
             &s,
             &pki,
-            (&tls.0, &tls.1, &tls.2),
+            &tls,
             &[
                 "--namespace",
                 NS,
@@ -1356,8 +1316,7 @@ fn finding_kinds(r: &pb::SweepResponse) -> Vec<(String, String, Vec<String>)> {
 #[test]
 fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_watches_by_id_names_the_node() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let image = format!("k8s/{IMAGE}");
         let r = c.sweep(pb::SweepRequest::default()).await.expect("Sweep").into_inner();
         let found = finding_kinds(&r);
@@ -1532,8 +1491,7 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
 #[test]
 fn where_reads_every_identifier_form_and_refuses_what_it_does_not_understand() {
     rt().block_on(async {
-        let cl = start_cluster().await;
-        let mut c = cl.client("dashboard").await;
+        let (cl, mut c) = dashboard_cluster().await;
         let q = |query: &str| pb::WhereRequest { query: query.into(), ..Default::default() };
         // The multipath map of incident 3 by its udev name (wwn-0x<naa>) and its sysfs form.
         for form in ["wwn-0x618cf24100f8f457014a764c000001f6", "naa.618CF24100F8F457014A764C000001F6"] {

@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::console::{fleet_agent, fleet_agents, Console, ConsoleFiles};
+use blockjanitor_tests::daemon::{tls_channel, Pki};
 use blockjanitor_tests::failover::{run_with_kill, Replicas};
-use blockjanitor_tests::standin_fleet::{self as fleet, ConsoleFiles, ConsoleProc, StandIn};
+use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
 
 const STAND_INS: usize = 20;
 
-fn bin(name: &str) -> std::path::PathBuf {
-    blockjanitor_tests::agent_bin().with_file_name(name)
+/// The console's log level in these tests.
+fn quiet(c: &mut std::process::Command) {
+    c.env("RUST_LOG", "warn,blockjanitor_console=info");
 }
 
 /// Waits until the console at `addr` has every node synced.
@@ -42,14 +44,8 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("ha CA");
     let files = ConsoleFiles::write(&pki, dir.path());
-    let reals: Vec<Daemon> = ["incident1", "incident1-newnode"]
-        .iter()
-        .enumerate()
-        .map(|(i, f)| fleet::real_agent(dir.path(), &files, f, &format!("node-{i:04}")))
-        .collect();
-    let mut entries: Vec<String> =
-        reals.iter().enumerate().map(|(i, d)| format!("node-{i:04}={}", d.tcp.expect("tcp"))).collect();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let (reals, mut entries) = fleet_agents(dir.path(), &files, &["incident1", "incident1-newnode"]);
+    let rt = blockjanitor_tests::rt();
     let tls = fleet::server_tls(&pki);
     rt.block_on(async {
         for i in 2..2 + STAND_INS {
@@ -63,9 +59,8 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     });
     let mut args = files.args("viewer");
     args.extend(["--agents".to_owned(), entries.join(",")]);
-    let console = bin("blockjanitor-console");
-    let mut replicas: Vec<ConsoleProc> = (0..2).map(|_| ConsoleProc::start(&console, &args, false)).collect();
-    let addrs: Vec<_> = replicas.iter().map(|r| r.addr).collect();
+    let mut replicas: Vec<Console> = (0..2).map(|_| Console::start_configured(&args, None, quiet)).collect();
+    let addrs: Vec<_> = replicas.iter().map(|r| r.tcp).collect();
 
     let report = rt.block_on(async {
         for a in &addrs {
@@ -130,11 +125,10 @@ fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("lease CA");
     let files = ConsoleFiles::write(&pki, dir.path());
-    let agent = fleet::real_agent(dir.path(), &files, "incident1", "node-0000");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let agent = fleet_agent(dir.path(), &files, "incident1", "node-0000");
+    let rt = blockjanitor_tests::rt();
     let api = rt.block_on(blockjanitor_tests::lease_mock::LeaseServer::start());
-    let console = bin("blockjanitor-console");
-    let mut replicas: Vec<ConsoleProc> = (0..2)
+    let mut replicas: Vec<Console> = (0..2)
         .map(|i| {
             let mut args = files.args("viewer");
             args.extend(["--operator", "admin", "--kube-url", &api.url(), "--apply-lease"].map(String::from));
@@ -147,7 +141,7 @@ fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
                 "--agents".into(),
                 format!("node-0000={}", agent.tcp.expect("tcp")),
             ]);
-            ConsoleProc::start(&console, &args, false)
+            Console::start_configured(&args, None, quiet)
         })
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -162,16 +156,16 @@ fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
     let other = 1 - h;
     rt.block_on(async {
         for r in &replicas {
-            wait_synced(r.addr, &pki, 1).await;
+            wait_synced(r.tcp, &pki, 1).await;
         }
-        let refused = execute_apply(replicas[other].addr, &pki).await;
+        let refused = execute_apply(replicas[other].tcp, &pki).await;
         assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
         assert!(
             refused.message().contains(&holder) && refused.message().contains(&format!("replica-{other}")),
             "the refusal names the holder and this replica: {refused:?}"
         );
         // The holder goes on to the dry run (which refuses: the identity is not the device's).
-        let dry = execute_apply(replicas[h].addr, &pki).await;
+        let dry = execute_apply(replicas[h].tcp, &pki).await;
         assert_eq!(dry.code(), tonic::Code::FailedPrecondition, "the holder asks the nodes: {dry:?}");
     });
     assert_eq!(api.holder(KEY).as_deref(), Some(holder.as_str()), "the holder renews, nobody steals it");
@@ -185,7 +179,7 @@ fn only_the_apply_lease_holder_executes_and_a_survivor_takes_the_lease_over() {
     }
     let lease = api.lease(KEY).expect("lease");
     assert!(lease["spec"]["leaseTransitions"].as_i64() >= Some(1), "{lease}");
-    let after = rt.block_on(execute_apply(replicas[other].addr, &pki));
+    let after = rt.block_on(execute_apply(replicas[other].tcp, &pki));
     assert_eq!(after.code(), tonic::Code::FailedPrecondition, "the survivor now applies: {after:?}");
     drop(replicas);
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
+use blockjanitor_tests::console::{console_args, start_agent, start_agent_configured, Console};
 use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
-use blockjanitor_tests::fleet::{console_args, start_agent, start_agent_configured, Console};
 use blockjanitor_tests::measure::{ms, percentile};
 use blockjanitor_tests::netns::{veth, NetNs};
 use blockjanitor_tests::*;
@@ -29,10 +29,6 @@ const MISSING_BOUND: Duration = Duration::from_secs(8);
 const CALL_TIMEOUT_MS: &str = "3000";
 /// A watcher address no fixture maps: with every node answering, it is safe to unfence.
 const UNKNOWN_WATCHER: &str = "10.9.9.9:0/1234";
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
 
 /// Sends SIGCONT on drop, so that a failed test never leaves a stopped agent behind.
 struct Stopped(u32);
@@ -61,7 +57,7 @@ fn liveness_console_args(
     console_args(
         s,
         pki,
-        (&tls.0, &tls.1, &tls.2),
+        tls,
         &[
             "--agents",
             list,
@@ -329,7 +325,7 @@ fn root_a_cut_network_link_is_named_missing_within_seconds() {
         &tls,
         "node-ns=https://10.231.7.1:9443,node-lo=https://127.0.0.1:9443",
     );
-    let console = Console::start_configured(&args, |cmd| console_ns.enter_command(cmd));
+    let console = Console::start_configured(&args, None, |cmd| console_ns.enter_command(cmd));
     let addr = console.tcp;
 
     // The test's own client runs on a thread inside the console's namespace.

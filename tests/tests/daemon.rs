@@ -9,39 +9,22 @@ use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
-use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, unix_client, Daemon, Pki};
+use blockjanitor_tests::daemon::{
+    assert_serving_and_reflected, reporting_daemon, tls_channel, unix_client, Daemon, Pki,
+};
+use blockjanitor_tests::http::{http_get, http_response};
+use blockjanitor_tests::kube_mock::NODE;
 use blockjanitor_tests::*;
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 const TOOLS: &[&str] = &["losetup", "setpriv"];
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
 /// A daemon with a TCP listener, an operator identity and a viewer identity.
 fn tls_daemon(s: &Scratch, pki: &Pki) -> Daemon {
-    let (cert, key, ca) = pki.write_server(s.dir.path());
-    Daemon::start(
-        s.dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert.to_str().expect("utf8"),
-            "--tls-key",
-            key.to_str().expect("utf8"),
-            "--tls-client-ca",
-            ca.to_str().expect("utf8"),
-            "--tls-operator",
-            "console",
-            "--tls-viewer",
-            "dashboard",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-    )
+    let tls = pki.write_server(s.dir.path());
+    let roles = ["--tls-operator", "console", "--tls-viewer", "dashboard", "--metrics-listen", "127.0.0.1:0"];
+    Daemon::start_tls(s.dir.path(), &[], "127.0.0.1:0", &tls, &roles)
 }
 
 #[test]
@@ -183,14 +166,9 @@ fn root_unix_socket_roles_health_and_bad_requests() {
 
 #[test]
 fn root_watch_events_sees_a_loop_device_appear_and_apply_detaches_it() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
-    let img = s.path("watched.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
+    let img = s.sparse_file("watched.img", 8);
     rt().block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("watch").into_inner();
@@ -291,22 +269,11 @@ fn root_fifty_concurrent_clients_and_metrics() {
             .expect("promtool");
         assert!(out.status.success(), "promtool: {}{}", text_of(&out.stdout), text_of(&out.stderr));
     }
-    assert!(http_get(d.metrics.expect("metrics"), "/other").contains("only /metrics"));
+    assert!(http_response(d.metrics.expect("metrics"), "/other").1.contains("only /metrics"));
 }
 
 fn text_of(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A plain HTTP/1.0 GET on loopback; returns the body.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
 }
 
 #[test]
@@ -402,33 +369,21 @@ fn device_verdict(sock: &std::path::Path, name: &str) -> Option<i32> {
     })
 }
 
+/// A daemon in clean mode with no grace period, then `args`.
+fn clean_daemon(s: &Scratch, args: &[&str]) -> Daemon {
+    let all: Vec<&str> = ["--mode", "clean", "--grace-period", "0"].iter().chain(args).copied().collect();
+    Daemon::start(s.dir.path(), &all)
+}
+
 #[test]
 fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let d = Daemon::start(
-        s.dir.path(),
-        // Rescans every 2 s: a scan made blind for a moment by a process of another test (its
-        // candidate then unknown, rightly) is followed by a complete one soon, not in a minute.
-        &[
-            "--mode",
-            "clean",
-            "--grace-period",
-            "0",
-            "--max-actions-per-minute",
-            "1",
-            "--rescan-interval",
-            "2",
-        ],
-    );
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    // Rescans every 2 s: a scan made blind for a moment by a process of another test (its
+    // candidate then unknown, rightly) is followed by a complete one soon, not in a minute.
+    let d = clean_daemon(&s, &["--max-actions-per-minute", "1", "--rescan-interval", "2"]);
     let mut devs = Vec::new();
     for i in 0..2 {
-        let img = s.path(&format!("auto{i}.img"));
-        std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-        devs.push(LoopDev::attach(&img));
+        devs.push(s.loop_file(&format!("auto{i}.img")));
     }
     // The uevents wake the scanner; clean mode unbinds what is stale, one step a minute.
     assert!(
@@ -447,28 +402,10 @@ fn root_clean_mode_detaches_stale_loop_devices_by_itself_within_the_rate_limit()
 
 #[test]
 fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     // Port 9 (discard) on loopback: nothing listens, every API call fails at once.
-    let d = Daemon::start(
-        s.dir.path(),
-        &[
-            "--mode",
-            "clean",
-            "--grace-period",
-            "0",
-            "--kube-url",
-            "http://127.0.0.1:9",
-            "--node-name",
-            "node-a",
-        ],
-    );
-    let img = s.path("kept.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let d = clean_daemon(&s, &["--kube-url", "http://127.0.0.1:9", "--node-name", "node-a"]);
+    let lo = s.loop_file("kept.img");
     let name = lo.name().to_owned();
     assert!(
         wait_until(REACT, || device_verdict(&d.socket, &name) == Some(pb::Verdict::Unknown as i32)),
@@ -485,24 +422,12 @@ fn root_unreachable_api_makes_candidates_unknown_and_nothing_is_cleaned() {
 
 #[test]
 fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
-    let s = Scratch::new();
-    let url = server.url();
     // Rescans every 2 s (see the clean-mode test): what is asserted is the report of a stale
     // device, not how soon a trigger arrives after a momentarily blind scan.
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--rescan-interval", "2", "--kube-url", &url, "--node-name", NODE],
-    );
-    let img = s.path("reported.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "2"]);
+    let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let event_posted = || {
         server.requests().iter().any(|r| {
@@ -551,25 +476,14 @@ fn root_daemon_reports_stale_devices_as_node_events_and_condition() {
 
 #[test]
 fn root_release_mode_detaches_a_foreign_mount_of_a_volume_kubelet_let_go() {
-    if !require_real_kernel(&[TOOLS, &["mkfs.ext4", "unshare", "mount", "umount"]].concat()) {
+    let Some((_serial, s)) =
+        real_kernel_test(&[TOOLS, &["mkfs.ext4", "unshare", "mount", "umount"]].concat())
+    else {
         return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    };
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
-    let kdir = s.mkdir("kubelet");
-    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-rel");
-    let gm = pv_dir.join("globalmount");
-    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
-    std::fs::write(
-        pv_dir.join("vol_data.json"),
-        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-rel","volumeHandle":"0001-0024-rel","attachmentID":"csi-rel","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
-    )
-    .expect("vol_data.json");
-    let img = s.ext4_image("rel.img", 32);
-    let host_mount = HostMount::new(img.to_str().expect("utf8"), &gm, &["-o", "loop"]);
-    let name = loop_for(&img).expect("loop device");
-    let lo = LoopDev::adopt(&name, &img);
+    let (kdir, gm) = s.staged_csi_volume("rel");
+    let (host_mount, lo) = s.loop_mount("rel.img", &gm);
     // Incident 5: a process in its own namespace keeps a copy; kubelet unmounts on the host.
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(REACT, || holder.has_mount(&gm)));
@@ -624,20 +538,9 @@ fn planned_identity(socket: &std::path::Path, device: &str) -> String {
     id
 }
 
-/// An 8 MiB file to back a loop device.
-fn image(s: &Scratch, name: &str) -> std::path::PathBuf {
-    let img = s.path(name);
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    img
-}
-
 #[test]
 fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0"]);
     let stale = |name: &str| {
         assert!(
@@ -648,7 +551,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     };
 
     // agentctl plans, shows the plan with its identity, and applies bound to it.
-    let lo = LoopDev::attach(&image(&s, "first.img"));
+    let lo = s.loop_file("first.img");
     let name = lo.name().to_owned();
     stale(&name);
     let identity = planned_identity(&d.socket, &name);
@@ -666,13 +569,13 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     assert!(journal.contains("detach_loop") && journal.contains(&name), "{journal}");
 
     // The reuse race: planned, then the number is detached and attached to another file.
-    let old_img = image(&s, "planned.img");
+    let old_img = s.sparse_file("planned.img", 8);
     let lo = LoopDev::attach(&old_img);
     let name = lo.name().to_owned();
     stale(&name);
     let old = planned_identity(&d.socket, &name);
     sh("losetup", &["-d", &lo.dev]);
-    let new_img = image(&s, "reused.img");
+    let new_img = s.sparse_file("reused.img", 8);
     let new_path = new_img.to_str().expect("utf8");
     // The detach completes on last close (a scan may hold it open a moment).
     assert!(
@@ -706,42 +609,27 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
 }
 
 /// A process that keeps `device` open with `marker` in its command line; killed on drop.
-struct OpenHolder(std::process::Child);
-
-impl OpenHolder {
-    fn spawn(device: &str, marker: &str) -> Self {
-        // `$0` is the marker; `read` waits on a pipe that never delivers.
-        let child = std::process::Command::new("sh")
-            .args(["-c", &format!("exec 3<{device}; read x"), marker])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .expect("spawn holder");
-        Self(child)
-    }
-}
-
-impl Drop for OpenHolder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+fn open_holder(device: &str, marker: &str) -> Killed {
+    // `$0` is the marker; `read` waits on a pipe that never delivers.
+    let child = std::process::Command::new("sh")
+        .args(["-c", &format!("exec 3<{device}; read x"), marker])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    Killed(child)
 }
 
 #[test]
 fn root_viewers_get_holders_without_command_lines() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let d = Daemon::start(s.dir.path(), &["--socket-group", "1", "--rescan-interval", "1"]);
     let sock = d.socket.to_str().expect("utf8");
-    let lo = LoopDev::attach(&image(&s, "held.img"));
+    let lo = s.loop_file("held.img");
     let name = lo.name().to_owned();
     const MARKER: &str = "bj-holder-marker-6d1f";
-    let _holder = OpenHolder::spawn(&lo.dev, MARKER);
+    let _holder = open_holder(&lo.dev, MARKER);
     // Root (an operator) sees the holder's command line.
     let mut root_view = serde_json::Value::Null;
     assert!(
@@ -783,20 +671,10 @@ fn says_an_age(message: &str) -> bool {
 
 #[test]
 fn root_events_hold_no_age_and_de_duplicate_across_scans() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let rt = rt();
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
-    let s = Scratch::new();
-    let url = server.url();
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
-    );
-    let lo = LoopDev::attach(&image(&s, "reported.img"));
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "1"]);
+    let lo = s.loop_file("reported.img");
     let name = lo.name().to_owned();
     let stale_events = || -> Vec<String> {
         server
@@ -899,11 +777,7 @@ fn root_agentctl_node_shows_the_kubernetes_api_and_blind_spots() {
 
 #[test]
 fn root_plans_are_rate_limited_per_client() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let config = s.path("agent.toml");
     std::fs::write(&config, "plans_per_minute_per_client = 3\n").expect("config");
     let d = Daemon::start(s.dir.path(), &["--config", config.to_str().expect("utf8")]);

@@ -25,7 +25,10 @@ use std::time::Duration;
 use blockjanitor::config::{Config, Mode};
 use blockjanitor_tests::daemon::Daemon;
 use blockjanitor_tests::deploy::{self, find, kubectl, kustomizations, render, require, round_trip};
-use blockjanitor_tests::{agent_bin, require_real_kernel, serial, text, wait_until, LoopDev, Scratch};
+use blockjanitor_tests::http::http_get;
+use blockjanitor_tests::{
+    agent_bin, real_kernel_test, require_real_kernel, serial, text, wait_until, LoopDev, Scratch,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use serde_json::{json, Value};
@@ -379,7 +382,9 @@ fn request_attributes_are_mapped_as_the_api_server_does() {
 /// requests the rendered ClusterRole allows, and every rule in it is used.
 #[test]
 fn root_rbac_grants_exactly_what_the_agent_calls() {
-    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    use blockjanitor_tests::daemon::reporting_daemon;
+    use blockjanitor_tests::kube_mock::NODE;
+    use blockjanitor_tests::rt;
     if !require_real_kernel(&["losetup"]) {
         return;
     }
@@ -398,18 +403,11 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         assert_eq!(r.rules, role.rules, "deploy/{dir} changes the ClusterRole");
     }
     let _serial = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let rt = rt();
     let s = Scratch::new();
-    let url = server.url();
     // A stale loop device (grace 0) makes the agent post an Event and set the Node condition.
-    let d = Daemon::start(
-        s.dir.path(),
-        &["--grace-period", "0", "--kube-url", &url, "--node-name", NODE, "--rescan-interval", "1"],
-    );
-    let img = s.path("rbac.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let (server, d) = reporting_daemon(&s, &rt, &["--rescan-interval", "1"]);
+    let lo = s.loop_file("rbac.img");
     let needed: [(&str, &str, &str); 10] = [
         ("", "pods", "list"),
         ("", "pods", "watch"),
@@ -479,17 +477,6 @@ fn root_rbac_grants_exactly_what_the_agent_calls() {
         }
     }
     drop(rt);
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    assert!(out.starts_with("HTTP/1.1 200"), "GET {path}: {out}");
-    out.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
 }
 
 /// `promtool check rules` accepts the alerts, and every metric name the alerts and the dashboard
@@ -604,14 +591,10 @@ fn root_alerts_and_dashboard_use_only_metrics_the_agent_serves() {
 /// text, and nothing else: the Agent service itself is not reachable there.
 #[test]
 fn root_health_listener_serves_health_only() {
-    if !require_real_kernel(&[]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[]) else { return };
     let d = Daemon::start(s.dir.path(), &["--health-listen", "127.0.0.1:0"]);
     let addr = d.health.expect("the health listener's address is logged");
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .expect("endpoint")
@@ -698,9 +681,7 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     }
     // An unheld loop device (grace 0: stale at once): the viewer may not clean it, nor the console
     // on its own; the operator may, and does.
-    let img = s.path("tls.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("tls.img");
     let name = lo.name().to_owned();
     let mut last = String::new();
     let refused = wait_until(Duration::from_secs(20), || {
@@ -872,11 +853,7 @@ fn references_resolve_within_each_rendering() {
 #[test]
 fn root_serve_takes_the_kubelet_dir_from_its_config() {
     use blockjanitor_tests::HostMount;
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "mount", "umount"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "mount", "umount"]) else { return };
     let kdir = s.mkdir("kubelet-elsewhere");
     let target = kdir.join("plugins/kubernetes.io/rbd/mounts/k8s-image-kubernetes-dynamic-pvc-1");
     std::fs::create_dir_all(&target).expect("mkdir");

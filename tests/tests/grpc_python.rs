@@ -111,34 +111,17 @@ fn root_grpc_python_default_options_over_socket_and_mtls() {
     // Reachable by uid 65534 (the socket viewer).
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(s.dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let img = s.path("py.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let lo = s.loop_file("py.img");
 
     let pki = Pki::new("blockjanitor test CA");
-    let (cert, key, ca) = pki.write_server(s.dir.path());
+    let tls = pki.write_server(s.dir.path());
     let viewer = pki.issue("dashboard", &["dashboard"]);
     let (vcert, vkey) = (s.path("viewer.crt"), s.path("viewer.key"));
     std::fs::write(&vcert, &viewer.cert).expect("write");
     std::fs::write(&vkey, &viewer.key).expect("write");
     let p = |p: &Path| p.to_str().expect("utf8").to_owned();
-    let d = Daemon::start(
-        s.dir.path(),
-        &[
-            "--socket-group",
-            "1",
-            "--listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &p(&cert),
-            "--tls-key",
-            &p(&key),
-            "--tls-client-ca",
-            &p(&ca),
-            "--tls-viewer",
-            "dashboard",
-        ],
-    );
+    let args = ["--socket-group", "1", "--tls-viewer", "dashboard"];
+    let d = Daemon::start_tls(s.dir.path(), &[], "127.0.0.1:0", &tls, &args);
     // The C core's :authority for this socket is its path, percent-encoded: h2 refuses that.
     let authority = p(&d.socket).trim_start_matches('/').replace('/', "%2F");
     assert!(
@@ -167,7 +150,7 @@ fn root_grpc_python_default_options_over_socket_and_mtls() {
             "--target",
             &target,
             "--ca",
-            &p(&ca),
+            &p(&tls.2),
             "--cert",
             &p(&vcert),
             "--key",

@@ -329,12 +329,11 @@ fn root_guest_btrfs_on_nbd_is_never_disconnected() {
 /// The step records (intents, results, recovered) of one phase, parsed; the plan records
 /// (`plan`, `plan_end`) are left out.
 fn journal_records(run: &blockjanitor_tests::guest::Run, label: &str) -> Vec<serde_json::Value> {
-    run.section(&format!("journal-{label}"))
-        .lines()
-        .filter(|l| l.trim_start().starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal-{label}: line {l:?}: {e}")))
-        .filter(|r: &serde_json::Value| !matches!(r["phase"].as_str(), Some("plan" | "plan_end")))
-        .collect()
+    let section = run.section(&format!("journal-{label}"));
+    let lines = section.lines().filter(|l| l.trim_start().starts_with('{'));
+    let mut records = blockjanitor_tests::journal::parse(lines, &format!("journal-{label}"));
+    records.retain(|r| !matches!(r["phase"].as_str(), Some("plan" | "plan_end")));
+    records
 }
 
 /// The pid that wrote a step record (`<ns>-<pid>-<counter>`).

@@ -661,34 +661,17 @@ async fn one_stalled_watch_stops_vouching_and_is_named_until_it_answers_again() 
 #[test]
 fn root_one_stalled_watch_makes_a_candidate_unknown_naming_it() {
     use blockjanitor_proto::v1 as pb;
-    use blockjanitor_tests::daemon::{unix_client, Daemon};
-    use blockjanitor_tests::{require_real_kernel, serial, wait_until, LoopDev, Scratch, REACT};
+    use blockjanitor_tests::daemon::{reporting_daemon, unix_client};
+    use blockjanitor_tests::{require_real_kernel, rt, serial, wait_until, Scratch, REACT};
     if !require_real_kernel(&["losetup"]) {
         return;
     }
     let _serial = serial();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let rt = rt();
     let s = Scratch::new();
-    let url = server.url();
-    let d = Daemon::start(
-        s.dir.path(),
-        &[
-            "--grace-period",
-            "0",
-            "--rescan-interval",
-            "1",
-            "--kube-url",
-            &url,
-            "--node-name",
-            NODE,
-            "--kube-silence-bound-seconds",
-            "3",
-        ],
-    );
-    let img = s.path("candidate.img");
-    std::fs::File::create(&img).expect("create").set_len(8 << 20).expect("size");
-    let lo = LoopDev::attach(&img);
+    let (server, d) =
+        reporting_daemon(&s, &rt, &["--rescan-interval", "1", "--kube-silence-bound-seconds", "3"]);
+    let lo = s.loop_file("candidate.img");
     let name = lo.name().to_owned();
     let device = || -> Option<(i32, String)> {
         rt.block_on(async {

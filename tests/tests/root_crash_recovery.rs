@@ -63,13 +63,7 @@ fn said(out: &Output) -> String {
 }
 
 fn records(s: &Scratch) -> Vec<Value> {
-    match std::fs::read_to_string(s.path("journal.jsonl")) {
-        Ok(t) => t
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("journal line {l:?}: {e}")))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    journal::read(&s.path("journal.jsonl"))
 }
 
 /// The journal has no open intent (every intent has a result or a `recovered` record) and no
@@ -121,13 +115,6 @@ fn privately_mounted(s: &Scratch, img: &Path) -> Privately {
 /// Whether the namespace of `p` still has a mount of its device.
 fn still_mounted(p: &Privately) -> bool {
     p.dirs.iter().any(|d| p.ns.has_mount(d))
-}
-
-/// A loop device bound to an 8 MiB file of the scratch directory, held by nothing.
-fn unheld_loop(s: &Scratch, name: &str) -> LoopDev {
-    let img = s.path(name);
-    std::fs::File::create(&img).expect("image").set_len(8 << 20).expect("size");
-    LoopDev::attach(&img)
 }
 
 /// Kills `OP DEV --apply` at `var=n`, then runs the same command again: it must converge
@@ -206,7 +193,7 @@ fn root_release_and_clean_killed_after_every_journal_record_converge_when_run_ag
         // Then the unbind of a device nothing holds: plan, intent, result, end.
         if let Some(&unbind) = unbind_points.get(k) {
             let s = Scratch::new();
-            let lo = unheld_loop(&s, "b.img");
+            let lo = s.loop_file("b.img");
             killed_then_again(&s, "clean", &lo.dev, lo.name(), unbind, &["detach_loop"]);
             assert!(!lo.is_bound(), "{unbind:?}: unbound");
         }
@@ -215,12 +202,8 @@ fn root_release_and_clean_killed_after_every_journal_record_converge_when_run_ag
 
 #[test]
 fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
-    if !require_real_kernel(&["losetup"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = unheld_loop(&s, "a.img");
+    let Some((_serial, s)) = real_kernel_test(&["losetup"]) else { return };
+    let lo = s.loop_file("a.img");
     let dev = lo.dev.clone();
     // Killed right after the plan record: the unbind is owed.
     let out = clean(&s, &dev, Some((PLAN_AFTER, "1".into())));
@@ -228,8 +211,7 @@ fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
     assert!(lo.is_bound());
     // Someone else unbinds it and binds another file under the same name.
     sh("losetup", &["-d", &dev]);
-    let other = s.path("other.img");
-    std::fs::File::create(&other).expect("other").set_len(8 << 20).expect("size");
+    let other = s.sparse_file("other.img", 8);
     sh("losetup", &[&dev, other.to_str().expect("utf8")]);
     let impostor = LoopDev::adopt(lo.name(), &other);
     let again = clean(&s, &dev, None);
@@ -250,11 +232,7 @@ fn root_an_impostor_under_the_name_of_an_interrupted_plan_is_refused() {
 
 #[test]
 fn root_a_torn_journal_tail_is_ended_and_the_plan_still_resumes() {
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "unshare"]) else { return };
     let img = s.ext4_image("a.img", 8);
     let p = privately_mounted(&s, &img);
     let dev = p.lo.dev.clone();
@@ -285,12 +263,8 @@ fn root_a_torn_journal_tail_is_ended_and_the_plan_still_resumes() {
 
 #[test]
 fn root_two_concurrent_applies_lose_nothing_and_a_locked_journal_names_its_holder() {
-    if !require_real_kernel(&["losetup"]) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let make = |name: &str| unheld_loop(&s, name);
+    let Some((_serial, s)) = real_kernel_test(&["losetup"]) else { return };
+    let make = |name: &str| s.loop_file(name);
     let (a, b) = (make("a.img"), make("b.img"));
     let spawn = |dev: &str| {
         let mut cmd = Command::new(agent_bin());
@@ -364,11 +338,9 @@ fn as_nobody(args: &[&str]) -> Output {
 
 #[test]
 fn root_a_run_without_sight_refuses_apply_and_says_its_view_is_incomplete() {
-    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare", "setpriv"]) {
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "unshare", "setpriv"]) else {
         return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    };
     let img = s.ext4_image("a.img", 8);
     let p = privately_mounted(&s, &img);
     for op in ["release", "clean"] {

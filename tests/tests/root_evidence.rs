@@ -9,7 +9,7 @@
 //! loop device). No btrfs is ever mounted on the host: every mount lives in a private namespace.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use blockjanitor::discover::{iscsi, kmsg};
@@ -18,18 +18,6 @@ use blockjanitor_tests::*;
 use serde_json::Value;
 
 const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "btrfs", "unshare", "mount", "umount", "mknod"];
-
-fn utf8(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
-/// A btrfs image (btrfs needs about 110 MiB at least; the file is sparse).
-fn btrfs_image(s: &Scratch, name: &str) -> PathBuf {
-    let p = s.path(name);
-    std::fs::File::create(&p).expect("create").set_len(128 << 20).expect("size");
-    sh("mkfs.btrfs", &["-q", "-f", utf8(&p)]);
-    p
-}
 
 /// `holders DEV --output json` (exit 0), with the scratch's state file and journal.
 fn holders(s: &Scratch, dev: &str) -> Value {
@@ -187,7 +175,7 @@ fn root_btrfs_subvolume_users_are_holders_of_the_device() {
         return;
     }
     let s = Scratch::new();
-    let img = btrfs_image(&s, "btrfs.img");
+    let img = s.btrfs_image("btrfs.img");
     let lo = LoopDev::attach(&img);
     let p = s.mkdir("p");
     let (pp, st) = (utf8(&p), utf8(s.dir.path()));
@@ -276,7 +264,7 @@ fn root_a_btrfs_mount_whose_source_text_lies_is_tied_by_its_fsid() {
         return;
     }
     let s = Scratch::new();
-    let (img_a, img_b) = (btrfs_image(&s, "a.img"), btrfs_image(&s, "b.img"));
+    let (img_a, img_b) = (s.btrfs_image("a.img"), s.btrfs_image("b.img"));
     let a = LoopDev::attach(&img_a);
     let b = LoopDev::attach(&img_b);
     let p = s.mkdir("p");

@@ -41,14 +41,6 @@ use tonic::Code;
 const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "unshare", "mount", "umount"];
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
-fn utf8(p: &Path) -> &str {
-    p.to_str().expect("utf8 path")
-}
-
 /// The scratch directory's state file and journal, as global flags: no test touches
 /// /var/lib/blockjanitor.
 fn files(s: &Scratch) -> [String; 4] {
@@ -82,50 +74,23 @@ fn holders_of_kind<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
         .collect()
 }
 
-/// The journal's records (none when it does not exist).
+/// The scratch journal's records (none when it does not exist).
 fn journal_records(s: &Scratch) -> Vec<Value> {
-    std::fs::read_to_string(s.path("journal.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    journal::read(&s.path("journal.jsonl"))
 }
 
-/// Intents of `action` in the journal.
+/// Intents of `action` in the scratch journal.
 fn intents(s: &Scratch, action: &str) -> Vec<Value> {
-    journal_records(s)
-        .into_iter()
-        .filter(|r| r["phase"] == "intent" && r["step"]["action"] == action)
-        .collect()
+    journal::intents(&journal_records(s), action).into_iter().cloned().collect()
 }
 
-/// How many intents of `action` have a result `done`.
+/// How many intents of `action` in the scratch journal have a result `done`.
 fn done(s: &Scratch, action: &str) -> usize {
-    let records = journal_records(s);
-    intents(s, action)
-        .iter()
-        .filter(|i| {
-            records.iter().any(|r| r["phase"] == "result" && r["id"] == i["id"] && r["result"] == "done")
-        })
-        .count()
+    journal::done(&journal_records(s), action)
 }
 
 fn journal_text(s: &Scratch) -> String {
-    std::fs::read_to_string(s.path("journal.jsonl")).unwrap_or_else(|_| "(no journal)".into())
-}
-
-/// A sparse `mb` MiB file.
-fn blank_file(s: &Scratch, name: &str, mb: u64) -> PathBuf {
-    let p = s.path(name);
-    std::fs::File::create(&p).expect("create").set_len(mb << 20).expect("size");
-    p
-}
-
-/// A btrfs image (btrfs needs about 110 MiB at least; the file is sparse).
-fn btrfs_image(s: &Scratch, name: &str) -> PathBuf {
-    let p = blank_file(s, name, 128);
-    sh("mkfs.btrfs", &["-q", "-f", utf8(&p)]);
-    p
+    journal::text(&s.path("journal.jsonl"))
 }
 
 /// The loop device's autoclear flag as sysfs shows it ("1" once `LOOP_CLR_FD` was deferred).
@@ -181,12 +146,8 @@ fn reasons_mention(v: &Value, words: &str) -> bool {
 
 #[test]
 fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses() {
-    if !require_real_kernel(BTRFS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let Some((_serial, s)) = real_kernel_test(BTRFS) else { return };
+    let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
     let line = mountinfo_line("self", &mnt).expect("mounted");
@@ -223,12 +184,8 @@ fn root_btrfs_on_a_loop_device_mounted_on_the_host_is_in_use_and_clean_refuses()
 
 #[test]
 fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
-    if !require_real_kernel(BTRFS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&btrfs_image(&s, "btrfs.img"));
+    let Some((_serial, s)) = real_kernel_test(BTRFS) else { return };
+    let lo = LoopDev::attach(&s.btrfs_image("btrfs.img"));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
     let holder = NsProcess::spawn("exec sleep 1000");
@@ -261,12 +218,8 @@ fn root_btrfs_mounted_only_in_a_foreign_namespace_is_found() {
 
 #[test]
 fn root_loop_on_loop_is_a_loop_backing_holder_and_clean_refuses() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lower = LoopDev::attach(&blank_file(&s, "lower.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lower = s.loop_file("lower.img");
     // Declared after `lower`, so dropped first.
     let upper = LoopDev::attach(Path::new(&lower.dev));
     assert!(upper.is_bound(), "{} is backed by the node {}", upper.dev, lower.dev);
@@ -315,13 +268,9 @@ async fn wait_device(sock: &Path, name: &str, mut f: impl FnMut(&pb::Device) -> 
 
 #[test]
 fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let img_a = blank_file(&s, "a.img", 8);
-    let img_b = blank_file(&s, "b.img", 8);
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let img_a = s.sparse_file("a.img", 8);
+    let img_b = s.sparse_file("b.img", 8);
     let d = Daemon::start(s.dir.path(), &["--grace-period", "0", "--rescan-interval", "1"]);
     let lo_a = LoopDev::attach(&img_a);
     let name = lo_a.name().to_owned();
@@ -399,12 +348,8 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
 
 #[test]
 fn root_state_file_from_another_boot_restarts_the_grace_clock() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "idle.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lo = s.loop_file("idle.img");
     let state = s.path("state.json");
     let run = || holders(&s, &lo.dev, &["--grace-period", "2"]);
 
@@ -444,11 +389,7 @@ fn root_state_file_from_another_boot_restarts_the_grace_clock() {
 
 #[test]
 fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -492,11 +433,7 @@ fn root_release_leaves_a_slave_copy_of_a_live_host_mount_alone() {
 
 #[test]
 fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = HostMount::new(&lo.dev, &mnt, &[]);
@@ -524,25 +461,10 @@ fn root_release_still_detaches_a_private_copy_of_a_mount_the_host_let_go() {
 
 #[test]
 fn root_release_mode_runs_a_plan_larger_than_the_per_minute_budget() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     // A kubelet directory with one CSI volume staged the pre-1.24 way and no pod using it.
-    let kdir = s.mkdir("kubelet");
-    let pv_dir = kdir.join("plugins/kubernetes.io/csi/pv/pvc-two");
-    let gm = pv_dir.join("globalmount");
-    std::fs::create_dir_all(&gm).expect("mkdir globalmount");
-    std::fs::write(
-        pv_dir.join("vol_data.json"),
-        r#"{"driverName":"rbd.csi.ceph.com","specVolID":"pvc-two","volumeHandle":"0001-0024-two","attachmentID":"csi-two","nodeName":"node-a","volumeLifecycleMode":"Persistent"}"#,
-    )
-    .expect("vol_data.json");
-    let img = s.ext4_image("two.img", 32);
-    let host_mount = HostMount::new(utf8(&img), &gm, &["-o", "loop"]);
-    let name = loop_for(&img).expect("loop device");
-    let lo = LoopDev::adopt(&name, &img);
+    let (kdir, gm) = s.staged_csi_volume("two");
+    let (host_mount, lo) = s.loop_mount("two.img", &gm);
     // Two processes in namespaces of their own keep copies; kubelet unmounts on the host.
     let mut first = NsProcess::spawn("exec sleep 1000");
     let mut second = NsProcess::spawn("exec sleep 1000");
@@ -595,24 +517,10 @@ fn in_pid_namespace(args: &[&str]) -> Command {
     c
 }
 
-/// A child that is killed (with its PID namespace) on drop.
-struct Killed(std::process::Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn root_acting_outside_the_host_pid_namespace_is_refused() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lo = s.loop_file("free.img");
     let f = files(&s);
 
     let out = in_pid_namespace(&with_files(&f, &["clean", &lo.dev, "--grace-period", "0", "--apply"]))
@@ -707,12 +615,8 @@ fn without_ptrace(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn root_a_process_the_agent_cannot_inspect_makes_candidates_unknown() {
-    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["setpriv"]].concat()) else { return };
+    let lo = s.loop_file("free.img");
     let f = files(&s);
     // This test process keeps every capability: an agent without CAP_SYS_PTRACE cannot read it.
     let me = std::process::id();
@@ -763,7 +667,7 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
     }
     let _serial = serial();
     let s = Scratch::new();
-    let lo = LoopDev::attach(&blank_file(&s, "free.img", 8));
+    let lo = s.loop_file("free.img");
     let f = files(&s);
     let out = Command::new(agent_bin())
         .env_remove(TRUST_INIT_ENV)
@@ -797,11 +701,7 @@ fn root_an_uninspectable_pid1_is_a_blind_spot_unless_trusted() {
 /// is released from the namespace's root.
 #[test]
 fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
-    if !require_real_kernel(&[TOOLS, &["chroot"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["chroot"]].concat()) else { return };
     let mnt = s.mkdir("mnt");
     let jail = s.mkdir("jail");
     let img = s.ext4_image("vol.img", 32);
@@ -847,11 +747,7 @@ fn root_a_chrooted_holder_is_seen_and_released_through_its_namespace() {
 /// (/sys/fs/ext4/<dev>, its journal thread, its exclusive claim): in use, never cleaned.
 #[test]
 fn root_a_filesystem_kept_alive_by_an_overlay_is_in_use() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let (lower, ov, fsmnt) = (s.mkdir("lower"), s.mkdir("ov"), s.mkdir("fs"));
     let lo = LoopDev::attach(&s.ext4_image("upper.img", 32));
     let fs = HostMount::new(&lo.dev, &fsmnt, &[]);
@@ -931,11 +827,7 @@ fn assert_refused_for(s: &Scratch, lo: &LoopDev, holder: &NsProcess, mnt: &Path,
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_has_its_cwd_on_it_unless_forced() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let mut holder = mounted_only_in_a_namespace(&lo, &mnt, &format!("cd {} && exec sleep 1000", utf8(&mnt)));
@@ -962,11 +854,7 @@ fn root_release_refuses_a_mount_whose_namespace_has_its_cwd_on_it_unless_forced(
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_has_a_file_on_it_open() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let db = mnt.join("db");
@@ -979,11 +867,7 @@ fn root_release_refuses_a_mount_whose_namespace_has_a_file_on_it_open() {
 
 #[test]
 fn root_release_refuses_a_mount_whose_namespace_maps_a_file_on_it() {
-    if !require_real_kernel(&[TOOLS, &["python3"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["python3"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let db = mnt.join("db");
@@ -1032,11 +916,7 @@ time.sleep(1000)
 
 #[test]
 fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
-    if !require_real_kernel(&[TOOLS, &["nsenter"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["nsenter"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let m = utf8(&mnt).to_owned();
@@ -1105,11 +985,7 @@ fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
 
 #[test]
 fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
-    if !require_real_kernel(&[TOOLS, &["setpriv"]].concat()) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["setpriv"]].concat()) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     // Nobody uses it, but an agent without CAP_SYS_PTRACE cannot read this root process's
@@ -1138,11 +1014,7 @@ fn root_release_refuses_when_a_blind_spot_could_hide_the_namespace() {
 
 #[test]
 fn root_release_detaches_a_copy_nobody_uses_and_frees_the_device() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
     let mnt = s.mkdir("mnt");
     let mut holder = mounted_only_in_a_namespace(&lo, &mnt, "exec sleep 1000");

@@ -27,24 +27,11 @@ fn journal_in(s: &Scratch) -> String {
     s.path("journal.jsonl").to_string_lossy().into_owned()
 }
 
-/// Mounts a fresh ext4 image with `mount -o loop` (so the loop device has autoclear set, as in
-/// the incident), returning the mount guard and the loop device guard.
-fn loop_mount(s: &Scratch, mnt: &Path) -> (HostMount, LoopDev) {
-    let img = s.ext4_image("vol.img", 32);
-    let m = HostMount::new(img.to_str().expect("utf8"), mnt, &["-o", "loop"]);
-    let name = loop_for(&img).expect("mount -o loop made a loop device");
-    (m, LoopDev::adopt(&name, &img))
-}
-
 #[test]
 fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     host_mount.umount();
@@ -96,13 +83,9 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
 
 #[test]
 fn root_cwd_pin_survives_release_and_is_reported() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     let mut holder = NsProcess::spawn(&format!("cd {} && exec sleep 1000", mnt.display()));
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     host_mount.umount();
@@ -147,11 +130,7 @@ fn root_cwd_pin_survives_release_and_is_reported() {
 
 #[test]
 fn root_open_device_fd_in_another_namespace() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("raw.img", 8));
     // The process opens the node under another name in its own namespace, as a container does
     // with a raw block volume: matching must be by st_rdev, not by path.
@@ -187,13 +166,9 @@ fn root_open_device_fd_in_another_namespace() {
 
 #[test]
 fn root_loop_backed_by_a_file_on_the_device() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mnt = s.mkdir("mnt");
-    let (_host_mount, outer) = loop_mount(&s, &mnt);
+    let (_host_mount, outer) = s.loop_mount("vol.img", &mnt);
     let inner_img = mnt.join("inner.img");
     std::fs::File::create(&inner_img).expect("create").set_len(4 << 20).expect("size");
     let inner = LoopDev::attach(&inner_img);
@@ -222,13 +197,10 @@ fn root_loop_backed_by_a_file_on_the_device() {
 
 #[test]
 fn root_swap_on_a_loop_device() {
-    if !require_real_kernel(&[TOOLS, &["mkswap", "swapon", "swapoff"]].concat()) {
+    let Some((_serial, s)) = real_kernel_test(&[TOOLS, &["mkswap", "swapon", "swapoff"]].concat()) else {
         return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
-    let img = s.path("swap.img");
-    std::fs::File::create(&img).expect("create").set_len(16 << 20).expect("size");
+    };
+    let img = s.sparse_file("swap.img", 16);
     let lo = LoopDev::attach(&img);
     sh("mkswap", &["-q", &lo.dev]);
     struct SwapOn(String);
@@ -251,11 +223,7 @@ fn root_swap_on_a_loop_device() {
 
 #[test]
 fn root_namespace_pinned_by_nsfs_with_no_process() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mnt = s.mkdir("mnt");
     let img = s.ext4_image("vol.img", 32);
     let lo = LoopDev::attach(&img);
@@ -293,11 +261,7 @@ fn root_namespace_pinned_by_nsfs_with_no_process() {
 
 #[test]
 fn root_clean_detaches_a_free_loop_device_and_is_idempotent() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("free.img", 8));
     // Stale only after the grace period, observed unheld: the default (300 s) refuses it now.
     let out = agent(&["--journal", &journal_in(&s), "clean", &lo.dev]);
@@ -331,13 +295,9 @@ fn root_clean_detaches_a_free_loop_device_and_is_idempotent() {
 
 #[test]
 fn root_foreign_mount_shared_with_the_host_is_left_alone() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = loop_mount(&s, &mnt);
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     sh("mount", &["--make-shared", mnt.to_str().expect("utf8")]);
     // Bidirectional propagation: the child's copy joins the host mount's peer group.
     let child = Command::new("unshare")
@@ -421,11 +381,7 @@ impl Drop for BytesMount {
 /// through the raw bytes.
 #[test]
 fn root_non_utf8_mount_point_in_a_foreign_namespace_scans_and_releases() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let parent = s.mkdir("a\\ b");
     let mut name = path_bytes(&parent).to_vec();
     name.extend_from_slice(b"/d\xff");
@@ -480,11 +436,7 @@ fn root_non_utf8_mount_point_in_a_foreign_namespace_scans_and_releases() {
 /// scan shows it escaped, and `clean` still detaches the device.
 #[test]
 fn root_non_utf8_loop_backing_file() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let mut name = path_bytes(s.dir.path()).to_vec();
     name.extend_from_slice(b"/img\xfe.img");
     let img = bytes_path(&name);

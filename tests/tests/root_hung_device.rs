@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_tests::daemon::{unix_client, Daemon};
+use blockjanitor_tests::http::http_get;
 use blockjanitor_tests::*;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -39,20 +40,12 @@ fn require_fuse() -> bool {
     let mut missing = Vec::new();
     let dev = Command::new("pkg-config").args(["--exists", "fuse3"]).status().is_ok_and(|s| s.success());
     if !dev {
-        missing.push("libfuse3's headers (Debian: libfuse3-dev; scripts/test.sh installs it)");
+        missing.push("libfuse3's headers (Debian: libfuse3-dev; scripts/test.sh installs it)".to_owned());
     }
     if !Path::new("/dev/fuse").exists() {
-        missing.push("/dev/fuse");
+        missing.push("/dev/fuse".to_owned());
     }
-    if missing.is_empty() {
-        return true;
-    }
-    let msg = format!("the hung-device test needs {}", missing.join(" and "));
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg} (CI=true: failing instead of skipping)");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
+    require("the hung-device test", &missing)
 }
 
 /// Builds `hangfs` into `dir`.
@@ -202,21 +195,6 @@ impl Drop for Scene {
             }
         }
     }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime")
-}
-
-/// A plain HTTP/1.0 GET on loopback; returns the body.
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).expect("connect metrics");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).expect("read");
-    resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or(resp)
 }
 
 /// The 99th percentile (nearest rank) and the largest of some latencies.

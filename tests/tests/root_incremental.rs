@@ -59,11 +59,7 @@ fn in_ns(pid: u32, args: &[&str]) {
 
 #[test]
 fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let img = s.ext4_image("disk.img", 32);
     let img2 = s.ext4_image("second.img", 32);
     let target = s.mkdir("mnt");
@@ -71,7 +67,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
     let lo = LoopDev::attach(&img);
     let name = lo.name().to_owned();
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", "20"]);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
@@ -300,11 +296,7 @@ fn copy_of(parent: &TestNs) -> TestNs {
 
 #[test]
 fn root_every_event_leaves_the_view_a_full_scan_would_show() {
-    if !require_real_kernel(TOOLS) {
-        return;
-    }
-    let _serial = serial();
-    let s = Scratch::new();
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let devs: Vec<LoopDev> =
         (0..2).map(|i| LoopDev::attach(&s.ext4_image(&format!("d{i}.img"), 16))).collect();
     let points: Vec<String> =
@@ -315,7 +307,7 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", "3600"]);
     let mut rng = Rng::new();
     let rounds: usize = std::env::var("BJB_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(24);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = blockjanitor_tests::rt();
     rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
         let mut node = settled(&mut c, Duration::from_millis(500)).await;

@@ -266,6 +266,18 @@ fn holder(i: usize, (kind_ix, host, stuck, group): Seen) -> Holder {
 }
 
 impl Machine {
+    /// The mount ids of the `detach_mount` steps run so far.
+    fn detached_mounts(&self) -> Vec<u32> {
+        self.runs
+            .borrow()
+            .iter()
+            .filter_map(|s| match &s.action {
+                Action::DetachMount { mount_id, .. } => Some(*mount_id),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn new(case: &Case) -> Self {
         let (subject, devnum) = match case.kind {
             Kind::Loop => ("loop3", DevNum::new(7, 3)),
@@ -786,15 +798,7 @@ impl Machine {
             self.violation(format!("{} on an NVMe namespace with a live controller", step.action()));
         }
         let stops_queueing = matches!(step.action, Action::DmMessage { .. });
-        let released: Vec<u32> = self
-            .runs
-            .borrow()
-            .iter()
-            .filter_map(|s| match &s.action {
-                Action::DetachMount { mount_id, .. } => Some(*mount_id),
-                _ => None,
-            })
-            .collect();
+        let released = self.detached_mounts();
         let allowed = |h: &Holder| {
             (stops_queueing
                 && foreign_plain_mount(h, &dev.holders)
@@ -1017,15 +1021,7 @@ fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
         ..base.clone()
     };
     let (machine, _) = drive(&chain);
-    let detached: Vec<u32> = machine
-        .runs
-        .borrow()
-        .iter()
-        .filter_map(|s| match &s.action {
-            Action::DetachMount { mount_id, .. } => Some(*mount_id),
-            _ => None,
-        })
-        .collect();
+    let detached = machine.detached_mounts();
     assert_eq!(detached, [103], "only the private copy C (mount 103), never A or B of the chain");
     assert!(machine.violations.borrow().is_empty(), "{:?}", machine.violations.borrow());
     let in_flight = Case { hidden: Some(Hidden::InFlight), ..map.clone() };

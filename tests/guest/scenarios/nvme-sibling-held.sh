@@ -14,17 +14,7 @@ A=/extra/bin/blockjanitor-agent
 J="--journal /tmp/journal.jsonl --state /tmp/state.json"
 fail() { echo "FAIL: $*"; exit 1; }
 [ -x $A ] || fail "$A missing"
-TL=/usr/lib/blockjanitor/transport-lib.sh
-[ -e /extra/lib/transport-lib.sh ] && TL=/extra/lib/transport-lib.sh
-[ -e $TL ] || { echo "SKIPPED: the guest image has no transport-lib.sh"; exit 0; }
-for m in nvmet nvmet_tcp nvme_tcp; do
-  modprobe $m 2>/dev/null || { echo "SKIPPED: the guest image has no $m module"; exit 0; }
-done
-command -v nvme >/dev/null || { echo "SKIPPED: the guest image has no nvme-cli"; exit 0; }
-set +u
-. $TL
-set -u
-state() { cat /sys/class/nvme/$1/state 2>/dev/null || echo gone; }
+. /extra/lib/nvme-lib.sh
 
 NQN=nqn.2026-11.io.blockjanitor:two
 nvmet_target_up $NQN 2 1 || fail "target"
@@ -41,30 +31,28 @@ nvmet_port_remove 1 || fail "remove port 4420"
 nvme_wait_state $C connecting 10 || fail "$C not connecting ($(state $C))"
 echo "port removed: $C $(state $C); $N2 held by pid $HOLDER"
 
-set +e
-# A first look starts the grace clock (2 s), as an operator's earlier run would.
-$A $J --grace-period 2 holders $N1 --output json >/dev/null
-sleep 2.5
-echo "BEGIN clean"; timeout 60 $A $J --grace-period 2 clean $N1 --apply; echo "rc=$?"; echo "END clean"
-set -e
-echo "BEGIN after"
-echo "controller $C $(state $C)"
-for d in $N1 $N2; do if [ -e /sys/class/block/$d ]; then echo "$d present"; else echo "$d gone"; fi; done
-[ -e /proc/$HOLDER ] && echo "holder $HOLDER alive: $(ls -l /proc/$HOLDER/fd/0 | sed 's/.*-> //')"
-echo "END after"
+# `clean N1 --apply` as section $1 (ends rc=N), after a first look that starts the grace clock
+# (2 s), as an operator's earlier run would; then section $2: the controller's state, the
+# namespaces, and the holder when it is alive.
+clean_n1() {
+  set +e
+  $A $J --grace-period 2 holders $N1 --output json >/dev/null
+  sleep 2.5
+  echo "BEGIN $1"; timeout 60 $A $J --grace-period 2 clean $N1 --apply; echo "rc=$?"; echo "END $1"
+  set -e
+  echo "BEGIN $2"
+  echo "controller $C $(state $C)"
+  for d in $N1 $N2; do if [ -e /sys/class/block/$d ]; then echo "$d present"; else echo "$d gone"; fi; done
+  if [ -e /proc/$HOLDER ]; then echo "holder $HOLDER alive: $(ls -l /proc/$HOLDER/fd/0 | sed 's/.*-> //')"; fi
+  echo "END $2"
+}
+
+clean_n1 clean after
 [ "$(state $C)" != gone ] || fail "the controller was deleted under the open $N2"
 [ -e /proc/$HOLDER ] || fail "the holder died"
 
 # The holder gone: the same command deletes the controller (both namespaces go with it).
 kill $HOLDER
 i=0; while [ -e /proc/$HOLDER ] && [ $i -lt 50 ]; do i=$((i + 1)); sleep 0.1; done
-set +e
-$A $J --grace-period 2 holders $N1 --output json >/dev/null
-sleep 2.5
-echo "BEGIN clean_free"; timeout 60 $A $J --grace-period 2 clean $N1 --apply; echo "rc=$?"; echo "END clean_free"
-set -e
-echo "BEGIN after_free"
-echo "controller $C $(state $C)"
-for d in $N1 $N2; do if [ -e /sys/class/block/$d ]; then echo "$d present"; else echo "$d gone"; fi; done
-echo "END after_free"
+clean_n1 clean_free after_free
 echo OK

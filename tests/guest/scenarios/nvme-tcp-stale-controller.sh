@@ -18,18 +18,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 T0=$(cut -d' ' -f1 /proc/uptime)
 t() { awk -v a="$T0" -v b="$(cut -d' ' -f1 /proc/uptime)" 'BEGIN { printf "%.1f", b - a }'; }
 
-TL=/usr/lib/blockjanitor/transport-lib.sh
-[ -e /extra/lib/transport-lib.sh ] && TL=/extra/lib/transport-lib.sh
-[ -e $TL ] || { echo "SKIPPED: the guest image has no transport-lib.sh (the 'guest image:' commit adds it)"; exit 0; }
-for m in nvmet nvmet_tcp nvme_tcp; do
-  modprobe $m 2>/dev/null || { echo "SKIPPED: the guest image has no $m module (the 'guest image:' commit adds it)"; exit 0; }
-done
-command -v nvme >/dev/null || { echo "SKIPPED: the guest image has no nvme-cli"; exit 0; }
-set +u
-. $TL
-set -u
+. /extra/lib/nvme-lib.sh
 # Port IDs: 1 = 127.0.0.1:4420 (A), 2 = :4421 (C), 3 = :4422 (B).
-state() { cat /sys/class/nvme/$1/state 2>/dev/null || echo gone; }
 wait_state() { nvme_wait_state "$1" "$2" 10 || fail "$1 not $2 ($(state $1))"; }
 head_of() { nvme_ns_heads "$1" | cut -d' ' -f1; }
 
