@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
 use tonic::{Request, Status};
 
-use crate::render::size;
+use crate::cli::render::size;
 
 /// Where the agent listens on its node unless told otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/blockjanitor/agent.sock";

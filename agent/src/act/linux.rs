@@ -5,6 +5,7 @@
 //! the same file), refuses anything that would take more than planned (a mount with mounts
 //! beneath it), runs the syscall on its own thread with a deadline, and verifies the result.
 
+use crate::host::bounded::CallError;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
@@ -12,7 +13,6 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
-use std::sync::mpsc;
 use std::time::Duration;
 
 use nix::mount::{umount2, MntFlags};
@@ -24,7 +24,7 @@ use crate::discover::{is_gone, processes};
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
 use crate::plan::step::{Action, Step};
-use crate::{nsenter, sys};
+use crate::{host::nsenter, host::sys};
 
 /// Default deadline for one kernel call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -120,20 +120,10 @@ pub fn bounded<R: Send + 'static>(
     timeout: Duration,
     f: impl FnOnce() -> io::Result<R> + Send + 'static,
 ) -> Result<R, ActError> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name(format!("blockjanitor-{op}"))
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|source| ActError::Syscall { device: device.clone(), op, source })?;
-    match rx.recv_timeout(timeout) {
-        Ok(r) => r.map_err(|source| ActError::Syscall { device: device.clone(), op, source }),
-        Err(_) => {
-            tracing::error!(device = %device, op, ?timeout, "kernel call hung; abandoning its thread");
-            Err(ActError::TimedOut { device: device.clone(), op, after: timeout })
-        }
-    }
+    crate::host::bounded::call(device, op, timeout, f).map_err(|e| match e {
+        CallError::Failed(source) => ActError::Syscall { device: device.clone(), op, source },
+        CallError::TimedOut => ActError::TimedOut { device: device.clone(), op, after: timeout },
+    })
 }
 
 impl LinuxActuator {

@@ -114,7 +114,7 @@ impl LinuxActuator {
             ));
         }
         let node = self.host().dev_node(device.as_str());
-        let id = crate::sys::stat_cached(&node)
+        let id = crate::host::sys::stat_cached(&node)
             .map_err(|e| precondition(device, format!("cannot stat {}: {e}", node.display())))?;
         if !id.is_block_device() || id.rdev != devnum {
             return Err(precondition(device, format!("{} is not device {devnum}", node.display())));

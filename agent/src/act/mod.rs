@@ -6,13 +6,14 @@
 //! after, audited, re-checked, and skipped when a step it depends on did not finish.
 
 mod iscsi;
+pub mod journal;
 pub mod linux;
 mod mapping;
+mod multipath;
 pub mod multipathd;
 mod nvme;
-pub mod probe;
+
 pub mod recording;
-mod storage;
 
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 //! reply is framed the same way. A reply starting with `fail\n` is a refusal; `ok\n` is the
 //! success of a command that prints nothing (`del map`). Abstract sockets are per network
 //! namespace, and the agent's pod has its own: the connection is made from a thread that entered
-//! multipathd's own network namespace (`/proc/PID/ns/net`, [`crate::nsenter::in_net_ns`]).
+//! multipathd's own network namespace (`/proc/PID/ns/net`, [`crate::host::nsenter::in_net_ns`]).
 //! `show daemon` goes first on the connection and `del map` follows only once it was answered, so
 //! a daemon that does not answer (stopped, hung) never finds a removal queued on its socket that
 //! it would carry out later, after the agent reported the step failed.
@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
-use crate::dmioctl::{Control, DmRef};
+use crate::host::dmioctl::{Control, DmRef};
 use crate::model::{DevNum, DeviceName};
-use crate::{durable, nsenter};
+use crate::{host::durable, host::nsenter};
 
 /// multipathd's control socket: an abstract name (no leading NUL here).
 pub const SOCKET: &str = "/org/kernel/linux/storage/multipathd";

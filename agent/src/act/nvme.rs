@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::linux::{bounded, LinuxActuator};
-use super::{probe, ActError, StepOutcome};
+use super::{ActError, StepOutcome};
 use crate::discover::nvme::{CtrlState, NsName, NvmeAddress};
+use crate::discover::probe;
 use crate::discover::{list_dir, DiscoverError};
 use crate::model::{DevNum, DeviceName};
 use crate::plan::step::Action;

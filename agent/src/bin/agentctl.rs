@@ -16,8 +16,8 @@ use clap_complete::Shell;
 use serde_json::Value;
 
 use blockjanitor::client::{self, Target, TcpTarget, DEFAULT_SOCKET};
+use blockjanitor::judge::Verdict;
 use blockjanitor::model::DeviceKind;
-use blockjanitor::policy::Verdict;
 use blockjanitor::server::convert;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;

@@ -11,7 +11,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 
+use blockjanitor::act::journal;
 use blockjanitor::config::Config;
+use blockjanitor::daemon::metrics::Metrics;
 use blockjanitor::daemon::mount_watch::{self, MountWatch};
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
@@ -20,15 +22,13 @@ use blockjanitor::discover::namespaces::MountReader;
 use blockjanitor::engine::workflow::{self, Class, Outcome, Request, Subject};
 use blockjanitor::engine::world::LinuxWorld;
 use blockjanitor::engine::{Engine, Operation, Settings, World};
-use blockjanitor::grace::Clocks;
+use blockjanitor::graph::scan::Target;
 use blockjanitor::host::HostRoot;
-use blockjanitor::journal;
-use blockjanitor::metrics::Metrics;
+use blockjanitor::judge::grace::Clocks;
 use blockjanitor::model::DevNum;
 use blockjanitor::plan;
-use blockjanitor::scan::Target;
 use blockjanitor::snapshot::ScanOptions;
-use blockjanitor::{render, resolve, server};
+use blockjanitor::{cli::render, graph::resolve, server};
 use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
@@ -366,7 +366,7 @@ fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<LinuxW
             max_gap: interval * 2,
             clean,
             release: plan::ReleaseOptions::default(),
-            unresponsive_after: blockjanitor::stall::DEFAULT_THRESHOLD,
+            unresponsive_after: blockjanitor::judge::stall::DEFAULT_THRESHOLD,
         },
     )
 }
@@ -382,7 +382,7 @@ struct StateFile<'a> {
 impl<'a> StateFile<'a> {
     fn load(cli: &'a Cli, host: &HostRoot) -> Self {
         let live = host.is_live();
-        let boot = blockjanitor::clock::boot_id(host);
+        let boot = blockjanitor::host::clock::boot_id(host);
         let clocks = if live { Clocks::load(&cli.state, boot) } else { Clocks::new(None) };
         Self { path: &cli.state, live, clocks }
     }

@@ -3,6 +3,8 @@
 //! stack, and publishes what changed as events. A mount change in a namespace re-reads that
 //! namespace alone (`mount_watch`); the full scan stays the safety net.
 
+pub mod metrics;
+
 pub mod budget;
 pub mod events;
 pub mod mount_watch;

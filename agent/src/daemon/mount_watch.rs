@@ -1,4 +1,4 @@
-//! Mount changes in every mount namespace, as the kernel reports them ([`crate::mount_events`]),
+//! Mount changes in every mount namespace, as the kernel reports them ([`crate::discover::mount_events`]),
 //! turned into "re-read these namespaces" requests for the scanner, so that one mount in one of
 //! hundreds of namespaces costs a re-read of that namespace alone.
 //!
@@ -25,10 +25,10 @@ use tokio::io::Interest;
 use tokio::sync::watch;
 
 use super::state::{AgentState, NamespaceWatch};
+use crate::discover::mount_events::{MountEvent, MountEvents};
 use crate::discover::mount_memo;
+use crate::host::sys::mount_api;
 use crate::model::MountNsId;
-use crate::mount_events::{MountEvent, MountEvents};
-use crate::sys::mount_api;
 
 /// The kernel's mount events and the namespaces they are asked for.
 #[derive(Debug)]

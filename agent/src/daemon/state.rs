@@ -17,19 +17,19 @@ use super::budget::Budget;
 use super::events::{diff, AgentEvent, EventKind};
 use crate::act::StepReport;
 use crate::config::{Config, Mode};
+use crate::daemon::metrics::Metrics;
+pub use crate::engine::view::{DeviceView, View};
 use crate::engine::workflow::{Outcome, Request, Subject};
 use crate::engine::world::LinuxWorld;
 use crate::engine::{Engine, EngineError, Operation};
-use crate::grace::Clocks;
+use crate::graph::resolve;
+use crate::graph::scan::Target;
 use crate::host::HostRoot;
-use crate::metrics::Metrics;
+use crate::judge::grace::Clocks;
+use crate::judge::Verdict;
 use crate::model::{DevNum, MountNsId};
 use crate::plan::Plan;
-use crate::policy::Verdict;
-use crate::resolve;
-use crate::scan::Target;
 use crate::snapshot::Changes;
-pub use crate::view::{DeviceView, View};
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);
@@ -152,7 +152,7 @@ impl AgentState {
             .map(|u| u.release().to_string_lossy().into_owned())
             .unwrap_or_default();
         let (events, _) = broadcast::channel(1024);
-        let clocks = Clocks::new(crate::clock::boot_id(&host));
+        let clocks = Clocks::new(crate::host::clock::boot_id(&host));
         let budget = Budget::new(config.max_actions_per_minute as usize, Duration::from_secs(60));
         let plan_limit = super::peer_limit::PeerLimit::new(config.plans_per_minute_per_client);
         Arc::new(Self {

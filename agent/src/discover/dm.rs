@@ -14,7 +14,7 @@
 //! in a `dm-tables.txt` ([`parse_dump`]). The ioctls never do I/O to a mapped device, so they
 //! are safe on a map that queues with no path (gotcha 12).
 
-use crate::dmioctl as ioctl;
+use crate::host::dmioctl as ioctl;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -362,7 +362,7 @@ fn split_target_line(line: &str) -> Result<(u64, u64, &str, &str), String> {
 mod tests {
     use super::*;
     use crate::discover::multipath::PathState;
-    use crate::dmioctl::tests::{reply, targets_data};
+    use crate::host::dmioctl::tests::{reply, targets_data};
 
     const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/multipath-incident3");
 

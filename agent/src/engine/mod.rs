@@ -5,7 +5,7 @@
 //! - [`Engine::scan`] reads the host (all of it, or one device and what is stacked on it) into a
 //!   [`Scan`], with its blind spots;
 //! - [`Engine::judge`] gives every device of that scan a verdict, advancing the grace clocks and
-//!   the watch on devices that do not answer ([`crate::stall`]);
+//!   the watch on devices that do not answer ([`crate::judge::stall`]);
 //! - [`Engine::plan`] turns one device of a judged scan into ordered steps and passes them
 //!   through the gates: a verdict and the plan built on it always come from the same scan;
 //! - [`Engine::execute`] runs a plan: no journal, no action; before every destructive step a
@@ -22,6 +22,8 @@
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
 
+pub mod view;
+
 pub mod recheck;
 pub mod recover;
 pub mod workflow;
@@ -31,17 +33,17 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::act::journal::Journal;
 use crate::act::{ActError, StepOutcome, StepReport};
-use crate::clock::BootTime;
-use crate::gates;
-use crate::grace::Clocks;
-use crate::identity::Identity;
-use crate::journal::Journal;
+use crate::graph::identity::Identity;
+use crate::graph::scan::{Scan, Target};
+use crate::host::clock::BootTime;
+use crate::judge::gates;
+use crate::judge::grace::Clocks;
+use crate::judge::stall::{Stall, StallWatch};
+use crate::judge::{self, Judgement, Verdict};
 use crate::model::DevNum;
 use crate::plan::{self, CleanOptions, Plan, Step};
-use crate::policy::{self, Judgement, Verdict};
-use crate::scan::{Scan, Target};
-use crate::stall::{Stall, StallWatch};
 pub use world::World;
 
 /// Why the engine could not do what it was asked.
@@ -101,7 +103,7 @@ impl Default for Settings {
             max_gap: Duration::from_secs(120),
             clean: CleanOptions::default(),
             release: plan::ReleaseOptions::default(),
-            unresponsive_after: crate::stall::DEFAULT_THRESHOLD,
+            unresponsive_after: crate::judge::stall::DEFAULT_THRESHOLD,
         }
     }
 }
@@ -168,10 +170,10 @@ impl<W: World> Engine<W> {
         let now = self.world.now();
         let api = self.world.cluster();
         let stalled = self.observe_io(&scan, now);
-        let verdicts = policy::judge(
+        let verdicts = judge::judge(
             &scan,
             clocks,
-            &policy::JudgeInput {
+            &judge::JudgeInput {
                 grace: self.settings.grace,
                 max_gap: self.settings.max_gap,
                 now,
@@ -206,7 +208,7 @@ impl<W: World> Engine<W> {
     }
 
     /// The scan a plan for `op` on `devnum` rests on: the device, widened to everything the
-    /// plan's steps would remove ([`crate::scan::plan_scope`]: an NVMe controller's other
+    /// plan's steps would remove ([`crate::graph::scan::plan_scope`]: an NVMe controller's other
     /// namespaces, a session's other disks, what is stacked on them).
     pub fn plan_scan(&self, devnum: DevNum, op: Operation) -> Result<Scan, EngineError> {
         let mut scan = self.scan(Target::Device(devnum))?;
@@ -225,11 +227,11 @@ impl<W: World> Engine<W> {
         Ok(scan)
     }
 
-    /// A fresh scan of `devnum` that covers everything `step` removes ([`crate::scan::removed_by`]).
+    /// A fresh scan of `devnum` that covers everything `step` removes ([`crate::graph::scan::removed_by`]).
     fn scan_for_step(&self, step: &Step) -> Result<Scan, EngineError> {
         let mut fresh = self.world.scan(Target::Device(step.devnum))?;
         for _ in 0..MAX_WIDENINGS {
-            let want = crate::scan::removed_by(step, &fresh.graph);
+            let want = crate::graph::scan::removed_by(step, &fresh.graph);
             if want.iter().all(|d| fresh.covers(*d)) {
                 break;
             }
@@ -256,7 +258,7 @@ impl<W: World> Engine<W> {
                 // Held to the clean path's standard: no release rests on a blind scan, and none
                 // detaches a mount in use unless the operator forces it (plan::release_with).
                 let mut p = plan::release_with(entry, &self.settings.release);
-                let why = crate::nvme::release_refusal(entry)
+                let why = crate::judge::nvme::release_refusal(entry)
                     .or_else(|| gates::completeness(entry, &scan.blind_spots));
                 if let Some(why) = why {
                     p.refuse(why);
@@ -314,7 +316,7 @@ impl<W: World> Engine<W> {
         match (scan.entry(devnum), op) {
             (Some(entry), Operation::Clean) => {
                 let draft = plan::for_clean(entry, &scan.graph, self.settings.clean);
-                crate::scan::plan_scope(&draft, &scan.graph)
+                crate::graph::scan::plan_scope(&draft, &scan.graph)
             }
             _ => vec![devnum],
         }
@@ -325,7 +327,7 @@ impl<W: World> Engine<W> {
     /// at by the scan, held, protected, used by a pod, or hidden by a blind spot.
     fn side_effects_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
         let api = self.world.cluster();
-        crate::scan::side_effects(p, &scan.graph).into_iter().find_map(|(d, step)| {
+        crate::graph::scan::side_effects(p, &scan.graph).into_iter().find_map(|(d, step)| {
             let Some(e) = scan.entry(d) else {
                 return Some(format!(
                     "{d} goes too when {} runs ({}), but it is not in the scan",
@@ -533,7 +535,7 @@ impl<W: World> Engine<W> {
         fresh: &Scan,
         api: Option<&crate::kube::ClusterView>,
     ) -> Option<String> {
-        crate::scan::side_effects(plan, &fresh.graph).into_iter().filter(|(_, s)| *s == step).find_map(
+        crate::graph::scan::side_effects(plan, &fresh.graph).into_iter().filter(|(_, s)| *s == step).find_map(
             |(d, _)| {
                 let e = fresh.entry(d)?;
                 let word = self.world.kernel_word(&e.device.name, d);
@@ -640,10 +642,10 @@ mod tests {
     use std::cell::Cell;
 
     use super::*;
-    use crate::act::probe::KernelWord;
     use crate::act::recording::RecordingActuator;
     use crate::act::Actuator;
     use crate::discover::namespaces::NsEntry;
+    use crate::discover::probe::KernelWord;
     use crate::graph::{DeviceEntry, DeviceGraph, Holder};
     use crate::kube::ClusterView;
     use crate::model::{BlockDevice, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
@@ -816,7 +818,7 @@ mod tests {
         assert_eq!(t.actuator.calls.borrow().len(), 2, "the unbind never reached the kernel");
         let text = std::fs::read_to_string(dir.path().join("j.jsonl")).expect("journal");
         assert_eq!(text.lines().count(), 4, "an intent and a result for each step that ran:\n{text}");
-        assert!(crate::journal::pending(&dir.path().join("j.jsonl")).expect("pending").is_empty());
+        assert!(crate::act::journal::pending(&dir.path().join("j.jsonl")).expect("pending").is_empty());
     }
 
     #[test]
@@ -935,7 +937,7 @@ mod tests {
         assert_eq!(r.left_open.len(), 1, "{r:?}");
         assert_eq!(r.left_open[0].0, "1-77-0");
         assert!(r.left_open[0].1.contains("still running"), "{r:?}");
-        let open = crate::journal::pending(j.path()).expect("pending");
+        let open = crate::act::journal::pending(j.path()).expect("pending");
         assert_eq!(open.len(), 1, "only the live writer's step stays open: {open:?}");
         assert_eq!(open[0]["id"], "1-77-0");
         assert!(t.actuator.calls.borrow().is_empty(), "recovery changes nothing on the host");
@@ -1041,8 +1043,8 @@ mod tests {
         assert_eq!(out.resumed[0].already_done, 1);
         assert_eq!(out.resumed[0].reports.len(), 1, "only the owed step ran again");
         assert_eq!(t2.actuator.calls.borrow().len(), 1, "{:?}", t2.actuator.calls.borrow());
-        assert!(crate::journal::open_plans(&path).expect("plans").is_empty(), "closed");
-        assert!(crate::journal::pending(&path).expect("pending").is_empty());
+        assert!(crate::act::journal::open_plans(&path).expect("plans").is_empty(), "closed");
+        assert!(crate::act::journal::pending(&path).expect("pending").is_empty());
         assert!(
             out.resumed[0].describe().contains("1 of 2 step(s) had finished"),
             "{}",

@@ -33,14 +33,14 @@ use serde_json::{json, Value};
 
 use super::recover::Recovery;
 use super::{Engine, EngineError, Judged, Operation, World};
+use crate::act::journal::{self, Journal, OpenPlan};
 use crate::act::{ActError, StepOutcome, StepReport};
-use crate::grace::Clocks;
-use crate::identity::Identity;
-use crate::journal::{self, Journal, OpenPlan};
+use crate::graph::identity::Identity;
+use crate::graph::scan::{Scan, Target};
+use crate::judge::grace::Clocks;
+use crate::judge::Verdict;
 use crate::model::DevNum;
 use crate::plan::{Action, Plan, Step};
-use crate::policy::Verdict;
-use crate::scan::{Scan, Target};
 
 /// Default bound on waiting for another writer of the journal.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -270,8 +270,8 @@ fn reports_class(reports: &[StepReport]) -> Class {
 /// The first line of a report on `scan` that cannot see everything (for `entry`'s device, or
 /// the whole host when `None`); `None` when nothing is hidden from it.
 pub fn incomplete_view(scan: &Scan, entry: Option<&crate::graph::DeviceEntry>) -> Option<String> {
-    let spots: Vec<&crate::blindspot::BlindSpot> = match entry {
-        Some(e) => crate::blindspot::reaching(&scan.blind_spots, &e.device),
+    let spots: Vec<&crate::model::blindspot::BlindSpot> = match entry {
+        Some(e) => crate::model::blindspot::reaching(&scan.blind_spots, &e.device),
         None => scan.blind_spots.iter().collect(),
     };
     let first = spots.first()?;

@@ -44,11 +44,11 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
-use super::report::request;
-use super::view::{
+use super::cluster::{
     pod_info, pv_info, va_info, ClusterView, PodInfo, PvInfo, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
 };
-use crate::clock::{human, BootTime};
+use super::report::request;
+use crate::host::clock::{human, BootTime};
 
 /// How often the Node is looked up, how long the API may stay silent, and how watches back off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

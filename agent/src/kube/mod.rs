@@ -17,19 +17,19 @@
 //! `get`/`patch` on `nodes/status`.
 
 pub mod cache;
+pub mod cluster;
 pub mod connect;
 pub mod report;
-pub mod view;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use cache::{spawn_watch, WatchOptions};
-pub use connect::{connect, KubeConfig};
-pub use report::{Delivery, EventReason, Reporter};
-pub use view::{
+pub use cluster::{
     ClusterView, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
 };
+pub use connect::{connect, KubeConfig};
+pub use report::{Delivery, EventReason, Reporter};
 
 /// What failed while reaching or talking to the Kubernetes API.
 #[derive(Debug, thiserror::Error)]

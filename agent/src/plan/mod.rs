@@ -1,6 +1,6 @@
 //! Pure planning: from a device's holders to ordered, idempotent steps, plus what is left alone
 //! and why. Nothing here reads or writes the host, and nothing here decides whether a plan may
-//! run: the gates ([`crate::gates`]) and the engine do that.
+//! run: the gates ([`crate::judge::gates`]) and the engine do that.
 //!
 //! `release` detaches every mount of the device that lives in a namespace other than the host's,
 //! except a copy (shared peer or slave, through any chain of peer groups) of a mount that is live
@@ -8,12 +8,13 @@
 //! namespace it would detach a mount in uses the filesystem ([`release_with`]). `clean` tears a device down by its kind. Every step carries the kernel
 //! identity of the device it acts on, re-checked right before it runs.
 
+pub mod iscsi;
 pub mod step;
 
 pub use step::{Action, LeftAlone, Plan, Step};
 
-use crate::gates;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder, HostChain};
+use crate::judge::gates;
 use crate::model::{DeviceKind, DeviceName, HolderKind, MountNsId};
 
 impl Plan {
@@ -161,7 +162,7 @@ pub fn clean_loop(entry: &DeviceEntry) -> Plan {
 /// stop queueing (so nothing can hang on it, and stuck readers get EIO and let go), release the
 /// mounts in other namespaces of it and of the layers stacked on it, remove those layers
 /// top-down (crypt mappings and LVs before what they sit on, kpartx partition maps last; see
-/// [`crate::stack`]), remove the map, then set each path offline and delete it. Refused while
+/// [`crate::graph::stack`]), remove the map, then set each path offline and delete it. Refused while
 /// any path is active or anything else holds the map or the top of a stack on it.
 pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: bool) -> Plan {
     let d = &entry.device;
@@ -183,7 +184,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
     }
     // LVs, crypt mappings and partition maps stacked on it: removed top-down first, when
     // nothing holds the top of a stack but what the teardown releases.
-    let stacks = crate::stack::above(entry, graph);
+    let stacks = crate::graph::stack::above(entry, graph);
     let blocking: Vec<&Holder> = entry
         .holders
         .iter()
@@ -253,7 +254,7 @@ pub fn teardown_map(entry: &DeviceEntry, graph: &DeviceGraph, deferred_remove: b
         }
         deleted.push(disk.device.name.clone());
     }
-    let (steps, notes) = crate::plan_iscsi::logouts(graph, &deleted, &deleted);
+    let (steps, notes) = crate::plan::iscsi::logouts(graph, &deleted, &deleted);
     p.steps.extend(steps);
     p.notes = notes;
     p
@@ -295,10 +296,10 @@ pub fn delete_disk(entry: &DeviceEntry, graph: &DeviceGraph) -> Plan {
         Some(s) => match scsi_steps(entry, s.is_offline()) {
             Ok(steps) => {
                 p.steps = steps;
-                let (logouts, notes) = crate::plan_iscsi::logouts(
+                let (logouts, notes) = crate::plan::iscsi::logouts(
                     graph,
                     std::slice::from_ref(&d.name),
-                    &crate::plan_iscsi::going_with(entry, graph),
+                    &crate::plan::iscsi::going_with(entry, graph),
                 );
                 p.steps.extend(logouts);
                 p.notes = notes;
@@ -350,16 +351,16 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
     if entry.multipath.is_some() {
         teardown_map(entry, graph, opts.deferred_remove)
     } else if entry.nvme.is_some() {
-        crate::nvme::plan_clean(entry, graph)
+        crate::judge::nvme::plan_clean(entry, graph)
     } else if entry.scsi.is_some() {
         delete_disk(entry, graph)
     } else if entry.rbd.is_some() || entry.nbd.is_some() {
         unmap(entry, opts.force_unmap)
     } else if entry.device.kind == DeviceKind::Loop {
         clean_loop(entry)
-    } else if let Some(layer) = crate::stack::layer_of(&entry.device) {
+    } else if let Some(layer) = crate::graph::stack::layer_of(&entry.device) {
         let mut p = Plan::new("clean", entry);
-        let maps = crate::stack::base_maps(entry, graph);
+        let maps = crate::graph::stack::base_maps(entry, graph);
         let on = if maps.is_empty() {
             "no multipath map".to_owned()
         } else {

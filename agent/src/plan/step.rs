@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::discover::namespaces::NsEntry;
+use crate::graph::identity::Identity;
 use crate::graph::{DeviceEntry, Holder};
-use crate::identity::Identity;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
 
 /// What a step does.
@@ -47,7 +47,7 @@ pub enum Action {
     NbdDisconnect { server_pid: Option<u32>, backend: Option<String> },
     /// `echo 1 > /sys/class/nvme/<controller>/delete_controller` (NVMe over Fabrics), while
     /// the controller is still the planned one (subsystem NQN, transport, target address,
-    /// cntlid) and not live, and none of its namespaces is held. Planned by [`crate::nvme`].
+    /// cntlid) and not live, and none of its namespaces is held. Planned by [`crate::judge::nvme`].
     NvmeDeleteController {
         controller: String,
         subsysnqn: String,

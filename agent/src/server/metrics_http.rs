@@ -16,9 +16,9 @@ pub trait Exposition: Send + Sync + 'static {
     fn render(&self) -> String;
 }
 
-impl Exposition for crate::metrics::Metrics {
+impl Exposition for crate::daemon::metrics::Metrics {
     fn render(&self) -> String {
-        crate::metrics::Metrics::render(self)
+        crate::daemon::metrics::Metrics::render(self)
     }
 }
 

@@ -32,8 +32,9 @@ impl PeerStream {
     /// Reads the peer's credentials once, right after the accept.
     pub fn new(inner: UnixStream) -> Self {
         let uds = inner.connect_info();
-        let groups =
-            crate::sys::peer_groups(inner.as_fd()).map(Arc::new).map_err(|e| format!("SO_PEERGROUPS: {e}"));
+        let groups = crate::host::sys::peer_groups(inner.as_fd())
+            .map(Arc::new)
+            .map_err(|e| format!("SO_PEERGROUPS: {e}"));
         Self { inner, info: PeerInfo { uds, groups } }
     }
 }

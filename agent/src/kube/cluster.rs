@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use crate::clock::{human, BootTime};
+use crate::host::clock::{human, BootTime};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;

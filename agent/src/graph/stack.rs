@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use crate::blindspot::BlindSpot;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::model::blindspot::BlindSpot;
 use crate::model::{BlockDevice, DeviceName, HolderKind};
 
 /// What a stacked device-mapper layer is.
@@ -330,7 +330,7 @@ fn removal_order<'g>(mut queue: Vec<(&'g DeviceEntry, StackLayer, String, usize)
 /// A blind spot of the scan reaching any layer stacked on `base`: its stacks' holders may be
 /// unseen, so nothing destructive rests on them.
 pub fn layers_blind(base: &DeviceEntry, graph: &DeviceGraph, blind_spots: &[BlindSpot]) -> Option<String> {
-    above(base, graph).layers.iter().find_map(|l| crate::gates::completeness(l.entry, blind_spots))
+    above(base, graph).layers.iter().find_map(|l| crate::judge::gates::completeness(l.entry, blind_spots))
 }
 
 /// The multipath maps at the bottom of the stacks a layer is part of (walking its slaves down
@@ -490,7 +490,7 @@ mod tests {
     /// map dm-0 ← part1 dm-1 ← LV dm-2 ← crypt dm-3; LV dm-4 directly on the map.
     fn graph() -> DeviceGraph {
         let mut map = dm("dm-0", 0, "mpath-333333330000007d0", "mpathb", &["sda", "sdb"], &["dm-1", "dm-4"]);
-        map.multipath = Some(crate::storage::MultipathView {
+        map.multipath = Some(crate::graph::multipath::MultipathView {
             name: "mpathb".into(),
             uuid: "mpath-333333330000007d0".into(),
             wwid: "333333330000007d0".into(),
@@ -589,13 +589,13 @@ mod tests {
     use std::collections::HashMap;
     use std::time::Duration;
 
-    use crate::act::probe::{Claim, KernelWord};
-    use crate::clock::BootTime;
     use crate::discover::namespaces::NsEntry;
-    use crate::grace::Clocks;
+    use crate::discover::probe::{Claim, KernelWord};
+    use crate::graph::scan::Scan;
+    use crate::host::clock::BootTime;
+    use crate::judge::grace::Clocks;
+    use crate::judge::{self, Judgement, Verdict};
     use crate::plan::{self, Action};
-    use crate::policy::{self, Judgement, Verdict};
-    use crate::scan::Scan;
 
     fn scan_of(g: DeviceGraph) -> Scan {
         Scan::complete(g, BootTime::from_since_boot(Duration::from_secs(100)))
@@ -603,14 +603,14 @@ mod tests {
 
     fn judge(scan: &Scan) -> HashMap<DevNum, Judgement> {
         let mut clocks = Clocks::new(None);
-        let input = policy::JudgeInput {
+        let input = judge::JudgeInput {
             grace: Duration::ZERO,
             max_gap: Duration::from_secs(120),
             now: BootTime::from_since_boot(Duration::from_secs(100)),
             api: None,
             stalled: &HashMap::new(),
         };
-        policy::judge(scan, &mut clocks, &input)
+        judge::judge(scan, &mut clocks, &input)
     }
 
     fn foreign_mount() -> Holder {
@@ -667,7 +667,7 @@ mod tests {
         // Each removal by the uuid of the device it acts on, with that device's identity.
         for s in &p.steps {
             let e = scan.graph.devices.iter().find(|e| e.device.name == s.device).expect("entry");
-            assert_eq!(s.identity, crate::identity::Identity::of(e));
+            assert_eq!(s.identity, crate::graph::identity::Identity::of(e));
             if let Action::DmRemove { uuid, deferred } = &s.action {
                 assert_eq!(Some(uuid), e.device.dm.as_ref().map(|d| &d.uuid));
                 assert!(!deferred);
@@ -835,16 +835,16 @@ mod tests {
     fn layers_in_the_output_and_the_api() {
         use blockjanitor_proto::v1 as pb;
         let g = graph();
-        let v = crate::render::device_json(&g.devices[2].device);
+        let v = crate::cli::render::device_json(&g.devices[2].device);
         assert_eq!(v["kind"], "dm", "the block device kind stays");
         assert_eq!(v["stack"]["kind"], "lvm_lv", "{v:#}");
         assert_eq!((v["stack"]["vg"].as_str(), v["stack"]["lv"].as_str()), (Some("vg0"), Some("lv0")));
-        let v = crate::render::device_json(&g.devices[3].device);
+        let v = crate::cli::render::device_json(&g.devices[3].device);
         assert_eq!(
             (v["stack"]["kind"].as_str(), v["stack"]["name"].as_str()),
             (Some("crypt"), Some("secret"))
         );
-        assert!(crate::render::device_json(&g.devices[0].device).get("stack").is_none());
+        assert!(crate::cli::render::device_json(&g.devices[0].device).get("stack").is_none());
 
         let l = layer_of(&g.devices[1].device).expect("partition map");
         let m = crate::server::convert::stack_layer(&l);

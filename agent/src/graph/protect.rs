@@ -14,9 +14,9 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use crate::blindspot::BlindSpot;
 use crate::graph::DeviceGraph;
 use crate::host::HostRoot;
+use crate::model::blindspot::BlindSpot;
 use crate::model::{DevNum, HolderKind};
 
 /// Device numbers never to be touched. A protected path that cannot be resolved on the host is
@@ -106,6 +106,6 @@ mod tests {
             blind[0].what.starts_with("protected path /file/below cannot be resolved on the host"),
             "{blind:?}"
         );
-        assert_eq!(blind[0].reach, crate::blindspot::Reach::AnyDevice);
+        assert_eq!(blind[0].reach, crate::model::blindspot::Reach::AnyDevice);
     }
 }

@@ -7,8 +7,8 @@ use serde::Serialize;
 use crate::discover::dm::DmDevice;
 use crate::discover::multipath::{Multipath, PathState};
 use crate::discover::scsi::{IscsiSession, IscsiSessionState, ScsiDisk, ScsiScan, ScsiState, Transport};
+use crate::graph::outage::{self, Outage, TransportObject};
 use crate::model::{DevNum, DeviceName};
-use crate::outage::{self, Outage, TransportObject};
 
 /// One path of a multipath map.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -55,7 +55,7 @@ pub struct ScsiView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<IscsiSession>,
     /// Every session to its session's target or portal is down: an outage
-    /// ([`crate::outage`]), never cleaned.
+    /// ([`crate::graph::outage`]), never cleaned.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub outage: Option<Outage>,
     /// Its iSCSI target answered a command with LOGICAL UNIT NOT SUPPORTED since the disk was

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::clock::{human, BootTime};
-use crate::identity::Identity;
+use crate::graph::identity::Identity;
+use crate::host::clock::{human, BootTime};
 
 /// One candidate's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,7 +66,7 @@ impl Clocks {
     /// why in the next restart reason (the grace period only ever gets longer).
     pub fn load(path: &Path, boot_id: Option<String>) -> Self {
         let mut me = Self::new(boot_id);
-        let text = match crate::durable::read(path) {
+        let text = match crate::host::durable::read(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return me,
             Err(e) => {
@@ -100,7 +100,7 @@ impl Clocks {
 
     /// Saves the clocks: a temporary file written and fsync'd, renamed over the old one, and the
     /// directory fsync'd, so a crash leaves the old file or the new one, never half of one; a
-    /// symlink in the file's place is refused, never followed ([`crate::durable`]).
+    /// symlink in the file's place is refused, never followed ([`crate::host::durable`]).
     /// Clocks unchanged since they were loaded from `path` are not written again.
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         // A run that changed no clock (`holders` of a held device, say) leaves the file as it
@@ -116,7 +116,10 @@ impl Clocks {
                 .map(|(identity, clock)| SavedClock { identity: identity.clone(), clock: *clock })
                 .collect(),
         };
-        crate::durable::write_atomically(path, &serde_json::to_vec(&saved).map_err(std::io::Error::other)?)
+        crate::host::durable::write_atomically(
+            path,
+            &serde_json::to_vec(&saved).map_err(std::io::Error::other)?,
+        )
     }
 
     /// Records a complete observation of `id` unheld at `now`. Returns when its clock started
@@ -163,7 +166,7 @@ impl Clocks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::Backing;
+    use crate::graph::identity::Backing;
     use crate::model::{DevNum, DeviceName};
 
     fn id(seq: u64) -> Identity {

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::blindspot::BlindSpot;
 use crate::discover::fds::{self, ProcRef};
 use crate::discover::iostat::{self, IoStat};
 use crate::discover::livefs::{self, AnonIndex, LiveFs};
@@ -23,8 +22,9 @@ use crate::discover::processes::{self, ProcEntry};
 use crate::discover::swaps::{self, SwapType};
 use crate::discover::{blockdev, dm, kmsg, kubelet, nbd, nvme, rbd, scsi, DiscoverError};
 use crate::host::HostRoot;
+use crate::model::blindspot::BlindSpot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, KernelText, MountNsId, ProcessInfo};
-use crate::{parallel, sys};
+use crate::{host::parallel, host::sys};
 
 mod reread;
 pub use reread::Changes;
@@ -590,15 +590,16 @@ fn learn_loop_backing(host: &HostRoot, devices: &[BlockDevice], mounts: &[NsMoun
             continue;
         }
         let (h, path, tries) = (host.clone(), l.backing_file.as_path().to_path_buf(), roots.clone());
-        let looked = crate::bounded::read(format!("loop-backing-{dev}"), BTRFS_FSID_DEADLINE, move || {
-            tries.iter().find_map(|root| {
-                let id = match root {
-                    None => h.stat_on_host(&path),
-                    Some(r) => sys::stat_in_root(r, &path),
-                };
-                id.ok().filter(|id| id.dev == dev && id.ino == ino)
-            })
-        });
+        let looked =
+            crate::host::bounded::read(format!("loop-backing-{dev}"), BTRFS_FSID_DEADLINE, move || {
+                tries.iter().find_map(|root| {
+                    let id = match root {
+                        None => h.stat_on_host(&path),
+                        Some(r) => sys::stat_in_root(r, &path),
+                    };
+                    id.ok().filter(|id| id.dev == dev && id.ino == ino)
+                })
+            });
         if let Ok(Some(id)) = looked {
             let members = anon.members_of(&id).to_vec();
             anon.add_dev(dev, &members);
@@ -700,7 +701,7 @@ fn btrfs_fsid_of(host: &HostRoot, m: &NsMount) -> Result<(String, sys::FileId), 
     let expected = u64::from(m.mount.mount_id);
     let what = format!("{} (through {})", m.mount.mount_point, root.display());
     let key = format!("btrfs-fsid-{pid}-{expected}");
-    crate::bounded::read(key, BTRFS_FSID_DEADLINE, move || -> Result<(String, sys::FileId), String> {
+    crate::host::bounded::read(key, BTRFS_FSID_DEADLINE, move || -> Result<(String, sys::FileId), String> {
         let fd = sys::open_in_root(&root, &point, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NONBLOCK)
             .map_err(|e| format!("cannot open {what}: {e}"))?;
         let id = sys::stat_fd(fd.as_fd()).map_err(|e| format!("cannot stat {what}: {e}"))?;

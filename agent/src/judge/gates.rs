@@ -21,15 +21,15 @@
 
 use std::collections::HashSet;
 
-use crate::act::probe::{Claim, KernelWord};
-use crate::blindspot::{self, BlindSpot};
-use crate::clock::BootTime;
+use crate::discover::probe::{Claim, KernelWord};
+use crate::graph::identity::Identity;
 use crate::graph::{DeviceEntry, Holder};
-use crate::identity::Identity;
+use crate::host::clock::BootTime;
+use crate::judge::stall::Stall;
 use crate::kube::ClusterView;
+use crate::model::blindspot::{self, BlindSpot};
 use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
 use crate::plan::step::Step;
-use crate::stall::Stall;
 
 /// The early "let everything through" of a gate, taken only in a `mutation-check` build when
 /// `BLOCKJANITOR_MUTANT` names it (scripts/mutation-check.sh); nothing in any other build.
@@ -295,7 +295,7 @@ pub fn kubelet_pods(entry: &DeviceEntry) -> Option<String> {
     })
 }
 
-/// The device does not answer I/O ([`crate::stall`]), and the plan does not start by unblocking
+/// The device does not answer I/O ([`crate::judge::stall`]), and the plan does not start by unblocking
 /// it (a dead multipath map's `fail_if_no_path`): what a hung device's holders see cannot be
 /// trusted, and a step on it may hang or fail half-way.
 pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, steps: &[Step]) -> Option<String> {

@@ -96,6 +96,39 @@ pub fn read<T: Send + 'static>(
     rx.recv_timeout(deadline).map_err(|_| Blocked::TimedOut(deadline))
 }
 
+/// How a kernel call on its own bounded thread ([`call`]) failed.
+#[derive(Debug)]
+pub enum CallError {
+    /// The thread could not be started, or the call returned this error.
+    Failed(std::io::Error),
+    /// The call did not return within the deadline; its thread is left running on its own.
+    TimedOut,
+}
+
+/// Runs the kernel call `f` for `device` on its own thread (named after `op`) and waits for it at
+/// most `timeout`; a call that hangs is abandoned (logged) and reported as [`CallError::TimedOut`].
+pub fn call<R: Send + 'static>(
+    device: &crate::model::DeviceName,
+    op: &'static str,
+    timeout: Duration,
+    f: impl FnOnce() -> std::io::Result<R> + Send + 'static,
+) -> Result<R, CallError> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(format!("blockjanitor-{op}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(CallError::Failed)?;
+    match rx.recv_timeout(timeout) {
+        Ok(r) => r.map_err(CallError::Failed),
+        Err(_) => {
+            tracing::error!(device = %device, op, ?timeout, "kernel call hung; abandoning its thread");
+            Err(CallError::TimedOut)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,6 +3,8 @@
 //! Kernel identifiers arrive as text from procfs and sysfs; they are validated once, here, into
 //! newtypes ([`DevNum`], [`DeviceName`], [`MountNsId`]) so the rest of the code cannot mix them up.
 
+pub mod blindspot;
+
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::ffi::OsStr;

@@ -12,9 +12,9 @@ use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
+use crate::engine::view::View;
+use crate::judge::Verdict;
 use crate::model::{DeviceKind, HolderKind};
-use crate::policy::Verdict;
-use crate::view::View;
 
 /// What can trigger a scan (the `trigger` label).
 pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
@@ -158,7 +158,7 @@ impl Metrics {
             scan_failures.with_label_values(&[t]);
         }
         for t in OUTAGE_TRANSPORTS {
-            for sc in crate::outage::Scope::ALL {
+            for sc in crate::graph::outage::Scope::ALL {
                 outages.with_label_values(&[t, sc.as_str()]);
             }
         }
@@ -236,7 +236,7 @@ impl Metrics {
         for d in &view.devices {
             let e = &d.entry;
             let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
-            let layer = crate::stack::layer_of(&e.device).is_some();
+            let layer = crate::graph::stack::layer_of(&e.device).is_some();
             if !(e.rbd.is_some()
                 || e.device.kind == DeviceKind::Nbd
                 || multipath
@@ -257,7 +257,7 @@ impl Metrics {
                 .with_label_values(&[
                     node,
                     e.device.name.as_str(),
-                    crate::stack::kind_label(&e.device),
+                    crate::graph::stack::kind_label(&e.device),
                     pool,
                     namespace,
                     image,
@@ -273,29 +273,33 @@ impl Metrics {
             if d.unresponsive.is_some() {
                 let dev = &d.entry.device;
                 self.device_unresponsive
-                    .with_label_values(&[node, dev.name.as_str(), crate::stack::kind_label(dev)])
+                    .with_label_values(&[node, dev.name.as_str(), crate::graph::stack::kind_label(dev)])
                     .set(1.0);
             }
         }
-        self.blocked_reads.set(crate::bounded::blocked_now() as f64);
+        self.blocked_reads.set(crate::host::bounded::blocked_now() as f64);
         self.observe_nvme(view);
-        let mut groups: Vec<&crate::outage::Outage> =
+        let mut groups: Vec<&crate::graph::outage::Outage> =
             view.devices.iter().filter_map(|d| d.entry.scsi.as_ref()?.outage.as_ref()).collect();
         groups.sort_by(|a, b| (a.scope, &a.key).cmp(&(b.scope, &b.key)));
         groups.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
-        for (scope, n) in crate::outage::count_by_scope(&groups.into_iter().cloned().collect::<Vec<_>>()) {
+        for (scope, n) in
+            crate::graph::outage::count_by_scope(&groups.into_iter().cloned().collect::<Vec<_>>())
+        {
             self.outages.with_label_values(&["iscsi", scope.as_str()]).set(n as f64);
         }
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
         // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
         let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
-        for k in kinds.chain(crate::stack::LayerKind::ALL.iter().map(|k| k.as_str())) {
+        for k in kinds.chain(crate::graph::stack::LayerKind::ALL.iter().map(|k| k.as_str())) {
             for v in VERDICTS {
                 let n = view
                     .devices
                     .iter()
-                    .filter(|d| crate::stack::kind_label(&d.entry.device) == k && d.judgement.verdict == v)
+                    .filter(|d| {
+                        crate::graph::stack::kind_label(&d.entry.device) == k && d.judgement.verdict == v
+                    })
                     .count();
                 self.devices.with_label_values(&[k, v.as_str()]).set(n as f64);
             }
@@ -332,10 +336,10 @@ impl Metrics {
 mod tests {
     use super::*;
     use crate::discover::nvme::CtrlState;
-    use crate::identity::Identity;
-    use crate::nvme::test_support::{ctrl, entries};
-    use crate::policy::Judgement;
-    use crate::view::DeviceView;
+    use crate::engine::view::DeviceView;
+    use crate::graph::identity::Identity;
+    use crate::judge::nvme::test_support::{ctrl, entries};
+    use crate::judge::Judgement;
 
     /// NVMe controllers by transport and state, and outages by transport: closed label sets.
     #[test]
@@ -381,9 +385,9 @@ mod tests {
 
     use crate::engine::world::LinuxWorld;
     use crate::engine::{Engine, Settings};
-    use crate::grace::Clocks;
+    use crate::graph::scan::Target;
     use crate::host::HostRoot;
-    use crate::scan::Target;
+    use crate::judge::grace::Clocks;
     use crate::snapshot::ScanOptions;
 
     const ISCSI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi");

@@ -6,6 +6,16 @@
 //! filesystem the kernel keeps alive on it when no mount table shows one (`/sys/fs`, a journal
 //! thread). Other kernel threads named after the device are symptoms, kept apart.
 
+pub mod identity;
+pub mod multipath;
+pub mod nvme;
+pub mod outage;
+pub mod owner;
+pub mod protect;
+pub mod resolve;
+pub mod scan;
+pub mod stack;
+
 use std::collections::BTreeMap;
 
 use serde::Serialize;
@@ -16,10 +26,10 @@ use crate::discover::nbd::NbdDevice;
 use crate::discover::processes::{fs_kthread_serves, kthread_serves};
 use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
+use crate::graph::multipath::{multipath_view, scsi_view, MultipathView, ScsiView};
+use crate::graph::owner::{owner_of, KubeOwner};
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
-use crate::owner::{owner_of, KubeOwner};
 use crate::snapshot::{KernelThread, Snapshot};
-use crate::storage::{multipath_view, scsi_view, MultipathView, ScsiView};
 
 /// At most this many PIDs are listed per holder (`pid_count` has the total).
 pub const MAX_PIDS: usize = 16;
@@ -186,10 +196,10 @@ pub struct DeviceEntry {
     /// For a connected nbd device: its server process.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdDevice>,
-    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::nvme_view`]; what
-    /// may be done about it: [`crate::nvme`]).
+    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::graph::nvme`]; what
+    /// may be done about it: [`crate::judge::nvme`]).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub nvme: Option<crate::nvme_view::NvmeView>,
+    pub nvme: Option<crate::graph::nvme::NvmeView>,
     /// The Kubernetes volume it is, per the kubelet directory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubeOwner>,
@@ -387,7 +397,7 @@ impl DeviceGraph {
                     ),
                     rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
                     nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
-                    nvme: crate::nvme_view::view(&s.nvme, &nvme_outages, d),
+                    nvme: crate::graph::nvme::view(&s.nvme, &nvme_outages, d),
                     holders: per_dev.remove(&d.devnum).unwrap_or_default(),
                     kernel_threads: s
                         .kernel_threads

@@ -7,14 +7,14 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::blindspot::BlindSpot;
 use crate::engine::Judged;
+use crate::graph::identity::Identity;
 use crate::graph::DeviceEntry;
-use crate::identity::Identity;
+use crate::judge::stall::Stall;
+use crate::judge::{Judgement, Verdict};
+use crate::model::blindspot::BlindSpot;
 use crate::model::MountNsId;
-use crate::policy::{Judgement, Verdict};
 use crate::snapshot::ScanStats;
-use crate::stall::Stall;
 
 /// A device with its verdict.
 #[derive(Debug, Clone, Serialize)]
@@ -22,7 +22,7 @@ pub struct DeviceView {
     pub entry: DeviceEntry,
     pub judgement: Judgement,
     pub identity: Identity,
-    /// Set when the device does not answer I/O: the evidence ([`crate::stall`]).
+    /// Set when the device does not answer I/O: the evidence ([`crate::judge::stall`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unresponsive: Option<Stall>,
     /// When the agent last read the device itself (sysfs, fds, processes): the latest full

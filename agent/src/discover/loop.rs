@@ -3,7 +3,7 @@
 //!
 //! The ioctl needs the device node; on fixture trees (no node) the backing device stays unknown.
 //! It also asks the backing file's filesystem for fresh attributes, which never come back when
-//! that filesystem's server (FUSE, NFS) stopped answering: it runs through [`crate::bounded`]
+//! that filesystem's server (FUSE, NFS) stopped answering: it runs through [`crate::host::bounded`]
 //! with a short deadline. A binding's answer is kept for as long as the binding lives (the
 //! device's `diskseq` changes with every new binding), so a hung backing filesystem costs only
 //! the first scan of a binding its answer; without one, [`LoopInfo::status_blocked`] says why
@@ -18,9 +18,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use super::{read_attr_bytes_opt, read_bool, read_u64, DiscoverError};
+use crate::host::sys;
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName, KernelText, LoopInfo};
-use crate::sys;
 
 const LO_FLAGS_READ_ONLY: u32 = 1;
 
@@ -100,10 +100,10 @@ fn status(
     if !id.is_block_device() || id.rdev != devnum {
         return Err(NoStatus::Unavailable);
     }
-    let st = crate::bounded::read(format!("loop-status-{devnum}"), STATUS_DEADLINE, move || {
+    let st = crate::host::bounded::read(format!("loop-status-{devnum}"), STATUS_DEADLINE, move || {
         let f = File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
         // Dropped before `f`: the number is unmarked before it is closed.
-        let _probe = crate::bounded::mark_fd(f.as_raw_fd());
+        let _probe = crate::host::bounded::mark_fd(f.as_raw_fd());
         sys::loop_get_status(f.as_fd())
     })
     .map_err(|b| {

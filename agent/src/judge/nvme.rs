@@ -12,12 +12,12 @@
 //! agent: unmounting flushes to a device whose I/O queues until a path comes back (with
 //! `ctrl_loss_tmo` off, forever), so the plan is refused instead (fail closed).
 
+use crate::graph::identity::Identity;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
-use crate::identity::Identity;
 use crate::model::{DeviceName, HolderKind};
 use crate::plan::step::{Action, LeftAlone, Plan, Step};
 
-pub use crate::nvme_view::{view, NvmeRole, NvmeView};
+pub use crate::graph::nvme::{view, NvmeRole, NvmeView};
 
 /// The verdict's ingredients for an NVMe namespace, for `policy`.
 pub enum Assessment {

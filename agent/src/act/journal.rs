@@ -31,7 +31,7 @@
 //! The file is opened without following symlinks and stays bounded: past [`ROTATE_BYTES`] an
 //! open moves it to `<name>.1` and starts a new one that carries the unfinished intents over, so
 //! rotation never loses a step a crash left open, nor an unfinished plan (its records are carried
-//! over whole; see [`crate::durable`]). A torn last line (a write a crash cut short) is ended with
+//! over whole; see [`crate::host::durable`]). A torn last line (a write a crash cut short) is ended with
 //! a newline on open, so the next record is never glued to it. One writer at a time: [`lock`]
 //! takes `<journal>.lock` (`flock`), which names its holder's pid.
 
@@ -43,7 +43,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::durable;
+use crate::host::durable;
 use crate::plan::Step;
 
 /// Default location on a node.
@@ -576,7 +576,7 @@ pub fn lock(journal: &Path, wait: std::time::Duration) -> io::Result<JournalLock
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::identity::{Backing, Identity};
+    use crate::graph::identity::{Backing, Identity};
     use crate::model::{DevNum, DeviceName};
     use crate::plan::Action;
 

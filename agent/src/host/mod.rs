@@ -4,6 +4,14 @@
 //! run on this host (`/`), inside a pod that sees the host under `/host`, and on fixture trees in
 //! `tests/fixtures/<scenario>/`.
 
+pub mod bounded;
+pub mod clock;
+pub mod dmioctl;
+pub mod durable;
+pub mod nsenter;
+pub mod parallel;
+pub mod sys;
+
 use std::path::{Path, PathBuf};
 
 /// Host paths whose devices are never touched by default: the root, and the kubelet's and the
@@ -131,18 +139,18 @@ impl HostRoot {
     /// symlinks stay on the host). The first root that can be opened answers (`NotFound`
     /// included); when none can, the first root's error. On a fixture tree: the path under the
     /// tree ([`Self::host_path`]).
-    pub fn stat_on_host(&self, path: &Path) -> std::io::Result<crate::sys::FileId> {
+    pub fn stat_on_host(&self, path: &Path) -> std::io::Result<crate::host::sys::FileId> {
         let roots = self.host_fs_roots();
         if roots.is_empty() {
-            return crate::sys::stat_cached(&self.host_path(path));
+            return crate::host::sys::stat_cached(&self.host_path(path));
         }
         let mut first = None;
         for root in roots {
-            if let Err(e) = crate::sys::stat_cached(&root) {
+            if let Err(e) = crate::host::sys::stat_cached(&root) {
                 first.get_or_insert(std::io::Error::new(e.kind(), format!("{}: {e}", root.display())));
                 continue;
             }
-            return crate::sys::stat_in_root(&root, path);
+            return crate::host::sys::stat_in_root(&root, path);
         }
         Err(first.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::NotFound)))
     }

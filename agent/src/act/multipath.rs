@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::discover::multipath::{parse_status, PathState};
-use crate::dmioctl::{Control, DmRef};
+use crate::host::dmioctl::{Control, DmRef};
 use crate::model::{DevNum, DeviceName};
 
 /// How long a removal waits for openers to let go (stuck readers exiting after

@@ -24,13 +24,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::linux::bounded;
-use super::ActError;
 use crate::discover::{livefs, names_in};
-use crate::dmioctl::Control;
+use crate::host::bounded::{self, CallError};
+use crate::host::dmioctl::Control;
+use crate::host::sys;
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName};
-use crate::sys;
 
 /// What an exclusive open of the device said.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -144,7 +143,7 @@ fn exclusive_open(host: &HostRoot, device: &DeviceName, devnum: DevNum, timeout:
         Ok(_) => return Claim::Inconclusive(format!("{} is not the node of {devnum}", node.display())),
         Err(e) => return Claim::Inconclusive(format!("cannot stat {}: {e}", node.display())),
     }
-    let open = bounded(device, "exclusive open", timeout, move || {
+    let open = bounded::call(device, "exclusive open", timeout, move || {
         File::options()
             .read(true)
             .custom_flags(libc::O_EXCL | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -153,11 +152,11 @@ fn exclusive_open(host: &HostRoot, device: &DeviceName, devnum: DevNum, timeout:
     });
     match open {
         Ok(()) => Claim::Unclaimed,
-        Err(ActError::Syscall { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => Claim::Claimed,
-        Err(ActError::Syscall { source, .. }) => {
-            Claim::Inconclusive(format!("the exclusive open failed: {source}"))
-        }
-        Err(e) => Claim::Inconclusive(e.to_string()),
+        Err(CallError::Failed(source)) if source.raw_os_error() == Some(libc::EBUSY) => Claim::Claimed,
+        Err(CallError::Failed(source)) => Claim::Inconclusive(format!("the exclusive open failed: {source}")),
+        Err(CallError::TimedOut) => Claim::Inconclusive(format!(
+            "{device}: exclusive open did not finish within {timeout:?}; it is left running on its own thread and reported as hung"
+        )),
     }
 }
 

@@ -4,25 +4,30 @@
 //! Only devices the agent could clean (bound loop devices, rbd and nbd mappings nothing holds,
 //! multipath maps with no active path and nothing but releasable holders, offline standalone
 //! disks) are candidates, and a candidate becomes stale only after complete scans have observed
-//! it unheld for the whole grace period ([`crate::grace`]). A candidate that a blind spot of the
+//! it unheld for the whole grace period ([`crate::judge::grace`]). A candidate that a blind spot of the
 //! scan could hide a holder of is `unknown`, and so is one the Kubernetes API should vouch for
 //! but cannot: nothing destructive rests on missing evidence.
+
+pub mod gates;
+pub mod grace;
+pub mod nvme;
+pub mod stall;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::clock::{human, BootTime};
-use crate::gates::{self, ApiWord};
-use crate::grace::Clocks;
+use crate::graph::identity::Identity;
+use crate::graph::scan::Scan;
+use crate::graph::stack;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
-use crate::identity::Identity;
+use crate::host::clock::{human, BootTime};
+use crate::judge::gates::ApiWord;
+use crate::judge::grace::Clocks;
+use crate::judge::stall::Stall;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceKind, HolderKind};
-use crate::scan::Scan;
-use crate::stack;
-use crate::stall::Stall;
 
 /// The agent's judgement of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, clap::ValueEnum)]
@@ -89,7 +94,7 @@ pub struct JudgeInput<'a> {
     pub now: BootTime,
     /// The Kubernetes API's view (`None`: the agent runs without the API).
     pub api: Option<&'a ClusterView>,
-    /// Devices that do not answer I/O ([`crate::stall`]), with the evidence.
+    /// Devices that do not answer I/O ([`crate::judge::stall`]), with the evidence.
     pub stalled: &'a HashMap<DevNum, Stall>,
 }
 
@@ -176,11 +181,11 @@ fn assess_storage(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
 
 fn assess_storage_own(e: &DeviceEntry, graph: &DeviceGraph) -> Assessment {
     let d = &e.device;
-    if let Some(a) = crate::nvme::assess(e) {
+    if let Some(a) = crate::judge::nvme::assess(e) {
         return match a {
-            crate::nvme::Assessment::PathOf(head) => Assessment::PathOf(head),
-            crate::nvme::Assessment::Candidate(text) => Assessment::Candidate(text),
-            crate::nvme::Assessment::Final { in_use, unknown, reasons } => fin(
+            crate::judge::nvme::Assessment::PathOf(head) => Assessment::PathOf(head),
+            crate::judge::nvme::Assessment::Candidate(text) => Assessment::Candidate(text),
+            crate::judge::nvme::Assessment::Final { in_use, unknown, reasons } => fin(
                 if in_use {
                     Verdict::InUse
                 } else if unknown && e.nvme.as_ref().is_some_and(|n| n.outage.is_some()) {
@@ -451,7 +456,7 @@ pub fn judge(scan: &Scan, clocks: &mut Clocks, input: &JudgeInput<'_>) -> HashMa
 
 /// The outage a device sits behind: its iSCSI session's, or, for a multipath map with no
 /// active path, that of one of its paths.
-fn outage_of<'a>(e: &'a DeviceEntry, graph: &'a DeviceGraph) -> Option<&'a crate::outage::Outage> {
+fn outage_of<'a>(e: &'a DeviceEntry, graph: &'a DeviceGraph) -> Option<&'a crate::graph::outage::Outage> {
     if let Some(o) = e.scsi.as_ref().and_then(|s| s.outage.as_ref()) {
         return Some(o);
     }
@@ -739,8 +744,8 @@ mod tests {
     #[test]
     fn a_dead_map_over_an_iscsi_outage_is_an_outage_not_stale() {
         use crate::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
-        use crate::outage::{Outage, Scope};
-        use crate::storage::{MultipathView, PathView, ScsiView};
+        use crate::graph::multipath::{MultipathView, PathView, ScsiView};
+        use crate::graph::outage::{Outage, Scope};
         let judge_all = |outage: Option<Outage>| {
             let mut map = nbd0(false, Vec::new());
             map.nbd = None;

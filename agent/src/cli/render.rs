@@ -6,13 +6,13 @@ use serde_json::{json, Value};
 
 use crate::act::StepReport;
 use crate::engine::Judged;
+use crate::graph::identity::Identity;
+use crate::graph::scan::Scan;
 use crate::graph::{DeviceEntry, DeviceGraph, Holder};
-use crate::identity::Identity;
+use crate::judge::{Judgement, Verdict};
 use crate::model::DevNum;
 use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
 use crate::plan::Plan;
-use crate::policy::{Judgement, Verdict};
-use crate::scan::Scan;
 use crate::snapshot::ScanStats;
 
 /// Holder lines shown per device in a table before the rest is summarised.
@@ -53,7 +53,7 @@ pub fn device_json(d: &BlockDevice) -> Value {
     if let Some(dm) = &d.dm {
         v["dm"] = json!(dm);
     }
-    if let Some(layer) = crate::stack::layer_of(d) {
+    if let Some(layer) = crate::graph::stack::layer_of(d) {
         v["stack"] = json!(layer);
     }
     v
@@ -153,7 +153,7 @@ fn device_line(d: &BlockDevice) -> String {
     if let Some(dm) = &d.dm {
         let _ = write!(s, " dm name {}", dm.name);
     }
-    if let Some(layer) = crate::stack::layer_of(d) {
+    if let Some(layer) = crate::graph::stack::layer_of(d) {
         let _ = write!(s, ": {}", layer.describe());
     }
     if let Some(p) = &d.parent {

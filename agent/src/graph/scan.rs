@@ -11,9 +11,9 @@ use std::collections::HashSet;
 
 use serde::Serialize;
 
-use crate::blindspot::BlindSpot;
-use crate::clock::BootTime;
 use crate::graph::{DeviceEntry, DeviceGraph};
+use crate::host::clock::BootTime;
+use crate::model::blindspot::BlindSpot;
 use crate::model::DevNum;
 use crate::plan::{Action, Plan, Step};
 use crate::snapshot::ScanStats;
@@ -105,7 +105,7 @@ pub fn removed_by(step: &Step, graph: &DeviceGraph) -> Vec<DevNum> {
                 graph
                     .devices
                     .iter()
-                    .filter(|e| crate::plan_iscsi::session_of(e) == Some(session.as_str()))
+                    .filter(|e| crate::plan::iscsi::session_of(e) == Some(session.as_str()))
                     .map(|e| e.device.devnum),
             );
         }
@@ -176,8 +176,8 @@ fn with_stacked(graph: &DeviceGraph, roots: Vec<DevNum>) -> Vec<DevNum> {
 mod tests {
     use super::*;
     use crate::discover::nvme::CtrlState;
+    use crate::judge::nvme::test_support::{ctrl, entries};
     use crate::model::MountNsId;
-    use crate::nvme::test_support::{ctrl, entries};
 
     const NQN: &str = "nqn.2026-11.io.blockjanitor:two";
 
@@ -195,7 +195,7 @@ mod tests {
             Vec::new(),
         );
         let g = graph(e.clone());
-        let p = crate::nvme::plan_clean(&e[0], &g);
+        let p = crate::judge::nvme::plan_clean(&e[0], &g);
         assert!(p.refusal.is_none() && p.steps.len() == 1, "{p:?}");
         let (n1, n2) = (e[0].device.devnum, e[1].device.devnum);
         assert_eq!(removed_by(&p.steps[0], &g), vec![n1, n2]);
@@ -274,20 +274,20 @@ mod engine_tests {
     use std::cell::{Cell, RefCell};
     use std::time::Duration;
 
-    use crate::act::probe::KernelWord;
+    use crate::act::journal::Journal;
     use crate::act::recording::RecordingActuator;
     use crate::act::{ActError, Actuator, StepOutcome};
-    use crate::clock::BootTime;
     use crate::discover::nvme::CtrlState;
+    use crate::discover::probe::KernelWord;
     use crate::engine::{Engine, EngineError, Operation, Settings, World};
-    use crate::grace::Clocks;
+    use crate::graph::scan::{Scan, Target};
     use crate::graph::{DeviceGraph, Holder};
-    use crate::journal::Journal;
+    use crate::host::clock::BootTime;
+    use crate::judge::grace::Clocks;
+    use crate::judge::nvme::test_support::{ctrl, entries};
     use crate::kube::ClusterView;
     use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
-    use crate::nvme::test_support::{ctrl, entries};
     use crate::plan::Step;
-    use crate::scan::{Scan, Target};
 
     /// One NVMe/TCP subsystem with two namespaces behind one controller reconnecting for ever;
     /// a scan looks for holders only of the devices its target names (as on a real host), and

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::clock::{human, BootTime};
 use crate::discover::iostat::IoStat;
+use crate::host::clock::{human, BootTime};
 use crate::model::DevNum;
 
 /// The default threshold: a device whose I/O has made no progress for this long is unresponsive.

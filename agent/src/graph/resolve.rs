@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use crate::host::sys;
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum};
-use crate::sys;
 
 /// The argument names no block device here.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

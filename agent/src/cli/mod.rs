@@ -1,0 +1,3 @@
+//! The agent binary's side: its commands, its settings and the renderers of every output shape.
+
+pub mod render;
