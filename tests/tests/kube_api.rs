@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use blockjanitor::clock::BootTime;
+use blockjanitor::host::clock::BootTime;
 use blockjanitor::kube::{
     connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, KubeError, Reporter, WatchHealth,
     WatchOptions,
