@@ -1,13 +1,21 @@
 //! blockjanitor: find who holds each block device on a Linux node, across every mount
 //! namespace, and release stale holders safely.
 //!
-//! Data flows one way: [`discover`] scanners read the host into a [`snapshot::Snapshot`] (with
-//! its [`blindspot`]s); [`graph`] joins devices to their holders; [`policy`] judges each device
-//! (grace clocks in [`grace`], bound to an [`identity`]); [`plan`] turns a request into ordered,
-//! idempotent steps; the [`gates`] stand between evidence and every destructive step; [`act`] is
-//! the only code that writes to the kernel; [`journal`] records every destructive step before
-//! and after it runs. One [`engine`] composes all of it, for the CLI, the daemon and the tests.
-//! See ARCHITECTURE.md.
+//! Data flows one way, one folder per stage: [`discover`] scanners read the host into a
+//! [`snapshot::Snapshot`] (with its [`model::blindspot`]s); [`graph`] joins devices to their
+//! holders (per transport: `graph/multipath.rs`, `graph/nvme.rs`, `graph/stack.rs`); [`judge`]
+//! gives each device a verdict (grace clocks in [`judge::grace`], bound to a
+//! [`graph::identity`]), and its [`judge::gates`] stand between evidence and every destructive
+//! step; [`plan`] turns a request into ordered, idempotent steps; [`act`] is the only code that
+//! writes to the kernel, and its [`act::journal`] records every destructive step before and after
+//! it runs. One [`engine`] composes all of it, for the CLI ([`cli`]), the daemon ([`daemon`]) and
+//! the tests. See ARCHITECTURE.md.
+//!
+//! Layers, bottom first: a module may import only from its own folder or a folder below it
+//! (tests/tests/structure.rs checks it, with no import circle between files either).
+//! `client`, `fleet_plan` and `fleet_render` are agentctl's and leave the agent for `ctl/`.
+//!
+//! layers: model < host < discover < kube < snapshot < graph < judge < plan < act < engine < config < daemon < server < cli < errors < fleet_plan < client < fleet_render
 
 pub mod act;
 pub mod cli;
