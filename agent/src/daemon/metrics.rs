@@ -338,7 +338,7 @@ mod tests {
     use crate::discover::nvme::CtrlState;
     use crate::engine::view::DeviceView;
     use crate::graph::identity::Identity;
-    use crate::judge::nvme::test_support::{ctrl, entries};
+    use crate::graph::nvme::test_support::{ctrl, entries};
     use crate::judge::Judgement;
 
     /// NVMe controllers by transport and state, and outages by transport: closed label sets.

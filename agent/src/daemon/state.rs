@@ -18,10 +18,11 @@ use super::events::{diff, AgentEvent, EventKind};
 use crate::act::StepReport;
 use crate::config::{Config, Mode};
 use crate::daemon::metrics::Metrics;
+use crate::engine::error::EngineError;
 pub use crate::engine::view::{DeviceView, View};
 use crate::engine::workflow::{Outcome, Request, Subject};
 use crate::engine::world::LinuxWorld;
-use crate::engine::{Engine, EngineError, Operation};
+use crate::engine::{Engine, Operation};
 use crate::graph::resolve;
 use crate::graph::scan::Target;
 use crate::host::HostRoot;
@@ -190,7 +191,7 @@ impl AgentState {
 
     /// Whether this agent may act on the host (hostPID, a live procfs); why not otherwise.
     pub fn can_act(&self) -> Result<(), String> {
-        use crate::engine::World;
+        use crate::engine::world::World;
         self.engine.world.can_act()
     }
 
@@ -268,7 +269,7 @@ impl AgentState {
         scan_number: u64,
         previous: &View,
     ) -> Result<View, String> {
-        use crate::engine::World;
+        use crate::engine::world::World;
         let t0 = Instant::now();
         let scan = self.engine.world.rescan_changed(changes)?;
         let t1 = Instant::now();

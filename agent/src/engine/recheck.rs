@@ -140,7 +140,7 @@ pub fn side_effect(
             .or_else(|| {
                 // A hidden NVMe path has no device node: the exclusive open cannot tell.
                 let hidden =
-                    entry.nvme.as_ref().is_some_and(|v| v.role == crate::judge::nvme::NvmeRole::Path);
+                    entry.nvme.as_ref().is_some_and(|v| v.role == crate::graph::nvme::NvmeRole::Path);
                 let accounted = Accounted { open_may_fail: hidden, ..Accounted::default() };
                 word.and_then(|w| gates::kernel_word(name, w, &accounted))
             })

@@ -413,8 +413,8 @@ mod tests {
                 fabrics: true,
             })
             .collect();
-        e.nvme = Some(crate::judge::nvme::NvmeView {
-            role: crate::judge::nvme::NvmeRole::Head,
+        e.nvme = Some(crate::graph::nvme::NvmeView {
+            role: crate::graph::nvme::NvmeRole::Head,
             subsystem: Some("nvme-subsys0".into()),
             subsysnqn: "nqn.a".into(),
             head: None,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::EngineError;
+use super::error::EngineError;
 use crate::act::linux::LinuxActuator;
 use crate::act::{ActError, Actuator, StepOutcome};
 use crate::discover::blockdev;

@@ -116,3 +116,66 @@ pub fn view(scan: &NvmeScan, outages: &[NvmeOutage], d: &BlockDevice) -> Option<
         siblings_held: Vec::new(),
     })
 }
+
+/// Entries and controllers for tests of every stage (judge, plan, metrics).
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+    use crate::discover::nvme::{CtrlState, NvmeAddress, NvmeController, NvmeScan, NvmeSubsystem, Timeout};
+    use crate::graph::DeviceEntry;
+    use crate::model::{BlockDevice, DevNum, DeviceKind};
+
+    pub(crate) fn ctrl(name: &str, nqn: &str, port: &str, state: CtrlState, fabrics: bool) -> NvmeController {
+        NvmeController {
+            name: name.into(),
+            transport: if fabrics { "tcp" } else { "pcie" }.into(),
+            subsysnqn: nqn.into(),
+            address: NvmeAddress::parse(&format!("traddr=127.0.0.1,trsvcid={port}")),
+            state,
+            ctrl_loss_tmo: fabrics.then_some(Timeout::Off),
+            reconnect_delay: fabrics.then_some(Timeout::Seconds(1)),
+            cntlid: Some(1),
+            hostnqn: None,
+            subsystem: Some("nvme-subsys0".into()),
+            namespaces: Vec::new(),
+            fabrics,
+        }
+    }
+
+    pub(crate) fn name(n: &str) -> DeviceName {
+        DeviceName::new(n).expect("name")
+    }
+
+    /// The graph's entries for the heads of one subsystem served by `ctrls`.
+    pub(crate) fn entries(
+        heads: &[&str],
+        ctrls: Vec<NvmeController>,
+        extra: Vec<NvmeController>,
+    ) -> Vec<DeviceEntry> {
+        let subsys = NvmeSubsystem {
+            name: "nvme-subsys0".into(),
+            subsysnqn: ctrls[0].subsysnqn.clone(),
+            iopolicy: Some("numa".into()),
+            controllers: ctrls.iter().map(|c| c.name.clone()).collect(),
+            heads: heads.iter().map(|h| name(h)).collect(),
+        };
+        let scan =
+            NvmeScan { controllers: ctrls.into_iter().chain(extra).collect(), subsystems: vec![subsys] };
+        let outages = crate::discover::nvme::outages(&scan);
+        let mut out: Vec<DeviceEntry> = heads
+            .iter()
+            .enumerate()
+            .map(|(i, h)| {
+                let devnum = DevNum::new(259, i as u32 * 2 + 1);
+                let device = BlockDevice {
+                    diskseq: Some(14 + i as u64),
+                    ..BlockDevice::new(name(h), devnum, DeviceKind::NvmeNamespace, 16 << 20)
+                };
+                let nvme = view(&scan, &outages, &device);
+                DeviceEntry { nvme, ..DeviceEntry::new(device, Vec::new()) }
+            })
+            .collect();
+        crate::graph::mark_held_siblings(&mut out);
+        out
+    }
+}

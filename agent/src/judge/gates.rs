@@ -29,7 +29,6 @@ use crate::judge::stall::Stall;
 use crate::kube::ClusterView;
 use crate::model::blindspot::{self, BlindSpot};
 use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
-use crate::plan::step::Step;
 
 /// The early "let everything through" of a gate, taken only in a `mutation-check` build when
 /// `BLOCKJANITOR_MUTANT` names it (scripts/mutation-check.sh); nothing in any other build.
@@ -296,11 +295,12 @@ pub fn kubelet_pods(entry: &DeviceEntry) -> Option<String> {
 }
 
 /// The device does not answer I/O ([`crate::judge::stall`]), and the plan does not start by unblocking
-/// it (a dead multipath map's `fail_if_no_path`): what a hung device's holders see cannot be
+/// it (a dead multipath map's `fail_if_no_path`; `first_step_unblocks`, from the plan's
+/// [`Step::unblocks`](crate::plan::Step::unblocks)): what a hung device's holders see cannot be
 /// trusted, and a step on it may hang or fail half-way.
-pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, steps: &[Step]) -> Option<String> {
+pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, first_step_unblocks: bool) -> Option<String> {
     let stall = stall?;
-    if steps.first().is_some_and(Step::unblocks) {
+    if first_step_unblocks {
         return None;
     }
     Some(format!(

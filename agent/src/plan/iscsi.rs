@@ -147,12 +147,12 @@ mod tests {
         let sdf = entry(&g, "sdf");
         let (steps, _) = logouts(&g, &[name("sdf")], &going_with(sdf, &g));
         let devnum = |n: &str| entry(&g, n).device.devnum;
-        let removed = crate::graph::scan::removed_by(&steps[0], &g);
+        let removed = crate::plan::scope::removed_by(&steps[0], &g);
         assert!(removed.contains(&devnum("sde")) && removed.contains(&devnum("sdf")), "{removed:?}");
         assert!(!removed.contains(&devnum("sdc")), "another session's disk: {removed:?}");
         let mut p = crate::plan::Plan::new("delete", sdf);
         p.steps = steps;
-        let side: Vec<_> = crate::graph::scan::side_effects(&p, &g).into_iter().map(|(d, _)| d).collect();
+        let side: Vec<_> = crate::plan::scope::side_effects(&p, &g).into_iter().map(|(d, _)| d).collect();
         assert!(side.contains(&devnum("sde")), "{side:?}");
     }
 

@@ -9,6 +9,8 @@
 //! identity of the device it acts on, re-checked right before it runs.
 
 pub mod iscsi;
+pub mod nvme;
+pub mod scope;
 pub mod step;
 
 pub use step::{Action, LeftAlone, Plan, Step};
@@ -351,7 +353,7 @@ pub fn for_clean(entry: &DeviceEntry, graph: &DeviceGraph, opts: CleanOptions) -
     if entry.multipath.is_some() {
         teardown_map(entry, graph, opts.deferred_remove)
     } else if entry.nvme.is_some() {
-        crate::judge::nvme::plan_clean(entry, graph)
+        crate::plan::nvme::plan_clean(entry, graph)
     } else if entry.scsi.is_some() {
         delete_disk(entry, graph)
     } else if entry.rbd.is_some() || entry.nbd.is_some() {

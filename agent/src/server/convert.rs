@@ -170,7 +170,7 @@ fn iscsi_session(s: &crate::discover::scsi::IscsiSession) -> pb::IscsiSessionInf
     }
 }
 
-fn nvme(n: &crate::judge::nvme::NvmeView) -> pb::NvmeNamespace {
+fn nvme(n: &crate::graph::nvme::NvmeView) -> pb::NvmeNamespace {
     use crate::discover::nvme::Timeout;
     let tmo = |t: Option<Timeout>| match t {
         None => String::new(),
