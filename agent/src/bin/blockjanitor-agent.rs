@@ -13,8 +13,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use blockjanitor::act::journal;
 use blockjanitor::config::Config;
+use blockjanitor::daemon;
 use blockjanitor::daemon::metrics::Metrics;
-use blockjanitor::daemon::mount_watch::{self, MountWatch};
+use blockjanitor::daemon::mount_watch::MountWatch;
 use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
@@ -647,7 +648,7 @@ fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
         triggers::spawn_udev_watch(Arc::clone(&state), stop.clone());
         match mount_watch {
-            Some(w) => tokio::spawn(mount_watch::run(Arc::clone(&state), w, stop.clone())),
+            Some(w) => tokio::spawn(daemon::watch_mounts(Arc::clone(&state), w, stop.clone())),
             None => tokio::spawn(triggers::watch_mount_table(Arc::clone(&state), stop.clone())),
         };
         tokio::spawn(triggers::timer(Arc::clone(&state), every, stop.clone()));

@@ -30,7 +30,7 @@ use crate::judge::grace::Clocks;
 use crate::judge::Verdict;
 use crate::model::{DevNum, MountNsId};
 use crate::plan::Plan;
-use crate::snapshot::Changes;
+use crate::snapshot::reread::Changes;
 
 /// Longest a scan may take before it is reported as overrunning.
 pub const SCAN_DEADLINE: Duration = Duration::from_secs(60);

@@ -154,7 +154,7 @@ impl<W: World> Engine<W> {
         let now = self.world.now();
         let api = self.world.cluster();
         let stalled = self.observe_io(&scan, now);
-        let verdicts = judge::judge(
+        let verdicts = judge::verdicts::judge(
             &scan,
             clocks,
             &judge::JudgeInput {

@@ -22,7 +22,8 @@ use crate::host::HostRoot;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::Step;
-use crate::snapshot::{Changes, ScanOptions, Scope, Snapshot};
+use crate::snapshot::reread::Changes;
+use crate::snapshot::{ScanOptions, Scope, Snapshot};
 
 /// The machine, as the engine sees it.
 pub trait World {

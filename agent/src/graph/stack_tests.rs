@@ -243,7 +243,7 @@ fn judge(scan: &Scan) -> HashMap<DevNum, Judgement> {
         api: None,
         stalled: &HashMap::new(),
     };
-    judge::judge(scan, &mut clocks, &input)
+    judge::verdicts::judge(scan, &mut clocks, &input)
 }
 
 fn foreign_mount() -> Holder {

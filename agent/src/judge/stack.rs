@@ -5,7 +5,8 @@
 
 use std::collections::HashMap;
 
-use super::{weigh_api, weigh_stall, JudgeInput, Judgement, Verdict};
+use super::weigh::{weigh_api, weigh_stall};
+use super::{JudgeInput, Judgement, Verdict};
 use crate::graph::scan::Scan;
 use crate::graph::stack::{above, base_maps, layer_of};
 use crate::graph::{DeviceEntry, DeviceGraph};

@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 
+use super::verdicts::judge;
 use super::*;
 use crate::discover::nbd::NbdDevice;
 use crate::graph::scan::Scan;

@@ -19,7 +19,8 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use super::{join_anonymous, read_inventories, read_io, Inventories, ScanOptions, Snapshot};
+use super::inventory::{join_anonymous, read_inventories, read_io, Inventories};
+use super::{ScanOptions, Snapshot};
 use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, Wanted};
 use crate::discover::{blockdev, livefs, processes};
 use crate::host::sys;
