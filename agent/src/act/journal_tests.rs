@@ -5,7 +5,7 @@ use crate::graph::identity::{Backing, Identity};
 use crate::model::{DevNum, DeviceName};
 use crate::plan::Action;
 use crate::plan::Step;
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 fn step() -> Step {
     let device = DeviceName::new("loop9").expect("name");

@@ -4,7 +4,7 @@ use super::*;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::SocketAddr;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,6 @@
 
 use super::*;
 use std::borrow::Cow;
-use std::os::unix::ffi::OsStrExt;
 
 #[test]
 fn devnum_parses_and_rejects() {
