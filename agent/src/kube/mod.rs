@@ -20,11 +20,15 @@ pub mod cache;
 pub mod cluster;
 pub mod connect;
 pub mod error;
+mod follow;
+pub mod options;
 pub mod report;
+mod table;
 
-pub use cache::{spawn_watch, WatchOptions};
+pub use cache::spawn_watch;
 pub use cluster::{
     ClusterView, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
 };
 pub use connect::{connect, KubeConfig};
+pub use options::WatchOptions;
 pub use report::{Delivery, EventReason, Reporter};

@@ -191,7 +191,7 @@ impl Snapshot {
         let Inventories { swaps, dm_devices, scsi, rbd, nbd, nvme } =
             read_inventories(host, &devices, &targets, &anon, &mut blind);
         warnings.extend(nvme.idle_controllers());
-        let kubelet = kubelet::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
+        let kubelet = kubelet::walk::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
             blind.push(BlindSpot::any(format!(
                 "the kubelet directory cannot be read ({e}): which pods use which volumes is not known"
             )));
