@@ -35,7 +35,6 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
 
 use super::cluster::{pod_info, pv_info, va_info, ClusterView};
 use super::follow::*;

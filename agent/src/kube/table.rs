@@ -7,7 +7,6 @@ use ::kube::Resource;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
-use tokio_stream::StreamExt;
 
 /// One thing one of the four loops saw, reduced to plain data.
 pub(super) enum Change {

@@ -42,7 +42,6 @@
 pub mod walk;
 
 use std::collections::BTreeSet;
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use serde::Serialize;
