@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod mount_watch;
 pub mod new_namespaces;
 pub mod peer_limit;
+mod requests;
 pub mod state;
 pub mod triggers;
 

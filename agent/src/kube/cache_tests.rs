@@ -4,7 +4,6 @@ use super::super::cluster::{PodInfo, VaInfo, WatchHealth};
 use super::*;
 use crate::host::clock::BootTime;
 use std::time::Duration;
-use tokio_stream::StreamExt;
 
 fn pod(name: &str) -> PodInfo {
     PodInfo { name: name.into(), namespace: "shop".into(), ..Default::default() }

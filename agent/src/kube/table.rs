@@ -3,7 +3,6 @@
 
 use super::cluster::{ClusterView, PodInfo, PvInfo, VaInfo, WatchHealth};
 use crate::host::clock::BootTime;
-use ::kube::Resource;
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
