@@ -44,7 +44,7 @@ use blockjanitor::discover::probe::{Claim, KernelWord};
 use blockjanitor::discover::rbd::RbdMapping;
 use blockjanitor::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
 use blockjanitor::engine::error::EngineError;
-use blockjanitor::engine::workflow::{Request, Subject};
+use blockjanitor::engine::outcome::{Request, Subject};
 use blockjanitor::engine::world::World;
 use blockjanitor::engine::{Engine, Operation, Settings};
 use blockjanitor::graph::identity::Identity;

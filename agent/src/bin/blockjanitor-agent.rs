@@ -20,7 +20,8 @@ use blockjanitor::daemon::state::AgentState;
 use blockjanitor::daemon::triggers;
 use blockjanitor::discover::blockdev;
 use blockjanitor::discover::namespaces::MountReader;
-use blockjanitor::engine::workflow::{self, Class, Outcome, Request, Subject};
+use blockjanitor::engine::outcome::{self, Class, Outcome, Request, Subject};
+use blockjanitor::engine::workflow;
 use blockjanitor::engine::world::LinuxWorld;
 use blockjanitor::engine::world::World;
 use blockjanitor::engine::{Engine, Operation, Settings};
@@ -415,7 +416,7 @@ fn run(cli: &Cli) -> Result<u8> {
             let e = engine(cli, host, plan::CleanOptions::default());
             let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
             state.save();
-            let incomplete = workflow::incomplete_view(&judged.scan, None);
+            let incomplete = outcome::incomplete_view(&judged.scan, None);
             match output {
                 Output::Json => print_json(&render::scan_json(&judged))?,
                 Output::Table => {
@@ -435,7 +436,7 @@ fn run(cli: &Cli) -> Result<u8> {
             let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
             state.save();
             let incomplete =
-                judged.scan.entry(devnum).and_then(|e| workflow::incomplete_view(&judged.scan, Some(e)));
+                judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
             match output {
                 Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
                 Output::Table => {

@@ -493,11 +493,11 @@ pub fn reports_text(reports: &[StepReport]) -> String {
     out
 }
 
-/// The report of one request ([`crate::engine::workflow::Outcome`]) as text: the "INCOMPLETE
+/// The report of one request ([`crate::engine::outcome::Outcome`]) as text: the "INCOMPLETE
 /// VIEW" line first when the scan behind it could not see everything, then the unfinished plans
 /// it resumed, the plan, the steps as run and the device afterwards. `argument` is what the
 /// operator named.
-pub fn outcome_text(out: &crate::engine::workflow::Outcome, argument: &str) -> String {
+pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> String {
     let mut text = String::new();
     if let Some(line) = out.incomplete() {
         let _ = writeln!(text, "{line}");
@@ -541,7 +541,7 @@ pub fn outcome_text(out: &crate::engine::workflow::Outcome, argument: &str) -> S
 }
 
 /// The report of one request as JSON, with the exit code it ends with.
-pub fn outcome_json(out: &crate::engine::workflow::Outcome, exit_code: u8) -> Value {
+pub fn outcome_json(out: &crate::engine::outcome::Outcome, exit_code: u8) -> Value {
     let after = out.plan.as_ref().and_then(|p| {
         let scan = out.after.as_ref()?;
         scan.entry(p.devnum).map(|e| entry_doc(scan, e, None))

@@ -24,6 +24,7 @@
 
 pub mod error;
 pub mod execute;
+pub mod outcome;
 pub mod planning;
 pub mod recheck;
 pub mod recover;

@@ -354,7 +354,7 @@ fn a_vanished_device_is_absent_only_when_its_object_is_gone_and_never_run_blind(
 /// refused before anything runs.
 #[test]
 fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
-    use super::workflow::{Class, Request, Subject};
+    use super::outcome::{Class, Request, Subject};
     let t = Test { seq: Cell::new(1), held: true, ..Test::default() };
     let engine = Engine::new(&t, Settings { grace: Duration::ZERO, ..Settings::default() });
     let dir = tempfile::tempdir().expect("tempdir");
