@@ -566,3 +566,17 @@ pub fn outcome_json(out: &crate::engine::outcome::Outcome, exit_code: u8) -> Val
         "exit_code": exit_code,
     })
 }
+
+/// Says what the journal's recovery did through `say`: each interrupted step closed (or left
+/// open), each unfinished plan resumed or left for its own command.
+pub fn say_recovery(out: &crate::engine::outcome::Outcome, say: impl Fn(&str)) {
+    for (i, how) in &out.recovery.resolved {
+        say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
+    }
+    for (id, why) in &out.recovery.left_open {
+        say(&format!("journal step {id} left open: {why}"));
+    }
+    for u in &out.unfinished {
+        say(u);
+    }
+}

@@ -3,7 +3,7 @@
 //! exit code of the one-shot CLI).
 
 use super::recover::Recovery;
-use super::{Judged, Operation, World};
+use super::{Judged, Operation};
 use crate::act::{ActError, StepOutcome, StepReport};
 use crate::graph::scan::Scan;
 use crate::judge::grace::Clocks;
