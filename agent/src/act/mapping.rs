@@ -16,10 +16,6 @@ const EBUSY_RETRIES: u32 = 4;
 const NBD_DISCONNECT: libc::c_ulong = 0xab08;
 const NBD_CLEAR_SOCK: libc::c_ulong = 0xab04;
 
-fn precondition(device: &DeviceName, reason: String) -> ActError {
-    ActError::Precondition { device: device.clone(), reason }
-}
-
 impl LinuxActuator {
     pub(super) fn rbd_unmap(
         &self,
@@ -41,14 +37,14 @@ impl LinuxActuator {
         let now =
             (attr("pool"), attr("name"), attr("image_id"), format!("{}:{}", attr("major"), attr("minor")));
         if now != (pool.to_owned(), image.to_owned(), image_id.to_owned(), devnum.to_string()) {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("rbd id {id} is now {}/{} ({}), not {pool}/{image}: id reused?", now.0, now.1, now.3),
             ));
         }
         let control = ["remove_single_major", "remove"].iter().map(|f| bus.join(f)).find(|p| p.exists());
         let Some(control) = control else {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("neither {0}/remove_single_major nor {0}/remove exists", bus.display()),
             ));
@@ -102,7 +98,7 @@ impl LinuxActuator {
         let pid_now = attr("pid").and_then(|p| p.parse::<u32>().ok());
         let backend_now = attr("backend").filter(|b| !b.is_empty());
         if pid_now != server_pid || backend_now.as_deref() != backend {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "it is now set up by pid {} with backend {}, not pid {} with backend {}: reconnected or reused",
@@ -115,9 +111,9 @@ impl LinuxActuator {
         }
         let node = self.host().dev_node(device.as_str());
         let id = crate::host::sys::stat_cached(&node)
-            .map_err(|e| precondition(device, format!("cannot stat {}: {e}", node.display())))?;
+            .map_err(|e| ActError::precondition(device, format!("cannot stat {}: {e}", node.display())))?;
         if !id.is_block_device() || id.rdev != devnum {
-            return Err(precondition(device, format!("{} is not device {devnum}", node.display())));
+            return Err(ActError::precondition(device, format!("{} is not device {devnum}", node.display())));
         }
         bounded(device, "NBD_DISCONNECT", self.timeout(), move || {
             let f = File::options().read(true).write(true).open(&node)?;

@@ -59,6 +59,13 @@ pub enum ActError {
     Skipped { device: DeviceName, reason: String },
 }
 
+impl ActError {
+    /// The step's precondition does not hold on `device` (the one way every actuator says so).
+    pub fn precondition(device: &DeviceName, reason: String) -> Self {
+        ActError::Precondition { device: device.clone(), reason }
+    }
+}
+
 /// Carries out steps.
 pub trait Actuator {
     /// Re-checks and runs one step.

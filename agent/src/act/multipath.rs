@@ -17,10 +17,6 @@ use crate::model::{DevNum, DeviceName};
 /// `fail_if_no_path`) before it gives up.
 const OPENERS_GRACE: Duration = Duration::from_secs(5);
 
-fn precondition(device: &DeviceName, reason: String) -> ActError {
-    ActError::Precondition { device: device.clone(), reason }
-}
-
 fn gone(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
 }
@@ -40,7 +36,7 @@ impl LinuxActuator {
         uuid: &str,
     ) -> Result<Option<(Control, i32)>, ActError> {
         if uuid.is_empty() {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 "it has no device-mapper uuid: a device known only by its reusable number is never changed"
                     .into(),
@@ -48,15 +44,15 @@ impl LinuxActuator {
         }
         let path = self.control_path();
         let control = Control::open(&path)
-            .map_err(|e| precondition(device, format!("cannot open {}: {e}", path.display())))?;
+            .map_err(|e| ActError::precondition(device, format!("cannot open {}: {e}", path.display())))?;
         match control.dev_status(DmRef::Uuid(uuid)) {
-            Ok(h) if h.dev != devnum => Err(precondition(
+            Ok(h) if h.dev != devnum => Err(ActError::precondition(
                 device,
                 format!("uuid '{uuid}' is now device {}, not {devnum}: the map was recreated", h.dev),
             )),
             Ok(h) => Ok(Some((control, h.open_count))),
             Err(e) if gone(&e) => Ok(None),
-            Err(e) => Err(precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}': {e}"))),
+            Err(e) => Err(ActError::precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}': {e}"))),
         }
     }
 
@@ -94,13 +90,13 @@ impl LinuxActuator {
             if uuid.starts_with("mpath-") {
                 let (_, targets) = control
                     .table_status(DmRef::Uuid(uuid), false)
-                    .map_err(|e| precondition(device, format!("DM_TABLE_STATUS: {e}")))?;
+                    .map_err(|e| ActError::precondition(device, format!("DM_TABLE_STATUS: {e}")))?;
                 for t in targets.iter().filter(|t| t.target_type == "multipath") {
                     let status = parse_status(&t.params)
-                        .map_err(|e| precondition(device, format!("status line: {e}")))?;
+                        .map_err(|e| ActError::precondition(device, format!("status line: {e}")))?;
                     let active = status.paths().find(|p| p.state == PathState::Active).map(|p| p.dev);
                     if let Some(dev) = active {
-                        return Err(precondition(
+                        return Err(ActError::precondition(
                             device,
                             format!("path {dev} is active again: the map is not dead"),
                         ));
@@ -111,7 +107,7 @@ impl LinuxActuator {
                 break;
             }
             if started.elapsed() > OPENERS_GRACE {
-                return Err(precondition(
+                return Err(ActError::precondition(
                     device,
                     format!("still open by {open} opener(s) after {OPENERS_GRACE:?}"),
                 ));
@@ -150,14 +146,14 @@ impl LinuxActuator {
         let dir = self.host().sys_class_block().join(device.as_str());
         let Ok(dev) = std::fs::read_to_string(dir.join("dev")) else { return Ok(None) };
         if dev.trim() != devnum.to_string() {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("{} is now {}, not {devnum}: name reused?", device, dev.trim()),
             ));
         }
         let now = std::fs::read_to_string(dir.join("device/wwid")).unwrap_or_default();
         if now.trim() != wwid {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("wwid is now '{}', not '{wwid}': another disk", now.trim()),
             ));
@@ -166,7 +162,7 @@ impl LinuxActuator {
             .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         if !holders.is_empty() {
-            return Err(precondition(device, format!("still held by {}", holders.join(", "))));
+            return Err(ActError::precondition(device, format!("still held by {}", holders.join(", "))));
         }
         Ok(Some(dir))
     }
@@ -189,7 +185,7 @@ impl LinuxActuator {
             return Ok(StepOutcome::Done);
         }
         if require_offline {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("it was planned as an offline disk, but its state is now '{state}': it came back"),
             ));
@@ -208,7 +204,7 @@ impl LinuxActuator {
         let Some(dir) = self.scsi_check(device, devnum, wwid)? else { return Ok(StepOutcome::AlreadyAbsent) };
         let state = Self::scsi_state(&dir);
         if !OFFLINE.contains(&state.as_str()) {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("its state is '{state}', not offline: a disk is deleted only while offline"),
             ));

@@ -314,10 +314,6 @@ fn lock(file: &File) -> io::Result<()> {
     }
 }
 
-fn precondition(device: &DeviceName, reason: String) -> ActError {
-    ActError::Precondition { device: device.clone(), reason }
-}
-
 impl LinuxActuator {
     /// Removes the multipath map `uuid` through multipathd when a multipathd runs: `Ok(None)`
     /// when none does (the caller removes it with the ioctl). Called once the caller's
@@ -332,7 +328,7 @@ impl LinuxActuator {
         let Some(wwid) = uuid.strip_prefix("mpath-") else { return Ok(None) };
         let proc = self.host().proc().to_owned();
         let pids = daemons(&proc).map_err(|e| {
-            precondition(
+            ActError::precondition(
                 device,
                 format!("cannot tell whether multipathd runs (listing {}: {e})", proc.display()),
             )
@@ -340,7 +336,7 @@ impl LinuxActuator {
         let Some(&pid) = pids.first() else { return Ok(None) };
         let left = "the map is left in place: it is never removed behind multipathd's back";
         if deferred {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("multipathd runs (pid {pid}) and a deferred removal cannot go through it; {left}"),
             ));
@@ -357,7 +353,7 @@ impl LinuxActuator {
         namespaces.dedup_by_key(|(ino, _)| *ino);
         if namespaces.len() > 1 {
             let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "multipathd runs in {} network namespaces (pids {}): which one owns the map is unclear; {left}",
@@ -370,16 +366,16 @@ impl LinuxActuator {
         let control_path = self.host().dev_node("mapper/control");
         let header = Control::open(&control_path)
             .and_then(|c| c.dev_status(DmRef::Uuid(uuid)))
-            .map_err(|e| precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}': {e}")))?;
+            .map_err(|e| ActError::precondition(device, format!("DM_DEV_STATUS of uuid '{uuid}': {e}")))?;
         if header.dev != devnum {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("uuid '{uuid}' is now device {}, not {devnum}: the map was recreated", header.dev),
             ));
         }
         let name = header.name;
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!("map name {name:?} cannot be passed to multipathd; {left}"),
             ));
@@ -394,14 +390,14 @@ impl LinuxActuator {
             ask_alive_in(&ns, SOCKET, &cmd, io_timeout)
         })
         .map_err(|e| match e {
-            ActError::Syscall { source, .. } => precondition(
+            ActError::Syscall { source, .. } => ActError::precondition(
                 device,
                 format!("multipathd (pid {pid}) runs, but asking it to '{command}' through its control socket failed: {source}; {left}"),
             ),
             other => other,
         })?;
         let Some(reply) = reply else {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "multipathd (pid {pid}) refused '{PROBE}' ({probe:?}); '{command}' was not sent; {left}"
@@ -412,13 +408,13 @@ impl LinuxActuator {
             Reply::Ok => {}
             Reply::Fail(why) => {
                 let why = if why.is_empty() { String::new() } else { format!(" ({why})") };
-                return Err(precondition(
+                return Err(ActError::precondition(
                     device,
                     format!("multipathd (pid {pid}) refused '{command}'{why}; {left}"),
                 ));
             }
             Reply::Text(t) => {
-                return Err(precondition(
+                return Err(ActError::precondition(
                     device,
                     format!(
                         "multipathd (pid {pid}) answered '{command}' with {:?}, not ok; {left}",
@@ -439,7 +435,7 @@ impl LinuxActuator {
             }
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT)) => {}
             Err(e) => {
-                return Err(precondition(
+                return Err(ActError::precondition(
                     device,
                     format!("DM_DEV_STATUS of uuid '{uuid}' after removal: {e}"),
                 ))
