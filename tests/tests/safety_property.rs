@@ -58,7 +58,8 @@ use blockjanitor::judge::grace::Clocks;
 use blockjanitor::kube::{ClusterView, PodInfo, VaInfo, WatchHealth};
 use blockjanitor::model::blindspot::BlindSpot;
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
-use blockjanitor::plan::{Action, CleanOptions, Step};
+use blockjanitor::plan::clean::CleanOptions;
+use blockjanitor::plan::{Action, Step};
 use blockjanitor::snapshot::ScanStats;
 use proptest::prelude::*;
 

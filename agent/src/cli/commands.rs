@@ -35,7 +35,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
         Command::Scan { output } => {
-            let e = engine(cli, host, plan::CleanOptions::default());
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
             let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
             state.save();
             let incomplete = outcome::incomplete_view(&judged.scan, None);
@@ -52,7 +52,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Holders { device, output } => {
             let devnum = device_arg(&host, device)?;
-            let e = engine(cli, host, plan::CleanOptions::default());
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
             // The scan a cleanup of it would rest on: what its removal takes with it (an NVMe
             // controller's other namespaces, a session's other disks) is looked at too.
             let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
@@ -71,12 +71,12 @@ pub fn run(cli: &Cli) -> Result<u8> {
             Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
         }
         Command::Release { device, apply, force_busy, output } => {
-            let mut e = engine(cli, host, plan::CleanOptions::default());
-            e.settings.release = plan::ReleaseOptions { force_busy: force_busy.clone() };
+            let mut e = engine(cli, host, plan::clean::CleanOptions::default());
+            e.settings.release = plan::release::ReleaseOptions { force_busy: force_busy.clone() };
             one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
-            let clean = plan::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
+            let clean = plan::clean::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
             let e = engine(cli, host, clean);
             one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
         }

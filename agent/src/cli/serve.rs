@@ -48,7 +48,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
     let settings = settings(
         config.grace_period(),
         config.rescan_interval(),
-        plan::CleanOptions::default(),
+        plan::clean::CleanOptions::default(),
         config.unresponsive_after(),
     );
     let engine = Engine::new(world, settings);

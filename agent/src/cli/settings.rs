@@ -43,7 +43,7 @@ pub fn scan_options(cli: &Cli) -> ScanOptions {
 }
 
 /// The engine the one-shot commands drive.
-pub fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<LinuxWorld> {
+pub fn engine(cli: &Cli, host: HostRoot, clean: plan::clean::CleanOptions) -> Engine<LinuxWorld> {
     let interval = Duration::from_secs(cli.rescan_interval.unwrap_or(60).max(1));
     let world = LinuxWorld::new(host, scan_options(cli), Duration::from_secs(cli.timeout));
     Engine::new(
@@ -64,14 +64,14 @@ pub fn engine(cli: &Cli, host: HostRoot, clean: plan::CleanOptions) -> Engine<Li
 pub fn settings(
     grace: Duration,
     rescan_interval: Duration,
-    clean: plan::CleanOptions,
+    clean: plan::clean::CleanOptions,
     unresponsive_after: Duration,
 ) -> Settings {
     Settings {
         grace,
         max_gap: rescan_interval * 2,
         clean,
-        release: plan::ReleaseOptions::default(),
+        release: plan::release::ReleaseOptions::default(),
         unresponsive_after,
     }
 }

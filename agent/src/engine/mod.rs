@@ -41,7 +41,8 @@ use crate::judge::grace::Clocks;
 use crate::judge::stall::{Stall, StallWatch};
 use crate::judge::{self, Judgement};
 use crate::model::DevNum;
-use crate::plan::{self, CleanOptions, Step};
+use crate::plan::clean::CleanOptions;
+use crate::plan::{self, Step};
 use error::EngineError;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -76,7 +77,7 @@ pub struct Settings {
     /// Opt-ins for clean.
     pub clean: CleanOptions,
     /// Opt-ins for release (`--force-busy`).
-    pub release: plan::ReleaseOptions,
+    pub release: plan::release::ReleaseOptions,
     /// How long I/O in flight may go without any completing before the device is unresponsive.
     pub unresponsive_after: Duration,
 }
@@ -87,7 +88,7 @@ impl Default for Settings {
             grace: Duration::from_secs(300),
             max_gap: Duration::from_secs(120),
             clean: CleanOptions::default(),
-            release: plan::ReleaseOptions::default(),
+            release: plan::release::ReleaseOptions::default(),
             unresponsive_after: crate::judge::stall::DEFAULT_THRESHOLD,
         }
     }

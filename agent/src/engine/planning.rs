@@ -78,8 +78,8 @@ impl<W: World> Engine<W> {
         let mut p = match op {
             Operation::Release => {
                 // Held to the clean path's standard: no release rests on a blind scan, and none
-                // detaches a mount in use unless the operator forces it (plan::release_with).
-                let mut p = plan::release_with(entry, &self.settings.release);
+                // detaches a mount in use unless the operator forces it (plan::release::release_with).
+                let mut p = plan::release::release_with(entry, &self.settings.release);
                 let why = crate::judge::nvme::release_refusal(entry)
                     .or_else(|| gates::completeness(entry, &scan.blind_spots));
                 if let Some(why) = why {
@@ -90,7 +90,7 @@ impl<W: World> Engine<W> {
                 }
                 p
             }
-            Operation::Clean => plan::for_clean(entry, &scan.graph, self.settings.clean),
+            Operation::Clean => plan::clean::for_clean(entry, &scan.graph, self.settings.clean),
         };
         let api = self.world.cluster();
         // The other devices the plan acts on (the layers stacked on a map) pass the same gates.
@@ -137,7 +137,7 @@ impl<W: World> Engine<W> {
     pub(super) fn draft_scope(&self, scan: &Scan, devnum: DevNum, op: Operation) -> Vec<DevNum> {
         match (scan.entry(devnum), op) {
             (Some(entry), Operation::Clean) => {
-                let draft = plan::for_clean(entry, &scan.graph, self.settings.clean);
+                let draft = plan::clean::for_clean(entry, &scan.graph, self.settings.clean);
                 crate::plan::scope::plan_scope(&draft, &scan.graph)
             }
             _ => vec![devnum],

@@ -262,7 +262,7 @@ pub fn release_refusal(
                     m.mount_dev.map_or_else(|| "?".to_owned(), |d| d.to_string())
                 ));
             }
-            crate::plan::host_copy(m, &HostChain::of(&entry.holders))
+            crate::plan::release::host_copy(m, &HostChain::of(&entry.holders))
                 .map(|why| format!("a fresh scan ties it to the host's mount: {why}"))
         })
         .or_else(|| {
@@ -330,7 +330,7 @@ mod tests {
 
     /// The plan made when only the leaked copy in namespace 2 held the device.
     fn planned() -> Plan {
-        let p = crate::plan::release(&entry(vec![mount(2, None, None)]));
+        let p = crate::plan::release::release(&entry(vec![mount(2, None, None)]));
         assert_eq!(p.steps.len(), 1);
         p
     }

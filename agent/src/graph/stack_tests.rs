@@ -279,7 +279,7 @@ fn an_unheld_stack_on_a_dead_map_is_stale_with_it_and_planned_top_down() {
         assert!(l.reasons[0].contains("is stacked on map dm-0, which is stale: removed with it"), "{l:?}");
     }
 
-    let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+    let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     assert_eq!(p.refusal, None, "{p:?}");
     let steps: Vec<(&str, &str)> = p.steps.iter().map(|s| (s.action(), s.device.as_str())).collect();
     assert_eq!(
@@ -304,7 +304,8 @@ fn an_unheld_stack_on_a_dead_map_is_stale_with_it_and_planned_top_down() {
         }
     }
     // A layer is never cleaned on its own.
-    let alone = plan::for_clean(&scan.graph.devices[2], &scan.graph, plan::CleanOptions::default());
+    let alone =
+        plan::clean::for_clean(&scan.graph.devices[2], &scan.graph, plan::clean::CleanOptions::default());
     assert!(alone.steps.is_empty() && !alone.unsupported, "{alone:?}");
     assert!(alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")), "{alone:?}");
 }
@@ -328,7 +329,7 @@ fn a_held_top_keeps_the_whole_stack_in_use_and_the_map_names_it() {
         assert_ne!(l.verdict, Verdict::Stale, "dm-{minor}: {l:?}");
         assert!(l.reasons.iter().any(|r| r.contains("is stacked on map dm-0")), "{l:?}");
     }
-    let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+    let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     assert!(p.steps.is_empty(), "{p:?}");
     assert!(p.refusal.as_deref().is_some_and(|r| r.contains("host's mount namespace")), "{p:?}");
 }
@@ -360,7 +361,7 @@ fn the_recheck_accepts_exactly_the_layers_the_plan_removes() {
     let mut g = graph();
     g.devices[3].holders.push(foreign_mount());
     let scan = scan_of(g);
-    let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+    let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     let now = BootTime::from_since_boot(Duration::from_secs(100));
     let map = &scan.graph.devices[0];
     let stop = &p.steps[0];
@@ -398,7 +399,7 @@ fn the_dm_open_count_must_not_exceed_the_openers_the_plan_accounts_for() {
     reader.process_state = Some('D');
     g.devices[0].holders.push(reader);
     let scan = scan_of(g);
-    let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+    let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     assert_eq!(p.expected_openers, vec![42], "{p:?}");
     let map = &scan.graph.devices[0];
     let stop = &p.steps[0];
@@ -444,7 +445,7 @@ fn the_dm_open_count_must_not_exceed_the_openers_the_plan_accounts_for() {
 fn an_interrupted_layer_removal_is_recovered() {
     use crate::engine::recover::{resolve, Interrupted};
     let scan = scan_of(graph());
-    let p = plan::teardown_map(&scan.graph.devices[0], &scan.graph, false);
+    let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     let step = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("the LV's removal");
     let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
     let i = Interrupted::from_record(&record).expect("an intent");
