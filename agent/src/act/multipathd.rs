@@ -5,7 +5,7 @@
 //! multipath device the next time a path with that WWID appears. So while a process named
 //! `multipathd` runs, a multipath map (uuid `mpath-<wwid>`) is removed the way
 //! `multipathd del map NAME` does it, and then its `/<wwid>/` line leaves the wwids file.
-//! Without multipathd the ioctl path (`act/storage.rs`) stays. Fail closed: when multipathd runs
+//! Without multipathd the ioctl path (`act/multipath.rs`) stays. Fail closed: when multipathd runs
 //! but cannot be reached, does not answer in time, or refuses, the step fails naming the map and
 //! the map is left in place; it is never removed behind multipathd's back.
 //!

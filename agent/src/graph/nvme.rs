@@ -1,7 +1,7 @@
 //! NVMe namespaces as the graph shows them: whether a namespace block device is a native
 //! multipath head, one of its hidden per-path devices or a namespace without multipath, the
 //! controllers serving it and the outage guard's finding. Built from a [`NvmeScan`] without
-//! further I/O, below the graph (as `storage.rs` is for multipath maps); what the agent may do
+//! further I/O, below the graph (as `graph/multipath.rs` is for multipath maps); what the agent may do
 //! about it is `nvme.rs`.
 
 use serde::Serialize;

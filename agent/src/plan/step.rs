@@ -1,6 +1,6 @@
 //! What a plan is made of: the actions, the steps that carry them with the identity of the
 //! device they act on, what is left alone, and the plan itself. Below every planner (the kinds'
-//! own in `stack.rs`, `nvme.rs`, `plan_iscsi.rs`, and [`super`]'s), the gates and `act/`, so that
+//! own in `plan/stack.rs`, `plan/nvme.rs`, `plan/iscsi.rs`, and [`super`]'s), the gates and `act/`, so that
 //! each imports these types without importing the planners.
 
 use serde::{Deserialize, Serialize};
