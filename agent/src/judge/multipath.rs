@@ -71,7 +71,7 @@ pub(super) fn assess(e: &DeviceEntry, m: &MultipathView, graph: &DeviceGraph) ->
     if m.io_would_hang {
         notes.push("queue_if_no_path: any I/O to it hangs".into());
     }
-    return Assessment::Candidate(format!("{name}: {paths} for {{age}}, {}", notes.join(", ")));
+    Assessment::Candidate(format!("{name}: {paths} for {{age}}, {}", notes.join(", ")))
 }
 
 /// A path follows its map: removable only with it. `paths` are the devices judged

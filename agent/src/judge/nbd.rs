@@ -20,5 +20,5 @@ pub(super) fn assess(e: &DeviceEntry, n: &NbdDevice) -> Assessment {
         reasons.push(format!("{}: {server}", d.name));
         return fin(Verdict::InUse, reasons);
     }
-    return Assessment::Candidate(format!("nothing holds {} for {{age}}; {server}", d.name));
+    Assessment::Candidate(format!("nothing holds {} for {{age}}; {server}", d.name))
 }

@@ -31,5 +31,5 @@ pub(super) fn assess(e: &DeviceEntry, sc: &ScsiView) -> Assessment {
             d.name, sc.disk.address
         ));
     }
-    return fin(Verdict::Unused, vec![format!("nothing holds {} ({}, {state}); a disk is not something the agent cleans while its device is not offline", d.name, sc.disk.address)]);
+    fin(Verdict::Unused, vec![format!("nothing holds {} ({}, {state}); a disk is not something the agent cleans while its device is not offline", d.name, sc.disk.address)])
 }
