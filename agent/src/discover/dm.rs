@@ -278,12 +278,7 @@ fn is_dm_name(name: &str) -> bool {
 
 /// One `dm-N` directory; `Ok(None)` when it vanished while we looked.
 fn read_sysfs(dir: &Path, name: &str) -> Result<Option<DmDevice>, DmError> {
-    let kernel_name = DeviceName::new(name)
-        .map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
-    let dev_path = dir.join("dev");
-    let Some(dev_text) = read_attr_opt(&dev_path)? else { return Ok(None) };
-    let devnum: DevNum =
-        dev_text.parse().map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    let Some((kernel_name, devnum)) = super::read_name_and_dev(dir, name)? else { return Ok(None) };
     let dm = dir.join("dm");
     Ok(Some(DmDevice {
         kernel_name,
