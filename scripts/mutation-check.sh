@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation check of the safety property test: removes each gate of agent/src/gates.rs in turn
+# Mutation check of the safety property test: removes each gate of agent/src/judge/gates.rs in turn
 # (completeness, identity, the Kubernetes API, the kernel's word, the users of a mount a release
 # detaches, a dm device's openers) and requires tests/tests/safety_property.rs to FAIL against
 # every mutant. A mutant that passes means the property test no longer guards that gate: this
@@ -25,7 +25,7 @@ for gate in "${gates[@]}"; do
     *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, openers)" >&2; exit 2 ;;
   esac
   # The removal must sit right after the gate's marker, at the top of its body.
-  if ! grep -A1 -F "// mutation-check: $gate" agent/src/gates.rs | grep -qF "removable!(\"$gate\","; then
+  if ! grep -A1 -F "// mutation-check: $gate" agent/src/judge/gates.rs | grep -qF "removable!(\"$gate\","; then
     echo "mutation-check: no 'removable!(\"$gate\", ...)' right after the marker '// mutation-check: $gate' in gates.rs" >&2
     exit 2
   fi

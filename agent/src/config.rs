@@ -194,10 +194,10 @@ fn default_grace() -> u64 {
     300
 }
 fn default_unresponsive_after() -> u64 {
-    crate::stall::DEFAULT_THRESHOLD.as_secs()
+    crate::judge::stall::DEFAULT_THRESHOLD.as_secs()
 }
 fn default_journal() -> PathBuf {
-    PathBuf::from(crate::journal::DEFAULT_PATH)
+    PathBuf::from(crate::act::journal::DEFAULT_PATH)
 }
 fn default_actions_per_minute() -> u32 {
     6

@@ -55,8 +55,8 @@ pub fn dm_lines(data: &[u8]) {
     let _ = multipath::parse_status(&t);
     let mut words = t.split_whitespace();
     let (uuid, name) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-    let _ = blockjanitor::stack::classify(uuid, name);
-    let _ = blockjanitor::stack::partition(uuid);
+    let _ = blockjanitor::graph::stack::classify(uuid, name);
+    let _ = blockjanitor::graph::stack::partition(uuid);
     let _ = blockjanitor::act::multipathd::read_reply(&mut &data[..]);
 }
 
@@ -117,7 +117,7 @@ pub fn kmsg_records(data: &[u8]) {
 /// What the kernel sends the daemon: fanotify mount-event records, uevent messages, and a
 /// device's `/sys/block/X/stat` (judged for unresponsiveness).
 pub fn kernel_events(data: &[u8]) {
-    let _ = blockjanitor::mount_events::parse(data);
+    let _ = blockjanitor::discover::mount_events::parse(data);
     let _ = blockjanitor::daemon::triggers::block_uevent_device(data);
     let _ = blockjanitor::discover::iostat::parse(&text(data));
 }

@@ -9,10 +9,10 @@
 
 use std::time::Duration;
 
-use blockjanitor::clock::BootTime;
+use blockjanitor::host::clock::BootTime;
+use blockjanitor::kube::error::KubeError;
 use blockjanitor::kube::{
-    connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, KubeError, Reporter, WatchHealth,
-    WatchOptions,
+    connect, spawn_watch, ClusterView, Delivery, EventReason, KubeConfig, Reporter, WatchHealth, WatchOptions,
 };
 use blockjanitor_tests::kube_mock::*;
 use hyper::Method;

@@ -37,27 +37,30 @@ use std::collections::{HashSet, VecDeque};
 use std::rc::Rc;
 use std::time::Duration;
 
-use blockjanitor::act::probe::{Claim, KernelWord};
 use blockjanitor::act::{ActError, StepOutcome};
-use blockjanitor::blindspot::BlindSpot;
-use blockjanitor::clock::BootTime;
 use blockjanitor::discover::namespaces::NsEntry;
 use blockjanitor::discover::nbd::NbdDevice;
+use blockjanitor::discover::probe::{Claim, KernelWord};
 use blockjanitor::discover::rbd::RbdMapping;
 use blockjanitor::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
-use blockjanitor::engine::workflow::{Request, Subject};
-use blockjanitor::engine::{Engine, EngineError, Operation, Settings, World};
-use blockjanitor::grace::Clocks;
+use blockjanitor::engine::error::EngineError;
+use blockjanitor::engine::outcome::{Request, Subject};
+use blockjanitor::engine::world::World;
+use blockjanitor::engine::{Engine, Operation, Settings};
+use blockjanitor::graph::identity::Identity;
+use blockjanitor::graph::multipath::{MultipathView, PathView, ScsiView};
+use blockjanitor::graph::nvme::{NvmeRole, NvmeView};
+use blockjanitor::graph::owner::KubeOwner;
+use blockjanitor::graph::scan::{Scan, Target};
 use blockjanitor::graph::{DeviceEntry, DeviceGraph, Holder};
-use blockjanitor::identity::Identity;
+use blockjanitor::host::clock::BootTime;
+use blockjanitor::judge::grace::Clocks;
 use blockjanitor::kube::{ClusterView, PodInfo, VaInfo, WatchHealth};
+use blockjanitor::model::blindspot::BlindSpot;
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
-use blockjanitor::nvme::{NvmeRole, NvmeView};
-use blockjanitor::owner::KubeOwner;
-use blockjanitor::plan::{Action, CleanOptions, Step};
-use blockjanitor::scan::{Scan, Target};
+use blockjanitor::plan::clean::CleanOptions;
+use blockjanitor::plan::{Action, Step};
 use blockjanitor::snapshot::ScanStats;
-use blockjanitor::storage::{MultipathView, PathView, ScsiView};
 use proptest::prelude::*;
 
 const HOST_NS: MountNsId = MountNsId(4026531840);
@@ -932,8 +935,8 @@ fn drive(c: &Case) -> (Rc<Machine>, Vec<blockjanitor::act::StepReport>) {
     let reports = outcome.reports;
     // The workflow leaves nothing open in its journal: every intent has a result, every plan
     // its end.
-    let open = blockjanitor::journal::pending(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
-    let plans = blockjanitor::journal::open_plans(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    let open = blockjanitor::act::journal::pending(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
+    let plans = blockjanitor::act::journal::open_plans(&journal).map(|p| p.len()).unwrap_or(usize::MAX);
     if open != 0 || plans != 0 {
         machine.violation(format!("the journal has {open} open intent(s) and {plans} open plan(s)"));
     }

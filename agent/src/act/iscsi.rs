@@ -33,10 +33,6 @@ const ISCSIADM: [&str; 4] = ["/usr/sbin/iscsiadm", "/sbin/iscsiadm", "/usr/bin/i
 /// How long the session may take to leave sysfs after iscsiadm returned.
 const GONE_WITHIN: Duration = Duration::from_secs(5);
 
-fn precondition(device: &DeviceName, reason: String) -> ActError {
-    ActError::Precondition { device: device.clone(), reason }
-}
-
 /// What the plan says the session is.
 struct PlannedSession<'a> {
     pub sid: u32,
@@ -52,7 +48,7 @@ impl LinuxActuator {
         action: &Action,
     ) -> Result<StepOutcome, ActError> {
         let Action::IscsiLogout { sid, target, portal, .. } = action else {
-            return Err(precondition(device, format!("not an iSCSI logout: {action:?}")));
+            return Err(ActError::precondition(device, format!("not an iSCSI logout: {action:?}")));
         };
         self.iscsi_logout(device, PlannedSession { sid: *sid, target, portal })
     }
@@ -63,13 +59,14 @@ impl LinuxActuator {
         planned: PlannedSession<'_>,
     ) -> Result<StepOutcome, ActError> {
         let sid = planned.sid;
-        let read = |e: crate::discover::DiscoverError| precondition(device, format!("session{sid}: {e}"));
+        let read =
+            |e: crate::discover::DiscoverError| ActError::precondition(device, format!("session{sid}: {e}"));
         let Some(now) = iscsi::detail(self.host(), sid).map_err(read)? else {
             return Ok(StepOutcome::AlreadyAbsent);
         };
         let target = iscsi::targetname(self.host(), sid).map_err(read)?.unwrap_or_default();
         if target != planned.target {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "session{sid} now logs in to '{target}', not '{}': the SID was reused",
@@ -79,7 +76,7 @@ impl LinuxActuator {
         }
         let portal = now.portal().unwrap_or_default();
         if portal != planned.portal {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "session{sid} now goes to portal '{portal}', not '{}': the SID was reused",
@@ -89,7 +86,7 @@ impl LinuxActuator {
         }
         let luns = iscsi::scsi_devices_of(self.host(), sid).map_err(read)?;
         if !luns.is_empty() {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "session{sid} still has SCSI device(s) {}: a session is logged out only once its disks are deleted",
@@ -137,7 +134,7 @@ impl LinuxActuator {
             .find(|p| self.host().host_path(p).is_file())
             .map(Path::to_path_buf)
             .ok_or_else(|| {
-                precondition(
+                ActError::precondition(
                     device,
                     format!(
                         "no iscsiadm in the host's file system ({}): logging out an iSCSI session needs open-iscsi (iscsiadm and a running iscsid) on the host",
@@ -161,7 +158,7 @@ impl LinuxActuator {
         let open = |name: &str| {
             let p = ns_dir.join(name);
             File::open(&p).map_err(|e| {
-                precondition(
+                ActError::precondition(
                     device,
                     format!("cannot open {} (the host's namespace; needs hostPID): {e}", p.display()),
                 )

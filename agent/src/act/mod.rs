@@ -1,18 +1,23 @@
 //! The only code that writes to the kernel. [`Actuator`] has a Linux implementation
 //! ([`linux::LinuxActuator`]) and a recording one for tests ([`recording::RecordingActuator`]).
-//! [`probe`] asks the kernel about a device right before a destructive step.
+//! One file per transport (`loop.rs`, `rbd.rs`, `nbd.rs`, `multipath.rs` with `multipathd.rs`,
+//! `scsi.rs`, `iscsi.rs`, `nvme.rs`); [`crate::discover::probe`] asks the kernel about a device
+//! right before a destructive step, and [`journal`] records every step before and after it runs.
 //!
 //! Steps are run by the engine ([`crate::engine::Engine::execute`]): each journaled before and
 //! after, audited, re-checked, and skipped when a step it depends on did not finish.
 
 mod iscsi;
+pub mod journal;
 pub mod linux;
-mod mapping;
+mod r#loop;
+mod multipath;
 pub mod multipathd;
+mod nbd;
 mod nvme;
-pub mod probe;
+mod rbd;
 pub mod recording;
-mod storage;
+mod scsi;
 
 use std::time::Duration;
 
@@ -56,6 +61,13 @@ pub enum ActError {
     /// Not run: a step it depends on did not finish.
     #[error("{device}: not run: {reason}")]
     Skipped { device: DeviceName, reason: String },
+}
+
+impl ActError {
+    /// The step's precondition does not hold on `device` (the one way every actuator says so).
+    pub fn precondition(device: &DeviceName, reason: String) -> Self {
+        ActError::Precondition { device: device.clone(), reason }
+    }
 }
 
 /// Carries out steps.

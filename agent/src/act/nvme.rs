@@ -13,15 +13,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::linux::{bounded, LinuxActuator};
-use super::{probe, ActError, StepOutcome};
+use super::{ActError, StepOutcome};
 use crate::discover::nvme::{CtrlState, NsName, NvmeAddress};
+use crate::discover::probe;
 use crate::discover::{list_dir, DiscoverError};
 use crate::model::{DevNum, DeviceName};
 use crate::plan::step::Action;
-
-fn precondition(device: &DeviceName, reason: String) -> ActError {
-    ActError::Precondition { device: device.clone(), reason }
-}
 
 fn attr(dir: &Path, name: &str) -> Option<String> {
     std::fs::read_to_string(dir.join(name)).ok().map(|s| s.trim_end_matches('\n').to_owned())
@@ -75,7 +72,7 @@ impl LinuxActuator {
             || address != c.address
             || cntlid != c.cntlid
         {
-            return Err(precondition(
+            return Err(ActError::precondition(
                 device,
                 format!(
                     "{} is now {transport} {address} of subsystem {} (cntlid {}), not the planned controller ({} {} of {}, cntlid {}): its name was reused",
@@ -94,7 +91,7 @@ impl LinuxActuator {
 
     /// Why the kernel says a namespace going with the controller is in use (empty: none).
     fn nvme_users(&self, device: &DeviceName, ctrl_dir: &Path) -> Result<Vec<String>, ActError> {
-        let unreadable = |e: DiscoverError| precondition(device, e.to_string());
+        let unreadable = |e: DiscoverError| ActError::precondition(device, e.to_string());
         let mut disks: Vec<String> = list_dir(ctrl_dir)
             .map_err(unreadable)?
             .into_iter()
@@ -157,7 +154,7 @@ impl LinuxActuator {
         let state = CtrlState::parse(&attr(&dir, "state").unwrap_or_default());
         match state {
             CtrlState::Live => {
-                return Err(precondition(
+                return Err(ActError::precondition(
                     device,
                     format!("controller {} is live again: a live controller is never deleted", c.controller),
                 ))
@@ -169,7 +166,10 @@ impl LinuxActuator {
         }
         let users = self.nvme_users(device, &dir)?;
         if !users.is_empty() {
-            return Err(precondition(device, format!("not deleting {}: {}", c.controller, users.join("; "))));
+            return Err(ActError::precondition(
+                device,
+                format!("not deleting {}: {}", c.controller, users.join("; ")),
+            ));
         }
         let path = dir.join("delete_controller");
         bounded(device, "write delete_controller", self.timeout(), move || std::fs::write(path, "1\n"))?;

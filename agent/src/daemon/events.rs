@@ -5,7 +5,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use crate::view::{DeviceView, View};
+use crate::engine::view::{DeviceView, View};
 
 /// Kinds of change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -17,7 +17,7 @@ pub enum EventKind {
     VerdictChanged,
     ActionStarted,
     ActionFinished,
-    /// A device stopped answering I/O, or answers again ([`crate::stall`]).
+    /// A device stopped answering I/O, or answers again ([`crate::judge::stall`]).
     ResponsivenessChanged,
 }
 

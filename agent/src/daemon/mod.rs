@@ -5,7 +5,26 @@
 
 pub mod budget;
 pub mod events;
+pub mod metrics;
 pub mod mount_watch;
 pub mod new_namespaces;
+mod requests;
 pub mod state;
 pub mod triggers;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use mount_watch::MountWatch;
+use state::AgentState;
+
+/// Follows the kernel's mount events with `watch` ([`mount_watch::run`]) and, once they are
+/// polled, the new mount namespaces too ([`new_namespaces::run`]), until `shutdown`.
+pub async fn watch_mounts(state: Arc<AgentState>, watch: Arc<MountWatch>, shutdown: watch::Receiver<bool>) {
+    let (s, w, stop) = (Arc::clone(&state), Arc::clone(&watch), shutdown.clone());
+    mount_watch::run(state, watch, shutdown, move || {
+        tokio::spawn(new_namespaces::run(s, w, stop));
+    })
+    .await
+}

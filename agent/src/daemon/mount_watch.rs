@@ -1,4 +1,4 @@
-//! Mount changes in every mount namespace, as the kernel reports them ([`crate::mount_events`]),
+//! Mount changes in every mount namespace, as the kernel reports them ([`crate::discover::mount_events`]),
 //! turned into "re-read these namespaces" requests for the scanner, so that one mount in one of
 //! hundreds of namespaces costs a re-read of that namespace alone.
 //!
@@ -25,10 +25,10 @@ use tokio::io::Interest;
 use tokio::sync::watch;
 
 use super::state::{AgentState, NamespaceWatch};
+use crate::discover::mount_events::{MountEvent, MountEvents};
 use crate::discover::mount_memo;
+use crate::host::sys::mount_api;
 use crate::model::MountNsId;
-use crate::mount_events::{MountEvent, MountEvents};
-use crate::sys::mount_api;
 
 /// The kernel's mount events and the namespaces they are asked for.
 #[derive(Debug)]
@@ -228,8 +228,14 @@ impl AsRawFd for Fd {
 }
 
 /// Reads the kernel's mount events and asks the scanner to re-read the namespaces they are
-/// about (or to scan in full).
-pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: watch::Receiver<bool>) {
+/// about (or to scan in full). `on_watching` runs once the events are polled (never when they
+/// cannot be).
+pub async fn run(
+    state: Arc<AgentState>,
+    watch: Arc<MountWatch>,
+    mut shutdown: watch::Receiver<bool>,
+    on_watching: impl FnOnce(),
+) {
     // `watch` (which owns the descriptor) is held until this function returns, after `fd`.
     let fd: AsyncFd<Fd> = match super::triggers::register(Fd(watch.events.as_raw_fd()), Interest::READABLE) {
         Ok(fd) => fd,
@@ -239,7 +245,7 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
         }
     };
     tracing::info!(namespaces = watch.watching(), "watching every mount namespace's mount table (fanotify)");
-    tokio::spawn(super::new_namespaces::run(Arc::clone(&state), Arc::clone(&watch), shutdown.clone()));
+    on_watching();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         tokio::select! {

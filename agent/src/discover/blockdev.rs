@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::{list_dir, loopdev, names_in, read_attr, read_attr_opt, read_bool, read_u64, DiscoverError};
+use super::{list_dir, names_in, r#loop, read_attr, read_attr_opt, read_bool, read_u64, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, DmInfo};
 
@@ -92,7 +92,7 @@ pub fn read_device(host: &HostRoot, dir: &Path, name: &str) -> Result<Option<Blo
         None => None,
     };
     let loop_info = if dir.join("loop").is_dir() {
-        loopdev::read(host, &dir.join("loop"), &name, devnum, diskseq)?
+        r#loop::read(host, &dir.join("loop"), &name, devnum, diskseq)?
     } else {
         None
     };

@@ -14,7 +14,7 @@
 //! in a `dm-tables.txt` ([`parse_dump`]). The ioctls never do I/O to a mapped device, so they
 //! are safe on a map that queues with no path (gotcha 12).
 
-use crate::dmioctl as ioctl;
+use crate::host::dmioctl as ioctl;
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -278,12 +278,7 @@ fn is_dm_name(name: &str) -> bool {
 
 /// One `dm-N` directory; `Ok(None)` when it vanished while we looked.
 fn read_sysfs(dir: &Path, name: &str) -> Result<Option<DmDevice>, DmError> {
-    let kernel_name = DeviceName::new(name)
-        .map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
-    let dev_path = dir.join("dev");
-    let Some(dev_text) = read_attr_opt(&dev_path)? else { return Ok(None) };
-    let devnum: DevNum =
-        dev_text.parse().map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    let Some((kernel_name, devnum)) = super::read_name_and_dev(dir, name)? else { return Ok(None) };
     let dm = dir.join("dm");
     Ok(Some(DmDevice {
         kernel_name,
@@ -362,7 +357,7 @@ fn split_target_line(line: &str) -> Result<(u64, u64, &str, &str), String> {
 mod tests {
     use super::*;
     use crate::discover::multipath::PathState;
-    use crate::dmioctl::tests::{reply, targets_data};
+    use crate::host::dmioctl::tests::{reply, targets_data};
 
     const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/multipath-incident3");
 

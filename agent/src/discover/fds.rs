@@ -25,9 +25,9 @@ use super::maps;
 use super::namespaces::NsEntry;
 use super::processes::ProcEntry;
 use super::{is_gone, numeric_entries};
+use crate::host::sys;
 use crate::host::HostRoot;
 use crate::model::{DevNum, HolderKind, KernelText, MountNsId};
-use crate::sys;
 
 /// One reference from a process to a device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -104,10 +104,10 @@ pub fn scan_process(
         }
     };
     let mut fd_errors = Vec::new();
-    // This agent's own probes blocked on a device (crate::bounded) are not holders.
+    // This agent's own probes blocked on a device (crate::host::bounded) are not holders.
     let me = live && entry.pid == std::process::id();
     for fd in fds {
-        if me && i32::try_from(fd).is_ok_and(crate::bounded::is_probe_fd) {
+        if me && i32::try_from(fd).is_ok_and(crate::host::bounded::is_probe_fd) {
             continue;
         }
         let path = fd_dir.join(fd.to_string());
@@ -206,7 +206,7 @@ pub fn scan_process(
 const STUCK_MAPS_DEADLINE: Duration = Duration::from_millis(250);
 
 /// `/proc/PID/maps` (empty when the process is gone). For a process in D state the read runs
-/// through [`crate::bounded`] (its own thread, a deadline, never a second thread while one is
+/// through [`crate::host::bounded`] (its own thread, a deadline, never a second thread while one is
 /// blocked), and a read that blocks is reported, never waited for.
 fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     let path = dir.join("maps");
@@ -218,7 +218,7 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
     if !stuck {
         return read(&path);
     }
-    crate::bounded::read(format!("maps-{pid}"), STUCK_MAPS_DEADLINE, move || read(&path))
+    crate::host::bounded::read(format!("maps-{pid}"), STUCK_MAPS_DEADLINE, move || read(&path))
         .unwrap_or_else(|b| Err(format!("it is in D state and reading its maps {b}")))
 }
 
@@ -320,7 +320,7 @@ mod tests {
         shared.join().expect("join");
     }
 
-    /// A file this agent's own blocked probe holds open (marked through crate::bounded) is not
+    /// A file this agent's own blocked probe holds open (marked through crate::host::bounded) is not
     /// a holder; the same file unmarked is.
     #[test]
     fn the_agents_own_blocked_probe_is_not_a_holder() {
@@ -338,7 +338,7 @@ mod tests {
                 .any(|r| r.fd == Some(fd))
         };
         assert!(holds(), "an open file on the filesystem is a holder");
-        let mark = crate::bounded::mark_fd(f.as_raw_fd());
+        let mark = crate::host::bounded::mark_fd(f.as_raw_fd());
         assert!(!holds(), "marked as the agent's own probe: not a holder");
         drop(mark);
         assert!(holds());

@@ -12,7 +12,7 @@
 //! device, so they can be read on a device whose I/O hangs. An I/O is counted as completed when
 //! it ends, failed or not; so I/O in flight while the completed count stands still means the
 //! device (or whatever serves it: a loop device's backing file, a dead multipath map's queue)
-//! does not answer. The judging of that over time is [`crate::stall`]'s.
+//! does not answer. The judging of that over time is [`crate::judge::stall`]'s.
 
 use std::path::Path;
 

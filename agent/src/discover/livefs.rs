@@ -18,9 +18,9 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 
 use super::{list_dir, DiscoverError};
+use crate::host::sys::FileId;
 use crate::host::HostRoot;
 use crate::model::{DevNum, DeviceName};
-use crate::sys::FileId;
 
 /// Filesystem types that keep one sysfs directory per superblock, named after its device.
 const PER_DEVICE: [&str; 5] = ["ext4", "xfs", "f2fs", "erofs", "nilfs2"];

@@ -13,20 +13,22 @@ pub mod iscsi;
 pub mod kmsg;
 pub mod kubelet;
 pub mod livefs;
-pub mod loopdev;
+pub mod r#loop;
 pub mod maps;
+pub mod mount_events;
 pub mod mount_memo;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;
 pub mod nbd;
 pub mod nvme;
+pub mod probe;
 pub mod processes;
 pub mod rbd;
 pub mod scsi;
 pub mod swaps;
 
-use crate::model::{lossless_string, DeviceName, KernelText};
+use crate::model::{lossless_string, DevNum, DeviceName, KernelText};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -51,6 +53,21 @@ impl DiscoverError {
     pub(crate) fn attr(path: &Path, value: &str, expected: &'static str) -> Self {
         Self::Attr { path: path.to_owned(), value: value.chars().take(64).collect(), expected }
     }
+}
+
+/// A block device's kernel name (`name`, checked) and its device number (`dir/dev`, `MAJ:MIN`);
+/// `Ok(None)` when the device vanished while we looked.
+pub(crate) fn read_name_and_dev(
+    dir: &Path,
+    name: &str,
+) -> Result<Option<(DeviceName, DevNum)>, DiscoverError> {
+    let name = DeviceName::new(name)
+        .map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
+    let dev_path = dir.join("dev");
+    let Some(dev_text) = read_attr_opt(&dev_path)? else { return Ok(None) };
+    let devnum: DevNum =
+        dev_text.parse().map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    Ok(Some((name, devnum)))
 }
 
 /// True for errors that mean "the process or task went away while we looked".

@@ -14,8 +14,8 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use crate::host::sys::mount_api;
 use crate::model::DevNum;
-use crate::sys::mount_api;
 
 /// One remembered mount: `(unique mount ID, superblock device, filesystem magic, mountinfo ID)`.
 pub type Entry = (u64, DevNum, u64, u32);

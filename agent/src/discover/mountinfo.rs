@@ -53,7 +53,7 @@ impl MountEntry {
 /// The mountinfo line the kernel would print for a mount `statmount` described, as an entry
 /// (fs/proc_namespace.c `show_mountinfo`, `show_mnt_opts`, `show_sb_opts`). `None` for a mount
 /// not reachable from the namespace's root, which mountinfo does not show. I/O-free.
-pub fn entry_from_stat(s: &crate::sys::mount_api::MountStat) -> Option<MountEntry> {
+pub fn entry_from_stat(s: &crate::host::sys::mount_api::MountStat) -> Option<MountEntry> {
     const MOUNT_ATTR_RDONLY: u64 = 0x1;
     const MOUNT_ATTR_ATIME: u64 = 0x70;
     const MOUNT_ATTR_NOATIME: u64 = 0x10;

@@ -28,10 +28,10 @@ use serde::{Deserialize, Serialize};
 use super::mountinfo::{self, MountEntry};
 use super::processes::ProcEntry;
 use super::{is_gone, DiscoverError};
+use crate::host::sys::mount_api;
 use crate::host::HostRoot;
 use crate::model::{DevNum, MountNsId};
-use crate::sys::mount_api;
-use crate::{nsenter, parallel};
+use crate::{host::nsenter, host::parallel};
 
 /// How mount tables are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -535,11 +535,11 @@ mod tests {
             return;
         }
         use nix::mount::{mount, umount2, MntFlags, MsFlags};
-        crate::sys::tests::in_private_mount_namespace(|| {
+        crate::host::sys::tests::in_private_mount_namespace(|| {
             let host = HostRoot::new("/");
             // The device of the filesystem this test's temporary directory lives on.
             let dir = tempfile::tempdir().expect("tempdir");
-            let dev = crate::sys::stat_cached(dir.path()).expect("stat").dev;
+            let dev = crate::host::sys::stat_cached(dir.path()).expect("stat").dev;
             if dev.major == 0 {
                 eprintln!("SKIPPED: the temporary directory is not on a block device");
                 return;

@@ -306,12 +306,7 @@ fn is_disk_name(name: &str) -> bool {
 
 /// One `sdX`; `Ok(None)` when it vanished while we looked.
 fn read_disk(dir: &Path, name: &str) -> Result<Option<ScsiDisk>, DiscoverError> {
-    let name = DeviceName::new(name)
-        .map_err(|_| DiscoverError::attr(dir, name, "not a kernel block device name"))?;
-    let dev_path = dir.join("dev");
-    let Some(dev_text) = read_attr_opt(&dev_path)? else { return Ok(None) };
-    let devnum: DevNum =
-        dev_text.parse().map_err(|_| DiscoverError::attr(&dev_path, &dev_text, "expected MAJ:MIN"))?;
+    let Some((name, devnum)) = super::read_name_and_dev(dir, name)? else { return Ok(None) };
     let link = dir.join("device");
     let target = std::fs::read_link(&link).map_err(|e| DiscoverError::read(&link, e))?;
     let hctl = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();

@@ -18,15 +18,15 @@
 //! of peer groups, and nothing in its namespace uses the filesystem (unless the operator forced
 //! the release with `--force-busy`).
 
-use crate::act::probe::KernelWord;
-use crate::clock::BootTime;
-use crate::gates::{self, Accounted};
+use crate::discover::probe::KernelWord;
+use crate::graph::identity::Identity;
+use crate::graph::scan::Scan;
 use crate::graph::{DeviceEntry, Holder, HostChain};
-use crate::identity::Identity;
+use crate::host::clock::BootTime;
+use crate::judge::gates::{self, Accounted};
 use crate::kube::ClusterView;
 use crate::model::HolderKind;
 use crate::plan::{Action, Plan, Step};
-use crate::scan::Scan;
 
 /// Why `step` must not run now (`None`: it may).
 pub fn refusal(
@@ -139,7 +139,8 @@ pub fn side_effect(
             })
             .or_else(|| {
                 // A hidden NVMe path has no device node: the exclusive open cannot tell.
-                let hidden = entry.nvme.as_ref().is_some_and(|v| v.role == crate::nvme::NvmeRole::Path);
+                let hidden =
+                    entry.nvme.as_ref().is_some_and(|v| v.role == crate::graph::nvme::NvmeRole::Path);
                 let accounted = Accounted { open_may_fail: hidden, ..Accounted::default() };
                 word.and_then(|w| gates::kernel_word(name, w, &accounted))
             })
@@ -261,7 +262,7 @@ pub fn release_refusal(
                     m.mount_dev.map_or_else(|| "?".to_owned(), |d| d.to_string())
                 ));
             }
-            crate::plan::host_copy(m, &HostChain::of(&entry.holders))
+            crate::plan::release::host_copy(m, &HostChain::of(&entry.holders))
                 .map(|why| format!("a fresh scan ties it to the host's mount: {why}"))
         })
         .or_else(|| {
@@ -277,9 +278,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::blindspot::BlindSpot;
     use crate::discover::namespaces::NsEntry;
     use crate::graph::DeviceGraph;
+    use crate::model::blindspot::BlindSpot;
     use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, MountNsId};
 
     const DEV: DevNum = DevNum { major: 7, minor: 3 };
@@ -329,7 +330,7 @@ mod tests {
 
     /// The plan made when only the leaked copy in namespace 2 held the device.
     fn planned() -> Plan {
-        let p = crate::plan::release(&entry(vec![mount(2, None, None)]));
+        let p = crate::plan::release::release(&entry(vec![mount(2, None, None)]));
         assert_eq!(p.steps.len(), 1);
         p
     }

@@ -15,7 +15,7 @@
 //! - `in_place`: the same device, with the step's effect visible (queueing off after
 //!   `fail_if_no_path`, a disk offline, the mount gone, a loop device unbound).
 //! - `replan`: the same device, the effect not in place. The step is not finished: when its plan
-//!   was journaled ([`crate::journal::Journal::plan`]) and the request resumes it
+//!   was journaled ([`crate::act::journal::Journal::plan`]) and the request resumes it
 //!   ([`super::workflow`]), it runs again from that plan, re-checked right before (identity,
 //!   holders, the kernel's word), against this same device, as an idempotent re-run; otherwise the
 //!   device is planned again from a fresh scan, through every gate.
@@ -35,11 +35,11 @@ use std::io;
 use serde_json::Value;
 
 use super::{Engine, EngineError, World};
+use crate::act::journal::{self, Journal};
+use crate::graph::identity::{Backing, Identity};
+use crate::graph::scan::Target;
 use crate::graph::DeviceEntry;
-use crate::identity::{Backing, Identity};
-use crate::journal::{self, Journal};
 use crate::model::{DevNum, HolderKind};
-use crate::scan::Target;
 
 /// A step a run started and never finished: an open intent, as the journal has it.
 #[derive(Debug, Clone, PartialEq)]
@@ -315,9 +315,9 @@ impl<W: World> Engine<W> {
 mod tests {
     use super::*;
     use crate::discover::scsi::{ScsiAddress, ScsiDisk, ScsiState, Transport};
+    use crate::graph::multipath::{MultipathView, PathView, ScsiView};
     use crate::graph::Holder;
     use crate::model::{BlockDevice, DeviceKind, DeviceName, MountNsId};
-    use crate::storage::{MultipathView, PathView, ScsiView};
 
     fn bare(name: &str, devnum: DevNum, kind: DeviceKind, diskseq: u64) -> DeviceEntry {
         let device = BlockDevice {
@@ -413,8 +413,8 @@ mod tests {
                 fabrics: true,
             })
             .collect();
-        e.nvme = Some(crate::nvme::NvmeView {
-            role: crate::nvme::NvmeRole::Head,
+        e.nvme = Some(crate::graph::nvme::NvmeView {
+            role: crate::graph::nvme::NvmeRole::Head,
             subsystem: Some("nvme-subsys0".into()),
             subsysnqn: "nqn.a".into(),
             head: None,

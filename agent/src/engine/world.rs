@@ -9,20 +9,21 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::EngineError;
+use super::error::EngineError;
 use crate::act::linux::LinuxActuator;
-use crate::act::probe::{self, KernelWord};
 use crate::act::{ActError, Actuator, StepOutcome};
-use crate::clock::BootTime;
 use crate::discover::blockdev;
+use crate::discover::probe::{self, KernelWord};
+use crate::graph::protect::protected_devices;
+use crate::graph::scan::{Scan, Target};
 use crate::graph::DeviceGraph;
+use crate::host::clock::BootTime;
 use crate::host::HostRoot;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::Step;
-use crate::protect::protected_devices;
-use crate::scan::{Scan, Target};
-use crate::snapshot::{Changes, ScanOptions, Scope, Snapshot};
+use crate::snapshot::reread::Changes;
+use crate::snapshot::{ScanOptions, Scope, Snapshot};
 
 /// The machine, as the engine sees it.
 pub trait World {
@@ -198,7 +199,7 @@ impl World for LinuxWorld {
 
     fn resolve(&self, arg: &str) -> Result<DevNum, EngineError> {
         let devices = blockdev::scan(&self.host)?;
-        crate::resolve::device(&self.host, &devices, arg)
+        crate::graph::resolve::device(&self.host, &devices, arg)
             .map(|d| d.devnum)
             .map_err(|e| EngineError::NotFound(e.to_string()))
     }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use ::kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use ::kube::Client;
 
-use super::KubeError;
+use super::error::KubeError;
 
 /// Where the API is, and which node this agent runs on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
-use super::KubeError;
+use super::error::KubeError;
 
 /// The node condition's type.
 pub const CONDITION_TYPE: &str = "StaleBlockDevices";

@@ -1,13 +1,13 @@
 //! What a plan is made of: the actions, the steps that carry them with the identity of the
 //! device they act on, what is left alone, and the plan itself. Below every planner (the kinds'
-//! own in `stack.rs`, `nvme.rs`, `plan_iscsi.rs`, and [`super`]'s), the gates and `act/`, so that
+//! own in `plan/stack.rs`, `plan/nvme.rs`, `plan/iscsi.rs`, and [`super`]'s), the gates and `act/`, so that
 //! each imports these types without importing the planners.
 
 use serde::{Deserialize, Serialize};
 
 use crate::discover::namespaces::NsEntry;
+use crate::graph::identity::Identity;
 use crate::graph::{DeviceEntry, Holder};
-use crate::identity::Identity;
 use crate::model::{DevNum, DeviceName, KernelText, MountNsId};
 
 /// What a step does.
@@ -47,7 +47,7 @@ pub enum Action {
     NbdDisconnect { server_pid: Option<u32>, backend: Option<String> },
     /// `echo 1 > /sys/class/nvme/<controller>/delete_controller` (NVMe over Fabrics), while
     /// the controller is still the planned one (subsystem NQN, transport, target address,
-    /// cntlid) and not live, and none of its namespaces is held. Planned by [`crate::nvme`].
+    /// cntlid) and not live, and none of its namespaces is held. Planned by [`crate::judge::nvme`].
     NvmeDeleteController {
         controller: String,
         subsysnqn: String,

@@ -6,11 +6,11 @@ use blockjanitor_proto::v1 as pb;
 
 use crate::act::StepReport;
 use crate::daemon::events::{AgentEvent, EventKind};
+use crate::engine::view::DeviceView;
 use crate::graph::Holder;
+use crate::judge::Verdict;
 use crate::model::{DeviceKind, HolderKind, KernelText};
 use crate::plan::{Plan, Step};
-use crate::policy::Verdict;
-use crate::view::DeviceView;
 
 /// The engine's operation for a request's `operation` field (unset: a cleanup).
 pub fn operation(op: i32) -> Result<crate::engine::Operation, crate::daemon::state::ApiError> {
@@ -101,7 +101,7 @@ pub fn device(v: &DeviceView) -> pb::Device {
         name: d.name.to_string(),
         major: d.devnum.major,
         minor: d.devnum.minor,
-        kind: crate::stack::layer_of(d).map_or_else(|| kind(d.kind), |l| layer_kind(l.kind())) as i32,
+        kind: crate::graph::stack::layer_of(d).map_or_else(|| kind(d.kind), |l| layer_kind(l.kind())) as i32,
         size_bytes: d.size_bytes,
         read_only: d.read_only,
         parent: d.parent.as_ref().map(|p| p.to_string()).unwrap_or_default(),
@@ -140,7 +140,7 @@ pub fn device(v: &DeviceView) -> pb::Device {
         unresponsive_seconds: v.unresponsive.as_ref().map_or(0.0, |s| s.stalled_for.as_secs_f64()),
         last_seen_unix_seconds: v.last_seen.map_or(0.0, secs),
         last_seen_scan: v.last_seen_scan,
-        stack: crate::stack::layer_of(d).as_ref().map(stack_layer),
+        stack: crate::graph::stack::layer_of(d).as_ref().map(stack_layer),
         nvme: v.entry.nvme.as_ref().map(nvme),
         iscsi_session: v.entry.scsi.as_ref().and_then(|s| s.session.as_ref()).map(iscsi_session),
         outage: v
@@ -170,7 +170,7 @@ fn iscsi_session(s: &crate::discover::scsi::IscsiSession) -> pb::IscsiSessionInf
     }
 }
 
-fn nvme(n: &crate::nvme::NvmeView) -> pb::NvmeNamespace {
+fn nvme(n: &crate::graph::nvme::NvmeView) -> pb::NvmeNamespace {
     use crate::discover::nvme::Timeout;
     let tmo = |t: Option<Timeout>| match t {
         None => String::new(),
@@ -205,8 +205,8 @@ fn nvme(n: &crate::nvme::NvmeView) -> pb::NvmeNamespace {
 }
 
 /// The kind of a stack layer.
-pub fn layer_kind(k: crate::stack::LayerKind) -> pb::DeviceKind {
-    use crate::stack::LayerKind;
+pub fn layer_kind(k: crate::graph::stack::LayerKind) -> pb::DeviceKind {
+    use crate::graph::stack::LayerKind;
     match k {
         LayerKind::LvmLv => pb::DeviceKind::LvmLv,
         LayerKind::Crypt => pb::DeviceKind::Crypt,
@@ -215,8 +215,8 @@ pub fn layer_kind(k: crate::stack::LayerKind) -> pb::DeviceKind {
 }
 
 /// What a dm layer's uuid and name say.
-pub fn stack_layer(l: &crate::stack::StackLayer) -> pb::StackLayer {
-    use crate::stack::StackLayer;
+pub fn stack_layer(l: &crate::graph::stack::StackLayer) -> pb::StackLayer {
+    use crate::graph::stack::StackLayer;
     let mut out =
         pb::StackLayer { kind: layer_kind(l.kind()) as i32, description: l.describe(), ..Default::default() };
     match l {

@@ -30,9 +30,9 @@ const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `/metrics` serves the agent's own exposition.
-impl metrics_http::Exposition for crate::metrics::Metrics {
+impl metrics_http::Exposition for crate::daemon::metrics::Metrics {
     fn render(&self) -> String {
-        crate::metrics::Metrics::render(self)
+        crate::daemon::metrics::Metrics::render(self)
     }
 }
 

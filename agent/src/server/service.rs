@@ -34,7 +34,7 @@ impl AgentService {
     }
 
     /// The latest scan's devices as messages.
-    fn devices(&self, view: &crate::view::View) -> Arc<Vec<pb::Device>> {
+    fn devices(&self, view: &crate::engine::view::View) -> Arc<Vec<pb::Device>> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         match &*cache {
             Some((n, d)) if *n == view.scan_number => Arc::clone(d),

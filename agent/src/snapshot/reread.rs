@@ -19,12 +19,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use super::{join_anonymous, read_inventories, read_io, Inventories, ScanOptions, Snapshot};
+use super::inventory::{join_anonymous, read_inventories, read_io, Inventories};
+use super::{ScanOptions, Snapshot};
 use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, Wanted};
 use crate::discover::{blockdev, livefs, processes};
+use crate::host::sys;
 use crate::host::HostRoot;
 use crate::model::{DevNum, MountNsId};
-use crate::sys;
 
 /// What changed since the latest snapshot, as the kernel reported it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -1,0 +1,246 @@
+//! The agent binary's flags, commands and help text (clap).
+
+use crate::discover::namespaces::MountReader;
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Exit code of a scan or a holders report that could not see everything (a blind spot).
+pub const EXIT_UNKNOWN: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "blockjanitor-agent",
+    version,
+    about = "Find who holds each block device on this node, in every mount namespace, and release stale holders safely.",
+    long_about = "Find who holds each block device on this node: mounts in every mount namespace (with the \
+process, container and pod living there), open file descriptors, working directories, memory maps, swap, \
+devices stacked on top and loop devices backed by it. Kernel threads such as jbd2/loop0-8 are shown as \
+symptoms, not holders.\n\nNothing is changed unless you pass --apply. Every change is journaled before and \
+after it runs and logged as one audit line.",
+    after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent holders /dev/rbd3 --output json\n  \
+blockjanitor-agent release /dev/loop3            # dry run: print the plan\n  blockjanitor-agent release /dev/loop3 --apply    \
+# detach foreign-namespace mounts\n  blockjanitor-agent clean loop3 --apply           # detach an unheld loop device\n  \
+blockjanitor-agent --root /host holders 7:3      # in a pod that mounts the host at /host\n\n\
+EXIT CODES:\n  0  free or done: nothing holds it, nothing to do, the dry run may go, or every step done\n  \
+1  error: bad argument, unreadable host or journal, a failed step\n  \
+2  held: something still holds the device; it was left alone\n  \
+3  unknown: the agent could not see everything that could hold it (a blind spot: not root, \
+an unreadable process or namespace); the report's first line says INCOMPLETE VIEW\n  \
+4  refused: a safety rule said no (protected, the API cannot vouch, not stale yet, identity \
+changed, --apply without the privileges to see, another run holds the journal)"
+)]
+pub struct Cli {
+    /// The host's root; /proc, /sys and /dev are looked for under it.
+    #[arg(long, global = true, default_value = "/", value_name = "DIR")]
+    pub root: PathBuf,
+    /// Where the host's procfs is (default: ROOT/proc).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub proc: Option<PathBuf>,
+    /// Where the host's sysfs is (default: ROOT/sys).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub sys: Option<PathBuf>,
+    /// Where the host's /dev is (default: ROOT/dev).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub dev: Option<PathBuf>,
+    /// Journal of destructive steps, written before and after each step
+    /// [default: /var/lib/blockjanitor/journal.jsonl, or the config's `journal` for serve].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub journal: Option<PathBuf>,
+    /// Seconds a device must stay a cleanup candidate (unheld mapping, map with every path
+    /// failed, offline disk), across runs, before it is stale.
+    #[arg(long, global = true, default_value_t = 300, value_name = "SECONDS")]
+    pub grace_period: u64,
+    /// Where the one-shot commands remember since when each candidate was seen, so the grace
+    /// period spans runs. Not written for fixture trees.
+    #[arg(long, global = true, default_value = "/var/lib/blockjanitor/state.json", value_name = "FILE")]
+    pub state: PathBuf,
+    /// Seconds between scans: the daemon rescans at least this often, and a grace clock keeps
+    /// running only while observations are at most twice this apart (for the one-shot commands:
+    /// between runs) [default: 60, or the config's for serve].
+    #[arg(long, global = true, value_name = "SECONDS")]
+    pub rescan_interval: Option<u64>,
+    /// Deadline for each kernel call that may block on a device, in seconds.
+    #[arg(long, global = true, default_value_t = 10, value_name = "SECONDS")]
+    pub timeout: u64,
+    /// The kubelet directory, as the host sees it (its volumes name each device's PV and pods)
+    /// [default: /var/lib/kubelet, or the config's `kubelet_dir` for serve].
+    #[arg(long, global = true, value_name = "DIR")]
+    pub kubelet_dir: Option<PathBuf>,
+    /// How mount tables are read: `auto` checks each namespace with listmount/statmount (Linux
+    /// 6.8+) and reads mountinfo text only where a wanted device is mounted; `mountinfo` reads the
+    /// text of every namespace.
+    #[arg(long, global = true, value_enum, default_value_t = ReaderArg::Auto)]
+    pub mount_reader: ReaderArg,
+    /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
+    /// from root): trust that it holds no device. Without this, PID 1 is a blind spot and every
+    /// cleanup candidate is `unknown`. Never needed on a normal node.
+    #[arg(
+        long,
+        global = true,
+        env = "BLOCKJANITOR_TRUST_UNREADABLE_INIT",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub trust_unreadable_init: bool,
+    /// Seconds an --apply run waits for another run (or the daemon) writing the same journal
+    /// before it refuses, naming that run's pid.
+    #[arg(long, global = true, default_value_t = 30, value_name = "SECONDS")]
+    pub lock_wait: u64,
+    /// Log format on stderr (audit lines included).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+pub enum ReaderArg {
+    Auto,
+    Mountinfo,
+}
+
+impl From<ReaderArg> for MountReader {
+    fn from(r: ReaderArg) -> Self {
+        match r {
+            ReaderArg::Auto => MountReader::Auto,
+            ReaderArg::Mountinfo => MountReader::MountInfo,
+        }
+    }
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Every block device with its stack and holders, then a summary. Read only.
+    Scan {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Who holds one device. DEVICE is a /dev path, a kernel name (loop3), a dm name or MAJ:MIN.
+    Holders {
+        device: String,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Detach every mount of DEVICE in a mount namespace other than the host's (setns +
+    /// umount2 MNT_DETACH, no process is killed), then show what still holds it. Dry run unless --apply.
+    Release {
+        device: String,
+        /// Carry out the plan.
+        #[arg(long)]
+        apply: bool,
+        /// Detach mounts even though processes in their namespaces still use the filesystem
+        /// (cwd, open files, mappings): they keep the detached filesystem and lose their path to
+        /// it. REASON goes into the plan and the audit log. Never overrides a blind spot or a
+        /// copy of a host mount.
+        #[arg(long, value_name = "REASON", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        force_busy: Option<String>,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Tear DEVICE down by its kind once it is stale (observed unheld for the grace period):
+    /// unbind a loop device (LOOP_CLR_FD), disconnect nbd, unmap rbd, tear down a dead
+    /// multipath map and its paths, delete an offline SCSI disk; its mounts in other namespaces
+    /// are released first. Refused, with the holders, while anything else holds it. Dry run
+    /// unless --apply.
+    Clean {
+        device: String,
+        /// Carry out the plan.
+        #[arg(long)]
+        apply: bool,
+        /// For a multipath map still open: remove it on its last close (deferred remove).
+        #[arg(long)]
+        deferred_remove: bool,
+        /// For rbd: unmap with `force` (in-flight I/O fails; a mount left behind cannot be
+        /// unmounted any more). Only for a mapping whose cluster is gone for good.
+        #[arg(long)]
+        force: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Steps a previous run started but never finished (from the journal).
+    Journal,
+    /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
+    /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
+    Serve(Box<ServeArgs>),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Config file (TOML); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Unix socket to serve on [default: /run/blockjanitor/agent.sock].
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Group (name or GID) that owns the socket; its members are viewers, root is operator.
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// TCP address for gRPC with mutual TLS (needs --tls-cert, --tls-key, --tls-client-ca).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Server certificate (PEM) for the TCP listener.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// Server private key (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// CA that signs client certificates (PEM).
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Client identity (certificate DNS SAN or CN) with the operator role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub tls_operator: Vec<String>,
+    /// Client identity with the viewer role; repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub tls_viewer: Vec<String>,
+    /// Client identity with the console role (reads; Apply only on behalf of an operator it
+    /// names, which the audit log records); repeatable.
+    #[arg(long, value_name = "NAME")]
+    pub tls_console: Vec<String>,
+    /// Address for /metrics over HTTP.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Address for the gRPC health service alone, without TLS (kubelet's `grpc` probes).
+    #[arg(long, value_name = "ADDR")]
+    pub health_listen: Option<std::net::SocketAddr>,
+    /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
+    #[arg(long, value_name = "SECONDS")]
+    pub grace_period: Option<u64>,
+    /// Seconds a device may have I/O in flight with none completing before it is reported
+    /// unresponsive (and nothing destructive is done to it) [default: 10].
+    #[arg(long, value_name = "SECONDS")]
+    pub unresponsive_after: Option<u64>,
+    /// Node name reported by GetNode and used with the Kubernetes API [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// What the agent does by itself: report (default) changes nothing; release detaches
+    /// mounts in other namespaces of volumes kubelet has let go of; clean tears down every
+    /// device judged stale.
+    #[arg(long, value_parser = ["report", "release", "clean"], value_name = "MODE")]
+    pub mode: Option<String>,
+    /// At most this many destructive steps per minute in release and clean modes [default: 6].
+    #[arg(long, value_name = "N")]
+    pub max_actions_per_minute: Option<u32>,
+    /// Kubernetes API URL (otherwise --kubeconfig, or the in-cluster service account).
+    #[arg(long, value_name = "URL")]
+    pub kube_url: Option<String>,
+    /// Kubeconfig file for the Kubernetes API.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Seconds one Kubernetes watch (or the Node lookup) may go without hearing from the API
+    /// server before the view stops vouching [default: 90].
+    #[arg(long, value_name = "SECONDS")]
+    pub kube_silence_bound_seconds: Option<u64>,
+}

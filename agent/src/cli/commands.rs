@@ -1,0 +1,161 @@
+//! The one-shot commands: scan, holders, release, clean and the others, each through the engine
+//! (`release` and `clean` through its one request workflow), printed as text or JSON.
+
+use super::args::*;
+use super::render::say_recovery;
+use super::serve::serve;
+use super::settings::*;
+use crate::act::journal;
+use crate::discover::blockdev;
+use crate::engine::outcome::{self, Class, Request, Subject};
+use crate::engine::world::LinuxWorld;
+use crate::engine::{Engine, Operation};
+use crate::graph::scan::Target;
+use crate::host::HostRoot;
+use crate::judge::grace::Clocks;
+use crate::model::DevNum;
+use crate::plan;
+use crate::{cli::render, graph::resolve};
+use anyhow::{Context, Result};
+use std::time::Duration;
+
+pub fn print_json(v: &serde_json::Value) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+/// The device an operator named.
+pub fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
+    let devices = blockdev::scan(host)?;
+    Ok(resolve::device(host, &devices, arg)?.devnum)
+}
+
+pub fn run(cli: &Cli) -> Result<u8> {
+    let host = host(cli);
+    let mut state = StateFile::load(cli, &host);
+    match &cli.command {
+        Command::Scan { output } => {
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
+            let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
+            state.save();
+            let incomplete = outcome::incomplete_view(&judged.scan, None);
+            match output {
+                Output::Json => print_json(&render::scan_json(&judged))?,
+                Output::Table => {
+                    if let Some(line) = &incomplete {
+                        println!("{line}");
+                    }
+                    print!("{}", render::scan_table(&judged))
+                }
+            }
+            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
+        }
+        Command::Holders { device, output } => {
+            let devnum = device_arg(&host, device)?;
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
+            // The scan a cleanup of it would rest on: what its removal takes with it (an NVMe
+            // controller's other namespaces, a session's other disks) is looked at too.
+            let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
+            state.save();
+            let incomplete =
+                judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
+            match output {
+                Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
+                Output::Table => {
+                    if let Some(line) = &incomplete {
+                        println!("{line}");
+                    }
+                    print!("{}", render::holders_table(&judged, devnum)?)
+                }
+            }
+            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
+        }
+        Command::Release { device, apply, force_busy, output } => {
+            let mut e = engine(cli, host, plan::clean::CleanOptions::default());
+            e.settings.release = plan::release::ReleaseOptions { force_busy: force_busy.clone() };
+            one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
+        }
+        Command::Clean { device, apply, deferred_remove, force, output } => {
+            let clean = plan::clean::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
+            let e = engine(cli, host, clean);
+            one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
+        }
+        Command::Serve(args) => serve(cli, args, host),
+        Command::Journal => {
+            let path = journal_path(cli);
+            let pending =
+                journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let plans =
+                journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            if pending.is_empty() && plans.is_empty() {
+                println!("no unfinished steps in {}", path.display());
+            }
+            for p in pending {
+                println!("unfinished: {p}");
+            }
+            for p in plans {
+                let op = p.record.pointer("/request/operation").and_then(|v| v.as_str()).unwrap_or("?");
+                let arg = p.record.pointer("/request/argument").and_then(|v| v.as_str()).unwrap_or("?");
+                let total = p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len);
+                println!(
+                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it",
+                    p.id,
+                    p.finished.len()
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// `release` or `clean` of the device the operator named, through the one request workflow
+/// ([`Engine::carry_out`]): with --apply, recovery and the unfinished plan this argument owes
+/// come first, before the argument is resolved. Prints the report; returns the exit code.
+pub fn one_request(
+    cli: &Cli,
+    e: &Engine<LinuxWorld>,
+    state: &mut StateFile<'_>,
+    op: Operation,
+    device: &str,
+    apply: bool,
+    output: Output,
+) -> Result<u8> {
+    let journal_file = journal_path(cli);
+    let clocks = std::sync::Mutex::new(std::mem::replace(&mut state.clocks, Clocks::new(None)));
+    let request = Request {
+        op,
+        subject: Subject::Argument(device.to_owned()),
+        argument: device.to_owned(),
+        expected_identity: None,
+        apply,
+        by: format!("cli (uid {})", nix::unistd::geteuid()),
+        journal: &journal_file,
+        lock_wait: Duration::from_secs(cli.lock_wait),
+        clocks: &clocks,
+        admit: None,
+    };
+    let result = e.carry_out(&request);
+    state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
+    state.save();
+    let out = result?;
+    say_recovery(&out, |line| eprintln!("warning: {line}"));
+    let class = out.class();
+    if output == Output::Json {
+        print_json(&render::outcome_json(&out, class.exit_code()))?;
+        return Ok(class.exit_code());
+    }
+    // The one line a refusal before any step is (sight, may-act, the journal's lock).
+    if let Some((_, why)) = &out.refusal {
+        if out.plan.is_none() {
+            println!("{why}");
+            return Ok(class.exit_code());
+        }
+    }
+    print!("{}", render::outcome_text(&out, device));
+    if class == Class::Error {
+        if let Some(p) = out.plan.as_ref().filter(|p| p.unsupported) {
+            anyhow::bail!("{}", p.refusal.as_deref().unwrap_or_default());
+        }
+    }
+    Ok(class.exit_code())
+}

@@ -1,0 +1,415 @@
+//! Every Prometheus series the agent exports, in one place, with the prefix `blockjanitor_` and
+//! bounded label values (device kinds, verdicts, holder kinds, triggers, actions, results are
+//! closed sets; no device names, PIDs or paths as labels), except `device_info`: one series per
+//! rbd, nbd, multipath, stack layer (LV, crypt, partition map) or SCSI device (bounded by the node's devices of those kinds, reset on
+//! every scan so a device that went takes its series with it), for joining a device to its image,
+//! client, WWID and PV in queries; and `device_unresponsive`: one series per device that does
+//! not answer I/O (reset on every scan the same way).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounterVec, Opts, Registry, TextEncoder,
+};
+
+use crate::engine::view::View;
+use crate::judge::Verdict;
+use crate::model::{DeviceKind, HolderKind};
+
+/// What can trigger a scan (the `trigger` label).
+pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
+const VERDICTS: [Verdict; 7] = [
+    Verdict::InUse,
+    Verdict::Unused,
+    Verdict::Suspect,
+    Verdict::Stale,
+    Verdict::Protected,
+    Verdict::Unknown,
+    Verdict::Outage,
+];
+/// Transports the outage guard watches (the `transport` label of `transport_outages`).
+pub const OUTAGE_TRANSPORTS: [&str; 2] = ["iscsi", "nvme"];
+
+/// The agent's metrics and their registry.
+pub struct Metrics {
+    registry: Registry,
+    devices: GaugeVec,
+    holders: GaugeVec,
+    scan_duration: Histogram,
+    scans: IntCounterVec,
+    scan_failures: IntCounterVec,
+    actions: IntCounterVec,
+    last_scan: Gauge,
+    device_info: GaugeVec,
+    device_unresponsive: GaugeVec,
+    blocked_reads: Gauge,
+    nvme_controllers: GaugeVec,
+    nvme_outages: GaugeVec,
+    outages: GaugeVec,
+}
+
+/// NVMe controller states (the `state` label); anything else is `other`.
+const NVME_STATES: [&str; 8] =
+    ["new", "live", "resetting", "connecting", "deleting", "deleting_noio", "dead", "other"];
+/// NVMe transports (the `transport` label); anything else is `other`.
+const NVME_TRANSPORTS: [&str; 6] = ["tcp", "rdma", "fc", "loop", "pcie", "other"];
+
+/// A metric could not be defined (a bug: names and labels are constants).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot register metrics: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new_custom(Some("blockjanitor".into()), None)?;
+        let devices = GaugeVec::new(
+            Opts::new("devices", "Block devices in the latest scan, by kind and verdict."),
+            &["kind", "verdict"],
+        )?;
+        let holders = GaugeVec::new(
+            Opts::new("holders", "Holders of block devices in the latest scan, by holder kind."),
+            &["kind"],
+        )?;
+        let scan_duration = Histogram::with_opts(
+            HistogramOpts::new("scan_duration_seconds", "Wall time of a full scan of the host.")
+                .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
+        )?;
+        let scans = IntCounterVec::new(
+            Opts::new("scans_total", "Scans completed, by what triggered them."),
+            &["trigger"],
+        )?;
+        let scan_failures = IntCounterVec::new(
+            Opts::new("scan_failures_total", "Scans that failed or overran their deadline."),
+            &["trigger"],
+        )?;
+        let actions = IntCounterVec::new(
+            Opts::new("actions_total", "Destructive steps carried out, by action and result."),
+            &["action", "result"],
+        )?;
+        let last_scan = Gauge::new(
+            "last_scan_timestamp_seconds",
+            "When the latest scan finished, in seconds since the epoch.",
+        )?;
+        let build_info = GaugeVec::new(
+            Opts::new("build_info", "Always 1; the agent's version as a label."),
+            &["version"],
+        )?;
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
+        let device_info = GaugeVec::new(
+            Opts::new(
+                "device_info",
+                "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).",
+            ),
+            &["node", "device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv", "verdict"],
+        )?;
+        let device_unresponsive = GaugeVec::new(
+            Opts::new(
+                "device_unresponsive",
+                "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.",
+            ),
+            &["node", "device", "kind"],
+        )?;
+        let blocked_reads = Gauge::new(
+            "blocked_reads",
+            "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
+        )?;
+        let nvme_controllers = GaugeVec::new(
+            Opts::new(
+                "nvme_controllers",
+                "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
+            ),
+            &["transport", "state"],
+        )?;
+        let nvme_outages = GaugeVec::new(
+            Opts::new(
+                "nvme_outage_targets",
+                "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.",
+            ),
+            &["transport"],
+        )?;
+        let outages = GaugeVec::new(
+            Opts::new(
+                "transport_outages",
+                "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.",
+            ),
+            &["transport", "scope"],
+        )?;
+        for c in [
+            Box::new(nvme_controllers.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nvme_outages.clone()),
+            Box::new(outages.clone()),
+            Box::new(devices.clone()),
+            Box::new(holders.clone()),
+            Box::new(scan_duration.clone()),
+            Box::new(scans.clone()),
+            Box::new(scan_failures.clone()),
+            Box::new(actions.clone()),
+            Box::new(last_scan.clone()),
+            Box::new(build_info),
+            Box::new(device_info.clone()),
+            Box::new(device_unresponsive.clone()),
+            Box::new(blocked_reads.clone()),
+        ] {
+            registry.register(c)?;
+        }
+        // Export every series from the start (at zero): the label sets are closed.
+        for t in TRIGGERS {
+            scans.with_label_values(&[t]);
+            scan_failures.with_label_values(&[t]);
+        }
+        for t in OUTAGE_TRANSPORTS {
+            for sc in crate::graph::outage::Scope::ALL {
+                outages.with_label_values(&[t, sc.as_str()]);
+            }
+        }
+        for a in [
+            "detach_mount",
+            "detach_loop",
+            "dm_message",
+            "dm_remove",
+            "scsi_offline",
+            "scsi_delete",
+            "rbd_unmap",
+            "nbd_disconnect",
+            "nvme_delete_controller",
+            "iscsi_logout",
+        ] {
+            for r in ["done", "already_absent", "deferred", "failed"] {
+                actions.with_label_values(&[a, r]);
+            }
+        }
+        Ok(Self {
+            registry,
+            devices,
+            holders,
+            scan_duration,
+            scans,
+            scan_failures,
+            actions,
+            last_scan,
+            device_info,
+            device_unresponsive,
+            blocked_reads,
+            nvme_controllers,
+            nvme_outages,
+            outages,
+        })
+    }
+
+    /// Controllers by transport and state, and targets in outage, from the namespaces' views
+    /// (each controller and each target counted once).
+    fn observe_nvme(&self, view: &View) {
+        use std::collections::BTreeMap;
+        let label = |v: &str, set: &[&'static str]| -> &'static str {
+            let v = v.replace(' ', "_").replace(['(', ')'], "");
+            set.iter().copied().find(|s| *s == v).unwrap_or("other")
+        };
+        let mut ctrls: BTreeMap<&str, (&'static str, &'static str)> = BTreeMap::new();
+        let mut outages: BTreeMap<&str, &'static str> = BTreeMap::new();
+        for v in view.devices.iter().filter_map(|d| d.entry.nvme.as_ref()) {
+            for c in &v.controllers {
+                let t = label(&c.transport, &NVME_TRANSPORTS);
+                ctrls.insert(c.name.as_str(), (t, label(c.state.as_str(), &NVME_STATES)));
+            }
+            if let (Some(o), Some(c)) = (&v.outage, v.controllers.first()) {
+                outages.insert(o.target.as_str(), label(&c.transport, &NVME_TRANSPORTS));
+            }
+        }
+        for t in NVME_TRANSPORTS {
+            for s in NVME_STATES {
+                let n = ctrls.values().filter(|(ct, cs)| *ct == t && *cs == s).count();
+                self.nvme_controllers.with_label_values(&[t, s]).set(n as f64);
+            }
+            let n = outages.values().filter(|ot| **ot == t).count();
+            self.nvme_outages.with_label_values(&[t]).set(n as f64);
+        }
+        // The same groups in the transport-agnostic series: an array address is a portal, a
+        // subsystem NQN a target.
+        let portals = outages.keys().filter(|k| k.starts_with("traddr=")).count();
+        self.outages.with_label_values(&["nvme", "portal"]).set(portals as f64);
+        self.outages.with_label_values(&["nvme", "target"]).set((outages.len() - portals) as f64);
+    }
+
+    /// Records a finished scan of `node` and the state it found.
+    pub fn observe_scan(&self, node: &str, trigger: &'static str, took: Duration, view: &View) {
+        self.device_info.reset();
+        for d in &view.devices {
+            let e = &d.entry;
+            let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
+            let layer = crate::graph::stack::layer_of(&e.device).is_some();
+            if !(e.rbd.is_some()
+                || e.device.kind == DeviceKind::Nbd
+                || multipath
+                || layer
+                || e.scsi.is_some())
+            {
+                continue;
+            }
+            // The pool alone, and the rados namespace as its own label ("" for the default).
+            let (pool, namespace, image, client_addr) = e
+                .rbd
+                .as_ref()
+                .map(|r| (r.pool.as_str(), r.pool_ns.as_str(), r.image.as_str(), r.client_addr.as_str()))
+                .unwrap_or_default();
+            let wwid = e.wwid();
+            let pv = e.kubernetes.as_ref().map(|k| k.pv_names.join(",")).unwrap_or_default();
+            self.device_info
+                .with_label_values(&[
+                    node,
+                    e.device.name.as_str(),
+                    crate::graph::stack::kind_label(&e.device),
+                    pool,
+                    namespace,
+                    image,
+                    client_addr,
+                    wwid.as_str(),
+                    pv.as_str(),
+                    d.judgement.verdict.as_str(),
+                ])
+                .set(1.0);
+        }
+        self.device_unresponsive.reset();
+        for d in &view.devices {
+            if d.unresponsive.is_some() {
+                let dev = &d.entry.device;
+                self.device_unresponsive
+                    .with_label_values(&[node, dev.name.as_str(), crate::graph::stack::kind_label(dev)])
+                    .set(1.0);
+            }
+        }
+        self.blocked_reads.set(crate::host::bounded::blocked_now() as f64);
+        self.observe_nvme(view);
+        let mut groups: Vec<&crate::graph::outage::Outage> =
+            view.devices.iter().filter_map(|d| d.entry.scsi.as_ref()?.outage.as_ref()).collect();
+        groups.sort_by(|a, b| (a.scope, &a.key).cmp(&(b.scope, &b.key)));
+        groups.dedup_by(|a, b| a.scope == b.scope && a.key == b.key);
+        for (scope, n) in
+            crate::graph::outage::count_by_scope(&groups.into_iter().cloned().collect::<Vec<_>>())
+        {
+            self.outages.with_label_values(&["iscsi", scope.as_str()]).set(n as f64);
+        }
+        self.scans.with_label_values(&[trigger]).inc();
+        self.scan_duration.observe(took.as_secs_f64());
+        // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
+        let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
+        for k in kinds.chain(crate::graph::stack::LayerKind::ALL.iter().map(|k| k.as_str())) {
+            for v in VERDICTS {
+                let n = view
+                    .devices
+                    .iter()
+                    .filter(|d| {
+                        crate::graph::stack::kind_label(&d.entry.device) == k && d.judgement.verdict == v
+                    })
+                    .count();
+                self.devices.with_label_values(&[k, v.as_str()]).set(n as f64);
+            }
+        }
+        for hk in HolderKind::ALL {
+            let n: usize =
+                view.devices.iter().map(|d| d.entry.holders.iter().filter(|h| h.kind == hk).count()).sum();
+            self.holders.with_label_values(&[hk.as_str()]).set(n as f64);
+        }
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        self.last_scan.set(now);
+    }
+
+    pub fn scan_failed(&self, trigger: &'static str) {
+        self.scan_failures.with_label_values(&[trigger]).inc();
+    }
+
+    /// Counts one destructive step (`result`: done, already_absent, deferred, failed).
+    pub fn action(&self, action: &'static str, result: &'static str) {
+        self.actions.with_label_values(&[action, result]).inc();
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# error encoding metrics: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discover::nvme::CtrlState;
+    use crate::engine::view::DeviceView;
+    use crate::graph::identity::Identity;
+    use crate::graph::nvme::test_support::{ctrl, entries};
+    use crate::judge::Judgement;
+
+    /// NVMe controllers by transport and state, and outages by transport: closed label sets.
+    #[test]
+    fn nvme_controllers_and_outages() {
+        let m = Metrics::new().expect("metrics");
+        let mut view = View::empty();
+        let heads = entries(
+            &["nvme0n1"],
+            vec![ctrl("nvme0", "nqn.a", "4420", CtrlState::Connecting, true)],
+            vec![ctrl("nvme1", "nqn.c", "4421", CtrlState::Connecting, true)],
+        );
+        for e in heads {
+            view.devices.push(DeviceView {
+                identity: Identity::of(&e),
+                judgement: Judgement {
+                    verdict: Verdict::Unknown,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                },
+                entry: e,
+                unresponsive: None,
+                last_seen_scan: 1,
+                last_seen: None,
+            });
+        }
+        m.observe_scan("node-a", "start", Duration::from_millis(5), &view);
+        let text = m.render();
+        assert!(
+            text.contains("blockjanitor_nvme_controllers{state=\"connecting\",transport=\"tcp\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("blockjanitor_nvme_controllers{state=\"live\",transport=\"tcp\"} 0"), "{text}");
+        assert!(text.contains("blockjanitor_nvme_outage_targets{transport=\"tcp\"} 1"), "{text}");
+        assert!(
+            text.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"nvme\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
+            "{text}"
+        );
+    }
+
+    use crate::engine::world::LinuxWorld;
+    use crate::engine::{Engine, Settings};
+    use crate::graph::scan::Target;
+    use crate::host::HostRoot;
+    use crate::judge::grace::Clocks;
+    use crate::snapshot::ScanOptions;
+
+    const ISCSI: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/iscsi");
+
+    #[test]
+    fn transport_outages_count_each_group_once_with_bounded_labels() {
+        let m = Metrics::new().expect("metrics");
+        let zero = m.render();
+        for scope in ["target", "portal"] {
+            let series = format!("blockjanitor_transport_outages{{scope=\"{scope}\",transport=\"iscsi\"}} 0");
+            assert!(zero.contains(&series), "{series} missing from\n{zero}");
+        }
+        assert!(zero.contains("blockjanitor_actions_total{action=\"iscsi_logout\",result=\"done\"} 0"));
+        let world = LinuxWorld::new(HostRoot::new(ISCSI), ScanOptions::default(), Duration::from_secs(5));
+        let engine = Engine::new(world, Settings::default());
+        let judged = engine.judge(engine.scan(Target::All).expect("scan"), &mut Clocks::new(None));
+        let view = View::of(judged, 1);
+        m.observe_scan("node-a", "start", Duration::from_millis(1), &view);
+        let t = m.render();
+        // session2 is the only session to its target and to its portal: one group of each.
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"iscsi\"} 1"), "{t}");
+        assert!(t.contains("blockjanitor_transport_outages{scope=\"target\",transport=\"iscsi\"} 0"), "{t}");
+        assert!(t.contains("blockjanitor_devices{kind=\"disk\",verdict=\"outage\"} 1"), "{t}");
+    }
+}

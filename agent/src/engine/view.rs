@@ -1,0 +1,124 @@
+//! What one judged scan looks like to its readers: every device with its verdict and identity,
+//! the scan's figures, blind spots and the Kubernetes API's state. Plain data, built from the
+//! engine's [`Judged`] result and replaced whole after each scan; the daemon keeps it, and the
+//! server, the event stream and the metrics read it (none of them reach into the daemon for it).
+
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::engine::Judged;
+use crate::graph::identity::Identity;
+use crate::graph::DeviceEntry;
+use crate::judge::stall::Stall;
+use crate::judge::{Judgement, Verdict};
+use crate::model::blindspot::BlindSpot;
+use crate::model::MountNsId;
+use crate::snapshot::ScanStats;
+
+/// A device with its verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceView {
+    pub entry: DeviceEntry,
+    pub judgement: Judgement,
+    pub identity: Identity,
+    /// Set when the device does not answer I/O: the evidence ([`crate::judge::stall`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unresponsive: Option<Stall>,
+    /// When the agent last read the device itself (sysfs, fds, processes): the latest full
+    /// scan, by generation and time.
+    pub last_seen_scan: u64,
+    pub last_seen: Option<SystemTime>,
+}
+
+/// The result of one scan.
+#[derive(Debug, Clone, Serialize)]
+pub struct View {
+    /// The scan generation: one more for every view published, full scan or re-read.
+    pub scan_number: u64,
+    pub scanned_at: Option<SystemTime>,
+    /// The generation and time at which the devices themselves (sysfs, fds, processes) were
+    /// last read: the latest full scan. A namespace re-read after a mount change brings mounts
+    /// up to date and carries these over.
+    pub devices_read_scan: u64,
+    pub devices_read_at: Option<SystemTime>,
+    pub stats: ScanStats,
+    pub host_ns: MountNsId,
+    pub devices: Vec<DeviceView>,
+    pub warnings: Vec<String>,
+    pub blind_spots: Vec<BlindSpot>,
+    /// Whether the Kubernetes API vouched for the verdicts, in words.
+    pub api_state: String,
+}
+
+impl View {
+    pub(crate) fn empty() -> Self {
+        Self {
+            scan_number: 0,
+            scanned_at: None,
+            devices_read_scan: 0,
+            devices_read_at: None,
+            stats: ScanStats::default(),
+            host_ns: MountNsId(0),
+            devices: Vec::new(),
+            warnings: Vec::new(),
+            blind_spots: Vec::new(),
+            api_state: String::new(),
+        }
+    }
+
+    pub(crate) fn of(judged: Judged, scan_number: u64) -> Self {
+        let Judged { scan, mut verdicts, api_state, mut stalled, .. } = judged;
+        let now = SystemTime::now();
+        let devices = scan
+            .graph
+            .devices
+            .into_iter()
+            .map(|entry| {
+                let judgement = verdicts.remove(&entry.device.devnum).unwrap_or_else(|| Judgement {
+                    verdict: Verdict::Unused,
+                    reasons: Vec::new(),
+                    summary: String::new(),
+                });
+                let identity = Identity::of(&entry);
+                let unresponsive = stalled.remove(&entry.device.devnum);
+                DeviceView {
+                    entry,
+                    judgement,
+                    identity,
+                    unresponsive,
+                    last_seen_scan: scan_number,
+                    last_seen: Some(now),
+                }
+            })
+            .collect();
+        Self {
+            scan_number,
+            scanned_at: Some(now),
+            devices_read_scan: scan_number,
+            devices_read_at: Some(now),
+            stats: scan.stats,
+            host_ns: scan.graph.host_ns,
+            devices,
+            warnings: scan.warnings,
+            blind_spots: scan.blind_spots,
+            api_state,
+        }
+    }
+}
+
+impl View {
+    /// This view, built from a namespace re-read, with the device-read generation and time of
+    /// the view it updates (whose full scan read the devices).
+    pub(crate) fn carrying_device_reads_of(mut self, previous: &View) -> Self {
+        if previous.devices_read_at.is_some() {
+            self.devices_read_scan = previous.devices_read_scan;
+            self.devices_read_at = previous.devices_read_at;
+            for d in &mut self.devices {
+                d.last_seen_scan = previous.devices_read_scan;
+                d.last_seen = previous.devices_read_at;
+            }
+        }
+        self
+    }
+}

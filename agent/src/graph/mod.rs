@@ -1,0 +1,549 @@
+//! The join: for every block device, who holds it and how.
+//!
+//! Built from a [`Snapshot`] without further I/O. A holder is a mount in some namespace (a btrfs
+//! mount joined to each member device), a process's fd/cwd/root/mapping, swap, a device stacked
+//! on top (dm/md holder or partition), a loop device backed by a file on it or by its node, or a
+//! filesystem the kernel keeps alive on it when no mount table shows one (`/sys/fs`, a journal
+//! thread). Other kernel threads named after the device are symptoms, kept apart.
+
+pub mod identity;
+pub mod multipath;
+pub mod nvme;
+pub mod outage;
+pub mod owner;
+pub mod protect;
+pub mod resolve;
+pub mod scan;
+pub mod stack;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::discover::iostat::IoStat;
+use crate::discover::namespaces::NsEntry;
+use crate::discover::nbd::NbdDevice;
+use crate::discover::processes::{fs_kthread_serves, kthread_serves};
+use crate::discover::rbd::RbdMapping;
+use crate::discover::swaps::SwapType;
+use crate::graph::multipath::{multipath_view, scsi_view, MultipathView, ScsiView};
+use crate::graph::owner::{owner_of, KubeOwner};
+use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
+use crate::snapshot::{KernelThread, Snapshot};
+
+/// At most this many PIDs are listed per holder (`pid_count` has the total).
+pub const MAX_PIDS: usize = 16;
+
+/// One way a device is held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Holder {
+    pub kind: HolderKind,
+    /// The processes involved (for a mount: those living in its namespace), at most [`MAX_PIDS`].
+    pub pids: Vec<u32>,
+    pub pid_count: usize,
+    /// Names from the kernel are bytes ([`KernelText`]); JSON shows them escaped.
+    pub comm: Option<KernelText>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<KernelText>,
+    /// The first process's state letter (`D`: stuck in uninterruptible sleep).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process_state: Option<char>,
+    /// For mounts: the namespace the mount lives in; for process holders: the process's.
+    pub mount_namespace: Option<MountNsId>,
+    /// Whether that namespace is the host's (PID 1's).
+    pub in_host_namespace: Option<bool>,
+    pub mount_point: Option<KernelText>,
+    pub container_id: Option<String>,
+    pub pod_uid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mount_id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fstype: Option<KernelText>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<KernelText>,
+    /// For mounts: the shared peer group (`shared:N`); an unmount propagates to every peer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_group: Option<u32>,
+    /// For mounts: the peer group it is a slave of (`master:N`): a copy that follows it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub master_group: Option<u32>,
+    /// For mounts: every peer group it receives propagation from as mountinfo names them
+    /// (`master:N` and `propagate_from:N`, which may differ): the links of a chain of copies.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream_groups: Vec<u32>,
+    /// For mounts: the mount's own superblock device as mountinfo shows it (an anonymous
+    /// `0:NN` for btrfs, joined to this block device through `/sys/fs/btrfs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mount_dev: Option<DevNum>,
+    /// How the mount's namespace can be entered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace_entry: Option<NsEntry>,
+    /// The file or path involved (fd target, mapped file, swap file, loop backing file).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<KernelText>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fds: Vec<u32>,
+    /// For stacked devices and loop backing: the device on top.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<DeviceName>,
+}
+
+impl Holder {
+    pub(crate) fn bare(kind: HolderKind) -> Self {
+        Self {
+            kind,
+            pids: Vec::new(),
+            pid_count: 0,
+            comm: None,
+            cmdline: None,
+            process_state: None,
+            mount_namespace: None,
+            in_host_namespace: None,
+            mount_point: None,
+            container_id: None,
+            pod_uid: None,
+            mount_id: None,
+            fstype: None,
+            source: None,
+            shared_group: None,
+            master_group: None,
+            upstream_groups: Vec::new(),
+            mount_dev: None,
+            namespace_entry: None,
+            path: None,
+            fds: Vec::new(),
+            device: None,
+        }
+    }
+
+    /// Why a holder keeps a device busy, in words (process holders by pid and comm: command lines
+    /// are shown to operators in the holder listing only).
+    pub fn describe(&self) -> String {
+        let h = self;
+        let who = match (&h.pids.first(), &h.comm) {
+            (Some(p), Some(c)) => format!("pid {p} ({c})"),
+            (Some(p), None) => format!("pid {p}"),
+            _ => String::new(),
+        };
+        let path = h.path.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        let mount_point = h.mount_point.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        match h.kind {
+            HolderKind::Mount if h.in_host_namespace == Some(true) => {
+                format!("mounted at {mount_point} in the host's mount namespace: left alone (unmount it on the host)")
+            }
+            HolderKind::Mount => format!(
+                "mounted at {mount_point} in mount namespace {}",
+                h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
+            ),
+            HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
+            HolderKind::OpenFile => format!("{who} has a file on it open ({path}, fd {:?})", h.fds),
+            HolderKind::Cwd => format!("{who} has its working directory on it ({path})"),
+            HolderKind::Root => format!("{who} has its root directory on it ({path})"),
+            HolderKind::Mmap => format!("{who} maps a file on it ({path})"),
+            HolderKind::Swap => format!("it is active swap ({path})"),
+            HolderKind::StackedDevice => {
+                format!("device {} is stacked on it", h.device.as_ref().map_or("?", |d| d.as_str()))
+            }
+            HolderKind::LoopBacking => format!(
+                "loop device {} is backed by {} ({path})",
+                h.device.as_ref().map_or("?", |d| d.as_str()),
+                if h.source.as_ref().is_some_and(|s| *s == "device node") { "its device node" } else { "a file on it" }
+            ),
+            HolderKind::Filesystem => format!(
+                "a {} filesystem still lives on it with no mount in any namespace ({path}): an overlay, a detached mount with open files, or a namespace the scan cannot see keeps it",
+                h.fstype.as_ref().map_or_else(|| "?".to_owned(), |t| t.to_string())
+            ),
+        }
+    }
+
+    /// A holder the teardown of a dead map can get rid of: a mount in another namespace
+    /// (released), a process stuck in D state on the device (freed by `fail_if_no_path`), a
+    /// kpartx partition map of it (removed first).
+    pub fn releasable_from_dead_map(&self, partitions: &[DeviceName]) -> bool {
+        self.is_foreign_mount()
+            || (self.kind == HolderKind::OpenDevice && self.process_state == Some('D'))
+            || (self.kind == HolderKind::StackedDevice
+                && self.device.as_ref().is_some_and(|d| partitions.contains(d)))
+    }
+
+    /// The peer groups this mount receives propagation from (its master and the dominant group
+    /// mountinfo may name besides).
+    pub fn upstream(&self) -> impl Iterator<Item = u32> + '_ {
+        self.master_group.into_iter().chain(self.upstream_groups.iter().copied())
+    }
+
+    /// A mount in a namespace other than the host's: what `release` detaches.
+    pub fn is_foreign_mount(&self) -> bool {
+        self.kind == HolderKind::Mount && self.in_host_namespace == Some(false)
+    }
+}
+
+/// A device and everything that holds it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceEntry {
+    pub device: BlockDevice,
+    pub holders: Vec<Holder>,
+    pub kernel_threads: Vec<KernelThread>,
+    /// For a multipath map: its paths and their state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub multipath: Option<MultipathView>,
+    /// For a SCSI disk: its state, transport and the map it serves.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scsi: Option<ScsiView>,
+    /// For a krbd device: the image, and the client the cluster sees as its watcher.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rbd: Option<RbdMapping>,
+    /// For a connected nbd device: its server process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nbd: Option<NbdDevice>,
+    /// For an NVMe namespace: its role, subsystem and controllers ([`crate::graph::nvme`]; what
+    /// may be done about it: [`crate::judge::nvme`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvme: Option<crate::graph::nvme::NvmeView>,
+    /// The Kubernetes volume it is, per the kubelet directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubeOwner>,
+    /// Its I/O counters as this scan read them (`None`: not read, as on fixture trees).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoStat>,
+}
+
+/// Devices with their holders.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceGraph {
+    pub host_ns: MountNsId,
+    /// Why the host's namespace is only a guess (`None`: known): then no mount can be told host
+    /// from foreign, and none is released.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_ns_unsure: Option<String>,
+    pub devices: Vec<DeviceEntry>,
+}
+
+impl DeviceEntry {
+    /// A device with these holders and nothing else known of it (no transport view, no
+    /// Kubernetes owner, no I/O counters): what a scan fills in, and what tests start from.
+    pub fn new(device: BlockDevice, holders: Vec<Holder>) -> Self {
+        Self {
+            device,
+            holders,
+            kernel_threads: Vec::new(),
+            multipath: None,
+            scsi: None,
+            rbd: None,
+            nbd: None,
+            nvme: None,
+            kubernetes: None,
+            io: None,
+        }
+    }
+
+    /// The WWID multipath-tools uses for a SCSI disk (`3<naa>`, `2<eui>`, else the raw
+    /// `device/wwid`) or a multipath map (its dm uuid without `mpath-`); "" otherwise.
+    pub fn wwid(&self) -> String {
+        if let Some(s) = &self.scsi {
+            return s.disk.multipath_wwid().or_else(|| s.disk.wwid.clone()).unwrap_or_default();
+        }
+        self.device
+            .dm
+            .as_ref()
+            .and_then(|dm| dm.uuid.strip_prefix("mpath-"))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    }
+}
+
+impl DeviceGraph {
+    /// Joins a snapshot. Only devices that were in the snapshot's scope get process and mount
+    /// holders; stacking and loop backing come from sysfs for all.
+    pub fn build(s: &Snapshot) -> Self {
+        let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
+        for m in &s.mounts {
+            let ns = s.namespace(m.ns);
+            let pids: Vec<u32> = ns.map(|n| n.pids.clone()).unwrap_or_default();
+            let mut h = Holder::bare(HolderKind::Mount);
+            label(&mut h, s, pids.first().copied());
+            h.pid_count = pids.len();
+            h.pids = pids.into_iter().take(MAX_PIDS).collect();
+            h.mount_namespace = Some(m.ns);
+            h.in_host_namespace = Some(m.ns == s.host_ns);
+            h.mount_point = Some(m.mount.mount_point.clone());
+            h.mount_id = Some(m.mount.mount_id);
+            h.fstype = Some(m.mount.fstype.clone());
+            h.source = Some(m.mount.source.clone());
+            h.shared_group = m.mount.shared_group();
+            h.master_group = m.mount.master_group();
+            h.upstream_groups = upstream_groups(&m.mount.optional);
+            h.mount_dev = Some(m.mount.devnum);
+            h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
+            per_dev.entry(m.device()).or_default().push(h);
+        }
+        // Process references, one holder per (device, kind, pid).
+        let mut grouped: BTreeMap<(DevNum, HolderKind, u32), Holder> = BTreeMap::new();
+        for r in &s.proc_refs {
+            let h = grouped.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
+                let mut h = Holder::bare(r.kind);
+                label(&mut h, s, Some(r.pid));
+                h.pids = vec![r.pid];
+                h.pid_count = 1;
+                let ns = s.namespaces.iter().find(|n| n.pids.binary_search(&r.pid).is_ok()).map(|n| n.id);
+                h.mount_namespace = ns;
+                h.in_host_namespace = ns.map(|n| n == s.host_ns);
+                h.path = r.path.clone();
+                h
+            });
+            if let Some(fd) = r.fd {
+                h.fds.push(fd);
+            }
+        }
+        for ((dev, _, _), h) in grouped {
+            per_dev.entry(dev).or_default().push(h);
+        }
+        for sw in &s.swaps {
+            let mut h = Holder::bare(HolderKind::Swap);
+            h.path = Some(sw.filename.clone());
+            h.source = Some(match sw.swap_type {
+                SwapType::Partition => "partition".into(),
+                SwapType::File => "file".into(),
+            });
+            per_dev.entry(sw.devnum).or_default().push(h);
+        }
+        for d in &s.devices {
+            let children = s
+                .devices
+                .iter()
+                .filter(|c| c.parent.as_ref() == Some(&d.name))
+                .map(|c| c.name.clone())
+                .chain(d.holders.iter().cloned());
+            for child in children {
+                let mut h = Holder::bare(HolderKind::StackedDevice);
+                h.device = Some(child);
+                per_dev.entry(d.devnum).or_default().push(h);
+            }
+            if let Some(l) = &d.loop_info {
+                // The filesystem its backing file lives on, and the device when the backing
+                // file is a device node (`losetup /dev/loop5 /dev/nbd0`).
+                // A file on btrfs: its subvolume's anonymous number, followed to the members.
+                let on_btrfs = l.backing_dev.map_or(&[][..], |b| s.anon.members_of_dev(b));
+                let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")]
+                    .into_iter()
+                    .chain(on_btrfs.iter().map(|m| (Some(*m), "file")));
+                for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))) {
+                    let mut h = Holder::bare(HolderKind::LoopBacking);
+                    h.device = Some(d.name.clone());
+                    h.path = Some(l.backing_file.clone());
+                    h.source = Some(what.into());
+                    per_dev.entry(dev).or_default().push(h);
+                }
+            }
+        }
+        // A filesystem the kernel keeps alive on a device with no mount of it in any namespace
+        // the scan read (an overlay's upper directory, a detached mount with open files): the
+        // kernel's claim is the truth, the mount tables only a map to the holder.
+        for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum)) {
+            let held =
+                per_dev.get(&d.devnum).is_some_and(|hs| hs.iter().any(|h| h.kind == HolderKind::Mount));
+            if held {
+                continue;
+            }
+            let live = s
+                .live_fs
+                .iter()
+                .filter(|f| f.members.contains(&d.name))
+                .map(|f| (KernelText::from(f.fstype.as_str()), KernelText::from(f.sysfs_path())));
+            let threads = s.kernel_threads.iter().filter_map(|k| {
+                let fstype = fs_kthread_serves(&k.comm.escaped(), d.name.as_str(), &d.devnum.to_string())?;
+                Some((
+                    KernelText::from(fstype),
+                    KernelText::from(format!("kernel thread {} (pid {})", k.comm, k.pid)),
+                ))
+            });
+            if let Some((fstype, path)) = live.chain(threads).next() {
+                let mut h = Holder::bare(HolderKind::Filesystem);
+                h.fstype = Some(fstype);
+                h.path = Some(path);
+                per_dev.entry(d.devnum).or_default().push(h);
+            }
+        }
+        let by_devnum = |dn: DevNum| s.devices.iter().find(|d| d.devnum == dn).map(|d| d.name.clone());
+        let maps: Vec<(DevNum, MultipathView)> = s
+            .dm_devices
+            .iter()
+            .filter_map(|dm| Some((dm.devnum, multipath_view(dm, &s.dm_devices, &s.scsi, &by_devnum)?)))
+            .collect();
+        let nvme_outages = crate::discover::nvme::outages(&s.nvme);
+        let mut devices: Vec<DeviceEntry> = s
+            .devices
+            .iter()
+            .map(|d| {
+                let devtext = d.devnum.to_string();
+                let multipath = maps.iter().find(|(dn, _)| *dn == d.devnum).map(|(_, m)| m.clone());
+                let scsi = s.scsi.disks.iter().find(|k| k.devnum == d.devnum).map(|k| {
+                    let path_of = maps
+                        .iter()
+                        .find(|(_, m)| m.paths.iter().any(|p| p.devnum == d.devnum))
+                        .and_then(|(dn, _)| by_devnum(*dn));
+                    scsi_view(k, &s.scsi, path_of)
+                });
+                DeviceEntry {
+                    multipath,
+                    scsi,
+                    io: s.io.get(&d.devnum).copied(),
+                    kubernetes: owner_of(
+                        d,
+                        &s.mounts,
+                        s.host_ns,
+                        s.rbd.iter().find(|r| r.devnum == d.devnum),
+                        &s.kubelet,
+                    ),
+                    rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
+                    nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
+                    nvme: crate::graph::nvme::view(&s.nvme, &nvme_outages, d),
+                    holders: per_dev.remove(&d.devnum).unwrap_or_default(),
+                    kernel_threads: s
+                        .kernel_threads
+                        .iter()
+                        .filter(|k| kthread_serves(&k.comm.escaped(), d.name.as_str(), &devtext))
+                        .cloned()
+                        .collect(),
+                    device: d.clone(),
+                }
+            })
+            .collect();
+        mark_held_siblings(&mut devices);
+        Self { host_ns: s.host_ns, host_ns_unsure: s.host_ns_unsure.clone(), devices }
+    }
+
+    /// The entry of one device.
+    pub fn get(&self, devnum: DevNum) -> Option<&DeviceEntry> {
+        self.devices.iter().find(|e| e.device.devnum == devnum)
+    }
+}
+
+/// The peer groups a mount's optional fields name as its sources (`master:N`,
+/// `propagate_from:N`).
+fn upstream_groups(optional: &[String]) -> Vec<u32> {
+    let mut out: Vec<u32> = optional
+        .iter()
+        .filter_map(|f| f.strip_prefix("master:").or_else(|| f.strip_prefix("propagate_from:")))
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// How the mounts of one superblock are tied to the mounts live in the host's namespace by
+/// mount propagation, through any chain of peer groups.
+///
+/// Peer group numbers are kernel-wide, and every mount of a peer group (and every slave of one)
+/// is a mount of the same superblock: the mounts of the device in every namespace (btrfs mounts
+/// joined to each member) are the whole chain. A host mount `shared:5`, a copy in namespace A
+/// `shared:7 master:5` and a copy of that in B `master:7`: groups 5 and 7 both carry the host's
+/// mount, and B's copy is a copy of a live host mount as much as A's is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostChain {
+    /// Groups with a host mount in them, and (recursively) every group a mount of which is a
+    /// slave of such a group: a mount in one, or a slave of one, is a copy of a live host mount.
+    pub downstream: std::collections::BTreeSet<u32>,
+    /// Groups a host mount receives propagation from, recursively: detaching a mount of one
+    /// could propagate the unmount down to the host's copy.
+    pub upstream: std::collections::BTreeSet<u32>,
+    /// Every group some mount of the superblock is in (`shared:N`), in any namespace the scan
+    /// read: a slave of a group not among them cannot be traced to its source.
+    pub known: std::collections::BTreeSet<u32>,
+}
+
+impl HostChain {
+    /// The closure over `mounts` (the mount holders of one device, every namespace).
+    pub fn of<'a>(mounts: impl IntoIterator<Item = &'a Holder>) -> Self {
+        let mounts: Vec<&Holder> = mounts.into_iter().filter(|h| h.kind == HolderKind::Mount).collect();
+        let host = |h: &&&Holder| h.in_host_namespace == Some(true);
+        let mut c = Self {
+            downstream: mounts.iter().filter(host).filter_map(|h| h.shared_group).collect(),
+            upstream: mounts.iter().filter(host).flat_map(|h| h.upstream()).collect(),
+            known: mounts.iter().filter_map(|h| h.shared_group).collect(),
+        };
+        // Fixpoints: each turn adds at least one group or stops, so at most one turn per mount.
+        loop {
+            let before = (c.downstream.len(), c.upstream.len());
+            for h in &mounts {
+                let Some(g) = h.shared_group else { continue };
+                if h.upstream().any(|u| c.downstream.contains(&u)) {
+                    c.downstream.insert(g);
+                }
+                if c.upstream.contains(&g) {
+                    c.upstream.extend(h.upstream());
+                }
+            }
+            if (c.downstream.len(), c.upstream.len()) == before {
+                break;
+            }
+        }
+        c
+    }
+
+    /// Why detaching mount `h` would touch a mount live in the host's namespace (`None`: it is
+    /// not tied to one).
+    pub fn ties(&self, h: &Holder) -> Option<String> {
+        if let Some(g) = h.upstream().find(|g| self.downstream.contains(g)) {
+            return Some(format!(
+                "it is a slave copy (master:{g}) of a mount live in the host's namespace, directly or through a chain of copies (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on"
+            ));
+        }
+        if let Some(g) = h.shared_group.filter(|g| self.downstream.contains(g)) {
+            return Some(format!(
+                "it is a shared peer (shared:{g}) of a mount that carries the host's mount, so detaching it would unmount the host's copy (or a copy of it) too"
+            ));
+        }
+        if let Some(g) = h.shared_group.filter(|g| self.upstream.contains(g)) {
+            return Some(format!(
+                "the host's mount is a slave of its peer group (shared:{g}), directly or through a chain: detaching it could propagate the unmount to the host's copy"
+            ));
+        }
+        if let Some(g) = h.upstream().find(|g| !self.known.contains(g)) {
+            return Some(format!(
+                "it is a slave of peer group {g}, of which the scan sees no mount: whether it is a copy of a mount live on the host cannot be told"
+            ));
+        }
+        None
+    }
+}
+
+fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
+    if let Some(p) = pid.and_then(|p| s.processes.get(&p)) {
+        h.comm = Some(p.comm.clone());
+        h.cmdline = p.cmdline.clone();
+        h.process_state = Some(p.state);
+        h.container_id = p.container_id.clone();
+        h.pod_uid = p.pod_uid.clone();
+    }
+}
+
+/// Fills in which siblings are in use, once every entry has its holders.
+pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
+    let held: Vec<(DeviceName, String)> = devices
+        .iter()
+        .filter_map(|e| {
+            let why = if let Some(h) = e.holders.first() {
+                h.describe()
+            } else if let Some(k) = e.kubernetes.as_ref().filter(|k| !k.pod_uids.is_empty()) {
+                format!("pod(s) {} use it per kubelet", k.pod_uids.join(", "))
+            } else {
+                return None;
+            };
+            Some((e.device.name.clone(), why))
+        })
+        .collect();
+    for e in devices.iter_mut() {
+        if let Some(v) = e.nvme.as_mut() {
+            v.siblings_held = held
+                .iter()
+                .filter(|(n, _)| v.siblings.contains(n))
+                .map(|(n, why)| format!("{n}, which goes with the same controller(s): {why}"))
+                .collect();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! Grace clocks: since when each cleanup candidate has been seen unheld, continuously.
+//!
+//! "Unhealthy is not stale" (gotcha 13): a device becomes stale only after it has been observed
+//! unheld, by complete scans, for the whole grace period. So a clock
+//! - is bound to the device's [`Identity`], never to its number: a reused number starts afresh;
+//! - runs on [`BootTime`] (`CLOCK_BOOTTIME`), which NTP and `date` cannot step;
+//! - restarts when the device was not observed for longer than the largest gap allowed between
+//!   scans (twice the rescan interval): what happened in between is unknown;
+//! - restarts when an observation was incomplete (a blind spot reached the device: the caller
+//!   forgets the clock), and when the device was held;
+//! - when saved between runs of the one-shot CLI, is stamped with the kernel's boot id: a file
+//!   from another boot (or with no boot id) restarts every clock.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::identity::Identity;
+use crate::host::clock::{human, BootTime};
+
+/// One candidate's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Clock {
+    /// When it was first seen unheld, in this run of continuous observation.
+    pub since: BootTime,
+    /// The latest complete observation of it unheld.
+    pub last_seen: BootTime,
+}
+
+/// Every candidate's clock, for one boot.
+#[derive(Debug, Clone, Default)]
+pub struct Clocks {
+    boot_id: Option<String>,
+    clocks: HashMap<Identity, Clock>,
+    /// Why the clocks loaded from a file were dropped, said once in the next restart reason.
+    load_note: Option<String>,
+    /// The file the clocks were loaded from, and what it held: saving them unchanged to it is a
+    /// no-op.
+    on_disk: Option<(PathBuf, HashMap<Identity, Clock>)>,
+}
+
+/// The saved form.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    boot_id: Option<String>,
+    clocks: Vec<SavedClock>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedClock {
+    identity: Identity,
+    #[serde(flatten)]
+    clock: Clock,
+}
+
+impl Clocks {
+    /// No clocks yet, for the boot `boot_id` (`None`: unknown, so nothing saved is ever trusted).
+    pub fn new(boot_id: Option<String>) -> Self {
+        Self { boot_id, clocks: HashMap::new(), load_note: None, on_disk: None }
+    }
+
+    /// The clocks a previous run saved, if they belong to this boot. A missing file starts
+    /// afresh; a file from another boot, without a boot id, or unreadable starts afresh and says
+    /// why in the next restart reason (the grace period only ever gets longer).
+    pub fn load(path: &Path, boot_id: Option<String>) -> Self {
+        let mut me = Self::new(boot_id);
+        let text = match crate::host::durable::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return me,
+            Err(e) => {
+                me.load_note = Some(format!("the state file {} cannot be read ({e})", path.display()));
+                return me;
+            }
+        };
+        let saved = match serde_json::from_slice::<Saved>(&text) {
+            Ok(s) => s,
+            Err(e) => {
+                me.load_note = Some(format!("the state file {} is not this version's ({e})", path.display()));
+                return me;
+            }
+        };
+        match (&saved.boot_id, &me.boot_id) {
+            (Some(then), Some(now)) if then == now => {
+                me.clocks = saved.clocks.into_iter().map(|c| (c.identity, c.clock)).collect();
+                me.on_disk = Some((path.to_owned(), me.clocks.clone()));
+            }
+            (then, now) => {
+                me.load_note = Some(format!(
+                    "the state file {} is from another boot (boot id {} now {}): every clock restarts",
+                    path.display(),
+                    then.as_deref().unwrap_or("unknown"),
+                    now.as_deref().unwrap_or("unknown")
+                ));
+            }
+        }
+        me
+    }
+
+    /// Saves the clocks: a temporary file written and fsync'd, renamed over the old one, and the
+    /// directory fsync'd, so a crash leaves the old file or the new one, never half of one; a
+    /// symlink in the file's place is refused, never followed ([`crate::host::durable`]).
+    /// Clocks unchanged since they were loaded from `path` are not written again.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        // A run that changed no clock (`holders` of a held device, say) leaves the file as it
+        // is: rewriting it costs two fsyncs, tens of milliseconds on a busy disk, for nothing.
+        if self.on_disk.as_ref().is_some_and(|(p, c)| p == path && *c == self.clocks) {
+            return Ok(());
+        }
+        let saved = Saved {
+            boot_id: self.boot_id.clone(),
+            clocks: self
+                .clocks
+                .iter()
+                .map(|(identity, clock)| SavedClock { identity: identity.clone(), clock: *clock })
+                .collect(),
+        };
+        crate::host::durable::write_atomically(
+            path,
+            &serde_json::to_vec(&saved).map_err(std::io::Error::other)?,
+        )
+    }
+
+    /// Records a complete observation of `id` unheld at `now`. Returns when its clock started
+    /// and, when it started just now, why (first seen, not observed for too long, new boot).
+    pub fn observe(&mut self, id: &Identity, now: BootTime, max_gap: Duration) -> (BootTime, Option<String>) {
+        if let Some(c) = self.clocks.get_mut(id) {
+            let gap = now.since(c.last_seen);
+            if gap <= max_gap && now >= c.last_seen {
+                c.last_seen = now;
+                return (c.since, None);
+            }
+            let why = format!(
+                "grace clock restarted: not observed for {} (more than the {} allowed between scans)",
+                human(gap),
+                human(max_gap)
+            );
+            *c = Clock { since: now, last_seen: now };
+            return (now, Some(why));
+        }
+        self.clocks.insert(id.clone(), Clock { since: now, last_seen: now });
+        let why = match self.load_note.take() {
+            Some(note) => format!("grace clock started now: {note}"),
+            None => "grace clock started now: first seen unheld".to_owned(),
+        };
+        (now, Some(why))
+    }
+
+    /// Forgets a clock: the device was held, is gone, or was observed incompletely.
+    pub fn forget(&mut self, id: &Identity) {
+        self.clocks.remove(id);
+    }
+
+    /// Keeps only the clocks `keep` accepts.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Identity) -> bool) {
+        self.clocks.retain(|id, _| keep(id));
+    }
+
+    /// The clock of `id`, if it runs.
+    pub fn get(&self, id: &Identity) -> Option<Clock> {
+        self.clocks.get(id).copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::identity::Backing;
+    use crate::model::{DevNum, DeviceName};
+
+    fn id(seq: u64) -> Identity {
+        Identity {
+            name: DeviceName::new("loop3").expect("name"),
+            devnum: DevNum::new(7, 3),
+            diskseq: Some(seq),
+            backing: Backing::Loop { dev: Some(DevNum::new(254, 1)), inode: Some(12), rdev: None, offset: 0 },
+        }
+    }
+
+    fn at(s: u64) -> BootTime {
+        BootTime::from_since_boot(Duration::from_secs(s))
+    }
+
+    #[test]
+    fn continuous_observation_keeps_the_clock_a_gap_restarts_it() {
+        let mut c = Clocks::new(Some("b".into()));
+        let gap = Duration::from_secs(120);
+        assert_eq!(c.observe(&id(1), at(100), gap).0, at(100));
+        assert_eq!(c.observe(&id(1), at(200), gap), (at(100), None));
+        let (since, why) = c.observe(&id(1), at(400), gap);
+        assert_eq!(since, at(400), "a 200 s gap restarts the clock");
+        assert!(why.expect("reason").contains("not observed for 3m20s"));
+        assert_eq!(c.observe(&id(2), at(401), gap).0, at(401), "another identity has its own clock");
+    }
+
+    #[test]
+    fn saved_clocks_belong_to_their_boot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let mut c = Clocks::new(Some("boot-a".into()));
+        c.observe(&id(1), at(100), Duration::from_secs(120));
+        c.save(&path).expect("save");
+        let same = Clocks::load(&path, Some("boot-a".into()));
+        assert_eq!(same.get(&id(1)).map(|k| k.since), Some(at(100)));
+        let mut other = Clocks::load(&path, Some("boot-b".into()));
+        assert_eq!(other.get(&id(1)), None, "another boot's clocks are dropped");
+        let (_, why) = other.observe(&id(1), at(5), Duration::from_secs(120));
+        assert!(why.expect("why").contains("from another boot"));
+        assert_eq!(Clocks::load(&path, None).get(&id(1)), None, "no boot id: nothing is trusted");
+        // Unchanged clocks are not written again; changed ones are.
+        // (a save renames a new file over the old one: a new inode)
+        let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).expect("stat"));
+        let before = inode();
+        same.save(&path).expect("save unchanged");
+        assert_eq!(inode(), before, "not rewritten");
+        let mut changed = Clocks::load(&path, Some("boot-a".into()));
+        changed.forget(&id(1));
+        changed.save(&path).expect("save changed");
+        assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None, "the change was saved");
+        c.save(&path).expect("save again");
+        std::fs::write(&path, "[]").expect("old format");
+        assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None);
+    }
+}
