@@ -345,6 +345,11 @@ fn root_hung_fuse_backed_loop_device_is_reported_unresponsive_and_never_stalls_t
         let series = unresponsive_series(&metrics_hung, &name)
             .unwrap_or_else(|| panic!("no blockjanitor_device_unresponsive for {name} in\n{metrics_hung}"));
         assert!(series.ends_with(" 1") && series.contains("kind=\"loop\""), "{series}");
+        assert!(
+            metrics_hung.lines().any(|l| l.starts_with("blockjanitor_unresponsive_devices{kind=\"loop\"} ")
+                && !l.ends_with(" 0")),
+            "the count by kind the alert uses: {metrics_hung}"
+        );
         let mut events = Vec::new();
         while let Ok(e) = ev_rx.try_recv() {
             events.push(e);

@@ -3,8 +3,17 @@
 //! closed sets; no device names, PIDs or paths as labels), except `device_info`: one series per
 //! rbd, nbd, multipath, stack layer (LV, crypt, partition map) or SCSI device (bounded by the node's devices of those kinds, reset on
 //! every scan so a device that went takes its series with it), for joining a device to its image,
-//! client, WWID and PV in queries; and `device_unresponsive`: one series per device that does
-//! not answer I/O (reset on every scan the same way).
+//! client, WWID and PV in queries, with labels that never change while the device lives (its
+//! verdict is the state set `device_verdict`: one series per verdict, 1 for the current one, so a
+//! verdict change moves a value, not a series); and `device_unresponsive`: one series per device
+//! that does not answer I/O (reset on every scan the same way; `unresponsive_devices` counts them
+//! by kind, at 0 from the start, for alerts).
+//!
+//! No series carries the node's name: the scrape adds it (the ServiceMonitor makes the pod's node
+//! the target label `node`), and a label of the agent's own by that name would clash with it.
+//! The process's own series (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
+//! `process_open_fds`, ...) come from the Prometheus client's process collector, unprefixed as
+//! the convention has them.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,7 +50,11 @@ pub struct Metrics {
     actions: IntCounterVec,
     last_scan: Gauge,
     device_info: GaugeVec,
+    device_verdict: GaugeVec,
     device_unresponsive: GaugeVec,
+    unresponsive_devices: GaugeVec,
+    /// The process collector's registry (no prefix: `process_*` by the convention).
+    process: Registry,
     blocked_reads: Gauge,
     nvme_controllers: GaugeVec,
     nvme_outages: GaugeVec,
@@ -53,6 +66,14 @@ const NVME_STATES: [&str; 8] =
     ["new", "live", "resetting", "connecting", "deleting", "deleting_noio", "dead", "other"];
 /// NVMe transports (the `transport` label); anything else is `other`.
 const NVME_TRANSPORTS: [&str; 6] = ["tcp", "rdma", "fc", "loop", "pcie", "other"];
+
+/// The process collector (CPU, memory, file descriptors, threads, start time of this process), in
+/// a registry of its own so its series keep their conventional unprefixed names.
+fn process_registry() -> Result<Registry, MetricsError> {
+    let r = Registry::new();
+    r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+    Ok(r)
+}
 
 /// A metric could not be defined (a bug: names and labels are constants).
 #[derive(Debug, thiserror::Error)]
@@ -100,14 +121,28 @@ impl Metrics {
                 "device_info",
                 "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).",
             ),
-            &["node", "device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv", "verdict"],
+            &["device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv"],
+        )?;
+        let device_verdict = GaugeVec::new(
+            Opts::new(
+                "device_verdict",
+                "The verdict of each device device_info describes, as a state set: one series per verdict, 1 for the device's current verdict and 0 for the others.",
+            ),
+            &["device", "verdict"],
         )?;
         let device_unresponsive = GaugeVec::new(
             Opts::new(
                 "device_unresponsive",
                 "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.",
             ),
-            &["node", "device", "kind"],
+            &["device", "kind"],
+        )?;
+        let unresponsive_devices = GaugeVec::new(
+            Opts::new(
+                "unresponsive_devices",
+                "Devices in the latest scan that do not answer (I/O in flight and none completing for at least the unresponsive threshold), by kind.",
+            ),
+            &["kind"],
         )?;
         let blocked_reads = Gauge::new(
             "blocked_reads",
@@ -147,7 +182,9 @@ impl Metrics {
             Box::new(last_scan.clone()),
             Box::new(build_info),
             Box::new(device_info.clone()),
+            Box::new(device_verdict.clone()),
             Box::new(device_unresponsive.clone()),
+            Box::new(unresponsive_devices.clone()),
             Box::new(blocked_reads.clone()),
         ] {
             registry.register(c)?;
@@ -188,7 +225,10 @@ impl Metrics {
             actions,
             last_scan,
             device_info,
+            device_verdict,
             device_unresponsive,
+            unresponsive_devices,
+            process: process_registry()?,
             blocked_reads,
             nvme_controllers,
             nvme_outages,
@@ -230,9 +270,10 @@ impl Metrics {
         self.outages.with_label_values(&["nvme", "target"]).set((outages.len() - portals) as f64);
     }
 
-    /// Records a finished scan of `node` and the state it found.
-    pub fn observe_scan(&self, node: &str, trigger: &'static str, took: Duration, view: &View) {
+    /// Records a finished scan and the state it found.
+    pub fn observe_scan(&self, trigger: &'static str, took: Duration, view: &View) {
         self.device_info.reset();
+        self.device_verdict.reset();
         for d in &view.devices {
             let e = &d.entry;
             let multipath = e.device.dm.as_ref().is_some_and(|dm| dm.uuid.starts_with("mpath-"));
@@ -255,7 +296,6 @@ impl Metrics {
             let pv = e.kubernetes.as_ref().map(|k| k.pv_names.join(",")).unwrap_or_default();
             self.device_info
                 .with_label_values(&[
-                    node,
                     e.device.name.as_str(),
                     crate::graph::stack::kind_label(&e.device),
                     pool,
@@ -264,17 +304,23 @@ impl Metrics {
                     client_addr,
                     wwid.as_str(),
                     pv.as_str(),
-                    d.judgement.verdict.as_str(),
                 ])
                 .set(1.0);
+            for v in VERDICTS {
+                let current = if d.judgement.verdict == v { 1.0 } else { 0.0 };
+                self.device_verdict.with_label_values(&[e.device.name.as_str(), v.as_str()]).set(current);
+            }
         }
         self.device_unresponsive.reset();
+        for k in Self::kind_labels() {
+            self.unresponsive_devices.with_label_values(&[k]).set(0.0);
+        }
         for d in &view.devices {
             if d.unresponsive.is_some() {
                 let dev = &d.entry.device;
-                self.device_unresponsive
-                    .with_label_values(&[node, dev.name.as_str(), crate::graph::stack::kind_label(dev)])
-                    .set(1.0);
+                let kind = crate::graph::stack::kind_label(dev);
+                self.device_unresponsive.with_label_values(&[dev.name.as_str(), kind]).set(1.0);
+                self.unresponsive_devices.with_label_values(&[kind]).inc();
             }
         }
         self.blocked_reads.set(crate::host::bounded::blocked_now() as f64);
@@ -290,9 +336,7 @@ impl Metrics {
         }
         self.scans.with_label_values(&[trigger]).inc();
         self.scan_duration.observe(took.as_secs_f64());
-        // Stack layers (LVs, crypt mappings, partition maps) under their own kind, not `dm`.
-        let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
-        for k in kinds.chain(crate::graph::stack::LayerKind::ALL.iter().map(|k| k.as_str())) {
+        for k in Self::kind_labels() {
             for v in VERDICTS {
                 let n = view
                     .devices
@@ -313,6 +357,13 @@ impl Metrics {
         self.last_scan.set(now);
     }
 
+    /// Every value of the `kind` label: the device kinds, and stack layers (LVs, crypt mappings,
+    /// partition maps) under their own kind, not `dm`.
+    fn kind_labels() -> impl Iterator<Item = &'static str> {
+        let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
+        kinds.chain(crate::graph::stack::LayerKind::ALL.iter().map(|k| k.as_str()))
+    }
+
     pub fn scan_failed(&self, trigger: &'static str) {
         self.scan_failures.with_label_values(&[trigger]).inc();
     }
@@ -325,7 +376,9 @@ impl Metrics {
     /// The text exposition format.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
             return format!("# error encoding metrics: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()
@@ -365,7 +418,7 @@ mod tests {
                 last_seen: None,
             });
         }
-        m.observe_scan("node-a", "start", Duration::from_millis(5), &view);
+        m.observe_scan("start", Duration::from_millis(5), &view);
         let text = m.render();
         assert!(
             text.contains("blockjanitor_nvme_controllers{state=\"connecting\",transport=\"tcp\"} 1"),
@@ -405,7 +458,7 @@ mod tests {
         let engine = Engine::new(world, Settings::default());
         let judged = engine.judge(engine.scan(Target::All).expect("scan"), &mut Clocks::new(None));
         let view = View::of(judged, 1);
-        m.observe_scan("node-a", "start", Duration::from_millis(1), &view);
+        m.observe_scan("start", Duration::from_millis(1), &view);
         let t = m.render();
         // session2 is the only session to its target and to its portal: one group of each.
         assert!(t.contains("blockjanitor_transport_outages{scope=\"portal\",transport=\"iscsi\"} 1"), "{t}");

@@ -328,7 +328,7 @@ impl AgentState {
         let sent = started.elapsed();
         // The metrics are the slowest part (a series per device): after the API and the
         // watchers have what changed.
-        self.metrics.observe_scan(&self.node_name, trigger, elapsed, &view);
+        self.metrics.observe_scan(trigger, elapsed, &view);
         tracing::debug!(
             trigger,
             scan_us = elapsed.as_micros() as u64,
