@@ -483,13 +483,11 @@ fn circles(n: usize, edges: &BTreeMap<usize, BTreeSet<usize>>) -> Vec<Vec<usize>
     t.out
 }
 
-#[test]
-fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
-    let root = root();
-    let src = root.join("agent/src");
+/// The library of the crate whose sources are `src` (its `bin/` left out), test code skipped.
+fn load_crate(src: &Path) -> Crate {
     let mut files = Vec::new();
-    for p in rust_files(&src) {
-        let rel = p.strip_prefix(&src).expect("under agent/src").to_path_buf();
+    for p in rust_files(src) {
+        let rel = p.strip_prefix(src).expect("under src").to_path_buf();
         if is_test_file(&p) || rel.starts_with("bin") {
             continue;
         }
@@ -502,7 +500,46 @@ fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
     }
     assert!(!files.is_empty(), "no source files under {}", src.display());
     let by_module = files.iter().enumerate().map(|(i, f)| (f.module.clone(), i)).collect();
-    let krate = Crate { files, by_module };
+    Crate { files, by_module }
+}
+
+/// Every import circle between the files of `krate` (whose sources are `shown`/), one message
+/// each naming every import that closes it, and the number of file-to-file imports.
+fn circle_offences(krate: &Crate, shown: &str) -> (Vec<String>, usize) {
+    let mut edges: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+    let mut lines: HashMap<(usize, usize), usize> = HashMap::new();
+    for f in 0..krate.files.len() {
+        for imp in imports(krate, f) {
+            edges.entry(f).or_default().insert(imp.to);
+            lines.entry((f, imp.to)).or_insert(imp.line);
+        }
+    }
+    let mut out = Vec::new();
+    for scc in circles(krate.files.len(), &edges) {
+        let mut msg = String::from("import circle:");
+        for &a in &scc {
+            for &b in edges.get(&a).into_iter().flatten() {
+                if scc.contains(&b) {
+                    let _ = write!(
+                        msg,
+                        "\n    {shown}/{}:{} -> {shown}/{}",
+                        krate.files[a].rel,
+                        lines[&(a, b)],
+                        krate.files[b].rel
+                    );
+                }
+            }
+        }
+        out.push(msg);
+    }
+    (out, edges.values().map(BTreeSet::len).sum())
+}
+
+#[test]
+fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
+    let root = root();
+    let src = root.join("agent/src");
+    let krate = load_crate(&src);
     let lib = std::fs::read_to_string(src.join("lib.rs")).expect("read lib.rs");
     let order = layers(&lib);
     let rank = |unit: &str| order.iter().position(|l| l == unit);
@@ -518,14 +555,10 @@ fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
         }
     }
 
-    let mut edges: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
-    let mut lines: HashMap<(usize, usize), usize> = HashMap::new();
     let mut unit_arrows = BTreeSet::new();
     let mut back_up = 0;
     for f in 0..krate.files.len() {
         for imp in imports(&krate, f) {
-            edges.entry(f).or_default().insert(imp.to);
-            lines.entry((f, imp.to)).or_insert(imp.line);
             let (a, b) = (krate.files[f].unit(), krate.files[imp.to].unit());
             if a == b || a == "lib" {
                 continue;
@@ -542,25 +575,8 @@ fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
             }
         }
     }
-    let file_arrows: usize = edges.values().map(BTreeSet::len).sum();
-    let found_circles = circles(krate.files.len(), &edges);
-    for scc in &found_circles {
-        let mut msg = String::from("import circle:");
-        for &a in scc {
-            for &b in edges.get(&a).into_iter().flatten() {
-                if scc.contains(&b) {
-                    let _ = write!(
-                        msg,
-                        "\n    agent/src/{}:{} -> agent/src/{}",
-                        krate.files[a].rel,
-                        lines[&(a, b)],
-                        krate.files[b].rel
-                    );
-                }
-            }
-        }
-        offences.push(msg);
-    }
+    let (found_circles, file_arrows) = circle_offences(&krate, "agent/src");
+    offences.extend(found_circles.iter().cloned());
 
     let loose: Vec<String> = rust_files(&src)
         .into_iter()
@@ -602,4 +618,41 @@ fn the_agent_is_layered_without_circles_loose_files_or_long_files() {
     println!("loose files: {} ({})", loose.len(), loose.join(" "));
     println!("longest file: {} lines ({})", longest.0, longest.1);
     assert!(offences.is_empty(), "{} structure offences:\n{}", offences.len(), offences.join("\n"));
+}
+
+/// The other crates' libraries have no import circle between their files either.
+#[test]
+fn no_other_crate_has_an_import_circle() {
+    let root = root();
+    let mut offences = Vec::new();
+    for krate in ["rpc", "ctl", "console"] {
+        let src = root.join(krate).join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let (found, arrows) = circle_offences(&load_crate(&src), &format!("{krate}/src"));
+        println!("{krate}: {arrows} file-to-file imports, {} import circles", found.len());
+        offences.extend(found);
+    }
+    assert!(offences.is_empty(), "{}", offences.join("\n"));
+}
+
+/// agentctl (the `blockjanitor-ctl` crate), the console and the wire crate they share build
+/// without the agent: `cargo tree` of each lists no `blockjanitor` package.
+#[test]
+fn agentctl_and_the_console_do_not_depend_on_the_agent() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    for package in ["blockjanitor-ctl", "blockjanitor-console", "blockjanitor-rpc"] {
+        let out = std::process::Command::new(&cargo)
+            .args(["tree", "--offline", "--locked", "-e", "normal,build", "--prefix", "none", "-p", package])
+            .current_dir(root())
+            .output()
+            .expect("run cargo tree");
+        let tree = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "cargo tree -p {package}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(tree.lines().any(|l| l.starts_with(package)), "cargo tree -p {package} names it: {tree}");
+        let agent: Vec<&str> = tree.lines().filter(|l| l.starts_with("blockjanitor v")).collect();
+        assert!(agent.is_empty(), "{package} depends on the agent crate: {agent:?}");
+        println!("{package}: {} packages, none of them the agent", tree.lines().count());
+    }
 }

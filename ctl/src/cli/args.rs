@@ -3,12 +3,11 @@
 
 use std::path::PathBuf;
 
-use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::client::DEFAULT_SOCKET;
 use clap::{Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 
-use super::choices::{KindChoice, VerdictChoice};
+use super::choices::DeviceFilter;
 use super::fleet_args::FleetCommand;
 
 #[derive(Parser, Debug)]
@@ -80,31 +79,6 @@ pub(crate) enum Output {
     Json,
     /// YAML (watch: one document per event).
     Yaml,
-}
-
-/// Which devices to list (`devices`, `fleet devices`): filters combine.
-#[derive(Debug, Clone, clap::Args)]
-pub(crate) struct DeviceFilter {
-    /// Only devices of this kind.
-    #[arg(long, value_enum)]
-    pub(crate) kind: Option<KindChoice>,
-    /// Only devices with this verdict.
-    #[arg(long, value_enum, conflicts_with = "stale")]
-    pub(crate) verdict: Option<VerdictChoice>,
-    /// Only stale devices (same as --verdict stale).
-    #[arg(long)]
-    pub(crate) stale: bool,
-}
-
-impl DeviceFilter {
-    /// The kind and verdict as the wire carries them (unspecified: any).
-    pub(crate) fn wire(&self) -> (i32, i32) {
-        let verdict = if self.stale { Some(pb::Verdict::Stale) } else { self.verdict.map(|v| v.wire) };
-        (
-            self.kind.map_or(pb::DeviceKind::Unspecified, |k| k.wire) as i32,
-            verdict.unwrap_or(pb::Verdict::Unspecified) as i32,
-        )
-    }
 }
 
 #[derive(Subcommand, Debug)]

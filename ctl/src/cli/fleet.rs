@@ -10,7 +10,7 @@ use blockjanitor_rpc::client::{self, Target};
 
 use super::args::Cli;
 use super::fleet_args::FleetCommand;
-use super::{render, status, write_out};
+use super::output::{render, status, write_out};
 use crate::{fleet_apply, time};
 
 /// One question to the fleet console.

@@ -4,7 +4,7 @@
 use blockjanitor_proto::v1 as pb;
 use clap::Subcommand;
 
-use super::args::DeviceFilter;
+use super::choices::DeviceFilter;
 
 /// The fleet console's questions.
 #[derive(Subcommand, Debug)]

@@ -5,28 +5,25 @@
 //! device changed since it was planned), 2 not carried out (no --yes, a plan refused, a step
 //! deferred).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use blockjanitor_rpc::client::{self, Target, TcpTarget};
 use clap::{CommandFactory, Parser};
-use serde_json::Value;
 
-use args::{Cli, Command, Output};
+use args::{Cli, Command};
+use output::write_out;
 
 mod args;
 pub mod choices;
 mod fleet;
 mod fleet_args;
 mod node;
+mod output;
 
 #[cfg(test)]
 mod tests;
-
-/// The exit code when apply did not carry everything out.
-const EXIT_NOT_DONE: u8 = 2;
 
 /// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
 /// arguments are those of `agentctl fleet`.
@@ -138,29 +135,6 @@ fn console_target(cli: &Cli) -> Result<Target> {
         ca,
         server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
     }))
-}
-
-/// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
-fn write_out(s: &str) -> Result<bool> {
-    let mut out = std::io::stdout().lock();
-    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(e).context("cannot write to stdout"),
-    }
-}
-
-/// The response in the chosen format.
-fn render(output: Output, value: impl FnOnce() -> Value, table: impl FnOnce() -> String) -> Result<String> {
-    Ok(match output {
-        Output::Table => table(),
-        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
-        Output::Yaml => serde_yaml_ng::to_string(&value())?,
-    })
-}
-
-fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!(client::status_line(&s))
 }
 
 /// Over TLS, an agent that rejects the client certificate just drops the connection after the

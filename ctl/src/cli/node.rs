@@ -11,7 +11,7 @@ use blockjanitor_rpc::client::{self, Target};
 use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
-use super::{render, status, write_out, EXIT_NOT_DONE};
+use super::output::{render, status, write_out, EXIT_NOT_DONE};
 use crate::{apply, plan, text, time, values};
 
 /// One command against the agent at `target`; its exit code.

@@ -1,0 +1,41 @@
+//! What agentctl's commands print and exit with: a response in the chosen format (table, JSON,
+//! YAML), stdout that tolerates a closed pipe, a gRPC status as one line, the exit code of an
+//! apply that did not carry everything out.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use blockjanitor_rpc::client;
+use serde_json::Value;
+
+use super::args::Output;
+
+/// The exit code when apply did not carry everything out.
+pub(super) const EXIT_NOT_DONE: u8 = 2;
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
+pub(super) fn write_out(s: &str) -> Result<bool> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("cannot write to stdout"),
+    }
+}
+
+/// The response in the chosen format.
+pub(super) fn render(
+    output: Output,
+    value: impl FnOnce() -> Value,
+    table: impl FnOnce() -> String,
+) -> Result<String> {
+    Ok(match output {
+        Output::Table => table(),
+        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
+        Output::Yaml => serde_yaml_ng::to_string(&value())?,
+    })
+}
+
+pub(super) fn status(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!(client::status_line(&s))
+}
