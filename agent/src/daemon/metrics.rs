@@ -67,6 +67,11 @@ const NVME_STATES: [&str; 8] =
 /// NVMe transports (the `transport` label); anything else is `other`.
 const NVME_TRANSPORTS: [&str; 6] = ["tcp", "rdma", "fc", "loop", "pcie", "other"];
 
+/// A gauge per value of `labels`.
+fn gauges(name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, MetricsError> {
+    Ok(GaugeVec::new(Opts::new(name, help), labels)?)
+}
+
 /// The process collector (CPU, memory, file descriptors, threads, start time of this process), in
 /// a registry of its own so its series keep their conventional unprefixed names.
 fn process_registry() -> Result<Registry, MetricsError> {
@@ -83,14 +88,13 @@ pub struct MetricsError(#[from] prometheus::Error);
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
         let registry = Registry::new_custom(Some("blockjanitor".into()), None)?;
-        let devices = GaugeVec::new(
-            Opts::new("devices", "Block devices in the latest scan, by kind and verdict."),
+        let devices = gauges(
+            "devices",
+            "Block devices in the latest scan, by kind and verdict.",
             &["kind", "verdict"],
         )?;
-        let holders = GaugeVec::new(
-            Opts::new("holders", "Holders of block devices in the latest scan, by holder kind."),
-            &["kind"],
-        )?;
+        let holders =
+            gauges("holders", "Holders of block devices in the latest scan, by holder kind.", &["kind"])?;
         let scan_duration = Histogram::with_opts(
             HistogramOpts::new("scan_duration_seconds", "Wall time of a full scan of the host.")
                 .buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]),
@@ -111,64 +115,23 @@ impl Metrics {
             "last_scan_timestamp_seconds",
             "When the latest scan finished, in seconds since the epoch.",
         )?;
-        let build_info = GaugeVec::new(
-            Opts::new("build_info", "Always 1; the agent's version as a label."),
-            &["version"],
-        )?;
+        let build_info = gauges("build_info", "Always 1; the agent's version as a label.", &["version"])?;
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
-        let device_info = GaugeVec::new(
-            Opts::new(
-                "device_info",
-                "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).",
-            ),
-            &["device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv"],
-        )?;
-        let device_verdict = GaugeVec::new(
-            Opts::new(
-                "device_verdict",
-                "The verdict of each device device_info describes, as a state set: one series per verdict, 1 for the device's current verdict and 0 for the others.",
-            ),
-            &["device", "verdict"],
-        )?;
-        let device_unresponsive = GaugeVec::new(
-            Opts::new(
-                "device_unresponsive",
-                "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.",
-            ),
-            &["device", "kind"],
-        )?;
-        let unresponsive_devices = GaugeVec::new(
-            Opts::new(
-                "unresponsive_devices",
-                "Devices in the latest scan that do not answer (I/O in flight and none completing for at least the unresponsive threshold), by kind.",
-            ),
-            &["kind"],
-        )?;
+        let device_info = gauges("device_info", "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).", &["device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv"])?;
+        let device_verdict = gauges("device_verdict", "The verdict of each device device_info describes, as a state set: one series per verdict, 1 for the device's current verdict and 0 for the others.", &["device", "verdict"])?;
+        let device_unresponsive = gauges("device_unresponsive", "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.", &["device", "kind"])?;
+        let unresponsive_devices = gauges("unresponsive_devices", "Devices in the latest scan that do not answer (I/O in flight and none completing for at least the unresponsive threshold), by kind.", &["kind"])?;
         let blocked_reads = Gauge::new(
             "blocked_reads",
             "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
         )?;
-        let nvme_controllers = GaugeVec::new(
-            Opts::new(
-                "nvme_controllers",
-                "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
-            ),
+        let nvme_controllers = gauges(
+            "nvme_controllers",
+            "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
             &["transport", "state"],
         )?;
-        let nvme_outages = GaugeVec::new(
-            Opts::new(
-                "nvme_outage_targets",
-                "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.",
-            ),
-            &["transport"],
-        )?;
-        let outages = GaugeVec::new(
-            Opts::new(
-                "transport_outages",
-                "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.",
-            ),
-            &["transport", "scope"],
-        )?;
+        let nvme_outages = gauges("nvme_outage_targets", "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.", &["transport"])?;
+        let outages = gauges("transport_outages", "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.", &["transport", "scope"])?;
         for c in [
             Box::new(nvme_controllers.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(nvme_outages.clone()),
