@@ -64,6 +64,7 @@ COPY rpc rpc
 COPY ctl ctl
 COPY console console
 COPY tests tests
+COPY fuzz fuzz
 RUN cargo build --locked --release -p blockjanitor --bin blockjanitor-agent -p blockjanitor-ctl --bin agentctl \
         -p blockjanitor-console --bin blockjanitor-console \
     && mkdir /out \
