@@ -76,3 +76,56 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
         "the Lease is in the console's namespace"
     );
 }
+
+/// The console's built-in defaults are what the shipped Deployment runs with: every flag the
+/// Deployment gives that has a default in `blockjanitor-console --help` gives that default (so a
+/// console started by hand, or a manifest that leaves a flag out, finds the same agents with the
+/// same server name).
+#[test]
+fn the_console_defaults_are_the_shipped_manifests() {
+    let kubectl = match kubectl() {
+        Ok(k) => k,
+        Err(why) => {
+            require("rendering deploy/overlays/console", &[why]);
+            return;
+        }
+    };
+    let objects =
+        render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
+    let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
+    let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().expect("args");
+    let help = std::process::Command::new(blockjanitor_tests::console::bin("blockjanitor-console"))
+        .arg("--help")
+        .output()
+        .expect("run blockjanitor-console --help");
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    // `--flag <VALUE>` on one line, its help (ending in `[default: X]`) on the next ones.
+    let mut defaults = std::collections::BTreeMap::new();
+    let mut flag: Option<String> = None;
+    for line in help.lines() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("--") {
+            flag = Some(rest.split([' ', '<']).next().unwrap_or_default().to_owned());
+        }
+        if let (Some(f), Some(i)) = (&flag, t.find("[default: ")) {
+            let value = t[i + "[default: ".len()..].split(']').next().unwrap_or_default();
+            defaults.insert(f.clone(), value.to_owned());
+        }
+    }
+    for must in ["selector", "agent-server-name", "namespace", "agent-port", "listen"] {
+        assert!(defaults.contains_key(must), "--{must} has no default in --help:\n{help}");
+    }
+    let mut compared = 0;
+    for a in args.iter().filter_map(Value::as_str) {
+        let Some((f, v)) = a.strip_prefix("--").and_then(|a| a.split_once('=')) else { continue };
+        let Some(default) = defaults.get(f) else { continue };
+        // A value the Deployment fills from the pod (the downward API) is not a default; JSON logs
+        // are for the cluster's log collector, text (the default) for a person at a terminal.
+        if v.starts_with("$(") || (f == "log-format" && v == "json") {
+            continue;
+        }
+        assert_eq!(v, default, "the Deployment runs --{f}={v}, but the console's default is {default}");
+        compared += 1;
+    }
+    assert!(compared >= 4, "only {compared} flags with defaults compared: {args:?}");
+}

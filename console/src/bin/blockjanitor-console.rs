@@ -53,7 +53,7 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     agent_ca: PathBuf,
     /// The name every agent's certificate carries.
-    #[arg(long, default_value = "blockjanitor-agent", value_name = "NAME")]
+    #[arg(long, default_value = "agent.blockjanitor.svc", value_name = "NAME")]
     agent_server_name: String,
     /// Static agents instead of pod discovery: NODE=https://HOST:PORT,...
     #[arg(long, value_name = "LIST")]
@@ -62,7 +62,11 @@ struct Cli {
     #[arg(long, default_value = "blockjanitor", value_name = "NS")]
     namespace: String,
     /// Label selector of the agent pods.
-    #[arg(long, default_value = "app.kubernetes.io/name=blockjanitor-agent", value_name = "SELECTOR")]
+    #[arg(
+        long,
+        default_value = "app.kubernetes.io/name=blockjanitor,app.kubernetes.io/component=agent",
+        value_name = "SELECTOR"
+    )]
     selector: String,
     /// The agents' gRPC port (pod IP + this port).
     #[arg(long, default_value_t = 9443, value_name = "PORT")]
