@@ -20,8 +20,19 @@ install_missing() {
     echo "$who: missing Debian packages $*; run as root to install them" >&2
     return 0
   fi
-  echo "$who: installing $*"
   apt-get update -qq
+  # Say exactly what will be installed (the packages asked for and every dependency apt adds),
+  # from apt's own simulation, and refuse a plan that would upgrade an installed package.
+  local sim inst upgrades
+  sim=$(apt-get install -s -y -qq --no-install-recommends --no-upgrade "$@" 2>&1) || true
+  inst=$(printf '%s\n' "$sim" | awk '/^Inst /{print $2}' | tr '\n' ' ')
+  upgrades=$(printf '%s\n' "$sim" | awk '/^Inst [^ ]+ \[/{print $2 " " $3}' | tr '\n' ' ')
+  echo "$who: installing ${inst:-$* }(asked for: $*)"
+  if [ -n "$upgrades" ] && [ "${CI:-}" != true ] && [ "${BLOCKJANITOR_ALLOW_UPGRADE:-}" != 1 ]; then
+    echo "$who: installing $* would upgrade installed packages: $upgrades; nothing was installed." \
+      "Run it with BLOCKJANITOR_ALLOW_UPGRADE=1 to allow that, or install them yourself." >&2
+    return 1
+  fi
   # policy-rc.d exit 101: no service (prometheus) is started by the install.
   local own_policy=0
   if [ ! -e /usr/sbin/policy-rc.d ]; then

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: a one-shot scan of this host, report only (changes nothing). Builds the agent
+# The main job: a one-shot scan of this host, report only: no device, mount or map is changed (the
+# agent records when it first saw each device unheld in its state file). Builds the agent
 # first (installing libudev-dev and pkg-config when missing and run as root), then runs
 # `blockjanitor-agent scan` with any extra arguments (e.g. --output json).
 set -euo pipefail
