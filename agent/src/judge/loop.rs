@@ -9,19 +9,30 @@ use crate::model::DeviceKind;
 pub(super) fn assess(e: &DeviceEntry) -> Assessment {
     let d = &e.device;
     if !is_mapping(e) {
-        return fin(
-            Verdict::Unused,
-            vec![format!(
-                "nothing holds {}; a {} is not something the agent cleans",
-                d.name,
-                d.kind.as_str()
-            )],
-        );
+        return fin(Verdict::Unused, vec![format!("nothing holds {}; {}", d.name, why_not_cleaned(e))]);
     }
     Assessment::Candidate(format!(
         "nothing holds {} (no mount in any namespace, no open fd, no swap, nothing stacked on it) for {{age}}",
         d.name
     ))
+}
+
+/// Why an unheld device that no transport claimed is not cleaned, in the words of what it is.
+fn why_not_cleaned(e: &DeviceEntry) -> String {
+    let d = &e.device;
+    match d.kind {
+        DeviceKind::Loop => "it is an unbound loop device (no backing file): there is nothing to detach".to_owned(),
+        DeviceKind::Rbd | DeviceKind::Nbd => {
+            format!("an {} device of size 0 maps nothing (disconnected, or being unmapped): there is nothing to unmap", d.kind.as_str())
+        }
+        _ => match crate::graph::stack::layer_of(d) {
+            Some(layer) => format!(
+                "a {} layer is removed only with the map or disk under it, when that is cleaned, never on its own",
+                layer.kind().as_str()
+            ),
+            None => format!("a {} is not something the agent cleans", d.kind.as_str()),
+        },
+    }
 }
 
 /// Kinds the agent may clean once stale.

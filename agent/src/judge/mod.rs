@@ -40,7 +40,8 @@ pub enum Verdict {
     /// Something holds it.
     #[value(alias = "in-use")]
     InUse,
-    /// Nothing holds it, and it is not a kind the agent cleans.
+    /// Nothing holds it, and there is nothing of it for the agent to clean (a disk, an unbound
+    /// loop device, a stack layer whose map or disk is not being cleaned).
     Unused,
     /// A candidate nothing holds, not yet for the whole grace period.
     Suspect,

@@ -236,3 +236,31 @@ fn a_dead_map_over_an_iscsi_outage_is_an_outage_not_stale() {
     );
     assert_eq!(clocks, 0, "no grace clock runs behind an outage");
 }
+
+/// An unheld device the agent leaves alone says what it is: an unbound loop device has nothing to
+/// detach, a LUKS layer goes only with the map or disk under it, a disk is not the agent's to clean.
+#[test]
+fn an_unheld_device_that_is_not_cleaned_says_what_it_is() {
+    let bare = |name: &str, devnum: DevNum, kind: DeviceKind| {
+        BlockDevice::new(DeviceName::new(name).expect("name"), devnum, kind, 1 << 30)
+    };
+    let unbound = DeviceEntry::new(bare("loop7", DevNum::new(7, 7), DeviceKind::Loop), Vec::new());
+    let mut crypt = bare("dm-4", DevNum::new(254, 4), DeviceKind::Dm);
+    crypt.dm = Some(crate::model::DmInfo {
+        name: "luks-data".into(),
+        uuid: "CRYPT-LUKS2-0123456789abcdef0123456789abcdef-luks-data".into(),
+        suspended: false,
+    });
+    let crypt = DeviceEntry::new(crypt, Vec::new());
+    let disk = DeviceEntry::new(bare("vdb", DevNum::new(252, 16), DeviceKind::Disk), Vec::new());
+    for (entry, says) in [
+        (unbound, "unbound loop device (no backing file): there is nothing to detach"),
+        (crypt, "layer is removed only with the map or disk under it"),
+        (disk, "a disk is not something the agent cleans"),
+    ] {
+        let name = entry.device.name.to_string();
+        let j = judge_alone(entry, Duration::ZERO);
+        assert_eq!(j.verdict, Verdict::Unused, "{name}: {j:?}");
+        assert!(j.reasons.iter().any(|r| r.contains(says)), "{name}: {:?}", j.reasons);
+    }
+}
