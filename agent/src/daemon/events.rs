@@ -1,4 +1,9 @@
 //! What changed between two scans, and what the agent did: the stream `WatchEvents` serves.
+//!
+//! A protected device (the root disk, kubelet's and the runtimes' disks) is never acted on, and the
+//! processes working on it come and go all the time: its holders are sent summarised, one per
+//! kind with the number of processes, and a change of them is an event only when a kind of holder
+//! appears or goes (not at every process that starts or exits), so an idle node stays quiet.
 
 use std::collections::HashMap;
 use std::time::SystemTime;
@@ -62,6 +67,53 @@ fn counts_gone_new(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> (u
     (ma.iter().filter(|h| !b.contains(h)).count(), mb.iter().filter(|h| !a.contains(h)).count())
 }
 
+/// Holders as events carry them for a protected device: one per kind (in the order the kinds are
+/// first seen), with the number of holders of that kind and the processes behind them, and no
+/// per-process detail.
+pub fn summarised(holders: &[crate::graph::Holder]) -> Vec<crate::graph::Holder> {
+    let mut out: Vec<crate::graph::Holder> = Vec::new();
+    for h in holders {
+        match out.iter_mut().find(|s| s.kind == h.kind) {
+            Some(s) => s.pid_count += h.pid_count.max(1),
+            None => {
+                let mut s = crate::graph::Holder::bare(h.kind);
+                s.pid_count = h.pid_count.max(1);
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// The kinds of holder present, each once.
+fn holder_kinds(holders: &[crate::graph::Holder]) -> Vec<crate::model::HolderKind> {
+    summarised(holders).into_iter().map(|h| h.kind).collect()
+}
+
+/// A summary line of a protected device's holders: `2 mount, 140 cwd`.
+fn summary_line(holders: &[crate::graph::Holder]) -> String {
+    let parts: Vec<String> =
+        summarised(holders).iter().map(|h| format!("{} {}", h.pid_count, h.kind.as_str())).collect();
+    if parts.is_empty() {
+        "none".to_owned()
+    } else {
+        parts.join(", ")
+    }
+}
+
+fn is_protected(d: &DeviceView) -> bool {
+    d.judgement.verdict == crate::judge::Verdict::Protected
+}
+
+/// The device as an event carries it: a protected device's holders summarised.
+fn for_event(d: &DeviceView) -> DeviceView {
+    let mut d = d.clone();
+    if is_protected(&d) {
+        d.entry.holders = summarised(&d.entry.holders);
+    }
+    d
+}
+
 /// A device's I/O stopped completing, or completes again.
 fn responsiveness(d: &DeviceView) -> AgentEvent {
     let name = d.entry.device.name.as_str();
@@ -69,7 +121,7 @@ fn responsiveness(d: &DeviceView) -> AgentEvent {
         Some(s) => format!("{name}: {}", s.describe()),
         None => format!("{name}: answers again (its I/O completes)"),
     };
-    AgentEvent::new(EventKind::ResponsivenessChanged, name, message, Some(d.clone()))
+    AgentEvent::new(EventKind::ResponsivenessChanged, name, message, Some(for_event(d)))
 }
 
 /// Events that turn `old` into `new`. Devices are matched by name and number, so a reused name
@@ -86,10 +138,23 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                 EventKind::DeviceAdded,
                 name,
                 format!("{name} ({}, {}) appeared", d.entry.device.devnum, d.entry.device.kind.as_str()),
-                Some(d.clone()),
+                Some(for_event(d)),
             )),
             Some(prev) => {
-                if !same_holders(&prev.entry.holders, &d.entry.holders) {
+                if is_protected(d) {
+                    if holder_kinds(&prev.entry.holders) != holder_kinds(&d.entry.holders) {
+                        out.push(AgentEvent::new(
+                            EventKind::HoldersChanged,
+                            name,
+                            format!(
+                                "{name} (protected): holders by kind {} -> {}",
+                                summary_line(&prev.entry.holders),
+                                summary_line(&d.entry.holders)
+                            ),
+                            Some(for_event(d)),
+                        ));
+                    }
+                } else if !same_holders(&prev.entry.holders, &d.entry.holders) {
                     let (gone, new) = counts_gone_new(&prev.entry.holders, &d.entry.holders);
                     out.push(AgentEvent::new(
                         EventKind::HoldersChanged,
@@ -110,7 +175,7 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                             prev.judgement.verdict.as_str(),
                             d.judgement.verdict.as_str()
                         ),
-                        Some(d.clone()),
+                        Some(for_event(d)),
                     ));
                 }
             }
@@ -127,3 +192,7 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
     }
     out
 }
+
+#[cfg(test)]
+#[path = "events_tests.rs"]
+mod tests;

@@ -52,6 +52,39 @@ const WATCH_BUFFER: usize = 8;
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
+/// Most bytes of one event on the wire: past it, the device it carries has its holders summarised
+/// by kind (a device held by thousands of processes would otherwise send every one of them to
+/// every watcher at each change), and the event's message says so.
+pub const EVENT_BYTES_MAX: usize = 4096;
+
+/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`].
+fn capped(mut ev: pb::Event) -> pb::Event {
+    use prost::Message as _;
+    if ev.encoded_len() <= EVENT_BYTES_MAX {
+        return ev;
+    }
+    if let Some(d) = ev.current.as_mut() {
+        let n = d.holders.len();
+        let mut by_kind: Vec<pb::Holder> = Vec::new();
+        for h in &d.holders {
+            match by_kind.iter_mut().find(|s| s.kind == h.kind) {
+                Some(s) => s.pid_count += h.pid_count.max(1),
+                None => by_kind.push(pb::Holder {
+                    kind: h.kind,
+                    pid_count: h.pid_count.max(1),
+                    ..Default::default()
+                }),
+            }
+        }
+        d.holders = by_kind;
+        ev.message.push_str(&format!(
+            " ({n} holders summarised by kind: an event carries at most {} KB; GetDevice shows each)",
+            EVENT_BYTES_MAX / 1024
+        ));
+    }
+    ev
+}
+
 /// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
 /// operators only. A viewer gets every device with its holders' command lines blanked.
 fn for_role(mut d: pb::Device, role: Role) -> pb::Device {
@@ -190,7 +223,7 @@ impl Agent for AgentService {
                         Ok(e) => {
                             let mut ev = convert::event(&e);
                             ev.current = ev.current.map(|d| for_role(d, role));
-                            ev
+                            capped(ev)
                         }
                         // A slow client missed events: tell it, and go on.
                         Err(RecvError::Lagged(n)) => pb::Event {
@@ -208,5 +241,49 @@ impl Agent for AgentService {
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event_with(holders: usize) -> pb::Event {
+        let h = |i: usize| pb::Holder {
+            kind: if i.is_multiple_of(2) { pb::HolderKind::Cwd } else { pb::HolderKind::Mmap } as i32,
+            pids: vec![i as u32],
+            pid_count: 1,
+            comm: "python3".into(),
+            cmdline: format!("python3 /srv/app/worker.py --queue jobs-{i}"),
+            ..Default::default()
+        };
+        pb::Event {
+            r#type: pb::event::Type::HoldersChanged as i32,
+            device: "vdb".into(),
+            message: "vdb: 1 holder(s) added, 0 gone".into(),
+            current: Some(pb::Device {
+                name: "vdb".into(),
+                holders: (0..holders).map(h).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A small event goes as it is; a large one has its holders summarised by kind, fits the cap,
+    /// and says so.
+    #[test]
+    fn an_event_over_the_cap_has_its_holders_summarised_and_says_so() {
+        use prost::Message as _;
+        let small = event_with(3);
+        assert_eq!(capped(small.clone()), small);
+        let big = event_with(500);
+        assert!(big.encoded_len() > EVENT_BYTES_MAX);
+        let c = capped(big);
+        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
+        let holders = &c.current.as_ref().expect("current").holders;
+        assert_eq!(holders.len(), 2, "{holders:?}");
+        assert_eq!(holders.iter().map(|h| h.pid_count).sum::<u32>(), 500);
+        assert!(c.message.contains("500 holders summarised by kind"), "{}", c.message);
     }
 }

@@ -1,0 +1,86 @@
+//! Tests of the event diff: a protected device's process churn is no event, a new kind of holder
+//! on it is one (summarised), and every other device's holder change is sent in full.
+
+use super::*;
+use crate::graph::identity::Identity;
+use crate::graph::{DeviceEntry, Holder};
+use crate::judge::{Judgement, Verdict};
+use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind};
+
+fn process(kind: HolderKind, pid: u32) -> Holder {
+    let mut h = Holder::bare(kind);
+    h.pids = vec![pid];
+    h.pid_count = 1;
+    h.comm = Some("sh".into());
+    h.cmdline = Some(format!("sh -c job-{pid}").into());
+    h
+}
+
+fn device(name: &str, minor: u32, verdict: Verdict, holders: Vec<Holder>) -> DeviceView {
+    let dev = BlockDevice::new(
+        DeviceName::new(name).expect("name"),
+        DevNum::new(252, minor),
+        DeviceKind::Disk,
+        1 << 30,
+    );
+    let entry = DeviceEntry::new(dev, holders);
+    DeviceView {
+        identity: Identity::of(&entry),
+        judgement: Judgement { verdict, reasons: Vec::new(), summary: String::new() },
+        entry,
+        unresponsive: None,
+        last_seen_scan: 1,
+        last_seen: None,
+    }
+}
+
+fn view(devices: Vec<DeviceView>) -> View {
+    let mut v = View::empty();
+    v.devices = devices;
+    v
+}
+
+#[test]
+fn a_protected_disks_process_churn_is_no_event() {
+    let before = view(vec![device(
+        "vda",
+        0,
+        Verdict::Protected,
+        (1..=40).map(|p| process(HolderKind::Cwd, p)).collect(),
+    )]);
+    // Other processes, more of them, the same kinds: what an idle node's root disk does.
+    let after = view(vec![device(
+        "vda",
+        0,
+        Verdict::Protected,
+        (100..=160).map(|p| process(HolderKind::Cwd, p)).collect(),
+    )]);
+    assert!(diff(&before, &after).is_empty(), "{:?}", diff(&before, &after));
+
+    // A kind of holder appears (swap on the root disk): one event, its holders one per kind.
+    let mut with_swap: Vec<Holder> = (100..=160).map(|p| process(HolderKind::Cwd, p)).collect();
+    with_swap.push(Holder::bare(HolderKind::Swap));
+    let swapped = view(vec![device("vda", 0, Verdict::Protected, with_swap)]);
+    let events = diff(&after, &swapped);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].kind, EventKind::HoldersChanged);
+    assert!(events[0].message.contains("61 cwd -> 61 cwd, 1 swap"), "{}", events[0].message);
+    let holders = &events[0].current.as_ref().expect("current").entry.holders;
+    assert_eq!(holders.len(), 2, "one holder per kind: {holders:?}");
+    assert!(
+        holders.iter().all(|h| h.pids.is_empty() && h.cmdline.is_none()),
+        "no process detail: {holders:?}"
+    );
+    assert_eq!(holders[0].pid_count, 61);
+}
+
+#[test]
+fn any_other_devices_holder_change_is_sent_in_full() {
+    let before = view(vec![device("loop0", 7, Verdict::InUse, vec![process(HolderKind::OpenDevice, 1)])]);
+    let after = view(vec![device("loop0", 7, Verdict::InUse, vec![process(HolderKind::OpenDevice, 2)])]);
+    let events = diff(&before, &after);
+    assert_eq!(events.len(), 1, "{events:?}");
+    let holders = &events[0].current.as_ref().expect("current").entry.holders;
+    assert_eq!(holders[0].pids, vec![2], "{holders:?}");
+    assert!(holders[0].cmdline.is_some());
+}
