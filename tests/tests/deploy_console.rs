@@ -8,21 +8,25 @@ use serde_json::Value;
 
 const LEASE: &str = "blockjanitor-console-apply";
 
+/// deploy/overlays/console rendered; None (the test skipped, or failed under CI=true) without kubectl.
+fn rendered_console() -> Option<Vec<Value>> {
+    let kubectl = match kubectl() {
+        Ok(k) => k,
+        Err(why) => {
+            require("rendering deploy/overlays/console", &[why]);
+            return None;
+        }
+    };
+    Some(render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}")))
+}
+
 fn has_arg(args: &[Value], want: &str) -> bool {
     args.iter().any(|a| a.as_str() == Some(want))
 }
 
 #[test]
 fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
-    let kubectl = match kubectl() {
-        Ok(k) => k,
-        Err(why) => {
-            require("rendering deploy/overlays/console", &[why]);
-            return;
-        }
-    };
-    let objects =
-        render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
+    let Some(objects) = rendered_console() else { return };
     let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
     assert!(d["spec"]["replicas"].as_i64().unwrap_or(1) >= 2, "replicas: {}", d["spec"]["replicas"]);
     assert_eq!(d["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0, "a rollout keeps every replica");
@@ -83,15 +87,7 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
 /// same server name).
 #[test]
 fn the_console_defaults_are_the_shipped_manifests() {
-    let kubectl = match kubectl() {
-        Ok(k) => k,
-        Err(why) => {
-            require("rendering deploy/overlays/console", &[why]);
-            return;
-        }
-    };
-    let objects =
-        render(&kubectl, &deploy::repo().join("deploy/overlays/console")).unwrap_or_else(|e| panic!("{e}"));
+    let Some(objects) = rendered_console() else { return };
     let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
     let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().expect("args");
     let help = std::process::Command::new(blockjanitor_tests::console::bin("blockjanitor-console"))

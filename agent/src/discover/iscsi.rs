@@ -29,20 +29,16 @@ use super::{list_dir, read_attr_opt, DiscoverError};
 use crate::host::HostRoot;
 
 /// One iSCSI connection (`connection<SID>:<CID>`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct IscsiConnection {
     /// `connection1:0`.
     pub name: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub persistent_address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub persistent_port: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub address: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub port: Option<u16>,
     /// `up`, `down`, `failed`, `bound` (`None`: a kernel without the attribute).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub state: Option<String>,
 }
 
@@ -78,26 +74,21 @@ pub struct IscsiHost {
 }
 
 /// What a session is logged in to, beyond its name, target and state.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct IscsiDetail {
     /// The `SID` of `session<SID>`.
     pub sid: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub tpgt: Option<u32>,
     /// Seconds a FAILED session waits to be re-established before its disks go
     /// `transport-offline` (`-1`: forever).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub recovery_tmo: Option<i64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub ifacename: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub initiatorname: Option<String>,
     /// `UNBOUND`, `ALLOCATED`, `SCANNED`, `UNBINDING` (Linux 5.13+).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub target_state: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub connections: Vec<IscsiConnection>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<IscsiHost>,
 }
 

@@ -107,21 +107,17 @@ impl Timeout {
 }
 
 /// A fabrics transport address, from `address` (`key=value` pairs joined by `,`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct NvmeAddress {
     /// The text as the kernel printed it (without the newline).
     pub raw: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub traddr: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub trsvcid: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_traddr: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub host_iface: Option<String>,
     /// nvme-tcp's local address, shown only while the admin queue is live: never part of the
     /// controller's identity.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub src_addr: Option<String>,
 }
 
@@ -168,6 +164,7 @@ impl NvmeAddress {
 }
 
 /// One NVMe controller (`/sys/class/nvme/nvmeN`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NvmeController {
     /// `nvmeN`.
@@ -178,16 +175,11 @@ pub struct NvmeController {
     pub address: NvmeAddress,
     pub state: CtrlState,
     /// Fabrics only (`None` for PCIe, whose controllers have no such attribute).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub ctrl_loss_tmo: Option<Timeout>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub reconnect_delay: Option<Timeout>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cntlid: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub hostnqn: Option<String>,
     /// The subsystem it belongs to (`nvme-subsysM`), from the subsystem's links.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub subsystem: Option<String>,
     /// Its namespace disks: hidden per-path devices (`nvme1c1n1`) with native multipath, the
     /// namespaces themselves (`nvme1n1`) without.

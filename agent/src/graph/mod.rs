@@ -35,6 +35,7 @@ use crate::snapshot::{KernelThread, Snapshot};
 pub const MAX_PIDS: usize = 16;
 
 /// One way a device is held.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Holder {
     pub kind: HolderKind,
@@ -42,30 +43,29 @@ pub struct Holder {
     pub pids: Vec<u32>,
     pub pid_count: usize,
     /// Names from the kernel are bytes ([`KernelText`]); JSON shows them escaped.
+    #[serialize_always]
     pub comm: Option<KernelText>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cmdline: Option<KernelText>,
     /// The first process's state letter (`D`: stuck in uninterruptible sleep).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub process_state: Option<char>,
     /// For mounts: the namespace the mount lives in; for process holders: the process's.
+    #[serialize_always]
     pub mount_namespace: Option<MountNsId>,
     /// Whether that namespace is the host's (PID 1's).
+    #[serialize_always]
     pub in_host_namespace: Option<bool>,
+    #[serialize_always]
     pub mount_point: Option<KernelText>,
+    #[serialize_always]
     pub container_id: Option<String>,
+    #[serialize_always]
     pub pod_uid: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub mount_id: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub fstype: Option<KernelText>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<KernelText>,
     /// For mounts: the shared peer group (`shared:N`); an unmount propagates to every peer.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_group: Option<u32>,
     /// For mounts: the peer group it is a slave of (`master:N`): a copy that follows it.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub master_group: Option<u32>,
     /// For mounts: every peer group it receives propagation from as mountinfo names them
     /// (`master:N` and `propagate_from:N`, which may differ): the links of a chain of copies.
@@ -73,18 +73,14 @@ pub struct Holder {
     pub upstream_groups: Vec<u32>,
     /// For mounts: the mount's own superblock device as mountinfo shows it (an anonymous
     /// `0:NN` for btrfs, joined to this block device through `/sys/fs/btrfs`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub mount_dev: Option<DevNum>,
     /// How the mount's namespace can be entered.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace_entry: Option<NsEntry>,
     /// The file or path involved (fd target, mapped file, swap file, loop backing file).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<KernelText>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub fds: Vec<u32>,
     /// For stacked devices and loop backing: the device on top.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<DeviceName>,
 }
 
@@ -179,32 +175,26 @@ impl Holder {
 }
 
 /// A device and everything that holds it.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceEntry {
     pub device: BlockDevice,
     pub holders: Vec<Holder>,
     pub kernel_threads: Vec<KernelThread>,
     /// For a multipath map: its paths and their state.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub multipath: Option<MultipathView>,
     /// For a SCSI disk: its state, transport and the map it serves.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub scsi: Option<ScsiView>,
     /// For a krbd device: the image, and the client the cluster sees as its watcher.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub rbd: Option<RbdMapping>,
     /// For a connected nbd device: its server process.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub nbd: Option<NbdDevice>,
     /// For an NVMe namespace: its role, subsystem and controllers ([`crate::graph::nvme`]; what
     /// may be done about it: [`crate::judge::nvme`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub nvme: Option<crate::graph::nvme::NvmeView>,
     /// The Kubernetes volume it is, per the kubelet directory.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubeOwner>,
     /// Its I/O counters as this scan read them (`None`: not read, as on fixture trees).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub io: Option<IoStat>,
 }
 
