@@ -281,7 +281,7 @@ mod tests {
     use crate::discover::namespaces::NsEntry;
     use crate::graph::DeviceGraph;
     use crate::model::blindspot::BlindSpot;
-    use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, MountNsId};
+    use crate::model::{DevNum, MountNsId};
 
     const DEV: DevNum = DevNum { major: 7, minor: 3 };
 
@@ -309,13 +309,7 @@ mod tests {
     }
 
     fn entry(holders: Vec<Holder>) -> DeviceEntry {
-        DeviceEntry::new(
-            BlockDevice {
-                diskseq: Some(1),
-                ..BlockDevice::new(DeviceName::new("loop3").expect("name"), DEV, DeviceKind::Loop, 1 << 20)
-            },
-            holders,
-        )
+        crate::graph::test_support::loop3(holders)
     }
 
     fn scan(holders: Vec<Holder>) -> Scan {

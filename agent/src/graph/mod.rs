@@ -537,3 +537,26 @@ pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
 
 #[cfg(test)]
 mod tests;
+
+/// Builders shared by the unit tests of the stages above the graph.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::{DeviceEntry, Holder};
+    use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName};
+
+    /// `loop3` (7:3, diskseq 1, 1 MiB) with these holders.
+    pub(crate) fn loop3(holders: Vec<Holder>) -> DeviceEntry {
+        DeviceEntry::new(
+            BlockDevice {
+                diskseq: Some(1),
+                ..BlockDevice::new(
+                    DeviceName::new("loop3").expect("name"),
+                    DevNum::new(7, 3),
+                    DeviceKind::Loop,
+                    1 << 20,
+                )
+            },
+            holders,
+        )
+    }
+}

@@ -3,8 +3,8 @@
 use super::release::{detached_namespaces, release, release_with, ReleaseOptions};
 use crate::discover::namespaces::NsEntry;
 use crate::graph::{DeviceEntry, Holder};
-use crate::model::{BlockDevice, DevNum};
-use crate::model::{DeviceKind, DeviceName, HolderKind, MountNsId};
+use crate::model::DevNum;
+use crate::model::{DeviceName, HolderKind, MountNsId};
 
 const DEV: DevNum = DevNum { major: 7, minor: 3 };
 
@@ -34,13 +34,7 @@ fn user(kind: HolderKind, ns: Option<u64>, pid: u32) -> Holder {
 }
 
 fn entry(holders: Vec<Holder>) -> DeviceEntry {
-    DeviceEntry::new(
-        BlockDevice {
-            diskseq: Some(1),
-            ..BlockDevice::new(DeviceName::new("loop3").expect("name"), DEV, DeviceKind::Loop, 1 << 20)
-        },
-        holders,
-    )
+    crate::graph::test_support::loop3(holders)
 }
 
 fn forced() -> ReleaseOptions {
