@@ -60,7 +60,11 @@ const KINDS: [KindChoice; 10] = [
 /// `--verdict`'s values, in the order `--help` lists them.
 const VERDICTS: [VerdictChoice; 7] = [
     Choice { alias: Some("in-use"), ..row("in_use", Some("Something holds it"), pb::Verdict::InUse) },
-    row("unused", Some("Nothing holds it, and it is not a kind the agent cleans"), pb::Verdict::Unused),
+    row(
+        "unused",
+        Some("Nothing holds it, and there is nothing of it for the agent to clean (a disk, an unbound loop device, a stack layer whose map or disk is not being cleaned)"),
+        pb::Verdict::Unused,
+    ),
     row("suspect", Some("A candidate nothing holds, not yet for the whole grace period"), pb::Verdict::Suspect),
     row(
         "stale",
