@@ -530,18 +530,7 @@ mod tests {
     #[test]
     fn an_unbound_loop_device_is_the_detach_itself_not_another_device() {
         let mut bound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
-        bound.device.loop_info = Some(crate::model::LoopInfo {
-            backing_file: "/img".into(),
-            backing_deleted: false,
-            offset: 0,
-            sizelimit: 0,
-            autoclear: false,
-            read_only: false,
-            backing_dev: Some(DevNum::new(254, 0)),
-            backing_inode: Some(12),
-            backing_rdev: None,
-            status_blocked: None,
-        });
+        bound.device.loop_info = Some(crate::graph::test_support::loop_info(12));
         let i = intent(&bound, serde_json::json!({"action": "detach_loop", "backing_file": "/img"}), 42);
         let unbound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
         let r = resolve(&i, Some(&unbound));

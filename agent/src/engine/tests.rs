@@ -21,7 +21,7 @@ use crate::host::clock::BootTime;
 use crate::judge::grace::Clocks;
 use crate::kube::ClusterView;
 use crate::model::DevNum;
-use crate::model::{BlockDevice, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
+use crate::model::{BlockDevice, DeviceKind, DeviceName, HolderKind, MountNsId};
 use crate::plan::Action;
 use crate::plan::{Plan, Step};
 
@@ -49,18 +49,7 @@ fn entry(seq: u64) -> DeviceEntry {
             parent: None,
             holders: Vec::new(),
             slaves: Vec::new(),
-            loop_info: Some(LoopInfo {
-                backing_file: "/img".into(),
-                backing_deleted: false,
-                offset: 0,
-                sizelimit: 0,
-                autoclear: false,
-                read_only: false,
-                backing_dev: Some(DevNum::new(254, 0)),
-                backing_inode: Some(seq),
-                backing_rdev: None,
-                status_blocked: None,
-            }),
+            loop_info: Some(crate::graph::test_support::loop_info(seq)),
             dm: None,
             diskseq: Some(seq),
         },
