@@ -174,8 +174,22 @@ fn node_shows_the_kubernetes_api_and_blind_spots() {
     assert_eq!(v["kubernetes"], n.kubernetes.as_str());
     assert_eq!(v["blind_spots"][0], n.blind_spots[0].as_str());
     assert_eq!(v["blind_spots"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["ready"], true);
+    assert!(t.contains("\nready:          yes\n"), "{t}");
     let yaml = serde_yaml_ng::to_string(&v).expect("yaml");
     assert!(yaml.contains("kubernetes: ") && yaml.contains("blind_spots:\n- "), "{yaml}");
+    let unready = pb::Node {
+        not_ready_because: vec!["the journal cannot be written: /j: Read-only file system".into()],
+        ..Default::default()
+    };
+    assert!(
+        node_table(&unready, 0.0)
+            .contains("\nready:          NO: the journal cannot be written: /j: Read-only"),
+        "{}",
+        node_table(&unready, 0.0)
+    );
+    assert_eq!(node_value(&unready)["ready"], false);
+    assert_eq!(node_value(&unready)["not_ready_because"][0], unready.not_ready_because[0].as_str());
     let quiet = pb::Node { kubernetes: "vouching".into(), ..Default::default() };
     let t = node_table(&quiet, 0.0);
     assert!(t.contains("Kubernetes API: vouching\n") && t.contains("blind spots:    none\n"), "{t}");

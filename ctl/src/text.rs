@@ -32,6 +32,14 @@ pub fn node_table(n: &pb::Node, now: f64) -> String {
             "Kubernetes API",
             if n.kubernetes.is_empty() { "not reported".into() } else { clean(&n.kubernetes) },
         ),
+        (
+            "ready",
+            if n.not_ready_because.is_empty() {
+                "yes".into()
+            } else {
+                format!("NO: {}", n.not_ready_because.iter().map(|r| clean(r)).collect::<Vec<_>>().join("; "))
+            },
+        ),
         ("last scan", last),
         ("scans", n.scans.to_string()),
         ("devices", n.devices.to_string()),

@@ -20,6 +20,8 @@ pub fn node_value(n: &pb::Node) -> Value {
         "mode": n.mode,
         "kubernetes": n.kubernetes,
         "blind_spots": n.blind_spots,
+        "ready": n.not_ready_because.is_empty(),
+        "not_ready_because": n.not_ready_because,
     })
 }
 

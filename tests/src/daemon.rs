@@ -112,6 +112,38 @@ impl Daemon {
         self.log.text()
     }
 
+    /// Waits (20 s at most) until the server's own health (`""`, the liveness probe's) is
+    /// SERVING and the agent service's (the readiness probe's) is `want`; panics with the log
+    /// otherwise.
+    pub fn wait_health(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        want: tonic_health::pb::health_check_response::ServingStatus,
+    ) {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        rt.block_on(async {
+            let ch = unix_channel(&self.socket).await.expect("connect");
+            let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+            let mut last = Vec::new();
+            for _ in 0..200 {
+                last.clear();
+                for service in ["", "blockjanitor.v1.Agent"] {
+                    let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+                    last.push(h.check(req).await.expect("health").into_inner().status);
+                }
+                if last == [ServingStatus::Serving as i32, want as i32] {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!(
+                "health never became [Serving, {want:?}] (last: {last:?}); log:
+{}",
+                self.log_text()
+            );
+        })
+    }
+
     /// Sends SIGTERM and waits (5 s at most); returns the exit code.
     pub fn stop(&mut self) -> Option<i32> {
         child_log::stop(&mut self.child)

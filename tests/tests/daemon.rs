@@ -826,31 +826,14 @@ fn health_is_not_serving_while_scans_fail_and_serving_once_one_succeeds() {
         &["--root", root.to_str().expect("utf8"), "--rescan-interval", "1"],
         &["--node-name", "node-health"],
     );
-    let status = |want: ServingStatus| {
-        rt().block_on(async {
-            let ch = blockjanitor_tests::daemon::unix_channel(&d.socket).await.expect("connect");
-            let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
-            let mut last = Vec::new();
-            for _ in 0..100 {
-                last.clear();
-                for service in ["", "blockjanitor.v1.Agent"] {
-                    let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
-                    last.push(h.check(req).await.expect("health").into_inner().status);
-                }
-                if last == [ServingStatus::Serving as i32, want as i32] {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            panic!("health never became [Serving, {want:?}] (last: {last:?}); log:\n{}", d.log_text());
-        })
-    };
+    let rt = rt();
+    let status = |want: ServingStatus| d.wait_health(&rt, want);
     status(ServingStatus::Serving);
     let class = root.join("sys/class/block");
     let aside = root.join("sys/class/block.aside");
     std::fs::rename(&class, &aside).expect("take /sys/class/block away");
     status(ServingStatus::NotServing);
-    assert!(d.log_text().contains("NOT_SERVING until a scan succeeds"), "{}", d.log_text());
+    assert!(d.log_text().contains("NOT_SERVING until every check passes"), "{}", d.log_text());
     std::fs::rename(&aside, &class).expect("put it back");
     status(ServingStatus::Serving);
 }

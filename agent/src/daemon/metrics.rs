@@ -39,6 +39,9 @@ const VERDICTS: [Verdict; 7] = [
 /// Transports the outage guard watches (the `transport` label of `transport_outages`).
 pub const OUTAGE_TRANSPORTS: [&str; 2] = ["iscsi", "nvme"];
 
+/// The health checks (the `check` label of `not_ready`; see `daemon::health`).
+const HEALTH_CHECKS: [&str; 3] = ["scan", "journal", "kubernetes"];
+
 /// The agent's metrics and their registry.
 pub struct Metrics {
     registry: Registry,
@@ -59,6 +62,7 @@ pub struct Metrics {
     nvme_controllers: GaugeVec,
     nvme_outages: GaugeVec,
     outages: GaugeVec,
+    not_ready: GaugeVec,
 }
 
 /// NVMe controller states (the `state` label); anything else is `other`.
@@ -132,8 +136,13 @@ impl Metrics {
         )?;
         let nvme_outages = gauges("nvme_outage_targets", "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.", &["transport"])?;
         let outages = gauges("transport_outages", "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.", &["transport", "scope"])?;
+        let not_ready = gauges("not_ready", "1 while this health check fails (scan: the latest scan failed; journal: the journal cannot be written; kubernetes: release or clean mode and the API's view does not vouch), else 0; the agent service's health is NOT_SERVING while any is 1.", &["check"])?;
+        for check in HEALTH_CHECKS {
+            not_ready.with_label_values(&[check]).set(0.0);
+        }
         for c in [
-            Box::new(nvme_controllers.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(not_ready.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(nvme_controllers.clone()),
             Box::new(nvme_outages.clone()),
             Box::new(outages.clone()),
             Box::new(devices.clone()),
@@ -196,6 +205,7 @@ impl Metrics {
             nvme_controllers,
             nvme_outages,
             outages,
+            not_ready,
         })
     }
 
@@ -325,6 +335,14 @@ impl Metrics {
     fn kind_labels() -> impl Iterator<Item = &'static str> {
         let kinds = DeviceKind::ALL.iter().map(|k| k.as_str());
         kinds.chain(crate::graph::stack::LayerKind::ALL.iter().map(|k| k.as_str()))
+    }
+
+    /// Sets `not_ready{check}` from the health checks.
+    pub fn observe_health(&self, health: &super::health::Health) {
+        let failing: Vec<&str> = health.failing().map(|(check, _)| check).collect();
+        for check in HEALTH_CHECKS {
+            self.not_ready.with_label_values(&[check]).set(f64::from(u8::from(failing.contains(&check))));
+        }
     }
 
     pub fn scan_failed(&self, trigger: &'static str) {

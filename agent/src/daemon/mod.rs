@@ -5,6 +5,7 @@
 
 pub mod budget;
 pub mod events;
+pub mod health;
 pub mod metrics;
 pub mod mount_watch;
 pub mod new_namespaces;

@@ -87,9 +87,9 @@ pub struct AgentState {
     pub(super) budget: Mutex<Budget>,
     /// Plan calls a minute per caller (each scans afresh).
     pub plan_limit: blockjanitor_rpc::peer_limit::PeerLimit,
-    /// Why the latest scan failed (`None`: it succeeded): the health service answers NOT_SERVING
-    /// while it is `Some`, since every answer then rests on an older view.
-    pub scan_failure: tokio::sync::watch::Sender<Option<String>>,
+    /// Whether the agent can do its job, and why not ([`super::health`]): the health service
+    /// answers NOT_SERVING for the agent service while a check fails.
+    pub health: tokio::sync::watch::Sender<super::health::Health>,
 }
 
 /// Something that watches mount namespaces for changes (the kernel's mount events, see
@@ -169,7 +169,7 @@ impl AgentState {
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
             plan_limit,
-            scan_failure: tokio::sync::watch::channel(None).0,
+            health: tokio::sync::watch::channel(Default::default()).0,
         })
     }
 
@@ -353,19 +353,39 @@ impl AgentState {
             }
         };
         let elapsed = started.elapsed();
-        match result {
+        let (ok, scan) = match result {
             Ok(view) => {
                 self.publish(trigger, elapsed, view);
-                self.scan_failure.send_if_modified(|f| f.take().is_some());
-                true
+                (true, None)
             }
             Err(e) => {
                 self.metrics.scan_failed(trigger);
                 tracing::error!(trigger, "scan failed: {e}");
-                self.scan_failure.send_replace(Some(e));
-                false
+                (false, Some(e))
             }
-        }
+        };
+        self.check_health(scan).await;
+        ok
+    }
+
+    /// Re-evaluates every health check ([`super::health`]) with the latest scan's outcome
+    /// (`scan`: why it failed), and tells the health service and the metrics when it changed.
+    async fn check_health(&self, scan: Option<String>) {
+        use super::health::{journal_problem, kubernetes_problem, Health};
+        let journal = self.config.journal.clone();
+        let journal = tokio::task::spawn_blocking(move || journal_problem(&journal))
+            .await
+            .unwrap_or_else(|e| Some(format!("the journal check failed: {e}")));
+        let kubernetes = kubernetes_problem(self.config.mode, &self.view().api_state);
+        let health = Health { scan, journal, kubernetes };
+        self.metrics.observe_health(&health);
+        self.health.send_if_modified(|h| {
+            if *h == health {
+                return false;
+            }
+            *h = health;
+            true
+        });
     }
 
     /// The rescan loop: waits for triggers and scans, one at a time, until `shutdown` fires.

@@ -99,24 +99,26 @@ pub fn bind_unix(path: &Path, gid: Option<u32>) -> Result<UnixListener, ServeErr
 }
 
 /// Keeps the agent service's health (`blockjanitor.v1.Agent`, what the DaemonSet's readiness
-/// probe asks) in step with the latest scan: NOT_SERVING while it failed (every answer would rest
-/// on an older view), SERVING again once one succeeds. The server's own (`""`, the liveness
-/// probe's) stays SERVING: restarting the agent mends no hung device.
-async fn follow_scan_health(
+/// probe asks) in step with the agent's checks ([`crate::daemon::health`]): NOT_SERVING while one
+/// fails (a failed scan, an unwritable journal, the API's word missing where the mode acts on
+/// it), SERVING again once all pass. The server's own (`""`, the liveness probe's) stays
+/// SERVING: restarting the agent mends no hung device.
+async fn follow_health(
     reporter: tonic_health::server::HealthReporter,
-    mut failure: watch::Receiver<Option<String>>,
+    mut health: watch::Receiver<crate::daemon::health::Health>,
 ) {
     use tonic_health::ServingStatus;
     loop {
-        let status = match failure.borrow_and_update().as_deref() {
-            Some(why) => {
-                tracing::warn!("health: NOT_SERVING until a scan succeeds (the latest failed: {why})");
-                ServingStatus::NotServing
-            }
-            None => ServingStatus::Serving,
+        let reasons = health.borrow_and_update().reasons();
+        let status = if reasons.is_empty() {
+            tracing::info!("health: SERVING");
+            ServingStatus::Serving
+        } else {
+            tracing::warn!(reasons = %reasons.join("; "), "health: NOT_SERVING until every check passes");
+            ServingStatus::NotServing
         };
         reporter.set_service_status(pb::agent_server::SERVICE_NAME, status).await;
-        if failure.changed().await.is_err() {
+        if health.changed().await.is_err() {
             return;
         }
     }
@@ -149,7 +151,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
     });
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
-    tokio::spawn(follow_scan_health(reporter, state.scan_failure.subscribe()));
+    tokio::spawn(follow_health(reporter, state.health.subscribe()));
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     let served = [pb::agent_server::SERVICE_NAME, HEALTH_SERVICE];
     let reflection = || reflection_v1(&sets, &served);

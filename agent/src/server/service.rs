@@ -115,6 +115,7 @@ impl Agent for AgentService {
             blind_spots: v.blind_spots.iter().map(|b| b.to_string()).collect(),
             last_full_scan: v.devices_read_scan,
             last_full_scan_unix_seconds: v.devices_read_at.map_or(0.0, convert::secs),
+            not_ready_because: self.state.health.borrow().reasons(),
         }))
     }
 
