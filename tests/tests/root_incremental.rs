@@ -26,17 +26,28 @@ const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "nsenter", "mount", 
 type Events = tonic::Streaming<pb::Event>;
 type Client = pb::agent_client::AgentClient<tonic::transport::Channel>;
 
-/// Waits for a `kind` event about `device` whose message contains `text`; returns it with the
-/// generation of the view it came from.
-async fn wait_event(events: &mut Events, kind: pb::event::Type, device: &str, text: &str) -> pb::Event {
+/// Waits for an event about the state of `device` (holders, verdict or responsiveness: the agent
+/// folds a second's changes of one device into one event, of whichever of these kinds) that
+/// shows it as `wanted` says; returns it with the generation of the view it came from.
+async fn wait_state(
+    events: &mut Events,
+    device: &str,
+    what: &str,
+    wanted: impl Fn(&pb::Device) -> bool,
+) -> pb::Event {
+    use pb::event::Type;
     let deadline = tokio::time::Instant::now() + REACT;
     loop {
         let e = tokio::time::timeout_at(deadline, events.next())
             .await
-            .unwrap_or_else(|_| panic!("no {kind:?} event for {device} ({text:?}) within {REACT:?}"))
+            .unwrap_or_else(|_| panic!("no event showing {device} {what} within {REACT:?}"))
             .expect("the event stream stays open")
             .expect("an event");
-        if e.device == device && e.r#type == kind as i32 && e.message.contains(text) {
+        let state = [Type::HoldersChanged, Type::VerdictChanged, Type::ResponsivenessChanged];
+        if e.device == device
+            && state.iter().any(|t| *t as i32 == e.r#type)
+            && e.current.as_ref().is_some_and(&wanted)
+        {
             return e;
         }
     }
@@ -78,8 +89,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
         let mut rereads = 0;
         for round in 0..3 {
             in_ns(holder.pid(), &["mount", &lo.dev, target.to_str().expect("utf8")]);
-            let added =
-                wait_event(&mut events, pb::event::Type::HoldersChanged, &name, "1 holder(s) added").await;
+            let added = wait_state(&mut events, &name, "mounted", |d| d.holders.len() == 1).await;
             let dev = added.current.as_ref().expect("the device as it is now");
             let h =
                 dev.holders.iter().find(|h| h.mount_point == target.to_string_lossy()).unwrap_or_else(|| {
@@ -90,7 +100,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
             let via_added = by_reread(&added);
 
             in_ns(holder.pid(), &["umount", target.to_str().expect("utf8")]);
-            let gone = wait_event(&mut events, pb::event::Type::HoldersChanged, &name, " 0 now").await;
+            let gone = wait_state(&mut events, &name, "unmounted", |d| d.holders.is_empty()).await;
             let dev = gone.current.as_ref().expect("the device as it is now");
             assert!(dev.holders.is_empty(), "round {round}: nothing holds it any more: {:#?}", dev.holders);
             let via_gone = by_reread(&gone);
@@ -189,7 +199,7 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         in_ns(newcomer.pid(), &["umount", target.to_str().expect("utf8")]);
-        let gone = wait_event(&mut events, pb::event::Type::HoldersChanged, &name2, " 0 now").await;
+        let gone = wait_state(&mut events, &name2, "unmounted", |d| d.holders.is_empty()).await;
         assert!(gone.current.as_ref().is_some_and(|d| d.holders.is_empty()), "{gone:#?}");
     });
     drop(holder);

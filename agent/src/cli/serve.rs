@@ -102,6 +102,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         };
         state.scan_once("start").await;
         tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
+        tokio::spawn(Arc::clone(&state).send_held_events(stop.clone()));
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
         triggers::spawn_udev_watch(Arc::clone(&state), stop.clone());
         match mount_watch {

@@ -37,11 +37,22 @@ pub struct AgentEvent {
     pub current: Option<DeviceView>,
     /// The scan generation whose view showed the change (0: not a scan's).
     pub scan: u64,
+    /// Earlier `holders_changed` of this device that the per-device cap held back and this one
+    /// stands for ([`super::event_rate`]).
+    pub coalesced: u32,
 }
 
 impl AgentEvent {
     pub fn new(kind: EventKind, device: &str, message: String, current: Option<DeviceView>) -> Self {
-        Self { kind, device: device.to_owned(), time: SystemTime::now(), message, current, scan: 0 }
+        Self {
+            kind,
+            device: device.to_owned(),
+            time: SystemTime::now(),
+            message,
+            current,
+            scan: 0,
+            coalesced: 0,
+        }
     }
 }
 
@@ -195,4 +206,4 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
 
 #[cfg(test)]
 #[path = "events_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -7,7 +7,7 @@ use crate::graph::{DeviceEntry, Holder};
 use crate::judge::{Judgement, Verdict};
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind};
 
-fn process(kind: HolderKind, pid: u32) -> Holder {
+pub(crate) fn process(kind: HolderKind, pid: u32) -> Holder {
     let mut h = Holder::bare(kind);
     h.pids = vec![pid];
     h.pid_count = 1;
@@ -16,7 +16,7 @@ fn process(kind: HolderKind, pid: u32) -> Holder {
     h
 }
 
-fn device(name: &str, minor: u32, verdict: Verdict, holders: Vec<Holder>) -> DeviceView {
+pub(crate) fn device(name: &str, minor: u32, verdict: Verdict, holders: Vec<Holder>) -> DeviceView {
     let dev = BlockDevice::new(
         DeviceName::new(name).expect("name"),
         DevNum::new(252, minor),

@@ -4,6 +4,7 @@
 //! namespace alone (`mount_watch`); the full scan stays the safety net.
 
 pub mod budget;
+pub mod event_rate;
 pub mod events;
 pub mod health;
 pub mod metrics;

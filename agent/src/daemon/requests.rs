@@ -188,7 +188,7 @@ impl AgentState {
 
     pub(super) fn action_started(&self, p: &Plan) {
         let name = p.device.as_str();
-        let _ = self.events.send(AgentEvent::new(
+        self.send_event(AgentEvent::new(
             EventKind::ActionStarted,
             name,
             format!("{} {name}: {} step(s)", p.operation, p.steps.len()),
@@ -212,7 +212,7 @@ impl AgentState {
                 *counts.entry(word).or_default() += 1;
             }
             let summary: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
-            let _ = self.events.send(AgentEvent::new(
+            self.send_event(AgentEvent::new(
                 EventKind::ActionFinished,
                 name,
                 format!("{} {name}: {}", p.operation, summary.join(", ")),

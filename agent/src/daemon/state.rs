@@ -70,6 +70,9 @@ pub struct AgentState {
     pub kernel: String,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<AgentEvent>,
+    /// The per-device cap on `holders_changed` events; every event goes out through
+    /// [`AgentState::send_event`].
+    pub(super) event_rate: Arc<super::event_rate::EventRate>,
     pub(super) engine: Engine<LinuxWorld>,
     pub(super) clocks: Mutex<Clocks>,
     pub(super) view: RwLock<Arc<View>>,
@@ -158,6 +161,7 @@ impl AgentState {
             kernel,
             metrics,
             events,
+            event_rate: Default::default(),
             engine,
             clocks: Mutex::new(clocks),
             view: RwLock::new(Arc::new(View::empty())),
@@ -313,6 +317,30 @@ impl AgentState {
         }
     }
 
+    /// Sends `e` to the watchers, through the per-device cap on `holders_changed`
+    /// ([`super::event_rate`]).
+    pub(super) fn send_event(&self, e: AgentEvent) {
+        for e in self.event_rate.admit(e, Instant::now()) {
+            let _ = self.events.send(e);
+        }
+    }
+
+    /// Sends the held `holders_changed` events whose second is up, every
+    /// [`super::event_rate::FLUSH_EVERY`], until `shutdown`.
+    pub async fn send_held_events(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(super::event_rate::FLUSH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            for e in self.event_rate.due(Instant::now()) {
+                let _ = self.events.send(e);
+            }
+        }
+    }
+
     /// Makes `view` the latest and sends what changed.
     pub(super) fn publish(&self, trigger: &'static str, elapsed: Duration, view: View) {
         let started = Instant::now();
@@ -323,7 +351,7 @@ impl AgentState {
             *v = Arc::clone(&view);
         }
         for e in events {
-            let _ = self.events.send(e);
+            self.send_event(e);
         }
         let sent = started.elapsed();
         // The metrics are the slowest part (a series per device): after the API and the

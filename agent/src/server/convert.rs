@@ -276,5 +276,6 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         message: e.message.clone(),
         current: e.current.as_ref().map(device),
         scan: e.scan,
+        coalesced: e.coalesced,
     }
 }
