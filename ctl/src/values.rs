@@ -135,6 +135,7 @@ pub fn plan_value(p: &pb::DevicePlan) -> Value {
         "left_alone": p.left_alone,
         "refusal": p.refusal,
         "identity": p.identity,
+        "outcome": p.outcome,
     })
 }
 
@@ -163,5 +164,6 @@ pub fn event_value(e: &pb::Event) -> Value {
         "unix_seconds": e.unix_seconds,
         "message": e.message,
         "current": e.current.as_ref().map(device_value),
+        "coalesced": e.coalesced,
     })
 }

@@ -295,6 +295,7 @@ fn root_apply_refuses_a_loop_number_rebound_to_another_file_since_plan() {
         .iter()
         .find(|p| p.device == name)
         .unwrap_or_else(|| panic!("no plan for {name}: {plan:?}"));
+    assert_eq!(p.outcome, "done", "an unheld loop device past its grace period may go: {p:?}");
     let planned = p.identity.clone();
 
     // The number now stands for another device.

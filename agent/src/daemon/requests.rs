@@ -6,7 +6,7 @@ use crate::act::StepReport;
 use crate::config::Mode;
 use crate::daemon::events::{AgentEvent, EventKind};
 use crate::engine::error::EngineError;
-use crate::engine::outcome::{Outcome, Request, Subject};
+use crate::engine::outcome::{Class, Outcome, Request, Subject};
 use crate::engine::view::DeviceView;
 use crate::engine::Operation;
 use crate::graph::resolve;
@@ -260,7 +260,11 @@ impl AgentState {
 
     /// `op` plans for the named devices (or, for a cleanup, every stale one), each from a fresh
     /// scan of the device judged with the daemon's grace clocks. Changes nothing.
-    pub async fn plan(self: &Arc<Self>, devices: &[String], op: Operation) -> Result<Vec<Plan>, ApiError> {
+    pub async fn plan(
+        self: &Arc<Self>,
+        devices: &[String],
+        op: Operation,
+    ) -> Result<Vec<(Plan, Class)>, ApiError> {
         if devices.is_empty() && op == Operation::Release {
             return Err(ApiError::InvalidArgument("a release plan needs the devices named".into()));
         }
@@ -271,7 +275,10 @@ impl AgentState {
             for devnum in targets {
                 let req = me.request(devnum, op, false, "Plan");
                 match me.engine.carry_out(&req) {
-                    Ok(o) => plans.extend(o.plan),
+                    Ok(o) => {
+                        let class = o.class();
+                        plans.extend(o.plan.map(|p| (p, class)));
+                    }
                     Err(EngineError::NotFound(_)) => {}
                     Err(e) => return Err(ApiError::from(e)),
                 }
@@ -292,7 +299,7 @@ impl AgentState {
         devices: &[String],
         identities: &[String],
         op: Operation,
-    ) -> Result<(Vec<Plan>, Vec<StepReport>), ApiError> {
+    ) -> Result<(Vec<(Plan, Class)>, Vec<StepReport>), ApiError> {
         if devices.is_empty() {
             return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
         }
@@ -353,7 +360,8 @@ impl AgentState {
                     }
                     tracing::warn!(device = %devnum, "Apply: not acting on it: {why}");
                 }
-                plans.extend(o.plan.clone());
+                let class = o.class();
+                plans.extend(o.plan.clone().map(|p| (p, class)));
                 reports.extend(me.finished(o));
             }
             Ok::<_, ApiError>((plans, reports))

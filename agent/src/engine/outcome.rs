@@ -77,6 +77,18 @@ impl Class {
         }
     }
 
+    /// The word for it on the wire (`DevicePlan.outcome`) and in JSON: done, held, unknown,
+    /// refused, error.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Class::Done => "done",
+            Class::Held => "held",
+            Class::Unknown => "unknown",
+            Class::Refused => "refused",
+            Class::Error => "error",
+        }
+    }
+
     /// The worse of two classes (error > refused > unknown > held > done).
     pub fn worst(self, other: Class) -> Class {
         let rank = |c: Class| match c {

@@ -244,13 +244,15 @@ pub fn step(s: &Step) -> pb::Step {
     pb::Step { action: s.action().to_owned(), device: s.device.to_string(), description: s.describe() }
 }
 
-pub fn plan(p: &Plan) -> pb::DevicePlan {
+/// A plan as the wire carries it, with what its request came to (`class`).
+pub fn plan((p, class): &(Plan, crate::engine::outcome::Class)) -> pb::DevicePlan {
     pb::DevicePlan {
         device: p.device.to_string(),
         steps: p.steps.iter().map(step).collect(),
         left_alone: p.left_alone.iter().map(|l| l.reason.clone()).collect(),
         refusal: p.refusal.clone().unwrap_or_default(),
         identity: p.identity.token(),
+        outcome: class.as_str().to_owned(),
     }
 }
 
