@@ -9,6 +9,7 @@ use clap_complete::Shell;
 
 use super::choices::DeviceFilter;
 use super::fleet_args::FleetCommand;
+use super::kube_args::KubeArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,6 +68,8 @@ pub(crate) struct Cli {
     #[arg(long, global = true, help_heading = "Connection", default_value_t = 30, value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) timeout: u64,
+    #[command(flatten)]
+    pub(crate) kube: KubeArgs,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
