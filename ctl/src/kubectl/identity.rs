@@ -53,7 +53,12 @@ pub(crate) async fn load(
         Identity::Secret(name) => {
             let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
             let what = format!("read the Secret {name} (the client certificate for the console)");
-            let secret = secrets.get(name).await.map_err(|e| api_error(server, &what, namespace, e))?;
+            let secret = secrets.get(name).await.map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => {
+                    Error::NoSecret { namespace: namespace.to_owned(), secret: name.clone() }
+                }
+                e => api_error(server, &what, namespace, e),
+            })?;
             let data = secret.data.unwrap_or_default();
             let key =
                 |key: &'static str| {

@@ -79,6 +79,8 @@ pub enum Error {
     NoConsole { namespace: String },
     #[error("no console pod is running and ready in namespace '{namespace}' (found: {found})")]
     NotReady { namespace: String, found: String },
+    #[error("no Secret {secret} in namespace '{namespace}' (the client certificate for the console, made by deploy/overlays/tls): --tls-secret NAME, or --cert, --key and --ca")]
+    NoSecret { namespace: String, secret: String },
     #[error("Secret {namespace}/{secret} has no {key}: it should be a cert-manager TLS Secret (tls.crt, tls.key, ca.crt)")]
     SecretKey { namespace: String, secret: String, key: &'static str },
     #[error("cannot read {flag} {path}: {message}")]
@@ -97,8 +99,8 @@ pub async fn connect(route: &Route, timeout: Duration) -> Result<Channel, Error>
     let attempt = async {
         let (client, server) = config::client(route).await?;
         let namespace = route.namespace();
-        let identity = identity::load(&client, &server, namespace, &route.identity).await?;
         let (pod, port) = find::console_pod(&client, &server, namespace).await?;
+        let identity = identity::load(&client, &server, namespace, &route.identity).await?;
         forward::channel(client, &server, namespace, &pod, port, &identity, &route.server_name, timeout).await
     };
     tokio::time::timeout(timeout, attempt).await.unwrap_or(Err(Error::Timeout { seconds: timeout.as_secs() }))
