@@ -332,3 +332,68 @@ fn the_krew_manifest_names_the_binary_and_the_repository() {
     }
     assert!(root.join("LICENSE").exists(), "the LICENSE the archive carries");
 }
+
+/// deploy/krew/package.sh packs the built agentctl as the manifest says (kubectl-blockjanitor
+/// and LICENSE at the archive's top, where `files` takes them from) and writes the archive's
+/// sha256 and the version into a copy of the manifest; the plugin it packs runs as the plugin.
+#[test]
+fn the_krew_package_script_packs_the_plugin_and_writes_its_sum() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("root").to_owned();
+    let s = Scratch::new();
+    let manifest = s.path("blockjanitor.yaml");
+    std::fs::copy(root.join("deploy/krew/blockjanitor.yaml"), &manifest).expect("copy the manifest");
+    let out_dir = s.mkdir("out");
+    let out = Command::new(root.join("deploy/krew/package.sh"))
+        .args([
+            "9.8.7".as_ref(),
+            bin("agentctl").as_os_str(),
+            "amd64".as_ref(),
+            out_dir.as_os_str(),
+            manifest.as_os_str(),
+        ])
+        .output()
+        .expect("run package.sh");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let archive = out_dir.join("kubectl-blockjanitor_v9.8.7_linux_amd64.tar.gz");
+    let sum = Command::new("sha256sum").arg(&archive).output().expect("sha256sum");
+    let sum = text(&sum.stdout).split_whitespace().next().expect("sum").to_owned();
+    let m: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&manifest).expect("read")).expect("YAML");
+    assert_eq!(m["spec"]["version"], "v9.8.7");
+    let platform = |arch: &str| {
+        m["spec"]["platforms"]
+            .as_array()
+            .expect("platforms")
+            .iter()
+            .find(|p| p["selector"]["matchLabels"]["arch"] == arch)
+            .cloned()
+            .expect("platform")
+    };
+    let amd64 = platform("amd64");
+    assert_eq!(amd64["sha256"], sum.as_str(), "{m:#}");
+    assert!(
+        amd64["uri"].as_str().is_some_and(
+            |u| u.ends_with("/releases/download/v9.8.7/kubectl-blockjanitor_v9.8.7_linux_amd64.tar.gz")
+        ),
+        "{amd64:#}"
+    );
+    assert_ne!(platform("arm64")["sha256"], sum.as_str(), "only amd64's sum changes");
+
+    let unpacked = s.mkdir("unpacked");
+    let tar = Command::new("tar").arg("xzf").arg(&archive).arg("-C").arg(&unpacked).output().expect("tar");
+    assert!(tar.status.success(), "{}", text(&tar.stderr));
+    let mut names: Vec<String> = std::fs::read_dir(&unpacked)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["LICENSE", "kubectl-blockjanitor"]);
+    // Run as krew links it: `kubectl-blockjanitor` is `agentctl fleet`.
+    let help =
+        Command::new(unpacked.join("kubectl-blockjanitor")).arg("--help").output().expect("run the plugin");
+    assert!(help.status.success(), "{}", text(&help.stderr));
+    assert!(
+        text(&help.stdout).contains("who-watches") && text(&help.stdout).contains("--context"),
+        "{}",
+        text(&help.stdout)
+    );
+}
