@@ -172,6 +172,57 @@ contexts:\n- name: a\n  context:\n    cluster: a\n    user: alice\n\
     )
 }
 
+/// (verb, resource, name) of a request the plugin makes, as RBAC sees it; a port-forward is
+/// checked as both verbs an API server may ask for it.
+fn rbac_terms(r: &kube_mock::Recorded) -> Vec<(&'static str, String, Option<String>)> {
+    let rest = r.path.strip_prefix("/api/v1/namespaces/").and_then(|p| p.split_once('/')).map(|(_, p)| p);
+    let parts: Vec<&str> = rest.unwrap_or_default().split('/').collect();
+    match parts.as_slice() {
+        ["pods"] => vec![("list", "pods".into(), None)],
+        ["secrets", name] => vec![("get", "secrets".into(), Some((*name).to_owned()))],
+        ["pods", name, "portforward"] => ["get", "create"]
+            .into_iter()
+            .map(|v| (v, "pods/portforward".to_owned(), Some((*name).to_owned())))
+            .collect(),
+        _ => panic!("a request the plugin should not make: {} {}", r.method, r.path),
+    }
+}
+
+/// The Role `role` as deploy/overlays/console renders it grants every request in `requests`
+/// (skipped without kubectl, an error under CI=true).
+fn check_granted(role: &str, requests: &[kube_mock::Recorded]) {
+    use blockjanitor_tests::deploy;
+    let kubectl = match deploy::kubectl() {
+        Ok(k) => k,
+        Err(why) => {
+            deploy::require("rendering deploy/overlays/console", &[why]);
+            return;
+        }
+    };
+    let objects = deploy::render(&kubectl, &deploy::repo().join("deploy/overlays/console"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let rendered = deploy::find(&objects, "Role", Some(role)).unwrap_or_else(|| panic!("no Role {role}"));
+    let rules = rendered["rules"].as_array().expect("rules");
+    let has = |list: &Value, want: &str| list.as_array().is_some_and(|l| l.iter().any(|x| x == want));
+    assert!(!requests.is_empty());
+    for r in requests {
+        for (verb, resource, name) in rbac_terms(r) {
+            let granted = rules.iter().any(|rule| {
+                has(&rule["apiGroups"], "")
+                    && has(&rule["resources"], &resource)
+                    && has(&rule["verbs"], verb)
+                    && (rule["resourceNames"].is_null()
+                        || name.as_deref().is_some_and(|n| has(&rule["resourceNames"], n)))
+            });
+            assert!(
+                granted,
+                "{role} does not grant {verb} {resource} {name:?} ({} {}): {rules:?}",
+                r.method, r.path
+            );
+        }
+    }
+}
+
 fn node_names(out: &str) -> Vec<(String, bool)> {
     let v: Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
     let mut names: Vec<(String, bool)> = v["nodes"]
@@ -242,6 +293,10 @@ fn the_plugin_reaches_each_contexts_console_through_its_api_server() {
         );
         assert_eq!(code, 0, "{err}");
         assert_eq!(node_names(&out), vec![("node-b".to_owned(), true)], "{out}");
+
+        // Every request the plugin made as a viewer is one the shipped viewer Role grants.
+        check_granted("blockjanitor-fleet-viewer", &c.b.requests());
+        check_granted("blockjanitor-fleet-operator", &c.b.requests());
 
         // Apply reads the operator's Secret: bob may not (RBAC decides), and says so.
         let err = c.refused(&["--context", "b", "-n", OPS, "apply", "node-b/rbd4", "--yes"]);

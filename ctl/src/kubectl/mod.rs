@@ -59,7 +59,7 @@ impl Route {
 /// Why the console cannot be reached through the API, in one line.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot read the kubeconfig: {0}")]
+    #[error("cannot read the kubeconfig: {0} (--kubeconfig FILE or KUBECONFIG; or --console HOST:PORT to reach the console directly)")]
     Kubeconfig(String),
     #[error("no context '{name}' in the kubeconfig (its contexts: {known})")]
     NoContext { name: String, known: String },
