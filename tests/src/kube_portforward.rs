@@ -188,14 +188,13 @@ where
     let (mut from_pod, mut to_pod) = tcp.into_split();
     let up = async {
         while let Some(Ok(msg)) = stream.next().await {
-            match msg {
-                Message::Binary(b) if b.len() > 1 && b[0] == 0 => {
-                    if to_pod.write_all(&b[1..]).await.is_err() {
-                        break;
-                    }
-                }
+            let data = match &msg {
+                Message::Binary(b) if b.len() > 1 && b[0] == 0 => &b[1..],
                 Message::Close(_) => break,
-                _ => {}
+                _ => continue,
+            };
+            if to_pod.write_all(data).await.is_err() {
+                break;
             }
         }
     };
