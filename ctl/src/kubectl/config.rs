@@ -5,7 +5,7 @@
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-use super::{Error, Route};
+use super::route::{Error, Route};
 
 /// A client for the route's context, and its API server's URL (for messages).
 pub(crate) async fn client(route: &Route) -> Result<(kube::Client, String), Error> {

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::{api_error, Error, CONSOLE_SELECTOR, DEFAULT_PORT};
+use super::route::{api_error, Error, CONSOLE_SELECTOR, DEFAULT_PORT};
 
 /// The console pod to forward to, and its gRPC port.
 pub(crate) async fn console_pod(

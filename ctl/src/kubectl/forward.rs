@@ -15,7 +15,7 @@ use tokio::io::DuplexStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
 
 use super::identity::Pems;
-use super::{api_error, Error};
+use super::route::{api_error, Error};
 
 /// The reason a forward's error channel gave, once it gave one.
 type Failure = Arc<Mutex<Option<String>>>;

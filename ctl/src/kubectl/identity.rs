@@ -9,21 +9,7 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use super::{api_error, Error};
-
-/// The viewer's client certificate Secret (deploy/overlays/tls, Certificate blockjanitor-viewer).
-pub const DEFAULT_VIEWER_SECRET: &str = "blockjanitor-viewer-tls";
-/// The operator's (Certificate blockjanitor-operator): what `apply` needs.
-pub const DEFAULT_OPERATOR_SECRET: &str = "blockjanitor-operator-tls";
-
-/// Where the client certificate comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identity {
-    /// A TLS Secret (`tls.crt`, `tls.key`, `ca.crt`) in the console's namespace.
-    Secret(String),
-    /// PEM files.
-    Files { cert: PathBuf, key: PathBuf, ca: PathBuf },
-}
+use super::route::{api_error, Error, Identity};
 
 /// The PEMs: certificate, key, CA.
 pub(crate) struct Pems {
