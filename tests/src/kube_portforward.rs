@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use http_body_util::{BodyExt, Full};
@@ -182,6 +183,12 @@ where
             );
             let _ = sink.send(Message::binary(frame)).await;
             let _ = sink.send(Message::Close(None)).await;
+            // The closing handshake, as the API server completes it: the client reads every
+            // frame before the connection goes.
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                while let Some(Ok(_)) = stream.next().await {}
+            })
+            .await;
             return;
         }
     };
@@ -225,8 +232,8 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     )
 }
 
-/// Standard base64 with padding (Secrets' `data`).
-fn base64(bytes: &[u8]) -> String {
+/// Standard base64 with padding (Secrets' `data`, a kubeconfig's `certificate-authority-data`).
+pub fn base64(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {

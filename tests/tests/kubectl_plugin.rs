@@ -1,5 +1,6 @@
 //! The kubectl plugin as kubectl runs it: `kubectl-blockjanitor` (a symlink to agentctl in a
-//! temporary directory) with a kubeconfig of two clusters (two stand-in API servers) and three
+//! temporary directory) with a kubeconfig of two clusters (two stand-in API servers, one over
+//! HTTPS) and three
 //! contexts, each cluster with a real console process on loopback that its API server's
 //! `pods/portforward` leads to; the plugin finds the console's pod by the shipped manifests'
 //! labels, reads the viewer's client certificate from the Secret the manifests name with the
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use blockjanitor_tests::console::{bin, start_agent, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::{Daemon, Pki};
 use blockjanitor_tests::kube_mock::{self, ApiServer};
+use blockjanitor_tests::kube_portforward;
 use blockjanitor_tests::{rt, Scratch};
 use serde_json::{json, Value};
 
@@ -75,7 +77,12 @@ impl Clusters {
         let console_b = console(format!("node-b=https://{}", agent.tcp.expect("agent tcp")));
 
         let node = kube_mock::node_object(kube_mock::ready_only());
-        let (a, b) = (ApiServer::start(node.clone()).await, ApiServer::start(node).await);
+        // A over plain HTTP, B over HTTPS (its certificate from the test CA, for 127.0.0.1), as
+        // clusters are: the kubeconfig carries the CA.
+        let (a, b) = (
+            ApiServer::start(node.clone()).await,
+            ApiServer::start_tls(node, &pki.server.cert, &pki.server.key).await,
+        );
         let viewer = pki.issue(VIEWER, &[VIEWER]);
         let operator = pki.issue("operator.blockjanitor.svc", &["operator.blockjanitor.svc"]);
         for (api, ns) in [(&a, "blockjanitor"), (&b, OPS), (&b, "broken")] {
@@ -120,7 +127,7 @@ impl Clusters {
         b.forbid("bob-token", "/secrets/blockjanitor-operator-tls");
 
         let kubeconfig = s.path("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_yaml(&a, &b)).expect("write kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_yaml(&a, &b, &pki.ca.cert)).expect("write kubeconfig");
         let plugin_dir = s.mkdir("bin");
         let plugin = plugin_dir.join("kubectl-blockjanitor");
         std::os::unix::fs::symlink(bin("agentctl"), &plugin).expect("symlink");
@@ -158,17 +165,18 @@ impl Clusters {
     }
 }
 
-fn kubeconfig_yaml(a: &ApiServer, b: &ApiServer) -> String {
+fn kubeconfig_yaml(a: &ApiServer, b: &ApiServer, ca: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\ncurrent-context: a\n\
-clusters:\n- name: a\n  cluster:\n    server: {}\n- name: b\n  cluster:\n    server: {}\n\
+clusters:\n- name: a\n  cluster:\n    server: {}\n- name: b\n  cluster:\n    server: {}\n    certificate-authority-data: {}\n\
 users:\n- name: alice\n  user:\n    token: alice-token\n- name: bob\n  user:\n    token: bob-token\n\
 - name: eve\n  user:\n    token: eve-token\n\
 contexts:\n- name: a\n  context:\n    cluster: a\n    user: alice\n\
 - name: b\n  context:\n    cluster: b\n    user: bob\n    namespace: shop\n\
 - name: b-eve\n  context:\n    cluster: b\n    user: eve\n",
         a.url(),
-        b.url()
+        b.url(),
+        kube_portforward::base64(ca.as_bytes())
     )
 }
 
@@ -239,6 +247,7 @@ fn node_names(out: &str) -> Vec<(String, bool)> {
 fn the_plugin_reaches_each_contexts_console_through_its_api_server() {
     rt().block_on(async {
         let c = Clusters::start().await;
+        assert!(c.b.url().starts_with("https://"), "cluster B over HTTPS");
         // The current context (a), the default namespace (blockjanitor): cluster A's console.
         let (code, out, err) = c.plugin(&["nodes", "-o", "json"]);
         assert_eq!(code, 0, "{err}");
@@ -348,7 +357,10 @@ fn a_wrong_context_no_console_a_refusal_and_a_failed_forward_are_one_clear_line(
         // A kubeconfig that is not there.
         let (code, _, err) = c.plugin(&["--kubeconfig", "/nonexistent/kubeconfig", "nodes"]);
         assert_eq!(code, 1);
-        assert!(err.starts_with("error: cannot read the kubeconfig: "), "{err}");
+        assert!(
+            err.starts_with("error: cannot read the kubeconfig: /nonexistent/kubeconfig: No such file or directory"),
+            "{err}"
+        );
     });
 }
 

@@ -3,7 +3,7 @@
 //! Its credentials (tokens, client certificates, exec plugins) are the user's: the API server's
 //! RBAC decides what the plugin may see.
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 
 use super::route::{Error, Route};
 
@@ -13,7 +13,10 @@ pub(crate) async fn client(route: &Route) -> Result<(kube::Client, String), Erro
         Some(path) => Kubeconfig::read_from(path),
         None => Kubeconfig::read(),
     }
-    .map_err(|e| Error::Kubeconfig(blockjanitor_rpc::client::error_chain(&e)))?;
+    .map_err(|e| match e {
+        KubeconfigError::ReadConfig(io, path) => Error::Kubeconfig(format!("{}: {io}", path.display())),
+        e => Error::Kubeconfig(blockjanitor_rpc::client::error_chain(&e)),
+    })?;
     let known = || {
         let names: Vec<&str> = kubeconfig.contexts.iter().map(|c| c.name.as_str()).collect();
         if names.is_empty() {
