@@ -58,3 +58,13 @@ fn conflicting_or_missing_routes_are_one_clear_line() {
     let e = err(&["fleet", "nodes"], false);
     assert!(e.starts_with("fleet needs the console: --context/-n/--kubeconfig"), "{e}");
 }
+
+#[test]
+fn kubectl_flags_are_refused_outside_fleet() {
+    let cli = parse(&["--context", "b", "devices"]).expect("parse");
+    let e = super::run(&cli).expect_err("refused");
+    assert_eq!(
+        e.to_string(),
+        "--kubeconfig, --context, -n and --tls-secret reach the fleet console: use them with `fleet`"
+    );
+}

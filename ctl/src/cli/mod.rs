@@ -123,6 +123,9 @@ fn run(cli: &Cli) -> Result<u8> {
             })
             .map_err(hint);
     }
+    if cli.kube.any() {
+        bail!("--kubeconfig, --context, -n and --tls-secret reach the fleet console: use them with `fleet`");
+    }
     let target = target(cli)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -118,7 +118,7 @@ pub(crate) async fn channel(
         Ok(channel) => Ok(channel),
         Err(e) => {
             // The error channel's reason may trail the stream's end by a moment.
-            for _ in 0..25 {
+            for _ in 0..50 {
                 if let Some(message) = forward.failure() {
                     return Err(forward.failed(message.trim().to_owned()));
                 }
