@@ -48,7 +48,9 @@ struct Clusters {
     b: ApiServer,
     kubeconfig: PathBuf,
     plugin: PathBuf,
-    _consoles: Vec<Console>,
+    consoles: Vec<Console>,
+    /// The viewer's certificate, key and the CA as files (for `--console`).
+    viewer_files: [PathBuf; 3],
     _agents: Vec<Daemon>,
 }
 
@@ -131,7 +133,19 @@ impl Clusters {
         let plugin_dir = s.mkdir("bin");
         let plugin = plugin_dir.join("kubectl-blockjanitor");
         std::os::unix::fs::symlink(bin("agentctl"), &plugin).expect("symlink");
-        Clusters { s, a, b, kubeconfig, plugin, _consoles: vec![console_a, console_b], _agents: vec![agent] }
+        let viewer_files = [s.path("viewer.crt"), s.path("viewer.key"), agent_tls.2.clone()];
+        std::fs::write(&viewer_files[0], &viewer.cert).expect("write");
+        std::fs::write(&viewer_files[1], &viewer.key).expect("write");
+        Clusters {
+            s,
+            a,
+            b,
+            kubeconfig,
+            plugin,
+            consoles: vec![console_a, console_b],
+            viewer_files,
+            _agents: vec![agent],
+        }
     }
 
     /// Runs `program` as kubectl would run its plugin: the user's environment, KUBECONFIG set,
@@ -306,6 +320,25 @@ fn the_plugin_reaches_each_contexts_console_through_its_api_server() {
         // Every request the plugin made as a viewer is one the shipped viewer Role grants.
         check_granted("blockjanitor-fleet-viewer", &c.b.requests());
         check_granted("blockjanitor-fleet-operator", &c.b.requests());
+
+        // What the way through the API costs, per call (printed, not asserted): the plugin through
+        // the port-forward (kubeconfig, pod list, Secret, forward, TLS) against --console direct.
+        let timed = |program: &Path, args: &[&str]| {
+            let start = Instant::now();
+            for _ in 0..5 {
+                let (code, _, err) = c.run(program, args);
+                assert_eq!(code, 0, "{err}");
+            }
+            start.elapsed() / 5
+        };
+        let through_api = timed(&c.plugin, &["nodes", "-o", "json"]);
+        let [cert, key, ca] = c.viewer_files.clone().map(|p| p.to_string_lossy().into_owned());
+        let addr = c.consoles[0].tcp.to_string();
+        let direct = timed(
+            &c.plugin,
+            &["nodes", "-o", "json", "--console", &addr, "--cert", &cert, "--key", &key, "--ca", &ca, "--server-name", SERVER_NAME],
+        );
+        println!("kubectl-blockjanitor nodes, mean of 5: through the API server's port-forward {through_api:?}, direct {direct:?}");
 
         // Apply reads the operator's Secret: bob may not (RBAC decides), and says so.
         let err = c.refused(&["--context", "b", "-n", OPS, "apply", "node-b/rbd4", "--yes"]);
