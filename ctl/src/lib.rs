@@ -5,6 +5,7 @@
 //! [`names`] turns enum values into lower-case names; [`values`] renders responses as JSON and
 //! YAML values; [`text`], [`plan`] and [`apply`] render them as text (with [`table`] and
 //! [`time`]); [`fleet_render`], [`fleet_plan`] and [`fleet_apply`] do the same for the console;
+//! [`kubectl`] reaches the console through the Kubernetes API (kubeconfig, port-forward);
 //! [`cli`] is agentctl itself (flags in `cli/args.rs`, commands in `cli/node.rs` and
 //! `cli/fleet.rs`).
 
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod fleet_apply;
 pub mod fleet_plan;
 pub mod fleet_render;
+pub mod kubectl;
 pub mod names;
 pub mod plan;
 pub mod table;

@@ -14,6 +14,10 @@
 //! the rest answer: its open watches stay open and say nothing, not even a bookmark, and its new
 //! lists and watches are left hanging ([`ApiServer::stall`]).
 //!
+//! The kubectl plugin's side (pods/portforward, Secrets, RBAC refusals) is in
+//! [`crate::kube_portforward`]; the objects served, as the API server returns them, in
+//! [`crate::kube_objects`].
+//!
 //! Watches that ask for bookmarks (`allowWatchBookmarks=true`) get one every [`BOOKMARK_EVERY`]
 //! while nothing else happens, as the API server's watch cache sends them (about once a
 //! minute there).
@@ -31,6 +35,8 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::ReceiverStream;
+
+pub use crate::kube_objects::{node_object, pod, pv, ready_only, volume_attachment};
 
 /// A response body's error: a watch cut off mid-stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -85,6 +91,8 @@ pub struct State {
     pub failing_watches: HashSet<String>,
     /// Collections stalled ([`ApiServer::stall`]).
     pub stalled: HashSet<String>,
+    /// The kubectl plugin's side: port-forwards, Secrets, refusals ([`crate::kube_portforward`]).
+    pub forwards: crate::kube_portforward::Forwards,
 }
 
 #[derive(Clone)]
@@ -148,6 +156,7 @@ impl ApiServer {
             failing_lists: HashSet::new(),
             failing_watches: HashSet::new(),
             stalled: HashSet::new(),
+            forwards: Default::default(),
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
@@ -184,7 +193,8 @@ impl ApiServer {
             let s = self.clone();
             async move { Ok::<_, Infallible>(s.handle(req).await) }
         });
-        let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc).await;
+        let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), svc);
+        let _ = conn.with_upgrades().await;
     }
 
     pub fn url(&self) -> String {
@@ -276,6 +286,10 @@ impl ApiServer {
     }
 
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let req = match crate::kube_portforward::route(self, req).await {
+            Ok(served) => return served,
+            Err(req) => req,
+        };
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let query = parse_query(req.uri().query().unwrap_or(""));
@@ -539,77 +553,4 @@ pub fn parse_query(q: &str) -> HashMap<String, String> {
             (decode(k), decode(v))
         })
         .collect()
-}
-
-// ---- objects as the API server returns them ----
-
-pub fn pod(name: &str, phase: &str, claim: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "namespace": "shop", "uid": format!("uid-{name}"),
-                     "resourceVersion": "42", "creationTimestamp": "2025-11-03T08:12:44Z",
-                     "labels": {"app": "shop"}},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [{"name": "app", "image": "registry.example/shop:1.4",
-                            "volumeMounts": [{"name": "vol", "mountPath": "/var/lib/shop"}]}],
-            "volumes": [
-                {"name": "vol", "persistentVolumeClaim": {"claimName": claim}},
-                {"name": "kube-api-access-x2k9p", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}
-            ]
-        },
-        "status": {"phase": phase, "podIP": "10.244.1.17", "qosClass": "BestEffort"}
-    })
-}
-
-pub fn pv(name: &str, ns: &str, claim: &str, image: &str) -> Value {
-    json!({
-        "metadata": {"name": name, "resourceVersion": "17", "finalizers": ["kubernetes.io/pv-protection"],
-                     "annotations": {"pv.kubernetes.io/provisioned-by": "rbd.csi.ceph.com"}},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "capacity": {"storage": "10Gi"},
-            "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns,
-                         "name": claim, "uid": format!("uid-claim-{claim}"), "resourceVersion": "16"},
-            "csi": {
-                "driver": "rbd.csi.ceph.com",
-                "fsType": "ext4",
-                "volumeHandle": format!("0001-0009-rook-ceph-0000000000000002-{image}"),
-                "volumeAttributes": {"clusterID": "rook-ceph", "imageFeatures": "layering",
-                                     "imageName": image, "journalPool": "replicapool",
-                                     "pool": "replicapool",
-                                     "storage.kubernetes.io/csiProvisionerIdentity": "1730000000000-8081-rbd.csi.ceph.com"},
-                "nodeStageSecretRef": {"name": "rook-csi-rbd-node", "namespace": "rook-ceph"}
-            },
-            "persistentVolumeReclaimPolicy": "Delete",
-            "storageClassName": "ceph-block",
-            "volumeMode": "Filesystem"
-        },
-        "status": {"phase": "Bound"}
-    })
-}
-
-pub fn volume_attachment(name: &str, node: &str, pv: &str, attached: bool, rv: u32) -> Value {
-    json!({
-        "metadata": {"name": name, "resourceVersion": rv.to_string(),
-                     "annotations": {"csi.alpha.kubernetes.io/node-id": node},
-                     "finalizers": ["external-attacher/rbd-csi-ceph-com"]},
-        "spec": {"attacher": "rbd.csi.ceph.com", "nodeName": node,
-                 "source": {"persistentVolumeName": pv}},
-        "status": {"attached": attached}
-    })
-}
-
-pub fn node_object(conditions: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": NODE, "uid": "7d3c1e2f-node", "resourceVersion": "9000",
-                     "labels": {"kubernetes.io/hostname": NODE}},
-        "spec": {"podCIDR": "10.244.1.0/24"},
-        "status": {"conditions": conditions}
-    })
-}
-
-pub fn ready_only() -> Value {
-    json!([{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status",
-            "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2025-12-01T00:00:00Z"}])
 }

@@ -17,6 +17,8 @@ pub mod guest;
 pub mod http;
 pub mod journal;
 pub mod kube_mock;
+pub mod kube_objects;
+pub mod kube_portforward;
 pub mod lease_mock;
 pub mod load;
 pub mod measure;

@@ -1093,11 +1093,20 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         assert_eq!(code, 0);
         let v: Value = serde_json::from_str(&out).expect("json");
         assert_eq!(v["nodes"].as_array().map(Vec::len), Some(4));
-        // Without a console: one clear line, exit 1.
-        let out =
-            Command::new(&plugin).args(["nodes"]).env_remove("BLOCKJANITOR_CONSOLE").output().expect("run");
+        // Without a console address the plugin goes through the kubeconfig (tests/kubectl_plugin.rs);
+        // without one either: one clear line, exit 1.
+        let out = Command::new(&plugin)
+            .args(["nodes"])
+            .env_remove("BLOCKJANITOR_CONSOLE")
+            .env("KUBECONFIG", cl.s.path("no-kubeconfig"))
+            .output()
+            .expect("run");
         assert_eq!(out.status.code(), Some(1));
-        assert!(text(&out.stderr).contains("fleet needs --console"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).starts_with("error: cannot read the kubeconfig: "),
+            "{}",
+            text(&out.stderr)
+        );
     });
 }
 

@@ -9,6 +9,7 @@ use clap_complete::Shell;
 
 use super::choices::DeviceFilter;
 use super::fleet_args::FleetCommand;
+use super::kube_args::KubeArgs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -67,6 +68,8 @@ pub(crate) struct Cli {
     #[arg(long, global = true, help_heading = "Connection", default_value_t = 30, value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) timeout: u64,
+    #[command(flatten)]
+    pub(crate) kube: KubeArgs,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -202,10 +205,17 @@ EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect,
         long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
 image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
 stuck in Multi-Attach; every volume on several nodes, attached but unused, or held by a dead node (sweep); \
-each node's plan (plan) and carrying it out (apply). Needs --console HOST:PORT with --cert, --key and --ca (mutual TLS). Every answer lists \
-the nodes it could not speak for.\n\nInstalled as `kubectl-blockjanitor` (a symlink), this is the kubectl \
-plugin: `kubectl blockjanitor where shop/data-db-0`.",
-        after_help = "EXAMPLES:\n  agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
+each node's plan (plan) and carrying it out (apply). Every answer lists the nodes it could not speak for.\n\n\
+The console is reached either through the Kubernetes API, as kubectl reaches a pod (--kubeconfig, --context, \
+-n: the kubeconfig's context, the console's pod in the namespace, default blockjanitor, a port-forward through \
+the API server, the client certificate from the Secret blockjanitor-viewer-tls, or blockjanitor-operator-tls for \
+apply, read with the kubeconfig's credentials), or directly with --console HOST:PORT and --cert, --key and --ca \
+(mutual TLS).\n\nInstalled as `kubectl-blockjanitor` (a symlink, or with krew), this is the kubectl plugin, \
+which goes through the Kubernetes API unless --console is given: `kubectl blockjanitor --context prod -n \
+blockjanitor where shop/data-db-0`.",
+        after_help = "EXAMPLES:\n  agentctl fleet --context prod nodes      # through the API server, namespace blockjanitor\n  \
+agentctl fleet -n ops --tls-secret my-viewer-tls sweep\n  \
+agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
 agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
 rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
 agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\

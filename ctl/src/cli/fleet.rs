@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blockjanitor_proto::v1 as pb;
-use blockjanitor_rpc::client::{self, Target};
+use blockjanitor_rpc::client;
+use tonic::transport::Channel;
 
 use super::args::Cli;
 use super::fleet_args::FleetCommand;
@@ -14,12 +15,11 @@ use super::output::{render, status, write_out};
 use crate::{fleet_apply, time};
 
 /// One question to the fleet console.
-pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, target: &Target) -> Result<u8> {
+pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, channel: Channel) -> Result<u8> {
     use crate::fleet_render as fr;
     use blockjanitor_proto::v1::fleet_client::FleetClient;
     let timeout = Duration::from_secs(cli.timeout);
-    let mut c =
-        FleetClient::new(client::connect_channel(target, timeout).await?).max_decoding_message_size(64 << 20);
+    let mut c = FleetClient::new(channel).max_decoding_message_size(64 << 20);
     let out = cli.output;
     let text = match command {
         FleetCommand::Nodes => {

@@ -5,33 +5,44 @@
 //! device changed since it was planned), 2 not carried out (no --yes, a plan refused, a step
 //! deferred).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use blockjanitor_rpc::client::{self, Target, TcpTarget};
 use clap::{CommandFactory, Parser};
 
 use args::{Cli, Command};
+use console::ConsoleRoute;
 use output::write_out;
 
 mod args;
 pub mod choices;
+mod console;
 mod fleet;
 mod fleet_args;
+mod kube_args;
 mod node;
 mod output;
 
 #[cfg(test)]
+mod console_tests;
+#[cfg(test)]
 mod tests;
 
-/// As the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor ...`), the
-/// arguments are those of `agentctl fleet`.
+/// Whether this runs as the kubectl plugin (`kubectl-blockjanitor`, run by `kubectl blockjanitor
+/// ...`).
+fn invoked_as_plugin() -> bool {
+    std::env::args_os()
+        .next()
+        .is_some_and(|a| Path::new(&a).file_name().is_some_and(|n| n == "kubectl-blockjanitor"))
+}
+
+/// As the kubectl plugin, the arguments are those of `agentctl fleet`.
 fn arguments() -> Vec<std::ffi::OsString> {
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let plugin =
-        args.first().and_then(|a| Path::new(a).file_name()).is_some_and(|n| n == "kubectl-blockjanitor");
-    if plugin {
+    if invoked_as_plugin() {
         args.insert(1, "fleet".into());
     }
     args
@@ -92,12 +103,28 @@ fn run(cli: &Cli) -> Result<u8> {
         return Ok(0);
     }
     if let Command::Fleet { command } = &cli.command {
-        let target = console_target(cli)?;
+        let route = ConsoleRoute::from_cli(cli, command, invoked_as_plugin())?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("cannot start the runtime")?;
-        return rt.block_on(fleet::fleet(cli, command, &target)).map_err(tls_hint(&target));
+        let direct = match &route {
+            ConsoleRoute::Direct(t) => Some(t.clone()),
+            ConsoleRoute::Kube(_) => None,
+        };
+        let hint = |e| match &direct {
+            Some(t) => tls_hint(t)(e),
+            None => e,
+        };
+        return rt
+            .block_on(async {
+                let channel = route.channel(Duration::from_secs(cli.timeout)).await?;
+                fleet::fleet(cli, command, channel).await
+            })
+            .map_err(hint);
+    }
+    if cli.kube.any() {
+        bail!("--kubeconfig, --context, -n and --tls-secret reach the fleet console: use them with `fleet`");
     }
     let target = target(cli)?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -105,36 +132,6 @@ fn run(cli: &Cli) -> Result<u8> {
         .build()
         .context("cannot start the runtime")?;
     rt.block_on(node::run_async(cli, &target)).map_err(tls_hint(&target))
-}
-
-/// Where the console is, from the flags.
-fn console_target(cli: &Cli) -> Result<Target> {
-    let Some(addr) = &cli.console else {
-        bail!("fleet needs --console HOST:PORT (or BLOCKJANITOR_CONSOLE) with --cert, --key and --ca");
-    };
-    if cli.addr.is_some() {
-        bail!("--addr names one agent; fleet talks to the console: use --console only");
-    }
-    let (host, _) = client::split_host_port(addr)
-        .with_context(|| format!("--console '{addr}' is not HOST:PORT (e.g. blockjanitor-console:9444)"))?;
-    // For fleet only, the files may come from the environment (the kubectl plugin's usual way);
-    // the local commands never pick them up from there.
-    let file =
-        |flag: &Option<PathBuf>, var: &str| flag.clone().or_else(|| std::env::var_os(var).map(PathBuf::from));
-    let (Some(cert), Some(key), Some(ca)) = (
-        file(&cli.cert, "BLOCKJANITOR_CERT"),
-        file(&cli.key, "BLOCKJANITOR_KEY"),
-        file(&cli.ca, "BLOCKJANITOR_CA"),
-    ) else {
-        bail!("--console needs --cert, --key and --ca (or BLOCKJANITOR_CERT, _KEY, _CA): mutual TLS");
-    };
-    Ok(Target::Tcp(TcpTarget {
-        addr: addr.clone(),
-        cert,
-        key,
-        ca,
-        server_name: cli.server_name.clone().unwrap_or_else(|| host.to_owned()),
-    }))
 }
 
 /// Over TLS, an agent that rejects the client certificate just drops the connection after the

@@ -6,12 +6,19 @@ use clap::{CommandFactory, Parser, ValueEnum};
 
 use super::args::{Cli, Command, Output};
 use super::choices::{KindChoice, VerdictChoice};
+use super::console::ConsoleRoute;
 use super::fleet_args::FleetCommand;
-use super::{console_target, target};
+use super::target;
 use crate::names;
 
-fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+pub(super) fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("agentctl").chain(args.iter().copied()))
+}
+
+/// How `agentctl fleet ...` (`plugin`: `kubectl-blockjanitor ...`) reaches the console.
+pub(super) fn route(cli: &Cli, plugin: bool) -> anyhow::Result<ConsoleRoute> {
+    let Command::Fleet { command } = &cli.command else { panic!("not fleet: {cli:?}") };
+    ConsoleRoute::from_cli(cli, command, plugin)
 }
 
 #[test]
@@ -89,14 +96,14 @@ fn fleet_targets_the_console() {
         "a",
     ])
     .expect("parse");
-    match console_target(&cli).expect("target") {
-        Target::Tcp(t) => {
+    match route(&cli, false).expect("target") {
+        ConsoleRoute::Direct(Target::Tcp(t)) => {
             assert_eq!((t.addr.as_str(), t.server_name.as_str()), ("console:9444", "console"))
         }
         other => panic!("{other:?}"),
     }
     let cli = parse(&["fleet", "nodes", "--console", "console:9444", "--addr", "n:1"]).expect("parse");
-    assert!(console_target(&cli).is_err(), "--addr is one agent, not the console");
+    assert!(route(&cli, false).is_err(), "--addr is one agent, not the console");
     let cli = parse(&["fleet", "multiattach", "pvc/shop/db", "-o", "yaml"]).expect("parse");
     assert!(matches!(cli.command, Command::Fleet { command: FleetCommand::Multiattach { .. } }));
     assert!(parse(&["fleet", "where"]).is_err(), "where needs something to look for");
