@@ -329,6 +329,7 @@ mod tests {
             left_alone: Vec::new(),
             refusal: refusal.into(),
             identity: identity.into(),
+            ..Default::default()
         }
     }
 
