@@ -1,7 +1,7 @@
 //! The console's Prometheus series (prefix `blockjanitor_console_`): agents up and down, the
 //! index's size, query latency by method, and the fleet-wide sweep at each scrape (findings per
-//! kind, whether it was complete, nodes it could not ask); served as `/metrics` over plain HTTP/1
-//! on its own address.
+//! kind, whether it was complete, nodes it could not ask), and the process's own (`process_*`:
+//! CPU, memory, file descriptors); served as `/metrics` over plain HTTP/1 on its own address.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,8 @@ pub const METHODS: [&str; 8] =
 /// The console's metrics.
 pub struct Metrics {
     registry: Registry,
+    /// The process collector's registry (no prefix: `process_*` by the convention).
+    process: Registry,
     agents: GaugeVec,
     index_size: GaugeVec,
     latency: HistogramVec,
@@ -79,6 +81,7 @@ impl Metrics {
         }
         Ok(Self {
             registry,
+            process: blockjanitor_rpc::metrics_http::process_registry()?,
             agents,
             index_size,
             latency,
@@ -118,7 +121,9 @@ impl Metrics {
             self.sweep_missing.set(sweep.missing_nodes.len() as f64);
         }
         let mut buf = Vec::new();
-        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
+        if let Err(e) = TextEncoder::new().encode(&families, &mut buf) {
             return format!("# error encoding metrics: {e}\n");
         }
         String::from_utf8_lossy(&buf).into_owned()

@@ -11,6 +11,15 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+/// The process collector (CPU, memory, file descriptors, threads, start time of this process), in
+/// a registry of its own so its series keep their conventional unprefixed names (`process_*`):
+/// the agent's and the console's expositions each append it.
+pub fn process_registry() -> prometheus::Result<prometheus::Registry> {
+    let r = prometheus::Registry::new();
+    r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
+    Ok(r)
+}
+
 /// Whatever renders a Prometheus text exposition.
 pub trait Exposition: Send + Sync + 'static {
     fn render(&self) -> String;

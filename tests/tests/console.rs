@@ -335,6 +335,12 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
         assert!(m.contains("blockjanitor_console_agents{state=\"down\"} 1"), "{m}");
         assert!(m.contains("blockjanitor_console_query_duration_seconds_count{method=\"Where\"} 8"), "{m}");
         assert!(m.contains("blockjanitor_console_index_entries{what=\"nodes\"} 4"), "{m}");
+        // The console process's own series, unprefixed as the convention has them.
+        for series in
+            ["\nprocess_resident_memory_bytes ", "\nprocess_cpu_seconds_total ", "\nprocess_open_fds "]
+        {
+            assert!(m.contains(series), "the console's process metrics ({series:?}): {m}");
+        }
         if require_real_kernel(&["promtool"]) {
             let mut child = Command::new("promtool")
                 .args(["check", "metrics"])

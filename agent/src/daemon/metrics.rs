@@ -76,14 +76,6 @@ fn gauges(name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, MetricsEr
     Ok(GaugeVec::new(Opts::new(name, help), labels)?)
 }
 
-/// The process collector (CPU, memory, file descriptors, threads, start time of this process), in
-/// a registry of its own so its series keep their conventional unprefixed names.
-fn process_registry() -> Result<Registry, MetricsError> {
-    let r = Registry::new();
-    r.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
-    Ok(r)
-}
-
 /// A metric could not be defined (a bug: names and labels are constants).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot register metrics: {0}")]
@@ -200,7 +192,7 @@ impl Metrics {
             device_verdict,
             device_unresponsive,
             unresponsive_devices,
-            process: process_registry()?,
+            process: blockjanitor_rpc::metrics_http::process_registry()?,
             blocked_reads,
             nvme_controllers,
             nvme_outages,
