@@ -8,9 +8,22 @@ pub fn clean(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
 }
 
-/// At most `max` characters of `s`, ending in `…` when cut.
+/// `-o wide`: tables show every cell whole (set once, at start-up).
+static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every table of this process wide (`-o wide`): cells are never cut.
+pub fn set_wide(wide: bool) {
+    WIDE.store(wide, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether tables are wide (`-o wide`).
+pub fn is_wide() -> bool {
+    WIDE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// At most `max` characters of `s`, ending in `…` when cut; all of it with `-o wide`.
 pub fn cut(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
+    if is_wide() || s.chars().count() <= max {
         return s.to_owned();
     }
     let mut out: String = s.chars().take(max.saturating_sub(1)).collect();

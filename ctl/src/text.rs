@@ -7,7 +7,7 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::units::size;
 
 use crate::names::{event_type_name, holder_kind_name, kind_name, verdict_name};
-use crate::table::{clean, columns, cut};
+use crate::table::{clean, columns, cut, is_wide};
 use crate::time::{ago, utc_time};
 
 /// `node` as `key: value` lines; `now` is for the age of the last scan. The warnings and the
@@ -91,7 +91,11 @@ pub fn devices_table(r: &pb::ListDevicesResponse) -> String {
                 verdict_name(d.verdict),
                 d.holders.len().to_string(),
                 cut(&clean(&kube_cell(d)), 40),
-                cut(&clean(d.reasons.first().map_or("", String::as_str)), WHY_WIDTH),
+                if is_wide() {
+                    clean(&d.reasons.join("; "))
+                } else {
+                    cut(&clean(d.reasons.first().map_or("", String::as_str)), WHY_WIDTH)
+                },
             ]
         })
         .collect();

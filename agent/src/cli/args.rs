@@ -30,6 +30,10 @@ an unreadable process or namespace); the report's first line says INCOMPLETE VIE
 changed, --apply without the privileges to see, another run holds the journal)"
 )]
 pub struct Cli {
+    /// Print nothing on stdout: a script reads the exit code alone (errors and warnings still go
+    /// to stderr).
+    #[arg(long, short = 'q', global = true)]
+    pub quiet: bool,
     /// The host's root; /proc, /sys and /dev are looked for under it.
     #[arg(long, global = true, default_value = "/", value_name = "DIR")]
     pub root: PathBuf,
@@ -116,8 +120,14 @@ pub enum LogFormat {
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
+    /// Text for people.
     Table,
+    /// The same as table: the agent's tables never cut a cell (agentctl's do, without it).
+    Wide,
+    /// Pretty JSON.
     Json,
+    /// YAML: the JSON's document.
+    Yaml,
 }
 
 #[derive(Subcommand, Debug)]

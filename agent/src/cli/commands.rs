@@ -19,9 +19,28 @@ use crate::{cli::render, graph::resolve};
 use anyhow::{Context, Result};
 use std::time::Duration;
 
-pub fn print_json(v: &serde_json::Value) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
-    Ok(())
+/// `--quiet`: nothing goes to stdout (set once, from the flags).
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes `text` to stdout, unless `--quiet`. A closed pipe (`| head`) is not an error.
+fn say(text: &str) -> Result<()> {
+    use std::io::Write;
+    if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("cannot write to stdout"),
+        _ => Ok(()),
+    }
+}
+
+/// A report as JSON (pretty) or YAML, as `--output` asks.
+pub fn print_value(output: Output, v: &serde_json::Value) -> Result<()> {
+    match output {
+        Output::Yaml => say(&serde_yaml_ng::to_string(v)?),
+        _ => say(&(serde_json::to_string_pretty(v)? + "\n")),
+    }
 }
 
 /// The device an operator named.
@@ -31,6 +50,7 @@ pub fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
 }
 
 pub fn run(cli: &Cli) -> Result<u8> {
+    QUIET.store(cli.quiet, std::sync::atomic::Ordering::Relaxed);
     let host = host(cli);
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
@@ -40,12 +60,12 @@ pub fn run(cli: &Cli) -> Result<u8> {
             state.save();
             let incomplete = outcome::incomplete_view(&judged.scan, None);
             match output {
-                Output::Json => print_json(&render::scan_json(&judged))?,
-                Output::Table => {
+                Output::Json | Output::Yaml => print_value(*output, &render::scan_json(&judged))?,
+                Output::Table | Output::Wide => {
                     if let Some(line) = &incomplete {
-                        println!("{line}");
+                        say(&format!("{line}\n"))?;
                     }
-                    print!("{}", render::scan_table(&judged))
+                    say(&render::scan_table(&judged))?
                 }
             }
             Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
@@ -60,12 +80,12 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let incomplete =
                 judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
             match output {
-                Output::Json => print_json(&render::holders_json(&judged, devnum)?)?,
-                Output::Table => {
+                Output::Json | Output::Yaml => print_value(*output, &render::holders_json(&judged, devnum)?)?,
+                Output::Table | Output::Wide => {
                     if let Some(line) = &incomplete {
-                        println!("{line}");
+                        say(&format!("{line}\n"))?;
                     }
-                    print!("{}", render::holders_table(&judged, devnum)?)
+                    say(&render::holders_table(&judged, devnum)?)?
                 }
             }
             Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
@@ -88,20 +108,20 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let plans =
                 journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
             if pending.is_empty() && plans.is_empty() {
-                println!("no unfinished steps in {}", path.display());
+                say(&format!("no unfinished steps in {}\n", path.display()))?;
             }
             for p in pending {
-                println!("unfinished: {p}");
+                say(&format!("unfinished: {p}\n"))?;
             }
             for p in plans {
                 let op = p.record.pointer("/request/operation").and_then(|v| v.as_str()).unwrap_or("?");
                 let arg = p.record.pointer("/request/argument").and_then(|v| v.as_str()).unwrap_or("?");
                 let total = p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len);
-                println!(
-                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it",
+                say(&format!(
+                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it\n",
                     p.id,
                     p.finished.len()
-                );
+                ))?;
             }
             Ok(0)
         }
@@ -140,18 +160,18 @@ pub fn one_request(
     let out = result?;
     say_recovery(&out, |line| eprintln!("warning: {line}"));
     let class = out.class();
-    if output == Output::Json {
-        print_json(&render::outcome_json(&out, class.exit_code()))?;
+    if matches!(output, Output::Json | Output::Yaml) {
+        print_value(output, &render::outcome_json(&out, class.exit_code()))?;
         return Ok(class.exit_code());
     }
     // The one line a refusal before any step is (sight, may-act, the journal's lock).
     if let Some((_, why)) = &out.refusal {
         if out.plan.is_none() {
-            println!("{why}");
+            say(&format!("{why}\n"))?;
             return Ok(class.exit_code());
         }
     }
-    print!("{}", render::outcome_text(&out, device));
+    say(&render::outcome_text(&out, device))?;
     if class == Class::Error {
         if let Some(p) = out.plan.as_ref().filter(|p| p.unsupported) {
             anyhow::bail!("{}", p.refusal.as_deref().unwrap_or_default());

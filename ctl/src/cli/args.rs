@@ -64,6 +64,9 @@ pub(crate) struct Cli {
     /// Output format.
     #[arg(long, short = 'o', global = true, help_heading = "Output", value_enum, default_value_t = Output::Table)]
     pub(crate) output: Output,
+    /// Print nothing on stdout: a script reads the exit code alone (errors still go to stderr).
+    #[arg(long, short = 'q', global = true, help_heading = "Output")]
+    pub(crate) quiet: bool,
     /// Give up on connecting, and on each call, after this many seconds (`watch`: on connecting only).
     #[arg(long, global = true, help_heading = "Connection", default_value_t = 30, value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
@@ -78,6 +81,8 @@ pub(crate) struct Cli {
 pub(crate) enum Output {
     /// Text for people.
     Table,
+    /// Text for people, no cell cut (every reason of a device in WHY).
+    Wide,
     /// Pretty JSON (watch: one object per line).
     Json,
     /// YAML (watch: one document per event).

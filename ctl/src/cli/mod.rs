@@ -96,6 +96,7 @@ fn target(cli: &Cli) -> Result<Target> {
 }
 
 fn run(cli: &Cli) -> Result<u8> {
+    output::configure(cli.output, cli.quiet);
     if let Command::Completions { shell } = &cli.command {
         let mut buf = Vec::new();
         clap_complete::generate(*shell, &mut Cli::command(), "agentctl", &mut buf);

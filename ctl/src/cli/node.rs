@@ -73,7 +73,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let (planned, request) = if identities.is_empty() {
                 let r = pb::PlanRequest { devices: devices.clone(), operation: op as i32 };
                 let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
-                if out == Output::Table {
+                if matches!(out, Output::Table | Output::Wide) {
                     write_out(&format!("{}\n", plan::plans_table(&r, false)))?;
                 }
                 if r.plans.is_empty() {
@@ -121,7 +121,7 @@ pub(crate) async fn watch(c: &mut AgentClient<Channel>, timeout: Duration, out: 
             return Ok(0);
         };
         let text = match out {
-            Output::Table => text::event_line(&e) + "\n",
+            Output::Table | Output::Wide => text::event_line(&e) + "\n",
             Output::Json => serde_json::to_string(&values::event_value(&e))? + "\n",
             Output::Yaml => format!("---\n{}", serde_yaml_ng::to_string(&values::event_value(&e))?),
         };

@@ -13,8 +13,21 @@ use super::args::Output;
 /// The exit code when apply did not carry everything out.
 pub(super) const EXIT_NOT_DONE: u8 = 2;
 
-/// Writes to stdout; a closed pipe (`| head`) is not an error. `Ok(false)` when it was closed.
+/// `--quiet`: nothing goes to stdout (set once, at start-up).
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Applies the output flags for the whole process: `-o wide` and `--quiet`.
+pub(super) fn configure(output: Output, quiet: bool) {
+    crate::table::set_wide(output == Output::Wide);
+    QUIET.store(quiet, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Writes to stdout (nothing with `--quiet`); a closed pipe (`| head`) is not an error.
+/// `Ok(false)` when it was closed.
 pub(super) fn write_out(s: &str) -> Result<bool> {
+    if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(true);
+    }
     let mut out = std::io::stdout().lock();
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(true),
@@ -30,7 +43,7 @@ pub(super) fn render(
     table: impl FnOnce() -> String,
 ) -> Result<String> {
     Ok(match output {
-        Output::Table => table(),
+        Output::Table | Output::Wide => table(),
         Output::Json => serde_json::to_string_pretty(&value())? + "\n",
         Output::Yaml => serde_yaml_ng::to_string(&value())?,
     })

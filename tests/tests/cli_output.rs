@@ -1,0 +1,106 @@
+//! The output flags both CLIs share (issue 21): `-o table|wide|json|yaml` and `-q/--quiet`, on a
+//! fixture tree (incident 5) for the one-shot agent and on a daemon serving that tree for
+//! agentctl. YAML is the JSON's document; `wide` never cuts a cell (agentctl's WHY column shows
+//! every reason whole, where `table` cuts the first one); `--quiet` prints nothing and keeps the
+//! exit code; a closed stdout (`| head`) is no panic.
+
+use std::process::{Command, Stdio};
+
+use blockjanitor_tests::daemon::Daemon;
+use blockjanitor_tests::{agent, agent_bin, fixtures, text, Scratch};
+
+fn root() -> String {
+    fixtures().join("incident5").to_string_lossy().into_owned()
+}
+
+fn agentctl(socket: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(agent_bin().with_file_name("agentctl"))
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("agentctl")
+}
+
+#[test]
+fn the_agent_speaks_every_output_format_and_quiet_keeps_the_exit_code() {
+    let r = root();
+    for cmd in [vec!["scan"], vec!["holders", "rbd3"]] {
+        let with = |extra: &[&str]| {
+            let mut args = vec!["--root", r.as_str()];
+            args.extend(&cmd);
+            args.extend(extra);
+            agent(&args)
+        };
+        let json = with(&["-o", "json"]);
+        let yaml = with(&["-o", "yaml"]);
+        let table = with(&["-o", "table"]);
+        let wide = with(&["-o", "wide"]);
+        let quiet = with(&["-q"]);
+        let code = json.status.code();
+        assert!(matches!(code, Some(0 | 3)), "{cmd:?}: {}", text(&json.stderr));
+        for (name, out) in [("yaml", &yaml), ("table", &table), ("wide", &wide), ("quiet", &quiet)] {
+            assert_eq!(out.status.code(), code, "{cmd:?} {name}: the same exit code as json");
+        }
+        // Two runs differ only in how long their scans took.
+        let timeless = |mut v: serde_json::Value| {
+            for at in ["/summary/scan", "/scan"] {
+                if let Some(scan) = v.pointer_mut(at).and_then(|s| s.as_object_mut()) {
+                    scan.remove("duration");
+                }
+            }
+            v
+        };
+        let from_json = timeless(serde_json::from_slice(&json.stdout).expect("JSON"));
+        let from_yaml = timeless(serde_yaml_ng::from_slice(&yaml.stdout).expect("YAML"));
+        assert_eq!(from_json, from_yaml, "{cmd:?}: YAML is the JSON's document");
+        let untimed = |o: &std::process::Output| -> Vec<String> {
+            text(&o.stdout).lines().filter(|l| !l.contains(" ms")).map(str::to_owned).collect()
+        };
+        assert_eq!(untimed(&table), untimed(&wide), "{cmd:?}: the agent's tables never cut");
+        assert!(!table.stdout.is_empty());
+        assert!(quiet.stdout.is_empty(), "{cmd:?}: --quiet prints nothing: {}", text(&quiet.stdout));
+    }
+}
+
+#[test]
+fn a_closed_stdout_is_no_panic() {
+    let mut child = blockjanitor_tests::trust_init(&mut Command::new(agent_bin()))
+        .args(["--root", &root(), "scan", "-o", "json"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    drop(child.stdout.take()); // as `| head -0` would
+    let out = child.wait_with_output().expect("wait");
+    assert!(matches!(out.status.code(), Some(0 | 3)), "{:?}: {}", out.status, text(&out.stderr));
+    assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn agentctl_wide_shows_every_reason_whole_and_quiet_prints_nothing() {
+    let s = Scratch::new();
+    let d = Daemon::start_with_global(s.dir.path(), &["--root", &root()], &["--node-name", "node-cli"]);
+    let table = agentctl(&d.socket, &["devices"]);
+    let wide = agentctl(&d.socket, &["devices", "-o", "wide"]);
+    let json = agentctl(&d.socket, &["devices", "-o", "json"]);
+    let quiet = agentctl(&d.socket, &["-q", "devices"]);
+    for (name, out) in [("table", &table), ("wide", &wide), ("json", &json), ("quiet", &quiet)] {
+        assert_eq!(out.status.code(), Some(0), "{name}: {}", text(&out.stderr));
+    }
+    assert!(quiet.stdout.is_empty(), "--quiet prints nothing: {}", text(&quiet.stdout));
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let devices = v["devices"].as_array().expect("devices");
+    let long = devices
+        .iter()
+        .filter_map(|d| d["reasons"].as_array())
+        .find(|r| r.iter().map(|x| x.as_str().unwrap_or("").len()).sum::<usize>() > 80)
+        .expect("a device with reasons longer than the WHY column");
+    let whole = long.iter().map(|x| x.as_str().unwrap_or("")).collect::<Vec<_>>().join("; ");
+    assert!(text(&wide.stdout).contains(&whole), "-o wide shows `{whole}` whole:\n{}", text(&wide.stdout));
+    assert!(!text(&table.stdout).contains(&whole), "-o table cuts it:\n{}", text(&table.stdout));
+    assert!(text(&table.stdout).contains('…'), "{}", text(&table.stdout));
+    assert!(!text(&wide.stdout).contains('…'), "{}", text(&wide.stdout));
+}
