@@ -82,8 +82,34 @@ fn capped(mut ev: pb::Event) -> pb::Event {
             EVENT_BYTES_MAX / 1024
         ));
     }
+    if ev.encoded_len() <= EVENT_BYTES_MAX {
+        return ev;
+    }
+    // Still over (a device mounted in every namespace has a reason per mount): its lists are
+    // cut to their first few entries, and the message says which and of how many.
+    let mut cut = Vec::new();
+    if let Some(d) = ev.current.as_mut() {
+        for (name, list) in [
+            ("reasons", &mut d.reasons),
+            ("kubelet paths", &mut d.kubelet_paths),
+            ("pod UIDs", &mut d.pod_uids),
+            ("PVs", &mut d.pv_names),
+            ("kernel threads", &mut d.kernel_threads),
+        ] {
+            if list.len() > LIST_KEPT {
+                cut.push(format!("{name} {LIST_KEPT} of {}", list.len()));
+                list.truncate(LIST_KEPT);
+            }
+        }
+    }
+    if !cut.is_empty() {
+        ev.message.push_str(&format!(" (cut to fit: {}; GetDevice shows each)", cut.join(", ")));
+    }
     ev
 }
+
+/// How many entries of each of a device's lists an event over the cap keeps.
+const LIST_KEPT: usize = 3;
 
 /// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
 /// operators only. A viewer gets every device with its holders' command lines blanked.
@@ -286,5 +312,24 @@ mod tests {
         assert_eq!(holders.len(), 2, "{holders:?}");
         assert_eq!(holders.iter().map(|h| h.pid_count).sum::<u32>(), 500);
         assert!(c.message.contains("500 holders summarised by kind"), "{}", c.message);
+    }
+
+    /// A device mounted in every namespace has a reason per mount: summarising its holders is
+    /// not enough, so its lists are cut to their first entries, and the message says so.
+    #[test]
+    fn an_event_still_over_the_cap_has_its_lists_cut_and_says_so() {
+        use prost::Message as _;
+        let mut big = event_with(500);
+        if let Some(d) = big.current.as_mut() {
+            d.reasons =
+                (0..1800).map(|i| format!("mounted at /run/pods/{i}/image in mount namespace {i}")).collect();
+            d.pod_uids = (0..200).map(|i| format!("5d1c7c2e-8a0b-11e8-9a3b-{i:012}")).collect();
+        }
+        let c = capped(big);
+        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
+        let d = c.current.as_ref().expect("current");
+        assert_eq!(d.reasons.len(), LIST_KEPT);
+        assert_eq!(d.reasons[0], "mounted at /run/pods/0/image in mount namespace 0", "the first ones kept");
+        assert!(c.message.contains("cut to fit: reasons 3 of 1800, pod UIDs 3 of 200"), "{}", c.message);
     }
 }
