@@ -3,7 +3,8 @@
 //! certificate; the `:authority` fix every listener reads through ([`authority`]); TLS
 //! termination ([`tls`]); a per-client rate limit ([`peer_limit`]); health and reflection
 //! ([`health`]); `/metrics` over HTTP ([`metrics_http`]); the caller's side of a connection
-//! ([`client`]); errors on one line ([`errors`]) and sizes for people ([`units`]). It knows
+//! ([`client`]); errors on one line ([`errors`]) and sizes for people ([`units`]); the example
+//! lines of a `--help`, for both CLIs' tests ([`help_examples`]). It knows
 //! nothing of devices or the fleet: never depends on the agent.
 
 /// `AsyncWrite` for a stream wrapper that writes straight through to its `inner` stream (the
@@ -53,6 +54,7 @@ pub mod authority;
 pub mod client;
 pub mod errors;
 pub mod health;
+pub mod help_examples;
 pub mod metrics_http;
 pub mod peer;
 pub mod peer_limit;

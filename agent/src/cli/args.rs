@@ -133,11 +133,19 @@ pub enum Output {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Every block device with its stack and holders, then a summary. Read only.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent scan -o json | jq '.devices[] | select(.verdict == \"stale\") | .device.name'\n  \
+blockjanitor-agent scan -q; echo $?             # 3: a blind spot (INCOMPLETE VIEW)"
+    )]
     Scan {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
     /// Who holds one device. DEVICE is a /dev path, a kernel name (loop3), a dm name or MAJ:MIN.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent holders /dev/rbd3\n  blockjanitor-agent holders loop3 -o yaml\n  \
+blockjanitor-agent holders 7:3\n  blockjanitor-agent --root /host holders /dev/rbd/k8s/csi-vol-1234   # in a pod that mounts the host at /host"
+    )]
     Holders {
         device: String,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
@@ -145,6 +153,10 @@ pub enum Command {
     },
     /// Detach every mount of DEVICE in a mount namespace other than the host's (setns +
     /// umount2 MNT_DETACH, no process is killed), then show what still holds it. Dry run unless --apply.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent release /dev/rbd3            # the plan: which copies would be detached\n  \
+blockjanitor-agent release /dev/rbd3 --apply\n  blockjanitor-agent release rbd3 --apply --force-busy 'INC-4211: pod gone, agent still in it'"
+    )]
     Release {
         device: String,
         /// Carry out the plan.
@@ -164,6 +176,11 @@ pub enum Command {
     /// multipath map and its paths, delete an offline SCSI disk; its mounts in other namespaces
     /// are released first. Refused, with the holders, while anything else holds it. Dry run
     /// unless --apply.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent clean loop3                  # the plan, or why not\n  \
+blockjanitor-agent clean loop3 --apply\n  blockjanitor-agent clean mpatha --apply --deferred-remove\n  \
+blockjanitor-agent clean rbd0 -o json | jq .exit_code"
+    )]
     Clean {
         device: String,
         /// Carry out the plan.
@@ -180,9 +197,15 @@ pub enum Command {
         output: Output,
     },
     /// Steps a previous run started but never finished (from the journal).
+    #[command(after_help = "EXAMPLES:\n  blockjanitor-agent journal\n  \
+blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal")]
     Journal,
     /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
     /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent serve\n  blockjanitor-agent serve --config /etc/blockjanitor/agent.toml\n  \
+blockjanitor-agent serve --mode release --metrics-listen 0.0.0.0:9464 --health-listen 0.0.0.0:9465"
+    )]
     Serve(Box<ServeArgs>),
 }
 
@@ -253,4 +276,39 @@ pub struct ServeArgs {
     /// server before the view stops vouching [default: 90].
     #[arg(long, value_name = "SECONDS")]
     pub kube_silence_bound_seconds: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// Every subcommand's `--help` shows an example, and every example parses.
+    #[test]
+    fn every_subcommand_has_an_example_that_parses() {
+        let mut cli = Cli::command();
+        let examples = |c: &mut clap::Command| {
+            blockjanitor_rpc::help_examples::examples(&c.render_long_help().to_string(), "blockjanitor-agent")
+        };
+        let mut checked = 0;
+        for sub in cli.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let name = sub.get_name().to_owned();
+            let found = examples(sub);
+            assert!(
+                found.iter().any(|w| w.get(1) == Some(&name)),
+                "`{name} --help` shows no example of {name}"
+            );
+            for words in found {
+                Cli::try_parse_from(&words)
+                    .unwrap_or_else(|e| panic!("the example {words:?} does not parse: {e}"));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 6, "{checked} examples");
+    }
 }

@@ -10,8 +10,14 @@ use super::choices::DeviceFilter;
 #[derive(Subcommand, Debug)]
 pub(crate) enum FleetCommand {
     /// Every node's agent: reachable or not, devices, last sync, last error.
+    #[command(after_help = "EXAMPLES:\n  agentctl fleet nodes\n  kubectl blockjanitor nodes -o wide\n  \
+agentctl fleet nodes -o json | jq -r '.nodes[] | select(.error != \"\") | .name'")]
     Nodes,
     /// Devices across the fleet, optionally filtered.
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet devices --stale\n  agentctl fleet devices --node node-a --kind rbd\n  \
+agentctl fleet devices --verdict unknown --fresh -o yaml"
+    )]
     Devices {
         #[command(flatten)]
         filter: DeviceFilter,
@@ -24,6 +30,8 @@ pub(crate) enum FleetCommand {
     },
     /// Which nodes map a Ceph image (POOL/IMAGE), a PV (NAME or pv/NAME), a PVC (NAMESPACE/NAME
     /// or pvc/NAMESPACE/NAME) or a WWID, with holders and verdicts.
+    #[command(after_help = "EXAMPLES:\n  agentctl fleet where shop/data-db-0            # a PVC\n  \
+agentctl fleet where pv/pvc-0a5e6f1c-3b2d-4e8f-9a71-5c2d8e4f6b10\n  agentctl fleet where k8s/csi-vol-1234 --fresh   # POOL/IMAGE, asking every agent now")]
     Where {
         /// POOL/IMAGE, NAMESPACE/PVC, pvc/NAMESPACE/NAME, pv/NAME, a PV name or a WWID.
         what: String,
@@ -36,6 +44,8 @@ pub(crate) enum FleetCommand {
     /// [IPv6]:0/NONCE), an IP or range, a client id (client.N), a `rbd status` or `ceph osd
     /// blocklist ls` line, or `-` to read such output from stdin. Input it does not understand is
     /// an error, never an answer.
+    #[command(after_help = "EXAMPLES:\n  agentctl fleet who-watches 10.0.0.7:0/3423687629\n  \
+rbd status k8s/csi-vol-1234 | agentctl fleet who-watches -\n  ceph osd blocklist ls | agentctl fleet who-watches - -o json")]
     WhoWatches {
         /// IP:0/NONCE (with or without v1:/v2:), IP, client.N, a watcher= or blocklist line, or `-`.
         watcher: String,
@@ -46,6 +56,10 @@ pub(crate) enum FleetCommand {
     /// For a PV or PVC: one diagnosis per node (in_use_correct, stale_mapping with the steps that
     /// clear it, safe_to_delete_va, unknown). Without one: the fleet-wide sweep (as `fleet
     /// sweep`, with its exit codes).
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet multiattach shop/data-db-0\n  agentctl fleet multiattach pv/pvc-0a5e6f1c-3b2d-4e8f-9a71-5c2d8e4f6b10 -o json\n  \
+agentctl fleet multiattach                      # the fleet-wide sweep"
+    )]
     Multiattach {
         /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME (none: sweep every volume).
         volume: Option<String>,

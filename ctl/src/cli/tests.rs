@@ -127,3 +127,30 @@ fn targets() {
     let cli = parse(&["--addr", "node1", "--cert", "c", "--key", "k", "--ca", "a", "node"]).expect("parse");
     assert!(target(&cli).is_err());
 }
+
+/// Every subcommand's `--help` (the fleet's too) shows an example, and every example parses.
+#[test]
+fn every_subcommand_has_an_example_that_parses() {
+    fn walk(c: &mut clap::Command, path: &mut Vec<String>, checked: &mut usize) {
+        let found = blockjanitor_rpc::help_examples::examples(&c.render_long_help().to_string(), "agentctl");
+        if !path.is_empty() {
+            let shown =
+                found.iter().any(|w| w.iter().skip(1).filter(|a| !a.starts_with('-')).eq(path.iter()))
+                    || found.iter().any(|w| path.iter().all(|p| w.contains(p)));
+            assert!(shown, "`agentctl {} --help` shows no example of it", path.join(" "));
+        }
+        for words in found {
+            Cli::try_parse_from(&words)
+                .unwrap_or_else(|e| panic!("the example {words:?} does not parse: {e}"));
+            *checked += 1;
+        }
+        for sub in c.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            path.push(sub.get_name().to_owned());
+            walk(sub, path, checked);
+            path.pop();
+        }
+    }
+    let mut checked = 0;
+    walk(&mut Cli::command(), &mut Vec::new(), &mut checked);
+    assert!(checked >= 20, "{checked} examples");
+}
