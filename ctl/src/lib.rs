@@ -2,7 +2,7 @@
 //! and the renderers of the agent's and the console's answers. Needs the wire (proto) and
 //! blockjanitor-rpc only, never the agent.
 //!
-//! [`names`] turns enum values into lower-case names; [`values`] renders responses as JSON and
+//! [`exit`] holds the exit codes (the agent's own). [`names`] turns enum values into lower-case names; [`values`] renders responses as JSON and
 //! YAML values; [`text`], [`plan`] and [`apply`] render them as text (with [`table`] and
 //! [`time`]); [`fleet_render`], [`fleet_plan`] and [`fleet_apply`] do the same for the console;
 //! [`kubectl`] reaches the console through the Kubernetes API (kubeconfig, port-forward);
@@ -11,6 +11,7 @@
 
 pub mod apply;
 pub mod cli;
+pub mod exit;
 pub mod fleet_apply;
 pub mod fleet_plan;
 pub mod fleet_render;

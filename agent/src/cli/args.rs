@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 /// Exit code of a scan or a holders report that could not see everything (a blind spot).
 pub const EXIT_UNKNOWN: u8 = 3;
+/// Something holds the device (`holders`, as `fuser -s` tells a script).
+pub const EXIT_HELD: u8 = 2;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -88,7 +88,16 @@ pub fn run(cli: &Cli) -> Result<u8> {
                     say(&render::holders_table(&judged, devnum)?)?
                 }
             }
-            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
+            // As `fuser -s`: held or free (kernel threads are symptoms, not holders); unknown
+            // when nothing was seen holding it but a blind spot could hide a holder.
+            let held = judged.scan.entry(devnum).is_some_and(|e| !e.holders.is_empty());
+            Ok(if held {
+                EXIT_HELD
+            } else if incomplete.is_some() {
+                EXIT_UNKNOWN
+            } else {
+                0
+            })
         }
         Command::Release { device, apply, force_busy, output } => {
             let mut e = engine(cli, host, plan::clean::CleanOptions::default());

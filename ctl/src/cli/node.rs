@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
 use super::output::{render, status, write_out, EXIT_NOT_DONE};
-use crate::{apply, plan, text, time, values};
+use crate::{apply, exit, plan, text, time, values};
 
 /// One command against the agent at `target`; its exit code.
 pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
@@ -48,7 +48,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                 client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
             let Some(d) = &r.device else { bail!("the agent answered without the device") };
             write_out(&render(out, || values::holders_value(&r), || text::device_table(d, false))?)?;
-            Ok(0)
+            Ok(exit::holders(d))
         }
         Command::Plan { devices, release } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
@@ -58,14 +58,14 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                 || values::plans_value(&r),
                 || plan::plans_table(&r, devices.is_empty()),
             )?)?;
-            Ok(0)
+            Ok(exit::plans(&r.plans))
         }
         Command::Apply { devices, yes: false, release, .. } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || values::plans_value(&r), || plan::plans_table(&r, false))?)?;
             eprintln!("not applied: add --yes to carry it out");
-            Ok(EXIT_NOT_DONE)
+            Ok(exit::worst(EXIT_NOT_DONE, exit::plans(&r.plans)))
         }
         Command::Apply { devices, yes: true, identities, release } => {
             let op = operation(*release);
@@ -90,7 +90,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r =
                 client::call(timeout, c.apply(client::request(request, timeout))).await.map_err(status)?;
             write_out(&render(out, || values::apply_value(&planned, &r), || apply::apply_table(&r))?)?;
-            Ok(apply::apply_summary(&r).exit_code())
+            Ok(exit::worst(apply::apply_summary(&r).exit_code(), exit::plans(&r.plans)))
         }
         Command::Watch => watch(&mut c, timeout, out).await,
     }
