@@ -105,9 +105,9 @@ log "$NS_COUNT mount namespaces, $FLOOR_BYTES bytes once per namespace;" \
 # The commands, exactly as timed (hyperfine runs them with sh -c).
 CMD_GREP="grep -l ' $MM ' /proc/*/task/*/mountinfo 2>/dev/null || true"
 CMD_FLOOR="xargs cat < $FLOOR_LIST > /dev/null"
-CMD_AGENT="$AGENT holders $DEV --output json > /dev/null"
+CMD_AGENT="$AGENT holders $DEV --output json > /dev/null; test \$? -ne 1"
 # The same, forced to read every namespace's mountinfo text (what kernels before 6.11 get).
-CMD_AGENT_TEXT="$AGENT --mount-reader mountinfo holders $DEV --output json > /dev/null"
+CMD_AGENT_TEXT="$AGENT --mount-reader mountinfo holders $DEV --output json > /dev/null; test \$? -ne 1"
 
 HAVE_AGENT=0
 AGENT_RSS_KB=""
@@ -120,7 +120,8 @@ if [ -x "$AGENT" ]; then
     /usr/bin/time -v -o "$WORK/agent.time" "$AGENT" holders "$DEV" --output json \
         >"$WORK/agent.json" 2>"$WORK/agent.stderr" || rc=$?
     AGENT_RSS_KB=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$WORK/agent.time")
-    if [ "$rc" -ne 0 ]; then
+    # 2 (held) and 3 (unknown) are answers, as fuser -s gives them; 1 is an error.
+    if [ "$rc" -eq 1 ] || [ "$rc" -gt 3 ]; then
         sed 's/^/  agent stderr: /' "$WORK/agent.stderr" | head -20 >&2
         [ "${BENCH_AGENT_ALLOW_FAIL:-0}" = 1 ] ||
             die "the agent exited $rc (set BENCH_AGENT_ALLOW_FAIL=1 to time it anyway)"
@@ -148,7 +149,7 @@ hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON"
 if [ "$HAVE_AGENT" -eq 1 ]; then hf_args+=(-n agent "$CMD_AGENT" -n agent-mountinfo "$CMD_AGENT_TEXT"); fi
 CMD_BASE=""
 if [ -n "${AGENT_BASE:-}" ] && [ -x "$AGENT_BASE" ]; then
-    CMD_BASE="$AGENT_BASE holders $DEV --output json > /dev/null"
+    CMD_BASE="$AGENT_BASE holders $DEV --output json > /dev/null; test \$? -ne 1"
     hf_args+=(-n agent-base "$CMD_BASE")
 fi
 log "hyperfine $(printf '%q ' "${hf_args[@]}")"

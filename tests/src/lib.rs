@@ -112,6 +112,33 @@ pub fn agent_json(args: &[&str], code: i32) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
 }
 
+/// `blockjanitor-agent ARGS holders DEVICE --output json` (ARGS: global flags), checking that its
+/// exit code says what the report does, as `fuser -s` would: 2 when it names a holder, 0 when
+/// none (or 3 when none is seen and a blind spot could hide one).
+pub fn agent_holders(args: &[&str], device: &str) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.extend(["holders", device, "--output", "json"]);
+    let out = agent(&all);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", text(&out.stdout), text(&out.stderr)));
+    let held = v["holders"].as_array().is_some_and(|h| !h.is_empty());
+    let blind = v["blind_spots"].as_array().is_some_and(|b| !b.is_empty());
+    let want = if held {
+        2
+    } else if blind {
+        3
+    } else {
+        0
+    };
+    assert_eq!(
+        out.status.code(),
+        Some(want),
+        "blockjanitor-agent {all:?}: {v:#}\nstderr: {}",
+        text(&out.stderr)
+    );
+    v
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

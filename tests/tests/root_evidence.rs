@@ -19,10 +19,11 @@ use serde_json::Value;
 
 const BTRFS: &[&str] = &["losetup", "mkfs.btrfs", "btrfs", "unshare", "mount", "umount", "mknod"];
 
-/// `holders DEV --output json` (exit 0), with the scratch's state file and journal.
+/// `holders DEV --output json` (exit 2 when it names a holder, else 0), with the scratch's state
+/// file and journal.
 fn holders(s: &Scratch, dev: &str) -> Value {
     let (state, journal) = (s.path("state.json"), s.path("journal.jsonl"));
-    agent_json(&["--state", utf8(&state), "--journal", utf8(&journal), "holders", dev, "--output", "json"], 0)
+    agent_holders(&["--state", utf8(&state), "--journal", utf8(&journal)], dev)
 }
 
 /// The holders of `kind` whose pids include `pid`.

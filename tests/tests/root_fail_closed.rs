@@ -57,12 +57,11 @@ fn with_files<'a>(f: &'a [String; 4], rest: &[&'a str]) -> Vec<&'a str> {
     f.iter().map(String::as_str).chain(rest.iter().copied()).collect()
 }
 
-/// `holders DEV --output json` (exit 0), with the scratch state file and journal.
+/// `holders DEV --output json` (exit 2 when it names a holder, else 0), with the scratch state
+/// file and journal.
 fn holders(s: &Scratch, dev: &str, global: &[&str]) -> Value {
     let f = files(s);
-    let mut args = with_files(&f, global);
-    args.extend(["holders", dev, "--output", "json"]);
-    agent_json(&args, 0)
+    agent_holders(&with_files(&f, global), dev)
 }
 
 fn holders_of_kind<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {

@@ -16,7 +16,7 @@ use serde_json::Value;
 const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 
 fn holders(dev: &str) -> Value {
-    agent_json(&["holders", dev, "--output", "json"], 0)
+    agent_holders(&[], dev)
 }
 
 fn holders_of_kind<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
@@ -47,7 +47,7 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     assert_eq!(h["mount_point"], mnt.to_str().expect("utf8"));
     assert_eq!(h["comm"], "sleep");
     // Both ways of reading mount tables (statmount prefilter, mountinfo text) agree.
-    let text_only = agent_json(&["--mount-reader", "mountinfo", "holders", &lo.dev, "--output", "json"], 0);
+    let text_only = agent_holders(&["--mount-reader", "mountinfo"], &lo.dev);
     assert_eq!(text_only["holders"], v["holders"]);
     let kthreads = v["kernel_threads"].to_string();
     assert!(kthreads.contains(&format!("jbd2/{}-8", lo.name())), "{kthreads}");
@@ -416,10 +416,10 @@ fn root_non_utf8_mount_point_in_a_foreign_namespace_scans_and_releases() {
     assert_eq!(h["mount_namespace"], holder.ns_inode());
     assert!(h["mount_point"].as_str().expect("mount_point").ends_with(r"d\xff"), "{h:#}");
     assert_eq!(h["mount_point"], escaped.as_str(), "escaped losslessly");
-    let text_only = agent_json(&["--mount-reader", "mountinfo", "holders", &lo.dev, "--output", "json"], 0);
+    let text_only = agent_holders(&["--mount-reader", "mountinfo"], &lo.dev);
     assert_eq!(text_only["holders"], v["holders"]);
     let table = agent(&["holders", &lo.dev]);
-    assert_eq!(table.status.code(), Some(0));
+    assert_eq!(table.status.code(), Some(2), "held, as the table says");
     assert!(text(&table.stdout).contains(&escaped), "{}", text(&table.stdout));
 
     let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);

@@ -25,7 +25,7 @@ blockjanitor-agent release /dev/loop3            # dry run: print the plan\n  bl
 blockjanitor-agent --root /host holders 7:3      # in a pod that mounts the host at /host\n\n\
 EXIT CODES:\n  0  free or done: nothing holds it, nothing to do, the dry run may go, or every step done\n  \
 1  error: bad argument, unreadable host or journal, a failed step\n  \
-2  held: something still holds the device; it was left alone\n  \
+2  held: something holds the device (holders: like fuser -s; release and clean: it was left alone)\n  \
 3  unknown: the agent could not see everything that could hold it (a blind spot: not root, \
 an unreadable process or namespace); the report's first line says INCOMPLETE VIEW\n  \
 4  refused: a safety rule said no (protected, the API cannot vouch, not stale yet, identity \

@@ -27,8 +27,13 @@ agentctl apply loop3                   # show the plan, change nothing\n  \
 agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  agentctl watch -o json\n  \
 agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
 agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
-EXIT CODES:\n  0  ok\n  1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
-2  apply did not carry everything out: no --yes, a plan was refused, or a step was deferred"
+EXIT CODES (the agent's own, see `blockjanitor-agent --help`):\n  \
+0  free or done: nothing holds it (holders), every plan may go (plan), every step done (apply --yes)\n  \
+1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
+2  held: something holds the device (holders, like fuser -s; a plan left holders alone); apply: \
+not everything carried out (no --yes, a step deferred)\n  \
+3  unknown: the agent cannot say (a blind spot could hide a holder; the API cannot vouch)\n  \
+4  refused: a safety rule other than a holder said no (protected, not stale yet, an outage...)"
 )]
 pub(crate) struct Cli {
     /// The agent's unix socket on this node.
