@@ -241,8 +241,25 @@ impl Snapshot {
             }
         }
         self.mounts.extend(fresh);
+        self.keep_scan_order();
         self.stats.mounts = self.namespaces.iter().map(|n| n.mount_count).sum();
         self.stats.mountinfo_bytes = read.values().map(|n| n.mountinfo_bytes).sum();
+    }
+}
+
+impl Snapshot {
+    /// Puts the mounts back in the order a full scan lists them: namespaces with a task by ID
+    /// (each in its table's order), then those entered through a pin, as they were found. The
+    /// graph lists a device's holders in this order, and a re-read that left a namespace's fresh
+    /// mounts at the end would move them: every device mounted in that namespace (a node's image
+    /// disk is mounted in every one) would show "holders changed" with nothing changed, and that
+    /// event, with thousands of holders, would be diffed, converted and sent to every watcher
+    /// ahead of the one that matters.
+    fn keep_scan_order(&mut self) {
+        let pinned: HashSet<MountNsId> =
+            self.namespaces.iter().filter(|n| n.tasks.is_empty()).map(|n| n.id).collect();
+        // A stable sort: the order within a namespace, and among pinned ones, stays.
+        self.mounts.sort_by_key(|m| if pinned.contains(&m.ns) { (1, MountNsId(0)) } else { (0, m.ns) });
     }
 }
 
