@@ -46,17 +46,12 @@ impl Changes {
 }
 
 impl Snapshot {
-    /// This snapshot with what `changes` touched read again; `Err` says why only a full scan
-    /// will do.
-    pub fn updated(
-        &self,
-        host: &HostRoot,
-        changes: &Changes,
-        opts: &ScanOptions,
-    ) -> Result<Snapshot, String> {
+    /// Reads again, in place, what `changes` touched; `Err` says why only a full scan will do,
+    /// and leaves this snapshot half updated: the caller must throw it away (and does: it is
+    /// updated in place so that an event costs no copy of the whole host's snapshot).
+    pub fn update(&mut self, host: &HostRoot, changes: &Changes, opts: &ScanOptions) -> Result<(), String> {
         let started = Instant::now();
-        let mut next = self.clone();
-        let cloned = started.elapsed();
+        let next = self;
         if !changes.devices.is_empty() {
             next.reread_devices(host, &changes.devices, opts)?;
         }
@@ -68,8 +63,7 @@ impl Snapshot {
             next.reread_namespaces(host, &changes.namespaces, opts)?;
         }
         tracing::debug!(
-            clone_us = cloned.as_micros() as u64,
-            devices_us = (devices - cloned).as_micros() as u64,
+            devices_us = devices.as_micros() as u64,
             namespaces_us = (started.elapsed() - devices).as_micros() as u64,
             "snapshot re-read"
         );
@@ -82,7 +76,7 @@ impl Snapshot {
             }
         }
         next.stats.duration = started.elapsed();
-        Ok(next)
+        Ok(())
     }
 
     /// Reads the mounts of `changed` again.
