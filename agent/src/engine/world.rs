@@ -84,7 +84,7 @@ pub struct LinuxWorld {
     /// Filled in once the daemon connects to the Kubernetes API.
     pub cluster: Arc<OnceLock<tokio::sync::watch::Receiver<ClusterView>>>,
     /// The latest snapshot of the whole host and when its scan started: what
-    /// [`World::rescan_changed`] brings up to date.
+    /// [`World::rescan_changed`] brings up to date, in place (none after a re-read failed).
     latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
 }
 
