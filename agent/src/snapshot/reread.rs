@@ -203,9 +203,18 @@ impl Snapshot {
     fn refresh_filesystems(&mut self, host: &HostRoot) -> Result<(), String> {
         let names: HashSet<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
         self.live_fs = livefs::scan(host, &names).map_err(|e| format!("live filesystems: {e}"))?;
+        // Only a thread named after a device (a journal thread, a device's worker) is in the
+        // graph: only those are looked at again. The others (most of a many-core node's
+        // kernel threads) cannot change the view; they are looked at once a device they name
+        // appears, since the devices are brought up to date first.
+        let devices: Vec<(&str, String)> =
+            self.devices.iter().map(|d| (d.name.as_str(), d.devnum.to_string())).collect();
         self.kernel_threads.retain(|k| {
-            std::fs::read(host.proc_pid(k.pid).join("comm"))
-                .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == k.comm.as_bytes())
+            let comm = k.comm.escaped();
+            let named = devices.iter().any(|(name, num)| processes::kthread_serves(&comm, name, num));
+            !named
+                || std::fs::read(host.proc_pid(k.pid).join("comm"))
+                    .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == k.comm.as_bytes())
         });
         Ok(())
     }
