@@ -1,5 +1,6 @@
-//! A snapshot brought up to date after the kernel reported a change, reading only what the
-//! change can have touched:
+//! A snapshot brought up to date, in place, after the kernel reported a change, reading only
+//! what the change can have touched, and leaving it as a full scan would list it (mounts in a
+//! full scan's order):
 //!
 //! - mount namespaces whose mounts changed: their tables alone (`listmount`, what `statmount`
 //!   said remembered by mount ID, mountinfo text only where a wanted device is mounted), the
