@@ -13,6 +13,8 @@
 //! `BENCH_MOUNTS` (50) sets the number of mount/unmount pairs; each round mounts in a scene
 //! namespace picked at random. `BENCH_CHURN=1` runs the scene's pod churn
 //! (`busy-node-scene.sh churn`, node shape) during the mount rounds, not during the idle window.
+//! `BENCH_TRACE=1` prints every other event the client receives while it waits for the one it
+//! times, with its arrival time (where a round's time went).
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -87,7 +89,7 @@ fn main() {
     let rounds = env_u64("BENCH_MOUNTS", 50) as usize;
     let idle_secs = env_u64("BENCH_IDLE_SECONDS", 60);
 
-    let (attach, detach, node_before, node_after, idle_pct) = rt.block_on(async {
+    let (attach, detach, node_before, node_after, idle_pct, others) = rt.block_on(async {
         let mut c = unix_client(&d.socket).await;
         // The start-up scan must be done and the scene seen.
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -136,6 +138,9 @@ fn main() {
             .expect("start the pod churn")
         });
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
+        // BENCH_TRACE=1: every other event received while waiting, with its arrival time.
+        let trace = env_u64("BENCH_TRACE", 0) == 1;
+        let mut others = [0usize; 2];
         let mut attach = Vec::with_capacity(rounds);
         let mut detach = Vec::with_capacity(rounds);
         for round in 0..rounds {
@@ -145,6 +150,7 @@ fn main() {
                 in_namespace(pid, d, &target);
                 let done = Instant::now();
                 let want = if mounting { "1 holder(s) added" } else { "1 gone" };
+                let mut before = 0;
                 loop {
                     let e = tokio::time::timeout(Duration::from_secs(30), events.next())
                         .await
@@ -157,8 +163,25 @@ fn main() {
                     {
                         break;
                     }
+                    before += 1;
+                    if trace {
+                        let msg: String = e.message.chars().take(100).collect();
+                        eprintln!(
+                            "round {round}: +{} other event (scan {}): {msg}",
+                            ms(done.elapsed()),
+                            e.scan
+                        );
+                    }
                 }
                 let took = done.elapsed();
+                if trace {
+                    eprintln!(
+                        "round {round}: {} seen after {}",
+                        if mounting { "mount" } else { "unmount" },
+                        ms(took)
+                    );
+                }
+                others[usize::from(!mounting)] += before;
                 if mounting { &mut attach } else { &mut detach }.push(took);
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -169,7 +192,7 @@ fn main() {
             unsafe { libc::kill(ch.id() as i32, libc::SIGTERM) };
             let _ = ch.wait();
         }
-        (attach, detach, node_before, node_after, idle_pct)
+        (attach, detach, node_before, node_after, idle_pct, others)
     });
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -198,6 +221,10 @@ fn main() {
             v.len()
         );
     }
+    println!(
+        "| other events received before the awaited one | {} after the mounts, {} after the unmounts |",
+        others[0], others[1]
+    );
     println!(
         "| scans during the mount rounds | {} (generations {} to {}); latest full scan: generation {} before, {} after |",
         node_after.scans - node_before.scans,

@@ -11,7 +11,7 @@
 //! `root_every_event_leaves_the_view_a_full_scan_would_show` (issue 20) checks the incremental
 //! path against the full one: after each round of random mounts, unmounts, namespaces and
 //! processes coming and going, once the daemon has settled, its view of every mount of the test's
-//! devices is the one a one-shot full scan shows.
+//! devices is the one a one-shot full scan shows, in the same order.
 
 use std::path::Path;
 use std::time::Duration;
@@ -228,9 +228,11 @@ impl Rng {
     }
 }
 
-/// Mount holders as (namespace inode, mount point): the part of a device's view a mount event
-/// changes.
-type Mounts = std::collections::BTreeSet<(u64, String)>;
+/// Mount holders as (namespace inode, mount point), in the order the view lists them: the part
+/// of a device's view a mount event changes. The order counts too: a re-read that listed a
+/// namespace's mounts elsewhere than a full scan does would publish "holders changed" for every
+/// device mounted there, with nothing changed.
+type Mounts = Vec<(u64, String)>;
 
 /// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`'s mounts.
 fn full_scan_mounts(dev: &str) -> Mounts {

@@ -84,7 +84,7 @@ pub struct LinuxWorld {
     /// Filled in once the daemon connects to the Kubernetes API.
     pub cluster: Arc<OnceLock<tokio::sync::watch::Receiver<ClusterView>>>,
     /// The latest snapshot of the whole host and when its scan started: what
-    /// [`World::rescan_changed`] brings up to date.
+    /// [`World::rescan_changed`] brings up to date, in place (none after a re-read failed).
     latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
 }
 
@@ -177,10 +177,14 @@ impl World for LinuxWorld {
     }
 
     fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
-        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Taken out while it is updated in place: a re-read that fails leaves none, so the next
+        // change is read by a full scan too (a half-updated snapshot is never kept).
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some((snap, taken_at)) = latest else { return Err("no full scan yet".into()) };
         let started = std::time::Instant::now();
-        let next = snap.updated(&self.host, changes, &self.options)?;
+        // Nobody else holds it (the lock is held only to swap it): no copy.
+        let mut next = Arc::try_unwrap(snap).unwrap_or_else(|shared| (*shared).clone());
+        next.update(&self.host, changes, &self.options)?;
         let updated = started.elapsed();
         // Judged as of the full scan whose fds and processes it carries.
         let scan = self.scan_of(&next, taken_at, None);

@@ -16,12 +16,12 @@ pub mod resolve;
 pub mod scan;
 pub mod stack;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
 use crate::discover::iostat::IoStat;
-use crate::discover::namespaces::NsEntry;
+use crate::discover::namespaces::{MountNamespace, NsEntry};
 use crate::discover::nbd::NbdDevice;
 use crate::discover::processes::{fs_kthread_serves, kthread_serves};
 use crate::discover::rbd::RbdMapping;
@@ -247,13 +247,23 @@ impl DeviceGraph {
     /// holders; stacking and loop backing come from sysfs for all.
     pub fn build(s: &Snapshot) -> Self {
         let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
+        // Each namespace by ID, and the first namespace (in the snapshot's order) each process
+        // is in: looked up once per holder, thousands of times on a node.
+        let mut ns_by_id: HashMap<MountNsId, &MountNamespace> = HashMap::new();
+        let mut ns_of_pid: HashMap<u32, MountNsId> = HashMap::new();
+        for n in &s.namespaces {
+            ns_by_id.entry(n.id).or_insert(n);
+            for p in &n.pids {
+                ns_of_pid.entry(*p).or_insert(n.id);
+            }
+        }
         for m in &s.mounts {
-            let ns = s.namespace(m.ns);
-            let pids: Vec<u32> = ns.map(|n| n.pids.clone()).unwrap_or_default();
+            let ns = ns_by_id.get(&m.ns).copied();
+            let pids: &[u32] = ns.map_or(&[], |n| n.pids.as_slice());
             let mut h = Holder::bare(HolderKind::Mount);
             label(&mut h, s, pids.first().copied());
             h.pid_count = pids.len();
-            h.pids = pids.into_iter().take(MAX_PIDS).collect();
+            h.pids = pids.iter().copied().take(MAX_PIDS).collect();
             h.mount_namespace = Some(m.ns);
             h.in_host_namespace = Some(m.ns == s.host_ns);
             h.mount_point = Some(m.mount.mount_point.clone());
@@ -275,7 +285,7 @@ impl DeviceGraph {
                 label(&mut h, s, Some(r.pid));
                 h.pids = vec![r.pid];
                 h.pid_count = 1;
-                let ns = s.namespaces.iter().find(|n| n.pids.binary_search(&r.pid).is_ok()).map(|n| n.id);
+                let ns = ns_of_pid.get(&r.pid).copied();
                 h.mount_namespace = ns;
                 h.in_host_namespace = ns.map(|n| n == s.host_ns);
                 h.path = r.path.clone();

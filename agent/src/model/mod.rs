@@ -16,13 +16,15 @@ use std::str::FromStr;
 /// Bytes from the kernel that name something: a path, `comm`, `cmdline`, a filesystem type,
 /// mount options. The kernel does not promise UTF-8 (any user with an unprivileged user
 /// namespace can mount on a directory named `d\xff`), so these are kept as bytes and only
-/// escaped for output, losslessly (see [`KernelText::escaped`]).
+/// escaped for output, losslessly (see [`KernelText::escaped`]). Shared, never changed once made:
+/// a copy is a reference (a node's image disk has thousands of holders, each naming its
+/// process's command line and a path, and the graph is joined again at every mount event).
 #[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct KernelText(Vec<u8>);
+pub struct KernelText(std::sync::Arc<[u8]>);
 
 impl KernelText {
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        Self(bytes)
+        Self(bytes.into())
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -30,7 +32,7 @@ impl KernelText {
     }
 
     pub fn into_bytes(self) -> Vec<u8> {
-        self.0
+        self.0.to_vec()
     }
 
     /// The raw bytes as an OS string, for syscalls (never the escaped text).
@@ -68,7 +70,7 @@ impl KernelText {
     pub fn unescape(text: &str) -> KernelText {
         let b = text.as_bytes();
         if !b.contains(&b'\\') {
-            return Self(b.to_vec());
+            return Self(b.into());
         }
         let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
         let mut out = Vec::with_capacity(b.len());
@@ -96,7 +98,7 @@ impl KernelText {
             out.push(b[i]);
             i += 1;
         }
-        Self(out)
+        Self(out.into())
     }
 }
 
@@ -140,37 +142,37 @@ pub fn lossless_string(bytes: Vec<u8>) -> String {
 
 impl From<&str> for KernelText {
     fn from(s: &str) -> Self {
-        Self(s.as_bytes().to_vec())
+        Self(s.as_bytes().into())
     }
 }
 
 impl From<String> for KernelText {
     fn from(s: String) -> Self {
-        Self(s.into_bytes())
+        Self(s.into_bytes().into())
     }
 }
 
 impl From<&[u8]> for KernelText {
     fn from(b: &[u8]) -> Self {
-        Self(b.to_vec())
+        Self(b.into())
     }
 }
 
 impl From<Vec<u8>> for KernelText {
     fn from(b: Vec<u8>) -> Self {
-        Self(b)
+        Self(b.into())
     }
 }
 
 impl PartialEq<str> for KernelText {
     fn eq(&self, other: &str) -> bool {
-        self.0 == other.as_bytes()
+        *self.0 == *other.as_bytes()
     }
 }
 
 impl PartialEq<&str> for KernelText {
     fn eq(&self, other: &&str) -> bool {
-        self.0 == other.as_bytes()
+        *self.0 == *other.as_bytes()
     }
 }
 

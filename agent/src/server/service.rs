@@ -54,11 +54,47 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>
 
 /// Most bytes of one event on the wire: past it, the device it carries has its holders summarised
 /// by kind (a device held by thousands of processes would otherwise send every one of them to
-/// every watcher at each change), and the event's message says so.
+/// every watcher at each change), then, if it is still over, only its first reasons (an in-use
+/// device has one per holder), and the event's message says so.
 pub const EVENT_BYTES_MAX: usize = 4096;
 
+/// Bytes kept free for the message's note when reasons are left out.
+const NOTE_BYTES: usize = 160;
+
+/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`],
+/// and its reasons cut to the first that fit if that is not enough.
+fn capped(ev: pb::Event) -> pb::Event {
+    use prost::Message as _;
+    let mut ev = holders_capped(ev);
+    if ev.encoded_len() <= EVENT_BYTES_MAX {
+        return ev;
+    }
+    let Some(reasons) = ev.current.as_mut().map(|d| std::mem::take(&mut d.reasons)) else { return ev };
+    let mut room = EVENT_BYTES_MAX.saturating_sub(ev.encoded_len() + NOTE_BYTES);
+    let mut kept = Vec::new();
+    for r in &reasons {
+        // Field tag, length, text.
+        let cost = 1 + prost::length_delimiter_len(r.len()) + r.len();
+        if cost > room {
+            break;
+        }
+        room -= cost;
+        kept.push(r.clone());
+    }
+    ev.message.push_str(&format!(
+        " ({} of {} reasons shown: an event carries at most {} KB; GetDevice shows each)",
+        kept.len(),
+        reasons.len(),
+        EVENT_BYTES_MAX / 1024
+    ));
+    if let Some(d) = ev.current.as_mut() {
+        d.reasons = kept;
+    }
+    ev
+}
+
 /// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`].
-fn capped(mut ev: pb::Event) -> pb::Event {
+fn holders_capped(mut ev: pb::Event) -> pb::Event {
     use prost::Message as _;
     if ev.encoded_len() <= EVENT_BYTES_MAX {
         return ev;
@@ -312,6 +348,27 @@ mod tests {
         assert_eq!(holders.len(), 2, "{holders:?}");
         assert_eq!(holders.iter().map(|h| h.pid_count).sum::<u32>(), 500);
         assert!(c.message.contains("500 holders summarised by kind"), "{}", c.message);
+        assert!(!c.message.contains("reasons shown"), "{}", c.message);
+    }
+
+    /// An in-use device held thousands of times has a reason per holder: with its holders
+    /// summarised the event is still over the cap, so only its first reasons go, in order, and
+    /// the message says how many of how many.
+    #[test]
+    fn an_event_still_over_the_cap_keeps_its_first_reasons_and_says_so() {
+        use prost::Message as _;
+        let mut big = event_with(1600);
+        let reasons: Vec<String> =
+            (0..1600).map(|i| format!("pid {i} (python3) maps a file on it (/srv/app/lib{i}.so)")).collect();
+        big.current.as_mut().expect("current").reasons = reasons.clone();
+        let c = capped(big);
+        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
+        let d = c.current.as_ref().expect("current");
+        assert_eq!(d.holders.iter().map(|h| h.pid_count).sum::<u32>(), 1600);
+        assert!(!d.reasons.is_empty() && d.reasons.len() < 1600, "{} reasons", d.reasons.len());
+        assert_eq!(d.reasons[..], reasons[..d.reasons.len()]);
+        let note = format!("({} of 1600 reasons shown", d.reasons.len());
+        assert!(c.message.contains(&note) && c.message.contains("1600 holders summarised"), "{}", c.message);
     }
 
     /// A device mounted in every namespace has a reason per mount: summarising its holders is

@@ -1,5 +1,6 @@
-//! A snapshot brought up to date after the kernel reported a change, reading only what the
-//! change can have touched:
+//! A snapshot brought up to date, in place, after the kernel reported a change, reading only
+//! what the change can have touched, and leaving it as a full scan would list it (mounts in a
+//! full scan's order):
 //!
 //! - mount namespaces whose mounts changed: their tables alone (`listmount`, what `statmount`
 //!   said remembered by mount ID, mountinfo text only where a wanted device is mounted), the
@@ -46,17 +47,12 @@ impl Changes {
 }
 
 impl Snapshot {
-    /// This snapshot with what `changes` touched read again; `Err` says why only a full scan
-    /// will do.
-    pub fn updated(
-        &self,
-        host: &HostRoot,
-        changes: &Changes,
-        opts: &ScanOptions,
-    ) -> Result<Snapshot, String> {
+    /// Reads again, in place, what `changes` touched; `Err` says why only a full scan will do,
+    /// and leaves this snapshot half updated: the caller must throw it away (and does: it is
+    /// updated in place so that an event costs no copy of the whole host's snapshot).
+    pub fn update(&mut self, host: &HostRoot, changes: &Changes, opts: &ScanOptions) -> Result<(), String> {
         let started = Instant::now();
-        let mut next = self.clone();
-        let cloned = started.elapsed();
+        let next = self;
         if !changes.devices.is_empty() {
             next.reread_devices(host, &changes.devices, opts)?;
         }
@@ -68,8 +64,7 @@ impl Snapshot {
             next.reread_namespaces(host, &changes.namespaces, opts)?;
         }
         tracing::debug!(
-            clone_us = cloned.as_micros() as u64,
-            devices_us = (devices - cloned).as_micros() as u64,
+            devices_us = devices.as_micros() as u64,
             namespaces_us = (started.elapsed() - devices).as_micros() as u64,
             "snapshot re-read"
         );
@@ -82,7 +77,7 @@ impl Snapshot {
             }
         }
         next.stats.duration = started.elapsed();
-        Ok(next)
+        Ok(())
     }
 
     /// Reads the mounts of `changed` again.
@@ -209,9 +204,18 @@ impl Snapshot {
     fn refresh_filesystems(&mut self, host: &HostRoot) -> Result<(), String> {
         let names: HashSet<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
         self.live_fs = livefs::scan(host, &names).map_err(|e| format!("live filesystems: {e}"))?;
+        // Only a thread named after a device (a journal thread, a device's worker) is in the
+        // graph: only those are looked at again. The others (most of a many-core node's
+        // kernel threads) cannot change the view; they are looked at once a device they name
+        // appears, since the devices are brought up to date first.
+        let devices: Vec<(&str, String)> =
+            self.devices.iter().map(|d| (d.name.as_str(), d.devnum.to_string())).collect();
         self.kernel_threads.retain(|k| {
-            std::fs::read(host.proc_pid(k.pid).join("comm"))
-                .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == k.comm.as_bytes())
+            let comm = k.comm.escaped();
+            let named = devices.iter().any(|(name, num)| processes::kthread_serves(&comm, name, num));
+            !named
+                || std::fs::read(host.proc_pid(k.pid).join("comm"))
+                    .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == k.comm.as_bytes())
         });
         Ok(())
     }
@@ -241,8 +245,25 @@ impl Snapshot {
             }
         }
         self.mounts.extend(fresh);
+        self.keep_scan_order();
         self.stats.mounts = self.namespaces.iter().map(|n| n.mount_count).sum();
         self.stats.mountinfo_bytes = read.values().map(|n| n.mountinfo_bytes).sum();
+    }
+}
+
+impl Snapshot {
+    /// Puts the mounts back in the order a full scan lists them: namespaces with a task by ID
+    /// (each in its table's order), then those entered through a pin, as they were found. The
+    /// graph lists a device's holders in this order, and a re-read that left a namespace's fresh
+    /// mounts at the end would move them: every device mounted in that namespace (a node's image
+    /// disk is mounted in every one) would show "holders changed" with nothing changed, and that
+    /// event, with thousands of holders, would be diffed, converted and sent to every watcher
+    /// ahead of the one that matters.
+    fn keep_scan_order(&mut self) {
+        let pinned: HashSet<MountNsId> =
+            self.namespaces.iter().filter(|n| n.tasks.is_empty()).map(|n| n.id).collect();
+        // A stable sort: the order within a namespace, and among pinned ones, stays.
+        self.mounts.sort_by_key(|m| if pinned.contains(&m.ns) { (1, MountNsId(0)) } else { (0, m.ns) });
     }
 }
 
