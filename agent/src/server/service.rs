@@ -61,15 +61,30 @@ pub const EVENT_BYTES_MAX: usize = 4096;
 /// Bytes kept free for the message's note when reasons are left out.
 const NOTE_BYTES: usize = 160;
 
-/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`],
-/// and its reasons cut to the first that fit if that is not enough.
+/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`];
+/// if that is not enough, its other lists (kubelet paths, pod UIDs, PVs, kernel threads) cut to
+/// their first [`LIST_KEPT`] and its reasons to the first that fit. The message says what was
+/// left out, and that `GetDevice` shows each.
 fn capped(ev: pb::Event) -> pb::Event {
     use prost::Message as _;
     let mut ev = holders_capped(ev);
     if ev.encoded_len() <= EVENT_BYTES_MAX {
         return ev;
     }
-    let Some(reasons) = ev.current.as_mut().map(|d| std::mem::take(&mut d.reasons)) else { return ev };
+    let Some(d) = ev.current.as_mut() else { return ev };
+    let mut cut = Vec::new();
+    for (name, list) in [
+        ("kubelet paths", &mut d.kubelet_paths),
+        ("pod UIDs", &mut d.pod_uids),
+        ("PVs", &mut d.pv_names),
+        ("kernel threads", &mut d.kernel_threads),
+    ] {
+        if list.len() > LIST_KEPT {
+            cut.push(format!("{} of {} {name}", LIST_KEPT, list.len()));
+            list.truncate(LIST_KEPT);
+        }
+    }
+    let reasons = std::mem::take(&mut d.reasons);
     let mut room = EVENT_BYTES_MAX.saturating_sub(ev.encoded_len() + NOTE_BYTES);
     let mut kept = Vec::new();
     for r in &reasons {
@@ -81,14 +96,18 @@ fn capped(ev: pb::Event) -> pb::Event {
         room -= cost;
         kept.push(r.clone());
     }
-    ev.message.push_str(&format!(
-        " ({} of {} reasons shown: an event carries at most {} KB; GetDevice shows each)",
-        kept.len(),
-        reasons.len(),
-        EVENT_BYTES_MAX / 1024
-    ));
+    if kept.len() < reasons.len() {
+        cut.insert(0, format!("{} of {} reasons", kept.len(), reasons.len()));
+    }
     if let Some(d) = ev.current.as_mut() {
         d.reasons = kept;
+    }
+    if !cut.is_empty() {
+        ev.message.push_str(&format!(
+            " ({} shown: an event carries at most {} KB; GetDevice shows each)",
+            cut.join(", "),
+            EVENT_BYTES_MAX / 1024
+        ));
     }
     ev
 }
@@ -118,33 +137,10 @@ fn holders_capped(mut ev: pb::Event) -> pb::Event {
             EVENT_BYTES_MAX / 1024
         ));
     }
-    if ev.encoded_len() <= EVENT_BYTES_MAX {
-        return ev;
-    }
-    // Still over (a device mounted in every namespace has a reason per mount): its lists are
-    // cut to their first few entries, and the message says which and of how many.
-    let mut cut = Vec::new();
-    if let Some(d) = ev.current.as_mut() {
-        for (name, list) in [
-            ("reasons", &mut d.reasons),
-            ("kubelet paths", &mut d.kubelet_paths),
-            ("pod UIDs", &mut d.pod_uids),
-            ("PVs", &mut d.pv_names),
-            ("kernel threads", &mut d.kernel_threads),
-        ] {
-            if list.len() > LIST_KEPT {
-                cut.push(format!("{name} {LIST_KEPT} of {}", list.len()));
-                list.truncate(LIST_KEPT);
-            }
-        }
-    }
-    if !cut.is_empty() {
-        ev.message.push_str(&format!(" (cut to fit: {}; GetDevice shows each)", cut.join(", ")));
-    }
     ev
 }
 
-/// How many entries of each of a device's lists an event over the cap keeps.
+/// How many entries of each of a device's other lists an event over the cap keeps.
 const LIST_KEPT: usize = 3;
 
 /// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
@@ -371,8 +367,9 @@ mod tests {
         assert!(c.message.contains(&note) && c.message.contains("1600 holders summarised"), "{}", c.message);
     }
 
-    /// A device mounted in every namespace has a reason per mount: summarising its holders is
-    /// not enough, so its lists are cut to their first entries, and the message says so.
+    /// A device mounted in every namespace has a reason per mount and a pod UID per pod:
+    /// summarising its holders is not enough, so its other lists are cut to their first entries
+    /// and its reasons to those that fit, and the message says so.
     #[test]
     fn an_event_still_over_the_cap_has_its_lists_cut_and_says_so() {
         use prost::Message as _;
@@ -385,8 +382,9 @@ mod tests {
         let c = capped(big);
         assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
         let d = c.current.as_ref().expect("current");
-        assert_eq!(d.reasons.len(), LIST_KEPT);
+        assert_eq!(d.pod_uids.len(), LIST_KEPT);
         assert_eq!(d.reasons[0], "mounted at /run/pods/0/image in mount namespace 0", "the first ones kept");
-        assert!(c.message.contains("cut to fit: reasons 3 of 1800, pod UIDs 3 of 200"), "{}", c.message);
+        let note = format!("({} of 1800 reasons, 3 of 200 pod UIDs shown", d.reasons.len());
+        assert!(c.message.contains(&note), "{}", c.message);
     }
 }
