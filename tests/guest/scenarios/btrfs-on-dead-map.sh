@@ -38,7 +38,7 @@ echo "table: $(dmsetup table mpathb)"
 
 # The agent. Nothing below touches the filesystem's files (that would hang on the dead map).
 set +e
-echo "BEGIN holders"; timeout 60 $A $J holders "$MAP" --output json; echo "END holders"
+echo "BEGIN holders"; timeout 60 $A $J holders "$MAP" --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders"
 echo "BEGIN clean"; timeout 60 $A $J clean "$MAP" --grace-period 0 --apply; crc=$?; echo "rc=$crc"; echo "END clean"
 set -e
 

@@ -26,7 +26,7 @@ killall -9 nbd-server || fail "kill nbd-server"
 i=0; while pidof nbd-server >/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 if pidof nbd-server >/dev/null; then fail "nbd-server still runs: pid $(pidof nbd-server)"; fi
 echo "BEGIN server"; echo "nbd-server processes after the kill: $(pidof nbd-server | wc -w)"; echo "END server"
-echo "BEGIN holders"; $A $J --grace-period 0 holders nbd0 --output json; echo "END holders"
+echo "BEGIN holders"; $A $J --grace-period 0 holders nbd0 --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders"
 set +e; echo "BEGIN clean"; $A $J clean nbd0 --grace-period 0 --apply; echo "rc=$?"; echo "END clean"; set -e
 [ "$(cat /sys/block/nbd0/size)" = 0 ] || fail "nbd0 still connected"
 [ ! -e /sys/block/nbd0/pid ] || fail "nbd0 still has a pid"
