@@ -61,9 +61,9 @@ const JOURNAL_CHECK_DEADLINE: Duration = Duration::from_secs(2);
 /// Below this many free bytes the journal is taken as unwritable: a plan's records would not fit.
 const JOURNAL_MIN_FREE: u64 = 1 << 20;
 
-/// Why the journal at `path` cannot be appended to, if it cannot: it is opened for appending
-/// (created if absent, as the first step would) and its filesystem's free space is asked,
-/// nothing is written. On a bounded thread.
+/// Why the journal at `path` cannot be appended to, if it cannot: it is opened for appending as
+/// the journal itself opens it (it and its directory created if absent, as the first step would)
+/// and its filesystem's free space is asked; nothing is written. On a bounded thread.
 pub fn journal_problem(path: &Path) -> Option<String> {
     let p = path.to_owned();
     let key = format!("journal-check:{}", path.display());
@@ -74,14 +74,9 @@ pub fn journal_problem(path: &Path) -> Option<String> {
 }
 
 fn check_journal(path: &Path) -> Result<(), String> {
-    use std::os::unix::fs::OpenOptionsExt;
     let shown = path.display();
-    std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("{shown}: {e}"))?;
+    // As the journal opens it: its directory made if missing, a symlink refused.
+    crate::host::durable::open_append(path).map_err(|e| format!("{shown}: {e}"))?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let fs = nix::sys::statvfs::statvfs(dir).map_err(|e| format!("{}: statvfs: {e}", dir.display()))?;
     if fs.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY) {
@@ -138,11 +133,19 @@ mod tests {
     }
 
     #[test]
-    fn a_journal_in_a_missing_directory_is_a_problem_and_a_writable_one_is_not() {
+    fn a_journal_that_cannot_be_opened_is_a_problem_and_a_new_one_is_not() {
         let dir = tempfile::tempdir().expect("tempdir");
         assert_eq!(journal_problem(&dir.path().join("journal.jsonl")), None);
-        let missing = dir.path().join("no/such/dir/journal.jsonl");
-        let why = journal_problem(&missing).expect("a problem");
-        assert!(why.contains("no/such/dir/journal.jsonl") && why.contains("No such file"), "{why}");
+        // A directory not there yet is made, as the journal's first step would.
+        assert_eq!(journal_problem(&dir.path().join("state/journal.jsonl")), None);
+        std::fs::write(dir.path().join("file"), b"").expect("write");
+        let under_a_file = dir.path().join("file/journal.jsonl");
+        let why = journal_problem(&under_a_file).expect("a problem");
+        assert!(why.contains("file/journal.jsonl"), "{why}");
+        std::os::unix::fs::symlink("/dev/null", dir.path().join("link")).expect("symlink");
+        assert!(
+            journal_problem(&dir.path().join("link")).is_some(),
+            "a symlink is refused, as the journal refuses it"
+        );
     }
 }

@@ -10,7 +10,7 @@ unshare -m sleep 1000 &
 HOLDER=$!
 sleep 0.3
 umount /mnt/vol
-echo "BEGIN holders"; $A $J --grace-period 0 holders "$DEV" --output json; echo "END holders"
+echo "BEGIN holders"; $A $J --grace-period 0 holders "$DEV" --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders"
 set +e; echo "BEGIN release"; $A $J release "$DEV" --apply; echo "rc=$?"; echo "END release"; set -e
 set +e; echo "BEGIN clean"; $A $J --grace-period 0 clean "$DEV" --apply; echo "rc=$?"; echo "END clean"; set -e
 kill -0 $HOLDER || fail "the holder was killed"

@@ -12,7 +12,7 @@ sleep 0.3
 umount /mnt/vol
 fail_path 8:0
 fail_path 8:16
-echo "BEGIN holders"; $A $J holders "$MAP" --output json; echo "END holders"
+echo "BEGIN holders"; $A $J holders "$MAP" --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders"
 set +e; echo "BEGIN clean"; timeout 60 $A $J clean "$MAP" --grace-period 0 --apply; echo "rc=$?"; echo "END clean"; set -e
 kill -0 $HOLDER || fail "the holder was killed"
 for d in sda sdb "$MAP"; do [ ! -e /sys/block/$d ] || fail "$d still in /sys/block"; done
