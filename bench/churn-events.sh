@@ -5,7 +5,8 @@
 # twice), with the daemon in report mode and one `agentctl watch -o json` open throughout. Prints
 # the events about that device, their JSON bytes, the largest, and the most in any one second.
 #   bench/churn-events.sh [BIN_DIR] [WINDOW] [RATE]   (default target/release, 60 s, 5/s)
-# Run it as root; BIN_DIR holds blockjanitor-agent and agentctl.
+# Run it as root; BIN_DIR holds blockjanitor-agent and agentctl. AGENT_FLAGS: more `serve` flags
+# (the figures in BENCHMARKS.md: AGENT_FLAGS=--cap-device-events for "after").
 set -euo pipefail
 BIN=${1:-target/release}
 WINDOW=${2:-60}
@@ -26,7 +27,7 @@ mkdir -p "$dir/mnt"
 unshare -m --propagation private sleep 100000 &
 holder=$!
 "$BIN/blockjanitor-agent" serve --socket "$dir/agent.sock" --state "$dir/state.json" \
-  --journal "$dir/journal.jsonl" --trust-unreadable-init --log-format json >"$dir/agent.log" 2>&1 &
+  --journal "$dir/journal.jsonl" --trust-unreadable-init --log-format json ${AGENT_FLAGS:-} >"$dir/agent.log" 2>&1 &
 agent=$!
 for _ in $(seq 100); do [ -S "$dir/agent.sock" ] && break; sleep 0.2; done
 "$BIN/agentctl" --socket "$dir/agent.sock" devices >/dev/null   # the first scan is done

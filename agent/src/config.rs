@@ -13,6 +13,8 @@
 //!                                        # plan runs whole: a bigger one waits for an empty minute)
 //! kubelet_dir = "/var/lib/kubelet"
 //! plans_per_minute_per_client = 60       # Plan calls (each a fresh scan) a minute per caller; 0: no limit
+//! cap_device_events = false              # at most one holders/verdict event per device a second
+//!                                        # (folding the rest) for every watcher: off by default
 //!
 //! [socket]
 //! path = "/run/blockjanitor/agent.sock"  # created 0660
@@ -175,6 +177,11 @@ pub struct Config {
     /// Plan calls (each scans its devices afresh) a minute per caller; 0: no limit.
     #[serde(default = "default_plans_per_minute")]
     pub plans_per_minute_per_client: u32,
+    /// At most one holders/verdict event per device a second on the watch stream, a churning
+    /// device's changes folded into the next (`daemon::event_rate`). Off by default: with it, a
+    /// second change of one device within a second reaches watchers up to a second late.
+    #[serde(default)]
+    pub cap_device_events: bool,
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
     /// PID 1 cannot be inspected on this machine (a sandbox supervisor or an LSM shields it even
@@ -236,6 +243,7 @@ impl Default for Config {
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
             plans_per_minute_per_client: default_plans_per_minute(),
+            cap_device_events: false,
             kubernetes: KubernetesConfig::default(),
             trust_unreadable_init: false,
         }

@@ -257,6 +257,11 @@ pub struct ServeArgs {
     /// unresponsive (and nothing destructive is done to it) [default: 10].
     #[arg(long, value_name = "SECONDS")]
     pub unresponsive_after: Option<u64>,
+    /// At most one holders/verdict event per device a second on the watch stream (a churning
+    /// device's changes folded into the next, which says how many it stands for). Off by
+    /// default: with it, a second change of one device within a second reaches watchers late.
+    #[arg(long)]
+    pub cap_device_events: bool,
     /// Node name reported by GetNode and used with the Kubernetes API [default: the host name].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,

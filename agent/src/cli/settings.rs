@@ -150,6 +150,9 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = a.unresponsive_after {
         c.unresponsive_after_seconds = v;
     }
+    if a.cap_device_events {
+        c.cap_device_events = true;
+    }
     if let Some(v) = &a.node_name {
         c.node_name = Some(v.clone());
     }

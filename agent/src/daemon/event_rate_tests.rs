@@ -21,7 +21,7 @@ fn lines(v: &[AgentEvent]) -> Vec<String> {
 
 #[test]
 fn one_state_event_per_device_a_second_standing_for_the_rest() {
-    let rate = EventRate::default();
+    let rate = EventRate::new(true);
     let t0 = Instant::now();
     let at = |ms: u64| t0 + Duration::from_millis(ms);
     let (h, v) = (EventKind::HoldersChanged, EventKind::VerdictChanged);
@@ -62,8 +62,18 @@ fn one_state_event_per_device_a_second_standing_for_the_rest() {
 }
 
 #[test]
-fn other_events_go_at_once_after_the_devices_held_one() {
+fn off_by_default_every_event_goes_at_once() {
     let rate = EventRate::default();
+    let t0 = Instant::now();
+    for m in ["a", "b", "c"] {
+        assert_eq!(rate.admit(ev(EventKind::HoldersChanged, "loop1", Verdict::InUse, 1, m), t0).len(), 1);
+    }
+    assert!(rate.due(t0 + Duration::from_secs(5)).is_empty());
+}
+
+#[test]
+fn other_events_go_at_once_after_the_devices_held_one() {
+    let rate = EventRate::new(true);
     let t0 = Instant::now();
     let h = EventKind::HoldersChanged;
     rate.admit(ev(h, "loop1", Verdict::InUse, 1, "a"), t0);

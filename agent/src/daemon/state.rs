@@ -142,6 +142,7 @@ impl AgentState {
         metrics: Arc<Metrics>,
         engine: Engine<LinuxWorld>,
     ) -> Arc<Self> {
+        let cap_device_events = config.cap_device_events;
         let node_name = config.node_name.clone().unwrap_or_else(|| {
             nix::unistd::gethostname()
                 .map(|h| h.to_string_lossy().into_owned())
@@ -161,7 +162,7 @@ impl AgentState {
             kernel,
             metrics,
             events,
-            event_rate: Default::default(),
+            event_rate: Arc::new(super::event_rate::EventRate::new(cap_device_events)),
             engine,
             clocks: Mutex::new(clocks),
             view: RwLock::new(Arc::new(View::empty())),
