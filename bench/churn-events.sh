@@ -40,16 +40,8 @@ nsenter -t "$holder" -m sh -c "end=\$((\$(date +%s) + $WINDOW)); n=0; while [ \$
 wait "$watcher" || true
 python3 - "$dir/events.json" "$WINDOW" "$(basename "$lo")" "$(cat "$dir/cycles")" <<'PY'
 import json, sys, collections
-text = open(sys.argv[1]).read()
-dec, i, events = json.JSONDecoder(), 0, []
-while i < len(text):
-    while i < len(text) and text[i].isspace():
-        i += 1
-    if i >= len(text):
-        break
-    obj, j = dec.raw_decode(text, i)
-    events.append((obj, j - i))
-    i = j
+# `agentctl watch -o json`: one event per line; each with its size in bytes of JSON.
+events = [(json.loads(l), len(l.rstrip("\n"))) for l in open(sys.argv[1]) if l.strip()]
 window, dev, cycles = int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 mine = [(e, n) for e, n in events if e.get("device") == dev]
 per_second = collections.Counter(int(e.get("unix_seconds", 0)) for e, _ in mine)

@@ -18,16 +18,8 @@ for _ in $(seq 100); do [ -S "$dir/agent.sock" ] && break; sleep 0.2; done
 timeout "$WINDOW" "$BIN/agentctl" --socket "$dir/agent.sock" watch -o json >"$dir/events.json" || true
 python3 - "$dir/events.json" "$WINDOW" <<'PY'
 import json, sys, collections
-text = open(sys.argv[1]).read()
-dec, i, events = json.JSONDecoder(), 0, []
-while i < len(text):
-    while i < len(text) and text[i].isspace():
-        i += 1
-    if i >= len(text):
-        break
-    obj, j = dec.raw_decode(text, i)
-    events.append((obj, j - i))
-    i = j
+# `agentctl watch -o json`: one event per line; each with its size in bytes of JSON.
+events = [(json.loads(l), len(l.rstrip("\n"))) for l in open(sys.argv[1]) if l.strip()]
 kinds = collections.Counter(f"{e.get('type', '?')} {e.get('device', '')}" for e, _ in events)
 total = sum(n for _, n in events)
 print(f"window {sys.argv[2]} s: {len(events)} events, {total} bytes of JSON, largest {max((n for _, n in events), default=0)} bytes")
