@@ -193,7 +193,12 @@ impl World for LinuxWorld {
             graph_us = (started.elapsed() - updated).as_micros() as u64,
             "re-read snapshot joined"
         );
-        *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(next), taken_at));
+        // Put back only if no full scan replaced it meanwhile (a re-read that overran its
+        // deadline finishes late): the newer full scan wins, never an older snapshot.
+        let mut slot = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some((Arc::new(next), taken_at));
+        }
         Ok(scan)
     }
 
