@@ -43,15 +43,18 @@ if [ "$(id -u)" = 0 ]; then
   tests/python/setup-venv.sh
 fi
 
-echo "== cargo fmt --check"
+# Each stage's line says when it started, so a CI log shows where the time went.
+stage() { printf '== %s (at %dm%02ds)\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
-echo "== build"
+stage "build"
 cargo build --locked --workspace --bins
-echo "== tests"
+stage "tests"
 cargo test --locked --workspace
-echo "== mutation check of the safety property"
+stage "mutation check of the safety property"
 scripts/mutation-check.sh
-echo "== fuzzing every parser briefly (scripts/fuzz.sh TARGET SECONDS for longer)"
+stage "fuzzing every parser briefly (scripts/fuzz.sh TARGET SECONDS for longer)"
 scripts/fuzz.sh all 6
+stage "done"
