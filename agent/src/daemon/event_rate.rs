@@ -20,7 +20,8 @@
 //!
 //! A device added or removed, one that stops or starts answering I/O (rare, and an alarm) and an
 //! action are never held: they go at once, after the device's held event if there is one, so a
-//! watcher never sees a device's events out of order.
+//! watcher never sees a device's events out of order. They do not start the device's second (a
+//! state event sent does, the held one included).
 //!
 //! On by default (`cap_device_events = true`; `serve --no-cap-device-events` or the config set to
 //! false turns it off). Held events are sent by [`EventRate::flush_held`], which sleeps while

@@ -16,7 +16,14 @@ fn bare(kind: EventKind, name: &str, message: &str) -> AgentEvent {
 }
 
 /// `ev` as a scan's: the view of scan `scan` showed it.
-fn of_scan(scan: u64, kind: EventKind, name: &str, verdict: Verdict, holders: usize, message: &str) -> AgentEvent {
+fn of_scan(
+    scan: u64,
+    kind: EventKind,
+    name: &str,
+    verdict: Verdict,
+    holders: usize,
+    message: &str,
+) -> AgentEvent {
     AgentEvent { scan, ..ev(kind, name, verdict, holders, message) }
 }
 
