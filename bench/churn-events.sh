@@ -6,7 +6,7 @@
 # the events about that device, their JSON bytes, the largest, and the most in any one second.
 #   bench/churn-events.sh [BIN_DIR] [WINDOW] [RATE]   (default target/release, 60 s, 5/s)
 # Run it as root; BIN_DIR holds blockjanitor-agent and agentctl. AGENT_FLAGS: more `serve` flags
-# (the figures in BENCHMARKS.md: AGENT_FLAGS=--cap-device-events for "after").
+# (AGENT_FLAGS=--no-cap-device-events: without the per-device event cap, which is on by default).
 set -euo pipefail
 BIN=${1:-target/release}
 WINDOW=${2:-60}

@@ -14,6 +14,9 @@
 # disk is short). Prints the figures, labelled, at the end.
 #
 # Environment: NODE_BENCH_SIZES ("200 400"), BENCH_IDLE_SECONDS (600), BENCH_MOUNTS (100 rounds),
+# BENCH_GAP_MS (1050: each change of the bench device that long after its previous change's
+# event, so the agent's per-device event cap, one a second, never holds it; under 1000 the agent
+# runs with --no-cap-device-events; see mount_events.rs),
 # BENCH_RUNS (10 hyperfine runs), SCENE_MOUNTS (1000), SCENE_THREADS (20).
 set -euo pipefail
 

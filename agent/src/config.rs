@@ -13,8 +13,10 @@
 //!                                        # plan runs whole: a bigger one waits for an empty minute)
 //! kubelet_dir = "/var/lib/kubelet"
 //! plans_per_minute_per_client = 60       # Plan calls (each a fresh scan) a minute per caller; 0: no limit
-//! cap_device_events = false              # at most one holders/verdict event per device a second
-//!                                        # (folding the rest) for every watcher: off by default
+//! cap_device_events = true               # at most one holders/verdict event per device a second
+//!                                        # (a change less than a second after the device's last
+//!                                        # event is folded into one sent when the second is up);
+//!                                        # false (or `serve --no-cap-device-events`): every change at once
 //!
 //! [socket]
 //! path = "/run/blockjanitor/agent.sock"  # created 0660
@@ -178,9 +180,10 @@ pub struct Config {
     #[serde(default = "default_plans_per_minute")]
     pub plans_per_minute_per_client: u32,
     /// At most one holders/verdict event per device a second on the watch stream, a churning
-    /// device's changes folded into the next (`daemon::event_rate`). Off by default: with it, a
-    /// second change of one device within a second reaches watchers up to a second late.
-    #[serde(default)]
+    /// device's changes folded into the next (`daemon::event_rate`). On by default: a device's
+    /// first change after a quiet second goes at once; a change less than a second after its
+    /// previous event reaches watchers up to a second late, folded with the others.
+    #[serde(default = "default_cap_device_events")]
     pub cap_device_events: bool,
     #[serde(default)]
     pub kubernetes: KubernetesConfig,
@@ -209,6 +212,10 @@ fn default_journal() -> PathBuf {
 fn default_actions_per_minute() -> u32 {
     6
 }
+fn default_cap_device_events() -> bool {
+    true
+}
+
 fn default_plans_per_minute() -> u32 {
     60
 }
@@ -243,7 +250,7 @@ impl Default for Config {
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
             plans_per_minute_per_client: default_plans_per_minute(),
-            cap_device_events: false,
+            cap_device_events: default_cap_device_events(),
             kubernetes: KubernetesConfig::default(),
             trust_unreadable_init: false,
         }
@@ -354,6 +361,16 @@ listen = "0.0.0.0:9911"
         c.validate().expect("and is valid");
         assert_eq!(c.mode, Mode::Report);
         assert_eq!(c.kubernetes.kubeconfig.as_deref(), Some(Path::new("/etc/blockjanitor/kubeconfig")));
+    }
+
+    /// The per-device event cap is on unless a config turns it off.
+    #[test]
+    fn the_event_cap_is_on_unless_turned_off() {
+        assert!(Config::default().cap_device_events);
+        let parse = |t: &str| Config::parse(t, Path::new("a.toml")).expect("parses").cap_device_events;
+        assert!(parse(""));
+        assert!(!parse("cap_device_events = false"));
+        assert!(parse("cap_device_events = true"));
     }
 
     #[test]

@@ -15,6 +15,16 @@
 //! (`busy-node-scene.sh churn`, node shape) during the mount rounds, not during the idle window.
 //! `BENCH_TRACE=1` prints every other event the client receives while it waits for the one it
 //! times, with its arrival time (where a round's time went).
+//!
+//! Pacing: the agent sends at most one state event per device a second by default (issue 21, the
+//! per-device cap, `daemon::event_rate`): a change less than a second after the device's previous
+//! event is held until that second is up, so a bench that changed its device every ~50 ms timed
+//! the cap (about 1 s), not the agent's work per event. Each change of the bench device therefore
+//! comes `BENCH_GAP_MS` (1,050) after the event of its previous change arrived: every change is
+//! the device's first after a quiet second, which the cap sends at once. Events that arrive in a
+//! gap are counted apart. A gap under a second (`BENCH_GAP_MS=50`: the pace of the bench before
+//! the cap) runs the agent with `--no-cap-device-events`. An event of the bench device that the cap folded (`coalesced` > 0)
+//! stops the bench: the gap was too short to measure what it says.
 
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -84,7 +94,10 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let target = Path::new(STATE).join("bench-mnt");
     std::fs::create_dir_all(&target).expect("mkdir mount point");
-    let d = Daemon::start(dir.path(), &[]);
+    // Changes closer than the cap's second: the agent without the cap (as before issue 21).
+    let gap = Duration::from_millis(env_u64("BENCH_GAP_MS", 1050));
+    let capped = gap >= Duration::from_secs(1);
+    let d = Daemon::start(dir.path(), if capped { &[] } else { &["--no-cap-device-events"] });
     let agent_pid = d.child.id();
     let rounds = env_u64("BENCH_MOUNTS", 50) as usize;
     let idle_secs = env_u64("BENCH_IDLE_SECONDS", 60);
@@ -140,7 +153,7 @@ fn main() {
         let mut events = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
         // BENCH_TRACE=1: every other event received while waiting, with its arrival time.
         let trace = env_u64("BENCH_TRACE", 0) == 1;
-        let mut others = [0usize; 2];
+        let mut others = [0usize; 3];
         let mut attach = Vec::with_capacity(rounds);
         let mut detach = Vec::with_capacity(rounds);
         for round in 0..rounds {
@@ -157,6 +170,13 @@ fn main() {
                         .unwrap_or_else(|_| panic!("round {round}: no event within 30 s"))
                         .expect("stream open")
                         .expect("event");
+                    assert!(
+                        e.device != dev_name || e.coalesced == 0,
+                        "round {round}: the agent's per-device cap folded changes of the bench device \
+                         ({}): BENCH_GAP_MS={} is too short to time single events",
+                        e.message,
+                        gap.as_millis()
+                    );
                     if e.device == dev_name
                         && e.r#type == pb::event::Type::HoldersChanged as i32
                         && e.message.contains(want)
@@ -183,8 +203,13 @@ fn main() {
                 }
                 others[usize::from(!mounting)] += before;
                 if mounting { &mut attach } else { &mut detach }.push(took);
+                // The gap before the device's next change, reading what arrives meanwhile.
+                let next = tokio::time::Instant::now() + gap;
+                while let Ok(e) = tokio::time::timeout_at(next, events.next()).await {
+                    e.expect("stream open").expect("event");
+                    others[2] += 1;
+                }
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let node_after = c.get_node(pb::GetNodeRequest {}).await.expect("GetNode").into_inner();
         if let Some(mut ch) = churn.take() {
@@ -222,8 +247,13 @@ fn main() {
         );
     }
     println!(
-        "| other events received before the awaited one | {} after the mounts, {} after the unmounts |",
-        others[0], others[1]
+        "| pacing | each change of the device {} ms after its previous change's event arrived; the agent's per-device event cap (one a second) {} |",
+        gap.as_millis(),
+        if capped { "on (its default)" } else { "off (--no-cap-device-events: the gap is under its second)" }
+    );
+    println!(
+        "| other events received before the awaited one | {} after the mounts, {} after the unmounts; {} in the gaps |",
+        others[0], others[1], others[2]
     );
     println!(
         "| scans during the mount rounds | {} (generations {} to {}); latest full scan: generation {} before, {} after |",

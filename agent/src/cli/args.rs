@@ -258,10 +258,15 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS")]
     pub unresponsive_after: Option<u64>,
     /// At most one holders/verdict event per device a second on the watch stream (a churning
-    /// device's changes folded into the next, which says how many it stands for). Off by
-    /// default: with it, a second change of one device within a second reaches watchers late.
-    #[arg(long)]
+    /// device's changes folded into the next, which says how many it stands for). On by
+    /// default (config `cap_device_events`); a device's first change after a quiet second goes
+    /// at once.
+    #[arg(long, overrides_with = "no_cap_device_events")]
     pub cap_device_events: bool,
+    /// Turns the per-device event cap off: every holders/verdict change goes to watchers at
+    /// once, however often a device changes.
+    #[arg(long, overrides_with = "cap_device_events")]
+    pub no_cap_device_events: bool,
     /// Node name reported by GetNode and used with the Kubernetes API [default: the host name].
     #[arg(long, value_name = "NAME")]
     pub node_name: Option<String>,

@@ -150,8 +150,8 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = a.unresponsive_after {
         c.unresponsive_after_seconds = v;
     }
-    if a.cap_device_events {
-        c.cap_device_events = true;
+    if a.cap_device_events || a.no_cap_device_events {
+        c.cap_device_events = a.cap_device_events;
     }
     if let Some(v) = &a.node_name {
         c.node_name = Some(v.clone());

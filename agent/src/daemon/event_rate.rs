@@ -13,34 +13,55 @@
 //! - as a `verdict_changed` when the verdict differs from the one last sent, else a
 //!   `holders_changed`.
 //!
+//! A device's first change after a quiet second goes at once: only a change that comes less than
+//! [`EVERY`] after the device's previous event is held. A change is one scan's (or re-read's)
+//! view: its `holders_changed` and the `verdict_changed` it caused come in the same view, and go
+//! together.
+//!
 //! A device added or removed, one that stops or starts answering I/O (rare, and an alarm) and an
 //! action are never held: they go at once, after the device's held event if there is one, so a
-//! watcher never sees a device's events out of order.
+//! watcher never sees a device's events out of order. They do not start the device's second (a
+//! state event sent does, the held one included).
 //!
-//! Off by default (`cap_device_events`, `serve --cap-device-events`): the cap trades latency for
-//! volume, and a second change of one device within its second reaches watchers up to a second
-//! late, where issue 20 asks a mount to be visible within milliseconds whatever came before it.
+//! On by default (`cap_device_events = true`; `serve --no-cap-device-events` or the config set to
+//! false turns it off). Held events are sent by [`EventRate::flush_held`], which sleeps while
+//! nothing is held (woken by the first held event, then until the earliest one is due): an idle
+//! agent does not wake for it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
 
 use super::events::{AgentEvent, EventKind};
 
 /// At most one state event per device this often.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// How often held events are looked at (the delay past the second a held event may see).
-pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
-
 #[derive(Debug)]
 struct Slot {
     /// When this device's latest state event went out.
     sent: Instant,
+    /// The scan whose view that event showed, if it was a scan's (its other state events, from
+    /// the same change, go with it).
+    scan: u64,
     /// The verdict that event showed (what watchers last saw).
     verdict: Option<&'static str>,
     /// The events held back since, in order.
     held: Vec<AgentEvent>,
+}
+
+impl Slot {
+    /// The held events folded into one, to send at `now` (then the device's latest).
+    fn send_held(&mut self, now: Instant) -> Option<AgentEvent> {
+        let e = fold(self.verdict, std::mem::take(&mut self.held))?;
+        self.sent = now;
+        self.scan = 0;
+        self.verdict = verdict_of(&e).or(self.verdict);
+        Some(e)
+    }
 }
 
 fn is_state(kind: EventKind) -> bool {
@@ -54,15 +75,24 @@ fn verdict_of(e: &AgentEvent) -> Option<&'static str> {
 /// The cap's state: per device, when its last state event was sent and what is held.
 #[derive(Debug, Default)]
 pub struct EventRate {
-    /// Off (the default, `cap_device_events = false`): every event goes at once.
+    /// Off (`cap_device_events = false`; [`Default`] is off too): every event goes at once.
     on: bool,
     slots: Mutex<HashMap<String, Slot>>,
+    /// Told when a device's first event is held: the flusher, asleep, looks again.
+    held: Notify,
+    /// How often the flusher woke and looked (tests, debugging).
+    wakes: AtomicU64,
 }
 
 impl EventRate {
     /// The cap, on or off.
     pub fn new(on: bool) -> Self {
-        Self { on, slots: Mutex::default() }
+        Self { on, ..Self::default() }
+    }
+
+    /// How often [`EventRate::flush_held`] has woken to look at held events.
+    pub fn wakes(&self) -> u64 {
+        self.wakes.load(Ordering::Relaxed)
     }
 
     fn slots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
@@ -78,27 +108,58 @@ impl EventRate {
         if !is_state(e.kind) {
             let held = match e.kind {
                 EventKind::DeviceRemoved => slots.remove(&e.device).and_then(|s| fold(s.verdict, s.held)),
-                _ => slots.get_mut(&e.device).and_then(|s| {
-                    s.sent = now;
-                    fold(s.verdict, std::mem::take(&mut s.held))
-                }),
+                _ => slots.get_mut(&e.device).and_then(|s| s.send_held(now)),
             };
             return held.into_iter().chain(std::iter::once(e)).collect();
         }
         match slots.get_mut(&e.device) {
+            // The same change as the event that just went (its verdict after its holders).
+            Some(slot) if e.scan != 0 && e.scan == slot.scan && slot.held.is_empty() => {
+                slot.verdict = verdict_of(&e).or(slot.verdict);
+                vec![e]
+            }
             Some(slot) if now.saturating_duration_since(slot.sent) < EVERY => {
+                if slot.held.is_empty() {
+                    self.held.notify_one();
+                }
                 slot.held.push(e);
                 Vec::new()
             }
             _ => {
-                slots.insert(e.device.clone(), Slot { sent: now, verdict: verdict_of(&e), held: Vec::new() });
+                let slot = Slot { sent: now, scan: e.scan, verdict: verdict_of(&e), held: Vec::new() };
+                slots.insert(e.device.clone(), slot);
                 vec![e]
             }
         }
     }
 
-    /// The held events whose second is up, each folded into one. Devices quiet for a while are
-    /// forgotten.
+    /// When the earliest held event is due (none held: `None`).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.slots().values().filter(|s| !s.held.is_empty()).map(|s| s.sent + EVERY).min()
+    }
+
+    /// Sends the held events through `send` when their second is up, until `shutdown` changes (or
+    /// its sender is gone). Sleeps while nothing is held: woken by the first held event, then
+    /// until the earliest held one is due.
+    pub async fn flush_held(&self, mut send: impl FnMut(AgentEvent), mut shutdown: watch::Receiver<bool>) {
+        loop {
+            // A permit stored by a hold since the last look wakes this at once: none is lost.
+            let held = self.held.notified();
+            let until = self.next_due().map(tokio::time::Instant::from_std);
+            tokio::select! {
+                _ = held => {}
+                _ = sleep_until(until) => {}
+                _ = shutdown.changed() => return,
+            }
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            for e in self.due(Instant::now()) {
+                send(e);
+            }
+        }
+    }
+
+    /// The held events whose second is up, each folded into one. Devices quiet for ten seconds
+    /// are forgotten (when the flusher next looks; a device's slot is small, one per name).
     pub fn due(&self, now: Instant) -> Vec<AgentEvent> {
         let mut out = Vec::new();
         let mut slots = self.slots();
@@ -106,14 +167,18 @@ impl EventRate {
             if slot.held.is_empty() || now.saturating_duration_since(slot.sent) < EVERY {
                 continue;
             }
-            if let Some(e) = fold(slot.verdict, std::mem::take(&mut slot.held)) {
-                slot.sent = now;
-                slot.verdict = verdict_of(&e).or(slot.verdict);
-                out.push(e);
-            }
+            out.extend(slot.send_held(now));
         }
         slots.retain(|_, s| !s.held.is_empty() || now.saturating_duration_since(s.sent) < EVERY * 10);
         out
+    }
+}
+
+/// Sleeps until `until`, or for ever if there is none.
+async fn sleep_until(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -70,7 +70,7 @@ pub struct AgentState {
     pub kernel: String,
     pub metrics: Arc<Metrics>,
     pub events: broadcast::Sender<AgentEvent>,
-    /// The per-device cap on `holders_changed` events; every event goes out through
+    /// The per-device cap on state events; every event goes out through
     /// [`AgentState::send_event`].
     pub(super) event_rate: Arc<super::event_rate::EventRate>,
     pub(super) engine: Engine<LinuxWorld>,
@@ -318,7 +318,7 @@ impl AgentState {
         }
     }
 
-    /// Sends `e` to the watchers, through the per-device cap on `holders_changed`
+    /// Sends `e` to the watchers, through the per-device cap on state events
     /// ([`super::event_rate`]).
     pub(super) fn send_event(&self, e: AgentEvent) {
         for e in self.event_rate.admit(e, Instant::now()) {
@@ -326,20 +326,17 @@ impl AgentState {
         }
     }
 
-    /// Sends the held `holders_changed` events whose second is up, every
-    /// [`super::event_rate::FLUSH_EVERY`], until `shutdown`.
-    pub async fn send_held_events(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let mut tick = tokio::time::interval(super::event_rate::FLUSH_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
-            for e in self.event_rate.due(Instant::now()) {
+    /// Sends the held state events when their second is up ([`super::event_rate::EventRate::flush_held`]:
+    /// asleep while nothing is held), until `shutdown`.
+    pub async fn send_held_events(self: Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) {
+        let rate = Arc::clone(&self.event_rate);
+        rate.flush_held(
+            |e| {
                 let _ = self.events.send(e);
-            }
-        }
+            },
+            shutdown,
+        )
+        .await
     }
 
     /// Makes `view` the latest and sends what changed.
