@@ -136,7 +136,7 @@ pub enum Output {
 pub enum Command {
     /// Every block device with its stack and holders, then a summary. Read only.
     #[command(
-        after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent scan -o json | jq '.devices[] | select(.verdict == \"stale\") | .device.name'\n  \
+        after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent scan -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n  \
 blockjanitor-agent scan -q; echo $?             # 3: a blind spot (INCOMPLETE VIEW)"
     )]
     Scan {
@@ -181,7 +181,7 @@ blockjanitor-agent release /dev/rbd3 --apply\n  blockjanitor-agent release rbd3 
     #[command(
         after_help = "EXAMPLES:\n  blockjanitor-agent clean loop3                  # the plan, or why not\n  \
 blockjanitor-agent clean loop3 --apply\n  blockjanitor-agent clean mpatha --apply --deferred-remove\n  \
-blockjanitor-agent clean rbd0 -o json | jq .exit_code"
+blockjanitor-agent clean rbd0 -o json | jq -r '.plans[0].outcome'"
     )]
     Clean {
         device: String,
@@ -200,8 +200,11 @@ blockjanitor-agent clean rbd0 -o json | jq .exit_code"
     },
     /// Steps a previous run started but never finished (from the journal).
     #[command(after_help = "EXAMPLES:\n  blockjanitor-agent journal\n  \
-blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal")]
-    Journal,
+blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal -o json")]
+    Journal {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
     /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
     #[command(

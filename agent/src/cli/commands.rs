@@ -8,6 +8,7 @@ use super::settings::*;
 use crate::act::journal;
 use crate::discover::blockdev;
 use crate::engine::outcome::{self, Class, Request, Subject};
+use crate::engine::view::View;
 use crate::engine::world::LinuxWorld;
 use crate::engine::{Engine, Operation};
 use crate::graph::scan::Target;
@@ -15,8 +16,10 @@ use crate::host::HostRoot;
 use crate::judge::grace::Clocks;
 use crate::model::DevNum;
 use crate::plan;
+use crate::server::{convert, convert_outcome};
 use crate::{cli::render, graph::resolve};
 use anyhow::{Context, Result};
+use blockjanitor_rpc::view;
 use std::time::Duration;
 
 /// `--quiet`: nothing goes to stdout (set once, from the flags).
@@ -35,12 +38,18 @@ fn say(text: &str) -> Result<()> {
     }
 }
 
-/// A report as JSON (pretty) or YAML, as `--output` asks.
+/// A document as JSON (pretty) or YAML, as `--output` asks.
 pub fn print_value(output: Output, v: &serde_json::Value) -> Result<()> {
     match output {
-        Output::Yaml => say(&serde_yaml_ng::to_string(v)?),
-        _ => say(&(serde_json::to_string_pretty(v)? + "\n")),
+        Output::Yaml => say(&view::format::yaml(v)?),
+        _ => say(&view::format::json(v)?),
     }
+}
+
+/// A judged scan as the view the daemon publishes (generation 0: a one-shot scan has none), so
+/// that its devices convert as the daemon's do.
+fn one_shot_view(judged: &crate::engine::Judged) -> View {
+    View::of(judged.clone(), 0)
 }
 
 /// The device an operator named.
@@ -60,7 +69,11 @@ pub fn run(cli: &Cli) -> Result<u8> {
             state.save();
             let incomplete = outcome::incomplete_view(&judged.scan, None);
             match output {
-                Output::Json | Output::Yaml => print_value(*output, &render::scan_json(&judged))?,
+                Output::Json | Output::Yaml => {
+                    let v = one_shot_view(&judged);
+                    let r = convert::devices_response(&v, v.devices.iter().map(convert::device).collect());
+                    print_value(*output, &view::doc::devices_doc(&r))?
+                }
                 Output::Table | Output::Wide => {
                     if let Some(line) = &incomplete {
                         say(&format!("{line}\n"))?;
@@ -80,7 +93,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let incomplete =
                 judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
             match output {
-                Output::Json | Output::Yaml => print_value(*output, &render::holders_json(&judged, devnum)?)?,
+                Output::Json | Output::Yaml => {
+                    let v = one_shot_view(&judged);
+                    let d = v.devices.iter().find(|d| d.entry.device.devnum == devnum);
+                    let d = d.ok_or(render::RenderError::Gone(devnum))?;
+                    let r = convert::holders_response(&v, d, convert::device(d));
+                    let device = r.device.clone().unwrap_or_default();
+                    print_value(*output, &view::doc::device_doc(&device, &r))?
+                }
                 Output::Table | Output::Wide => {
                     if let Some(line) = &incomplete {
                         say(&format!("{line}\n"))?;
@@ -110,12 +130,25 @@ pub fn run(cli: &Cli) -> Result<u8> {
             one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
         }
         Command::Serve(args) => serve(cli, args, host),
-        Command::Journal => {
+        Command::Journal { output } => {
             let path = journal_path(cli);
             let pending =
                 journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
             let plans =
                 journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            let plans: Vec<JournalPlan> = plans.iter().map(JournalPlan::of).collect();
+            if matches!(output, Output::Json | Output::Yaml) {
+                let body = serde_json::json!({
+                    "journal": path.display().to_string(),
+                    "pending": pending,
+                    "plans": plans.iter().map(|p| serde_json::json!({
+                        "plan_id": p.id, "operation": p.op, "argument": p.arg,
+                        "finished": p.finished, "total": p.total,
+                    })).collect::<Vec<_>>(),
+                });
+                print_value(*output, &view::doc::envelope(view::doc::JOURNAL, body))?;
+                return Ok(0);
+            }
             if pending.is_empty() && plans.is_empty() {
                 say(&format!("no unfinished steps in {}\n", path.display()))?;
             }
@@ -123,16 +156,34 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 say(&format!("unfinished: {p}\n"))?;
             }
             for p in plans {
-                let op = p.record.pointer("/request/operation").and_then(|v| v.as_str()).unwrap_or("?");
-                let arg = p.record.pointer("/request/argument").and_then(|v| v.as_str()).unwrap_or("?");
-                let total = p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len);
                 say(&format!(
-                    "unfinished plan {}: {op} '{arg}', {} of {total} step(s) finished: run `{op} {arg} --apply` again to finish it\n",
-                    p.id,
-                    p.finished.len()
+                    "unfinished plan {}: {} '{}', {} of {} step(s) finished: run `{} {} --apply` again to finish it\n",
+                    p.id, p.op, p.arg, p.finished, p.total, p.op, p.arg
                 ))?;
             }
             Ok(0)
+        }
+    }
+}
+
+/// An unfinished plan of the journal, as `journal` shows it.
+struct JournalPlan {
+    id: String,
+    op: String,
+    arg: String,
+    finished: usize,
+    total: usize,
+}
+
+impl JournalPlan {
+    fn of(p: &journal::OpenPlan) -> Self {
+        let word = |ptr: &str| p.record.pointer(ptr).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+        Self {
+            id: p.id.clone(),
+            op: word("/request/operation"),
+            arg: word("/request/argument"),
+            finished: p.finished.len(),
+            total: p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len),
         }
     }
 }
@@ -170,7 +221,12 @@ pub fn one_request(
     say_recovery(&out, |line| eprintln!("warning: {line}"));
     let class = out.class();
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &render::outcome_json(&out, class.exit_code()))?;
+        let document = if out.applied {
+            view::doc::results_doc(&[], &convert_outcome::outcome_results(&out, op, device))
+        } else {
+            view::doc::plans_doc(&convert_outcome::outcome_plans(&out, op, device))
+        };
+        print_value(output, &document)?;
         return Ok(class.exit_code());
     }
     // The one line a refusal before any step is (sight, may-act, the journal's lock).
