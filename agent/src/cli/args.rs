@@ -4,10 +4,9 @@ use crate::discover::namespaces::MountReader;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
-/// Exit code of a scan or a holders report that could not see everything (a blind spot).
-pub const EXIT_UNKNOWN: u8 = 3;
-/// Something holds the device (`holders`, as `fuser -s` tells a script).
-pub const EXIT_HELD: u8 = 2;
+/// Exit code of a scan or a holders report that could not see everything (a blind spot); of a
+/// held device (`holders`, as `fuser -s` tells a script). One table for both CLIs.
+pub use blockjanitor_rpc::view::exit::{HELD as EXIT_HELD, UNKNOWN as EXIT_UNKNOWN};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -198,6 +197,42 @@ blockjanitor-agent clean rbd0 -o json | jq -r '.plans[0].outcome'"
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The plans for the given devices (default: every stale one): the dry run of `clean` of
+    /// each, or of `release` with --release. Changes nothing.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent plan                          # every stale device\n  \
+blockjanitor-agent plan loop3 rbd0\n  blockjanitor-agent plan loop3 --release -o json | jq -r '.plans[0].outcome'"
+    )]
+    Plan {
+        /// Devices to plan for [default: every stale device].
+        devices: Vec<String>,
+        /// Plan only the release of the copies of their mounts other mount namespaces keep (the
+        /// devices stay). Needs the devices named.
+        #[arg(long)]
+        release: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Carry out the plans for the given devices (default: every stale one): `clean --apply` of
+    /// each, or `release --apply` with --release. Without --yes only shows them, and refuses.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent apply loop3                   # show the plan, change nothing (exit 2)\n  \
+blockjanitor-agent apply loop3 --yes\n  blockjanitor-agent apply --yes                   # every stale device\n  \
+blockjanitor-agent apply rbd3 --release --yes -o json"
+    )]
+    Apply {
+        /// Devices to carry out plans for [default: every stale device].
+        devices: Vec<String>,
+        /// Only release the copies of their mounts other mount namespaces keep; the devices stay.
+        /// Needs the devices named.
+        #[arg(long)]
+        release: bool,
+        /// Carry out the plans (without it: show them only).
+        #[arg(long)]
+        yes: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Steps a previous run started but never finished (from the journal).
     #[command(after_help = "EXAMPLES:\n  blockjanitor-agent journal\n  \
 blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal -o json")]
@@ -319,6 +354,6 @@ mod tests {
                 checked += 1;
             }
         }
-        assert!(checked >= 6, "{checked} examples");
+        assert!(checked >= 12, "{checked} examples");
     }
 }

@@ -1,32 +1,30 @@
-//! The one-shot commands: scan, holders, release, clean and the others, each through the engine
-//! (`release` and `clean` through its one request workflow), printed as text or JSON.
+//! The one-shot commands: scan, holders, journal and the others, each through the engine
+//! (`release`, `clean`, `plan` and `apply` through its one request workflow, [`super::requests`]),
+//! printed as text, or as the JSON/YAML documents agentctl prints.
 
 use super::args::*;
-use super::render::say_recovery;
+use super::requests;
 use super::serve::serve;
 use super::settings::*;
 use crate::act::journal;
 use crate::discover::blockdev;
-use crate::engine::outcome::{self, Class, Request, Subject};
+use crate::engine::outcome;
 use crate::engine::view::View;
-use crate::engine::world::LinuxWorld;
-use crate::engine::{Engine, Operation};
+use crate::engine::Operation;
 use crate::graph::scan::Target;
 use crate::host::HostRoot;
-use crate::judge::grace::Clocks;
 use crate::model::DevNum;
 use crate::plan;
-use crate::server::{convert, convert_outcome};
+use crate::server::convert;
 use crate::{cli::render, graph::resolve};
 use anyhow::{Context, Result};
 use blockjanitor_rpc::view;
-use std::time::Duration;
 
 /// `--quiet`: nothing goes to stdout (set once, from the flags).
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Writes `text` to stdout, unless `--quiet`. A closed pipe (`| head`) is not an error.
-fn say(text: &str) -> Result<()> {
+pub(super) fn say(text: &str) -> Result<()> {
     use std::io::Write;
     if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
         return Ok(());
@@ -50,6 +48,15 @@ pub fn print_value(output: Output, v: &serde_json::Value) -> Result<()> {
 /// that its devices convert as the daemon's do.
 fn one_shot_view(judged: &crate::engine::Judged) -> View {
     View::of(judged.clone(), 0)
+}
+
+/// The operation `--release` asks for (else a cleanup).
+fn operation(release: bool) -> Operation {
+    if release {
+        Operation::Release
+    } else {
+        Operation::Clean
+    }
 }
 
 /// The device an operator named.
@@ -122,12 +129,20 @@ pub fn run(cli: &Cli) -> Result<u8> {
         Command::Release { device, apply, force_busy, output } => {
             let mut e = engine(cli, host, plan::clean::CleanOptions::default());
             e.settings.release = plan::release::ReleaseOptions { force_busy: force_busy.clone() };
-            one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
+            requests::one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
         }
         Command::Clean { device, apply, deferred_remove, force, output } => {
             let clean = plan::clean::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
             let e = engine(cli, host, clean);
-            one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
+            requests::one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
+        }
+        Command::Plan { devices, release, output } => {
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
+            requests::many(cli, &e, &mut state, operation(*release), devices, false, false, *output)
+        }
+        Command::Apply { devices, release, yes, output } => {
+            let e = engine(cli, host, plan::clean::CleanOptions::default());
+            requests::many(cli, &e, &mut state, operation(*release), devices, true, *yes, *output)
         }
         Command::Serve(args) => serve(cli, args, host),
         Command::Journal { output } => {
@@ -186,61 +201,4 @@ impl JournalPlan {
             total: p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len),
         }
     }
-}
-
-/// `release` or `clean` of the device the operator named, through the one request workflow
-/// ([`Engine::carry_out`]): with --apply, recovery and the unfinished plan this argument owes
-/// come first, before the argument is resolved. Prints the report; returns the exit code.
-pub fn one_request(
-    cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    op: Operation,
-    device: &str,
-    apply: bool,
-    output: Output,
-) -> Result<u8> {
-    let journal_file = journal_path(cli);
-    let clocks = std::sync::Mutex::new(std::mem::replace(&mut state.clocks, Clocks::new(None)));
-    let request = Request {
-        op,
-        subject: Subject::Argument(device.to_owned()),
-        argument: device.to_owned(),
-        expected_identity: None,
-        apply,
-        by: format!("cli (uid {})", nix::unistd::geteuid()),
-        journal: &journal_file,
-        lock_wait: Duration::from_secs(cli.lock_wait),
-        clocks: &clocks,
-        admit: None,
-    };
-    let result = e.carry_out(&request);
-    state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
-    state.save();
-    let out = result?;
-    say_recovery(&out, |line| eprintln!("warning: {line}"));
-    let class = out.class();
-    if matches!(output, Output::Json | Output::Yaml) {
-        let document = if out.applied {
-            view::doc::results_doc(&[], &convert_outcome::outcome_results(&out, op, device))
-        } else {
-            view::doc::plans_doc(&convert_outcome::outcome_plans(&out, op, device))
-        };
-        print_value(output, &document)?;
-        return Ok(class.exit_code());
-    }
-    // The one line a refusal before any step is (sight, may-act, the journal's lock).
-    if let Some((_, why)) = &out.refusal {
-        if out.plan.is_none() {
-            say(&format!("{why}\n"))?;
-            return Ok(class.exit_code());
-        }
-    }
-    say(&render::outcome_text(&out, device))?;
-    if class == Class::Error {
-        if let Some(p) = out.plan.as_ref().filter(|p| p.unsupported) {
-            anyhow::bail!("{}", p.refusal.as_deref().unwrap_or_default());
-        }
-    }
-    Ok(class.exit_code())
 }
