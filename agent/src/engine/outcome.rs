@@ -68,12 +68,13 @@ pub enum Class {
 impl Class {
     /// The one-shot CLI's exit code for this class.
     pub fn exit_code(self) -> u8 {
+        use blockjanitor_rpc::view::exit;
         match self {
-            Class::Done => 0,
-            Class::Error => 1,
-            Class::Held => 2,
-            Class::Unknown => 3,
-            Class::Refused => 4,
+            Class::Done => exit::DONE,
+            Class::Error => exit::ERROR,
+            Class::Held => exit::HELD,
+            Class::Unknown => exit::UNKNOWN,
+            Class::Refused => exit::REFUSED,
         }
     }
 
@@ -255,6 +256,11 @@ pub fn incomplete_view(scan: &Scan, entry: Option<&crate::graph::DeviceEntry>) -
         Some(e) => crate::model::blindspot::reaching(&scan.blind_spots, &e.device),
         None => scan.blind_spots.iter().collect(),
     };
+    incomplete_line(&spots)
+}
+
+/// The INCOMPLETE VIEW line for these blind spots (`None`: there are none).
+pub fn incomplete_line(spots: &[&crate::model::blindspot::BlindSpot]) -> Option<String> {
     let first = spots.first()?;
     Some(format!(
         "INCOMPLETE VIEW: {} thing(s) could not be read (first: {}), so a holder could be hidden and no answer here is confident; run as root on the host (in a pod: privileged, hostPID: true)",

@@ -5,6 +5,8 @@
 //! blockjanitor-rpc.
 
 pub mod convert;
+mod convert_detail;
+pub mod convert_outcome;
 pub mod listen;
 pub mod service;
 pub mod status;

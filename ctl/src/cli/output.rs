@@ -1,6 +1,5 @@
 //! What agentctl's commands print and exit with: a response in the chosen format (table, JSON,
-//! YAML), stdout that tolerates a closed pipe, a gRPC status as one line, the exit code of an
-//! apply that did not carry everything out.
+//! YAML), stdout that tolerates a closed pipe, a gRPC status as one line (a refusal exits 4).
 
 use std::io::Write;
 
@@ -9,9 +8,6 @@ use blockjanitor_rpc::client;
 use serde_json::Value;
 
 use super::args::Output;
-
-/// The exit code when apply did not carry everything out.
-pub(super) const EXIT_NOT_DONE: u8 = 2;
 
 /// `--quiet`: nothing goes to stdout (set once, at start-up).
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -44,11 +40,41 @@ pub(super) fn render(
 ) -> Result<String> {
     Ok(match output {
         Output::Table | Output::Wide => table(),
-        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
-        Output::Yaml => serde_yaml_ng::to_string(&value())?,
+        Output::Json => crate::format::json(&value())?,
+        Output::Yaml => crate::format::yaml(&value())?,
     })
 }
 
+/// A call the agent refused by a safety rule (FailedPrecondition: protected, the device changed
+/// since it was planned, the agent may not act; for Apply, PermissionDenied: not an operator):
+/// agentctl exits 4 (refused), as the one-shot agent does for `--apply` without the privileges.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct Refused(String);
+
+/// A gRPC status as one line; FailedPrecondition stays a [`Refused`].
 pub(super) fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!(client::status_line(&s))
+    let line = client::status_line(&s);
+    match s.code() {
+        tonic::Code::FailedPrecondition => Refused(line).into(),
+        _ => anyhow::anyhow!(line),
+    }
+}
+
+/// [`status`] of an Apply: PermissionDenied (not an operator) is a refusal too. A read refused
+/// to someone with no role at all stays an error.
+pub(super) fn apply_status(s: tonic::Status) -> anyhow::Error {
+    if s.code() == tonic::Code::PermissionDenied {
+        return Refused(client::status_line(&s)).into();
+    }
+    status(s)
+}
+
+/// The exit code of an error: 4 for a refusal, else 1.
+pub(super) fn error_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<Refused>().is_some() {
+        crate::exit::REFUSED
+    } else {
+        crate::exit::ERROR
+    }
 }
