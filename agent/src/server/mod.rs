@@ -7,6 +7,7 @@
 pub mod convert;
 mod convert_detail;
 pub mod convert_outcome;
+mod event_cap;
 pub mod listen;
 pub mod service;
 pub mod status;

@@ -10,6 +10,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::convert;
+use super::event_cap;
 use super::status::to_status;
 use crate::daemon::state::AgentState;
 use blockjanitor_rpc::auth::{Policy, Role};
@@ -51,97 +52,6 @@ impl AgentService {
 const WATCH_BUFFER: usize = 8;
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
-
-/// Most bytes of one event on the wire: past it, the device it carries has its holders summarised
-/// by kind (a device held by thousands of processes would otherwise send every one of them to
-/// every watcher at each change), then, if it is still over, only its first reasons (an in-use
-/// device has one per holder), and the event's message says so.
-pub const EVENT_BYTES_MAX: usize = 4096;
-
-/// Bytes kept free for the message's note when reasons are left out.
-const NOTE_BYTES: usize = 160;
-
-/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`];
-/// if that is not enough, its other lists (kubelet paths, pod UIDs, PVs, kernel threads) cut to
-/// their first [`LIST_KEPT`] and its reasons to the first that fit. The message says what was
-/// left out, and that `GetDevice` shows each.
-fn capped(ev: pb::Event) -> pb::Event {
-    use prost::Message as _;
-    let mut ev = holders_capped(ev);
-    if ev.encoded_len() <= EVENT_BYTES_MAX {
-        return ev;
-    }
-    let Some(d) = ev.current.as_mut() else { return ev };
-    let mut cut = Vec::new();
-    for (name, list) in [
-        ("kubelet paths", &mut d.kubelet_paths),
-        ("pod UIDs", &mut d.pod_uids),
-        ("PVs", &mut d.pv_names),
-        ("kernel threads", &mut d.kernel_threads),
-    ] {
-        if list.len() > LIST_KEPT {
-            cut.push(format!("{} of {} {name}", LIST_KEPT, list.len()));
-            list.truncate(LIST_KEPT);
-        }
-    }
-    let reasons = std::mem::take(&mut d.reasons);
-    let mut room = EVENT_BYTES_MAX.saturating_sub(ev.encoded_len() + NOTE_BYTES);
-    let mut kept = Vec::new();
-    for r in &reasons {
-        // Field tag, length, text.
-        let cost = 1 + prost::length_delimiter_len(r.len()) + r.len();
-        if cost > room {
-            break;
-        }
-        room -= cost;
-        kept.push(r.clone());
-    }
-    if kept.len() < reasons.len() {
-        cut.insert(0, format!("{} of {} reasons", kept.len(), reasons.len()));
-    }
-    if let Some(d) = ev.current.as_mut() {
-        d.reasons = kept;
-    }
-    if !cut.is_empty() {
-        ev.message.push_str(&format!(
-            " ({} shown: an event carries at most {} KB; GetDevice shows each)",
-            cut.join(", "),
-            EVENT_BYTES_MAX / 1024
-        ));
-    }
-    ev
-}
-
-/// The event, its device's holders summarised by kind when it would be over [`EVENT_BYTES_MAX`].
-fn holders_capped(mut ev: pb::Event) -> pb::Event {
-    use prost::Message as _;
-    if ev.encoded_len() <= EVENT_BYTES_MAX {
-        return ev;
-    }
-    if let Some(d) = ev.current.as_mut() {
-        let n = d.holders.len();
-        let mut by_kind: Vec<pb::Holder> = Vec::new();
-        for h in &d.holders {
-            match by_kind.iter_mut().find(|s| s.kind == h.kind) {
-                Some(s) => s.pid_count += h.pid_count.max(1),
-                None => by_kind.push(pb::Holder {
-                    kind: h.kind,
-                    pid_count: h.pid_count.max(1),
-                    ..Default::default()
-                }),
-            }
-        }
-        d.holders = by_kind;
-        ev.message.push_str(&format!(
-            " ({n} holders summarised by kind: an event carries at most {} KB; GetDevice shows each)",
-            EVENT_BYTES_MAX / 1024
-        ));
-    }
-    ev
-}
-
-/// How many entries of each of a device's other lists an event over the cap keeps.
-const LIST_KEPT: usize = 3;
 
 /// Command lines can carry secrets (`qemu-nbd --object secret,data=...`): they are shown to
 /// operators only. A viewer gets every device with its holders' command lines blanked.
@@ -297,7 +207,7 @@ impl Agent for AgentService {
                         Ok(e) => {
                             let mut ev = convert::event(&e);
                             ev.current = ev.current.map(|d| for_role(d, role));
-                            capped(ev)
+                            event_cap::capped(ev)
                         }
                         // A slow client missed events: tell it, and go on.
                         Err(RecvError::Lagged(n)) => pb::Event {
@@ -315,91 +225,5 @@ impl Agent for AgentService {
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
         Ok(Response::new(Box::pin(stream)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event_with(holders: usize) -> pb::Event {
-        let h = |i: usize| pb::Holder {
-            kind: if i.is_multiple_of(2) { pb::HolderKind::Cwd } else { pb::HolderKind::Mmap } as i32,
-            pids: vec![i as u32],
-            pid_count: 1,
-            comm: "python3".into(),
-            cmdline: format!("python3 /srv/app/worker.py --queue jobs-{i}"),
-            ..Default::default()
-        };
-        pb::Event {
-            r#type: pb::event::Type::HoldersChanged as i32,
-            device: "vdb".into(),
-            message: "vdb: 1 holder(s) added, 0 gone".into(),
-            current: Some(pb::Device {
-                name: "vdb".into(),
-                holders: (0..holders).map(h).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    /// A small event goes as it is; a large one has its holders summarised by kind, fits the cap,
-    /// and says so.
-    #[test]
-    fn an_event_over_the_cap_has_its_holders_summarised_and_says_so() {
-        use prost::Message as _;
-        let small = event_with(3);
-        assert_eq!(capped(small.clone()), small);
-        let big = event_with(500);
-        assert!(big.encoded_len() > EVENT_BYTES_MAX);
-        let c = capped(big);
-        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
-        let holders = &c.current.as_ref().expect("current").holders;
-        assert_eq!(holders.len(), 2, "{holders:?}");
-        assert_eq!(holders.iter().map(|h| h.pid_count).sum::<u32>(), 500);
-        assert!(c.message.contains("500 holders summarised by kind"), "{}", c.message);
-        assert!(!c.message.contains("reasons shown"), "{}", c.message);
-    }
-
-    /// An in-use device held thousands of times has a reason per holder: with its holders
-    /// summarised the event is still over the cap, so only its first reasons go, in order, and
-    /// the message says how many of how many.
-    #[test]
-    fn an_event_still_over_the_cap_keeps_its_first_reasons_and_says_so() {
-        use prost::Message as _;
-        let mut big = event_with(1600);
-        let reasons: Vec<String> =
-            (0..1600).map(|i| format!("pid {i} (python3) maps a file on it (/srv/app/lib{i}.so)")).collect();
-        big.current.as_mut().expect("current").reasons = reasons.clone();
-        let c = capped(big);
-        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
-        let d = c.current.as_ref().expect("current");
-        assert_eq!(d.holders.iter().map(|h| h.pid_count).sum::<u32>(), 1600);
-        assert!(!d.reasons.is_empty() && d.reasons.len() < 1600, "{} reasons", d.reasons.len());
-        assert_eq!(d.reasons[..], reasons[..d.reasons.len()]);
-        let note = format!("({} of 1600 reasons shown", d.reasons.len());
-        assert!(c.message.contains(&note) && c.message.contains("1600 holders summarised"), "{}", c.message);
-    }
-
-    /// A device mounted in every namespace has a reason per mount and a pod UID per pod:
-    /// summarising its holders is not enough, so its other lists are cut to their first entries
-    /// and its reasons to those that fit, and the message says so.
-    #[test]
-    fn an_event_still_over_the_cap_has_its_lists_cut_and_says_so() {
-        use prost::Message as _;
-        let mut big = event_with(500);
-        if let Some(d) = big.current.as_mut() {
-            d.reasons =
-                (0..1800).map(|i| format!("mounted at /run/pods/{i}/image in mount namespace {i}")).collect();
-            d.pod_uids = (0..200).map(|i| format!("5d1c7c2e-8a0b-11e8-9a3b-{i:012}")).collect();
-        }
-        let c = capped(big);
-        assert!(c.encoded_len() <= EVENT_BYTES_MAX, "{} bytes", c.encoded_len());
-        let d = c.current.as_ref().expect("current");
-        assert_eq!(d.pod_uids.len(), LIST_KEPT);
-        assert_eq!(d.reasons[0], "mounted at /run/pods/0/image in mount namespace 0", "the first ones kept");
-        let note = format!("({} of 1800 reasons, 3 of 200 pod UIDs shown", d.reasons.len());
-        assert!(c.message.contains(&note), "{}", c.message);
     }
 }
