@@ -87,6 +87,15 @@ impl Run {
         lines[skip..].join("\n")
     }
 
+    /// Section `name` parsed as JSON; fails the test with the section and the whole output when
+    /// it is not JSON.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        let text = self.section(name);
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", self.output)
+        })
+    }
+
     /// The lines between `BEGIN name` and `END name` markers the scenario printed.
     pub fn section(&self, name: &str) -> String {
         let begin = format!("BEGIN {name}");

@@ -19,13 +19,6 @@ use serde_json::Value;
 /// The port qemu listens on (127.0.0.1 of the cluster's namespace) for the guest agent's 9443.
 const AGENT_PORT: u16 = 19443;
 
-fn json(run: &Run, name: &str) -> serde_json::Value {
-    let text = run.section(name);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", run.output)
-    })
-}
-
 fn host_line<'a>(run: &'a Run, prefix: &str) -> &'a str {
     run.output
         .lines()
@@ -40,7 +33,7 @@ fn root_ceph_incident1_unused_mapping_is_unmapped_and_the_watcher_goes() {
     }
     let run = run_ceph_scenario("rbd-incident1.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["rbd"]["pool"], "k8s");
     assert_eq!(h["rbd"]["image"], "vol");
@@ -70,7 +63,7 @@ fn root_ceph_incident5_foreign_mount_on_rbd_is_released_then_unmapped() {
     }
     let run = run_ceph_scenario("rbd-incident5.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    let h = run.json("holders");
     let m = &h["holders"][0];
     assert_eq!(m["kind"], "mount", "{h:#}");
     assert_eq!(m["in_host_namespace"], false);
@@ -87,14 +80,14 @@ fn root_ceph_incident4_fenced_client_is_reported_and_still_cleaned_locally() {
     }
     let run = run_ceph_scenario("rbd-incident4.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    let h = run.json("holders");
     let watcher = format!(
         "watcher={} {}",
         h["rbd"]["client_addr"].as_str().expect("addr"),
         h["rbd"]["watcher_client"].as_str().expect("id")
     );
     assert!(host_line(&run, "HOST watchers-mapped:").contains(&watcher), "{}", run.output);
-    let fenced = json(&run, "fenced");
+    let fenced = run.json("fenced");
     assert!(
         fenced["rbd"]["fenced"].is_string(),
         "the agent reports the mapping fenced:\n{fenced:#}\n{}",

@@ -28,13 +28,6 @@ fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
     assert_eq!(h["comm"], "sleep");
 }
 
-fn json_section(run: &blockjanitor_tests::guest::Run, name: &str) -> serde_json::Value {
-    let text = run.section(name);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", run.output)
-    })
-}
-
 #[test]
 fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     if !require_guest() {
@@ -42,7 +35,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     }
     let run = run_scenario("incident3.sh");
     run.assert_ok();
-    let scan = json_section(&run, "scan");
+    let scan = run.json("scan");
     let map = find_device(&scan, "dm-0");
     assert_eq!(map["verdict"], "stale", "{map:#}");
     let reason = map["reasons"][0].as_str().expect("reason");
@@ -92,7 +85,7 @@ fn root_guest_map_with_an_active_path_is_never_stale() {
     }
     let run = run_scenario("one-path-active.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["verdict"], "unused", "{h:#}");
     assert!(h["reasons"].to_string().contains("1 of 2 path(s) active"), "{h:#}");
     let clean = run.section("clean");
@@ -107,9 +100,9 @@ fn root_guest_stuck_reader_is_freed_by_fail_if_no_path_and_the_api_keeps_answeri
     let run = run_scenario("stuck-reader.sh");
     run.assert_ok();
     assert!(run.output.contains("state: D"), "the reader hung in D state:\n{}", run.output);
-    let api = json_section(&run, "api");
+    let api = run.json("api");
     assert!(api.to_string().contains("open_device"), "the API answers while the reader is stuck: {api:#}");
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     let holder = &h["holders"][0];
     assert_eq!(holder["kind"], "open_device");
     assert_eq!(holder["process_state"], "D");
@@ -130,7 +123,7 @@ fn root_guest_foreign_mount_on_a_map_is_released_first() {
     }
     let run = run_scenario("foreign-mount-on-map.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["holders"][0]["kind"], "mount");
     assert_eq!(h["holders"][0]["in_host_namespace"], false);
     let clean = run.section("clean");
@@ -150,7 +143,7 @@ fn root_guest_standalone_offline_disk_is_deleted() {
     }
     let run = run_scenario("offline-disk.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["scsi"]["state"], "offline");
     let clean = run.section("clean");
     assert!(clean.contains("delete SCSI disk sda") && clean.contains("rc=0"), "{clean}");
@@ -168,7 +161,7 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
         "nbd-server processes after the kill: 0",
         "the server process itself is gone before the agent looks"
     );
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["nbd"]["server_alive"], false, "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("is gone"), "{h:#}");
@@ -208,7 +201,7 @@ impl Violations {
     /// in_use and a mount of fstype btrfs, or a holder of kind `filesystem` (a live filesystem on
     /// the device with no visible mount, as the kernel-side probe reports it).
     fn btrfs_holds(&mut self, run: &blockjanitor_tests::guest::Run, section: &str) {
-        let h = json_section(run, section);
+        let h = run.json(section);
         let btrfs = h["holders"].as_array().is_some_and(|hs| {
             hs.iter().any(|x| (x["kind"] == "mount" && x["fstype"] == "btrfs") || x["kind"] == "filesystem")
         });
@@ -758,7 +751,7 @@ fn root_guest_lvm_and_luks_on_a_dead_map_are_removed_top_down() {
     );
 
     // Held on the host: the map is in use, and says by what and through which layer.
-    let held = json_section(&run, "holders-held");
+    let held = run.json("holders-held");
     assert_eq!(held["verdict"], "in_use", "{held:#}");
     let reasons = held["reasons"].to_string();
     assert!(
@@ -809,7 +802,7 @@ fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
         layers.lines().filter(|l| l.contains("uuid=part")).filter_map(|l| l.split(' ').nth(1)).collect();
     assert_eq!(parts.len(), 2, "{layers}");
     let map = layer_dev(&run, "mpathb");
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert!(h["reasons"].to_string().contains("2 layer(s) stacked on it removed first"), "{h:#}");
     let clean = run.section("clean");
@@ -846,7 +839,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     }
     run.assert_ok();
     // Before the grace period: a candidate with the controller's evidence.
-    let first = json_section(&run, "first");
+    let first = run.json("first");
     assert_eq!(first["verdict"], "suspect", "{first:#}");
     assert_eq!(first["device"]["kind"], "nvme_namespace", "{first:#}");
     let nv = &first["nvme"];
@@ -861,7 +854,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert!(c["address"].get("src_addr").is_none(), "no src_addr while not live: {c:#}");
     assert!(first["reasons"][0].as_str().expect("reason").contains("no live controller"), "{first:#}");
     // After it: stale; the mounted one in use; the live one unused.
-    let scan = json_section(&run, "scan");
+    let scan = run.json("scan");
     let by_nqn = |nqn: &str| {
         scan["devices"]
             .as_array()
@@ -896,7 +889,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     let clean_c = run.section("clean_c");
     assert!(clean_c.contains("live") && clean_c.contains("rc=4"), "refused (exit 4): {clean_c}");
     // Every controller to 127.0.0.1 down at once: an outage, nothing cleaned.
-    let outage = json_section(&run, "outage");
+    let outage = run.json("outage");
     assert_eq!(outage["verdict"], "outage", "{outage:#}");
     assert!(outage["reasons"][0].as_str().expect("reason").starts_with("outage:"), "{outage:#}");
     let co = run.section("clean_outage");
@@ -921,17 +914,17 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     assert!(quiet.contains("state=running") && quiet.contains("LOGGED_IN"), "{quiet}");
     let read = run.section("kernel-after-read");
     assert_eq!(read.matches("Logical unit not supported").count(), 2, "{read}");
-    let before = json_section(&run, "before");
+    let before = run.json("before");
     assert_eq!(before["verdict"], "unused", "a running LUN nothing said is gone: {before:#}");
     assert_eq!(before["scsi"]["session"]["targetname"], "iqn.2026-11.io.blockjanitor:stale-a", "{before:#}");
     assert_eq!(before["scsi"]["session"]["connections"][0]["persistent_port"], 3260, "{before:#}");
     // Within the grace period: suspect, and a clean refuses; after it: stale.
-    let h = json_section(&run, "holders");
+    let h = run.json("holders");
     assert_eq!(h["verdict"], "suspect", "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("reports the LUN gone"), "{h:#}");
     let soon = run.section("too-soon");
     assert!(!soon.contains("rc=0") && !soon.contains(": done"), "nothing before the grace period: {soon}");
-    let h = json_section(&run, "holders-after");
+    let h = run.json("holders-after");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     let first = run.section("clean1");
     assert!(first.contains("rc=0") && !first.contains("iscsi_logout"), "{first}");
@@ -959,7 +952,7 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     // The outage: both remaining sessions down, their disks transport-offline.
     let kernel = run.section("outage-kernel");
     assert_eq!(kernel.matches("transport-offline").count(), 2, "{kernel}");
-    let scan = json_section(&run, "outage-scan");
+    let scan = run.json("outage-scan");
     for d in scan["devices"].as_array().expect("devices").iter().filter(|d| d["scsi"].is_object()) {
         assert_eq!(d["verdict"], "outage", "{d:#}");
         assert!(d["reasons"][0].as_str().expect("reason").starts_with("outage: "), "{d:#}");
