@@ -336,17 +336,28 @@ mod tests {
     #[test]
     fn the_dry_run_refuses_a_refused_plan_a_changed_identity_and_a_silent_agent() {
         let t = Target { node: "n1".into(), devices: vec!["rbd4".into()], identities: vec!["rbd=a".into()] };
-        let good = summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 2, "")] }));
+        let good = summarise(
+            &t,
+            Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 2, "")], ..Default::default() }),
+        );
         assert_eq!((good.steps, good.refusal.as_str()), (2, ""));
         assert_eq!(summary_text(&[good]), "n1: 2 step(s): a0 rbd4, a1 rbd4");
-        let refused =
-            summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=a", 0, "in use by pod x")] }));
+        let refused = summarise(
+            &t,
+            Ok(pb::PlanResponse {
+                plans: vec![plan("rbd4", "rbd=a", 0, "in use by pod x")],
+                ..Default::default()
+            }),
+        );
         assert_eq!(refused.refusal, "rbd4: in use by pod x");
-        let other = summarise(&t, Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=b", 1, "")] }));
+        let other = summarise(
+            &t,
+            Ok(pb::PlanResponse { plans: vec![plan("rbd4", "rbd=b", 1, "")], ..Default::default() }),
+        );
         assert!(other
             .refusal
             .starts_with("rbd4: the plan is for identity rbd=b but the request carries rbd=a"));
-        let missing = summarise(&t, Ok(pb::PlanResponse { plans: vec![] }));
+        let missing = summarise(&t, Ok(pb::PlanResponse { plans: vec![], ..Default::default() }));
         assert_eq!(missing.refusal, "rbd4: the agent's plan does not cover it");
         let down = summarise(&t, Err("unavailable".into()));
         assert_eq!(down.refusal, "its plan could not be had: unavailable");

@@ -7,8 +7,9 @@ use blockjanitor_proto::v1 as pb;
 use serde_json::{json, Value};
 
 use crate::apply::{apply_summary, apply_table};
+use crate::doc::envelope;
 use crate::table::clean;
-use crate::values::{plans_value, step_result_value};
+use crate::values::{plan_value, step_result_value};
 
 /// `agentctl fleet apply`'s arguments (`NODE/DEVICE`) grouped by node, in the order nodes are
 /// first named.
@@ -91,24 +92,27 @@ pub fn fleet_summary_table(r: &pb::FleetApplyResponse) -> String {
 
 /// The dry run and, when it ran, every node's results, as a value.
 pub fn fleet_apply_value(r: &pb::FleetApplyResponse) -> Value {
-    json!({
-        "executed": r.executed,
-        "on_behalf_of": r.on_behalf_of,
-        "summary": r.summary.iter().map(|n| json!({
-            "node": n.node,
-            "steps": n.steps,
-            "refusal": n.refusal,
-            "plans": n.plan.as_ref().map(plans_value).unwrap_or(Value::Null),
-        })).collect::<Vec<_>>(),
-        "results": r.results.iter().map(|n| json!({
-            "node": n.node,
-            "error": n.error,
-            "results": n.result.as_ref().map(|a| a.results.iter().map(step_result_value).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        })).collect::<Vec<_>>(),
-        "budget_steps_left": r.budget_steps_left,
-        "budget_steps_per_minute": r.budget_steps_per_minute,
-    })
+    envelope(
+        "fleet_apply",
+        json!({
+            "executed": r.executed,
+            "on_behalf_of": r.on_behalf_of,
+            "summary": r.summary.iter().map(|n| json!({
+                "node": n.node,
+                "steps": n.steps,
+                "refusal": n.refusal,
+                "plans": n.plan.as_ref().map(|p| json!({ "plans": p.plans.iter().map(plan_value).collect::<Vec<_>>() })).unwrap_or(Value::Null),
+            })).collect::<Vec<_>>(),
+            "results": r.results.iter().map(|n| json!({
+                "node": n.node,
+                "error": n.error,
+                "results": n.result.as_ref().map(|a| a.results.iter().map(step_result_value).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            })).collect::<Vec<_>>(),
+            "budget_steps_left": r.budget_steps_left,
+            "budget_steps_per_minute": r.budget_steps_per_minute,
+        }),
+    )
 }
 
 /// Every node's Apply results as text.

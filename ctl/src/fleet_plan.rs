@@ -128,8 +128,10 @@ mod tests {
 
     #[test]
     fn a_plan_is_summarised_with_its_refusals() {
-        let p =
-            pb::PlanResponse { plans: vec![plan("rbd4", "", 2), plan("rbd0", "in use: mounted at /mnt", 0)] };
+        let p = pb::PlanResponse {
+            plans: vec![plan("rbd4", "", 2), plan("rbd0", "in use: mounted at /mnt", 0)],
+            ..Default::default()
+        };
         let n = summarise("a", &s(&["rbd4", "rbd0", "loop9"]), Ok(p));
         assert_eq!(n.steps, 2);
         assert_eq!(n.refusal, "loop9: the agent's plan does not cover it; rbd0: in use: mounted at /mnt");

@@ -5,6 +5,7 @@
 use blockjanitor_proto::v1 as pb;
 use serde_json::{json, Value};
 
+use crate::doc::envelope;
 use crate::names::{kind_name, verdict_name};
 use crate::table::{clean, columns, cut};
 use crate::time::ago;
@@ -27,73 +28,88 @@ fn fleet_device_value(d: &pb::FleetDevice) -> Value {
 }
 
 pub fn nodes_value(r: &pb::ListNodesResponse) -> Value {
-    json!({
-        "nodes": r.nodes.iter().map(|n| json!({
-            "name": n.name,
-            "address": n.address,
-            "source": n.source,
-            "reachable": n.reachable,
-            "last_seen_unix_seconds": n.last_seen_unix_seconds,
-            "last_sync_unix_seconds": n.last_sync_unix_seconds,
-            "error": n.error,
-            "devices": n.devices,
-            "failures": n.failures,
-            "agent": n.agent.as_ref().map(node_value),
-        })).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_nodes",
+        json!({
+            "nodes": r.nodes.iter().map(|n| json!({
+                "name": n.name,
+                "address": n.address,
+                "source": n.source,
+                "reachable": n.reachable,
+                "last_seen_unix_seconds": n.last_seen_unix_seconds,
+                "last_sync_unix_seconds": n.last_sync_unix_seconds,
+                "error": n.error,
+                "devices": n.devices,
+                "failures": n.failures,
+                "agent": n.agent.as_ref().map(node_value),
+            })).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 pub fn devices_value(r: &pb::FleetListDevicesResponse) -> Value {
-    json!({
-        "devices": r.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_devices",
+        json!({
+            "devices": r.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 pub fn where_value(r: &pb::WhereResponse) -> Value {
-    json!({
-        "resolved": r.resolved,
-        "matches": r.matches.iter().map(fleet_device_value).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_where",
+        json!({
+            "resolved": r.resolved,
+            "matches": r.matches.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 pub fn who_watches_value(r: &pb::WhoWatchesResponse) -> Value {
-    json!({
-        "watchers": r.watchers.iter().map(|w| json!({
-            "client_addr": w.client_addr,
-            "client_id": w.client_id,
-            "cookie": w.cookie,
-            "mappings": w.mappings.iter().map(fleet_device_value).collect::<Vec<_>>(),
-            "unfence_safe": w.unfence_safe,
-            "detail": w.detail,
-            "node_by_address": w.node_by_address,
-            "nodes": w.nodes,
-        })).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_who_watches",
+        json!({
+            "watchers": r.watchers.iter().map(|w| json!({
+                "client_addr": w.client_addr,
+                "client_id": w.client_id,
+                "cookie": w.cookie,
+                "mappings": w.mappings.iter().map(fleet_device_value).collect::<Vec<_>>(),
+                "unfence_safe": w.unfence_safe,
+                "detail": w.detail,
+                "node_by_address": w.node_by_address,
+                "nodes": w.nodes,
+            })).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 pub fn multiattach_value(r: &pb::MultiAttachResponse) -> Value {
     if let Some(s) = &r.sweep {
         return sweep_value(s);
     }
-    json!({
-        "pv": r.pv,
-        "nodes": r.nodes.iter().map(|d| json!({
-            "node": d.node,
-            "diagnosis": diagnosis_name(d.diagnosis),
-            "detail": d.detail,
-            "volume_attachments": d.volume_attachments,
-            "in_volumes_attached": d.in_volumes_attached,
-            "in_volumes_in_use": d.in_volumes_in_use,
-            "devices": d.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
-            "clear_steps": d.clear_steps.iter().map(step_value).collect::<Vec<_>>(),
-            "identities": d.identities,
-        })).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_multiattach",
+        json!({
+            "pv": r.pv,
+            "nodes": r.nodes.iter().map(|d| json!({
+                "node": d.node,
+                "diagnosis": diagnosis_name(d.diagnosis),
+                "detail": d.detail,
+                "volume_attachments": d.volume_attachments,
+                "in_volumes_attached": d.in_volumes_attached,
+                "in_volumes_in_use": d.in_volumes_in_use,
+                "devices": d.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+                "clear_steps": d.clear_steps.iter().map(step_value).collect::<Vec<_>>(),
+                "identities": d.identities,
+            })).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 fn missing_lines(m: &[pb::MissingNode]) -> String {
@@ -263,23 +279,26 @@ pub fn parse_finding_kind(s: &str) -> Result<pb::FindingKind, String> {
 }
 
 pub fn sweep_value(r: &pb::SweepResponse) -> Value {
-    json!({
-        "complete": r.complete,
-        "summary": r.summary,
-        "volumes": r.volumes,
-        "counts": r.counts,
-        "findings": r.findings.iter().map(|f| json!({
-            "kind": finding_kind_name(f.kind),
-            "volume": f.volume,
-            "pv": f.pv,
-            "nodes": f.nodes,
-            "devices": f.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
-            "volume_attachments": f.volume_attachments,
-            "clients": f.clients,
-            "detail": f.detail,
-        })).collect::<Vec<_>>(),
-        "missing_nodes": missing_value(&r.missing_nodes),
-    })
+    envelope(
+        "fleet_sweep",
+        json!({
+            "complete": r.complete,
+            "summary": r.summary,
+            "volumes": r.volumes,
+            "counts": r.counts,
+            "findings": r.findings.iter().map(|f| json!({
+                "kind": finding_kind_name(f.kind),
+                "volume": f.volume,
+                "pv": f.pv,
+                "nodes": f.nodes,
+                "devices": f.devices.iter().map(fleet_device_value).collect::<Vec<_>>(),
+                "volume_attachments": f.volume_attachments,
+                "clients": f.clients,
+                "detail": f.detail,
+            })).collect::<Vec<_>>(),
+            "missing_nodes": missing_value(&r.missing_nodes),
+        }),
+    )
 }
 
 /// The sweep: its verdict line first (`clean` only when complete), a row per finding, the counts.

@@ -108,7 +108,12 @@ fn device_value_keeps_proto_names_and_lower_case_enums() {
 fn devices_table_has_human_sizes_and_cut_reasons() {
     let mut d = loop_device();
     d.reasons[0] = "x".repeat(200);
-    let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0, scan: 0 });
+    let t = devices_table(&pb::ListDevicesResponse {
+        devices: vec![d],
+        scan_unix_seconds: 0.0,
+        scan: 0,
+        ..Default::default()
+    });
     let mut lines = t.lines();
     let head = lines.next().expect("header");
     assert!(head.starts_with("NAME   MAJ:MIN  KIND  SIZE   VERDICT  HOLDERS  PV / PODS  WHY"), "{head}");
@@ -124,11 +129,20 @@ fn devices_table_shows_the_pv_and_pods() {
     let mut d = loop_device();
     d.pv_names = vec!["pvc-1".into()];
     d.pod_uids = vec!["uid-a".into()];
-    let t =
-        devices_table(&pb::ListDevicesResponse { devices: vec![d.clone()], scan_unix_seconds: 0.0, scan: 0 });
+    let t = devices_table(&pb::ListDevicesResponse {
+        devices: vec![d.clone()],
+        scan_unix_seconds: 0.0,
+        scan: 0,
+        ..Default::default()
+    });
     assert!(t.contains("pvc-1 (pod uid-a)"), "{t}");
     d.pod_uids.clear();
-    let t = devices_table(&pb::ListDevicesResponse { devices: vec![d], scan_unix_seconds: 0.0, scan: 0 });
+    let t = devices_table(&pb::ListDevicesResponse {
+        devices: vec![d],
+        scan_unix_seconds: 0.0,
+        scan: 0,
+        ..Default::default()
+    });
     assert!(t.contains("pvc-1 (no pod)"), "{t}");
 }
 
@@ -238,22 +252,25 @@ fn identities_are_shown_and_bind_apply_to_the_plan() {
         }],
         ..Default::default()
     };
-    let r =
-        pb::PlanResponse { plans: vec![plan("loop3", "loop3@7:3#12;a"), plan("loop4", "loop4@7:4#13;b")] };
+    let r = pb::PlanResponse {
+        plans: vec![plan("loop3", "loop3@7:3#12;a"), plan("loop4", "loop4@7:4#13;b")],
+        ..Default::default()
+    };
     let t = plans_table(&r, false);
     assert!(t.starts_with("loop3: 1 step\n  identity: loop3@7:3#12;a\n  1. detach_loop: detach\n"), "{t}");
-    assert_eq!(plans_value(&r)["plans"][1]["identity"], "loop4@7:4#13;b");
+    assert_eq!(crate::doc::plans_doc(&r)["plans"][1]["identity"], "loop4@7:4#13;b");
     let req = apply_bound_to(&r, pb::Operation::Clean);
     assert_eq!(req.operation, pb::Operation::Clean as i32);
     assert_eq!(apply_bound_to(&r, pb::Operation::Release).operation, pb::Operation::Release as i32);
     assert_eq!(req.devices, ["loop3", "loop4"]);
     assert_eq!(req.identities, ["loop3@7:3#12;a", "loop4@7:4#13;b"]);
-    let applied = pb::ApplyResponse { plans: vec![r.plans[0].clone()], results: vec![] };
+    let applied =
+        pb::ApplyResponse { plans: vec![r.plans[0].clone()], results: vec![], ..Default::default() };
     assert!(apply_table(&applied).contains("\n  identity: loop3@7:3#12;a\n"));
-    let v = apply_value(&r.plans, &applied);
+    let v = crate::doc::results_doc(&r.plans, &applied);
     assert_eq!(v["planned"][1]["identity"], "loop4@7:4#13;b");
     assert_eq!(v["plans"][0]["identity"], "loop3@7:3#12;a");
-    assert_eq!(apply_value(&[], &applied)["planned"], json!([]));
+    assert_eq!(crate::doc::results_doc(&[], &applied)["planned"], json!([]));
 
     let devs = vec!["loop3".to_owned(), "/dev/loop4".to_owned()];
     let req = apply_with_identities(&devs, &["x".into(), String::new()], pb::Operation::Release)
@@ -287,24 +304,33 @@ fn apply_summary_and_exit_codes() {
     let plan = |d: &str| pb::DevicePlan { device: d.into(), steps: vec![step(d)], ..Default::default() };
     let result =
         |d: &str, w: &str| pb::StepResult { step: Some(step(d)), result: w.into(), detail: String::new() };
-    let ok = pb::ApplyResponse { plans: vec![plan("loop1")], results: vec![result("loop1", "done")] };
+    let ok = pb::ApplyResponse {
+        plans: vec![plan("loop1")],
+        results: vec![result("loop1", "done")],
+        ..Default::default()
+    };
     assert_eq!(apply_summary(&ok).exit_code(), 0);
     assert!(apply_table(&ok).contains("  1. detach_loop: detach loop1 -> done\n"), "{}", apply_table(&ok));
-    let deferred =
-        pb::ApplyResponse { plans: vec![plan("loop1")], results: vec![result("loop1", "deferred")] };
+    let deferred = pb::ApplyResponse {
+        plans: vec![plan("loop1")],
+        results: vec![result("loop1", "deferred")],
+        ..Default::default()
+    };
     assert_eq!(apply_summary(&deferred).exit_code(), 2);
     let failed = pb::ApplyResponse {
         plans: vec![plan("loop1"), plan("loop2")],
         results: vec![result("loop1", "failed"), result("loop2", "deferred")],
+        ..Default::default()
     };
     assert_eq!(apply_summary(&failed).exit_code(), 1);
     let refused = pb::ApplyResponse {
         plans: vec![pb::DevicePlan { device: "sda".into(), refusal: "held".into(), ..Default::default() }],
         results: vec![],
+        ..Default::default()
     };
     assert_eq!(apply_summary(&refused).exit_code(), 2);
     assert!(apply_table(&refused).starts_with("sda: refused: held\n"));
-    let not_run = pb::ApplyResponse { plans: vec![plan("loop1")], results: vec![] };
+    let not_run = pb::ApplyResponse { plans: vec![plan("loop1")], results: vec![], ..Default::default() };
     assert_eq!(apply_summary(&not_run).not_run, 1);
     assert!(apply_table(&not_run).contains("-> not run"));
 }

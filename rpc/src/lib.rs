@@ -60,3 +60,4 @@ pub mod peer;
 pub mod peer_limit;
 pub mod tls;
 pub mod units;
+pub mod view;

@@ -101,6 +101,7 @@ impl Agent for StandIn {
             devices: self.devices.to_vec(),
             scan_unix_seconds: 1.0,
             scan: 1,
+            ..Default::default()
         }))
     }
     async fn get_device(&self, _: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {

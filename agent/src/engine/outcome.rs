@@ -255,6 +255,11 @@ pub fn incomplete_view(scan: &Scan, entry: Option<&crate::graph::DeviceEntry>) -
         Some(e) => crate::model::blindspot::reaching(&scan.blind_spots, &e.device),
         None => scan.blind_spots.iter().collect(),
     };
+    incomplete_line(&spots)
+}
+
+/// The INCOMPLETE VIEW line for these blind spots (`None`: there are none).
+pub fn incomplete_line(spots: &[&crate::model::blindspot::BlindSpot]) -> Option<String> {
     let first = spots.first()?;
     Some(format!(
         "INCOMPLETE VIEW: {} thing(s) could not be read (first: {}), so a holder could be hidden and no answer here is confident; run as root on the host (in a pod: privileged, hostPID: true)",

@@ -6,10 +6,13 @@ use blockjanitor_proto::v1 as pb;
 
 use crate::act::StepReport;
 use crate::daemon::events::{AgentEvent, EventKind};
-use crate::engine::view::DeviceView;
+use crate::engine::outcome::incomplete_line;
+use crate::engine::view::{DeviceView, View};
 use crate::graph::Holder;
 use crate::judge::Verdict;
-use crate::model::{DeviceKind, HolderKind, KernelText};
+use crate::model::{DeviceKind, HolderKind};
+
+use super::convert_detail::{self as detail, escaped};
 use crate::plan::{Plan, Step};
 
 /// The engine's operation for a request's `operation` field (unset: a cleanup).
@@ -70,13 +73,8 @@ fn holder_kind(k: HolderKind) -> pb::HolderKind {
     }
 }
 
-/// Names from the kernel travel as their escaped text (protobuf strings must be UTF-8).
-fn escaped(t: &Option<KernelText>) -> String {
-    t.as_ref().map(KernelText::to_string).unwrap_or_default()
-}
-
 pub fn holder(h: &Holder) -> pb::Holder {
-    pb::Holder {
+    let mut out = pb::Holder {
         kind: holder_kind(h.kind) as i32,
         pids: h.pids.clone(),
         pid_count: h.pid_count as u32,
@@ -92,7 +90,10 @@ pub fn holder(h: &Holder) -> pb::Holder {
         fstype: escaped(&h.fstype),
         fds: h.fds.clone(),
         description: h.describe(),
-    }
+        ..Default::default()
+    };
+    detail::holder_details(h, &mut out);
+    out
 }
 
 pub fn device(v: &DeviceView) -> pb::Device {
@@ -133,6 +134,8 @@ pub fn device(v: &DeviceView) -> pb::Device {
             client_id: r.watcher_client.clone(),
             client_addr: r.client_addr.clone(),
             cluster_fsid: r.cluster_fsid.clone(),
+            dev_paths: r.dev_paths.clone(),
+            fenced: r.fenced.clone().unwrap_or_default(),
         }),
         wwid: v.entry.wwid(),
         nbd_backend: v.entry.nbd.as_ref().and_then(|n| n.backend.clone()).unwrap_or_default(),
@@ -150,6 +153,15 @@ pub fn device(v: &DeviceView) -> pb::Device {
             .and_then(|s| s.outage.as_ref())
             .map(|o| format!("{} {}", o.scope.as_str(), o.key))
             .unwrap_or_default(),
+        r#loop: d.loop_info.as_ref().map(detail::loop_status),
+        dm: d.dm.as_ref().map(detail::dm_status),
+        multipath: v.entry.multipath.as_ref().map(detail::multipath),
+        scsi: v.entry.scsi.as_ref().map(detail::scsi),
+        nbd: v.entry.nbd.as_ref().map(detail::nbd),
+        volume_handles: v.entry.kubernetes.as_ref().map(|k| k.volume_handles.clone()).unwrap_or_default(),
+        csi_drivers: v.entry.kubernetes.as_ref().map(|k| k.drivers.clone()).unwrap_or_default(),
+        diskseq: d.diskseq.unwrap_or(0),
+        in_use: !v.entry.holders.is_empty(),
     }
 }
 
@@ -240,6 +252,54 @@ pub fn stack_layer(l: &crate::graph::stack::StackLayer) -> pb::StackLayer {
     out
 }
 
+/// What a scan read.
+pub fn stats(s: &crate::snapshot::ScanStats) -> pb::ScanStats {
+    pb::ScanStats {
+        processes: s.processes as u64,
+        tasks: s.tasks as u64,
+        kernel_threads: s.kernel_threads as u64,
+        mount_namespaces: s.mount_namespaces as u64,
+        mounts: s.mounts as u64,
+        namespaces_via_statmount: s.namespaces_via_statmount as u64,
+        mountinfo_bytes: s.mountinfo_bytes as u64,
+        duration_ms: s.duration.as_secs_f64() * 1000.0,
+    }
+}
+
+/// A view's blind spots, one line each.
+pub fn blind_spots(v: &View) -> Vec<String> {
+    v.blind_spots.iter().map(|b| b.to_string()).collect()
+}
+
+/// Every device of a view (`devices`, already converted and filtered), with the view's context:
+/// what `ListDevices` answers and `scan -o json` prints.
+pub fn devices_response(v: &View, devices: Vec<pb::Device>) -> pb::ListDevicesResponse {
+    pb::ListDevicesResponse {
+        devices,
+        scan_unix_seconds: v.scanned_at.map_or(0.0, secs),
+        scan: v.scan_number,
+        warnings: v.warnings.clone(),
+        blind_spots: blind_spots(v),
+        incomplete_view: incomplete_line(&v.blind_spots.iter().collect::<Vec<_>>()).unwrap_or_default(),
+        kubernetes: v.api_state.clone(),
+        host_mount_namespace: v.host_ns.0,
+        stats: Some(stats(&v.stats)),
+    }
+}
+
+/// One device of a view (`device`, already converted) with the view's context for it: what
+/// `ListHolders` answers and `holders -o json` prints.
+pub fn holders_response(v: &View, d: &DeviceView, device: pb::Device) -> pb::ListHoldersResponse {
+    let reaching = crate::model::blindspot::reaching(&v.blind_spots, &d.entry.device);
+    pb::ListHoldersResponse {
+        device: Some(device),
+        warnings: v.warnings.clone(),
+        blind_spots: blind_spots(v),
+        incomplete_view: incomplete_line(&reaching).unwrap_or_default(),
+        stats: Some(stats(&v.stats)),
+    }
+}
+
 pub fn step(s: &Step) -> pb::Step {
     pb::Step { action: s.action().to_owned(), device: s.device.to_string(), description: s.describe() }
 }
@@ -253,6 +313,9 @@ pub fn plan((p, class): &(Plan, crate::engine::outcome::Class)) -> pb::DevicePla
         refusal: p.refusal.clone().unwrap_or_default(),
         identity: p.identity.token(),
         outcome: class.as_str().to_owned(),
+        operation: p.operation.to_owned(),
+        notes: p.notes.clone(),
+        incomplete_view: String::new(),
     }
 }
 

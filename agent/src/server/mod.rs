@@ -5,6 +5,7 @@
 //! blockjanitor-rpc.
 
 pub mod convert;
+mod convert_detail;
 pub mod listen;
 pub mod service;
 pub mod status;

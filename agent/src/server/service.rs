@@ -150,6 +150,9 @@ fn for_role(mut d: pb::Device, role: Role) -> pb::Device {
         for h in &mut d.holders {
             h.cmdline.clear();
         }
+        if let Some(n) = &mut d.nbd {
+            n.server_cmdline.clear();
+        }
     }
     d
 }
@@ -195,11 +198,7 @@ impl Agent for AgentService {
             .filter(|d| verdict == pb::Verdict::Unspecified || d.verdict == verdict as i32)
             .map(|d| for_role(d.clone(), role))
             .collect();
-        Ok(Response::new(pb::ListDevicesResponse {
-            devices,
-            scan_unix_seconds: v.scanned_at.map_or(0.0, convert::secs),
-            scan: v.scan_number,
-        }))
+        Ok(Response::new(convert::devices_response(&v, devices)))
     }
 
     async fn get_device(&self, req: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
@@ -214,7 +213,8 @@ impl Agent for AgentService {
     ) -> Result<Response<pb::ListHoldersResponse>, Status> {
         let role = self.policy.require(&req, Role::Viewer)?;
         let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
-        Ok(Response::new(pb::ListHoldersResponse { device: Some(for_role(convert::device(&d), role)) }))
+        let v = self.state.view();
+        Ok(Response::new(convert::holders_response(&v, &d, for_role(convert::device(&d), role))))
     }
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
@@ -241,7 +241,12 @@ impl Agent for AgentService {
         let r = req.into_inner();
         let op = convert::operation(r.operation).map_err(to_status)?;
         let plans = self.state.plan(&r.devices, op).await.map_err(to_status)?;
-        Ok(Response::new(pb::PlanResponse { plans: plans.iter().map(convert::plan).collect() }))
+        let v = self.state.view();
+        Ok(Response::new(pb::PlanResponse {
+            plans: plans.iter().map(convert::plan).collect(),
+            warnings: v.warnings.clone(),
+            blind_spots: convert::blind_spots(&v),
+        }))
     }
 
     async fn apply(&self, req: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
@@ -253,9 +258,13 @@ impl Agent for AgentService {
             on_behalf_of.as_deref().map(|w| format!(" on behalf of {w}")).unwrap_or_default());
         let op = convert::operation(r.operation).map_err(to_status)?;
         let (plans, reports) = self.state.apply(&r.devices, &r.identities, op).await.map_err(to_status)?;
+        let v = self.state.view();
         Ok(Response::new(pb::ApplyResponse {
             plans: plans.iter().map(convert::plan).collect(),
             results: reports.iter().map(convert::report).collect(),
+            warnings: v.warnings.clone(),
+            blind_spots: convert::blind_spots(&v),
+            ..Default::default()
         }))
     }
 

@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
 use super::output::{render, status, write_out, EXIT_NOT_DONE};
-use crate::{apply, exit, plan, text, time, values};
+use crate::{apply, doc, exit, format, plan, text, time};
 
 /// One command against the agent at `target`; its exit code.
 pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
@@ -25,7 +25,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let n = client::call(timeout, c.get_node(client::request(pb::GetNodeRequest {}, timeout)))
                 .await
                 .map_err(status)?;
-            write_out(&render(out, || values::node_value(&n), || text::node_table(&n, time::now_secs()))?)?;
+            write_out(&render(out, || doc::node_doc(&n), || text::node_table(&n, time::now_secs()))?)?;
             Ok(0)
         }
         Command::Devices { filter } => {
@@ -33,13 +33,17 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r = pb::ListDevicesRequest { kind, verdict };
             let r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || values::devices_value(&r), || text::devices_table(&r))?)?;
+            write_out(&render(out, || doc::devices_doc(&r), || text::devices_table(&r))?)?;
             Ok(0)
         }
         Command::Device { device } => {
-            let r = pb::GetDeviceRequest { device: device.clone() };
-            let d = client::call(timeout, c.get_device(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || values::device_value(&d), || text::device_table(&d, true))?)?;
+            // ListHolders, not GetDevice: its answer carries the scan's context (warnings, blind
+            // spots, the INCOMPLETE VIEW line) the `device` document has.
+            let r = pb::ListHoldersRequest { device: device.clone() };
+            let r =
+                client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
+            let Some(d) = &r.device else { bail!("the agent answered without the device") };
+            write_out(&render(out, || doc::device_doc(d, &r), || text::device_table(d, true))?)?;
             Ok(0)
         }
         Command::Holders { device } => {
@@ -47,23 +51,19 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r =
                 client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
             let Some(d) = &r.device else { bail!("the agent answered without the device") };
-            write_out(&render(out, || values::holders_value(&r), || text::device_table(d, false))?)?;
+            write_out(&render(out, || doc::device_doc(d, &r), || text::device_table(d, false))?)?;
             Ok(exit::holders(d))
         }
         Command::Plan { devices, release } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(
-                out,
-                || values::plans_value(&r),
-                || plan::plans_table(&r, devices.is_empty()),
-            )?)?;
+            write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, devices.is_empty()))?)?;
             Ok(exit::plans(&r.plans))
         }
         Command::Apply { devices, yes: false, release, .. } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || values::plans_value(&r), || plan::plans_table(&r, false))?)?;
+            write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, false))?)?;
             eprintln!("not applied: add --yes to carry it out");
             Ok(exit::worst(EXIT_NOT_DONE, exit::plans(&r.plans)))
         }
@@ -89,7 +89,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             };
             let r =
                 client::call(timeout, c.apply(client::request(request, timeout))).await.map_err(status)?;
-            write_out(&render(out, || values::apply_value(&planned, &r), || apply::apply_table(&r))?)?;
+            write_out(&render(out, || doc::results_doc(&planned, &r), || apply::apply_table(&r))?)?;
             Ok(exit::worst(apply::apply_summary(&r).exit_code(), exit::plans(&r.plans)))
         }
         Command::Watch => watch(&mut c, timeout, out).await,
@@ -122,8 +122,8 @@ pub(crate) async fn watch(c: &mut AgentClient<Channel>, timeout: Duration, out: 
         };
         let text = match out {
             Output::Table | Output::Wide => text::event_line(&e) + "\n",
-            Output::Json => serde_json::to_string(&values::event_value(&e))? + "\n",
-            Output::Yaml => format!("---\n{}", serde_yaml_ng::to_string(&values::event_value(&e))?),
+            Output::Json => format::json_line(&doc::event_doc(&e))?,
+            Output::Yaml => format::yaml_doc(&doc::event_doc(&e))?,
         };
         if !write_out(&text)? {
             return Ok(0);

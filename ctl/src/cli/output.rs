@@ -44,8 +44,8 @@ pub(super) fn render(
 ) -> Result<String> {
     Ok(match output {
         Output::Table | Output::Wide => table(),
-        Output::Json => serde_json::to_string_pretty(&value())? + "\n",
-        Output::Yaml => serde_yaml_ng::to_string(&value())?,
+        Output::Json => crate::format::json(&value())?,
+        Output::Yaml => crate::format::yaml(&value())?,
     })
 }
 

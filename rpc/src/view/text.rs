@@ -3,12 +3,12 @@
 
 use std::fmt::Write as _;
 
+use crate::units::size;
 use blockjanitor_proto::v1 as pb;
-use blockjanitor_rpc::units::size;
 
-use crate::names::{event_type_name, holder_kind_name, kind_name, verdict_name};
-use crate::table::{clean, columns, cut, is_wide};
-use crate::time::{ago, utc_time};
+use crate::view::names::{event_type_name, holder_kind_name, kind_name, verdict_name};
+use crate::view::table::{clean, columns, cut, is_wide};
+use crate::view::time::{ago, utc_time};
 
 /// `node` as `key: value` lines; `now` is for the age of the last scan. The warnings and the
 /// blind spots follow their counts, one line each.
@@ -59,7 +59,7 @@ pub fn node_table(n: &pb::Node, now: f64) -> String {
 }
 
 /// Width of the WHY column of `devices`.
-pub(crate) const WHY_WIDTH: usize = 60;
+pub const WHY_WIDTH: usize = 60;
 
 /// The PV and pods (per kubelet) of a device, for the devices table: `pvc-1 (2 pods)`, `-`.
 fn kube_cell(d: &pb::Device) -> String {

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use blockjanitor_proto::v1 as pb;
 
-use crate::plan::{identity_line, left_alone_lines, plan_head, plural, step_text};
-use crate::table::clean;
+use crate::view::plan::{identity_line, left_alone_lines, plan_head, plural, step_text};
+use crate::view::table::clean;
 
 /// What `apply` did, counted.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -5,18 +5,18 @@ use std::fmt::Write as _;
 
 use blockjanitor_proto::v1 as pb;
 
-use crate::table::clean;
+use crate::view::table::clean;
 
-pub(crate) fn step_text(s: &pb::Step) -> String {
+pub fn step_text(s: &pb::Step) -> String {
     format!("{}: {}", clean(&s.action), clean(&s.description))
 }
 
-pub(crate) fn plural(n: usize, word: &str) -> String {
+pub fn plural(n: usize, word: &str) -> String {
     format!("{n} {word}{}", if n == 1 { "" } else { "s" })
 }
 
 /// The first line of one device's plan.
-pub(crate) fn plan_head(p: &pb::DevicePlan) -> String {
+pub fn plan_head(p: &pb::DevicePlan) -> String {
     let name = clean(&p.device);
     if !p.refusal.is_empty() {
         format!("{name}: refused: {}", clean(&p.refusal))
@@ -28,13 +28,13 @@ pub(crate) fn plan_head(p: &pb::DevicePlan) -> String {
 }
 
 /// The identity a plan was made for: what `apply --identity` takes back.
-pub(crate) fn identity_line(out: &mut String, p: &pb::DevicePlan) {
+pub fn identity_line(out: &mut String, p: &pb::DevicePlan) {
     if !p.identity.is_empty() {
         let _ = writeln!(out, "  identity: {}", clean(&p.identity));
     }
 }
 
-pub(crate) fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
+pub fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
     for l in &p.left_alone {
         let _ = writeln!(out, "  left alone: {}", clean(l));
     }
