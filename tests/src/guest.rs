@@ -96,6 +96,25 @@ impl Run {
         })
     }
 
+    /// Section `name` as one document of the CLIs' output model (`docs/schema/README.md`): fails
+    /// the test unless it is JSON with `"schema_version": 1` and `"document": document`.
+    pub fn document(&self, name: &str, document: &str) -> serde_json::Value {
+        let v = self.json(name);
+        check_document(&v, document, &format!("section {name}"));
+        v
+    }
+
+    /// Section `name` as a `device` document (`holders DEVICE -o json`, `agentctl device`): the
+    /// device's fields at the top level (`verdict`, `reasons`, `holders`, `multipath`, `scsi`...).
+    pub fn device(&self, name: &str) -> serde_json::Value {
+        self.document(name, "device")
+    }
+
+    /// Section `name` as a `devices` document (`scan -o json`); [`scan_device`] finds one in it.
+    pub fn devices(&self, name: &str) -> serde_json::Value {
+        self.document(name, "devices")
+    }
+
     /// The lines between `BEGIN name` and `END name` markers the scenario printed.
     pub fn section(&self, name: &str) -> String {
         let begin = format!("BEGIN {name}");
@@ -144,4 +163,35 @@ pub fn run_scenario_with(name: &str, timeout: Option<u64>, stage: impl FnOnce(&P
         .output()
         .expect("run.sh");
     Run::from_output(&out)
+}
+
+/// Fails the test unless `v` is the output model's document `document` of schema version 1
+/// (`what` names where it came from).
+pub fn check_document(v: &serde_json::Value, document: &str, what: &str) {
+    assert!(
+        v["schema_version"] == 1 && v["document"] == document,
+        "{what}: not a version 1 '{document}' document (schema_version {}, document {}):\n{v:#}",
+        v["schema_version"],
+        v["document"]
+    );
+}
+
+/// The device of a `devices` document (`scan -o json`) that `matches`; fails the test naming
+/// `what` (and showing the document) when none does.
+pub fn scan_device<'a>(
+    scan: &'a serde_json::Value,
+    what: &str,
+    matches: impl Fn(&serde_json::Value) -> bool,
+) -> &'a serde_json::Value {
+    scan["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no devices list in {scan:#}"))
+        .iter()
+        .find(|d| matches(d))
+        .unwrap_or_else(|| panic!("no {what} in {scan:#}"))
+}
+
+/// The device named `name` (its kernel name) in a `devices` document.
+pub fn device_named<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    scan_device(scan, name, |d| d["name"] == name)
 }
