@@ -4,10 +4,9 @@ use crate::discover::namespaces::MountReader;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
-/// Exit code of a scan or a holders report that could not see everything (a blind spot).
-pub const EXIT_UNKNOWN: u8 = 3;
-/// Something holds the device (`holders`, as `fuser -s` tells a script).
-pub const EXIT_HELD: u8 = 2;
+/// Exit code of a scan or a holders report that could not see everything (a blind spot); of a
+/// held device (`holders`, as `fuser -s` tells a script). One table for both CLIs.
+pub use blockjanitor_rpc::view::exit::{HELD as EXIT_HELD, UNKNOWN as EXIT_UNKNOWN};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -136,7 +135,7 @@ pub enum Output {
 pub enum Command {
     /// Every block device with its stack and holders, then a summary. Read only.
     #[command(
-        after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent scan -o json | jq '.devices[] | select(.verdict == \"stale\") | .device.name'\n  \
+        after_help = "EXAMPLES:\n  blockjanitor-agent scan\n  blockjanitor-agent scan -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n  \
 blockjanitor-agent scan -q; echo $?             # 3: a blind spot (INCOMPLETE VIEW)"
     )]
     Scan {
@@ -181,7 +180,7 @@ blockjanitor-agent release /dev/rbd3 --apply\n  blockjanitor-agent release rbd3 
     #[command(
         after_help = "EXAMPLES:\n  blockjanitor-agent clean loop3                  # the plan, or why not\n  \
 blockjanitor-agent clean loop3 --apply\n  blockjanitor-agent clean mpatha --apply --deferred-remove\n  \
-blockjanitor-agent clean rbd0 -o json | jq .exit_code"
+blockjanitor-agent clean rbd0 -o json | jq -r '.plans[0].outcome'"
     )]
     Clean {
         device: String,
@@ -198,10 +197,49 @@ blockjanitor-agent clean rbd0 -o json | jq .exit_code"
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// The plans for the given devices (default: every stale one): the dry run of `clean` of
+    /// each, or of `release` with --release. Changes nothing.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent plan                          # every stale device\n  \
+blockjanitor-agent plan loop3 rbd0\n  blockjanitor-agent plan loop3 --release -o json | jq -r '.plans[0].outcome'"
+    )]
+    Plan {
+        /// Devices to plan for [default: every stale device].
+        devices: Vec<String>,
+        /// Plan only the release of the copies of their mounts other mount namespaces keep (the
+        /// devices stay). Needs the devices named.
+        #[arg(long)]
+        release: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Carry out the plans for the given devices (default: every stale one): `clean --apply` of
+    /// each, or `release --apply` with --release. Without --yes only shows them, and refuses.
+    #[command(
+        after_help = "EXAMPLES:\n  blockjanitor-agent apply loop3                   # show the plan, change nothing (exit 2)\n  \
+blockjanitor-agent apply loop3 --yes\n  blockjanitor-agent apply --yes                   # every stale device\n  \
+blockjanitor-agent apply rbd3 --release --yes -o json"
+    )]
+    Apply {
+        /// Devices to carry out plans for [default: every stale device].
+        devices: Vec<String>,
+        /// Only release the copies of their mounts other mount namespaces keep; the devices stay.
+        /// Needs the devices named.
+        #[arg(long)]
+        release: bool,
+        /// Carry out the plans (without it: show them only).
+        #[arg(long)]
+        yes: bool,
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Steps a previous run started but never finished (from the journal).
     #[command(after_help = "EXAMPLES:\n  blockjanitor-agent journal\n  \
-blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal")]
-    Journal,
+blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal -o json")]
+    Journal {
+        #[arg(long, short, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
     /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
     #[command(
@@ -316,6 +354,6 @@ mod tests {
                 checked += 1;
             }
         }
-        assert!(checked >= 6, "{checked} examples");
+        assert!(checked >= 12, "{checked} examples");
     }
 }

@@ -1,9 +1,11 @@
 //! The agent binary's side: its flags and commands ([`args`]), its settings built once
-//! ([`settings`]), the one-shot commands ([`commands`]), `serve` ([`serve`]) and the renderers of
-//! every output shape ([`render`]).
+//! ([`settings`]), the one-shot commands ([`commands`]; `release`, `clean`, `plan` and `apply`
+//! through the one request workflow in [`requests`]), `serve` ([`serve`]) and the agent's own
+//! tables ([`render`]). JSON and YAML go through blockjanitor-rpc's `view`, as agentctl's do.
 
 pub mod args;
 pub mod commands;
 pub mod render;
+pub mod requests;
 pub mod serve;
 pub mod settings;

@@ -1,14 +1,13 @@
-//! Human tables and JSON documents for the CLI. Pure: takes data, returns text.
+//! Human tables for the agent's one-shot commands (JSON and YAML go through blockjanitor-rpc's
+//! `view`, shared with agentctl). Pure: takes data, returns text.
 
 use std::fmt::Write as _;
-
-use serde_json::{json, Value};
 
 use crate::act::StepReport;
 use crate::engine::Judged;
 use crate::graph::identity::Identity;
 use crate::graph::scan::Scan;
-use crate::graph::{DeviceEntry, DeviceGraph, Holder};
+use crate::graph::{DeviceEntry, Holder};
 use crate::judge::{Judgement, Verdict};
 use crate::model::DevNum;
 use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
@@ -21,75 +20,6 @@ const TABLE_HOLDERS: usize = 6;
 /// Sizes as `64.0M`, `1.5G` (one definition for every renderer, in blockjanitor-rpc).
 pub use blockjanitor_rpc::units::size;
 
-/// The `device` object of the JSON output.
-pub fn device_json(d: &BlockDevice) -> Value {
-    let mut v = json!({
-        "name": d.name,
-        "major": d.devnum.major,
-        "minor": d.devnum.minor,
-        "kind": d.kind.as_str(),
-        "size_bytes": d.size_bytes,
-        "read_only": d.read_only,
-        "parent": d.parent,
-        "holders": d.holders,
-        "slaves": d.slaves,
-    });
-    if let Some(l) = &d.loop_info {
-        v["loop"] = json!(l);
-    }
-    if let Some(dm) = &d.dm {
-        v["dm"] = json!(dm);
-    }
-    if let Some(layer) = crate::graph::stack::layer_of(d) {
-        v["stack"] = json!(layer);
-    }
-    v
-}
-
-/// One device with its holders (and its verdict, when judged), as JSON.
-pub fn entry_json(e: &DeviceEntry, j: Option<&Judgement>) -> Value {
-    let mut v = json!({
-        "device": device_json(&e.device),
-        "identity": Identity::of(e).token(),
-        "holders": e.holders,
-        "kernel_threads": e.kernel_threads,
-    });
-    if let Some(m) = &e.multipath {
-        v["multipath"] = json!(m);
-    }
-    if let Some(sc) = &e.scsi {
-        v["scsi"] = json!(sc);
-    }
-    if let Some(r) = &e.rbd {
-        v["rbd"] = json!(r);
-    }
-    if let Some(n) = &e.nbd {
-        v["nbd"] = json!(n);
-    }
-    if let Some(n) = &e.nvme {
-        v["nvme"] = json!(n);
-    }
-    if let Some(k) = &e.kubernetes {
-        v["kubernetes"] = json!(k);
-    }
-    if let Some(j) = j {
-        v["verdict"] = json!(j.verdict.as_str());
-        v["reasons"] = json!(j.reasons);
-    }
-    v
-}
-
-/// One device of a scan as a document: the device, its holders and verdict (when judged), the
-/// scan's figures, warnings and blind spots.
-pub fn entry_doc(scan: &Scan, e: &DeviceEntry, j: Option<&Judgement>) -> Value {
-    let mut v = entry_json(e, j);
-    v["in_use"] = json!(!e.holders.is_empty());
-    v["scan"] = json!(scan.stats);
-    v["warnings"] = json!(scan.warnings);
-    v["blind_spots"] = json!(scan.blind_spots);
-    v
-}
-
 /// The judged device `devnum`, or an error naming it.
 fn judged_entry(judged: &Judged, devnum: DevNum) -> Result<(&DeviceEntry, Option<&Judgement>), RenderError> {
     let e = judged.scan.entry(devnum).ok_or(RenderError::Gone(devnum))?;
@@ -101,34 +31,6 @@ fn judged_entry(judged: &Judged, devnum: DevNum) -> Result<(&DeviceEntry, Option
 pub enum RenderError {
     #[error("device {0} disappeared during the scan")]
     Gone(DevNum),
-}
-
-/// `holders DEVICE --output json`.
-pub fn holders_json(judged: &Judged, devnum: DevNum) -> Result<Value, RenderError> {
-    let (e, j) = judged_entry(judged, devnum)?;
-    Ok(entry_doc(&judged.scan, e, j))
-}
-
-/// `scan --output json`.
-pub fn scan_json(judged: &Judged) -> Value {
-    let g = &judged.scan.graph;
-    json!({
-        "host_mount_namespace": g.host_ns,
-        "devices": g.devices.iter().map(|e| entry_json(e, judged.verdict(e.device.devnum))).collect::<Vec<_>>(),
-        "summary": summary_json(g, &judged.scan.stats),
-        "warnings": judged.scan.warnings,
-        "blind_spots": judged.scan.blind_spots,
-        "kubernetes": judged.api_state,
-    })
-}
-
-fn summary_json(g: &DeviceGraph, stats: &ScanStats) -> Value {
-    json!({
-        "devices": g.devices.len(),
-        "held": g.devices.iter().filter(|e| !e.holders.is_empty()).count(),
-        "unbound_loop_devices": g.devices.iter().filter(|e| e.device.is_unbound_loop()).count(),
-        "scan": stats,
-    })
 }
 
 fn device_line(d: &BlockDevice) -> String {
@@ -525,33 +427,6 @@ pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> St
         }
     }
     text
-}
-
-/// The report of one request as JSON, with the exit code it ends with.
-pub fn outcome_json(out: &crate::engine::outcome::Outcome, exit_code: u8) -> Value {
-    let after = out.plan.as_ref().and_then(|p| {
-        let scan = out.after.as_ref()?;
-        scan.entry(p.devnum).map(|e| entry_doc(scan, e, None))
-    });
-    json!({
-        "incomplete": out.incomplete(),
-        "resumed": out.resumed.iter().map(|r| json!({
-            "plan_id": r.plan_id,
-            "operation": r.operation,
-            "argument": r.argument,
-            "device": r.device,
-            "already_done": r.already_done,
-            "results": r.reports,
-            "summary": r.describe(),
-        })).collect::<Vec<_>>(),
-        "plan": out.plan,
-        "refusal": out.refusal.as_ref().map(|(_, why)| why),
-        "gone": out.gone,
-        "applied": out.applied,
-        "results": out.reports,
-        "after": after,
-        "exit_code": exit_code,
-    })
 }
 
 /// Says what the journal's recovery did through `say`: each interrupted step closed (or left

@@ -68,12 +68,13 @@ pub enum Class {
 impl Class {
     /// The one-shot CLI's exit code for this class.
     pub fn exit_code(self) -> u8 {
+        use blockjanitor_rpc::view::exit;
         match self {
-            Class::Done => 0,
-            Class::Error => 1,
-            Class::Held => 2,
-            Class::Unknown => 3,
-            Class::Refused => 4,
+            Class::Done => exit::DONE,
+            Class::Error => exit::ERROR,
+            Class::Held => exit::HELD,
+            Class::Unknown => exit::UNKNOWN,
+            Class::Refused => exit::REFUSED,
         }
     }
 

@@ -462,14 +462,17 @@ fn an_interrupted_layer_removal_is_recovered() {
 #[test]
 fn layers_in_the_output_and_the_api() {
     use blockjanitor_proto::v1 as pb;
+    use blockjanitor_rpc::view::values::stack_value;
     let g = graph();
-    let v = crate::cli::render::device_json(&g.devices[2].device);
-    assert_eq!(v["kind"], "dm", "the block device kind stays");
-    assert_eq!(v["stack"]["kind"], "lvm_lv", "{v:#}");
-    assert_eq!((v["stack"]["vg"].as_str(), v["stack"]["lv"].as_str()), (Some("vg0"), Some("lv0")));
-    let v = crate::cli::render::device_json(&g.devices[3].device);
-    assert_eq!((v["stack"]["kind"].as_str(), v["stack"]["name"].as_str()), (Some("crypt"), Some("secret")));
-    assert!(crate::cli::render::device_json(&g.devices[0].device).get("stack").is_none());
+    let stack = |i: usize| {
+        layer_of(&g.devices[i].device).map(|l| stack_value(&crate::server::convert::stack_layer(&l)))
+    };
+    let v = stack(2).expect("an LV");
+    assert_eq!(v["kind"], "lvm_lv", "{v:#}");
+    assert_eq!((v["vg"].as_str(), v["lv"].as_str()), (Some("vg0"), Some("lv0")));
+    let v = stack(3).expect("a crypt mapping");
+    assert_eq!((v["kind"].as_str(), v["crypt_name"].as_str()), (Some("crypt"), Some("secret")));
+    assert!(stack(0).is_none());
 
     let l = layer_of(&g.devices[1].device).expect("partition map");
     let m = crate::server::convert::stack_layer(&l);

@@ -6,6 +6,7 @@
 
 pub mod convert;
 mod convert_detail;
+pub mod convert_outcome;
 pub mod listen;
 pub mod service;
 pub mod status;

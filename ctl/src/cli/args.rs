@@ -19,21 +19,24 @@ use super::kube_args::KubeArgs;
     long_about = "Ask the blockjanitor agent which block devices are stale and who holds them; plan and carry out \
 their cleanup; watch what changes.\n\nBy default agentctl talks to the agent on this node over its unix socket: \
 root is an operator, members of the socket's group may read. With --addr it talks to an agent on another node \
-over TCP with mutual TLS, and the name in the client certificate decides the role.\n\nOnly `apply --yes` \
-changes anything.",
-    after_help = "EXAMPLES:\n  agentctl node\n  agentctl devices --stale\n  agentctl devices --kind loop -o yaml\n  \
+over TCP with mutual TLS, and the name in the client certificate decides the role.\n\nOnly `apply --yes`, `release --apply` \
+and `clean --apply` change anything.",
+    after_help = "EXAMPLES:\n  agentctl node\n  agentctl scan --stale\n  agentctl scan --kind loop -o yaml\n  \
 agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
 agentctl apply loop3                   # show the plan, change nothing\n  \
-agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  agentctl watch -o json\n  \
+agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  \
+agentctl clean loop3 --apply           # as blockjanitor-agent clean loop3 --apply, by the daemon\n  \
+agentctl watch -o json\n  \
 agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
 agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
 EXIT CODES (the agent's own, see `blockjanitor-agent --help`):\n  \
 0  free or done: nothing holds it (holders), every plan may go (plan), every step done (apply --yes)\n  \
-1  error: cannot connect, bad argument, the agent refused the call, or a step failed\n  \
+1  error: cannot connect, bad argument, unknown device, or a step failed\n  \
 2  held: something holds the device (holders, like fuser -s; a plan left holders alone); apply: \
 not everything carried out (no --yes, a step deferred)\n  \
 3  unknown: the agent cannot say (a blind spot could hide a holder; the API cannot vouch)\n  \
-4  refused: a safety rule other than a holder said no (protected, not stale yet, an outage...)"
+4  refused: a safety rule other than a holder said no (protected, not stale yet, an outage, the device \
+changed since it was planned, not an operator)"
 )]
 pub(crate) struct Cli {
     /// The agent's unix socket on this node.
@@ -107,15 +110,18 @@ and its blind spots: what the scan could not see. A cleanup candidate a blind sp
 agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT CODES:\n  0  ok\n  1  error"
     )]
     Node,
-    /// Block devices from the agent's latest scan with their verdicts, optionally filtered.
+    /// Block devices from the agent's latest scan with their verdicts, optionally filtered
+    /// (`devices` is the same command).
     #[command(
+        visible_alias = "devices",
         long_about = "Block devices from the agent's latest scan: name, MAJ:MIN, kind, size, verdict, number of \
 holders and the first reason for the verdict. Filters combine (--kind loop --stale: stale loop devices).",
-        after_help = "EXAMPLES:\n  agentctl devices\n  agentctl devices --stale\n  agentctl devices --kind rbd --verdict in_use\n  \
-agentctl devices -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n\n\
-EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error"
+        after_help = "EXAMPLES:\n  agentctl scan\n  agentctl scan --stale\n  agentctl devices --kind rbd --verdict in_use\n  \
+agentctl scan -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n\n\
+EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error\n  \
+3  unknown: the scan has a blind spot (INCOMPLETE VIEW)"
     )]
-    Devices {
+    Scan {
         #[command(flatten)]
         filter: DeviceFilter,
     },
@@ -138,8 +144,10 @@ EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
         long_about = "Who holds one device: one line per holder with the process, mount namespace, mount point, \
 container and pod where the agent knows them. Kernel threads (jbd2/<dev>-8...) are symptoms, not holders.\n\n\
 DEVICE is a kernel name (rbd3), a /dev path, a dm name or MAJ:MIN.",
-        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n\n\
-EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
+        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n  \
+agentctl -q holders loop3; echo $?      # 2 held, 0 free, 3 unknown (like fuser -s)\n\n\
+EXIT CODES:\n  0  free: nothing holds it\n  1  error (e.g. NotFound: unknown device)\n  2  held\n  \
+3  unknown: nothing seen holding it, but a blind spot could hide a holder"
     )]
     Holders {
         /// Kernel name, /dev path, dm name or MAJ:MIN.
@@ -153,8 +161,9 @@ scan: detach mounts in other mount namespaces (detach_mount), then tear the devi
 identity each plan was made for, what it leaves alone and why, and why a plan is refused. Changes \
 nothing.\n\nWith no DEVICE: every device whose verdict is stale. A script that applies later passes each plan's \
 `identity` (JSON) to `apply --identity`.",
-        after_help = "EXAMPLES:\n  agentctl plan\n  agentctl plan loop3 rbd0\n  agentctl plan loop3 -o json\n\n\
-EXIT CODES:\n  0  ok (also when a plan is refused: read the plan)\n  1  error"
+        after_help = "EXAMPLES:\n  agentctl plan\n  agentctl plan loop3 rbd0\n  agentctl plan loop3 -o json\n  \
+agentctl plan rbd3 --release\n\n\
+EXIT CODES (the worst plan's):\n  0  every plan may go\n  1  error\n  2  held\n  3  unknown\n  4  refused"
     )]
     Plan {
         /// Devices to plan for [default: every stale device].
@@ -179,13 +188,13 @@ agentctl apply loop3 --yes           # plan, show it, carry out exactly that\n  
 agentctl apply loop3 loop4 --yes -o json\n  \
 id=$(agentctl plan loop3 -o json | jq -r '.plans[0].identity')\n  \
 agentctl apply loop3 --yes --identity \"$id\"\n\n\
-EXIT CODES:\n  0  every step done (or already absent)\n  \
-1  error (e.g. FailedPrecondition: the device changed since it was planned), or a step failed\n  \
-2  not carried out: no --yes, a plan was refused, or a step was deferred"
+EXIT CODES:\n  0  every step done (or already absent)\n  1  error, or a step failed\n  \
+2  not carried out: no --yes, a plan was held, or a step was deferred\n  3  unknown\n  \
+4  refused (e.g. FailedPrecondition: the device changed since it was planned, or is protected)"
     )]
     Apply {
-        /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN).
-        #[arg(required = true)]
+        /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN) [default: every stale
+        /// device].
         devices: Vec<String>,
         /// Only release the copies of their mounts that other mount namespaces keep, inside each
         /// holder's namespace (no process is killed; live host mounts are never touched); the
@@ -199,6 +208,34 @@ EXIT CODES:\n  0  every step done (or already absent)\n  \
         /// none): the agent refuses a device that is now another one. Repeatable; needs --yes.
         #[arg(long = "identity", value_name = "TOKEN", requires = "yes")]
         identities: Vec<String>,
+    },
+    /// Detach the copies of DEVICE's mounts other mount namespaces keep (the device stays): the
+    /// plan, or with --apply, carried out. The agent's `release`, asked of the daemon.
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl release rbd3                  # the plan: which copies would be detached\n  \
+agentctl release rbd3 --apply\n  agentctl release /dev/loop3 --apply -o json\n\n\
+EXIT CODES:\n  0  done, or the dry run may go\n  1  error\n  2  held: something else still holds it\n  \
+3  unknown\n  4  refused"
+    )]
+    Release {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+        /// Carry out the plan (operators only).
+        #[arg(long)]
+        apply: bool,
+    },
+    /// Tear DEVICE down by its kind once it is stale: the plan, or with --apply, carried out.
+    /// The agent's `clean`, asked of the daemon.
+    #[command(after_help = "EXAMPLES:\n  agentctl clean loop3                   # the plan, or why not\n  \
+agentctl clean loop3 --apply\n  agentctl clean rbd0 -o json | jq -r '.plans[0].outcome'\n\n\
+EXIT CODES:\n  0  done, or the dry run may go\n  1  error\n  2  held\n  3  unknown\n  \
+4  refused (protected, not stale yet...)")]
+    Clean {
+        /// Kernel name, /dev path, dm name or MAJ:MIN.
+        device: String,
+        /// Carry out the plan (operators only).
+        #[arg(long)]
+        apply: bool,
     },
     /// Stream what changes (devices, holders, verdicts, actions) until Ctrl-C or the agent stops.
     #[command(

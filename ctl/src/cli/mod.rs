@@ -1,9 +1,10 @@
 //! `agentctl`: talk to the blockjanitor agent on this node (unix socket) or on another node (TCP
 //! with mutual TLS), or to the fleet console (`fleet`, and the kubectl plugin). Parses flags
 //! ([`args`], [`fleet_args`]), makes the calls ([`node`], [`fleet`]), prints; the formatting is
-//! in the crate's renderers. Exit codes: 0 ok, 1 error (the agent refused the call, e.g. a
-//! device changed since it was planned), 2 not carried out (no --yes, a plan refused, a step
-//! deferred).
+//! in blockjanitor-rpc's `view`, shared with the agent. Exit codes (`view::exit`, the agent's
+//! own): 0 free or done, 1 error, 2 held or not carried out (no --yes, a step deferred), 3
+//! unknown, 4 refused (a plan refused by a safety rule, or the call: FailedPrecondition,
+//! PermissionDenied).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -49,7 +50,7 @@ fn arguments() -> Vec<std::ffi::OsString> {
 }
 
 /// agentctl's `main`: parses the flags (a usage error exits 1, `--help` 0), runs the command,
-/// and prints an error as one line (exit 1).
+/// and prints an error as one line (exit 1; 4 when the agent refused the call by a safety rule).
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse_from(arguments()) {
         Ok(c) => c,
@@ -63,7 +64,7 @@ pub fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {}", blockjanitor_rpc::errors::one_line(e.as_ref()));
-            ExitCode::from(1)
+            ExitCode::from(output::error_code(&e))
         }
     }
 }

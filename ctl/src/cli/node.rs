@@ -11,7 +11,7 @@ use blockjanitor_rpc::client::{self, Target};
 use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
-use super::output::{render, status, write_out, EXIT_NOT_DONE};
+use super::output::{render, status, write_out};
 use crate::{apply, doc, exit, format, plan, text, time};
 
 /// One command against the agent at `target`; its exit code.
@@ -28,13 +28,13 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             write_out(&render(out, || doc::node_doc(&n), || text::node_table(&n, time::now_secs()))?)?;
             Ok(0)
         }
-        Command::Devices { filter } => {
+        Command::Scan { filter } => {
             let (kind, verdict) = filter.wire();
             let r = pb::ListDevicesRequest { kind, verdict };
             let r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || doc::devices_doc(&r), || text::devices_table(&r))?)?;
-            Ok(0)
+            Ok(if r.incomplete_view.is_empty() { exit::DONE } else { exit::UNKNOWN })
         }
         Command::Device { device } => {
             // ListHolders, not GetDevice: its answer carries the scan's context (warnings, blind
@@ -52,7 +52,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                 client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
             let Some(d) = &r.device else { bail!("the agent answered without the device") };
             write_out(&render(out, || doc::device_doc(d, &r), || text::device_table(d, false))?)?;
-            Ok(exit::holders(d))
+            Ok(exit::holders(d, &r.incomplete_view))
         }
         Command::Plan { devices, release } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
@@ -63,9 +63,15 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
         Command::Apply { devices, yes: false, release, .. } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, false))?)?;
+            write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, devices.is_empty()))?)?;
             eprintln!("not applied: add --yes to carry it out");
-            Ok(exit::worst(EXIT_NOT_DONE, exit::plans(&r.plans)))
+            Ok(exit::worst(exit::NOT_DONE, exit::plans(&r.plans)))
+        }
+        Command::Release { device, apply } => {
+            one_device(&mut c, timeout, out, pb::Operation::Release, device, *apply).await
+        }
+        Command::Clean { device, apply } => {
+            one_device(&mut c, timeout, out, pb::Operation::Clean, device, *apply).await
         }
         Command::Apply { devices, yes: true, identities, release } => {
             let op = operation(*release);
@@ -76,9 +82,16 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                 if matches!(out, Output::Table | Output::Wide) {
                     write_out(&format!("{}\n", plan::plans_table(&r, false)))?;
                 }
+                if r.plans.is_empty() && devices.is_empty() {
+                    // Every stale device was asked for, and there is none: nothing to do.
+                    if !matches!(out, Output::Table | Output::Wide) {
+                        write_out(&render(out, || doc::plans_doc(&r), String::new)?)?;
+                    }
+                    return Ok(exit::DONE);
+                }
                 if r.plans.is_empty() {
                     eprintln!("not applied: nothing was planned");
-                    return Ok(EXIT_NOT_DONE);
+                    return Ok(exit::NOT_DONE);
                 }
                 let request = plan::apply_bound_to(&r, op);
                 (r.plans, request)
@@ -94,6 +107,30 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
         }
         Command::Watch => watch(&mut c, timeout, out).await,
     }
+}
+
+/// `release`/`clean DEVICE`: the agent's Plan for one device (a dry run), or with `apply` its
+/// Apply (the agent re-plans it from a fresh scan and re-checks every step), as the one-shot
+/// agent's command of the same name does.
+async fn one_device(
+    c: &mut AgentClient<Channel>,
+    timeout: Duration,
+    out: Output,
+    op: pb::Operation,
+    device: &str,
+    apply: bool,
+) -> Result<u8> {
+    let devices = vec![device.to_owned()];
+    if !apply {
+        let r = pb::PlanRequest { devices, operation: op as i32 };
+        let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
+        write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, false))?)?;
+        return Ok(exit::plans(&r.plans));
+    }
+    let r = pb::ApplyRequest { devices, identities: Vec::new(), operation: op as i32 };
+    let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(status)?;
+    write_out(&render(out, || doc::results_doc(&[], &r), || apply::apply_table(&r))?)?;
+    Ok(exit::worst(apply::apply_summary(&r).exit_code(), exit::plans(&r.plans)))
 }
 
 /// The operation `--release` asks for (else a cleanup).

@@ -1,6 +1,5 @@
 //! What agentctl's commands print and exit with: a response in the chosen format (table, JSON,
-//! YAML), stdout that tolerates a closed pipe, a gRPC status as one line, the exit code of an
-//! apply that did not carry everything out.
+//! YAML), stdout that tolerates a closed pipe, a gRPC status as one line (a refusal exits 4).
 
 use std::io::Write;
 
@@ -9,9 +8,6 @@ use blockjanitor_rpc::client;
 use serde_json::Value;
 
 use super::args::Output;
-
-/// The exit code when apply did not carry everything out.
-pub(super) const EXIT_NOT_DONE: u8 = 2;
 
 /// `--quiet`: nothing goes to stdout (set once, at start-up).
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -49,6 +45,27 @@ pub(super) fn render(
     })
 }
 
+/// A call the agent refused by a safety rule (FailedPrecondition: protected, the device changed
+/// since it was planned, the agent may not act; PermissionDenied: not an operator): agentctl
+/// exits 4 (refused), as the one-shot agent does.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct Refused(String);
+
+/// A gRPC status as one line; a refusal stays a [`Refused`].
 pub(super) fn status(s: tonic::Status) -> anyhow::Error {
-    anyhow::anyhow!(client::status_line(&s))
+    let line = client::status_line(&s);
+    match s.code() {
+        tonic::Code::FailedPrecondition | tonic::Code::PermissionDenied => Refused(line).into(),
+        _ => anyhow::anyhow!(line),
+    }
+}
+
+/// The exit code of an error: 4 for a refusal, else 1.
+pub(super) fn error_code(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<Refused>().is_some() {
+        crate::exit::REFUSED
+    } else {
+        crate::exit::ERROR
+    }
 }

@@ -31,7 +31,7 @@ fn devices_filters() {
     let cli = parse(&["devices", "--kind", "loop", "--verdict", "in_use", "-o", "yaml"]).expect("parse");
     assert_eq!(cli.output, Output::Yaml);
     match cli.command {
-        Command::Devices { filter } => {
+        Command::Scan { filter } => {
             assert_eq!(filter.kind.map(|k| k.wire), Some(pb::DeviceKind::Loop));
             assert_eq!(filter.verdict.map(|v| v.wire), Some(pb::Verdict::InUse));
             assert!(!filter.stale);
@@ -57,8 +57,24 @@ fn cli_names_match_the_agents_names() {
 }
 
 #[test]
-fn apply_needs_devices_and_timeout_is_bounded() {
-    assert!(parse(&["apply"]).is_err());
+fn apply_defaults_to_every_stale_device_and_timeout_is_bounded() {
+    // As the agent's: no DEVICE is every stale one.
+    match parse(&["apply", "--yes"]).expect("parse").command {
+        Command::Apply { devices, yes, .. } => assert!(devices.is_empty() && yes),
+        other => panic!("parsed as {other:?}"),
+    }
+    // The one vocabulary: scan (devices an alias), release and clean of one device.
+    assert!(matches!(parse(&["devices", "--stale"]).expect("parse").command, Command::Scan { .. }));
+    assert!(matches!(parse(&["scan"]).expect("parse").command, Command::Scan { .. }));
+    assert!(matches!(
+        parse(&["clean", "loop3", "--apply"]).expect("parse").command,
+        Command::Clean { apply: true, .. }
+    ));
+    assert!(matches!(
+        parse(&["release", "rbd3"]).expect("parse").command,
+        Command::Release { apply: false, .. }
+    ));
+    assert!(parse(&["clean"]).is_err(), "clean needs its device");
     assert!(parse(&["apply", "loop3", "--yes"]).is_ok());
     // --identity binds an apply to an earlier plan: repeatable, may be "", needs --yes.
     let cli =

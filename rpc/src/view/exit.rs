@@ -1,6 +1,7 @@
-//! agentctl's exit codes: the agent's own (README "Exit codes"), so that a script reads the same
+//! The exit codes of both CLIs (README "Exit codes"), one table, so that a script reads the same
 //! answer from `agentctl` as from the one-shot `blockjanitor-agent` command:
-//! `0` free / done, `1` error, `2` held, `3` unknown, `4` refused.
+//! `0` free / done, `1` error, `2` held, `3` unknown, `4` refused. The agent's request classes
+//! (`Class::exit_code`) map onto these constants.
 //!
 //! `holders` exits like `fuser -s`: `2` when something holds the device, `0` when nothing does,
 //! `3` when the agent cannot say (the device's verdict is `unknown`). `plan` and `apply` take the
@@ -14,6 +15,9 @@ pub const ERROR: u8 = 1;
 pub const HELD: u8 = 2;
 pub const UNKNOWN: u8 = 3;
 pub const REFUSED: u8 = 4;
+/// `apply` without `--yes`, or an apply that did not carry everything out (a step deferred or
+/// not run, a plan refused): the device was left as it was, as for `held`.
+pub const NOT_DONE: u8 = HELD;
 
 /// How bad an exit code is: error > refused > unknown > held > done (as the agent ranks them).
 fn rank(code: u8) -> u8 {
@@ -35,11 +39,13 @@ pub fn worst(a: u8, b: u8) -> u8 {
     }
 }
 
-/// `holders`: held, free, or unknown.
-pub fn holders(d: &pb::Device) -> u8 {
+/// `holders`: held, free, or unknown (nothing seen holding it, but a blind spot could hide a
+/// holder: `incomplete_view` is the INCOMPLETE VIEW line, "" when none; or the verdict is
+/// unknown).
+pub fn holders(d: &pb::Device, incomplete_view: &str) -> u8 {
     if !d.holders.is_empty() {
         HELD
-    } else if d.verdict == pb::Verdict::Unknown as i32 {
+    } else if !incomplete_view.is_empty() || d.verdict == pb::Verdict::Unknown as i32 {
         UNKNOWN
     } else {
         DONE
@@ -94,10 +100,12 @@ mod tests {
     #[test]
     fn holders_exit_like_fuser() {
         let held = pb::Device { holders: vec![pb::Holder::default()], ..Default::default() };
-        assert_eq!(holders(&held), HELD);
+        assert_eq!(holders(&held, ""), HELD);
+        assert_eq!(holders(&held, "INCOMPLETE VIEW"), HELD, "held wins");
         let unknown = pb::Device { verdict: pb::Verdict::Unknown as i32, ..Default::default() };
-        assert_eq!(holders(&unknown), UNKNOWN);
+        assert_eq!(holders(&unknown, ""), UNKNOWN);
         let free = pb::Device { verdict: pb::Verdict::Stale as i32, ..Default::default() };
-        assert_eq!(holders(&free), DONE);
+        assert_eq!(holders(&free, ""), DONE);
+        assert_eq!(holders(&free, "INCOMPLETE VIEW: 1 thing(s)"), UNKNOWN);
     }
 }

@@ -1,0 +1,106 @@
+//! One request's outcome ([`Outcome`]: the one-shot `release`/`clean`, the agent's `plan` and
+//! `apply`) as the messages the gRPC server answers Plan and Apply with, through the same
+//! conversions ([`super::convert::plan`], [`super::convert::report`], [`super::convert::device`]):
+//! the one-shot commands print them with the renderer agentctl uses.
+
+use blockjanitor_proto::v1 as pb;
+
+use crate::engine::outcome::{Outcome, Resumed};
+use crate::engine::view::DeviceView;
+use crate::graph::identity::Identity;
+use crate::judge::{Judgement, Verdict};
+
+use super::convert;
+
+/// The plan an outcome came to, with its class, operation and INCOMPLETE VIEW line; a refusal
+/// before any plan (sight, may-act, the journal's lock) is a plan of no steps that says why,
+/// for the device as the operator named it (`argument`). `None` when nothing was planned (the
+/// device is gone).
+pub fn outcome_plan(out: &Outcome, op: crate::engine::Operation, argument: &str) -> Option<pb::DevicePlan> {
+    let class = out.class();
+    let mut p = match &out.plan {
+        Some(plan) => convert::plan(&(plan.clone(), class)),
+        None => {
+            let (_, why) = out.refusal.as_ref()?;
+            pb::DevicePlan {
+                device: argument.to_owned(),
+                refusal: why.clone(),
+                outcome: class.as_str().to_owned(),
+                operation: operation_name(op).to_owned(),
+                ..Default::default()
+            }
+        }
+    };
+    if p.refusal.is_empty() {
+        if let Some((_, why)) = &out.refusal {
+            p.refusal = why.clone();
+        }
+    }
+    p.incomplete_view = out.incomplete().unwrap_or_default();
+    Some(p)
+}
+
+/// `clean` or `release`, as plans name their operation.
+pub fn operation_name(op: crate::engine::Operation) -> &'static str {
+    match op {
+        crate::engine::Operation::Clean => "clean",
+        crate::engine::Operation::Release => "release",
+    }
+}
+
+/// The scan context (warnings, blind spots) of the scan an outcome rests on.
+fn context(out: &Outcome) -> (Vec<String>, Vec<String>) {
+    out.judged.as_ref().map_or_else(Default::default, |j| {
+        (j.scan.warnings.clone(), j.scan.blind_spots.iter().map(|b| b.to_string()).collect())
+    })
+}
+
+/// An outcome as Plan answers it (a dry run).
+pub fn outcome_plans(out: &Outcome, op: crate::engine::Operation, argument: &str) -> pb::PlanResponse {
+    let (warnings, blind_spots) = context(out);
+    pb::PlanResponse { plans: outcome_plan(out, op, argument).into_iter().collect(), warnings, blind_spots }
+}
+
+/// An outcome as Apply answers it, with the unfinished plans it resumed first and the device as
+/// it is afterwards (not judged again: its verdict is UNSPECIFIED).
+pub fn outcome_results(out: &Outcome, op: crate::engine::Operation, argument: &str) -> pb::ApplyResponse {
+    let (warnings, blind_spots) = context(out);
+    pb::ApplyResponse {
+        plans: outcome_plan(out, op, argument).into_iter().collect(),
+        results: out.reports.iter().map(convert::report).collect(),
+        resumed: out.resumed.iter().map(resumed).collect(),
+        after: after(out).into_iter().collect(),
+        warnings,
+        blind_spots,
+    }
+}
+
+pub fn resumed(r: &Resumed) -> pb::ResumedPlan {
+    pb::ResumedPlan {
+        plan_id: r.plan_id.clone(),
+        operation: r.operation.clone(),
+        argument: r.argument.clone(),
+        device: r.device.clone(),
+        already_done: r.already_done as u32,
+        results: r.reports.iter().map(convert::report).collect(),
+        refusal: r.refused.clone().unwrap_or_default(),
+        summary: r.describe(),
+    }
+}
+
+/// The planned device as the scan after the steps saw it (`None`: gone, or not applied).
+fn after(out: &Outcome) -> Option<pb::Device> {
+    let plan = out.plan.as_ref()?;
+    let entry = out.after.as_ref()?.entry(plan.devnum)?;
+    let view = DeviceView {
+        identity: Identity::of(entry),
+        entry: entry.clone(),
+        judgement: Judgement { verdict: Verdict::Unused, reasons: Vec::new(), summary: String::new() },
+        unresponsive: None,
+        last_seen_scan: 0,
+        last_seen: None,
+    };
+    let mut d = convert::device(&view);
+    d.verdict = pb::Verdict::Unspecified as i32;
+    Some(d)
+}
