@@ -112,8 +112,9 @@ pub fn agent_json(args: &[&str], code: i32) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&out.stdout)))
 }
 
-/// `blockjanitor-agent ARGS holders DEVICE --output json` (ARGS: global flags), checking that its
-/// exit code says what the report does, as `fuser -s` would: 2 when it names a holder, 0 when
+/// `blockjanitor-agent ARGS holders DEVICE --output json` (ARGS: global flags): the `device`
+/// document (the device's fields at its top level), checking that its exit code says what the
+/// report does, as `fuser -s` would: 2 when it names a holder, 0 when
 /// none (or 3 when none is seen and a blind spot could hide one).
 pub fn agent_holders(args: &[&str], device: &str) -> serde_json::Value {
     let mut all = args.to_vec();
@@ -122,7 +123,7 @@ pub fn agent_holders(args: &[&str], device: &str) -> serde_json::Value {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", text(&out.stdout), text(&out.stderr)));
     let held = v["holders"].as_array().is_some_and(|h| !h.is_empty());
-    let blind = v["blind_spots"].as_array().is_some_and(|b| !b.is_empty());
+    let blind = v["complete"] == false;
     let want = if held {
         2
     } else if blind {
@@ -143,14 +144,33 @@ pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// The entry of device `name` in a `scan --output json` document.
+/// The device `name` in a `devices` document (`scan --output json`).
 pub fn find_device<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     scan["devices"]
         .as_array()
         .expect("devices")
         .iter()
-        .find(|d| d["device"]["name"] == name)
+        .find(|d| d["name"] == name)
         .unwrap_or_else(|| panic!("no {name} in {scan:#}"))
+}
+
+/// A blind spot as the documents print it (`WHAT (could hide a holder of DEVICES)`): what could
+/// not be read, and which devices it could hide a holder of (`any device`, or names).
+pub fn blind_spot_parts(spot: &str) -> (String, String) {
+    match spot.rsplit_once(" (could hide a holder of ") {
+        Some((what, hide)) => (what.to_owned(), hide.trim_end_matches(')').to_owned()),
+        None => (spot.to_owned(), String::new()),
+    }
+}
+
+/// The command names of a device's `kernel_threads` (each `COMM (pid N)`).
+pub fn kernel_thread_names(device: &serde_json::Value) -> Vec<String> {
+    let threads = device["kernel_threads"].as_array().expect("kernel_threads");
+    threads
+        .iter()
+        .filter_map(|k| k.as_str())
+        .map(|k| k.rsplit_once(" (pid ").map_or(k, |(comm, _)| comm).to_owned())
+        .collect()
 }
 
 /// The tests crate's directory (for fixtures).

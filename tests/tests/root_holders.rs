@@ -460,7 +460,7 @@ fn root_non_utf8_loop_backing_file() {
     let scan = agent_json(&["scan", "--output", "json"], 0);
     let entry = find_device(&scan, loop_name);
     let want = format!("{}/img\\xfe.img", s.dir.path().to_str().expect("utf8"));
-    assert_eq!(entry["device"]["loop"]["backing_file"], want.as_str(), "{entry:#}");
+    assert_eq!(entry["loop"]["backing_file"], want.as_str(), "{entry:#}");
     let out = agent(&["--journal", &journal_in(&s), "--grace-period", "0", "clean", &dev, "--apply"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));

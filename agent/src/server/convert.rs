@@ -208,11 +208,17 @@ fn nvme(n: &crate::graph::nvme::NvmeView) -> pb::NvmeNamespace {
                 cntlid: c.cntlid.map_or(-1, i32::from),
                 hostnqn: c.hostnqn.clone().unwrap_or_default(),
                 fabrics: c.fabrics,
+                address_raw: c.address.raw.clone(),
+                src_addr: c.address.src_addr.clone().unwrap_or_default(),
+                host_traddr: c.address.host_traddr.clone().unwrap_or_default(),
+                host_iface: c.address.host_iface.clone().unwrap_or_default(),
+                namespaces: c.namespaces.iter().map(|n| n.to_string()).collect(),
             })
             .collect(),
         live_controllers: n.live as u32,
         outage_target: n.outage.as_ref().map(|o| o.target.clone()).unwrap_or_default(),
         siblings: n.siblings.iter().map(|s| s.to_string()).collect(),
+        siblings_held: n.siblings_held.clone(),
     }
 }
 

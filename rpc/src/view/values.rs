@@ -245,6 +245,7 @@ pub fn nvme_value(n: &pb::NvmeNamespace) -> Value {
         "live_controllers": n.live_controllers,
         "outage_target": n.outage_target,
         "siblings": n.siblings,
+        "siblings_held": n.siblings_held,
         "controllers": n.controllers.iter().map(|c| json!({
             "name": c.name,
             "transport": c.transport,
@@ -256,6 +257,11 @@ pub fn nvme_value(n: &pb::NvmeNamespace) -> Value {
             "cntlid": c.cntlid,
             "hostnqn": c.hostnqn,
             "fabrics": c.fabrics,
+            "address_raw": c.address_raw,
+            "src_addr": c.src_addr,
+            "host_traddr": c.host_traddr,
+            "host_iface": c.host_iface,
+            "namespaces": c.namespaces,
         })).collect::<Vec<_>>(),
     })
 }
