@@ -110,7 +110,8 @@ impl Run {
         self.document(name, "device")
     }
 
-    /// Section `name` as a `devices` document (`scan -o json`); [`scan_device`] finds one in it.
+    /// Section `name` as a `devices` document (`scan -o json`); [`crate::find_device`] finds a
+    /// device by name in it, [`scan_device`] by anything else.
     pub fn devices(&self, name: &str) -> serde_json::Value {
         self.document(name, "devices")
     }
@@ -176,8 +177,9 @@ pub fn check_document(v: &serde_json::Value, document: &str, what: &str) {
     );
 }
 
-/// The device of a `devices` document (`scan -o json`) that `matches`; fails the test naming
-/// `what` (and showing the document) when none does.
+/// The device of a `devices` document (`scan -o json`) that `matches` (by name:
+/// [`crate::find_device`]); fails the test naming `what` (and showing the document) when none
+/// does.
 pub fn scan_device<'a>(
     scan: &'a serde_json::Value,
     what: &str,
@@ -189,9 +191,4 @@ pub fn scan_device<'a>(
         .iter()
         .find(|d| matches(d))
         .unwrap_or_else(|| panic!("no {what} in {scan:#}"))
-}
-
-/// The device named `name` (its kernel name) in a `devices` document.
-pub fn device_named<'a>(scan: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    scan_device(scan, name, |d| d["name"] == name)
 }

@@ -1,9 +1,9 @@
 //! Scenarios in the qemu guest (Debian's kernel): what this host's kernel cannot show
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
+use blockjanitor_tests::find_device;
 use blockjanitor_tests::guest::{
-    check_document, device_named, require_guest, run_scenario, run_scenario_with, run_scenario_within,
-    scan_device,
+    check_document, require_guest, run_scenario, run_scenario_with, run_scenario_within, scan_device,
 };
 
 #[test]
@@ -14,7 +14,7 @@ fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
     let run = run_scenario("agent-scan.sh");
     run.assert_ok();
     let scan = run.devices("scan");
-    let sda = device_named(&scan, "sda");
+    let sda = find_device(&scan, "sda");
     assert_eq!(sda["kind"], "disk");
     assert_eq!(sda["size_bytes"], 16 << 20);
     let holders = run.device("holders");
@@ -33,7 +33,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     let run = run_scenario("incident3.sh");
     run.assert_ok();
     let scan = run.devices("scan");
-    let map = device_named(&scan, "dm-0");
+    let map = find_device(&scan, "dm-0");
     assert_eq!(map["verdict"], "stale", "{map:#}");
     let reason = map["reasons"][0].as_str().expect("reason");
     assert!(
@@ -49,7 +49,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
         mp["paths"].as_array().expect("paths").iter().filter_map(|p| p["state"].as_str()).collect();
     assert_eq!(states, vec!["failed", "failed"]);
     for disk in ["sda", "sdb"] {
-        let d = device_named(&scan, disk);
+        let d = find_device(&scan, disk);
         assert_eq!(d["verdict"], "stale", "{d:#}");
         assert_eq!(d["scsi"]["state"], "offline");
         assert_eq!(d["scsi"]["path_of"], "dm-0");
@@ -851,11 +851,17 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert_eq!(c["state"], "connecting", "{c:#}");
     assert_eq!(c["transport"], "tcp", "{c:#}");
     assert_eq!(c["ctrl_loss_tmo"], "off", "{c:#}");
-    // The target end of the address (`traddr=..,trsvcid=..`). The model never carries nvme-tcp's
-    // src_addr, so "no src_addr while not live" can no longer be read here.
+    // `address` is the target end (`traddr=..,trsvcid=..`); nvme-tcp's src_addr, which the kernel
+    // shows only for a live controller, is a field of its own and in the raw address.
     let address = c["address"].as_str().unwrap_or_else(|| panic!("address: {c:#}"));
     assert_eq!(address_part(address, "traddr"), Some("127.0.0.1"), "{c:#}");
     assert_eq!(address_part(address, "trsvcid"), Some("4420"), "{c:#}");
+    let raw = c["address_raw"].as_str().unwrap_or_else(|| panic!("address_raw: {c:#}"));
+    assert!(address_part(raw, "traddr") == Some("127.0.0.1"), "the kernel's address: {c:#}");
+    assert!(
+        c["src_addr"] == "" && address_part(raw, "src_addr").is_none(),
+        "no src_addr while not live: {c:#}"
+    );
     assert!(first["reasons"][0].as_str().expect("reason").contains("no live controller"), "{first:#}");
     // After it: stale; the mounted one in use; the live one unused.
     let scan = run.devices("scan");
