@@ -116,6 +116,27 @@ impl Run {
         self.document(name, "devices")
     }
 
+    /// Every section that holds one document of the output model (a JSON object with a
+    /// `document` field), by section name, in the order printed: what a test checks against the
+    /// schema file. Other sections (text, a journal's JSON lines) are left out.
+    pub fn documents(&self) -> Vec<(String, serde_json::Value)> {
+        let mut names: Vec<&str> = Vec::new();
+        for l in self.output.lines() {
+            if let Some(name) = l.trim().strip_prefix("BEGIN ") {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let v: serde_json::Value = serde_json::from_str(&self.section(name)).ok()?;
+                v.get("document").is_some().then(|| (name.to_owned(), v))
+            })
+            .collect()
+    }
+
     /// The lines between `BEGIN name` and `END name` markers the scenario printed.
     pub fn section(&self, name: &str) -> String {
         let begin = format!("BEGIN {name}");

@@ -1,6 +1,13 @@
 //! The rbd incidents (1, 4 and 5) against a real Ceph cluster and Debian's kernel client, and
 //! the console's `who-watches` on the cluster's own watcher list (issue 11).
 
+#[path = "support/scenario_documents.rs"]
+mod scenario_documents;
+// Only `Schema` is used here (the conformance test uses the rest).
+#[allow(dead_code)]
+#[path = "support/schema.rs"]
+mod schema;
+
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -10,10 +17,11 @@ use std::time::{Duration, Instant};
 use blockjanitor_tests::ceph::{ceph_dir, require_ceph, run_ceph_scenario, Cluster};
 use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::Pki;
-use blockjanitor_tests::guest::{check_document, stage_agent, Run};
+use blockjanitor_tests::guest::{stage_agent, Run};
 use blockjanitor_tests::{serial, text};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use scenario_documents::schema_valid;
 use serde_json::Value;
 
 /// The port qemu listens on (127.0.0.1 of the cluster's namespace) for the guest agent's 9443.
@@ -33,6 +41,7 @@ fn root_ceph_incident1_unused_mapping_is_unmapped_and_the_watcher_goes() {
     }
     let run = run_ceph_scenario("rbd-incident1.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["rbd"]["pool"], "k8s");
@@ -63,6 +72,7 @@ fn root_ceph_incident5_foreign_mount_on_rbd_is_released_then_unmapped() {
     }
     let run = run_ceph_scenario("rbd-incident5.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     let m = &h["holders"][0];
     assert_eq!(m["kind"], "mount", "{h:#}");
@@ -80,6 +90,7 @@ fn root_ceph_incident4_fenced_client_is_reported_and_still_cleaned_locally() {
     }
     let run = run_ceph_scenario("rbd-incident4.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     let watcher = format!(
         "watcher={} {}",
@@ -106,6 +117,7 @@ fn root_ceph_release_mode_detaches_a_stale_rbd_mount_by_itself() {
     }
     let run = run_ceph_scenario("rbd-release-mode.sh");
     run.assert_ok();
+    schema_valid(&run);
     let journal = run.section("journal");
     assert!(
         journal.contains("\"action\":\"detach_mount\"") && journal.contains("\"result\":\"done\""),
@@ -289,12 +301,13 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         let o = child.wait_with_output().expect("agentctl");
         (o.status.code().unwrap_or(-1), text(&o.stdout), text(&o.stderr))
     };
+    let schema = schema::Schema::load();
     let who_watches = |status: &str| -> Value {
         let (code, o, e) = ctl(&["who-watches", "-", "-o", "json"], status);
         assert_eq!(code, 0, "who-watches: {e}{o}");
         let v: Value =
             serde_json::from_str(&o).unwrap_or_else(|e| panic!("who-watches output is not JSON ({e}): {o}"));
-        check_document(&v, "fleet_who_watches", "agentctl fleet who-watches -o json");
+        schema.check(&v, "fleet_who_watches", "agentctl fleet who-watches -o json");
         v
     };
 
@@ -315,7 +328,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         let (code, o, e) = ctl(&["nodes", "-o", "json"], "");
         let v: Value = serde_json::from_str(&o).unwrap_or(Value::Null);
         if code == 0 && v["nodes"][0]["name"] == "guest-a" && v["nodes"][0]["reachable"] == true {
-            check_document(&v, "fleet_nodes", "agentctl fleet nodes -o json");
+            schema.check(&v, "fleet_nodes", "agentctl fleet nodes -o json");
             break;
         }
         assert!(

@@ -1,10 +1,18 @@
 //! Scenarios in the qemu guest (Debian's kernel): what this host's kernel cannot show
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
+#[path = "support/scenario_documents.rs"]
+mod scenario_documents;
+// Only `Schema` is used here (the conformance test uses the rest).
+#[allow(dead_code)]
+#[path = "support/schema.rs"]
+mod schema;
+
 use blockjanitor_tests::find_device;
 use blockjanitor_tests::guest::{
     check_document, require_guest, run_scenario, run_scenario_with, run_scenario_within, scan_device,
 };
+use scenario_documents::schema_valid;
 
 #[test]
 fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
@@ -13,6 +21,7 @@ fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
     }
     let run = run_scenario("agent-scan.sh");
     run.assert_ok();
+    schema_valid(&run);
     let scan = run.devices("scan");
     let sda = find_device(&scan, "sda");
     assert_eq!(sda["kind"], "disk");
@@ -32,6 +41,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     }
     let run = run_scenario("incident3.sh");
     run.assert_ok();
+    schema_valid(&run);
     let scan = run.devices("scan");
     let map = find_device(&scan, "dm-0");
     assert_eq!(map["verdict"], "stale", "{map:#}");
@@ -82,6 +92,7 @@ fn root_guest_map_with_an_active_path_is_never_stale() {
     }
     let run = run_scenario("one-path-active.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     assert_eq!(h["verdict"], "unused", "{h:#}");
     assert!(h["reasons"].to_string().contains("1 of 2 path(s) active"), "{h:#}");
@@ -96,6 +107,7 @@ fn root_guest_stuck_reader_is_freed_by_fail_if_no_path_and_the_api_keeps_answeri
     }
     let run = run_scenario("stuck-reader.sh");
     run.assert_ok();
+    schema_valid(&run);
     assert!(run.output.contains("state: D"), "the reader hung in D state:\n{}", run.output);
     let api = run.device("api");
     assert!(api.to_string().contains("open_device"), "the API answers while the reader is stuck: {api:#}");
@@ -120,6 +132,7 @@ fn root_guest_foreign_mount_on_a_map_is_released_first() {
     }
     let run = run_scenario("foreign-mount-on-map.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     assert_eq!(h["holders"][0]["kind"], "mount");
     assert_eq!(h["holders"][0]["in_host_namespace"], false);
@@ -140,6 +153,7 @@ fn root_guest_standalone_offline_disk_is_deleted() {
     }
     let run = run_scenario("offline-disk.sh");
     run.assert_ok();
+    schema_valid(&run);
     let h = run.device("holders");
     assert_eq!(h["scsi"]["state"], "offline");
     let clean = run.section("clean");
@@ -153,6 +167,7 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
     }
     let run = run_scenario("nbd-dead-server.sh");
     run.assert_ok();
+    schema_valid(&run);
     assert_eq!(
         run.section("server").trim(),
         "nbd-server processes after the kill: 0",
@@ -252,6 +267,7 @@ impl Violations {
         );
         // Anything else the scenario itself found wrong (its setup, the foreign namespace's holder).
         run.assert_ok();
+        schema_valid(run);
     }
 }
 
@@ -503,6 +519,7 @@ fn root_guest_kill9_at_each_journal_phase_converges() {
         run.output.lines().find(|l| l.starts_with("all phases:")).unwrap_or("(no total)")
     );
     run.assert_ok();
+    schema_valid(&run);
     // Killed right after each record: an interrupted step is one whose kernel call was not
     // made; recovery finds the map or the disk still there (`replan`), except the paths' offline
     // step, which the scenario's own offlining already did (`in_place`).
@@ -637,6 +654,7 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     let run = run_scenario("multipathd-dead-map.sh");
     eprintln!("multipathd-dead-map.sh: {:.1} s in all", started.elapsed().as_secs_f64());
     run.assert_ok();
+    schema_valid(&run);
     let wwid = "333333330000007d0";
 
     // Control: a process named multipathd whose socket does not answer: fail closed.
@@ -738,6 +756,7 @@ fn root_guest_lvm_and_luks_on_a_dead_map_are_removed_top_down() {
         run.section("timing")
     );
     run.assert_ok();
+    schema_valid(&run);
     let layers = run.section("layers");
     assert!(layers.contains("uuid=LVM-") && layers.contains("uuid=CRYPT-LUKS2-"), "{layers}");
     let (map, lv0, lv1, crypt) = (
@@ -794,6 +813,7 @@ fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
         run.section("timing")
     );
     run.assert_ok();
+    schema_valid(&run);
     let layers = run.section("layers");
     let parts: Vec<&str> =
         layers.lines().filter(|l| l.contains("uuid=part")).filter_map(|l| l.split(' ').nth(1)).collect();
@@ -840,6 +860,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
         return;
     }
     run.assert_ok();
+    schema_valid(&run);
     // Before the grace period: a candidate with the controller's evidence.
     let first = run.device("first");
     assert_eq!(first["verdict"], "suspect", "{first:#}");
@@ -912,6 +933,7 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     }
     let run = run_scenario("iscsi-stale-session.sh");
     run.assert_ok();
+    schema_valid(&run);
     // Without I/O the kernel shows nothing; the read a path checker makes logs the target's answer.
     let quiet = run.section("kernel-after-removal");
     assert!(quiet.contains("state=running") && quiet.contains("LOGGED_IN"), "{quiet}");
@@ -986,6 +1008,7 @@ fn root_guest_clean_of_an_nvme_namespace_whose_sibling_is_open_is_refused() {
         return;
     }
     run.assert_ok();
+    schema_valid(&run);
     let devices = run.section("devices");
     let field = |k: &str| {
         devices
@@ -1041,6 +1064,7 @@ fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refu
     }
     let run = run_scenario_with("dm-fd-in-flight.sh", None, stage_fd_in_flight);
     run.assert_ok();
+    schema_valid(&run);
     let opener = run.section("opener");
     assert!(opener.contains("open count 1"), "the kernel counts the fd in flight: {opener}");
     assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc: {opener}");
