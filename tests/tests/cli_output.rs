@@ -4,6 +4,10 @@
 //! every reason whole, where `table` cuts the first one); `--quiet` prints nothing and keeps the
 //! exit code; a closed stdout (`| head`) is no panic.
 
+#[path = "support/schema.rs"]
+#[allow(dead_code)]
+mod schema;
+
 use std::process::{Command, Stdio};
 
 use blockjanitor_tests::daemon::Daemon;
@@ -45,15 +49,8 @@ fn the_agent_speaks_every_output_format_and_quiet_keeps_the_exit_code() {
         for (name, out) in [("yaml", &yaml), ("table", &table), ("wide", &wide), ("quiet", &quiet)] {
             assert_eq!(out.status.code(), code, "{cmd:?} {name}: the same exit code as json");
         }
-        // Two runs differ only in how long their scans took.
-        let timeless = |mut v: serde_json::Value| {
-            for at in ["/summary/scan", "/scan"] {
-                if let Some(scan) = v.pointer_mut(at).and_then(|s| s.as_object_mut()) {
-                    scan.remove("duration");
-                }
-            }
-            v
-        };
+        // Two runs differ only in when their scans ran and how long they took.
+        let timeless = schema::without_scan_dependent;
         let from_json = timeless(serde_json::from_slice(&json.stdout).expect("JSON"));
         let from_yaml = timeless(serde_yaml_ng::from_slice(&yaml.stdout).expect("YAML"));
         assert_eq!(from_json, from_yaml, "{cmd:?}: YAML is the JSON's document");

@@ -117,7 +117,8 @@ fn root_cwd_pin_survives_release_and_is_reported() {
     assert_eq!(out.status.code(), Some(2), "still held: exit 2; {}", text(&out.stderr));
     let r: Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(r["results"][0]["result"], "done", "{r:#}");
-    let after = &r["after"];
+    assert_eq!(r["document"], "results", "{r:#}");
+    let after = &r["after"][0];
     assert_eq!(holders_of_kind(after, "mount").len(), 0, "the mount was detached: {after:#}");
     assert_eq!(holders_of_kind(after, "cwd").len(), 1, "the cwd still pins the filesystem: {after:#}");
     assert!(holder.is_alive());
