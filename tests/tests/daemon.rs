@@ -335,7 +335,7 @@ fn root_unix_socket_viewer_reads_but_cannot_apply() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert!(v.to_string().contains("\"name\""), "{v}");
     let out = agentctl_as_nobody("1", &["--socket", sock, "apply", "loop0", "--yes"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(4), "refused: not an operator");
     let err = text(&out.stderr);
     assert!(err.contains("PermissionDenied") && err.contains("operator"), "{err}");
     // Anyone else cannot even connect, and is told why.
@@ -590,7 +590,7 @@ fn root_agentctl_apply_acts_on_the_device_it_planned_and_refuses_a_reused_number
     assert!(reused.is_bound());
     let out = agentctl(&d.socket, &["apply", &name, "--yes", "--identity", &old]);
     let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "refused: {}{err}", text(&out.stdout));
+    assert_eq!(out.status.code(), Some(4), "refused: {}{err}", text(&out.stdout));
     let new = planned_identity(&d.socket, &name);
     assert_ne!(new, old, "a new attach is a new identity");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");

@@ -497,7 +497,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         let out = agentctl(&socket, &["holders", &dev, "-o", "json"]);
         last = format!("{}{}", text(&out.stdout), text(&out.stderr));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        v["stacked_on_top"].as_array().is_some_and(|hs| {
+        v["holders"].as_array().is_some_and(|hs| {
             hs.iter().any(|h| {
                 h["kind"] == "mount"
                     && h["pids"]

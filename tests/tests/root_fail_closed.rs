@@ -963,9 +963,9 @@ fn root_release_never_detaches_a_slave_of_a_slave_of_a_live_host_mount() {
     let left = v["plans"][0]["left_alone"].as_array().cloned().unwrap_or_default();
     let b_ns = b.ns_inode().to_string();
     assert!(
-        left.iter().any(|l| l
-            .as_str()
-            .is_some_and(|t| t.contains(&b_ns) && t.contains(&format!("master:{a_group}")) && t.contains("chain"))),
+        left.iter().any(|l| l.as_str().is_some_and(|t| t.contains(&b_ns)
+            && t.contains(&format!("master:{a_group}"))
+            && t.contains("chain"))),
         "B's copy is left alone as a slave, through A, of the host's mount: {v:#}"
     );
     let (code, out, err) = release_apply(&s, &lo, &[]);

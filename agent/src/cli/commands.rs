@@ -3,9 +3,10 @@
 //! printed as text, or as the JSON/YAML documents agentctl prints.
 
 use super::args::*;
-use super::requests;
+use super::output::{print_value, say};
 use super::serve::serve;
 use super::settings::*;
+use super::{output, requests};
 use crate::act::journal;
 use crate::discover::blockdev;
 use crate::engine::outcome;
@@ -19,30 +20,6 @@ use crate::server::convert;
 use crate::{cli::render, graph::resolve};
 use anyhow::{Context, Result};
 use blockjanitor_rpc::view;
-
-/// `--quiet`: nothing goes to stdout (set once, from the flags).
-static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Writes `text` to stdout, unless `--quiet`. A closed pipe (`| head`) is not an error.
-pub(super) fn say(text: &str) -> Result<()> {
-    use std::io::Write;
-    if QUIET.load(std::sync::atomic::Ordering::Relaxed) {
-        return Ok(());
-    }
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("cannot write to stdout"),
-        _ => Ok(()),
-    }
-}
-
-/// A document as JSON (pretty) or YAML, as `--output` asks.
-pub fn print_value(output: Output, v: &serde_json::Value) -> Result<()> {
-    match output {
-        Output::Yaml => say(&view::format::yaml(v)?),
-        _ => say(&view::format::json(v)?),
-    }
-}
 
 /// A judged scan as the view the daemon publishes (generation 0: a one-shot scan has none), so
 /// that its devices convert as the daemon's do.
@@ -66,7 +43,7 @@ pub fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
 }
 
 pub fn run(cli: &Cli) -> Result<u8> {
-    QUIET.store(cli.quiet, std::sync::atomic::Ordering::Relaxed);
+    output::set_quiet(cli.quiet);
     let host = host(cli);
     let mut state = StateFile::load(cli, &host);
     match &cli.command {

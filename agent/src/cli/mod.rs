@@ -1,10 +1,11 @@
 //! The agent binary's side: its flags and commands ([`args`]), its settings built once
 //! ([`settings`]), the one-shot commands ([`commands`]; `release`, `clean`, `plan` and `apply`
-//! through the one request workflow in [`requests`]), `serve` ([`serve`]) and the agent's own
-//! tables ([`render`]). JSON and YAML go through blockjanitor-rpc's `view`, as agentctl's do.
+//! through the one request workflow in [`requests`]), `serve` ([`serve`]), what goes to stdout
+//! ([`output`]) and the agent's own tables ([`render`]). JSON and YAML go through blockjanitor-rpc's `view`, as agentctl's do.
 
 pub mod args;
 pub mod commands;
+pub mod output;
 pub mod render;
 pub mod requests;
 pub mod serve;

@@ -10,7 +10,7 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::view;
 
 use super::args::*;
-use super::commands::{print_value, say};
+use super::output::{print_value, say};
 use super::render::{self, say_recovery};
 use super::settings::*;
 use crate::engine::outcome::{Class, Outcome, Request, Subject};

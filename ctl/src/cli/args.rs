@@ -190,7 +190,7 @@ id=$(agentctl plan loop3 -o json | jq -r '.plans[0].identity')\n  \
 agentctl apply loop3 --yes --identity \"$id\"\n\n\
 EXIT CODES:\n  0  every step done (or already absent)\n  1  error, or a step failed\n  \
 2  not carried out: no --yes, a plan was held, or a step was deferred\n  3  unknown\n  \
-4  refused (e.g. FailedPrecondition: the device changed since it was planned, or is protected)"
+4  refused (e.g. FailedPrecondition: the device changed since it was planned, or is protected;\n     PermissionDenied: not an operator)"
     )]
     Apply {
         /// Devices to clean (kernel name, /dev path, dm name or MAJ:MIN) [default: every stale

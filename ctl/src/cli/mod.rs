@@ -4,7 +4,7 @@
 //! in blockjanitor-rpc's `view`, shared with the agent. Exit codes (`view::exit`, the agent's
 //! own): 0 free or done, 1 error, 2 held or not carried out (no --yes, a step deferred), 3
 //! unknown, 4 refused (a plan refused by a safety rule, or the call: FailedPrecondition,
-//! PermissionDenied).
+//! PermissionDenied on an apply).
 
 use std::path::Path;
 use std::process::ExitCode;

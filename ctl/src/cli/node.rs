@@ -11,7 +11,7 @@ use blockjanitor_rpc::client::{self, Target};
 use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
-use super::output::{render, status, write_out};
+use super::output::{apply_status, render, status, write_out};
 use crate::{apply, doc, exit, format, plan, text, time};
 
 /// One command against the agent at `target`; its exit code.
@@ -100,8 +100,9 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
                     plan::apply_with_identities(devices, identities, op).map_err(anyhow::Error::msg)?;
                 (Vec::new(), request)
             };
-            let r =
-                client::call(timeout, c.apply(client::request(request, timeout))).await.map_err(status)?;
+            let r = client::call(timeout, c.apply(client::request(request, timeout)))
+                .await
+                .map_err(apply_status)?;
             write_out(&render(out, || doc::results_doc(&planned, &r), || apply::apply_table(&r))?)?;
             Ok(exit::worst(apply::apply_summary(&r).exit_code(), exit::plans(&r.plans)))
         }
@@ -128,7 +129,7 @@ async fn one_device(
         return Ok(exit::plans(&r.plans));
     }
     let r = pb::ApplyRequest { devices, identities: Vec::new(), operation: op as i32 };
-    let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(status)?;
+    let r = client::call(timeout, c.apply(client::request(r, timeout))).await.map_err(apply_status)?;
     write_out(&render(out, || doc::results_doc(&[], &r), || apply::apply_table(&r))?)?;
     Ok(exit::worst(apply::apply_summary(&r).exit_code(), exit::plans(&r.plans)))
 }

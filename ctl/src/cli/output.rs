@@ -46,19 +46,28 @@ pub(super) fn render(
 }
 
 /// A call the agent refused by a safety rule (FailedPrecondition: protected, the device changed
-/// since it was planned, the agent may not act; PermissionDenied: not an operator): agentctl
-/// exits 4 (refused), as the one-shot agent does.
+/// since it was planned, the agent may not act; for Apply, PermissionDenied: not an operator):
+/// agentctl exits 4 (refused), as the one-shot agent does for `--apply` without the privileges.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub(super) struct Refused(String);
 
-/// A gRPC status as one line; a refusal stays a [`Refused`].
+/// A gRPC status as one line; FailedPrecondition stays a [`Refused`].
 pub(super) fn status(s: tonic::Status) -> anyhow::Error {
     let line = client::status_line(&s);
     match s.code() {
-        tonic::Code::FailedPrecondition | tonic::Code::PermissionDenied => Refused(line).into(),
+        tonic::Code::FailedPrecondition => Refused(line).into(),
         _ => anyhow::anyhow!(line),
     }
+}
+
+/// [`status`] of an Apply: PermissionDenied (not an operator) is a refusal too. A read refused
+/// to someone with no role at all stays an error.
+pub(super) fn apply_status(s: tonic::Status) -> anyhow::Error {
+    if s.code() == tonic::Code::PermissionDenied {
+        return Refused(client::status_line(&s)).into();
+    }
+    status(s)
 }
 
 /// The exit code of an error: 4 for a refusal, else 1.
