@@ -1014,7 +1014,7 @@ fn agentctl_fleet_apply_shows_the_dry_run_and_asks_first() {
         // Confirmed: the same plan goes to the agent, bound to its identity, on behalf of the
         // operator (a fixture tree: the agent then refuses to act).
         let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
-        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(code, 4, "refused (FailedPrecondition, as the agent exits): {out}{err}");
         assert!(out.starts_with("node-old: 1 step(s)"), "{out}");
         assert!(err.contains("the agent on node-old: "), "{err}");
         let all = apply_audits(cl.agent("node-old"));
@@ -1517,7 +1517,7 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
         // The budget (1 step a minute): the first apply takes it (the agent, on a fixture tree,
         // then refuses to act); the next one is refused before the question, saying why.
         let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
-        assert_eq!(code, 1, "{out}{err}");
+        assert_eq!(code, 4, "refused (FailedPrecondition, as the agent exits): {out}{err}");
         let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
         assert_eq!(code, 2, "{out}{err}");
         assert!(out.contains("fleet budget: 0 of 1 steps left this minute"), "{out}");

@@ -259,12 +259,13 @@ impl AgentState {
     }
 
     /// `op` plans for the named devices (or, for a cleanup, every stale one), each from a fresh
-    /// scan of the device judged with the daemon's grace clocks. Changes nothing.
+    /// scan of the device judged with the daemon's grace clocks, each with its class and the
+    /// INCOMPLETE VIEW line of the scan it rests on. Changes nothing.
     pub async fn plan(
         self: &Arc<Self>,
         devices: &[String],
         op: Operation,
-    ) -> Result<Vec<(Plan, Class)>, ApiError> {
+    ) -> Result<Vec<(Plan, Class, Option<String>)>, ApiError> {
         if devices.is_empty() && op == Operation::Release {
             return Err(ApiError::InvalidArgument("a release plan needs the devices named".into()));
         }
@@ -276,8 +277,8 @@ impl AgentState {
                 let req = me.request(devnum, op, false, "Plan");
                 match me.engine.carry_out(&req) {
                     Ok(o) => {
-                        let class = o.class();
-                        plans.extend(o.plan.map(|p| (p, class)));
+                        let (class, incomplete) = (o.class(), o.incomplete());
+                        plans.extend(o.plan.map(|p| (p, class, incomplete)));
                     }
                     Err(EngineError::NotFound(_)) => {}
                     Err(e) => return Err(ApiError::from(e)),

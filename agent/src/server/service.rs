@@ -243,7 +243,13 @@ impl Agent for AgentService {
         let plans = self.state.plan(&r.devices, op).await.map_err(to_status)?;
         let v = self.state.view();
         Ok(Response::new(pb::PlanResponse {
-            plans: plans.iter().map(convert::plan).collect(),
+            plans: plans
+                .into_iter()
+                .map(|(p, class, incomplete)| pb::DevicePlan {
+                    incomplete_view: incomplete.unwrap_or_default(),
+                    ..convert::plan(&(p, class))
+                })
+                .collect(),
             warnings: v.warnings.clone(),
             blind_spots: convert::blind_spots(&v),
         }))

@@ -266,7 +266,7 @@ agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem
 agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
 rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
 agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\
-EXIT CODES:\n  0  ok\n  1  error"
+EXIT CODES:\n  0  ok\n  1  error\n  4  refused: an agent refused the apply (FailedPrecondition)"
     )]
     Fleet {
         #[command(subcommand)]
