@@ -12,13 +12,13 @@
 //!
 //! Both binaries run with a grace period of an hour, so FREE and DELETED are cleanup candidates
 //! that are not stale yet: cleaning them is refused (exit 4), while releasing HELD's foreign copy
-//! may go (0). The cases: held 2, free 0, refused 4, error 1 (an unknown device name). Unknown (3)
-//! is not part of this scene: the test trusts an uninspectable PID 1 where the machine shields
-//! it (as every root test does), so nothing is hidden.
+//! may go (0). The cases: held 2, free 0, refused 4, error 1 (an unknown device name), and
+//! unknown 3: both binaries once more without CAP_SYS_PTRACE (a second daemon), so this test's
+//! own process is a blind spot that could hide a holder of FREE.
 //!
 //! Answers are compared as JSON after taking out only what differs between two scans of an
-//! unchanged scene (`support/schema.rs`: `scan`, `scan_unix_seconds`, `last_seen_unix_seconds`,
-//! `last_seen_scan`, `stats`, `warnings`, the transient `kworker/...` workqueue threads among
+//! unchanged scene (`support/schema.rs`: scan numbers and times, `stats` and durations,
+//! `warnings`, the transient `kworker/...` workqueue threads among
 //! `kernel_threads`, durations inside `reasons` and the "grace clock started now" reason: each
 //! binary's grace clock starts at its own first sight); `scan` is compared on the scene's devices (the rest of
 //! the host changes between two scans: other processes open and close the root disk).
@@ -277,6 +277,85 @@ fn root_both_clis_answer_every_subcommand_alike_in_every_format() {
     assert!(text(&completions.stdout).contains("agentctl"));
     watch(&scene, &schema);
     carried_out(&scene, &schema);
+    unknown(&scene, &schema);
+}
+
+/// `cmd` runs without CAP_SYS_PTRACE (dropped from its bounding set before exec, so root's exec
+/// does not get it back): it cannot read the mount namespace of a process that keeps it, such as
+/// this test, which is then a blind spot that could hide a holder of any device.
+fn without_ptrace(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the child between fork and exec and only calls prctl(2), which
+    // is async-signal-safe; it touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            let cap_sys_ptrace: libc::c_ulong = 19;
+            if libc::prctl(libc::PR_CAPBSET_DROP, cap_sys_ptrace, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Unknown (3): both binaries without CAP_SYS_PTRACE (a second daemon) cannot see this test
+/// process, so a free device is `unknown`, never free: `holders` and `scan` exit 3 with
+/// `complete: false` and the INCOMPLETE VIEW line, in every format.
+fn unknown(scene: &Scene, schema: &Schema) {
+    let dir = scene.s.mkdir("blind");
+    let d = Daemon::start_configured(&dir, &[], &["--grace-period", GRACE], |c| {
+        without_ptrace(c);
+    });
+    let free = scene.free.name();
+    for output in OUTPUTS {
+        for (args, document) in [(vec!["holders", free], "device"), (vec!["scan"], "devices")] {
+            let mut all = args.clone();
+            all.extend(["-o", output]);
+            let agent = without_ptrace(trust_init(&mut Command::new(agent_bin())))
+                .args(["--grace-period", GRACE, "--state", utf8(&dir.join("state.json"))])
+                .args(&all)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run the agent");
+            let ctl = Command::new(agent_bin().with_file_name("agentctl"))
+                .arg("--socket")
+                .arg(&d.socket)
+                .args(&all)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run agentctl");
+            for (bin, out) in [("agent", &agent), ("agentctl", &ctl)] {
+                let what = format!("{bin} {} without CAP_SYS_PTRACE", all.join(" "));
+                assert_eq!(
+                    out.status.code(),
+                    Some(3),
+                    "{what}: unknown\n{}{}",
+                    text(&out.stdout),
+                    text(&out.stderr)
+                );
+                let doc: Value = match *output {
+                    "json" => serde_json::from_slice(&out.stdout).expect("JSON"),
+                    "yaml" => serde_yaml_ng::from_slice(&out.stdout).expect("YAML"),
+                    _ => {
+                        assert!(
+                            text(&out.stdout).contains("INCOMPLETE VIEW"),
+                            "{what}: {}",
+                            text(&out.stdout)
+                        );
+                        continue;
+                    }
+                };
+                schema.check(&doc, document, &what);
+                assert_eq!(doc["complete"], false, "{what}: {doc:#}");
+                assert!(
+                    doc["incomplete_view"].as_str().is_some_and(|l| l.starts_with("INCOMPLETE VIEW")),
+                    "{what}"
+                );
+                let device = if document == "device" { doc.clone() } else { find_device(&doc, free).clone() };
+                assert_eq!(device["verdict"], "unknown", "{what}: {device:#}");
+            }
+        }
+    }
 }
 
 /// `release --apply` and `apply --release --yes` of a fresh held device for each binary and

@@ -33,7 +33,11 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r = pb::ListDevicesRequest { kind, verdict };
             let r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(out, || doc::devices_doc(&r), || text::devices_table(&r))?)?;
+            write_out(&render(
+                out,
+                || doc::devices_doc(&r),
+                || text::incomplete_first(&r.incomplete_view, text::devices_table(&r)),
+            )?)?;
             Ok(if r.incomplete_view.is_empty() { exit::DONE } else { exit::UNKNOWN })
         }
         Command::Device { device } => {
@@ -43,7 +47,11 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r =
                 client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
             let Some(d) = &r.device else { bail!("the agent answered without the device") };
-            write_out(&render(out, || doc::device_doc(d, &r), || text::device_table(d, true))?)?;
+            write_out(&render(
+                out,
+                || doc::device_doc(d, &r),
+                || text::incomplete_first(&r.incomplete_view, text::device_table(d, true)),
+            )?)?;
             Ok(0)
         }
         Command::Holders { device } => {
@@ -51,7 +59,11 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r =
                 client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
             let Some(d) = &r.device else { bail!("the agent answered without the device") };
-            write_out(&render(out, || doc::device_doc(d, &r), || text::device_table(d, false))?)?;
+            write_out(&render(
+                out,
+                || doc::device_doc(d, &r),
+                || text::incomplete_first(&r.incomplete_view, text::device_table(d, false)),
+            )?)?;
             Ok(exit::holders(d, &r.incomplete_view))
         }
         Command::Plan { devices, release } => {

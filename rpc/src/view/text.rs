@@ -258,3 +258,13 @@ pub fn event_line(e: &pb::Event) -> String {
     }
     s
 }
+
+/// `table` with the INCOMPLETE VIEW line (`line`, "" when the view is complete) first, as the
+/// agent's own tables start.
+pub fn incomplete_first(line: &str, table: String) -> String {
+    if line.is_empty() {
+        table
+    } else {
+        format!("{}\n{table}", clean(line))
+    }
+}

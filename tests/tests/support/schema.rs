@@ -47,11 +47,24 @@ impl Schema {
 }
 
 /// Fields that legitimately differ between two scans of an unchanged scene: when a scan ran and
-/// which it was (`scan`, `scan_unix_seconds`, `last_seen_unix_seconds`, `last_seen_scan`), what
-/// it read and how long it took (`stats`), and the host-wide warnings (a process of the host,
-/// not of the scene, that exits while a scan reads it is a warning of that scan only).
-pub const SCAN_DEPENDENT: &[&str] =
-    &["scan", "scan_unix_seconds", "last_seen_unix_seconds", "last_seen_scan", "stats", "warnings"];
+/// which it was (`scan`, `scan_unix_seconds`, `last_seen_unix_seconds`, `last_seen_scan`, and
+/// the node's `scans`, `last_scan_unix_seconds`, `last_full_scan`, `last_full_scan_unix_seconds`),
+/// what it read and how long it took (`stats`, `last_scan_duration_ms`: a float YAML may print
+/// to fewer digits), and the host-wide warnings (a process of the host, not of the scene, that
+/// exits while a scan reads it is a warning of that scan only).
+pub const SCAN_DEPENDENT: &[&str] = &[
+    "scan",
+    "scan_unix_seconds",
+    "last_seen_unix_seconds",
+    "last_seen_scan",
+    "scans",
+    "last_scan_unix_seconds",
+    "last_scan_duration_ms",
+    "last_full_scan",
+    "last_full_scan_unix_seconds",
+    "stats",
+    "warnings",
+];
 
 /// The reason a scan gives when it is the first to see a candidate unheld: which scan that is
 /// depends on when each binary's grace clock started (the daemon's at its first scan, the
