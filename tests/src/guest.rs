@@ -87,6 +87,56 @@ impl Run {
         lines[skip..].join("\n")
     }
 
+    /// Section `name` parsed as JSON; fails the test with the section and the whole output when
+    /// it is not JSON.
+    pub fn json(&self, name: &str) -> serde_json::Value {
+        let text = self.section(name);
+        serde_json::from_str(&text).unwrap_or_else(|e| {
+            panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", self.output)
+        })
+    }
+
+    /// Section `name` as one document of the CLIs' output model (`docs/schema/README.md`): fails
+    /// the test unless it is JSON with `"schema_version": 1` and `"document": document`.
+    pub fn document(&self, name: &str, document: &str) -> serde_json::Value {
+        let v = self.json(name);
+        check_document(&v, document, &format!("section {name}"));
+        v
+    }
+
+    /// Section `name` as a `device` document (`holders DEVICE -o json`, `agentctl device`): the
+    /// device's fields at the top level (`verdict`, `reasons`, `holders`, `multipath`, `scsi`...).
+    pub fn device(&self, name: &str) -> serde_json::Value {
+        self.document(name, "device")
+    }
+
+    /// Section `name` as a `devices` document (`scan -o json`); [`crate::find_device`] finds a
+    /// device by name in it, [`scan_device`] by anything else.
+    pub fn devices(&self, name: &str) -> serde_json::Value {
+        self.document(name, "devices")
+    }
+
+    /// Every section that holds one document of the output model (a JSON object with a
+    /// `document` field), by section name, in the order printed: what a test checks against the
+    /// schema file. Other sections (text, a journal's JSON lines) are left out.
+    pub fn documents(&self) -> Vec<(String, serde_json::Value)> {
+        let mut names: Vec<&str> = Vec::new();
+        for l in self.output.lines() {
+            if let Some(name) = l.trim().strip_prefix("BEGIN ") {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        names
+            .into_iter()
+            .filter_map(|name| {
+                let v: serde_json::Value = serde_json::from_str(&self.section(name)).ok()?;
+                v.get("document").is_some().then(|| (name.to_owned(), v))
+            })
+            .collect()
+    }
+
     /// The lines between `BEGIN name` and `END name` markers the scenario printed.
     pub fn section(&self, name: &str) -> String {
         let begin = format!("BEGIN {name}");
@@ -135,4 +185,31 @@ pub fn run_scenario_with(name: &str, timeout: Option<u64>, stage: impl FnOnce(&P
         .output()
         .expect("run.sh");
     Run::from_output(&out)
+}
+
+/// Fails the test unless `v` is the output model's document `document` of schema version 1
+/// (`what` names where it came from).
+pub fn check_document(v: &serde_json::Value, document: &str, what: &str) {
+    assert!(
+        v["schema_version"] == 1 && v["document"] == document,
+        "{what}: not a version 1 '{document}' document (schema_version {}, document {}):\n{v:#}",
+        v["schema_version"],
+        v["document"]
+    );
+}
+
+/// The device of a `devices` document (`scan -o json`) that `matches` (by name:
+/// [`crate::find_device`]); fails the test naming `what` (and showing the document) when none
+/// does.
+pub fn scan_device<'a>(
+    scan: &'a serde_json::Value,
+    what: &str,
+    matches: impl Fn(&serde_json::Value) -> bool,
+) -> &'a serde_json::Value {
+    scan["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no devices list in {scan:#}"))
+        .iter()
+        .find(|d| matches(d))
+        .unwrap_or_else(|| panic!("no {what} in {scan:#}"))
 }

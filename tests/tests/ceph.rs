@@ -1,6 +1,13 @@
 //! The rbd incidents (1, 4 and 5) against a real Ceph cluster and Debian's kernel client, and
 //! the console's `who-watches` on the cluster's own watcher list (issue 11).
 
+#[path = "support/scenario_documents.rs"]
+mod scenario_documents;
+// Only `Schema` is used here (the conformance test uses the rest).
+#[allow(dead_code)]
+#[path = "support/schema.rs"]
+mod schema;
+
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -14,17 +21,11 @@ use blockjanitor_tests::guest::{stage_agent, Run};
 use blockjanitor_tests::{serial, text};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use scenario_documents::schema_valid;
 use serde_json::Value;
 
 /// The port qemu listens on (127.0.0.1 of the cluster's namespace) for the guest agent's 9443.
 const AGENT_PORT: u16 = 19443;
-
-fn json(run: &Run, name: &str) -> serde_json::Value {
-    let text = run.section(name);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", run.output)
-    })
-}
 
 fn host_line<'a>(run: &'a Run, prefix: &str) -> &'a str {
     run.output
@@ -40,14 +41,15 @@ fn root_ceph_incident1_unused_mapping_is_unmapped_and_the_watcher_goes() {
     }
     let run = run_ceph_scenario("rbd-incident1.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["rbd"]["pool"], "k8s");
     assert_eq!(h["rbd"]["image"], "vol");
     let watcher = format!(
         "watcher={} {}",
         h["rbd"]["client_addr"].as_str().expect("addr"),
-        h["rbd"]["watcher_client"].as_str().expect("id")
+        h["rbd"]["client_id"].as_str().expect("id")
     );
     let mapped = host_line(&run, "HOST watchers-mapped:");
     assert!(
@@ -70,7 +72,8 @@ fn root_ceph_incident5_foreign_mount_on_rbd_is_released_then_unmapped() {
     }
     let run = run_ceph_scenario("rbd-incident5.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     let m = &h["holders"][0];
     assert_eq!(m["kind"], "mount", "{h:#}");
     assert_eq!(m["in_host_namespace"], false);
@@ -87,16 +90,18 @@ fn root_ceph_incident4_fenced_client_is_reported_and_still_cleaned_locally() {
     }
     let run = run_ceph_scenario("rbd-incident4.sh");
     run.assert_ok();
-    let h = json(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     let watcher = format!(
         "watcher={} {}",
         h["rbd"]["client_addr"].as_str().expect("addr"),
-        h["rbd"]["watcher_client"].as_str().expect("id")
+        h["rbd"]["client_id"].as_str().expect("id")
     );
     assert!(host_line(&run, "HOST watchers-mapped:").contains(&watcher), "{}", run.output);
-    let fenced = json(&run, "fenced");
+    let fenced = run.device("fenced");
+    // The blocklist line krbd logged ("" while the client is not fenced).
     assert!(
-        fenced["rbd"]["fenced"].is_string(),
+        fenced["rbd"]["fenced"].as_str().is_some_and(|f| !f.is_empty()),
         "the agent reports the mapping fenced:\n{fenced:#}\n{}",
         run.section("dmesg")
     );
@@ -112,6 +117,7 @@ fn root_ceph_release_mode_detaches_a_stale_rbd_mount_by_itself() {
     }
     let run = run_ceph_scenario("rbd-release-mode.sh");
     run.assert_ok();
+    schema_valid(&run);
     let journal = run.section("journal");
     assert!(
         journal.contains("\"action\":\"detach_mount\"") && journal.contains("\"result\":\"done\""),
@@ -295,10 +301,14 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         let o = child.wait_with_output().expect("agentctl");
         (o.status.code().unwrap_or(-1), text(&o.stdout), text(&o.stderr))
     };
+    let schema = schema::Schema::load();
     let who_watches = |status: &str| -> Value {
         let (code, o, e) = ctl(&["who-watches", "-", "-o", "json"], status);
         assert_eq!(code, 0, "who-watches: {e}{o}");
-        serde_json::from_str(&o).unwrap_or_else(|e| panic!("who-watches output is not JSON ({e}): {o}"))
+        let v: Value =
+            serde_json::from_str(&o).unwrap_or_else(|e| panic!("who-watches output is not JSON ({e}): {o}"));
+        schema.check(&v, "fleet_who_watches", "agentctl fleet who-watches -o json");
+        v
     };
 
     // 1. Both mappings, the agent listening.
@@ -318,6 +328,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
         let (code, o, e) = ctl(&["nodes", "-o", "json"], "");
         let v: Value = serde_json::from_str(&o).unwrap_or(Value::Null);
         if code == 0 && v["nodes"][0]["name"] == "guest-a" && v["nodes"][0]["reachable"] == true {
+            schema.check(&v, "fleet_nodes", "agentctl fleet nodes -o json");
             break;
         }
         assert!(
@@ -329,7 +340,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
     }
     let v = who_watches(&status);
     assert_eq!(v["watchers"].as_array().map(Vec::len), Some(2), "{v:#}");
-    assert!(v["missing_nodes"].as_array().is_none_or(Vec::is_empty), "{v:#}");
+    assert!(v["missing_nodes"].as_array().expect("missing_nodes").is_empty(), "{v:#}");
     for (dev, id, addr) in &mapped {
         let w = watcher(&v, addr);
         assert_eq!(w["client_id"], id.as_str(), "{v:#}");
@@ -356,7 +367,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let v = loop {
         let v = who_watches(&status);
-        if watcher(&v, &lost.2)["mappings"].as_array().is_none_or(Vec::is_empty) {
+        if watcher(&v, &lost.2)["mappings"].as_array().expect("mappings").is_empty() {
             break v;
         }
         assert!(Instant::now() < deadline, "the console still maps {} after 30 s:\n{v:#}", lost.0);

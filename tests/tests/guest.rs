@@ -1,8 +1,18 @@
 //! Scenarios in the qemu guest (Debian's kernel): what this host's kernel cannot show
 //! (scsi_debug disks, device-mapper multipath, nbd, rbd), with the real agent binary inside.
 
+#[path = "support/scenario_documents.rs"]
+mod scenario_documents;
+// Only `Schema` is used here (the conformance test uses the rest).
+#[allow(dead_code)]
+#[path = "support/schema.rs"]
+mod schema;
+
 use blockjanitor_tests::find_device;
-use blockjanitor_tests::guest::{require_guest, run_scenario, run_scenario_with, run_scenario_within};
+use blockjanitor_tests::guest::{
+    check_document, require_guest, run_scenario, run_scenario_with, run_scenario_within, scan_device,
+};
+use scenario_documents::schema_valid;
 
 #[test]
 fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
@@ -11,28 +21,17 @@ fn root_guest_agent_scans_a_scsi_disk_and_releases_a_foreign_mount() {
     }
     let run = run_scenario("agent-scan.sh");
     run.assert_ok();
-    let scan: serde_json::Value = serde_json::from_str(&run.section("scan")).expect("scan JSON");
-    let sda = scan["devices"]
-        .as_array()
-        .expect("devices")
-        .iter()
-        .find(|d| d["device"]["name"] == "sda")
-        .unwrap_or_else(|| panic!("no sda in {scan:#}"));
-    assert_eq!(sda["device"]["kind"], "disk");
-    assert_eq!(sda["device"]["size_bytes"], 16 << 20);
-    let holders: serde_json::Value = serde_json::from_str(&run.section("holders")).expect("holders JSON");
+    schema_valid(&run);
+    let scan = run.devices("scan");
+    let sda = find_device(&scan, "sda");
+    assert_eq!(sda["kind"], "disk");
+    assert_eq!(sda["size_bytes"], 16 << 20);
+    let holders = run.device("holders");
     let h = &holders["holders"][0];
     assert_eq!(h["kind"], "mount");
     assert_eq!(h["in_host_namespace"], false);
     assert_eq!(h["mount_point"], "/mnt/vol");
     assert_eq!(h["comm"], "sleep");
-}
-
-fn json_section(run: &blockjanitor_tests::guest::Run, name: &str) -> serde_json::Value {
-    let text = run.section(name);
-    serde_json::from_str(&text).unwrap_or_else(|e| {
-        panic!("section {name} is not JSON ({e}):\n{text}\n--- output ---\n{}", run.output)
-    })
 }
 
 #[test]
@@ -42,7 +41,8 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     }
     let run = run_scenario("incident3.sh");
     run.assert_ok();
-    let scan = json_section(&run, "scan");
+    schema_valid(&run);
+    let scan = run.devices("scan");
     let map = find_device(&scan, "dm-0");
     assert_eq!(map["verdict"], "stale", "{map:#}");
     let reason = map["reasons"][0].as_str().expect("reason");
@@ -54,7 +54,7 @@ fn root_guest_incident3_dead_map_and_paths_are_reported_and_torn_down() {
     );
     let mp = &map["multipath"];
     assert_eq!(mp["wwid"], "333333330000007d0");
-    assert_eq!(mp["queue_if_no_path"], true);
+    assert_eq!(mp["queue_if_no_path"], "on");
     let states: Vec<&str> =
         mp["paths"].as_array().expect("paths").iter().filter_map(|p| p["state"].as_str()).collect();
     assert_eq!(states, vec!["failed", "failed"]);
@@ -92,7 +92,8 @@ fn root_guest_map_with_an_active_path_is_never_stale() {
     }
     let run = run_scenario("one-path-active.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     assert_eq!(h["verdict"], "unused", "{h:#}");
     assert!(h["reasons"].to_string().contains("1 of 2 path(s) active"), "{h:#}");
     let clean = run.section("clean");
@@ -106,10 +107,11 @@ fn root_guest_stuck_reader_is_freed_by_fail_if_no_path_and_the_api_keeps_answeri
     }
     let run = run_scenario("stuck-reader.sh");
     run.assert_ok();
+    schema_valid(&run);
     assert!(run.output.contains("state: D"), "the reader hung in D state:\n{}", run.output);
-    let api = json_section(&run, "api");
+    let api = run.device("api");
     assert!(api.to_string().contains("open_device"), "the API answers while the reader is stuck: {api:#}");
-    let h = json_section(&run, "holders");
+    let h = run.device("holders");
     let holder = &h["holders"][0];
     assert_eq!(holder["kind"], "open_device");
     assert_eq!(holder["process_state"], "D");
@@ -120,7 +122,7 @@ fn root_guest_stuck_reader_is_freed_by_fail_if_no_path_and_the_api_keeps_answeri
         "dd ended with an error once queueing stopped:\n{}",
         run.output
     );
-    assert!(!run.section("api-after").is_empty(), "the API still answers after teardown");
+    check_document(&run.json("api-after"), "node", "the API still answers after teardown");
 }
 
 #[test]
@@ -130,7 +132,8 @@ fn root_guest_foreign_mount_on_a_map_is_released_first() {
     }
     let run = run_scenario("foreign-mount-on-map.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     assert_eq!(h["holders"][0]["kind"], "mount");
     assert_eq!(h["holders"][0]["in_host_namespace"], false);
     let clean = run.section("clean");
@@ -150,7 +153,8 @@ fn root_guest_standalone_offline_disk_is_deleted() {
     }
     let run = run_scenario("offline-disk.sh");
     run.assert_ok();
-    let h = json_section(&run, "holders");
+    schema_valid(&run);
+    let h = run.device("holders");
     assert_eq!(h["scsi"]["state"], "offline");
     let clean = run.section("clean");
     assert!(clean.contains("delete SCSI disk sda") && clean.contains("rc=0"), "{clean}");
@@ -163,12 +167,13 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
     }
     let run = run_scenario("nbd-dead-server.sh");
     run.assert_ok();
+    schema_valid(&run);
     assert_eq!(
         run.section("server").trim(),
         "nbd-server processes after the kill: 0",
         "the server process itself is gone before the agent looks"
     );
-    let h = json_section(&run, "holders");
+    let h = run.device("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert_eq!(h["nbd"]["server_alive"], false, "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("is gone"), "{h:#}");
@@ -208,7 +213,7 @@ impl Violations {
     /// in_use and a mount of fstype btrfs, or a holder of kind `filesystem` (a live filesystem on
     /// the device with no visible mount, as the kernel-side probe reports it).
     fn btrfs_holds(&mut self, run: &blockjanitor_tests::guest::Run, section: &str) {
-        let h = json_section(run, section);
+        let h = run.device(section);
         let btrfs = h["holders"].as_array().is_some_and(|hs| {
             hs.iter().any(|x| (x["kind"] == "mount" && x["fstype"] == "btrfs") || x["kind"] == "filesystem")
         });
@@ -262,6 +267,7 @@ impl Violations {
         );
         // Anything else the scenario itself found wrong (its setup, the foreign namespace's holder).
         run.assert_ok();
+        schema_valid(run);
     }
 }
 
@@ -513,6 +519,7 @@ fn root_guest_kill9_at_each_journal_phase_converges() {
         run.output.lines().find(|l| l.starts_with("all phases:")).unwrap_or("(no total)")
     );
     run.assert_ok();
+    schema_valid(&run);
     // Killed right after each record: an interrupted step is one whose kernel call was not
     // made; recovery finds the map or the disk still there (`replan`), except the paths' offline
     // step, which the scenario's own offlining already did (`in_place`).
@@ -647,6 +654,7 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     let run = run_scenario("multipathd-dead-map.sh");
     eprintln!("multipathd-dead-map.sh: {:.1} s in all", started.elapsed().as_secs_f64());
     run.assert_ok();
+    schema_valid(&run);
     let wwid = "333333330000007d0";
 
     // Control: a process named multipathd whose socket does not answer: fail closed.
@@ -748,6 +756,7 @@ fn root_guest_lvm_and_luks_on_a_dead_map_are_removed_top_down() {
         run.section("timing")
     );
     run.assert_ok();
+    schema_valid(&run);
     let layers = run.section("layers");
     assert!(layers.contains("uuid=LVM-") && layers.contains("uuid=CRYPT-LUKS2-"), "{layers}");
     let (map, lv0, lv1, crypt) = (
@@ -758,7 +767,7 @@ fn root_guest_lvm_and_luks_on_a_dead_map_are_removed_top_down() {
     );
 
     // Held on the host: the map is in use, and says by what and through which layer.
-    let held = json_section(&run, "holders-held");
+    let held = run.device("holders-held");
     assert_eq!(held["verdict"], "in_use", "{held:#}");
     let reasons = held["reasons"].to_string();
     assert!(
@@ -804,12 +813,13 @@ fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
         run.section("timing")
     );
     run.assert_ok();
+    schema_valid(&run);
     let layers = run.section("layers");
     let parts: Vec<&str> =
         layers.lines().filter(|l| l.contains("uuid=part")).filter_map(|l| l.split(' ').nth(1)).collect();
     assert_eq!(parts.len(), 2, "{layers}");
     let map = layer_dev(&run, "mpathb");
-    let h = json_section(&run, "holders");
+    let h = run.device("holders");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     assert!(h["reasons"].to_string().contains("2 layer(s) stacked on it removed first"), "{h:#}");
     let clean = run.section("clean");
@@ -825,6 +835,11 @@ fn root_guest_kpartx_partition_maps_go_before_their_dead_map() {
 }
 
 // ---- Issue 12: NVMe over Fabrics (NVMe/TCP over the guest's loopback, nvmet via configfs).
+
+/// The value of `key` in an NVMe controller's address (`traddr=127.0.0.1,trsvcid=4420`).
+fn address_part<'a>(address: &'a str, key: &str) -> Option<&'a str> {
+    address.split(',').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
 
 /// A scenario that found its prerequisite missing from the guest image: fails in CI, else
 /// prints SKIPPED with the reason (true: skipped).
@@ -845,10 +860,11 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
         return;
     }
     run.assert_ok();
+    schema_valid(&run);
     // Before the grace period: a candidate with the controller's evidence.
-    let first = json_section(&run, "first");
+    let first = run.device("first");
     assert_eq!(first["verdict"], "suspect", "{first:#}");
-    assert_eq!(first["device"]["kind"], "nvme_namespace", "{first:#}");
+    assert_eq!(first["kind"], "nvme_namespace", "{first:#}");
     let nv = &first["nvme"];
     assert_eq!(nv["role"], "head", "{nv:#}");
     assert_eq!(nv["subsysnqn"], "nqn.2026-11.io.blockjanitor:a", "{nv:#}");
@@ -856,21 +872,22 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert_eq!(c["state"], "connecting", "{c:#}");
     assert_eq!(c["transport"], "tcp", "{c:#}");
     assert_eq!(c["ctrl_loss_tmo"], "off", "{c:#}");
-    assert_eq!(c["address"]["traddr"], "127.0.0.1", "{c:#}");
-    assert_eq!(c["address"]["trsvcid"], "4420", "{c:#}");
-    assert!(c["address"].get("src_addr").is_none(), "no src_addr while not live: {c:#}");
+    // `address` is the target end (`traddr=..,trsvcid=..`); nvme-tcp's src_addr, which the kernel
+    // shows only for a live controller, is a field of its own and in the raw address.
+    let address = c["address"].as_str().unwrap_or_else(|| panic!("address: {c:#}"));
+    assert_eq!(address_part(address, "traddr"), Some("127.0.0.1"), "{c:#}");
+    assert_eq!(address_part(address, "trsvcid"), Some("4420"), "{c:#}");
+    let raw = c["address_raw"].as_str().unwrap_or_else(|| panic!("address_raw: {c:#}"));
+    assert!(address_part(raw, "traddr") == Some("127.0.0.1"), "the kernel's address: {c:#}");
+    assert!(
+        c["src_addr"] == "" && address_part(raw, "src_addr").is_none(),
+        "no src_addr while not live: {c:#}"
+    );
     assert!(first["reasons"][0].as_str().expect("reason").contains("no live controller"), "{first:#}");
     // After it: stale; the mounted one in use; the live one unused.
-    let scan = json_section(&run, "scan");
-    let by_nqn = |nqn: &str| {
-        scan["devices"]
-            .as_array()
-            .expect("devices")
-            .iter()
-            .find(|d| d["nvme"]["subsysnqn"] == nqn)
-            .unwrap_or_else(|| panic!("no namespace of {nqn} in {scan:#}"))
-            .clone()
-    };
+    let scan = run.devices("scan");
+    let by_nqn =
+        |nqn: &str| scan_device(&scan, &format!("namespace of {nqn}"), |d| d["nvme"]["subsysnqn"] == nqn);
     let (a, b, c) = (
         by_nqn("nqn.2026-11.io.blockjanitor:a"),
         by_nqn("nqn.2026-11.io.blockjanitor:b"),
@@ -882,7 +899,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert_eq!(b["holders"][0]["in_host_namespace"], false, "{b:#}");
     assert!(b["reasons"].to_string().contains("not released by the agent"), "{b:#}");
     assert_eq!(c["verdict"], "unused", "{c:#}");
-    assert_eq!(c["nvme"]["live"], 1, "{c:#}");
+    assert_eq!(c["nvme"]["live_controllers"], 1, "{c:#}");
     assert!(c["reasons"].to_string().contains("never stale"), "{c:#}");
     let clean_a = run.section("clean_a");
     assert!(
@@ -896,7 +913,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     let clean_c = run.section("clean_c");
     assert!(clean_c.contains("live") && clean_c.contains("rc=4"), "refused (exit 4): {clean_c}");
     // Every controller to 127.0.0.1 down at once: an outage, nothing cleaned.
-    let outage = json_section(&run, "outage");
+    let outage = run.device("outage");
     assert_eq!(outage["verdict"], "outage", "{outage:#}");
     assert!(outage["reasons"][0].as_str().expect("reason").starts_with("outage:"), "{outage:#}");
     let co = run.section("clean_outage");
@@ -916,22 +933,25 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     }
     let run = run_scenario("iscsi-stale-session.sh");
     run.assert_ok();
+    schema_valid(&run);
     // Without I/O the kernel shows nothing; the read a path checker makes logs the target's answer.
     let quiet = run.section("kernel-after-removal");
     assert!(quiet.contains("state=running") && quiet.contains("LOGGED_IN"), "{quiet}");
     let read = run.section("kernel-after-read");
     assert_eq!(read.matches("Logical unit not supported").count(), 2, "{read}");
-    let before = json_section(&run, "before");
+    let before = run.device("before");
     assert_eq!(before["verdict"], "unused", "a running LUN nothing said is gone: {before:#}");
-    assert_eq!(before["scsi"]["session"]["targetname"], "iqn.2026-11.io.blockjanitor:stale-a", "{before:#}");
-    assert_eq!(before["scsi"]["session"]["connections"][0]["persistent_port"], 3260, "{before:#}");
+    let session = &before["iscsi_session"];
+    assert_eq!(session["target"], "iqn.2026-11.io.blockjanitor:stale-a", "{before:#}");
+    // Connection 0's persistent portal (address and port), as the logout step names it.
+    assert_eq!(session["portal"], "127.0.0.1:3260", "{before:#}");
     // Within the grace period: suspect, and a clean refuses; after it: stale.
-    let h = json_section(&run, "holders");
+    let h = run.device("holders");
     assert_eq!(h["verdict"], "suspect", "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("reports the LUN gone"), "{h:#}");
     let soon = run.section("too-soon");
     assert!(!soon.contains("rc=0") && !soon.contains(": done"), "nothing before the grace period: {soon}");
-    let h = json_section(&run, "holders-after");
+    let h = run.device("holders-after");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     let first = run.section("clean1");
     assert!(first.contains("rc=0") && !first.contains("iscsi_logout"), "{first}");
@@ -959,12 +979,15 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     // The outage: both remaining sessions down, their disks transport-offline.
     let kernel = run.section("outage-kernel");
     assert_eq!(kernel.matches("transport-offline").count(), 2, "{kernel}");
-    let scan = json_section(&run, "outage-scan");
-    for d in scan["devices"].as_array().expect("devices").iter().filter(|d| d["scsi"].is_object()) {
+    let scan = run.devices("outage-scan");
+    let disks: Vec<&serde_json::Value> =
+        scan["devices"].as_array().expect("devices").iter().filter(|d| d["scsi"].is_object()).collect();
+    assert!(disks.len() >= 2, "the disks of both sessions are in the scan: {scan:#}");
+    for d in disks {
         assert_eq!(d["verdict"], "outage", "{d:#}");
         assert!(d["reasons"][0].as_str().expect("reason").starts_with("outage: "), "{d:#}");
     }
-    assert!(scan["blind_spots"].as_array().is_none_or(Vec::is_empty), "{:#}", scan["blind_spots"]);
+    assert!(scan["blind_spots"].as_array().expect("blind_spots").is_empty(), "{:#}", scan["blind_spots"]);
     let refused = run.section("outage-clean");
     assert!(refused.contains("rc=4") && refused.contains("outage"), "refused (exit 4): {refused}");
 }
@@ -985,6 +1008,7 @@ fn root_guest_clean_of_an_nvme_namespace_whose_sibling_is_open_is_refused() {
         return;
     }
     run.assert_ok();
+    schema_valid(&run);
     let devices = run.section("devices");
     let field = |k: &str| {
         devices
@@ -1040,6 +1064,7 @@ fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refu
     }
     let run = run_scenario_with("dm-fd-in-flight.sh", None, stage_fd_in_flight);
     run.assert_ok();
+    schema_valid(&run);
     let opener = run.section("opener");
     assert!(opener.contains("open count 1"), "the kernel counts the fd in flight: {opener}");
     assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc: {opener}");
