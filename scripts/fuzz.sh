@@ -36,9 +36,12 @@ afl_fuzz=$(ls -d "$HOME"/.local/share/afl.rs/rustc-"$(rustc -V | cut -d' ' -f2)"
 [ -x "$afl_fuzz" ] || { echo "fuzz.sh: no afl-fuzz built by cargo-afl for this rustc (cargo afl config --build)" >&2; exit 1; }
 
 export CARGO_TARGET_DIR=$PWD/target/afl
-# Optimised by default: the instrumented build of the agent's whole dependency tree takes 7-8
-# minutes cold on 2 cores either way (unoptimised was no faster here), and runs faster.
-# FUZZ_PROFILE=dev for a debug build.
+# The optimisation level is cargo-afl's, not the profile's: it passes `-C opt-level=$AFL_OPT_LEVEL`
+# (default 3) and `-C codegen-units=1` in RUSTFLAGS, which is why FUZZ_PROFILE=dev was no faster
+# to build. The instrumented build of the agent's whole dependency tree at level 3 took about 9 of
+# a cold CI run's minutes on 2 cores; scripts/test.sh's 6-second smoke run asks for
+# AFL_OPT_LEVEL=1 (fewer executions a second, a much shorter build); a long run keeps 3.
+# FUZZ_PROFILE=dev for a debug build (debug info, the same opt-level).
 profile=${FUZZ_PROFILE:-release}
 bindir=$CARGO_TARGET_DIR/$([ "$profile" = dev ] && echo debug || echo "$profile")
 echo "== building the targets instrumented"

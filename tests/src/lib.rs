@@ -9,6 +9,7 @@
 pub mod ceph;
 pub mod child_log;
 pub mod console;
+pub mod container;
 pub mod daemon;
 pub mod deploy;
 pub mod failover;
@@ -23,6 +24,7 @@ pub mod lease_mock;
 pub mod load;
 pub mod measure;
 pub mod netns;
+pub mod readme;
 pub mod standin_fleet;
 
 use std::path::{Path, PathBuf};

@@ -29,59 +29,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use blockjanitor_tests::container::{base_image, podman, run, BASE_IMAGE, CACHE, ULIMITS};
 use blockjanitor_tests::deploy::{on_path, repo, require};
 use blockjanitor_tests::{
     agent_bin, pid1_uninspectable, serial, sh, text, wait_until, HostMount, LoopDev, NsProcess, Scratch,
     TRUST_INIT_ENV,
 };
 
-const BASE_IMAGE: &str = "localhost/bookworm-base";
 /// The image under test: one tag per test process (removed at the end), so that two runs of the
 /// suite on one machine never remove each other's image.
 fn image() -> String {
     format!("localhost/blockjanitor:test-{}", std::process::id())
-}
-const CACHE: &str = "/var/cache/blockjanitor-test";
-
-/// podman with the flags that work on this kernel (runc, cgroupfs; crun refuses the hybrid
-/// cgroup layout).
-fn podman() -> Command {
-    let mut c = Command::new("podman");
-    c.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"]).stdin(Stdio::null());
-    c
-}
-
-/// Raising rlimits above the current ones is refused here: keep them.
-const ULIMITS: [&str; 4] = ["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"];
-
-fn run(mut c: Command, what: &str) -> String {
-    let out = c.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{what} failed:\n{}{}", text(&out.stdout), text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// The bookworm base image, made from Debian's packages once and cached (under a lock: another
-/// test run may be making it).
-fn base_image() {
-    std::fs::create_dir_all(CACHE).expect("cache dir");
-    let lock = std::fs::File::create(Path::new(CACHE).join(".lock")).expect("lock file");
-    lock.lock().expect("lock the base image cache");
-    let exists = podman().args(["image", "exists", BASE_IMAGE]).status().is_ok_and(|s| s.success());
-    if exists {
-        return;
-    }
-    let tar = Path::new(CACHE).join("bookworm-minbase.tar");
-    if !tar.exists() {
-        // mmdebstrap picks the output format from the name: keep ".tar" at the end.
-        let partial = Path::new(CACHE).join("bookworm-minbase.partial.tar");
-        let mut c = Command::new("mmdebstrap");
-        c.args(["--variant=minbase", "--include=libudev1", "bookworm"]).arg(&partial);
-        run(c, "mmdebstrap (builds the bookworm base image from Debian's mirror)");
-        std::fs::rename(&partial, &tar).expect("keep the tarball");
-    }
-    let mut c = podman();
-    c.args(["import", "--message", "bookworm minbase + libudev1 (mmdebstrap)"]).arg(&tar).arg(BASE_IMAGE);
-    run(c, "podman import");
 }
 
 /// Builds the runtime image from the Dockerfile's `runtime-prebuilt` target, with the binaries
