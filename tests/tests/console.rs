@@ -737,6 +737,9 @@ fn console_apply_needs_identities_dry_runs_every_node_and_keeps_a_budget_and_per
         let e = admin.apply(one.clone()).await.expect_err("a fixture tree cannot be acted on");
         assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
         assert!(e.message().starts_with("the agent on node-old: "), "{e:?}");
+        // The agent logs the audit line before it answers; the test reads its stderr on a thread
+        // of its own, which may not have the line yet.
+        wait_until(Duration::from_secs(10), || apply_audits(cl.agent("node-old")).len() > audits_before);
         let audits = apply_audits(cl.agent("node-old"));
         assert_eq!(audits.len(), audits_before + 1, "{audits:#?}");
         let last = audits.last().expect("audit");
