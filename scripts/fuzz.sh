@@ -40,7 +40,8 @@ export CARGO_TARGET_DIR=$PWD/target/afl
 # (default 3) and `-C codegen-units=1` in RUSTFLAGS, which is why FUZZ_PROFILE=dev was no faster
 # to build. The instrumented build of the agent's whole dependency tree at level 3 took about 9 of
 # a cold CI run's minutes on 2 cores; scripts/test.sh's 6-second smoke run asks for
-# AFL_OPT_LEVEL=1 (fewer executions a second, a much shorter build); a long run keeps 3.
+# AFL_OPT_LEVEL=1 (a build of about 7 minutes instead of 11 here, and about as many executions
+# in 6 s); a long run keeps 3.
 # FUZZ_PROFILE=dev for a debug build (debug info, the same opt-level).
 profile=${FUZZ_PROFILE:-release}
 bindir=$CARGO_TARGET_DIR/$([ "$profile" = dev ] && echo debug || echo "$profile")
