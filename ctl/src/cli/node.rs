@@ -43,28 +43,12 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
         Command::Device { device } => {
             // ListHolders, not GetDevice: its answer carries the scan's context (warnings, blind
             // spots, the INCOMPLETE VIEW line) the `device` document has.
-            let r = pb::ListHoldersRequest { device: device.clone() };
-            let r =
-                client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
-            let Some(d) = &r.device else { bail!("the agent answered without the device") };
-            write_out(&render(
-                out,
-                || doc::device_doc(d, &r),
-                || text::incomplete_first(&r.incomplete_view, text::device_table(d, true)),
-            )?)?;
+            show_device(&mut c, timeout, out, device, true).await?;
             Ok(0)
         }
         Command::Holders { device } => {
-            let r = pb::ListHoldersRequest { device: device.clone() };
-            let r =
-                client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
-            let Some(d) = &r.device else { bail!("the agent answered without the device") };
-            write_out(&render(
-                out,
-                || doc::device_doc(d, &r),
-                || text::incomplete_first(&r.incomplete_view, text::device_table(d, false)),
-            )?)?;
-            Ok(exit::holders(d, &r.incomplete_view))
+            let r = show_device(&mut c, timeout, out, device, false).await?;
+            Ok(r.device.as_ref().map_or(exit::ERROR, |d| exit::holders(d, &r.incomplete_view)))
         }
         Command::Plan { devices, release } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
@@ -120,6 +104,27 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
         }
         Command::Watch => watch(&mut c, timeout, out).await,
     }
+}
+
+/// `device` (`wide`: every detail) and `holders`: the agent's ListHolders for one device (its
+/// answer carries the scan's context the `device` document has), printed; the answer, which has
+/// the device.
+async fn show_device(
+    c: &mut AgentClient<Channel>,
+    timeout: Duration,
+    out: Output,
+    device: &str,
+    wide: bool,
+) -> Result<pb::ListHoldersResponse> {
+    let r = pb::ListHoldersRequest { device: device.to_owned() };
+    let r = client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
+    let Some(d) = &r.device else { bail!("the agent answered without the device") };
+    write_out(&render(
+        out,
+        || doc::device_doc(d, &r),
+        || text::incomplete_first(&r.incomplete_view, text::device_table(d, wide)),
+    )?)?;
+    Ok(r)
 }
 
 /// `release`/`clean DEVICE`: the agent's Plan for one device (a dry run), or with `apply` its
