@@ -228,38 +228,63 @@ impl Rng {
     }
 }
 
-/// Mount holders as (namespace inode, mount point), in the order the view lists them: the part
-/// of a device's view a mount event changes. The order counts too: a re-read that listed a
-/// namespace's mounts elsewhere than a full scan does would publish "holders changed" for every
-/// device mounted there, with nothing changed.
-type Mounts = Vec<(u64, String)>;
+/// A device as an event changes it: its verdict, and its holders as (kind, namespace inode,
+/// mount point, path, holder description), in the order the view lists them. The order counts
+/// too: a re-read that listed a namespace's mounts elsewhere than a full scan does would publish
+/// "holders changed" for every device mounted there, with nothing changed.
+#[derive(Debug, PartialEq)]
+struct Shown {
+    verdict: String,
+    holders: Vec<(String, u64, String, String, String)>,
+}
 
-/// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`'s mounts.
-fn full_scan_mounts(dev: &str) -> Mounts {
+/// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`.
+fn full_scan_shows(dev: &str) -> Shown {
     let out = agent(&["holders", dev, "--output", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("holders {dev}: not JSON ({e}): {}", text(&out.stdout)));
-    v["holders"]
+    let str_of =
+        |h: &serde_json::Value, k: &str| h[k].as_str().unwrap_or_else(|| panic!("{k} of {h:#}")).to_owned();
+    let holders = v["holders"]
         .as_array()
         .unwrap_or_else(|| panic!("holders {dev}: no holder list: {v:#}"))
         .iter()
-        .filter(|h| h["kind"] == "mount")
         .map(|h| {
-            let ns = h["mount_namespace"].as_u64().unwrap_or_else(|| panic!("a mount's namespace: {h:#}"));
-            (ns, h["mount_point"].as_str().expect("mount point").to_owned())
+            let ns = h["mount_namespace"].as_u64().unwrap_or_else(|| panic!("a holder's namespace: {h:#}"));
+            (str_of(h, "kind"), ns, str_of(h, "mount_point"), str_of(h, "path"), str_of(h, "description"))
         })
-        .collect()
+        .collect();
+    Shown { verdict: str_of(&v, "verdict"), holders }
 }
 
-/// What the daemon's latest view shows of `dev`'s mounts.
-async fn daemon_mounts(c: &mut Client, dev: &str) -> Mounts {
+/// What the daemon's latest view shows of `dev`.
+async fn daemon_shows(c: &mut Client, dev: &str) -> Shown {
     let d =
         c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
-    d.holders
+    let verdict = pb::Verdict::try_from(d.verdict).expect("a known verdict").as_str_name();
+    let holders = d
+        .holders
         .iter()
-        .filter(|h| h.kind == pb::HolderKind::Mount as i32)
-        .map(|h| (h.mount_namespace, h.mount_point.clone()))
-        .collect()
+        .map(|h| {
+            let kind = pb::HolderKind::try_from(h.kind).expect("a known holder kind").as_str_name();
+            let kind = kind.trim_start_matches("HOLDER_KIND_").to_ascii_lowercase();
+            (kind, h.mount_namespace, h.mount_point.clone(), h.path.clone(), h.description.clone())
+        })
+        .collect();
+    Shown { verdict: verdict.trim_start_matches("VERDICT_").to_ascii_lowercase(), holders }
+}
+
+/// How many of the daemon's re-reads (debug log) rebuilt fewer devices than the host has: the
+/// ones that kept the untouched devices' entries and verdicts from the view before.
+fn partial_rereads(log: &str) -> usize {
+    log.lines()
+        .filter(|l| l.contains("re-read snapshot joined"))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            let f = if v["fields"].is_object() { &v["fields"] } else { &v };
+            f["rebuilt"].as_u64().zip(f["devices"].as_u64()).is_some_and(|(r, d)| r < d)
+        })
+        .count()
 }
 
 /// Waits until the daemon has published no view for `quiet` (the follow-up re-reads after an
@@ -316,7 +341,9 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
     let mut spaces: Vec<TestNs> =
         (0..3).map(|_| TestNs { proc: NsProcess::spawn("exec sleep 600"), mounts: Vec::new() }).collect();
     let mut visitors: Vec<NsProcess> = Vec::new();
-    let d = Daemon::start(s.dir.path(), &["--rescan-interval", "3600"]);
+    let d = Daemon::start_configured(s.dir.path(), &[], &["--rescan-interval", "3600"], |c| {
+        c.env("BLOCKJANITOR_LOG", "debug");
+    });
     let mut rng = Rng::new();
     let rounds: usize = std::env::var("BJB_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(24);
     let rt = blockjanitor_tests::rt();
@@ -387,8 +414,8 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
             }
             node = now;
             for lo in &devs {
-                let full = full_scan_mounts(lo.name());
-                let seen = daemon_mounts(&mut c, lo.name()).await;
+                let full = full_scan_shows(lo.name());
+                let seen = daemon_shows(&mut c, lo.name()).await;
                 if seen != full {
                     let log = d.log_text();
                     if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
@@ -396,7 +423,7 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
                     }
                     let tail: Vec<&str> = log.lines().rev().take(40).collect();
                     panic!(
-                        "round {round} ({what}): the daemon shows {seen:?} of {}'s mounts, a full scan {full:?}; \
+                        "round {round} ({what}): the daemon shows {seen:?} of {}, a full scan {full:?}; \
                          the daemon's last log lines, newest first:\n{}",
                         lo.name(),
                         tail.join("\n")
@@ -409,6 +436,16 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
             by_rereads >= rounds / 4,
             "only {by_rereads} of {rounds} rounds were shown by re-reads alone: the incremental path was hardly checked"
         );
+        let log = d.log_text();
+        if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
+            let _ = std::fs::write(f, &log);
+        }
+        let partial = partial_rereads(&log);
+        assert!(
+            partial >= rounds / 8,
+            "only {partial} re-reads kept the devices they did not touch: the view updated in place was hardly checked"
+        );
+        eprintln!("{by_rereads} of {rounds} rounds shown by re-reads alone, {partial} re-reads rebuilt only what they touched");
     });
     if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
         let _ = std::fs::write(f, d.log_text());

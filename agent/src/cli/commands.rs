@@ -55,7 +55,8 @@ pub fn run(cli: &Cli) -> Result<u8> {
             match output {
                 Output::Json | Output::Yaml => {
                     let v = one_shot_view(&judged);
-                    let r = convert::devices_response(&v, v.devices.iter().map(convert::device).collect());
+                    let r =
+                        convert::devices_response(&v, v.devices.iter().map(|d| convert::device(d)).collect());
                     print_value(*output, &view::doc::devices_doc(&r))?
                 }
                 Output::Table | Output::Wide => {

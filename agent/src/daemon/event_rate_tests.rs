@@ -8,7 +8,7 @@ use crate::model::HolderKind;
 
 fn ev(kind: EventKind, name: &str, verdict: Verdict, holders: usize, message: &str) -> AgentEvent {
     let hs = (0..holders as u32).map(|p| process(HolderKind::Mount, 100 + p)).collect();
-    AgentEvent::new(kind, name, message.into(), Some(device(name, 1, verdict, hs)))
+    AgentEvent::new(kind, name, message.into(), Some(std::sync::Arc::new(device(name, 1, verdict, hs))))
 }
 
 fn bare(kind: EventKind, name: &str, message: &str) -> AgentEvent {

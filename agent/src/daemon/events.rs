@@ -6,6 +6,7 @@
 //! appears or goes (not at every process that starts or exits), so an idle node stays quiet.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -34,7 +35,7 @@ pub struct AgentEvent {
     pub time: SystemTime,
     pub message: String,
     /// The device as it is now (none once removed).
-    pub current: Option<DeviceView>,
+    pub current: Option<Arc<DeviceView>>,
     /// The scan generation whose view showed the change (0: not a scan's).
     pub scan: u64,
     /// Earlier `holders_changed` of this device that the per-device cap held back and this one
@@ -43,7 +44,7 @@ pub struct AgentEvent {
 }
 
 impl AgentEvent {
-    pub fn new(kind: EventKind, device: &str, message: String, current: Option<DeviceView>) -> Self {
+    pub fn new(kind: EventKind, device: &str, message: String, current: Option<Arc<DeviceView>>) -> Self {
         Self {
             kind,
             device: device.to_owned(),
@@ -116,17 +117,19 @@ fn is_protected(d: &DeviceView) -> bool {
     d.judgement.verdict == crate::judge::Verdict::Protected
 }
 
-/// The device as an event carries it: a protected device's holders summarised.
-fn for_event(d: &DeviceView) -> DeviceView {
-    let mut d = d.clone();
-    if is_protected(&d) {
-        d.entry.holders = summarised(&d.entry.holders);
+/// The device as an event carries it: a protected device's holders summarised (a copy), any
+/// other shared with the view.
+fn for_event(d: &Arc<DeviceView>) -> Arc<DeviceView> {
+    if !is_protected(d) {
+        return Arc::clone(d);
     }
-    d
+    let mut d = DeviceView::clone(d);
+    d.entry.holders = summarised(&d.entry.holders);
+    Arc::new(d)
 }
 
 /// A device's I/O stopped completing, or completes again.
-fn responsiveness(d: &DeviceView) -> AgentEvent {
+fn responsiveness(d: &Arc<DeviceView>) -> AgentEvent {
     let name = d.entry.device.name.as_str();
     let message = match &d.unresponsive {
         Some(s) => format!("{name}: {}", s.describe()),
@@ -139,8 +142,8 @@ fn responsiveness(d: &DeviceView) -> AgentEvent {
 /// shows as removed then added.
 pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
     let key = |d: &DeviceView| (d.entry.device.name.clone(), d.entry.device.devnum);
-    let before: HashMap<_, &DeviceView> = old.devices.iter().map(|d| (key(d), d)).collect();
-    let after: HashMap<_, &DeviceView> = new.devices.iter().map(|d| (key(d), d)).collect();
+    let before: HashMap<_, &Arc<DeviceView>> = old.devices.iter().map(|d| (key(d), d)).collect();
+    let after: HashMap<_, &Arc<DeviceView>> = new.devices.iter().map(|d| (key(d), d)).collect();
     let mut out = Vec::new();
     for d in &new.devices {
         let name = d.entry.device.name.as_str();
@@ -151,6 +154,8 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                 format!("{name} ({}, {}) appeared", d.entry.device.devnum, d.entry.device.kind.as_str()),
                 Some(for_event(d)),
             )),
+            // Kept from the previous view by a re-read that did not touch it: nothing changed.
+            Some(prev) if Arc::ptr_eq(prev, d) => {}
             Some(prev) => {
                 if is_protected(d) {
                     if holder_kinds(&prev.entry.holders) != holder_kinds(&d.entry.holders) {
@@ -171,7 +176,7 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
                         EventKind::HoldersChanged,
                         name,
                         format!("{name}: {new} holder(s) added, {gone} gone, {} now", d.entry.holders.len()),
-                        Some(d.clone()),
+                        Some(Arc::clone(d)),
                     ));
                 }
                 if prev.unresponsive.is_some() != d.unresponsive.is_some() {

@@ -31,12 +31,13 @@ pub(crate) fn device(name: &str, minor: u32, verdict: Verdict, holders: Vec<Hold
         unresponsive: None,
         last_seen_scan: 1,
         last_seen: None,
+        api_word: 0,
     }
 }
 
 fn view(devices: Vec<DeviceView>) -> View {
     let mut v = View::empty();
-    v.devices = devices;
+    v.devices = devices.into_iter().map(std::sync::Arc::new).collect();
     v
 }
 

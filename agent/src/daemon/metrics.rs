@@ -378,7 +378,7 @@ mod tests {
             vec![ctrl("nvme1", "nqn.c", "4421", CtrlState::Connecting, true)],
         );
         for e in heads {
-            view.devices.push(DeviceView {
+            view.devices.push(std::sync::Arc::new(DeviceView {
                 identity: Identity::of(&e),
                 judgement: Judgement {
                     verdict: Verdict::Unknown,
@@ -389,7 +389,8 @@ mod tests {
                 unresponsive: None,
                 last_seen_scan: 1,
                 last_seen: None,
-            });
+                api_word: 0,
+            }));
         }
         m.observe_scan("start", Duration::from_millis(5), &view);
         let text = m.render();

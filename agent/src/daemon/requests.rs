@@ -24,7 +24,7 @@ impl AgentState {
     pub(super) async fn report_to_kubernetes(&self) {
         let Some(reporter) = self.reporter.get() else { return };
         let view = self.view();
-        let stale: Vec<&DeviceView> =
+        let stale: Vec<&Arc<DeviceView>> =
             view.devices.iter().filter(|d| d.judgement.verdict == Verdict::Stale).collect();
         for d in &stale {
             let name = d.entry.device.name.as_str();
@@ -224,7 +224,7 @@ impl AgentState {
     }
 
     /// Looks a device argument up in the latest view.
-    pub fn find(&self, arg: &str) -> Result<DeviceView, ApiError> {
+    pub fn find(&self, arg: &str) -> Result<Arc<DeviceView>, ApiError> {
         check_device_arg(arg)?;
         let view = self.view();
         if view.scanned_at.is_none() {

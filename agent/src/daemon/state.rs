@@ -24,7 +24,7 @@ use crate::engine::Engine;
 use crate::graph::scan::Target;
 use crate::host::HostRoot;
 use crate::judge::grace::Clocks;
-use crate::model::MountNsId;
+use crate::model::{DevNum, MountNsId};
 use crate::snapshot::reread::Changes;
 
 /// Longest a scan may take before it is reported as overrunning.
@@ -271,15 +271,24 @@ impl AgentState {
     ) -> Result<View, String> {
         use crate::engine::world::World;
         let t0 = Instant::now();
-        let scan = self.engine.world.rescan_changed(changes)?;
+        // What the previous view may keep of a device the re-read does not touch.
+        let (api, now) = (self.engine.world.cluster(), self.engine.world.now());
+        let reusable: HashSet<DevNum> = previous
+            .devices
+            .iter()
+            .filter(|d| d.reusable(api.as_ref(), now))
+            .map(|d| d.entry.device.devnum)
+            .collect();
+        let reread = self.engine.world.rescan_changed(changes, &reusable)?;
         let t1 = Instant::now();
         let mut scratch = self.clocks().clone();
-        let judged = self.engine.judge(scan, &mut scratch);
+        let judged = self.engine.judge(reread.scan, &mut scratch);
         // It may restart a clock (it saw the device held: a mount is evidence enough), never
         // advance one.
         self.clocks().retain(|id| scratch.get(id).is_some());
         let t2 = Instant::now();
-        let view = View::of(judged, scan_number).carrying_device_reads_of(previous);
+        let view = View::merged(judged, previous, reread.rebuilt.as_ref(), &reread.devices, scan_number)
+            .ok_or("the latest view does not list the re-read snapshot's devices")?;
         tracing::debug!(
             read_us = (t1 - t0).as_micros() as u64,
             judge_us = (t2 - t1).as_micros() as u64,

@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::DiscoverError;
 
 /// What one read of `stat` says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct IoStat {
     /// I/Os completed so far: reads, writes, discards and flushes.
     pub completed: u64,

@@ -104,6 +104,8 @@ pub struct Judged {
     pub judged_at: BootTime,
     /// The devices of the scan that do not answer, with the evidence.
     pub stalled: HashMap<DevNum, Stall>,
+    /// What the Kubernetes API said of each device judged ([`judge::gates::api_word_hash`]).
+    pub api_words: HashMap<DevNum, u64>,
 }
 
 impl Judged {
@@ -174,6 +176,13 @@ impl<W: World> Engine<W> {
                 Err(why) => format!("cannot vouch: {why}"),
             },
         };
-        Judged { scan, verdicts, api_state, judged_at: now, stalled }
+        let api_words = scan
+            .graph
+            .devices
+            .iter()
+            .filter(|e| scan.covers(e.device.devnum))
+            .map(|e| (e.device.devnum, judge::gates::api_word_hash(e, api.as_ref(), now)))
+            .collect();
+        Judged { scan, verdicts, api_state, judged_at: now, stalled, api_words }
     }
 }

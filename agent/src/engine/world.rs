@@ -5,6 +5,7 @@
 //! [`LinuxWorld`] is the live host (or a fixture tree, which can be read but never acted on); the
 //! property test has a simulated world with hidden holders, identity swaps and failing steps.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -23,6 +24,7 @@ use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::Step;
 use crate::snapshot::reread::Changes;
+use crate::snapshot::touched::{self, Touched};
 use crate::snapshot::{ScanOptions, Scope, Snapshot};
 
 /// The machine, as the engine sees it.
@@ -34,8 +36,12 @@ pub trait World {
     /// namespaces, block devices), reading nothing else; `Err` says why only a full scan will
     /// do. What it returns is for showing: fds and processes are as the full scan saw them, so
     /// grace clocks and actions never rest on it.
-    fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
-        let _ = changes;
+    ///
+    /// `reusable`: devices whose entry and verdict the caller can keep from its previous view
+    /// if the re-read did not touch them; the scan then builds and covers only the others
+    /// ([`Reread::rebuilt`]).
+    fn rescan_changed(&self, changes: &Changes, reusable: &HashSet<DevNum>) -> Result<Reread, String> {
+        let _ = (changes, reusable);
         Err("this world rescans only in full".into())
     }
     /// The kernel's own word about one device (exclusive-open probe, sysfs holders, live
@@ -70,6 +76,19 @@ pub trait World {
     fn sight(&self) -> Result<(), String> {
         Ok(())
     }
+}
+
+/// A re-read's scan, and which devices it built.
+#[derive(Debug)]
+pub struct Reread {
+    /// Its graph has, and its scope covers, the rebuilt devices only (all when `rebuilt` is
+    /// `None`).
+    pub scan: Scan,
+    /// The devices built and to be judged; every other device of the latest snapshot is as the
+    /// caller's previous view shows it (`None`: every device was built).
+    pub rebuilt: Option<HashSet<DevNum>>,
+    /// Every device of the snapshot, in its order.
+    pub devices: Vec<DevNum>,
 }
 
 /// `PROC_PID_INIT_INO`: the inode of the initial PID namespace, fixed by the kernel.
@@ -111,7 +130,18 @@ impl LinuxWorld {
 
     /// A [`Scan`] of a snapshot: its graph, blind spots and protected devices.
     fn scan_of(&self, snap: &Snapshot, taken_at: BootTime, scope: Option<Vec<DevNum>>) -> Scan {
-        let graph = DeviceGraph::build(snap);
+        self.scan_of_only(snap, taken_at, scope, None)
+    }
+
+    /// [`Self::scan_of`] with the graph built for `only` (`None`: every device).
+    fn scan_of_only(
+        &self,
+        snap: &Snapshot,
+        taken_at: BootTime,
+        scope: Option<Vec<DevNum>>,
+        only: Option<&HashSet<DevNum>>,
+    ) -> Scan {
+        let graph = DeviceGraph::build_only(snap, only);
         let mut blind_spots = snap.blind_spots.clone();
         let protected = protected_devices(
             &self.host,
@@ -176,7 +206,7 @@ impl World for LinuxWorld {
         Ok(scan)
     }
 
-    fn rescan_changed(&self, changes: &Changes) -> Result<Scan, String> {
+    fn rescan_changed(&self, changes: &Changes, reusable: &HashSet<DevNum>) -> Result<Reread, String> {
         // Taken out while it is updated in place: a re-read that fails leaves none, so the next
         // change is read by a full scan too (a half-updated snapshot is never kept).
         let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -184,22 +214,52 @@ impl World for LinuxWorld {
         let started = std::time::Instant::now();
         // Nobody else holds it (the lock is held only to swap it): no copy.
         let mut next = Arc::try_unwrap(snap).unwrap_or_else(|shared| (*shared).clone());
+        let read: HashSet<MountNsId> = changes.namespaces.union(&changes.gone).copied().collect();
+        let before = next.device_inputs(&read, None);
         next.update(&self.host, changes, &self.options)?;
         let updated = started.elapsed();
+        let touched = if changes.devices.is_empty() {
+            touched::touched(&before, &next.device_inputs(&read, Some(&before)), &next)
+        } else {
+            Touched::All("a block device changed")
+        };
+        let rebuilt = match touched {
+            Touched::Some(t) => {
+                let rebuilt: HashSet<DevNum> = next
+                    .devices
+                    .iter()
+                    .map(|d| d.devnum)
+                    .filter(|d| t.contains(d) || !reusable.contains(d))
+                    .collect();
+                // A device judged with others is never judged alone.
+                match rebuilt.iter().find(|d| touched::stacked(&next, **d)) {
+                    Some(_) => None,
+                    None => Some(rebuilt),
+                }
+            }
+            Touched::All(why) => {
+                tracing::debug!("every device rebuilt: {why}");
+                None
+            }
+        };
         // Judged as of the full scan whose fds and processes it carries.
-        let scan = self.scan_of(&next, taken_at, None);
+        let scope = rebuilt.as_ref().map(|r| r.iter().copied().collect());
+        let scan = self.scan_of_only(&next, taken_at, scope, rebuilt.as_ref());
         tracing::debug!(
             updated_us = updated.as_micros() as u64,
             graph_us = (started.elapsed() - updated).as_micros() as u64,
+            rebuilt = rebuilt.as_ref().map_or(next.devices.len(), HashSet::len),
+            devices = next.devices.len(),
             "re-read snapshot joined"
         );
+        let devices = next.devices.iter().map(|d| d.devnum).collect();
         // Put back only if no full scan replaced it meanwhile (a re-read that overran its
         // deadline finishes late): the newer full scan wins, never an older snapshot.
         let mut slot = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some((Arc::new(next), taken_at));
         }
-        Ok(scan)
+        Ok(Reread { scan, rebuilt, devices })
     }
 
     fn kernel_word(&self, device: &DeviceName, devnum: DevNum) -> KernelWord {

@@ -16,7 +16,7 @@ pub mod resolve;
 pub mod scan;
 pub mod stack;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -246,6 +246,15 @@ impl DeviceGraph {
     /// Joins a snapshot. Only devices that were in the snapshot's scope get process and mount
     /// holders; stacking and loop backing come from sysfs for all.
     pub fn build(s: &Snapshot) -> Self {
+        Self::build_only(s, None)
+    }
+
+    /// Joins a snapshot for the devices in `only` (`None`: all), as [`Self::build`] would list
+    /// them: what a re-read rebuilds when it touched only those ([`crate::snapshot::touched`]).
+    /// `only` must hold every device judged with one of them (the touched set says "all" for a
+    /// stack): the entries of the others are not built.
+    pub fn build_only(s: &Snapshot, only: Option<&HashSet<DevNum>>) -> Self {
+        let wanted = |d: DevNum| only.is_none_or(|o| o.contains(&d));
         let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
         // Each namespace by ID, and the first namespace (in the snapshot's order) each process
         // is in: looked up once per holder, thousands of times on a node.
@@ -257,7 +266,7 @@ impl DeviceGraph {
                 ns_of_pid.entry(*p).or_insert(n.id);
             }
         }
-        for m in &s.mounts {
+        for m in s.mounts.iter().filter(|m| wanted(m.device())) {
             let ns = ns_by_id.get(&m.ns).copied();
             let pids: &[u32] = ns.map_or(&[], |n| n.pids.as_slice());
             let mut h = Holder::bare(HolderKind::Mount);
@@ -279,7 +288,7 @@ impl DeviceGraph {
         }
         // Process references, one holder per (device, kind, pid).
         let mut grouped: BTreeMap<(DevNum, HolderKind, u32), Holder> = BTreeMap::new();
-        for r in &s.proc_refs {
+        for r in s.proc_refs.iter().filter(|r| wanted(r.devnum)) {
             let h = grouped.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
                 let mut h = Holder::bare(r.kind);
                 label(&mut h, s, Some(r.pid));
@@ -298,7 +307,7 @@ impl DeviceGraph {
         for ((dev, _, _), h) in grouped {
             per_dev.entry(dev).or_default().push(h);
         }
-        for sw in &s.swaps {
+        for sw in s.swaps.iter().filter(|sw| wanted(sw.devnum)) {
             let mut h = Holder::bare(HolderKind::Swap);
             h.path = Some(sw.filename.clone());
             h.source = Some(match sw.swap_type {
@@ -314,7 +323,7 @@ impl DeviceGraph {
                 .filter(|c| c.parent.as_ref() == Some(&d.name))
                 .map(|c| c.name.clone())
                 .chain(d.holders.iter().cloned());
-            for child in children {
+            for child in children.filter(|_| wanted(d.devnum)) {
                 let mut h = Holder::bare(HolderKind::StackedDevice);
                 h.device = Some(child);
                 per_dev.entry(d.devnum).or_default().push(h);
@@ -327,7 +336,7 @@ impl DeviceGraph {
                 let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")]
                     .into_iter()
                     .chain(on_btrfs.iter().map(|m| (Some(*m), "file")));
-                for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))) {
+                for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))).filter(|(d, _)| wanted(*d)) {
                     let mut h = Holder::bare(HolderKind::LoopBacking);
                     h.device = Some(d.name.clone());
                     h.path = Some(l.backing_file.clone());
@@ -339,7 +348,7 @@ impl DeviceGraph {
         // A filesystem the kernel keeps alive on a device with no mount of it in any namespace
         // the scan read (an overlay's upper directory, a detached mount with open files): the
         // kernel's claim is the truth, the mount tables only a map to the holder.
-        for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum)) {
+        for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum) && wanted(d.devnum)) {
             let held =
                 per_dev.get(&d.devnum).is_some_and(|hs| hs.iter().any(|h| h.kind == HolderKind::Mount));
             if held {
@@ -374,6 +383,7 @@ impl DeviceGraph {
         let mut devices: Vec<DeviceEntry> = s
             .devices
             .iter()
+            .filter(|d| wanted(d.devnum))
             .map(|d| {
                 let devtext = d.devnum.to_string();
                 let multipath = maps.iter().find(|(dn, _)| *dn == d.devnum).map(|(_, m)| m.clone());

@@ -83,7 +83,7 @@ pub fn identity(planned: &Identity, now: &Identity) -> Option<String> {
 }
 
 /// What the Kubernetes API says about a device.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ApiWord {
     /// The agent runs without the API: the node's own evidence decides.
     NotConfigured,
@@ -110,6 +110,15 @@ impl ApiWord {
 
 /// The suffix of every reason [`api`] gives for a user.
 pub const PER_THE_API: &str = "per the API";
+
+/// [`api`]'s word as a number: equal numbers, the same word (what a kept verdict is checked
+/// against before a re-read reuses it).
+pub fn api_word_hash(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    api(entry, view, now).hash(&mut h);
+    h.finish()
+}
 
 /// Asks the cluster's view about `entry` at `now` (`None`: no API configured).
 pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> ApiWord {

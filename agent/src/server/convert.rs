@@ -345,7 +345,7 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         device: e.device.clone(),
         unix_seconds: secs(e.time),
         message: e.message.clone(),
-        current: e.current.as_ref().map(device),
+        current: e.current.as_deref().map(device),
         scan: e.scan,
         coalesced: e.coalesced,
     }

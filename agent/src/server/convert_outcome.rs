@@ -99,6 +99,7 @@ fn after(out: &Outcome) -> Option<pb::Device> {
         unresponsive: None,
         last_seen_scan: 0,
         last_seen: None,
+        api_word: 0,
     };
     let mut d = convert::device(&view);
     d.verdict = pb::Verdict::Unspecified as i32;

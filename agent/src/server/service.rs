@@ -40,7 +40,7 @@ impl AgentService {
         match &*cache {
             Some((n, d)) if *n == view.scan_number => Arc::clone(d),
             _ => {
-                let d = Arc::new(view.devices.iter().map(convert::device).collect::<Vec<_>>());
+                let d = Arc::new(view.devices.iter().map(|d| convert::device(d)).collect::<Vec<_>>());
                 *cache = Some((view.scan_number, Arc::clone(&d)));
                 d
             }

@@ -25,6 +25,7 @@ use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 mod inventory;
 pub mod reread;
 mod take;
+pub mod touched;
 
 /// Which devices a scan looks for holders of.
 #[derive(Debug, Clone, PartialEq, Eq)]
