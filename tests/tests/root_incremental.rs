@@ -281,7 +281,7 @@ fn partial_rereads(log: &str) -> usize {
         .filter(|l| l.contains("re-read snapshot joined"))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| {
-            let f = if v["fields"].is_object() { &v["fields"] } else { &v };
+            let f = if v["fields"].is_object() { &v["fields"] } else { v };
             f["rebuilt"].as_u64().zip(f["devices"].as_u64()).is_some_and(|(r, d)| r < d)
         })
         .count()
