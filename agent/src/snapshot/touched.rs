@@ -55,7 +55,8 @@ pub struct DeviceInputs {
     refs: HashMap<DevNum, (usize, u64)>,
     io: HashMap<DevNum, IoStat>,
     namespaces: Vec<MountNsId>,
-    described: usize,
+    /// The processes described (labels of holders).
+    described: Vec<u32>,
     /// Each names the devices it holds (a filesystem's members, a thread's device in its name).
     live_fs: Vec<LiveFs>,
     kernel_threads: Vec<KernelThread>,
@@ -133,7 +134,7 @@ impl Snapshot {
             refs,
             io: self.io.clone(),
             namespaces: ids,
-            described: self.processes.len(),
+            described: self.processes.keys().copied().collect(),
             live_fs: self.live_fs.clone(),
             kernel_threads: self.kernel_threads.clone(),
             scan_wide: ScanWide {
@@ -217,9 +218,18 @@ pub fn touched(before: &DeviceInputs, after: &DeviceInputs, snap: &Snapshot) -> 
     for d in before.io.keys().filter(|d| !after.io.contains_key(d)) {
         out.insert(*d);
     }
-    if after.described < before.described {
-        // A process forgotten (it died with its namespace) may label mounts elsewhere.
-        return Touched::All("a described process was forgotten");
+    // A process forgotten (it died with its namespace): its references went with it (above),
+    // and it may have labelled the mounts of another namespace it lived in.
+    let forgotten: HashSet<u32> =
+        before.described.iter().filter(|p| after.described.binary_search(p).is_err()).copied().collect();
+    if !forgotten.is_empty() {
+        let labelled: HashSet<MountNsId> = snap
+            .namespaces
+            .iter()
+            .filter(|n| n.pids.first().is_some_and(|p| forgotten.contains(p)))
+            .map(|n| n.id)
+            .collect();
+        out.extend(snap.mounts.iter().filter(|m| labelled.contains(&m.ns)).map(|m| m.device()));
     }
     Touched::Some(out)
 }

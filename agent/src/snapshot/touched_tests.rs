@@ -205,3 +205,14 @@ fn a_filesystem_coming_alive_touches_its_device_and_btrfs_touches_all() {
     let btrfs = snap.device_inputs(&HashSet::new(), Some(&after));
     assert!(matches!(touched(&after, &btrfs, &snap), Touched::All(_)));
 }
+
+#[test]
+fn a_forgotten_process_touches_the_mounts_it_labelled() {
+    let mut snap = node();
+    snap.processes.insert(2, Default::default());
+    let before = snap.device_inputs(&HashSet::new(), None);
+    // Process 2 died; namespace 2 lives on (another namespace's re-read dropped it).
+    snap.processes.remove(&2);
+    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE].into_iter().collect()));
+}
