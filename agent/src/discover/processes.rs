@@ -26,6 +26,12 @@ pub struct ProcEntry {
     pub state: char,
     pub ppid: u32,
     pub kthread: bool,
+    /// When it started, in clock ticks after boot (`stat` field 22): with the pid, its
+    /// identity (a reused pid is another process).
+    pub start_time: u64,
+    /// Its virtual memory size in bytes (`stat` field 23): changes with every `mmap`/`munmap`
+    /// of a different size (a cheap sign its mappings changed, see `snapshot::process_memo`).
+    pub vsize: u64,
     /// `(tid, namespace)` for every task that could be read; empty for kernel threads.
     pub tasks: Vec<(u32, MountNsId)>,
     /// Tasks whose namespace could not be read (a thread can unshare its own namespace): what
@@ -110,6 +116,8 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         state: stat.state,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         kthread,
+        start_time: stat.starttime,
+        vsize: stat.vsize,
         tasks,
         unreadable,
     }))
