@@ -126,7 +126,7 @@ impl ProcessMemo {
             self.procs.clear();
         }
         self.context = Some(context);
-        !same || turn % self.full_read_every == 0
+        !same || turn.is_multiple_of(self.full_read_every)
     }
 
     /// What is remembered of `pid`, if its signs are still `now`'s and sure.
