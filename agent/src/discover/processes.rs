@@ -91,11 +91,12 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         // its creator's namespace. So on a live host, one `kcmp(KCMP_FS)` against the leader
         // stands for the readlink (a procfs path walk) of each of a pod's threads; any kcmp
         // error, or a leader whose namespace could not be read, reads the task's own link.
-        let leader_ns = (host.is_live() && tids.len() > 1)
-            .then(|| task_mount_ns(&host.proc_task(pid, pid)))
-            .flatten();
+        let leader_ns =
+            (host.is_live() && tids.len() > 1).then(|| task_mount_ns(&host.proc_task(pid, pid))).flatten();
         for tid in tids {
-            if let Some(ns) = leader_ns.filter(|_| tid == pid || sys::same_fs_context(pid, tid).unwrap_or(false)) {
+            if let Some(ns) =
+                leader_ns.filter(|_| tid == pid || sys::same_fs_context(pid, tid).unwrap_or(false))
+            {
                 tasks.push((tid, ns));
                 continue;
             }
