@@ -3,7 +3,7 @@
 //! ```toml
 //! node_name = "worker-3"                 # default: the host name
 //! rescan_interval_seconds = 60           # slow periodic rescan; uevents and mount changes wake it sooner
-//! full_read_every = 30                   # every Nth full scan reads every process's files in full;
+//! full_read_every = 10                   # every Nth full scan reads every process's files in full;
 //!                                        # the others keep a process's last read while its start
 //!                                        # time, fd count and memory size are the same (1: always)
 //! grace_period_seconds = 300             # unheld this long, across scans, before "stale"
@@ -387,6 +387,15 @@ listen = "0.0.0.0:9911"
         assert!(parse(""));
         assert!(!parse("cap_device_events = false"));
         assert!(parse("cap_device_events = true"));
+    }
+
+    #[test]
+    fn full_read_every_defaults_and_must_be_positive() {
+        let parse = |t: &str| Config::parse(t, Path::new("a.toml")).expect("parses");
+        assert_eq!(parse("").full_read_every, crate::snapshot::process_memo::DEFAULT_FULL_READ_EVERY);
+        assert_eq!(parse("full_read_every = 1").full_read_every, 1);
+        let e = parse("full_read_every = 0").validate().expect_err("zero");
+        assert!(e.to_string().contains("full_read_every must be at least 1"), "{e}");
     }
 
     #[test]

@@ -37,8 +37,11 @@ use crate::host::{parallel, HostRoot};
 use crate::model::{DevNum, KernelText, MountNsId};
 
 /// Default of `serve --full-read-every`: at the default 60 s interval, a true full read of every
-/// process every 30 minutes at the latest (any scan between, for any trigger, counts).
-pub const DEFAULT_FULL_READ_EVERY: u64 = 30;
+/// process every 10 minutes at the latest (a scan between, for any trigger, counts, so it comes
+/// sooner, never later). The same as the mount tables' [`crate::discover::mount_memo::DEEP_EVERY`]:
+/// every tenth full scan of a quiet node reads everything. Its cost next to the light scans is
+/// measured in BENCHMARKS.md (issue 20, "Periodic full scans incremental for processes").
+pub const DEFAULT_FULL_READ_EVERY: u64 = 10;
 
 /// The cheap signs of change of one process, read before its files (so a change during the
 /// read shows as a change next time).
