@@ -3,6 +3,9 @@
 //! ```toml
 //! node_name = "worker-3"                 # default: the host name
 //! rescan_interval_seconds = 60           # slow periodic rescan; uevents and mount changes wake it sooner
+//! full_read_every = 10                   # every Nth full scan reads every process's files in full;
+//!                                        # the others keep a process's last read while its start
+//!                                        # time, fd count and memory size are the same (1: always)
 //! grace_period_seconds = 300             # unheld this long, across scans, before "stale"
 //! unresponsive_after_seconds = 10        # I/O in flight and none completing this long: "unresponsive"
 //! journal = "/var/lib/blockjanitor/journal.jsonl"
@@ -149,6 +152,10 @@ pub struct Config {
     pub node_name: Option<String>,
     #[serde(default = "default_rescan")]
     pub rescan_interval_seconds: u64,
+    /// Every this many full scans, every process's files are read in full (the others keep a
+    /// process's last read while its signs of change are the same: `snapshot::process_memo`).
+    #[serde(default = "default_full_read_every")]
+    pub full_read_every: u64,
     #[serde(default = "default_grace")]
     pub grace_period_seconds: u64,
     /// A device with I/O in flight and none completing for this long is unresponsive.
@@ -200,6 +207,9 @@ fn default_socket() -> PathBuf {
 fn default_rescan() -> u64 {
     60
 }
+fn default_full_read_every() -> u64 {
+    crate::snapshot::process_memo::DEFAULT_FULL_READ_EVERY
+}
 fn default_grace() -> u64 {
     300
 }
@@ -237,6 +247,7 @@ impl Default for Config {
         Self {
             node_name: None,
             rescan_interval_seconds: default_rescan(),
+            full_read_every: default_full_read_every(),
             grace_period_seconds: default_grace(),
             unresponsive_after_seconds: default_unresponsive_after(),
             journal: default_journal(),
@@ -289,6 +300,11 @@ impl Config {
         }
         if self.rescan_interval_seconds == 0 {
             return Err(ConfigError::Invalid("rescan_interval_seconds must be at least 1".into()));
+        }
+        if self.full_read_every == 0 {
+            return Err(ConfigError::Invalid(
+                "full_read_every must be at least 1 (1: every full scan reads every process in full)".into(),
+            ));
         }
         if self.unresponsive_after_seconds == 0 {
             return Err(ConfigError::Invalid(
@@ -371,6 +387,15 @@ listen = "0.0.0.0:9911"
         assert!(parse(""));
         assert!(!parse("cap_device_events = false"));
         assert!(parse("cap_device_events = true"));
+    }
+
+    #[test]
+    fn full_read_every_defaults_and_must_be_positive() {
+        let parse = |t: &str| Config::parse(t, Path::new("a.toml")).expect("parses");
+        assert_eq!(parse("").full_read_every, crate::snapshot::process_memo::DEFAULT_FULL_READ_EVERY);
+        assert_eq!(parse("full_read_every = 1").full_read_every, 1);
+        let e = parse("full_read_every = 0").validate().expect_err("zero");
+        assert!(e.to_string().contains("full_read_every must be at least 1"), "{e}");
     }
 
     #[test]

@@ -291,6 +291,12 @@ pub struct ServeArgs {
     /// Seconds a mapping must stay unheld, across scans, before it is stale [default: 300].
     #[arg(long, value_name = "SECONDS")]
     pub grace_period: Option<u64>,
+    /// Every Nth full scan reads every process's open files and memory maps in full; the others
+    /// keep what a process's last read found while its start time, fd count and memory size are
+    /// the same (cwd, root and namespaces are read every time). 1: every scan reads everything.
+    /// Actions always re-check with a full read [default: 10, or the config's `full_read_every`].
+    #[arg(long, value_name = "N")]
+    pub full_read_every: Option<u64>,
     /// Seconds a device may have I/O in flight with none completing before it is reported
     /// unresponsive (and nothing destructive is done to it) [default: 10].
     #[arg(long, value_name = "SECONDS")]

@@ -40,6 +40,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         },
         Duration::from_secs(cli.timeout),
     );
+    world.remember_processes(config.full_read_every);
     if config.mode != crate::config::Mode::Report {
         world
             .can_act()

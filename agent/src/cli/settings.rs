@@ -144,6 +144,9 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(v) = cli.rescan_interval {
         c.rescan_interval_seconds = v;
     }
+    if let Some(v) = a.full_read_every {
+        c.full_read_every = v;
+    }
     if let Some(v) = a.grace_period {
         c.grace_period_seconds = v;
     }

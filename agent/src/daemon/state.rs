@@ -21,7 +21,6 @@ use crate::engine::error::EngineError;
 use crate::engine::view::View;
 use crate::engine::world::LinuxWorld;
 use crate::engine::Engine;
-use crate::graph::scan::Target;
 use crate::host::HostRoot;
 use crate::judge::grace::Clocks;
 use crate::model::{DevNum, MountNsId};
@@ -249,9 +248,11 @@ impl AgentState {
         self.clocks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Scans the whole host and judges it (blocking).
+    /// Scans the whole host and judges it (blocking). A process whose signs of change are the
+    /// same keeps what its last full read found, but for every `--full-read-every`th scan
+    /// (`snapshot::process_memo`).
     pub(super) fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
-        let scan = self.engine.scan(Target::All).map_err(|e| e.to_string())?;
+        let scan = self.engine.world.scan_periodic().map_err(|e| e.to_string())?;
         if let Some(watch) = self.mount_watch.get() {
             watch.sync(&self.engine.world.namespace_files());
         }

@@ -81,7 +81,7 @@ fn file_devices(
 /// `known_ns` are the namespaces that already have tasks; `live` ([`HostRoot::is_live`]) says
 /// the PIDs are this process's own, so the kernel can be asked about them directly. What cannot
 /// be read (other than the process exiting) is listed in [`FdScan::unreadable`]: it is a blind
-/// spot, never a silent skip.
+/// spot, never a silent skip. The same as [`scan_fds`], [`scan_dirs`] and [`scan_maps`] in turn.
 pub fn scan_process(
     host: &HostRoot,
     entry: &ProcEntry,
@@ -92,12 +92,32 @@ pub fn scan_process(
     anon: &AnonIndex,
 ) -> FdScan {
     let mut out = FdScan::default();
+    if !scan_fds(host, entry, targets, nsfs_dev, known_ns, live, anon, &mut out) {
+        return out;
+    }
+    scan_dirs(host, entry, targets, live, anon, &mut out);
+    scan_maps(host, entry, targets, anon, &mut out);
+    out
+}
+
+/// The open files of one process (see [`scan_process`]), added to `out`. False when the
+/// process is gone (nothing more to read).
+#[allow(clippy::too_many_arguments)]
+pub fn scan_fds(
+    host: &HostRoot,
+    entry: &ProcEntry,
+    targets: &HashSet<DevNum>,
+    nsfs_dev: Option<DevNum>,
+    known_ns: &HashSet<MountNsId>,
+    live: bool,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) -> bool {
     let who = format!("pid {} ({})", entry.pid, entry.comm);
-    let dir = host.proc_pid(entry.pid);
-    let fd_dir = dir.join("fd");
+    let fd_dir = host.proc_pid(entry.pid).join("fd");
     let fds = match numeric_entries(&fd_dir) {
         Ok(f) => f,
-        Err(e) if is_gone(&e) => return out,
+        Err(e) if is_gone(&e) => return false,
         Err(e) => {
             out.unreadable.push(format!("cannot list {} of {who}: {e}", fd_dir.display()));
             Vec::new()
@@ -122,10 +142,7 @@ pub fn scan_process(
         let held = if id.is_block_device() && targets.contains(&id.rdev) {
             vec![(HolderKind::OpenDevice, id.rdev)]
         } else {
-            file_devices(&id, targets, anon, &mut out)
-                .into_iter()
-                .map(|d| (HolderKind::OpenFile, d))
-                .collect()
+            file_devices(&id, targets, anon, out).into_iter().map(|d| (HolderKind::OpenFile, d)).collect()
         };
         if !held.is_empty() {
             let text = link_text(&path);
@@ -155,7 +172,21 @@ pub fn scan_process(
             fd_dir.display()
         ));
     }
-    let leader_seen = dir_refs(&dir, entry.pid, None, targets, anon, &mut out);
+    true
+}
+
+/// The working directory and root of each task of one process (see [`scan_process`]), added
+/// to `out`.
+pub fn scan_dirs(
+    host: &HostRoot,
+    entry: &ProcEntry,
+    targets: &HashSet<DevNum>,
+    live: bool,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) {
+    let dir = host.proc_pid(entry.pid);
+    let leader_seen = dir_refs(&dir, entry.pid, None, targets, anon, out);
     // A task can have a working directory and root of its own (it unshared CLONE_FS, or its
     // mount namespace): every task's is checked. A task that shares the leader's fs_struct (the
     // pthread default) has the leader's cwd and root, just seen: `kcmp(KCMP_FS)` proves it in
@@ -168,8 +199,20 @@ pub fn scan_process(
         if tid == entry.pid || (by_kcmp && sys::same_fs_context(entry.pid, tid).unwrap_or(false)) {
             continue;
         }
-        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, anon, &mut out);
+        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, anon, out);
     }
+}
+
+/// The memory mappings of one process on devices (see [`scan_process`]), added to `out`
+/// (which says whether it was in D state, its maps then read on a bounded thread).
+pub fn scan_maps(
+    host: &HostRoot,
+    entry: &ProcEntry,
+    targets: &HashSet<DevNum>,
+    anon: &AnonIndex,
+    out: &mut FdScan,
+) {
+    let dir = host.proc_pid(entry.pid);
     out.stuck = entry.state == 'D';
     match read_maps(&dir, entry.pid, out.stuck) {
         Ok(text) => {
@@ -196,9 +239,10 @@ pub fn scan_process(
                 }
             }
         }
-        Err(why) => out.unreadable.push(format!("cannot read the memory maps of {who}: {why}")),
+        Err(why) => out
+            .unreadable
+            .push(format!("cannot read the memory maps of pid {} ({}): {why}", entry.pid, entry.comm)),
     }
-    out
 }
 
 /// How long reading the maps of a process in D state may take (it takes the target's mmap lock,

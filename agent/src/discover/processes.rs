@@ -10,7 +10,7 @@ use std::path::Path;
 use procfs::FromRead;
 
 use super::{cgroup, is_gone, numeric_entries};
-use crate::host::HostRoot;
+use crate::host::{sys, HostRoot};
 use crate::model::{KernelText, MountNsId, ProcessInfo};
 
 /// At most this many bytes of a command line are read.
@@ -26,6 +26,12 @@ pub struct ProcEntry {
     pub state: char,
     pub ppid: u32,
     pub kthread: bool,
+    /// When it started, in clock ticks after boot (`stat` field 22): with the pid, its
+    /// identity (a reused pid is another process).
+    pub start_time: u64,
+    /// Its virtual memory size in bytes (`stat` field 23): changes with every `mmap`/`munmap`
+    /// of a different size (a cheap sign its mappings changed, see `snapshot::process_memo`).
+    pub vsize: u64,
     /// `(tid, namespace)` for every task that could be read; empty for kernel threads.
     pub tasks: Vec<(u32, MountNsId)>,
     /// Tasks whose namespace could not be read (a thread can unshare its own namespace): what
@@ -79,7 +85,21 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
             }
         };
         let mut denied = None;
+        // A task that shares the leader's `fs_struct` is in the leader's mount namespace: the
+        // kernel refuses `setns(CLONE_NEWNS)` to a task whose fs_struct is shared (EINVAL), and
+        // `unshare(CLONE_NEWNS)` unshares it first; a thread created with `CLONE_FS` starts in
+        // its creator's namespace. So on a live host, one `kcmp(KCMP_FS)` against the leader
+        // stands for the readlink (a procfs path walk) of each of a pod's threads; any kcmp
+        // error, or a leader whose namespace could not be read, reads the task's own link.
+        let leader_ns =
+            (host.is_live() && tids.len() > 1).then(|| task_mount_ns(&host.proc_task(pid, pid))).flatten();
         for tid in tids {
+            if let Some(ns) =
+                leader_ns.filter(|_| tid == pid || sys::same_fs_context(pid, tid).unwrap_or(false))
+            {
+                tasks.push((tid, ns));
+                continue;
+            }
             let task = host.proc_task(pid, tid);
             let link = task.join("ns/mnt");
             match std::fs::read_link(&link) {
@@ -110,6 +130,8 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
         state: stat.state,
         ppid: u32::try_from(stat.ppid).unwrap_or(0),
         kthread,
+        start_time: stat.starttime,
+        vsize: stat.vsize,
         tasks,
         unreadable,
     }))
@@ -254,6 +276,50 @@ mod tests {
         let e = read(&link).expect_err("the reaped task's link");
         assert_eq!(e.raw_os_error(), Some(libc::EACCES), "the kernel's answer for a reaped task: {e}");
         assert!(reaped(&e, &task), "gone, not a blind spot");
+    }
+
+    /// A thread in a mount namespace of its own (unshare(CLONE_NEWNS), which unshares its
+    /// fs_struct too) is read with its own namespace; a thread sharing the leader's fs_struct
+    /// (kcmp) is given the leader's, which its own link agrees with. Root only (unshare).
+    #[test]
+    fn a_thread_in_its_own_mount_namespace_is_seen() {
+        use std::sync::mpsc;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: unshare(CLONE_NEWNS) needs root");
+            return;
+        }
+        let host = HostRoot::default();
+        let gettid = || {
+            // SAFETY: gettid takes no arguments and cannot fail.
+            unsafe { libc::syscall(libc::SYS_gettid) as u32 }
+        };
+        let (tx, rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        let own = std::thread::spawn(move || {
+            // SAFETY: unshare(CLONE_NEWNS) gives this thread a mount namespace of its own.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare(CLONE_NEWNS)");
+            tx.send(gettid()).expect("send");
+            let _ = done_rx.recv();
+        });
+        let (stx, srx) = mpsc::channel();
+        let (sdone_tx, sdone_rx) = mpsc::channel::<()>();
+        let shared = std::thread::spawn(move || {
+            stx.send(gettid()).expect("send");
+            let _ = sdone_rx.recv();
+        });
+        let (own_tid, shared_tid) = (rx.recv().expect("tid"), srx.recv().expect("tid"));
+        let me = std::process::id();
+        let e = read_entry(&host, me).expect("readable").expect("alive");
+        let ns_of = |tid: u32| e.tasks.iter().find(|(t, _)| *t == tid).map(|(_, ns)| *ns);
+        let link = |tid: u32| task_mount_ns(&host.proc_task(me, tid));
+        assert_eq!(ns_of(own_tid), link(own_tid), "its own namespace, as its link says");
+        assert_ne!(ns_of(own_tid), ns_of(me), "not the leader's");
+        assert_eq!(ns_of(shared_tid), ns_of(me), "a thread sharing the leader's fs_struct");
+        assert_eq!(ns_of(shared_tid), link(shared_tid), "which its own link agrees with");
+        done_tx.send(()).expect("done");
+        sdone_tx.send(()).expect("done");
+        own.join().expect("join");
+        shared.join().expect("join");
     }
 
     #[test]

@@ -23,6 +23,7 @@ use crate::host::HostRoot;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::Step;
+use crate::snapshot::process_memo::ProcessMemo;
 use crate::snapshot::reread::Changes;
 use crate::snapshot::touched::{self, Touched};
 use crate::snapshot::{ScanOptions, Scope, Snapshot};
@@ -105,11 +106,38 @@ pub struct LinuxWorld {
     /// The latest snapshot of the whole host and when its scan started: what
     /// [`World::rescan_changed`] brings up to date, in place (none after a re-read failed).
     latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
+    /// What the daemon's own full scans remember of each process ([`LinuxWorld::scan_periodic`]);
+    /// `None`: every scan reads every process in full.
+    process_memo: Mutex<Option<ProcessMemo>>,
 }
 
 impl LinuxWorld {
     pub fn new(host: HostRoot, options: ScanOptions, timeout: Duration) -> Self {
-        Self { host, options, timeout, cluster: Arc::new(OnceLock::new()), latest: Mutex::new(None) }
+        Self {
+            host,
+            options,
+            timeout,
+            cluster: Arc::new(OnceLock::new()),
+            latest: Mutex::new(None),
+            process_memo: Mutex::new(None),
+        }
+    }
+
+    /// Lets [`LinuxWorld::scan_periodic`] keep what a process's last full read found while its
+    /// signs of change are the same, reading every process in full every `full_read_every`th
+    /// such scan ([`crate::snapshot::process_memo`]).
+    pub fn remember_processes(&self, full_read_every: u64) {
+        *self.process_memo.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(ProcessMemo::new(full_read_every));
+    }
+
+    /// A scan of the whole host for the daemon's scanner: like `scan(Target::All)`, but using
+    /// the process memo when [`LinuxWorld::remember_processes`] set one. Only for showing and
+    /// the grace clocks: every action re-checks its device with a fresh `scan` that reads
+    /// every process in full.
+    pub fn scan_periodic(&self) -> Result<Scan, EngineError> {
+        let mut memo = self.process_memo.lock().unwrap_or_else(|p| p.into_inner());
+        self.scan_with(Target::All, memo.as_mut())
     }
 
     /// The mount namespaces of the latest full scan, each with a file that names it (`ns/mnt`
@@ -162,8 +190,9 @@ impl LinuxWorld {
     }
 }
 
-impl World for LinuxWorld {
-    fn scan(&self, target: Target) -> Result<Scan, EngineError> {
+impl LinuxWorld {
+    /// Reads the host (see [`World::scan`]); `memo` only for the daemon's own full scans.
+    fn scan_with(&self, target: Target, memo: Option<&mut ProcessMemo>) -> Result<Scan, EngineError> {
         let taken_at = BootTime::now();
         let started = Instant::now();
         let devices = blockdev::scan_all(&self.host)?;
@@ -198,12 +227,18 @@ impl World for LinuxWorld {
                 (Scope::Devices(s.clone()), Some(s))
             }
         };
-        let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options)?;
+        let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options, memo)?;
         let scan = self.scan_of(&snap, taken_at, covered);
         if scope == Scope::All {
             *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(snap), taken_at));
         }
         Ok(scan)
+    }
+}
+
+impl World for LinuxWorld {
+    fn scan(&self, target: Target) -> Result<Scan, EngineError> {
+        self.scan_with(target, None)
     }
 
     fn rescan_changed(&self, changes: &Changes, reusable: &HashSet<DevNum>) -> Result<Reread, String> {

@@ -23,6 +23,7 @@ use crate::model::blindspot::BlindSpot;
 use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
+pub mod process_memo;
 pub mod reread;
 mod take;
 pub mod touched;

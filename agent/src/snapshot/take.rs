@@ -4,6 +4,7 @@
 use super::inventory::{
     hidden_mount, join_anonymous, learn_loop_backing, read_inventories, read_io, Inventories,
 };
+use super::process_memo::{Context, ProcessMemo};
 use super::{KernelThread, ScanOptions, ScanStats, Scope, Snapshot};
 use crate::discover::fds::{self};
 use crate::discover::livefs::{self, AnonIndex};
@@ -35,13 +36,16 @@ pub(super) fn unreadable_process(
 
 impl Snapshot {
     /// Runs a scan on devices already read from sysfs (at `started`): the readable ones, and
-    /// those that could not be read (each a blind spot reaching it).
+    /// those that could not be read (each a blind spot reaching it). With `memo` (the daemon's
+    /// own full scans only, [`super::process_memo`]), a process whose signs of change are the
+    /// same keeps what its last full read found of its fds and mappings.
     pub fn take_with(
         host: &HostRoot,
         blockdev::SysfsDevices { devices, unreadable: unreadable_devices }: blockdev::SysfsDevices,
         scope: &Scope,
         started: Instant,
         opts: &ScanOptions,
+        memo: Option<&mut ProcessMemo>,
     ) -> Result<Self, DiscoverError> {
         let reader = opts.reader;
         let targets: HashSet<DevNum> = match scope {
@@ -136,9 +140,20 @@ impl Snapshot {
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
-        let fd_scans = parallel::map(&user_procs, |e| {
-            fds::scan_process(host, e, &targets, nsfs_dev, &known, live, &anon)
-        });
+        let (fd_scans, turn) = match memo {
+            // Whole-host scans only: a memo's answers are filtered by every device in scope.
+            Some(memo) if *scope == Scope::All => {
+                let context = Context { targets: targets.clone(), nsfs_dev, anon: anon.clone() };
+                let (scans, turn) = memo.scan(host, &user_procs, context, live);
+                (scans, Some(turn))
+            }
+            _ => (
+                parallel::map(&user_procs, |e| {
+                    fds::scan_process(host, e, &targets, nsfs_dev, &known, live, &anon)
+                }),
+                None,
+            ),
+        };
         let mut proc_refs = Vec::new();
         let mut stuck_pids = Vec::new();
         let mut pins = scan.nsfs_pins;
@@ -158,7 +173,10 @@ impl Snapshot {
         tracing::debug!(
             phase = "files",
             ms = started.elapsed().as_secs_f64() * 1e3,
-            processes = user_procs.len()
+            processes = user_procs.len(),
+            full_read = turn.is_none_or(|t| t.full_read),
+            read_in_full = turn.map_or(user_procs.len(), |t| t.read),
+            kept = turn.map_or(0, |t| t.kept)
         );
 
         // Namespaces no task lives in: enter them through their pin (live host only).

@@ -1,0 +1,364 @@
+//! What the last full read of each process's files found, kept between the daemon's periodic
+//! full scans, so that a process whose cheap signs of change are the same is not read again:
+//! the scan keeps what the last read found of its open files and memory mappings.
+//!
+//! **Which scans use it.** Only the daemon's own full scans (its scanner loop: the timer, a mount
+//! or uevent it could not follow, a new namespace), through
+//! [`crate::engine::world::LinuxWorld::scan_periodic`]. The one-shot commands, every plan, and
+//! every action's re-check scan through `World::scan` (`Target::Device`/`Target::Devices`,
+//! [`crate::engine::recheck`], and the `Target::All` scan behind a vanished device), which
+//! never sees this memo: they read every process in full, always. A verdict shown from a light
+//! scan may advance a grace clock, but nothing is acted on before that fresh, full scan of the
+//! device and the kernel's own word ([`crate::discover::probe`]) agree.
+//!
+//! **A process is read again in full** when its identity is new (pid and start time, `stat`
+//! field 22: a reused pid is another process), its `comm` changed (an `execve`), its number of
+//! open fds changed (`st_size` of `/proc/PID/fd`, Linux 6.2+; where it reads 0 the count is not
+//! known and the process is always read), its virtual size changed (`stat` field 23: an `mmap`
+//! or `munmap`), it is in D state, its last read could not see everything, or anything the scan
+//! reads with changed (the devices in scope, the nsfs device, the btrfs index): any change, any
+//! doubt. Its tasks' `ns/mnt` (read by every scan, [`crate::discover::processes`]) and every
+//! task's cwd and root (cheap: one `stat` each, `kcmp` for threads sharing the leader's) are
+//! read by every scan regardless.
+//!
+//! **What no sign shows** (an fd closed and another opened at the same count: `dup2` onto an
+//! open fd; a mapping replaced by one of the same size, `mmap(MAP_FIXED)`; a file renamed, whose
+//! shown path is then the old one) is seen by the next **full read**: every
+//! `full_read_every`th scan reads every process in full (`serve --full-read-every`, default
+//! [`DEFAULT_FULL_READ_EVERY`]; 1 reads in full every time), the first scan too.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::discover::fds::{self, FdScan, ProcRef};
+use crate::discover::livefs::AnonIndex;
+use crate::discover::namespaces::NsEntry;
+use crate::discover::processes::ProcEntry;
+use crate::host::{parallel, HostRoot};
+use crate::model::{DevNum, KernelText, MountNsId};
+
+/// Default of `serve --full-read-every`: at the default 60 s interval, a true full read of every
+/// process every 10 minutes at the latest (a scan between, for any trigger, counts, so it comes
+/// sooner, never later). The same as the mount tables' [`crate::discover::mount_memo::DEEP_EVERY`]:
+/// every tenth full scan of a quiet node reads everything. Its cost next to the light scans is
+/// measured in BENCHMARKS.md (issue 20, "Periodic full scans incremental for processes").
+pub const DEFAULT_FULL_READ_EVERY: u64 = 10;
+
+/// The cheap signs of change of one process, read before its files (so a change during the
+/// read shows as a change next time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signals {
+    pub start_time: u64,
+    pub comm: KernelText,
+    /// Open fds (`st_size` of `/proc/PID/fd`); `None` when the kernel does not say (0).
+    pub fd_count: Option<u64>,
+    pub vsize: u64,
+}
+
+impl Signals {
+    /// The signs of `entry` (its `stat` as the scan read it) and its fd count now.
+    pub fn read(host: &HostRoot, entry: &ProcEntry) -> Self {
+        let fd_count = std::fs::metadata(host.proc_pid(entry.pid).join("fd"))
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::size(&m))
+            .filter(|n| *n > 0);
+        Self { start_time: entry.start_time, comm: entry.comm.clone(), fd_count, vsize: entry.vsize }
+    }
+}
+
+/// What the files of all processes are read against. When the nsfs device or the btrfs index
+/// changes, every process is read again. The devices in scope (every block device) may change:
+/// a kept answer is filtered by those of this scan (a device gone is held by nobody); a device
+/// new since a process's last read can only be held through a file opened (a new fd), a
+/// mapping made (a new size) or a directory entered (read every time) since, or through a
+/// device number reused while an old holder kept it open, which the next full read sees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    pub targets: HashSet<DevNum>,
+    pub nsfs_dev: Option<DevNum>,
+    pub anon: AnonIndex,
+}
+
+impl Context {
+    /// Whether answers read with `self` may be kept under `other`.
+    fn same_reading(&self, other: &Context) -> bool {
+        self.nsfs_dev == other.nsfs_dev && self.anon == other.anon
+    }
+}
+
+/// What the last full read of one process found, with its signs then.
+#[derive(Debug, Clone)]
+struct Remembered {
+    signals: Signals,
+    fds: Vec<ProcRef>,
+    maps: Vec<ProcRef>,
+    pinned_ns: Vec<(MountNsId, NsEntry)>,
+    learned: Vec<(DevNum, Vec<DevNum>)>,
+}
+
+/// How one scan went: processes read in full and kept from the last read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Turn {
+    pub full_read: bool,
+    pub read: usize,
+    pub kept: usize,
+}
+
+/// The memory, one per daemon.
+#[derive(Debug)]
+pub struct ProcessMemo {
+    full_read_every: u64,
+    scans: u64,
+    context: Option<Context>,
+    procs: HashMap<u32, Remembered>,
+}
+
+impl ProcessMemo {
+    /// A memory that reads every process in full every `full_read_every`th scan (at least 1:
+    /// every scan).
+    pub fn new(full_read_every: u64) -> Self {
+        Self { full_read_every: full_read_every.max(1), scans: 0, context: None, procs: HashMap::new() }
+    }
+
+    /// Starts a scan with `context`: whether it reads every process in full (the first, every
+    /// `full_read_every`th, or the context changed).
+    fn begin(&mut self, context: Context) -> bool {
+        let turn = self.scans;
+        self.scans += 1;
+        let same = self.context.as_ref().is_some_and(|c| c.same_reading(&context));
+        if !same {
+            self.procs.clear();
+        }
+        self.context = Some(context);
+        !same || turn.is_multiple_of(self.full_read_every)
+    }
+
+    /// What is remembered of `pid`, if its signs are still `now`'s and sure.
+    fn kept(&self, pid: u32, now: &Signals) -> Option<&Remembered> {
+        now.fd_count?;
+        self.procs.get(&pid).filter(|r| r.signals == *now)
+    }
+
+    /// The files of `procs` (user processes), as [`fds::scan_process`] reads them, in the same
+    /// order: each process read in full, or (its signs unchanged, not a full read) what its
+    /// last read found of its fds and mappings with its tasks' cwd and root read now.
+    /// Namespace pins are reported whether their namespace has tasks or not (the caller skips
+    /// those it knows).
+    pub fn scan(
+        &mut self,
+        host: &HostRoot,
+        procs: &[&ProcEntry],
+        context: Context,
+        live: bool,
+    ) -> (Vec<FdScan>, Turn) {
+        let full_read = self.begin(context);
+        let ctx = self.context.clone().unwrap_or_else(|| unreachable!("set by begin"));
+        let no_known = HashSet::new();
+        let results = parallel::map(procs, |e| {
+            let signals = Signals::read(host, e);
+            let kept = (!full_read && e.state != 'D').then(|| self.kept(e.pid, &signals)).flatten();
+            if let Some(r) = kept {
+                let in_scope = |p: &&ProcRef| ctx.targets.contains(&p.devnum);
+                let mut out = FdScan {
+                    refs: r.fds.iter().filter(in_scope).cloned().collect(),
+                    pinned_ns: r.pinned_ns.clone(),
+                    learned: r.learned.clone(),
+                    ..FdScan::default()
+                };
+                fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, &mut out);
+                out.refs.extend(r.maps.iter().filter(in_scope).cloned());
+                return (out, None);
+            }
+            let mut out = FdScan::default();
+            if !fds::scan_fds(host, e, &ctx.targets, ctx.nsfs_dev, &no_known, live, &ctx.anon, &mut out) {
+                return (out, None);
+            }
+            let (fd_refs, learned) = (out.refs.len(), out.learned.len());
+            fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, &mut out);
+            let dir_refs = out.refs.len();
+            fds::scan_maps(host, e, &ctx.targets, &ctx.anon, &mut out);
+            let sure = out.unreadable.is_empty() && !out.stuck;
+            let remembered = sure.then(|| Remembered {
+                signals,
+                fds: out.refs[..fd_refs].to_vec(),
+                maps: out.refs[dir_refs..].to_vec(),
+                pinned_ns: out.pinned_ns.clone(),
+                learned: out.learned[..learned].to_vec(),
+            });
+            (out, Some(remembered))
+        });
+        let mut turn = Turn { full_read, ..Turn::default() };
+        let alive: HashSet<u32> = procs.iter().map(|e| e.pid).collect();
+        self.procs.retain(|pid, _| alive.contains(pid));
+        let mut out = Vec::with_capacity(results.len());
+        for (e, (scan, read)) in procs.iter().zip(results) {
+            match read {
+                None => turn.kept += 1,
+                Some(r) => {
+                    turn.read += 1;
+                    match r {
+                        Some(r) => self.procs.insert(e.pid, r),
+                        None => self.procs.remove(&e.pid),
+                    };
+                }
+            }
+            out.push(scan);
+        }
+        (out, turn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::sys;
+    use crate::model::HolderKind;
+    use std::io::{BufRead, Write};
+
+    /// A shell whose files the tests change between scans (this test binary's own fd table
+    /// changes with every other test running beside it).
+    struct Shell {
+        child: std::process::Child,
+        out: std::io::BufReader<std::process::ChildStdout>,
+    }
+
+    impl Shell {
+        fn start() -> Self {
+            let mut child = std::process::Command::new("bash")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn bash");
+            let out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+            let mut s = Self { child, out };
+            s.run("true");
+            s
+        }
+
+        /// Runs `cmd` and waits until it is done.
+        fn run(&mut self, cmd: &str) {
+            let stdin = self.child.stdin.as_mut().expect("stdin");
+            writeln!(stdin, "{cmd}; echo done").expect("write");
+            let mut line = String::new();
+            self.out.read_line(&mut line).expect("read");
+            assert_eq!(line.trim(), "done", "{cmd}");
+        }
+
+        fn entry(&self, host: &HostRoot) -> ProcEntry {
+            crate::discover::processes::read_entry(host, self.child.id()).expect("readable").expect("alive")
+        }
+    }
+
+    impl Drop for Shell {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// The device of the filesystem a temporary directory lives on: what the scans look for.
+    fn setup() -> (HostRoot, tempfile::TempDir, Context) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = sys::stat_cached(dir.path()).expect("stat tempdir").dev;
+        let context = Context { targets: [dev].into(), nsfs_dev: None, anon: AnonIndex::default() };
+        (HostRoot::default(), dir, context)
+    }
+
+    fn holds_fd(scan: &FdScan, fd: u32) -> bool {
+        scan.refs.iter().any(|r| r.fd == Some(fd) && r.kind == HolderKind::OpenFile)
+    }
+
+    /// A file opened between two scans changes the fd count: the second scan reads the
+    /// process again and sees it; with nothing changed, the next scan keeps what it found.
+    #[test]
+    fn a_new_fd_is_seen_and_an_unchanged_process_is_kept() {
+        let (host, dir, context) = setup();
+        let mut sh = Shell::start();
+        let mut memo = ProcessMemo::new(100);
+        let (scans, first) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
+        assert!(first.full_read, "the first scan reads in full");
+        assert!(!holds_fd(&scans[0], 7));
+        sh.run(&format!("exec 7>{}", dir.path().join("held").display()));
+        let e = sh.entry(&host);
+        let (scans, turn) = memo.scan(&host, &[&e], context.clone(), true);
+        assert_eq!((turn.full_read, turn.read, turn.kept), (false, 1, 0), "{turn:?}");
+        assert!(holds_fd(&scans[0], 7), "the new fd is seen: {:?}", scans[0].refs);
+        let (scans, turn) = memo.scan(&host, &[&sh.entry(&host)], context, true);
+        assert_eq!((turn.read, turn.kept), (0, 1), "nothing changed: kept");
+        assert!(holds_fd(&scans[0], 7), "a kept process keeps its fds: {:?}", scans[0].refs);
+    }
+
+    /// An fd swapped for another at the same count (a redirection onto an open fd: open, dup2,
+    /// close) is no sign: a light scan keeps the old answer, and the next full read (every Nth
+    /// scan) sees the new one.
+    #[test]
+    fn a_swapped_fd_is_seen_by_the_next_full_read() {
+        let (host, dir, context) = setup();
+        let mut sh = Shell::start();
+        // A file elsewhere (procfs is never the target here).
+        sh.run("exec 7</proc/version");
+        let mut memo = ProcessMemo::new(3);
+        let (scans, _) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
+        assert!(!holds_fd(&scans[0], 7));
+        sh.run(&format!("exec 7>{}", dir.path().join("swapped").display()));
+        let e = sh.entry(&host);
+        let (scans, turn) = memo.scan(&host, &[&e], context.clone(), true);
+        assert_eq!(turn.kept, 1, "same count, same size, same identity: kept ({turn:?})");
+        assert!(!holds_fd(&scans[0], 7), "a kept process shows its last read");
+        let (_, turn) = memo.scan(&host, &[&e], context.clone(), true);
+        assert_eq!((turn.full_read, turn.kept), (false, 1), "{turn:?}");
+        let (scans, turn) = memo.scan(&host, &[&e], context, true);
+        assert!(turn.full_read && turn.read == 1, "the fourth scan (turn 3) is a full read: {turn:?}");
+        assert!(holds_fd(&scans[0], 7), "the full read sees the swapped fd");
+    }
+
+    /// A device gone from the scope is held by no kept answer.
+    #[test]
+    fn a_kept_answer_is_filtered_by_the_devices_in_scope() {
+        let (host, dir, context) = setup();
+        let mut sh = Shell::start();
+        sh.run(&format!("exec 7>{}", dir.path().join("held").display()));
+        let e = sh.entry(&host);
+        let mut memo = ProcessMemo::new(100);
+        assert!(holds_fd(&memo.scan(&host, &[&e], context.clone(), true).0[0], 7));
+        let mut without = context.clone();
+        without.targets.clear();
+        let (scans, turn) = memo.scan(&host, &[&e], without, true);
+        assert_eq!(turn.kept, 1, "{turn:?}");
+        assert!(scans[0].refs.is_empty(), "no device in scope, no holder: {:?}", scans[0].refs);
+        assert!(holds_fd(&memo.scan(&host, &[&e], context, true).0[0], 7), "and back");
+    }
+
+    /// A new identity (another start time for the pid), another context, or a full-read
+    /// interval of 1 reads the process in full.
+    #[test]
+    fn doubt_reads_in_full() {
+        let (host, _dir, context) = setup();
+        let sh = Shell::start();
+        let e = sh.entry(&host);
+        let mut memo = ProcessMemo::new(100);
+        memo.scan(&host, &[&e], context.clone(), true);
+        assert_eq!(memo.scan(&host, &[&e], context.clone(), true).1.kept, 1, "unchanged: kept");
+        let mut reborn = e.clone();
+        reborn.start_time += 1;
+        assert_eq!(memo.scan(&host, &[&reborn], context.clone(), true).1.read, 1, "a reused pid");
+        let mut other = context.clone();
+        other.nsfs_dev = Some(DevNum::new(0, 4242));
+        let (_, turn) = memo.scan(&host, &[&reborn], other, true);
+        assert!(turn.full_read && turn.read == 1, "another context: {turn:?}");
+        let mut always = ProcessMemo::new(1);
+        for _ in 0..3 {
+            let (_, turn) = always.scan(&host, &[&e], context.clone(), true);
+            assert!(turn.full_read && turn.read == 1, "{turn:?}");
+        }
+    }
+
+    /// The kernel here says how many fds a process has (Linux 6.2+): otherwise nothing is ever
+    /// kept, which is safe but saves nothing.
+    #[test]
+    fn this_kernel_counts_fds() {
+        let (host, _dir, _) = setup();
+        let sh = Shell::start();
+        let n = Signals::read(&host, &sh.entry(&host)).fd_count;
+        assert!(n.is_some_and(|n| n >= 3), "st_size of /proc/PID/fd: {n:?}");
+    }
+}
