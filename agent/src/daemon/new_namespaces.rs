@@ -1,15 +1,19 @@
 //! New mount namespaces, noticed when a process in one starts a program: the kernel's process
 //! events (the netlink proc connector, `PROC_EVENT_EXEC`) name every `execve`, and a process
 //! whose namespace is not watched yet has its namespace marked for mount events at once
-//! ([`MountWatch::watch_new`]) and a full scan asked for, which reads it.
+//! ([`MountWatch::watch_new`]) and read in full by a re-read of that namespace and its processes
+//! (`snapshot/new_namespaces.rs`), not by a full scan of the host; what that re-read cannot read
+//! as completely as a full scan would, it refuses, and a full scan runs instead.
 //!
 //! Without this, a namespace made since the last full scan (a pod that just started: the
 //! runtime makes the namespace, mounts the pod's root and volumes in it, then starts the
 //! container's program) is not watched, so mounts made in it are not reported until the next
-//! periodic full scan. Marking before the full scan reads the namespace means a mount made
-//! after that read is reported, and one made before it is in the read. A namespace made by a
-//! process that never calls `execve` afterwards (`unshare(2)` in a running program) is still
-//! found by the periodic full scan only.
+//! periodic full scan. Marking before the namespace is read means a mount made after that read
+//! is reported, and one made before it is in the read. Until a full scan reads the namespace,
+//! every program started in it has it read again (a pod's shell that `exec`s its program: the
+//! program's maps, cwd and files), and again [`FOLLOW_UPS`] later (what a program opens once
+//! started). A namespace made by a process that never calls `execve` afterwards (`unshare(2)` in
+//! a running program) is still found by the periodic full scan only.
 //!
 //! The subscription asks the kernel for exec events alone (Linux 6.6 filters them; an older
 //! kernel sends every process event, which are parsed and dropped). Needs `CAP_NET_ADMIN`; where
@@ -18,12 +22,14 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::sync::watch;
 
-use super::mount_watch::MountWatch;
+use super::mount_watch::{MountWatch, Started};
 use super::state::AgentState;
+use crate::model::MountNsId;
 
 /// `NETLINK_CONNECTOR` and the proc connector's IDs from `<linux/connector.h>`.
 const NETLINK_CONNECTOR: libc::c_int = 11;
@@ -165,31 +171,66 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
             _ = shutdown.changed() => return,
             ready = fd.readable() => {
                 let Ok(mut guard) = ready else { return };
-                let mut found = 0;
+                let mut new = Vec::new();
+                let mut full = None;
                 loop {
                     match fd.get_ref().recv(&mut buf) {
                         Ok(n) => {
                             for pid in exec_pids(&buf[..n]) {
-                                found += usize::from(watch.watch_new(pid));
+                                match watch.watch_new(pid) {
+                                    Started::Known => {}
+                                    Started::New { id, ns_id, fresh } => new.push((id, ns_id, pid, fresh)),
+                                    Started::Unwatchable => full = Some("a new mount namespace cannot be watched"),
+                                }
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) => {
                             // ENOBUFS: events were lost; a full scan finds what they named.
                             tracing::debug!("process events: {e}; scanning in full");
-                            found += 1;
+                            full = Some("process events were lost");
                             break;
                         }
                     }
                 }
                 guard.clear_ready();
-                if found > 0 {
-                    tracing::debug!(namespaces = found, "a program started in a mount namespace not watched yet");
+                if let Some(why) = full {
+                    tracing::debug!("{why}: scanning in full");
                     state.request_rescan("namespace");
+                }
+                if !new.is_empty() {
+                    tracing::debug!(?new, "programs started in mount namespaces no full scan has read");
+                    let started: Vec<(MountNsId, u32)> = new.iter().map(|&(id, _, pid, _)| (id, pid)).collect();
+                    state.request_new_namespaces(&started);
+                    follow_up(&state, new.into_iter().map(|(id, ns_id, pid, _)| (id, ns_id, pid)).collect());
                 }
             }
         }
     }
+}
+
+/// When a namespace is read again after a program started in it (what the program opens, maps
+/// or changes to once started: a log file, its libraries, a working directory).
+const FOLLOW_UPS: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(1000)];
+
+/// Asks for the namespaces `started` (`(inode, 64-bit ID, pid)`) to be read again
+/// [`FOLLOW_UPS`] from now, those that still exist (one that ended meanwhile is dropped by the
+/// mount watch, whose events say its mounts were detached).
+fn follow_up(state: &Arc<AgentState>, started: Vec<(MountNsId, u64, u32)>) {
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        let mut waited = Duration::ZERO;
+        for delay in FOLLOW_UPS {
+            tokio::time::sleep(delay - waited).await;
+            waited = delay;
+            let alive: Vec<(MountNsId, u32)> = started
+                .iter()
+                .filter(|(_, ns_id, _)| crate::host::sys::mount_api::ns_exists(*ns_id))
+                .map(|&(id, _, pid)| (id, pid))
+                .collect();
+            state.request_new_namespaces(&alive);
+        }
+    });
 }
 
 #[cfg(test)]
