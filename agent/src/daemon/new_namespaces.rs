@@ -9,16 +9,19 @@
 //! runtime makes the namespace, mounts the pod's root and volumes in it, then starts the
 //! container's program) is not watched, so mounts made in it are not reported until the next
 //! periodic full scan. Marking before the namespace is read means a mount made after that read
-//! is reported, and one made before it is in the read. Until a full scan reads the namespace,
-//! every program started in it has it read again (a pod's shell that `exec`s its program: the
-//! program's maps, cwd and files), and again [`FOLLOW_UPS`] later (what a program opens once
-//! started). A namespace made by a process that never calls `execve` afterwards (`unshare(2)` in
-//! a running program) is still found by the periodic full scan only.
+//! is reported, and one made before it is in the read. Until a full scan reads the namespace, a
+//! program started in it has it read again [`SETTLE`] later (a pod's shell runs `mount` and
+//! `mkdir`, then `exec`s its program: the program's maps, cwd and files, once it has opened
+//! them; the programs started meanwhile share one read), and the namespace's first program has
+//! it read once more [`FOLLOW_UP`] after it started. A namespace made by a process that never
+//! calls `execve` afterwards (`unshare(2)` in a running program) is still found by the periodic
+//! full scan only.
 //!
 //! The subscription asks the kernel for exec events alone (Linux 6.6 filters them; an older
 //! kernel sends every process event, which are parsed and dropped). Needs `CAP_NET_ADMIN`; where
 //! the socket cannot be opened, nothing changes from before.
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -166,6 +169,7 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
     };
     tracing::info!("watching for programs started in new mount namespaces (proc connector)");
     let mut buf = vec![0u8; 16 * 1024];
+    let settling = Settling::default();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -200,35 +204,50 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
                 }
                 if !new.is_empty() {
                     tracing::debug!(?new, "programs started in mount namespaces no full scan has read");
-                    let started: Vec<(MountNsId, u32)> = new.iter().map(|&(id, _, pid, _)| (id, pid)).collect();
-                    state.request_new_namespaces(&started);
-                    follow_up(&state, new.into_iter().map(|(id, ns_id, pid, _)| (id, ns_id, pid)).collect());
+                    let fresh: Vec<(MountNsId, u32)> =
+                        new.iter().filter(|n| n.3).map(|&(id, _, pid, _)| (id, pid)).collect();
+                    state.request_new_namespaces(&fresh);
+                    for (id, ns_id, pid, fresh) in new {
+                        if fresh {
+                            read_later(&state, FOLLOW_UP, (id, ns_id, pid), None);
+                        }
+                        if settling.lock().unwrap_or_else(|p| p.into_inner()).insert(id) {
+                            read_later(&state, SETTLE, (id, ns_id, pid), Some(Arc::clone(&settling)));
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// When a namespace is read again after a program started in it (what the program opens, maps
-/// or changes to once started: a log file, its libraries, a working directory).
-const FOLLOW_UPS: [Duration; 2] = [Duration::from_millis(100), Duration::from_millis(1000)];
+/// Namespaces with a read asked for within [`SETTLE`].
+type Settling = Arc<std::sync::Mutex<HashSet<MountNsId>>>;
 
-/// Asks for the namespaces `started` (`(inode, 64-bit ID, pid)`) to be read again
-/// [`FOLLOW_UPS`] from now, those that still exist (one that ended meanwhile is dropped by the
-/// mount watch, whose events say its mounts were detached).
-fn follow_up(state: &Arc<AgentState>, started: Vec<(MountNsId, u64, u32)>) {
+/// How long after a program started in a new namespace that namespace is read again (what the
+/// program opened, mapped or changed to once started); programs started meanwhile share it.
+const SETTLE: Duration = Duration::from_millis(100);
+/// When a new namespace is read once more after its first program started.
+const FOLLOW_UP: Duration = Duration::from_millis(1000);
+
+/// Asks for namespace `started` (`(inode, 64-bit ID, pid)`) to be read again `after` from now
+/// (taking it out of `settling` then), if it still exists (one that ended meanwhile is dropped
+/// by the mount watch, whose events say its mounts were detached).
+fn read_later(
+    state: &Arc<AgentState>,
+    after: Duration,
+    started: (MountNsId, u64, u32),
+    settling: Option<Settling>,
+) {
     let state = Arc::clone(state);
     tokio::spawn(async move {
-        let mut waited = Duration::ZERO;
-        for delay in FOLLOW_UPS {
-            tokio::time::sleep(delay - waited).await;
-            waited = delay;
-            let alive: Vec<(MountNsId, u32)> = started
-                .iter()
-                .filter(|(_, ns_id, _)| crate::host::sys::mount_api::ns_exists(*ns_id))
-                .map(|&(id, _, pid)| (id, pid))
-                .collect();
-            state.request_new_namespaces(&alive);
+        tokio::time::sleep(after).await;
+        let (id, ns_id, pid) = started;
+        if let Some(s) = settling {
+            s.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        if crate::host::sys::mount_api::ns_exists(ns_id) {
+            state.request_new_namespaces(&[(id, pid)]);
         }
     });
 }

@@ -16,8 +16,11 @@
 //! caller scans in full (as it did for every new namespace before): a task whose namespace cannot
 //! be read, a namespace no process lives in any more (gone, or kept by a pin, which a full scan
 //! enters), a namespace known to be pinned, a process of it that lives partly in a namespace
-//! unknown since the last full scan, one that exited mid-read, an unreadable table, fd, cwd or
-//! map, an fd keeping another unknown namespace alive. And this only ever shows: every plan and
+//! unknown since the last full scan, an unreadable table, fd, cwd or map, an fd keeping another
+//! unknown namespace alive. A process that exits while it is read (its `/proc` directory gone:
+//! it holds nothing any more) is left out, as a full scan leaves it out: a pod's start runs many
+//! short programs (`mount`, `mkdir`) in its new namespace, and each would otherwise cost the full
+//! scan this replaces; if that leaves a namespace with no process, that is an `Err`. And this only ever shows: every plan and
 //! every step scans its device afresh in full (`engine::planning`, `engine::execute` through
 //! `World::scan`, checked by `engine::recheck`), never from this re-read.
 
@@ -67,8 +70,15 @@ impl Snapshot {
                 }
             }
         }
-        let entries = read_entries(host, &pids.into_iter().collect::<Vec<_>>())?;
+        let asked: Vec<u32> = pids.into_iter().collect();
+        let mut entries = read_entries(host, &asked)?;
+        // Those that exited before they were read are forgotten like the dead.
+        let read: HashSet<u32> = entries.iter().map(|e| e.pid).collect();
+        dead.extend(asked.into_iter().filter(|p| !read.contains(p)));
+        let had_tasks: HashSet<MountNsId> =
+            self.namespaces.iter().filter(|n| !n.tasks.is_empty()).map(|n| n.id).collect();
         self.place_tasks(&ids, &entries, &dead)?;
+        self.lived_in(&ids, &had_tasks)?;
 
         let mut to_read: BTreeMap<MountNsId, MountNamespace> =
             self.namespaces.iter().filter(|n| ids.contains(&n.id)).map(|n| (n.id, n.clone())).collect();
@@ -79,7 +89,15 @@ impl Snapshot {
         let table_read = started.elapsed();
 
         let moved: HashSet<u32> = entries.iter().map(|e| e.pid).chain(dead.iter().copied()).collect();
-        self.read_files(host, &entries, &moved)?;
+        let exited = self.read_files(host, &entries, &moved)?;
+        if !exited.is_empty() {
+            entries.retain(|e| !exited.contains(&e.pid));
+            for n in &mut self.namespaces {
+                n.tasks.retain(|(p, _)| !exited.contains(p));
+                n.pids.retain(|p| !exited.contains(p));
+            }
+            self.lived_in(&ids, &had_tasks)?;
+        }
         let files_read = started.elapsed();
 
         self.mounts.retain(|m| !ids.contains(&m.ns));
@@ -118,8 +136,6 @@ impl Snapshot {
             }
         }
         let moved: HashSet<u32> = entries.iter().map(|e| e.pid).chain(dead.iter().copied()).collect();
-        let had_tasks: HashSet<MountNsId> =
-            self.namespaces.iter().filter(|n| !n.tasks.is_empty()).map(|n| n.id).collect();
         for n in &mut self.namespaces {
             n.tasks.retain(|(p, _)| !moved.contains(p));
             n.pids.retain(|p| !moved.contains(p));
@@ -159,6 +175,11 @@ impl Snapshot {
             n.pids.sort_unstable();
             n.pids.dedup();
         }
+        Ok(())
+    }
+
+    /// `Err` when one of `ids`, or a namespace that had a process (`had_tasks`), has none now.
+    fn lived_in(&self, ids: &HashSet<MountNsId>, had_tasks: &HashSet<MountNsId>) -> Result<(), String> {
         if let Some(n) = self
             .namespaces
             .iter()
@@ -173,13 +194,14 @@ impl Snapshot {
     }
 
     /// Reads the files of `entries` as a full scan reads a process, in place of what the
-    /// snapshot had of the processes `moved` (those read again, and those that exited).
+    /// snapshot had of the processes `moved` (those read again, and those that exited); returns
+    /// those of `entries` that exited meanwhile (nothing of theirs is kept).
     fn read_files(
         &mut self,
         host: &HostRoot,
         entries: &[ProcEntry],
         moved: &HashSet<u32>,
-    ) -> Result<(), String> {
+    ) -> Result<HashSet<u32>, String> {
         let live = host.is_live();
         let nsfs_dev =
             live.then(|| sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev)).flatten();
@@ -189,15 +211,18 @@ impl Snapshot {
             parallel::map(entries, |e| fds::scan_process(host, e, targets, nsfs_dev, &known, live, anon));
         self.proc_refs.retain(|r| !moved.contains(&r.pid));
         self.stuck_pids.retain(|p| !moved.contains(p));
+        let mut exited = HashSet::new();
         for (e, s) in entries.iter().zip(scans) {
+            // Gone (reaped): it holds nothing, and a full scan would not list it.
+            if !host.proc_pid(e.pid).exists() {
+                exited.insert(e.pid);
+                continue;
+            }
             if let Some(what) = s.unreadable.first() {
                 return Err(what.clone());
             }
             if let Some((id, pin)) = s.pinned_ns.first() {
                 return Err(format!("mount namespace {id} is newly pinned ({})", pin.describe()));
-            }
-            if !host.proc_pid(e.pid).exists() {
-                return Err(format!("pid {} ({}) exited while its files were read", e.pid, e.comm));
             }
             for (dev, members) in s.learned {
                 self.anon.add_dev(dev, &members);
@@ -208,7 +233,7 @@ impl Snapshot {
             self.proc_refs.extend(s.refs);
         }
         self.stuck_pids.sort_unstable();
-        Ok(())
+        Ok(exited)
     }
 
     /// Labels the processes read again as a full scan labels holders: those holding a file on a
@@ -288,17 +313,18 @@ fn lives_in(host: &HostRoot, pid: u32, links: &[Vec<u8>]) -> Result<bool, String
     Ok(false)
 }
 
-/// Reads the processes `pids`; any that cannot be read in full, or exited meanwhile, is an `Err`.
+/// Reads the processes `pids` (leaving out those that exited meanwhile); any that cannot be read
+/// in full is an `Err`.
 fn read_entries(host: &HostRoot, pids: &[u32]) -> Result<Vec<ProcEntry>, String> {
     let mut out = Vec::with_capacity(pids.len());
-    for (pid, r) in pids.iter().zip(parallel::map(pids, |&p| processes::read_entry(host, p))) {
+    for r in parallel::map(pids, |&p| processes::read_entry(host, p)) {
         match r {
             Ok(Some(e)) if e.kthread => {}
             Ok(Some(e)) => match e.unreadable.first() {
                 Some(what) => return Err(what.clone()),
                 None => out.push(e),
             },
-            Ok(None) => return Err(format!("pid {pid} exited while it was read")),
+            Ok(None) => {}
             Err(issue) => return Err(issue.what),
         }
     }
