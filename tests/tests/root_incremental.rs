@@ -1,7 +1,6 @@
 //! Incremental rescans on the real kernel (issue 13): the daemon shows a mount added or removed
 //! in a foreign mount namespace, and a loop device attached or detached, by reading again only
-//! what changed, not by a full scan; and what a re-read cannot stand in for (a namespace new
-//! since the last full scan) still ends up seen, by a full scan.
+//! what changed, not by a full scan; and a namespace new since the last full scan is seen too.
 //!
 //! Which kind of scan published a change is told by the device's `last_seen_scan` in the event:
 //! a full scan reads the devices (it equals that view's generation), a re-read carries the
@@ -182,9 +181,10 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
         let lo2 = lo2.expect("attached");
         let name2 = lo2.name().to_owned();
 
-        // A namespace created since the last full scan is not watched yet: a mount in it is
-        // seen by the next full scan (the timer's, every 20 s here), and from then on its
-        // changes are re-read like any other's.
+        // A namespace created since the last full scan: watched and read (by a re-read of it
+        // and its processes) once a program starts in it (`unshare ... sh`); without the
+        // kernel's process events, by the next full scan (the timer's, every 20 s here). From
+        // then on its changes are re-read like any other's.
         let newcomer = NsProcess::spawn("exec sleep 600");
         in_ns(newcomer.pid(), &["mount", &lo2.dev, target.to_str().expect("utf8")]);
         let deadline = tokio::time::Instant::now() + REACT;

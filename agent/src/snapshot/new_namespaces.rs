@@ -330,3 +330,23 @@ fn read_entries(host: &HostRoot, pids: &[u32]) -> Result<Vec<ProcEntry>, String>
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This process is found in its own namespace by the every-task read; no process lives in a
+    /// namespace that does not exist.
+    #[test]
+    fn a_namespace_s_processes_are_found_by_every_task_s_link() {
+        let host = HostRoot::default();
+        let me = std::process::id();
+        let ns = processes::task_mount_ns(&host.proc_pid(me)).expect("this process's namespace");
+        // PID 1 may not be inspectable in a sandbox: trusted, as the agent's tests run it.
+        let opts = ScanOptions { trust_unreadable_init: true, ..Default::default() };
+        let found = pids_in(&host, &[ns].into(), &HashSet::new(), &opts).expect("every task readable");
+        assert!(found.contains(&me), "{me} not among {found:?}");
+        let none = pids_in(&host, &[MountNsId(1)].into(), &HashSet::new(), &opts).expect("readable");
+        assert!(none.is_empty(), "{none:?}");
+    }
+}
