@@ -1,7 +1,6 @@
 //! Incremental rescans on the real kernel (issue 13): the daemon shows a mount added or removed
 //! in a foreign mount namespace, and a loop device attached or detached, by reading again only
-//! what changed, not by a full scan; and what a re-read cannot stand in for (a namespace new
-//! since the last full scan) still ends up seen, by a full scan.
+//! what changed, not by a full scan; and a namespace new since the last full scan is seen too.
 //!
 //! Which kind of scan published a change is told by the device's `last_seen_scan` in the event:
 //! a full scan reads the devices (it equals that view's generation), a re-read carries the
@@ -10,8 +9,14 @@
 //!
 //! `root_every_event_leaves_the_view_a_full_scan_would_show` (issue 20) checks the incremental
 //! path against the full one: after each round of random mounts, unmounts, namespaces and
-//! processes coming and going, once the daemon has settled, its view of every mount of the test's
-//! devices is the one a one-shot full scan shows, in the same order.
+//! processes coming and going, once the daemon has settled, its view of every mount and process
+//! holder of the test's devices is the one a one-shot full scan shows, in the same order. New
+//! namespaces come two ways, both started with `execve` in them as a container's program is: a
+//! copy of another (holding the devices by its mounts), and one whose process also holds a device
+//! mounted there by its working directory, an open file, the program's own mapping, or all
+//! three. Each is read by a re-read of that namespace, never by a full scan: a round that made a
+//! namespace fails if the daemon's log says a re-read gave up on it (naming the namespace or its
+//! process) and fell back to a full scan.
 
 use std::path::Path;
 use std::time::Duration;
@@ -176,9 +181,10 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
         let lo2 = lo2.expect("attached");
         let name2 = lo2.name().to_owned();
 
-        // A namespace created since the last full scan is not watched yet: a mount in it is
-        // seen by the next full scan (the timer's, every 20 s here), and from then on its
-        // changes are re-read like any other's.
+        // A namespace created since the last full scan: watched and read (by a re-read of it
+        // and its processes) once a program starts in it (`unshare ... sh`); without the
+        // kernel's process events, by the next full scan (the timer's, every 20 s here). From
+        // then on its changes are re-read like any other's.
         let newcomer = NsProcess::spawn("exec sleep 600");
         in_ns(newcomer.pid(), &["mount", &lo2.dev, target.to_str().expect("utf8")]);
         let deadline = tokio::time::Instant::now() + REACT;
@@ -228,50 +234,72 @@ impl Rng {
     }
 }
 
-/// A device as an event changes it: its verdict, and its holders as (kind, namespace inode,
-/// mount point, path, holder description), in the order the view lists them. The order counts
-/// too: a re-read that listed a namespace's mounts elsewhere than a full scan does would publish
-/// "holders changed" for every device mounted there, with nothing changed.
-#[derive(Debug, PartialEq)]
-struct Shown {
-    verdict: String,
-    holders: Vec<(String, u64, String, String, String)>,
+/// A device's verdict (the first line), then its mount and process holders, in the order the
+/// view lists them, one line each (a verdict kept from the view before by a re-read that did not
+/// touch the device must be the one a full scan gives): a
+/// mount as (namespace inode, mount point), the part of a device's view a mount event changes
+/// (not its pids: a process that joins a namespace without starting a program there is seen by
+/// the next full scan); a process holder as its kind, pid, namespace, path and fds. The order
+/// counts too: a re-read that listed a namespace's mounts elsewhere than a full scan does would
+/// publish "holders changed" for every device mounted there, with nothing changed.
+type Holders = Vec<String>;
+
+const COMPARED: &[&str] = &["mount", "open_device", "open_file", "cwd", "root", "mmap"];
+
+fn holder_line(kind: &str, ns: u64, mount_point: &str, pid: u32, path: &str, fds: &[u64]) -> Option<String> {
+    match kind {
+        "mount" => Some(format!("mount ns {ns} at {mount_point}")),
+        k if COMPARED.contains(&k) => Some(format!("{k} pid {pid} ns {ns} path {path} fds {fds:?}")),
+        _ => None,
+    }
 }
 
-/// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`.
-fn full_scan_shows(dev: &str) -> Shown {
+/// What a one-shot full scan (`holders DEV`, a separate process) shows of `dev`'s holders.
+fn full_scan_holders(dev: &str) -> Holders {
     let out = agent(&["holders", dev, "--output", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("holders {dev}: not JSON ({e}): {}", text(&out.stdout)));
-    let str_of =
-        |h: &serde_json::Value, k: &str| h[k].as_str().unwrap_or_else(|| panic!("{k} of {h:#}")).to_owned();
+    let verdict =
+        format!("verdict {}", v["verdict"].as_str().unwrap_or_else(|| panic!("holders {dev}: no verdict")));
     let holders = v["holders"]
         .as_array()
         .unwrap_or_else(|| panic!("holders {dev}: no holder list: {v:#}"))
         .iter()
-        .map(|h| {
+        .filter_map(|h| {
             let ns = h["mount_namespace"].as_u64().unwrap_or_else(|| panic!("a holder's namespace: {h:#}"));
-            (str_of(h, "kind"), ns, str_of(h, "mount_point"), str_of(h, "path"), str_of(h, "description"))
-        })
-        .collect();
-    Shown { verdict: str_of(&v, "verdict"), holders }
+            let pid = h["pids"].get(0).and_then(serde_json::Value::as_u64).unwrap_or(0) as u32;
+            let fds: Vec<u64> = h["fds"]
+                .as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default();
+            holder_line(
+                h["kind"].as_str().unwrap_or_default(),
+                ns,
+                h["mount_point"].as_str().unwrap_or_default(),
+                pid,
+                h["path"].as_str().unwrap_or_default(),
+                &fds,
+            )
+        });
+    std::iter::once(verdict).chain(holders).collect()
 }
 
-/// What the daemon's latest view shows of `dev`.
-async fn daemon_shows(c: &mut Client, dev: &str) -> Shown {
+/// What the daemon's latest view shows of `dev`'s holders.
+async fn daemon_holders(c: &mut Client, dev: &str) -> Holders {
     let d =
         c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
     let verdict = pb::Verdict::try_from(d.verdict).expect("a known verdict").as_str_name();
-    let holders = d
-        .holders
-        .iter()
-        .map(|h| {
-            let kind = pb::HolderKind::try_from(h.kind).expect("a known holder kind").as_str_name();
-            let kind = kind.trim_start_matches("HOLDER_KIND_").to_ascii_lowercase();
-            (kind, h.mount_namespace, h.mount_point.clone(), h.path.clone(), h.description.clone())
-        })
-        .collect();
-    Shown { verdict: verdict.trim_start_matches("VERDICT_").to_ascii_lowercase(), holders }
+    let verdict = format!("verdict {}", verdict.trim_start_matches("VERDICT_").to_ascii_lowercase());
+    let holders = d.holders.iter().filter_map(|h| {
+        let kind = pb::HolderKind::try_from(h.kind).map_or_else(
+            |_| "?".to_owned(),
+            |k| k.as_str_name().trim_start_matches("HOLDER_KIND_").to_ascii_lowercase(),
+        );
+        let fds: Vec<u64> = h.fds.iter().map(|f| u64::from(*f)).collect();
+        let pid = h.pids.first().copied().unwrap_or(0);
+        holder_line(&kind, h.mount_namespace, &h.mount_point, pid, &h.path, &fds)
+    });
+    std::iter::once(verdict).chain(holders).collect()
 }
 
 /// How many of the daemon's re-reads (debug log) rebuilt fewer devices than the host has: the
@@ -306,43 +334,26 @@ async fn settled(c: &mut Client, quiet: Duration) -> pb::Node {
     }
 }
 
-/// A namespace of the test: a process in a private mount namespace (a copy of the host's, or of
-/// another test namespace's, mounts included), with the mounts the test made in it.
-struct TestNs {
-    proc: NsProcess,
-    mounts: Vec<String>,
-}
-
-/// A private copy of `parent`'s namespace, its process killed on drop.
-fn copy_of(parent: &TestNs) -> TestNs {
-    let pid = parent.proc.pid().to_string();
-    let child = std::process::Command::new("nsenter")
-        .args(["-t", &pid, "-m", "--", "unshare", "-m", "--propagation", "private", "sleep", "600"])
-        .stdin(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn nsenter");
-    let proc = NsProcess { child };
-    let theirs = parent.proc.ns_inode();
-    assert!(
-        wait_until(Duration::from_secs(5), || std::fs::read_link(format!("/proc/{}/ns/mnt", proc.pid()))
-            .is_ok_and(|l| !l.to_string_lossy().contains(&theirs.to_string()))),
-        "the copy never entered a namespace of its own"
-    );
-    TestNs { proc, mounts: parent.mounts.clone() }
-}
+#[path = "support/test_namespaces.rs"]
+mod test_namespaces;
+use test_namespaces::{copy_of, holding_copy, image_with_sleep, Hold, TestNs};
 
 #[test]
 fn root_every_event_leaves_the_view_a_full_scan_would_show() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let devs: Vec<LoopDev> =
-        (0..2).map(|i| LoopDev::attach(&s.ext4_image(&format!("d{i}.img"), 16))).collect();
+        (0..2).map(|i| LoopDev::attach(&image_with_sleep(&s, &format!("d{i}.img")))).collect();
     let points: Vec<String> =
         (0..4).map(|i| s.mkdir(&format!("m{i}")).to_string_lossy().into_owned()).collect();
-    let mut spaces: Vec<TestNs> =
-        (0..3).map(|_| TestNs { proc: NsProcess::spawn("exec sleep 600"), mounts: Vec::new() }).collect();
+    let mut spaces: Vec<TestNs> = (0..3)
+        .map(|_| TestNs { proc: NsProcess::spawn("exec sleep 600"), mounts: Vec::new(), busy: None })
+        .collect();
+    // One device mounted from the start, so the first round can start a program on it.
+    in_ns(spaces[0].proc.pid(), &["mount", &devs[0].dev, &points[0]]);
+    spaces[0].mounts.push(points[0].clone());
     let mut visitors: Vec<NsProcess> = Vec::new();
     let d = Daemon::start_configured(s.dir.path(), &[], &["--rescan-interval", "3600"], |c| {
-        c.env("BLOCKJANITOR_LOG", "debug");
+        c.env("BLOCKJANITOR_LOG", "info,blockjanitor=debug");
     });
     let mut rng = Rng::new();
     let rounds: usize = std::env::var("BJB_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(24);
@@ -351,8 +362,18 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
         let mut c = unix_client(&d.socket).await;
         let mut node = settled(&mut c, Duration::from_millis(500)).await;
         let mut by_rereads = 0;
+        // Rounds that made a namespace, and those of them during which some full scan ran.
+        let (mut made_rounds, mut made_with_full) = (0, 0);
         for round in 0..rounds {
-            let what = match rng.below(10) {
+            let log_from = d.log_text().len();
+            // A namespace made this round: (its inode, its process, whether that holds a file).
+            let mut made: Option<(u64, u32, bool)> = None;
+            let op = match round {
+                0 => 7,
+                1 => 6,
+                _ => rng.below(12),
+            };
+            let what = match op {
                 // Mount a test device in a random namespace, at a point free there.
                 0..=3 => {
                     let i = rng.below(spaces.len());
@@ -366,37 +387,63 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
                     spaces[i].mounts.push(at.clone());
                     format!("mount {dev} at {at} in namespace #{i}")
                 }
-                // Unmount one of them.
-                4..=6 => {
+                // Unmount one of them (not one a process there holds a file on).
+                4 | 5 => {
                     let i = rng.below(spaces.len());
-                    if spaces[i].mounts.is_empty() {
+                    let idle: Vec<String> =
+                        spaces[i].mounts.iter().filter(|m| spaces[i].busy.as_ref() != Some(*m)).cloned().collect();
+                    if idle.is_empty() {
                         continue;
                     }
-                    let k = rng.below(spaces[i].mounts.len());
-                    let at = spaces[i].mounts.remove(k);
+                    let at = idle[rng.below(idle.len())].clone();
+                    spaces[i].mounts.retain(|m| *m != at);
                     in_ns(spaces[i].proc.pid(), &["umount", &at]);
                     format!("unmount {at} in namespace #{i}")
                 }
                 // A namespace appears: a copy of another, with its mounts.
-                7 if spaces.len() < 6 => {
+                6 if spaces.len() < 8 => {
                     let i = rng.below(spaces.len());
                     let copy = copy_of(&spaces[i]);
+                    made = Some((copy.proc.ns_inode(), copy.proc.pid(), false));
                     spaces.push(copy);
                     format!("namespace #{} copied from #{i}", spaces.len() - 1)
                 }
+                // A namespace appears whose program holds a device mounted there by more than
+                // the mount.
+                7 if spaces.len() < 8 => {
+                    let mounted: Vec<(usize, String)> = spaces
+                        .iter()
+                        .enumerate()
+                        .flat_map(|(i, n)| n.mounts.iter().map(move |m| (i, m.clone())))
+                        .collect();
+                    if mounted.is_empty() {
+                        continue;
+                    }
+                    let (i, at) = mounted[rng.below(mounted.len())].clone();
+                    let how = [Hold::Cwd, Hold::Fd, Hold::Map, Hold::All][rng.below(4)];
+                    let copy = holding_copy(&spaces[i], &at, how);
+                    made = Some((copy.proc.ns_inode(), copy.proc.pid(), true));
+                    spaces.push(copy);
+                    format!("namespace #{} copied from #{i}, its program holding {at} by {how:?}", spaces.len() - 1)
+                }
                 // A namespace goes away with its last process (its mounts with it).
-                7 | 8 if spaces.len() > 1 => {
+                6..=8 if spaces.len() > 1 => {
                     let i = rng.below(spaces.len());
                     drop(spaces.remove(i));
                     format!("namespace #{i} ended")
                 }
-                // A process comes into a namespace, or one goes.
+                // A process comes into a namespace, or one goes. Not into one whose program
+                // holds a file: that namespace would outlive its program, whose files the view
+                // shows until the next full scan (a process's exit is not watched).
                 _ => {
-                    if !visitors.is_empty() && rng.below(2) == 0 {
+                    let open: Vec<usize> = (0..spaces.len()).filter(|i| spaces[*i].busy.is_none()).collect();
+                    if !visitors.is_empty() && (open.is_empty() || rng.below(2) == 0) {
                         drop(visitors.remove(rng.below(visitors.len())));
                         "a visiting process exited".to_owned()
+                    } else if open.is_empty() {
+                        continue;
                     } else {
-                        let i = rng.below(spaces.len());
+                        let i = open[rng.below(open.len())];
                         let pid = spaces[i].proc.pid().to_string();
                         let child = std::process::Command::new("nsenter")
                             .args(["-t", &pid, "-m", "--", "sleep", "600"])
@@ -409,13 +456,15 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
                 }
             };
             let now = settled(&mut c, Duration::from_millis(1500)).await;
-            if now.scans > node.scans && now.last_full_scan == node.last_full_scan {
+            let full_ran = now.last_full_scan != node.last_full_scan;
+            if now.scans > node.scans && !full_ran {
                 by_rereads += 1;
             }
             node = now;
+            let mut all = Vec::new();
             for lo in &devs {
-                let full = full_scan_shows(lo.name());
-                let seen = daemon_shows(&mut c, lo.name()).await;
+                let full = full_scan_holders(lo.name());
+                let seen = daemon_holders(&mut c, lo.name()).await;
                 if seen != full {
                     let log = d.log_text();
                     if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
@@ -423,10 +472,39 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
                     }
                     let tail: Vec<&str> = log.lines().rev().take(40).collect();
                     panic!(
-                        "round {round} ({what}): the daemon shows {seen:?} of {}, a full scan {full:?}; \
+                        "round {round} ({what}): the daemon shows {seen:#?} of {}'s holders, a full scan {full:#?}; \
                          the daemon's last log lines, newest first:\n{}",
                         lo.name(),
                         tail.join("\n")
+                    );
+                }
+                all.extend(full);
+            }
+            if let Some((ns, pid, holds)) = made {
+                // Read by a re-read: no re-read gave up on it for a full scan.
+                let log = d.log_text();
+                let gave_up: Vec<&str> = log[log_from..]
+                    .lines()
+                    .filter(|l| l.contains("scanning in full"))
+                    .filter(|l| {
+                        l.contains(&format!("namespace {ns}"))
+                            || l.contains(&format!("pid {pid} "))
+                            || l.contains(&format!("/{pid}/"))
+                    })
+                    .collect();
+                assert!(
+                    gave_up.is_empty(),
+                    "round {round} ({what}): the new namespace {ns} was read by a full scan: {gave_up:#?}"
+                );
+                made_rounds += 1;
+                if full_ran {
+                    made_with_full += 1;
+                    eprintln!("round {round}: a full scan ran too (not for namespace {ns}: another trigger)");
+                }
+                if holds {
+                    assert!(
+                        all.iter().any(|l| !l.starts_with("mount ") && l.contains(&format!(" pid {pid} ns {ns} "))),
+                        "round {round} ({what}): no process holder of pid {pid}: {all:#?}"
                     );
                 }
             }
@@ -436,16 +514,17 @@ fn root_every_event_leaves_the_view_a_full_scan_would_show() {
             by_rereads >= rounds / 4,
             "only {by_rereads} of {rounds} rounds were shown by re-reads alone: the incremental path was hardly checked"
         );
-        let log = d.log_text();
-        if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
-            let _ = std::fs::write(f, &log);
-        }
-        let partial = partial_rereads(&log);
+        assert!(made_rounds >= 2, "only {made_rounds} rounds made a namespace");
+        let partial = partial_rereads(&d.log_text());
         assert!(
             partial >= rounds / 8,
             "only {partial} re-reads kept the devices they did not touch: the view updated in place was hardly checked"
         );
         eprintln!("{by_rereads} of {rounds} rounds shown by re-reads alone, {partial} re-reads rebuilt only what they touched");
+        assert!(
+            made_with_full * 2 <= made_rounds,
+            "{made_with_full} of the {made_rounds} rounds that made a namespace ran a full scan (other triggers?)"
+        );
     });
     if let Ok(f) = std::env::var("BJB_DAEMON_LOG") {
         let _ = std::fs::write(f, d.log_text());

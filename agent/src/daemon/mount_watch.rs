@@ -38,6 +38,9 @@ pub struct MountWatch {
     watched: Mutex<HashMap<u64, MountNsId>>,
     /// Where the host's `/proc` is (to find the namespace of the task that made a change).
     proc: std::sync::OnceLock<PathBuf>,
+    /// Watched namespaces marked by [`MountWatch::watch_new`] that no full scan has read yet
+    /// (64-bit IDs). Lock order: `watched`, then this.
+    new_ones: Mutex<HashSet<u64>>,
 }
 
 /// What a batch of events asks for.
@@ -57,6 +60,7 @@ impl MountWatch {
             events: MountEvents::new()?,
             watched: Mutex::new(HashMap::new()),
             proc: Default::default(),
+            new_ones: Mutex::new(HashSet::new()),
         })
     }
 
@@ -110,31 +114,54 @@ impl MountWatch {
     }
 }
 
+/// What [`MountWatch::watch_new`] found of the namespace of a process that started a program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Started {
+    /// In a namespace the last full scan read (or the process is gone): nothing to do.
+    Known,
+    /// In a namespace new since the last full scan, watched from now on (`fresh`: marked just
+    /// now), known by the inode of its `ns/mnt` file (`id`) and its 64-bit ID (`ns_id`): to be
+    /// read in full, processes and all.
+    New { id: MountNsId, ns_id: u64, fresh: bool },
+    /// In a namespace new since the last full scan that could not be marked: only a full scan
+    /// reads it, and only the next one marks it.
+    Unwatchable,
+}
+
 impl MountWatch {
-    /// Watches the mount namespace process `pid` is in, if it is not watched yet; true when it
-    /// was not (the caller then has it read by a full scan). The namespace is known by the
-    /// inode of its `ns/mnt` file until that scan names it.
-    pub fn watch_new(&self, pid: u32) -> bool {
+    /// Watches the mount namespace process `pid` is in, if it is not watched yet. A namespace
+    /// marked here is "new" until a full scan reads it ([`NamespaceWatch::sync`]): every program
+    /// started in it until then has it read again (what the new program holds).
+    pub fn watch_new(&self, pid: u32) -> Started {
         let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
-        let Ok(ns) = std::fs::File::open(proc.join(format!("{pid}/ns/mnt"))) else { return false };
-        let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { return false };
+        let Ok(ns) = std::fs::File::open(proc.join(format!("{pid}/ns/mnt"))) else { return Started::Known };
+        let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { return Started::Known };
         let mut watched = self.watched();
-        if watched.contains_key(&ns_id) {
-            return false;
+        if let Some(id) = watched.get(&ns_id) {
+            return match self.new_ones().contains(&ns_id) {
+                true => Started::New { id: *id, ns_id, fresh: false },
+                false => Started::Known,
+            };
         }
-        let Ok(meta) = ns.metadata() else { return false };
+        let Ok(meta) = ns.metadata() else { return Started::Known };
         match self.events.watch_fd(ns.as_fd()) {
             Ok(()) => {
                 use std::os::unix::fs::MetadataExt;
                 mount_memo::note_watched(ns_id);
-                watched.insert(ns_id, MountNsId(meta.ino()));
-                true
+                let id = MountNsId(meta.ino());
+                watched.insert(ns_id, id);
+                self.new_ones().insert(ns_id);
+                Started::New { id, ns_id, fresh: true }
             }
             Err(e) => {
                 tracing::debug!(pid, "cannot watch a new mount namespace: {e}");
-                true
+                Started::Unwatchable
             }
         }
+    }
+
+    fn new_ones(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.new_ones.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -162,7 +189,12 @@ impl NamespaceWatch for MountWatch {
                 Err(e) => tracing::debug!("cannot watch mount namespace {id} ({}): {e}", file.display()),
             }
         }
-        watched.retain(|k, _| seen.contains(k));
+        // A namespace marked since the scan read the processes (a program started in it
+        // meanwhile) is kept while it exists: its re-read is pending, and only the next full
+        // scan would mark it again.
+        let mut new_ones = self.new_ones();
+        new_ones.retain(|k| !seen.contains(k) && mount_api::ns_exists(*k));
+        watched.retain(|k, _| seen.contains(k) || new_ones.contains(k));
         added
     }
 

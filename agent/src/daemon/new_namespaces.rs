@@ -1,29 +1,38 @@
 //! New mount namespaces, noticed when a process in one starts a program: the kernel's process
 //! events (the netlink proc connector, `PROC_EVENT_EXEC`) name every `execve`, and a process
 //! whose namespace is not watched yet has its namespace marked for mount events at once
-//! ([`MountWatch::watch_new`]) and a full scan asked for, which reads it.
+//! ([`MountWatch::watch_new`]) and read in full by a re-read of that namespace and its processes
+//! (`snapshot/new_namespaces.rs`), not by a full scan of the host; what that re-read cannot read
+//! as completely as a full scan would, it refuses, and a full scan runs instead.
 //!
 //! Without this, a namespace made since the last full scan (a pod that just started: the
 //! runtime makes the namespace, mounts the pod's root and volumes in it, then starts the
 //! container's program) is not watched, so mounts made in it are not reported until the next
-//! periodic full scan. Marking before the full scan reads the namespace means a mount made
-//! after that read is reported, and one made before it is in the read. A namespace made by a
-//! process that never calls `execve` afterwards (`unshare(2)` in a running program) is still
-//! found by the periodic full scan only.
+//! periodic full scan. Marking before the namespace is read means a mount made after that read
+//! is reported, and one made before it is in the read. Until a full scan reads the namespace, a
+//! program started in it has it read again [`SETTLE`] later (a pod's shell runs `mount` and
+//! `mkdir`, then `exec`s its program: the program's maps, cwd and files, once it has opened
+//! them; the programs started meanwhile share one read), and the namespace's first program has
+//! it read once more [`FOLLOW_UP`] after it started. A namespace made by a process that never
+//! calls `execve` afterwards (`unshare(2)` in a running program) is still found by the periodic
+//! full scan only.
 //!
 //! The subscription asks the kernel for exec events alone (Linux 6.6 filters them; an older
 //! kernel sends every process event, which are parsed and dropped). Needs `CAP_NET_ADMIN`; where
 //! the socket cannot be opened, nothing changes from before.
 
+use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::sync::watch;
 
-use super::mount_watch::MountWatch;
+use super::mount_watch::{MountWatch, Started};
 use super::state::AgentState;
+use crate::model::MountNsId;
 
 /// `NETLINK_CONNECTOR` and the proc connector's IDs from `<linux/connector.h>`.
 const NETLINK_CONNECTOR: libc::c_int = 11;
@@ -160,36 +169,87 @@ pub async fn run(state: Arc<AgentState>, watch: Arc<MountWatch>, mut shutdown: w
     };
     tracing::info!("watching for programs started in new mount namespaces (proc connector)");
     let mut buf = vec![0u8; 16 * 1024];
+    let settling = Settling::default();
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
             ready = fd.readable() => {
                 let Ok(mut guard) = ready else { return };
-                let mut found = 0;
+                let mut new = Vec::new();
+                let mut full = None;
                 loop {
                     match fd.get_ref().recv(&mut buf) {
                         Ok(n) => {
                             for pid in exec_pids(&buf[..n]) {
-                                found += usize::from(watch.watch_new(pid));
+                                match watch.watch_new(pid) {
+                                    Started::Known => {}
+                                    Started::New { id, ns_id, fresh } => new.push((id, ns_id, pid, fresh)),
+                                    Started::Unwatchable => full = Some("a new mount namespace cannot be watched"),
+                                }
                             }
                         }
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) => {
                             // ENOBUFS: events were lost; a full scan finds what they named.
                             tracing::debug!("process events: {e}; scanning in full");
-                            found += 1;
+                            full = Some("process events were lost");
                             break;
                         }
                     }
                 }
                 guard.clear_ready();
-                if found > 0 {
-                    tracing::debug!(namespaces = found, "a program started in a mount namespace not watched yet");
+                if let Some(why) = full {
+                    tracing::debug!("{why}: scanning in full");
                     state.request_rescan("namespace");
+                }
+                if !new.is_empty() {
+                    tracing::debug!(?new, "programs started in mount namespaces no full scan has read");
+                    let fresh: Vec<(MountNsId, u32)> =
+                        new.iter().filter(|n| n.3).map(|&(id, _, pid, _)| (id, pid)).collect();
+                    state.request_new_namespaces(&fresh);
+                    for (id, ns_id, pid, fresh) in new {
+                        if fresh {
+                            read_later(&state, FOLLOW_UP, (id, ns_id, pid), None);
+                        }
+                        if settling.lock().unwrap_or_else(|p| p.into_inner()).insert(id) {
+                            read_later(&state, SETTLE, (id, ns_id, pid), Some(Arc::clone(&settling)));
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// Namespaces with a read asked for within [`SETTLE`].
+type Settling = Arc<std::sync::Mutex<HashSet<MountNsId>>>;
+
+/// How long after a program started in a new namespace that namespace is read again (what the
+/// program opened, mapped or changed to once started); programs started meanwhile share it.
+const SETTLE: Duration = Duration::from_millis(100);
+/// When a new namespace is read once more after its first program started.
+const FOLLOW_UP: Duration = Duration::from_millis(1000);
+
+/// Asks for namespace `started` (`(inode, 64-bit ID, pid)`) to be read again `after` from now
+/// (taking it out of `settling` then), if it still exists (one that ended meanwhile is dropped
+/// by the mount watch, whose events say its mounts were detached).
+fn read_later(
+    state: &Arc<AgentState>,
+    after: Duration,
+    started: (MountNsId, u64, u32),
+    settling: Option<Settling>,
+) {
+    let state = Arc::clone(state);
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let (id, ns_id, pid) = started;
+        if let Some(s) = settling {
+            s.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        }
+        if crate::host::sys::mount_api::ns_exists(ns_id) {
+            state.request_new_namespaces(&[(id, pid)]);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -227,6 +227,21 @@ impl AgentState {
         self.rescan.notify_one();
     }
 
+    /// Asks for mount namespaces new since the last full scan to be read in full, processes and
+    /// all, each given with a process that started a program in it (a full scan, if one is
+    /// pending or the re-read cannot stand in for one).
+    pub fn request_new_namespaces(&self, started: &[(MountNsId, u32)]) {
+        if started.is_empty() {
+            return;
+        }
+        let mut pending = self.pending();
+        for &(id, pid) in started {
+            pending.new_namespaces.entry(id).or_default().insert(pid);
+        }
+        drop(pending);
+        self.rescan.notify_one();
+    }
+
     /// Asks for block device `name` (named by a uevent) to be read again, with what is stacked
     /// on it (a full scan, if one is pending or the re-read cannot stand in for one).
     pub fn request_device_rescan(&self, name: String) {
@@ -433,6 +448,8 @@ impl AgentState {
             }
             let changes = std::mem::take(&mut *self.pending());
             let full_pending = self.pending_trigger.lock().map(|p| p.is_some()).unwrap_or(true);
+            // A new namespace the re-read could not read is scanned for as before ("namespace").
+            let fallback = if changes.new_namespaces.is_empty() { "mount" } else { "namespace" };
             // What the kernel reported is shown at once, without waiting to settle.
             if !full_pending && !changes.is_empty() && self.rescan_changed_once(changes).await {
                 continue;
@@ -440,7 +457,7 @@ impl AgentState {
             // Let a burst of uevents or mount changes settle into one scan.
             tokio::time::sleep(Duration::from_millis(100)).await;
             *self.pending() = Changes::default();
-            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or("mount");
+            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or(fallback);
             if self.scan_once(trigger).await {
                 self.report_to_kubernetes().await;
                 self.act_by_mode().await;

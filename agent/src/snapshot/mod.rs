@@ -23,6 +23,7 @@ use crate::model::blindspot::BlindSpot;
 use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
+mod new_namespaces;
 pub mod process_memo;
 pub mod reread;
 mod take;

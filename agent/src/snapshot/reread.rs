@@ -6,17 +6,20 @@
 //!   said remembered by mount ID, mountinfo text only where a wanted device is mounted), the
 //!   filesystems the kernel keeps alive, and whether their kernel threads still run;
 //! - block devices a uevent named (added, removed, changed): sysfs and each kind's inventory,
-//!   and the mounts of those devices and of what is stacked on them.
+//!   and the mounts of those devices and of what is stacked on them;
+//! - mount namespaces new since the last full scan (a program started in one): read in full,
+//!   as a full scan reads them, with their processes' files ([`super::new_namespaces`]).
 //!
 //! The block layer's I/O counters are always read again (they are judged against time). Open
-//! fds, working directories, maps and the process list are carried over from the full scan, which stays the safety net. This is an optimisation of what the view shows, never
+//! fds, working directories, maps and the process list are carried over from the full scan
+//! (except for the processes of a new namespace, read afresh), which stays the safety net. This is an optimisation of what the view shows, never
 //! evidence for acting (every action re-scans the device in full). It refuses, and the caller
 //! falls back to a full scan, whenever its answer could be less complete than a full scan's: a
 //! namespace it does not know (new since the last full scan), one no known task still lives
 //! in, an unreadable table or device, a mount `statmount` sees and mountinfo does not show, a
 //! namespace pin it has not entered, or btrfs (whose mounts are joined to devices in full only).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
@@ -38,11 +41,17 @@ pub struct Changes {
     /// Mount namespaces the kernel says no longer exist (their last process exited: every
     /// mount was reported detached and the namespace ID is unknown to `listmount`).
     pub gone: HashSet<MountNsId>,
+    /// Mount namespaces a program was started in (`execve`) while they were new since the last
+    /// full scan, each with the processes that started one: read in full, processes and all.
+    pub new_namespaces: BTreeMap<MountNsId, BTreeSet<u32>>,
 }
 
 impl Changes {
     pub fn is_empty(&self) -> bool {
-        self.namespaces.is_empty() && self.devices.is_empty() && self.gone.is_empty()
+        self.namespaces.is_empty()
+            && self.devices.is_empty()
+            && self.gone.is_empty()
+            && self.new_namespaces.is_empty()
     }
 }
 
@@ -60,12 +69,23 @@ impl Snapshot {
             next.drop_namespaces(host, &changes.gone)?;
         }
         let devices = started.elapsed();
-        if !changes.namespaces.is_empty() {
-            next.reread_namespaces(host, &changes.namespaces, opts)?;
+        // A namespace that came and went is gone: nothing to read (a full scan would not see it).
+        let mut new = changes.new_namespaces.clone();
+        new.retain(|id, _| !changes.gone.contains(id));
+        if !new.is_empty() {
+            next.read_new_namespaces(host, &new, opts)?;
+        }
+        let new_us = started.elapsed() - devices;
+        // A new namespace was just read in full: its mount events need no second read.
+        let changed: HashSet<MountNsId> =
+            changes.namespaces.iter().copied().filter(|id| !new.contains_key(id)).collect();
+        if !changed.is_empty() {
+            next.reread_namespaces(host, &changed, opts)?;
         }
         tracing::debug!(
             devices_us = devices.as_micros() as u64,
-            namespaces_us = (started.elapsed() - devices).as_micros() as u64,
+            new_namespaces_us = new_us.as_micros() as u64,
+            namespaces_us = (started.elapsed() - devices - new_us).as_micros() as u64,
             "snapshot re-read"
         );
         // I/O counters are judged against time (a device that does not answer): never carried.
@@ -201,7 +221,7 @@ impl Snapshot {
 
     /// The filesystems the kernel keeps alive (a filesystem outlives its last mount only while
     /// something holds it), and the kernel threads of those that ended.
-    fn refresh_filesystems(&mut self, host: &HostRoot) -> Result<(), String> {
+    pub(super) fn refresh_filesystems(&mut self, host: &HostRoot) -> Result<(), String> {
         let names: HashSet<&str> = self.devices.iter().map(|d| d.name.as_str()).collect();
         self.live_fs = livefs::scan(host, &names).map_err(|e| format!("live filesystems: {e}"))?;
         // Only a thread named after a device (a journal thread, a device's worker) is in the
@@ -222,7 +242,7 @@ impl Snapshot {
 
     /// Adds freshly read mounts, with the figures of the namespaces they were read from and a
     /// label for the process standing for each namespace that now holds one.
-    fn take_mounts(
+    pub(super) fn take_mounts(
         &mut self,
         host: &HostRoot,
         read: &BTreeMap<MountNsId, MountNamespace>,
@@ -288,7 +308,7 @@ fn still_there(host: &HostRoot, ns: &MountNamespace) -> Result<MountNamespace, S
 
 /// Reads the mount tables of `namespaces`, keeping the mounts of `targets`; `Err` for anything
 /// a full scan would report as a blind spot or would have to enter.
-fn read_checked(
+pub(super) fn read_checked(
     snap: &Snapshot,
     host: &HostRoot,
     namespaces: &mut BTreeMap<MountNsId, MountNamespace>,
