@@ -157,7 +157,8 @@ impl Wanted<'_> {
     /// (`SipHash` per mount was about 3 % of a one-shot `holders` on the busy-node scene,
     /// 200,000 mounts).
     fn magic_matcher(&self) -> impl Fn(DevNum, u64) -> bool + '_ {
-        let few: Option<Vec<DevNum>> = (self.targets.len() <= 8).then(|| self.targets.iter().copied().collect());
+        let few: Option<Vec<DevNum>> =
+            (self.targets.len() <= 8).then(|| self.targets.iter().copied().collect());
         move |d, magic| {
             let target = few.as_ref().map_or_else(|| self.targets.contains(&d), |v| v.contains(&d));
             target

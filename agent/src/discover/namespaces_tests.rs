@@ -78,8 +78,7 @@ fn a_changed_namespace_is_followed_without_reading_its_text() {
         std::fs::create_dir(&bind).expect("mkdir");
         for step in ["mount", "unmount"] {
             if step == "mount" {
-                mount(Some(dir.path()), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>)
-                    .expect("bind");
+                mount(Some(dir.path()), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
             } else {
                 umount2(&bind, MntFlags::MNT_DETACH).expect("umount");
             }
@@ -91,8 +90,7 @@ fn a_changed_namespace_is_followed_without_reading_its_text() {
             }
             let fresh = read(false);
             assert_eq!(followed, fresh, "after the {step}");
-            let shows_bind =
-                followed.iter().any(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes());
+            let shows_bind = followed.iter().any(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes());
             assert_eq!(shows_bind, step == "mount", "after the {step}: {followed:?}");
         }
         assert_eq!(read(true), first);
@@ -135,8 +133,13 @@ fn a_thread_sharing_its_leaders_fs_can_be_in_another_mount_namespace() {
             }
             // SAFETY: the kernel just returned this fd to us; nothing else owns it.
             let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-            let r = nix::sched::setns(&pidfd, nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_NEWUTS);
-            tid_tx.send(r.map(|()| nix::unistd::gettid().as_raw() as u32).map_err(std::io::Error::from)).expect("send");
+            let r = nix::sched::setns(
+                &pidfd,
+                nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_NEWUTS,
+            );
+            tid_tx
+                .send(r.map(|()| nix::unistd::gettid().as_raw() as u32).map_err(std::io::Error::from))
+                .expect("send");
             let _ = done_rx.recv();
         });
         let joined = match tid_rx.recv().expect("tid") {
@@ -159,7 +162,9 @@ fn a_thread_sharing_its_leaders_fs_can_be_in_another_mount_namespace() {
         assert_eq!(task_ns(this), Some(private), "{:?}", entry.tasks);
         assert_eq!(task_ns(joined), Some(original), "the scan reads each task's own namespace");
         let grouped = group(std::slice::from_ref(&entry));
-        assert!(grouped[&original].tasks.contains(&(me, joined)) && grouped[&private].tasks.contains(&(me, this)));
+        assert!(
+            grouped[&original].tasks.contains(&(me, joined)) && grouped[&private].tasks.contains(&(me, this))
+        );
         drop(done_tx);
         joiner.join().expect("join");
     });
