@@ -15,6 +15,13 @@
 //! Wanted are the mounts of the devices in scope and every btrfs mount: btrfs shows an
 //! anonymous `0:NN` superblock device, never its block devices, so its mounts are joined to their
 //! devices later through `/sys/fs/btrfs`.
+//!
+//! Every task's namespace is its own `ns/mnt` link, never its leader's: a thread that shares its
+//! leader's fs_struct (`kcmp(KCMP_FS)`) can still join another mount namespace through
+//! `setns(pidfd, CLONE_NEWNS | CLONE_NEWUTS)` (see the tests). A scan behind an action (a plan, the
+//! re-check before a step: `engine/recheck.rs`) lists every namespace and asks `statmount` about
+//! every mount not asked about before ([`super::mount_memo`]); what makes it cheaper (a short `statmount` buffer, the devices in scope compared
+//! as a list) gives the same answers, and nothing is skipped.
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
