@@ -206,6 +206,8 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         echo "- grep / agent-mountinfo: $(ratio "$GREP_MED" "$TEXT_MED")x; agent-mountinfo / floor: $(ratio "$TEXT_MED" "$FLOOR_MED")x"
         if [ -n "$CMD_BASE" ]; then
             echo "- agent / agent-base: $(ratio "$AGENT_MED" "$(median agent-base)")x (the baseline agent: \`$AGENT_BASE\`)"
+            echo "- grep / agent-base: $(ratio "$GREP_MED" "$(median agent-base)")x; agent-base / floor, CPU time: $(ratio "$(cpu agent-base)" "$(cpu floor)")x"
+            echo "- agent / agent-base, CPU time: $(ratio "$(cpu agent)" "$(cpu agent-base)")x"
         fi
         echo "- agent peak RSS: ${AGENT_RSS_KB} KiB ($(awk -v k="$AGENT_RSS_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB), /usr/bin/time -v, one run"
     fi

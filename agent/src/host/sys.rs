@@ -294,8 +294,11 @@ pub mod mount_api {
         mnt_ns_id: u64,
     }
 
-    /// The fixed part of `struct statmount` up to the fields we read, padded to the 512 bytes
-    /// of the published struct so the kernel never finds the buffer short.
+    /// The head of `struct statmount` up to the last field we read (`mnt_id_old`, bytes 56-59),
+    /// 64 bytes. The kernel copies `min(bufsize, sizeof(struct statmount))` bytes and no strings
+    /// are asked for, so a short buffer is the documented way to ask for less: copying and
+    /// zeroing the whole 512-byte struct was about 5 % of a one-shot `holders` on the busy-node
+    /// scene (200,000 calls).
     #[repr(C)]
     struct StatmountBuf {
         size: u32,
@@ -304,8 +307,9 @@ pub mod mount_api {
         sb_dev_major: u32,
         sb_dev_minor: u32,
         sb_magic: u64,
-        rest: [u64; 60],
+        rest: [u64; 4],
     }
+    const _: () = assert!(std::mem::size_of::<StatmountBuf>() == 64);
 
     /// True for errors meaning "this kernel does not offer the call": fall back to mountinfo.
     pub fn is_unsupported(e: &io::Error) -> bool {

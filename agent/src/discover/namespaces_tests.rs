@@ -1,0 +1,171 @@
+//! Tests of reading the namespaces' mount tables.
+
+use super::*;
+
+/// The matcher a listing is filtered with says what [`Wanted::magic`] says, whether the
+/// devices in scope are compared as a short list (few) or hashed (many).
+#[test]
+fn the_listing_matcher_agrees_with_magic() {
+    let nsfs = DevNum::new(0, 4);
+    let probes: Vec<(DevNum, u64)> = [(7, 1), (7, 2), (8, 0), (0, 4), (0, 41), (259, 3), (7, 40)]
+        .into_iter()
+        .flat_map(|(a, b)| {
+            [0xef53, mount_api::BTRFS_SUPER_MAGIC, NSFS_MAGIC].map(move |m| (DevNum::new(a, b), m))
+        })
+        .collect();
+    for n in [0u32, 1, 2, 8, 9, 40] {
+        let targets: HashSet<DevNum> = (1..=n).map(|i| DevNum::new(7, i)).collect();
+        for nsfs_dev in [None, Some(nsfs)] {
+            let wanted = Wanted { targets: &targets, nsfs_dev, reuse_text: false };
+            let wants = wanted.magic_matcher();
+            for &(d, m) in &probes {
+                assert_eq!(wants(d, m), wanted.magic(d, m), "{n} targets, nsfs {nsfs_dev:?}, {d} {m:#x}");
+            }
+        }
+    }
+}
+
+/// The namespace of the calling thread, as a scan sees it.
+fn this_thread_ns() -> BTreeMap<MountNsId, MountNamespace> {
+    let id = MountNsId::from_link(
+        std::fs::read_link("/proc/thread-self/ns/mnt").expect("ns link").to_str().expect("text"),
+    )
+    .expect("mnt:[N]");
+    let task = (std::process::id(), nix::unistd::gettid().as_raw() as u32);
+    let ns = MountNamespace {
+        id,
+        pids: vec![task.0],
+        tasks: vec![task],
+        pinned_by: None,
+        read_via: None,
+        mount_count: 0,
+        mountinfo_bytes: 0,
+    };
+    BTreeMap::from([(id, ns)])
+}
+
+/// On the live kernel (root): a scan that only shows follows a mount added to, and removed
+/// from, a namespace whose text it read before by `statmount` alone (the memo's delta),
+/// and sees exactly what reading the text again sees.
+#[test]
+fn a_changed_namespace_is_followed_without_reading_its_text() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root (a mount namespace of its own)");
+        return;
+    }
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    crate::host::sys::tests::in_private_mount_namespace(|| {
+        let host = HostRoot::new("/");
+        // The device of the filesystem this test's temporary directory lives on.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let dev = crate::host::sys::stat_cached(dir.path()).expect("stat").dev;
+        if dev.major == 0 {
+            eprintln!("SKIPPED: the temporary directory is not on a block device");
+            return;
+        }
+        let targets = HashSet::from([dev]);
+        let wanted = |reuse_text| Wanted { targets: &targets, nsfs_dev: None, reuse_text };
+        let read = |reuse_text| {
+            let mut nss = this_thread_ns();
+            let mut s = read_some(&host, &mut nss, wanted(reuse_text), MountReader::Auto);
+            assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
+            let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
+            m.sort_by_key(|m| m.mount_id);
+            m
+        };
+        let first = read(true);
+        let bind = dir.path().join("bind");
+        std::fs::create_dir(&bind).expect("mkdir");
+        for step in ["mount", "unmount"] {
+            if step == "mount" {
+                mount(Some(dir.path()), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+            } else {
+                umount2(&bind, MntFlags::MNT_DETACH).expect("umount");
+            }
+            let before = super::super::mount_memo::deltas();
+            let followed = read(true);
+            if super::super::mount_memo::deltas() == before {
+                eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel");
+                return;
+            }
+            let fresh = read(false);
+            assert_eq!(followed, fresh, "after the {step}");
+            let shows_bind = followed.iter().any(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes());
+            assert_eq!(shows_bind, step == "mount", "after the {step}: {followed:?}");
+        }
+        assert_eq!(read(true), first);
+    });
+}
+
+/// Why every task's `ns/mnt` is read (issue 20 asked whether one read per process would do):
+/// a thread that shares its leader's `fs_struct` (`kcmp(KCMP_FS)` says so) can still be in
+/// another mount namespace. `setns(pidfd, CLONE_NEWNS | CLONE_NEWUTS)` installs the namespace
+/// through a copy of the fs_struct, so the kernel's "fs shared: no setns" check does not stop it
+/// (checked on Linux 6.18). Live kernel, root only.
+#[test]
+fn a_thread_sharing_its_leaders_fs_can_be_in_another_mount_namespace() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root (setns)");
+        return;
+    }
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::sync::mpsc;
+    crate::host::sys::tests::in_private_mount_namespace(|| {
+        let host = HostRoot::new("/");
+        let me = std::process::id();
+        let ns_of = |tid: u32| {
+            let link = std::fs::read_link(host.proc_task(me, tid).join("ns/mnt")).expect("ns link");
+            MountNsId::from_link(link.to_str().expect("text")).expect("mnt:[N]")
+        };
+        let this = nix::unistd::gettid().as_raw() as u32;
+        let (private, original) = (ns_of(this), ns_of(me));
+        assert_ne!(private, original, "the test thread is in a namespace of its own");
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel::<()>();
+        // Shares this thread's fs_struct (a pthread), then joins the leader's mount namespace
+        // through a pidfd, as a runtime's helper thread may.
+        let joiner = std::thread::spawn(move || {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, me as libc::pid_t, 0) };
+            if fd < 0 {
+                tid_tx.send(Err(std::io::Error::last_os_error())).expect("send");
+                return;
+            }
+            // SAFETY: the kernel just returned this fd to us; nothing else owns it.
+            let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            let r = nix::sched::setns(
+                &pidfd,
+                nix::sched::CloneFlags::CLONE_NEWNS | nix::sched::CloneFlags::CLONE_NEWUTS,
+            );
+            tid_tx
+                .send(r.map(|()| nix::unistd::gettid().as_raw() as u32).map_err(std::io::Error::from))
+                .expect("send");
+            let _ = done_rx.recv();
+        });
+        let joined = match tid_rx.recv().expect("tid") {
+            Ok(tid) => tid,
+            Err(e) => {
+                eprintln!("SKIPPED: setns through a pidfd is not available here ({e})");
+                drop(done_tx);
+                joiner.join().expect("join");
+                return;
+            }
+        };
+        assert_eq!(
+            crate::host::sys::same_fs_context(this, joined).ok(),
+            Some(true),
+            "kcmp(KCMP_FS): still one fs_struct"
+        );
+        assert_eq!(ns_of(joined), original, "yet the thread is in the leader's namespace");
+        let entry = super::super::processes::read_entry(&host, me).expect("readable").expect("alive");
+        let task_ns = |tid| entry.tasks.iter().find(|(t, _)| *t == tid).map(|(_, ns)| *ns);
+        assert_eq!(task_ns(this), Some(private), "{:?}", entry.tasks);
+        assert_eq!(task_ns(joined), Some(original), "the scan reads each task's own namespace");
+        let grouped = group(std::slice::from_ref(&entry));
+        assert!(
+            grouped[&original].tasks.contains(&(me, joined)) && grouped[&private].tasks.contains(&(me, this))
+        );
+        drop(done_tx);
+        joiner.join().expect("join");
+    });
+}
