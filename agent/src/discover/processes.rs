@@ -10,7 +10,7 @@ use std::path::Path;
 use procfs::FromRead;
 
 use super::{cgroup, is_gone, numeric_entries};
-use crate::host::{sys, HostRoot};
+use crate::host::HostRoot;
 use crate::model::{KernelText, MountNsId, ProcessInfo};
 
 /// At most this many bytes of a command line are read.
@@ -85,21 +85,12 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
             }
         };
         let mut denied = None;
-        // A task that shares the leader's `fs_struct` is in the leader's mount namespace: the
-        // kernel refuses `setns(CLONE_NEWNS)` to a task whose fs_struct is shared (EINVAL), and
-        // `unshare(CLONE_NEWNS)` unshares it first; a thread created with `CLONE_FS` starts in
-        // its creator's namespace. So on a live host, one `kcmp(KCMP_FS)` against the leader
-        // stands for the readlink (a procfs path walk) of each of a pod's threads; any kcmp
-        // error, or a leader whose namespace could not be read, reads the task's own link.
-        let leader_ns =
-            (host.is_live() && tids.len() > 1).then(|| task_mount_ns(&host.proc_task(pid, pid))).flatten();
+        // Every task's own link: a thread that shares its leader's `fs_struct` can still be in
+        // another mount namespace (`setns` through a pidfd with CLONE_NEWNS and another flag
+        // installs the namespace on a private copy of the fs_struct, then writes its root and
+        // cwd back into the shared one: discover::namespaces' root test shows it on 6.18), so
+        // `kcmp(KCMP_FS)` cannot stand for the readlink.
         for tid in tids {
-            if let Some(ns) =
-                leader_ns.filter(|_| tid == pid || sys::same_fs_context(pid, tid).unwrap_or(false))
-            {
-                tasks.push((tid, ns));
-                continue;
-            }
             let task = host.proc_task(pid, tid);
             let link = task.join("ns/mnt");
             match std::fs::read_link(&link) {

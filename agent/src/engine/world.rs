@@ -169,7 +169,9 @@ impl LinuxWorld {
         scope: Option<Vec<DevNum>>,
         only: Option<&HashSet<DevNum>>,
     ) -> Scan {
+        let started = Instant::now();
         let graph = DeviceGraph::build_only(snap, only);
+        let built = started.elapsed();
         let mut blind_spots = snap.blind_spots.clone();
         let protected = protected_devices(
             &self.host,
@@ -177,6 +179,12 @@ impl LinuxWorld {
             &self.options.protected_paths,
             &self.options.protected_devices,
             &mut blind_spots,
+        );
+        tracing::trace!(
+            build_us = built.as_micros() as u64,
+            protect_us = (started.elapsed() - built).as_micros() as u64,
+            devices = graph.devices.len(),
+            "graph built"
         );
         Scan {
             graph,
@@ -253,6 +261,7 @@ impl World for LinuxWorld {
         let before = next.device_inputs(&read, None);
         next.update(&self.host, changes, &self.options)?;
         let updated = started.elapsed();
+        let touched_at = std::time::Instant::now();
         let touched = if changes.devices.is_empty() {
             touched::touched(&before, &next.device_inputs(&read, Some(&before)), &next)
         } else {
@@ -277,12 +286,14 @@ impl World for LinuxWorld {
                 None
             }
         };
+        let touched_us = touched_at.elapsed().as_micros() as u64;
         // Judged as of the full scan whose fds and processes it carries.
         let scope = rebuilt.as_ref().map(|r| r.iter().copied().collect());
         let scan = self.scan_of_only(&next, taken_at, scope, rebuilt.as_ref());
         tracing::debug!(
             updated_us = updated.as_micros() as u64,
             graph_us = (started.elapsed() - updated).as_micros() as u64,
+            touched_us,
             rebuilt = rebuilt.as_ref().map_or(next.devices.len(), HashSet::len),
             devices = next.devices.len(),
             "re-read snapshot joined"
