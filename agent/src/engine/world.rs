@@ -258,12 +258,13 @@ impl World for LinuxWorld {
         // Nobody else holds it (the lock is held only to swap it): no copy.
         let mut next = Arc::try_unwrap(snap).unwrap_or_else(|shared| (*shared).clone());
         let read: HashSet<MountNsId> = changes.namespaces.union(&changes.gone).copied().collect();
-        let before = next.device_inputs(&read, None);
+        let refs_change = !changes.gone.is_empty() || !changes.new_namespaces.is_empty();
+        let before = next.device_inputs(&read, None, refs_change);
         next.update(&self.host, changes, &self.options)?;
         let updated = started.elapsed();
         let touched_at = std::time::Instant::now();
         let touched = if changes.devices.is_empty() {
-            touched::touched(&before, &next.device_inputs(&read, Some(&before)), &next)
+            touched::touched(&before, &next.device_inputs(&read, Some(&before), refs_change), &next)
         } else {
             Touched::All("a block device changed")
         };

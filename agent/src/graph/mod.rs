@@ -260,9 +260,20 @@ impl DeviceGraph {
         // is in: looked up once per holder, thousands of times on a node.
         let mut ns_by_id: HashMap<MountNsId, &MountNamespace> = HashMap::new();
         let mut ns_of_pid: HashMap<u32, MountNsId> = HashMap::new();
+        // Only those the devices built need (a re-read builds one or two devices: not a map of
+        // every namespace and process of the node).
+        let (ns_needed, pids_needed): (Option<HashSet<MountNsId>>, Option<HashSet<u32>>) = match only {
+            None => (None, None),
+            Some(_) => (
+                Some(s.mounts.iter().filter(|m| wanted(m.device())).map(|m| m.ns).collect()),
+                Some(s.proc_refs.iter().filter(|r| wanted(r.devnum)).map(|r| r.pid).collect()),
+            ),
+        };
         for n in &s.namespaces {
-            ns_by_id.entry(n.id).or_insert(n);
-            for p in &n.pids {
+            if ns_needed.as_ref().is_none_or(|w| w.contains(&n.id)) {
+                ns_by_id.entry(n.id).or_insert(n);
+            }
+            for p in n.pids.iter().filter(|p| pids_needed.as_ref().is_none_or(|w| w.contains(p))) {
                 ns_of_pid.entry(*p).or_insert(n.id);
             }
         }

@@ -92,10 +92,15 @@ impl ScanWide {
 impl Snapshot {
     /// The inputs of every device's graph entry, looking at the mounts of `namespaces` (those a
     /// re-read reads or drops; taken after it, also every namespace new since `before`).
+    ///
+    /// `with_refs`: whether to look at the process references too; a re-read changes them only
+    /// when a namespace goes or comes ([`super::reread::Changes::gone`], `new_namespaces`), and
+    /// reading thousands of them at every mount event would make its cost grow with the node.
     pub fn device_inputs(
         &self,
         namespaces: &HashSet<MountNsId>,
         before: Option<&DeviceInputs>,
+        with_refs: bool,
     ) -> DeviceInputs {
         let ids: Vec<MountNsId> = self.namespaces.iter().map(|n| n.id).collect();
         let mut look = namespaces.clone();
@@ -120,7 +125,7 @@ impl Snapshot {
             });
         }
         let mut refs: HashMap<DevNum, (usize, u64)> = HashMap::new();
-        for r in &self.proc_refs {
+        for r in self.proc_refs.iter().filter(|_| with_refs) {
             let e = refs.entry(r.devnum).or_default();
             e.0 += 1;
             let one = (u64::from(r.pid) << 32)

@@ -86,17 +86,17 @@ fn ns(ids: &[u64]) -> HashSet<MountNsId> {
 fn a_mount_in_one_namespace_touches_its_device_only() {
     let mut snap = node();
     let read = ns(&[2]);
-    let before = snap.device_inputs(&read, None);
+    let before = snap.device_inputs(&read, None, true);
     // What a re-read of namespace 2 leaves: its image mount read again (equal), a new mount.
     snap.mounts.retain(|m| m.ns != MountNsId(2));
     snap.mounts.push(mount(2, 102, IMAGE, "/image"));
     snap.mounts.push(mount(2, 200, VOLUME, "/data"));
-    let after = snap.device_inputs(&read, Some(&before));
+    let after = snap.device_inputs(&read, Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
     // And the unmount.
     let before = after;
     snap.mounts.retain(|m| m.mount.mount_id != 200);
-    let after = snap.device_inputs(&read, Some(&before));
+    let after = snap.device_inputs(&read, Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
 }
 
@@ -104,11 +104,11 @@ fn a_mount_in_one_namespace_touches_its_device_only() {
 fn a_changed_mount_of_a_device_touches_it() {
     let mut snap = node();
     let read = ns(&[3]);
-    let before = snap.device_inputs(&read, None);
+    let before = snap.device_inputs(&read, None, true);
     snap.mounts.retain(|m| m.ns != MountNsId(3));
     // Same device, remounted elsewhere (a new mount ID).
     snap.mounts.push(mount(3, 300, IMAGE, "/elsewhere"));
-    let after = snap.device_inputs(&read, Some(&before));
+    let after = snap.device_inputs(&read, Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE].into_iter().collect()));
 }
 
@@ -117,52 +117,52 @@ fn a_gone_namespace_touches_what_it_and_its_processes_held() {
     let mut snap = node();
     snap.mounts.push(mount(3, 301, VOLUME, "/data"));
     let read = ns(&[3]);
-    let before = snap.device_inputs(&read, None);
+    let before = snap.device_inputs(&read, None, true);
     snap.namespaces.retain(|n| n.id != MountNsId(3));
     snap.mounts.retain(|m| m.ns != MountNsId(3));
     snap.proc_refs.retain(|r| r.pid != 3);
-    let after = snap.device_inputs(&read, Some(&before));
+    let after = snap.device_inputs(&read, Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE, VOLUME].into_iter().collect()));
 }
 
 #[test]
 fn a_new_namespace_is_looked_at_though_nobody_named_it() {
     let mut snap = node();
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     snap.namespaces.push(namespace(4));
     snap.mounts.push(mount(4, 401, VOLUME, "/data"));
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
 }
 
 #[test]
 fn moving_counters_and_io_in_flight_touch_the_device() {
     let mut snap = node();
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     snap.io.insert(VOLUME, IoStat { completed: 5, ..IoStat::default() });
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
     let before = after;
     snap.io.insert(IMAGE, IoStat { in_flight: 1, ..IoStat::default() });
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     let t = touched(&before, &after, &snap);
     assert_eq!(t, Touched::Some([IMAGE].into_iter().collect()));
     // Still in flight, counters unchanged: touched again (the stall watch must look).
-    let again = snap.device_inputs(&HashSet::new(), Some(&after));
+    let again = snap.device_inputs(&HashSet::new(), Some(&after), true);
     assert_eq!(touched(&after, &again, &snap), t);
 }
 
 #[test]
 fn anything_scan_wide_touches_every_device() {
     let mut snap = node();
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     snap.warnings.push("a command line could not be read".into());
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert!(matches!(touched(&before, &after, &snap), Touched::All(_)));
     let mut snap = node();
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     snap.blind_spots.push(crate::model::blindspot::BlindSpot::any("a namespace cannot be read"));
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert!(matches!(touched(&before, &after, &snap), Touched::All(_)));
 }
 
@@ -170,8 +170,8 @@ fn anything_scan_wide_touches_every_device() {
 fn nothing_changed_touches_nothing() {
     let snap = node();
     let read = ns(&[1, 2, 3]);
-    let before = snap.device_inputs(&read, None);
-    let after = snap.device_inputs(&read, Some(&before));
+    let before = snap.device_inputs(&read, None, true);
+    let after = snap.device_inputs(&read, Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some(HashSet::new()));
 }
 
@@ -196,13 +196,13 @@ fn a_stacked_device_is_never_judged_alone() {
 fn a_filesystem_coming_alive_touches_its_device_and_btrfs_touches_all() {
     use crate::discover::livefs::LiveFs;
     let mut snap = node();
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     let member = DeviceName::new("loop1").expect("name");
     snap.live_fs.push(LiveFs { fstype: "ext4".into(), id: "loop1".into(), members: vec![member.clone()] });
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
     snap.live_fs.push(LiveFs { fstype: "btrfs".into(), id: "f00d".into(), members: vec![member] });
-    let btrfs = snap.device_inputs(&HashSet::new(), Some(&after));
+    let btrfs = snap.device_inputs(&HashSet::new(), Some(&after), true);
     assert!(matches!(touched(&after, &btrfs, &snap), Touched::All(_)));
 }
 
@@ -210,9 +210,9 @@ fn a_filesystem_coming_alive_touches_its_device_and_btrfs_touches_all() {
 fn a_forgotten_process_touches_the_mounts_it_labelled() {
     let mut snap = node();
     snap.processes.insert(2, Default::default());
-    let before = snap.device_inputs(&HashSet::new(), None);
+    let before = snap.device_inputs(&HashSet::new(), None, true);
     // Process 2 died; namespace 2 lives on (another namespace's re-read dropped it).
     snap.processes.remove(&2);
-    let after = snap.device_inputs(&HashSet::new(), Some(&before));
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE].into_iter().collect()));
 }
