@@ -48,6 +48,20 @@ impl MountEntry {
         let find = |prefix: &str| self.optional.iter().find_map(|f| f.strip_prefix(prefix)?.parse().ok());
         find("propagate_from:").or_else(|| find("master:"))
     }
+
+    /// The peer groups its optional fields name as its sources (`master:N`,
+    /// `propagate_from:N`), ascending, each once.
+    pub fn upstream_groups(&self) -> Vec<u32> {
+        let mut out: Vec<u32> = self
+            .optional
+            .iter()
+            .filter_map(|f| f.strip_prefix("master:").or_else(|| f.strip_prefix("propagate_from:")))
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
 }
 
 /// The mountinfo line the kernel would print for a mount `statmount` described, as an entry

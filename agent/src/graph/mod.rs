@@ -292,7 +292,7 @@ impl DeviceGraph {
             h.source = Some(m.mount.source.clone());
             h.shared_group = m.mount.shared_group();
             h.master_group = m.mount.master_group();
-            h.upstream_groups = upstream_groups(&m.mount.optional);
+            h.upstream_groups = m.mount.upstream_groups();
             h.mount_dev = Some(m.mount.devnum);
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
             per_dev.entry(m.device()).or_default().push(h);
@@ -438,19 +438,6 @@ impl DeviceGraph {
     pub fn get(&self, devnum: DevNum) -> Option<&DeviceEntry> {
         self.devices.iter().find(|e| e.device.devnum == devnum)
     }
-}
-
-/// The peer groups a mount's optional fields name as its sources (`master:N`,
-/// `propagate_from:N`).
-fn upstream_groups(optional: &[String]) -> Vec<u32> {
-    let mut out: Vec<u32> = optional
-        .iter()
-        .filter_map(|f| f.strip_prefix("master:").or_else(|| f.strip_prefix("propagate_from:")))
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    out.sort_unstable();
-    out.dedup();
-    out
 }
 
 /// How the mounts of one superblock are tied to the mounts live in the host's namespace by

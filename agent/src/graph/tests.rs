@@ -14,7 +14,7 @@ fn mount(ns: u64, host: bool, line: &str) -> Holder {
     h.mount_point = Some(m.mount_point.clone());
     h.shared_group = m.shared_group();
     h.master_group = m.master_group();
-    h.upstream_groups = upstream_groups(&m.optional);
+    h.upstream_groups = m.upstream_groups();
     h.mount_dev = Some(m.devnum);
     h
 }

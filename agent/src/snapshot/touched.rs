@@ -55,6 +55,10 @@ pub struct DeviceInputs {
     refs: HashMap<DevNum, (usize, u64)>,
     io: HashMap<DevNum, IoStat>,
     namespaces: Vec<MountNsId>,
+    /// Each namespace's processes, when a namespace came or went (with the references): a
+    /// process that moved to a new namespace leaves the one it was in, whose mounts' holders
+    /// name their namespace's processes.
+    pids: HashMap<MountNsId, Vec<u32>>,
     /// The processes described (labels of holders).
     described: Vec<u32>,
     /// Each names the devices it holds (a filesystem's members, a thread's device in its name).
@@ -134,9 +138,14 @@ impl Snapshot {
                 ^ ((r.kind as u64) << 56);
             e.1 = e.1.wrapping_add(one.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         }
+        let pids = match with_refs {
+            true => self.namespaces.iter().map(|n| (n.id, n.pids.clone())).collect(),
+            false => HashMap::new(),
+        };
         DeviceInputs {
             mounts,
             refs,
+            pids,
             io: self.io.clone(),
             namespaces: ids,
             described: self.processes.keys().copied().collect(),
@@ -223,6 +232,14 @@ pub fn touched(before: &DeviceInputs, after: &DeviceInputs, snap: &Snapshot) -> 
     for d in before.io.keys().filter(|d| !after.io.contains_key(d)) {
         out.insert(*d);
     }
+    // A namespace whose processes changed: the holders of its mounts name them.
+    let moved: HashSet<MountNsId> = before
+        .pids
+        .iter()
+        .filter(|(id, p)| after.pids.get(*id).is_some_and(|q| q != *p))
+        .map(|(id, _)| *id)
+        .collect();
+    out.extend(snap.mounts.iter().filter(|m| moved.contains(&m.ns)).map(|m| m.device()));
     // A process forgotten (it died with its namespace): its references went with it (above),
     // and it may have labelled the mounts of another namespace it lived in.
     let forgotten: HashSet<u32> =

@@ -216,3 +216,17 @@ fn a_forgotten_process_touches_the_mounts_it_labelled() {
     let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE].into_iter().collect()));
 }
+
+#[test]
+fn a_namespace_whose_processes_changed_touches_its_mounts() {
+    let mut snap = node();
+    snap.mounts.push(mount(2, 202, VOLUME, "/data"));
+    let before = snap.device_inputs(&HashSet::new(), None, true);
+    // Process 22 moved from namespace 2 into a new one (4) that holds nothing.
+    snap.namespaces[1].pids.push(22);
+    let moved = snap.device_inputs(&HashSet::new(), Some(&before), true);
+    snap.namespaces[1].pids.pop();
+    snap.namespaces.push(namespace(4));
+    let after = snap.device_inputs(&HashSet::new(), Some(&moved), true);
+    assert_eq!(touched(&moved, &after, &snap), Touched::Some([IMAGE, VOLUME].into_iter().collect()));
+}
