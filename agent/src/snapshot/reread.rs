@@ -147,7 +147,16 @@ impl Snapshot {
             }
             pids.extend(ns.tasks.iter().map(|t| t.0));
         }
-        let dead: HashSet<u32> = pids.into_iter().filter(|p| !host.proc_pid(*p).exists()).collect();
+        // Dead: gone from /proc, or a zombie with no live thread (its namespace went with its
+        // exit; the kernel reports the detaches before its parent reaps it).
+        let dead: HashSet<u32> = pids
+            .into_iter()
+            .filter(|p| match processes::read_entry(host, *p) {
+                Ok(None) => true,
+                Ok(Some(e)) => matches!(e.state, 'Z' | 'X') && e.tasks.is_empty(),
+                Err(_) => false,
+            })
+            .collect();
         self.namespaces.retain(|n| !gone.contains(&n.id));
         self.mounts.retain(|m| !gone.contains(&m.ns));
         self.proc_refs.retain(|r| !dead.contains(&r.pid));
