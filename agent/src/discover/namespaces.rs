@@ -111,6 +111,21 @@ pub struct MountNamespace {
     pub mountinfo_bytes: usize,
 }
 
+impl MountNamespace {
+    /// Namespace `id` with nothing known of it yet (no task, pin or table read).
+    pub fn empty(id: MountNsId) -> Self {
+        Self {
+            id,
+            pids: Vec::new(),
+            tasks: Vec::new(),
+            pinned_by: None,
+            read_via: None,
+            mount_count: 0,
+            mountinfo_bytes: 0,
+        }
+    }
+}
+
 /// A mount of a wanted device in one namespace.
 #[derive(Debug, Clone, Serialize)]
 pub struct NsMount {
@@ -185,15 +200,7 @@ pub fn group(entries: &[ProcEntry]) -> BTreeMap<MountNsId, MountNamespace> {
     let mut map: BTreeMap<MountNsId, MountNamespace> = BTreeMap::new();
     for e in entries {
         for &(tid, ns) in &e.tasks {
-            let n = map.entry(ns).or_insert_with(|| MountNamespace {
-                id: ns,
-                pids: Vec::new(),
-                tasks: Vec::new(),
-                pinned_by: None,
-                read_via: None,
-                mount_count: 0,
-                mountinfo_bytes: 0,
-            });
+            let n = map.entry(ns).or_insert_with(|| MountNamespace::empty(ns));
             if n.pids.last() != Some(&e.pid) {
                 n.pids.push(e.pid);
             }

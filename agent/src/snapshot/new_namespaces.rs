@@ -143,18 +143,7 @@ impl Snapshot {
         for id in ids {
             if self.namespace(*id).is_none() {
                 let at = self.namespaces.partition_point(|n| n.id < *id);
-                self.namespaces.insert(
-                    at,
-                    MountNamespace {
-                        id: *id,
-                        pids: Vec::new(),
-                        tasks: Vec::new(),
-                        pinned_by: None,
-                        read_via: None,
-                        mount_count: 0,
-                        mountinfo_bytes: 0,
-                    },
-                );
+                self.namespaces.insert(at, MountNamespace::empty(*id));
             }
         }
         let index: HashMap<MountNsId, usize> =
