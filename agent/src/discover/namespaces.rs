@@ -153,10 +153,25 @@ pub struct Wanted<'a> {
     pub targets: &'a HashSet<DevNum>,
     /// nsfs's device on a live host (namespace pins); `None`: every line is wanted.
     pub nsfs_dev: Option<DevNum>,
-    /// A namespace whose mount IDs did not change since its text was read may be answered from
-    /// that reading (see [`super::mount_memo::text_for`]): for scans that only show. A scan
-    /// behind an action always reads the text.
-    pub reuse_text: bool,
+    /// Whether a namespace's remembered mountinfo text may stand in for reading it again.
+    pub reuse_text: TextReuse,
+}
+
+/// Whether a namespace's mountinfo text, remembered from an earlier read
+/// ([`super::mount_memo::text_for`]), may answer for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextReuse {
+    /// Read the text: every scan behind an action, and a pinned namespace's read.
+    Never,
+    /// Reuse it while the namespace's mount IDs are the same, and take a watched namespace with
+    /// no mount event since as it was listed: the daemon's scans that only show.
+    WhileSameIds,
+    /// List every namespace again, and reuse a text only once `statmount` has said again, of
+    /// every remembered line, what that line says ([`super::mount_memo::still_true`]): a
+    /// remount, a propagation change or a renamed mount point keeps the mount IDs. The daemon's
+    /// every [`super::mount_memo::DEEP_EVERY`]th full scan (it read all the text before: 17 MB
+    /// on the 200-namespace node scene).
+    Confirmed,
 }
 
 impl Wanted<'_> {
@@ -179,11 +194,9 @@ impl Wanted<'_> {
     /// (`SipHash` per mount was about 3 % of a one-shot `holders` on the busy-node scene,
     /// 200,000 mounts).
     fn magic_matcher(&self) -> impl Fn(DevNum, u64) -> bool + '_ {
-        let few: Option<Vec<DevNum>> =
-            (self.targets.len() <= 8).then(|| self.targets.iter().copied().collect());
+        let target = crate::model::few::member_of(self.targets);
         move |d, magic| {
-            let target = few.as_ref().map_or_else(|| self.targets.contains(&d), |v| v.contains(&d));
-            target
+            target(&d)
                 || self.nsfs_dev.is_none_or(|n| n == d)
                 || (d.major == 0 && magic == mount_api::BTRFS_SUPER_MAGIC)
         }
@@ -361,11 +374,17 @@ fn read_task_ns(
             // mount); when every task is chrooted, by entering the namespace.
             let rooted = ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t));
             // The same mount IDs read through the same task: the lines as read last time.
-            if let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text) {
+            if let (Some((ns_id, key)), Some(task), true) =
+                (listing, rooted, wanted.reuse_text != TextReuse::Never)
+            {
+                let kept = |d, m| kept_kind(wanted, d, m);
                 // Else the same lines less the mounts gone, plus the added ones from statmount.
-                let memo = super::mount_memo::text_for(ns_id, key, task).or_else(|| {
-                    super::mount_memo::text_delta(ns_id, key, task, |d, m| kept_kind(wanted, d, m))
-                });
+                let memo = super::mount_memo::text_for(ns_id, key, task)
+                    .or_else(|| super::mount_memo::text_delta(ns_id, key, task, kept))
+                    .filter(|t| {
+                        wanted.reuse_text != TextReuse::Confirmed
+                            || super::mount_memo::still_true(ns_id, t, kept)
+                    });
                 if let Some(t) = memo {
                     let mounts = t
                         .mounts
@@ -474,7 +493,8 @@ fn hits_with_api(
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     // A scan that only shows may take a watched namespace with no mount event since its last
     // listing as it was listed (every tenth full scan, and every scan behind an action, lists).
-    let quiet = wanted.reuse_text.then(|| super::mount_memo::quiet_ids(id)).flatten();
+    let quiet =
+        (wanted.reuse_text == TextReuse::WhileSameIds).then(|| super::mount_memo::quiet_ids(id)).flatten();
     let ids = match quiet {
         Some(ids) => ids,
         None => mount_api::list(id)?,
@@ -513,7 +533,8 @@ pub fn read_pinned(
     let file = entry.ns_file(host);
     let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
     let mut mounts = Vec::new();
-    let wanted = Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)), reuse_text: false };
+    let wanted =
+        Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)), reuse_text: TextReuse::Never };
     let lines = mountinfo::scan(
         &text,
         |d, t| wanted.text(d, t),

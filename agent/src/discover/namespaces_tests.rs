@@ -16,7 +16,7 @@ fn the_listing_matcher_agrees_with_magic() {
     for n in [0u32, 1, 2, 8, 9, 40] {
         let targets: HashSet<DevNum> = (1..=n).map(|i| DevNum::new(7, i)).collect();
         for nsfs_dev in [None, Some(nsfs)] {
-            let wanted = Wanted { targets: &targets, nsfs_dev, reuse_text: false };
+            let wanted = Wanted { targets: &targets, nsfs_dev, reuse_text: TextReuse::Never };
             let wants = wanted.magic_matcher();
             for &(d, m) in &probes {
                 assert_eq!(wants(d, m), wanted.magic(d, m), "{n} targets, nsfs {nsfs_dev:?}, {d} {m:#x}");
@@ -44,19 +44,17 @@ fn this_thread_ns() -> BTreeMap<MountNsId, MountNamespace> {
     BTreeMap::from([(id, ns)])
 }
 
-/// On the live kernel (root): a scan that only shows follows a mount added to, and removed
-/// from, a namespace whose text it read before by `statmount` alone (the memo's delta),
-/// and sees exactly what reading the text again sees.
-#[test]
-fn a_changed_namespace_is_followed_without_reading_its_text() {
+/// Runs `test` as root in a mount namespace of its own, with a temporary directory on a block
+/// device and a reader of that device's mounts in this thread's namespace (sorted by ID).
+fn with_a_directory_on_a_device(
+    test: impl FnOnce(&Path, &dyn Fn(TextReuse) -> Vec<MountEntry>) + Send + 'static,
+) {
     if !nix::unistd::geteuid().is_root() {
         eprintln!("SKIPPED: needs root (a mount namespace of its own)");
         return;
     }
-    use nix::mount::{mount, umount2, MntFlags, MsFlags};
     crate::host::sys::tests::in_private_mount_namespace(|| {
         let host = HostRoot::new("/");
-        // The device of the filesystem this test's temporary directory lives on.
         let dir = tempfile::tempdir().expect("tempdir");
         let dev = crate::host::sys::stat_cached(dir.path()).expect("stat").dev;
         if dev.major == 0 {
@@ -64,36 +62,94 @@ fn a_changed_namespace_is_followed_without_reading_its_text() {
             return;
         }
         let targets = HashSet::from([dev]);
-        let wanted = |reuse_text| Wanted { targets: &targets, nsfs_dev: None, reuse_text };
         let read = |reuse_text| {
             let mut nss = this_thread_ns();
-            let mut s = read_some(&host, &mut nss, wanted(reuse_text), MountReader::Auto);
+            let wanted = Wanted { targets: &targets, nsfs_dev: None, reuse_text };
+            let mut s = read_some(&host, &mut nss, wanted, MountReader::Auto);
             assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
             let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
             m.sort_by_key(|m| m.mount_id);
             m
         };
-        let first = read(true);
-        let bind = dir.path().join("bind");
+        test(dir.path(), &read);
+    });
+}
+
+/// On the live kernel (root): a scan that only shows follows a mount added to, and removed
+/// from, a namespace whose text it read before by `statmount` alone (the memo's delta),
+/// and sees exactly what reading the text again sees.
+#[test]
+fn a_changed_namespace_is_followed_without_reading_its_text() {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    with_a_directory_on_a_device(|dir, read| {
+        let first = read(TextReuse::WhileSameIds);
+        let bind = dir.join("bind");
         std::fs::create_dir(&bind).expect("mkdir");
         for step in ["mount", "unmount"] {
             if step == "mount" {
-                mount(Some(dir.path()), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+                mount(Some(dir), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
             } else {
                 umount2(&bind, MntFlags::MNT_DETACH).expect("umount");
             }
             let before = super::super::mount_memo::deltas();
-            let followed = read(true);
+            let followed = read(TextReuse::WhileSameIds);
             if super::super::mount_memo::deltas() == before {
                 eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel");
                 return;
             }
-            let fresh = read(false);
+            let fresh = read(TextReuse::Never);
             assert_eq!(followed, fresh, "after the {step}");
             let shows_bind = followed.iter().any(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes());
             assert_eq!(shows_bind, step == "mount", "after the {step}: {followed:?}");
         }
-        assert_eq!(read(true), first);
+        assert_eq!(read(TextReuse::WhileSameIds), first);
+    });
+}
+
+/// Whether `statmount` says everything a mountinfo line says here (Linux 6.13 and later).
+fn statmount_describes_lines() -> bool {
+    use std::os::fd::AsFd;
+    let Ok(ns) = std::fs::File::open("/proc/thread-self/ns/mnt") else { return false };
+    let Ok(id) = mount_api::mntns_id(ns.as_fd()) else { return false };
+    let ids = mount_api::list(id).unwrap_or_default();
+    ids.first().is_some_and(|m| mount_api::stat_full(id, *m).is_ok())
+}
+
+/// On the live kernel (root): a remount keeps every mount ID, so a scan that reuses text while
+/// the IDs are the same still shows the mount writable; the confirmed turn asks `statmount`
+/// about each remembered line, sees the change, reads the text again and shows what a fresh
+/// read shows; with nothing changed it answers without reading the text.
+#[test]
+fn a_remount_is_seen_by_the_confirmed_turn() {
+    use nix::mount::{mount, MsFlags};
+    with_a_directory_on_a_device(|dir, read| {
+        let bind = dir.join("bind");
+        std::fs::create_dir(&bind).expect("mkdir");
+        mount(Some(dir), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+        let options = |mounts: &[MountEntry]| {
+            mounts
+                .iter()
+                .find(|m| m.mount_point.as_bytes() == bind.as_os_str().as_bytes())
+                .map(|m| m.mount_options.clone())
+                .expect("the bind mount is shown")
+        };
+        let first = read(TextReuse::Never);
+        assert!(options(&first).starts_with("rw"), "{first:?}");
+        if !statmount_describes_lines() {
+            eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel (before 6.13)");
+            return;
+        }
+        // Remembered, and confirmed as it is: no text read.
+        let confirmed = super::super::mount_memo::confirmed();
+        assert_eq!(read(TextReuse::Confirmed), first);
+        assert!(super::super::mount_memo::confirmed() > confirmed, "confirmed by statmount, not read");
+        let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+        mount(None::<&str>, &bind, None::<&str>, flags, None::<&str>).expect("remount read-only");
+        // The IDs are the same: reused while they are, the text is out of date.
+        assert!(options(&read(TextReuse::WhileSameIds)).starts_with("rw"), "the remount kept the IDs");
+        let confirmed = read(TextReuse::Confirmed);
+        assert!(options(&confirmed).starts_with("ro"), "{confirmed:?}");
+        assert_eq!(confirmed, read(TextReuse::Never), "the confirmed turn shows what a fresh read shows");
     });
 }
 

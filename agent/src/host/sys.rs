@@ -472,24 +472,34 @@ pub mod mount_api {
     /// kernel left out a part mountinfo would show (kernels before 6.13 have no `SB_SOURCE`).
     pub fn stat_full(ns_id: u64, mnt_id: u64) -> io::Result<MountStat> {
         let req = MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: FULL, mnt_ns_id: ns_id };
-        let mut len = 16 * 1024;
-        loop {
-            // u64 elements: the fixed part's fields are 8-byte aligned.
-            let mut buf = vec![0u64; len / 8];
-            // SAFETY: `req` is valid; `buf` is writable for `len` bytes, which we pass.
-            let rc =
-                unsafe { libc::syscall(SYS_STATMOUNT, &req as *const MntIdReq, buf.as_mut_ptr(), len, 0) };
-            if rc != 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EOVERFLOW) && len < 1024 * 1024 {
-                    len *= 4;
-                    continue;
+        BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            // Most answers fit in 4 KiB (the strings are a path or two, a type, a source and the
+            // options); a longer one says EOVERFLOW and is asked again with more room.
+            let mut len = 4 * 1024;
+            loop {
+                buf.resize(len, 0);
+                // SAFETY: `req` is valid; `buf` is writable for `len` bytes, which we pass.
+                let rc = unsafe {
+                    libc::syscall(SYS_STATMOUNT, &req as *const MntIdReq, buf.as_mut_ptr(), len, 0)
+                };
+                if rc != 0 {
+                    let e = io::Error::last_os_error();
+                    if e.raw_os_error() == Some(libc::EOVERFLOW) && len < 1024 * 1024 {
+                        len *= 4;
+                        continue;
+                    }
+                    return Err(e);
                 }
-                return Err(e);
+                return parse_full(&buf[..len]);
             }
-            let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
-            return parse_full(&bytes);
-        }
+        })
+    }
+
+    thread_local! {
+        /// [`stat_full`]'s answer buffer, kept per thread (the confirmed turn asks about a few
+        /// thousand mounts; the answer is read by byte offsets, so it needs no alignment).
+        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
     }
 
     /// Reads a `struct statmount` answer (native endianness), bounds-checked.

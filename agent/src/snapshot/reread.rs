@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use super::inventory::{join_anonymous, read_inventories, read_io, Inventories};
 use super::{ScanOptions, Snapshot};
-use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, Wanted};
+use crate::discover::namespaces::{self, MountNamespace, MountScan, NsMount, TextReuse, Wanted};
 use crate::discover::{blockdev, livefs, processes};
 use crate::host::sys;
 use crate::host::HostRoot;
@@ -328,8 +328,12 @@ pub(super) fn read_checked(
         .is_live()
         .then(|| sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev))
         .flatten();
-    let read =
-        namespaces::read_some(host, namespaces, Wanted { targets, nsfs_dev, reuse_text: true }, opts.reader);
+    let read = namespaces::read_some(
+        host,
+        namespaces,
+        Wanted { targets, nsfs_dev, reuse_text: TextReuse::WhileSameIds },
+        opts.reader,
+    );
     if let Some((ns, e)) = read.unreadable.first() {
         return Err(format!("the mount table of {ns} cannot be read: {e}"));
     }

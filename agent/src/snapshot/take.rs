@@ -8,7 +8,7 @@ use super::process_memo::{Context, ProcessMemo};
 use super::{KernelThread, ScanOptions, ScanStats, Scope, Snapshot};
 use crate::discover::fds::{self};
 use crate::discover::livefs::{self, AnonIndex};
-use crate::discover::namespaces::{self, MountNamespace, Wanted};
+use crate::discover::namespaces::{self, MountNamespace, TextReuse, Wanted};
 use crate::discover::processes::{self, ProcEntry};
 use crate::discover::{blockdev, kubelet, DiscoverError};
 use crate::host::HostRoot;
@@ -109,8 +109,13 @@ impl Snapshot {
         let nsfs_dev =
             if live { sys::stat_cached(Path::new("/proc/self/ns/mnt")).ok().map(|s| s.dev) } else { None };
         // A scan of every device only shows (every action scans its device afresh): it may reuse
-        // the text of namespaces whose mount IDs did not change, but not on every turn.
-        let reuse_text = *scope == Scope::All && crate::discover::mount_memo::shallow_turn();
+        // the text of namespaces whose mount IDs did not change, but not on every turn without
+        // asking the kernel again.
+        let reuse_text = match (*scope == Scope::All, crate::discover::mount_memo::shallow_turn()) {
+            (false, _) => TextReuse::Never,
+            (true, true) => TextReuse::WhileSameIds,
+            (true, false) => TextReuse::Confirmed,
+        };
         let scan = namespaces::read_mounts(
             host,
             &mut ns_map,
@@ -135,7 +140,10 @@ impl Snapshot {
         tracing::debug!(
             phase = "mountinfo",
             ms = started.elapsed().as_secs_f64() * 1e3,
-            namespaces = ns_map.len()
+            namespaces = ns_map.len(),
+            text = ?reuse_text,
+            text_bytes = ns_map.values().map(|n| n.mountinfo_bytes).sum::<usize>(),
+            confirmed_texts = crate::discover::mount_memo::confirmed()
         );
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
