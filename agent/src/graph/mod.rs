@@ -28,6 +28,7 @@ use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
 use crate::graph::multipath::{multipath_view, scsi_view, MultipathView, ScsiView};
 use crate::graph::owner::{owner_of, KubeOwner};
+use crate::model::few::member_of;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
 use crate::snapshot::{KernelThread, Snapshot};
 
@@ -254,7 +255,8 @@ impl DeviceGraph {
     /// `only` must hold every device judged with one of them (the touched set says "all" for a
     /// stack): the entries of the others are not built.
     pub fn build_only(s: &Snapshot, only: Option<&HashSet<DevNum>>) -> Self {
-        let wanted = |d: DevNum| only.is_none_or(|o| o.contains(&d));
+        let only = only.map(member_of);
+        let wanted = |d: DevNum| only.as_ref().is_none_or(|o| o(&d));
         let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
         // Each namespace by ID, and the first namespace (in the snapshot's order) each process
         // is in: looked up once per holder, thousands of times on a node.
@@ -269,11 +271,13 @@ impl DeviceGraph {
                 Some(s.proc_refs.iter().filter(|r| wanted(r.devnum)).map(|r| r.pid).collect()),
             ),
         };
+        let (ns_needed, pids_needed) =
+            (ns_needed.as_ref().map(member_of), pids_needed.as_ref().map(member_of));
         for n in &s.namespaces {
-            if ns_needed.as_ref().is_none_or(|w| w.contains(&n.id)) {
+            if ns_needed.as_ref().is_none_or(|w| w(&n.id)) {
                 ns_by_id.entry(n.id).or_insert(n);
             }
-            for p in n.pids.iter().filter(|p| pids_needed.as_ref().is_none_or(|w| w.contains(p))) {
+            for p in n.pids.iter().filter(|p| pids_needed.as_ref().is_none_or(|w| w(p))) {
                 ns_of_pid.entry(*p).or_insert(n.id);
             }
         }

@@ -4,6 +4,7 @@
 //! newtypes ([`DevNum`], [`DeviceName`], [`MountNsId`]) so the rest of the code cannot mix them up.
 
 pub mod blindspot;
+pub mod few;
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;

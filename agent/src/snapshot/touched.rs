@@ -109,16 +109,19 @@ impl Snapshot {
         let ids: Vec<MountNsId> = self.namespaces.iter().map(|n| n.id).collect();
         let mut look = namespaces.clone();
         if let Some(b) = before {
-            look.extend(ids.iter().filter(|id| !b.namespaces.contains(id)));
+            // A set: a list's `contains` for every namespace was quadratic in the node's size.
+            let known: HashSet<&MountNsId> = b.namespaces.iter().collect();
+            look.extend(ids.iter().filter(|id| !known.contains(id)));
         }
+        let looked_at = crate::model::few::member_of(&look);
         let first_pid: HashMap<MountNsId, Option<u32>> = self
             .namespaces
             .iter()
-            .filter(|n| look.contains(&n.id))
+            .filter(|n| looked_at(&n.id))
             .map(|n| (n.id, n.pids.first().copied()))
             .collect();
         let mut mounts: HashMap<DevNum, Vec<MountInput>> = HashMap::new();
-        for m in self.mounts.iter().filter(|m| look.contains(&m.ns)) {
+        for m in self.mounts.iter().filter(|m| looked_at(&m.ns)) {
             let labelled =
                 first_pid.get(&m.ns).copied().flatten().is_some_and(|p| self.processes.contains_key(&p));
             mounts.entry(m.device()).or_default().push(MountInput {
