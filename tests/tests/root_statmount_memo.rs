@@ -73,7 +73,8 @@ fn ignored_then_rewritten(memo: &Path, dev: &str, reason: &str, mounts: usize) {
     assert!(line.contains(reason), "ignored for '{reason}': {line}");
     assert!(!r.says("statmount memo loaded"), "{}", r.log);
     assert_eq!(r.mounts().len(), mounts, "the answer is still right: {:#}", r.json);
-    let (listed, asked) = (r.field("statmount memo saved", "listed"), r.field("statmount memo saved", "asked"));
+    let (listed, asked) =
+        (r.field("statmount memo saved", "listed"), r.field("statmount memo saved", "asked"));
     assert_eq!(asked, listed, "every mount asked of the kernel: {}", r.log);
     let mode = std::fs::metadata(memo).expect("rewritten").permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
@@ -107,7 +108,11 @@ fn root_holders_keeps_what_statmount_said_between_runs_and_trusts_only_a_sound_f
     assert_eq!(loaded, saved, "the second run loads what the first saved");
     let what = if second.says("memo unchanged") { "memo unchanged" } else { "memo saved" };
     let (listed, asked) = (second.field(what, "listed"), second.field(what, "asked"));
-    assert!(asked < listed, "the second run answers from the memo ({asked} of {listed} asked): {}", second.log);
+    assert!(
+        asked < listed,
+        "the second run answers from the memo ({asked} of {listed} asked): {}",
+        second.log
+    );
     assert_eq!(second.json["holders"], first.json["holders"], "the same holders");
 
     // A mount made between runs has an ID the memo never saw: it is asked about, and found.

@@ -65,7 +65,8 @@ pub struct Cli {
         long,
         global = true,
         default_value = crate::discover::mount_memo_file::DEFAULT_PATH,
-        value_name = "FILE"
+        value_name = "FILE",
+        value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
     )]
     pub statmount_memo: PathBuf,
     /// Seconds between scans: the daemon rescans at least this often, and a grace clock keeps

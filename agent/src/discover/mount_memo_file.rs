@@ -147,28 +147,63 @@ fn dev_word(d: DevNum) -> u64 {
     (u64::from(d.major) << 32) | u64::from(d.minor)
 }
 
+/// A multiply-xorshift hasher for the (device, magic) table: `SipHash` over the 200,000
+/// mounts of a node was most of the time a changed memo took to write.
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl std::hash::Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        bytes.iter().for_each(|b| self.write_u64(u64::from(*b)));
+    }
+
+    fn write_u32(&mut self, w: u32) {
+        self.write_u64(u64::from(w));
+    }
+
+    fn write_u64(&mut self, w: u64) {
+        self.0 = (self.0 ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 ^= self.0 >> 29;
+    }
+}
+
+/// The distinct (device, magic) pairs of `namespaces`' mounts, and each mount's index in them
+/// (in the order of the mounts).
+type PairTable = (Vec<(DevNum, u64)>, Vec<u32>);
+
+fn pair_table(namespaces: &[(u64, Arc<Vec<Entry>>)]) -> PairTable {
+    let mut index: HashMap<(DevNum, u64), u32, std::hash::BuildHasherDefault<WordHasher>> =
+        HashMap::default();
+    let mut pairs = Vec::new();
+    let mut of = Vec::new();
+    for e in namespaces.iter().flat_map(|(_, m)| m.iter()) {
+        of.push(*index.entry((e.1, e.2)).or_insert_with(|| {
+            pairs.push((e.1, e.2));
+            (pairs.len() - 1) as u32
+        }));
+    }
+    (pairs, of)
+}
+
 /// The payload's records in order: the distinct (device, magic) pairs, then per namespace its
 /// head (ID, mount count) and its mounts (unique ID; old ID and pair index).
 fn records(
     namespaces: &[(u64, Arc<Vec<Entry>>)],
+    (pairs, of): &PairTable,
     mut out: impl FnMut(&[u8; RECORD]) -> io::Result<()>,
 ) -> io::Result<()> {
-    let mut index: HashMap<(DevNum, u64), u32> = HashMap::new();
-    let mut pairs = Vec::new();
-    for e in namespaces.iter().flat_map(|(_, m)| m.iter()) {
-        index.entry((e.1, e.2)).or_insert_with(|| {
-            pairs.push((e.1, e.2));
-            (pairs.len() - 1) as u32
-        });
-    }
-    for (d, magic) in &pairs {
+    for (d, magic) in pairs {
         out(&record(dev_word(*d), *magic))?;
     }
+    let mut of = of.iter();
     for (id, mounts) in namespaces {
         out(&record(*id, mounts.len() as u64))?;
-        for e in mounts.iter() {
-            let pair = index.get(&(e.1, e.2)).copied().unwrap_or_default();
-            out(&record(e.0, u64::from(e.3) | (u64::from(pair) << 32)))?;
+        for (e, pair) in mounts.iter().zip(of.by_ref()) {
+            out(&record(e.0, u64::from(e.3) | (u64::from(*pair) << 32)))?;
         }
     }
     Ok(())
@@ -177,16 +212,13 @@ fn records(
 /// Writes `namespaces` (by ID, each one's mounts sorted by unique ID: [`mount_memo::export`])
 /// as a memo file of boot `boot`.
 pub fn encode(w: &mut impl Write, boot: &[u8; 16], namespaces: &[(u64, Arc<Vec<Entry>>)]) -> io::Result<()> {
+    let table = pair_table(namespaces);
     let mut sum = Sum::new();
-    let mut count = 0u64;
-    records(namespaces, |r| {
+    records(namespaces, &table, |r| {
         sum.record(r);
-        count += 1;
         Ok(())
     })?;
-    let entries: u64 = namespaces.iter().map(|(_, m)| m.len() as u64).sum();
-    let ns = namespaces.len() as u64;
-    let pairs = count - ns - entries;
+    let (ns, pairs, entries) = (namespaces.len() as u64, table.0.len() as u64, table.1.len() as u64);
     w.write_all(&MAGIC)?;
     w.write_all(&VERSION.to_le_bytes())?;
     w.write_all(&0u32.to_le_bytes())?;
@@ -194,7 +226,7 @@ pub fn encode(w: &mut impl Write, boot: &[u8; 16], namespaces: &[(u64, Arc<Vec<E
     for v in [ns, pairs, entries, sum.0] {
         w.write_all(&v.to_le_bytes())?;
     }
-    records(namespaces, |r| w.write_all(r))
+    records(namespaces, &table, |r| w.write_all(r))
 }
 
 /// Reads a memo file of `size` bytes, checking it as the module doc says, for boot `boot`.
