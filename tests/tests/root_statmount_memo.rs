@@ -4,7 +4,8 @@
 //! asks the kernel about fewer mounts than it lists, and shows the same holders; a mount made
 //! between runs (a new mount ID) is still found; a tampered file (a flipped byte, another boot's
 //! ID, a group-writable mode) is ignored with its reason, the answer is still right, and the run
-//! writes a good file again. A command that acts (`release`, even a dry run) never reads it.
+//! writes a good file again. A command that acts (`release`, even a dry run) never reads it, and
+//! `--statmount-memo ''` keeps none.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -47,7 +48,7 @@ impl Run {
 fn run(memo: &Path, args: &[&str]) -> (std::process::Output, String) {
     let out = trust_init(&mut Command::new(agent_bin()))
         .env("BLOCKJANITOR_LOG", "warn,blockjanitor::discover::mount_memo_file=debug")
-        .args(["--statmount-memo", utf8(memo)])
+        .args(["--statmount-memo", memo.to_str().expect("utf8")])
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -149,5 +150,9 @@ fn root_holders_keeps_what_statmount_said_between_runs_and_trusts_only_a_sound_f
     assert_eq!(out.status.code(), Some(0), "a dry run: {}{log}", text(&out.stdout));
     assert!(!log.contains("statmount memo"), "release never loads or saves the memo: {log}");
     assert_eq!(std::fs::read(&memo).expect("memo file"), before, "nor writes it");
+    // `--statmount-memo ''` keeps none.
+    let (out, log) = run(Path::new(""), &["holders", &lo.dev, "--output", "json"]);
+    assert_eq!(out.status.code(), Some(2), "{log}");
+    assert!(!log.contains("statmount memo"), "no memo: {log}");
     drop(holder);
 }

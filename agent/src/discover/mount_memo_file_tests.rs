@@ -198,3 +198,34 @@ fn a_fixture_tree_keeps_no_memo() {
     let host = HostRoot::new(d.path());
     assert!(Kept::load(&host, &d.path().join("statmount-memo")).is_none());
 }
+
+/// Structural: only the report-only commands' entry loads the memo (no scan behind an action,
+/// no daemon code, no engine code names it).
+#[test]
+fn only_the_report_only_commands_load_the_memo() {
+    fn walk(dir: &Path, found: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).expect("src").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, found);
+            } else if p.extension().is_some_and(|x| x == "rs")
+                && std::fs::read_to_string(&p).expect("source").contains(concat!("Kept::", "load("))
+            {
+                found.push(
+                    p.strip_prefix(env!("CARGO_MANIFEST_DIR")).expect("in crate").display().to_string(),
+                );
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut found);
+    found.sort();
+    assert_eq!(
+        found,
+        ["src/cli/commands.rs", "src/discover/mount_memo_file_tests.rs"],
+        "the memo file is loaded only by `holders` and `scan`"
+    );
+    let commands = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli/commands.rs"))
+        .expect("commands.rs");
+    assert_eq!(commands.matches("report_only_memo(cli, &host)").count(), 2, "holders and scan");
+}
