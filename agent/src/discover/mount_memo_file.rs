@@ -147,8 +147,9 @@ fn dev_word(d: DevNum) -> u64 {
     (u64::from(d.major) << 32) | u64::from(d.minor)
 }
 
-/// A multiply-xorshift hasher for the (device, magic) table: `SipHash` over the 200,000
-/// mounts of a node was most of the time a changed memo took to write.
+/// A multiply-xorshift hasher for the (device, magic) table: one cheap hash per mount (a first
+/// version hashed each mount twice with `SipHash`), so that writing a changed memo of 200,000
+/// mounts costs a few ms (a cold run's CPU is 0.99-1.04x a run without the memo's).
 #[derive(Default)]
 struct WordHasher(u64);
 
