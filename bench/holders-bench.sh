@@ -24,6 +24,12 @@
 #   BJB_BENCH_STATE scene state dir    (/run/blockjanitor-bench)
 #   BENCH_AGENT_ALLOW_FAIL=1  benchmark the agent even if it exits non-zero
 #                             (its command is then wrapped in `|| true`)
+#   BENCH_MEMO     the statmount memo file the agent keeps between runs ($WORK/statmount-memo),
+#                  for an agent that has --statmount-memo: the `agent` row runs with it warm
+#                  (hyperfine's warm-up runs fill it), as a node's repeated `holders` would
+#   BENCH_COLD=1   also time, in the same hyperfine run, `agent-cold` (the memo file removed
+#                  before each run: hyperfine --prepare) and `agent-nomemo` (--statmount-memo '':
+#                  none kept, what the agent did before the memo)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,6 +39,8 @@ WARMUP=${BENCH_WARMUP:-2}
 RUNS=${BENCH_RUNS:-10}
 RESULTS_DIR=${RESULTS_DIR:-$SCRIPT_DIR/results}
 WORK=$STATE/bench   # scratch files (floor path list); removed by `down`
+MEMO=${BENCH_MEMO:-$WORK/statmount-memo}
+COLD=${BENCH_COLD:-0}
 
 log() { printf '== %s\n' "$*" >&2; }
 die() {
@@ -110,16 +118,34 @@ CMD_AGENT="$AGENT holders $DEV --output json > /dev/null; test \$? -ne 1"
 CMD_AGENT_TEXT="$AGENT --mount-reader mountinfo holders $DEV --output json > /dev/null; test \$? -ne 1"
 
 HAVE_AGENT=0
+HAVE_MEMO=0
 AGENT_RSS_KB=""
+AGENT_RSS_COLD_KB=""
 AGENT_NOTE=""
+# rss_run ARGS...: one run of the agent under /usr/bin/time -v (output in $WORK/agent.*); sets
+# rc and RSS_KB (its peak RSS in KiB).
+rss_run() {
+    rc=0
+    /usr/bin/time -v -o "$WORK/agent.time" "$AGENT" "$@" holders "$DEV" --output json \
+        >"$WORK/agent.json" 2>"$WORK/agent.stderr" || rc=$?
+    RSS_KB=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$WORK/agent.time")
+}
 if [ -x "$AGENT" ]; then
     HAVE_AGENT=1
-    # One instrumented run first: peak RSS, exit status, sanity of output.
+    MEMO_ARGS=()
+    if "$AGENT" --help 2>/dev/null | grep -q -- '--statmount-memo'; then
+        HAVE_MEMO=1
+        MEMO_ARGS=(--statmount-memo "$MEMO")
+        CMD_AGENT="$AGENT --statmount-memo $MEMO holders $DEV --output json > /dev/null; test \$? -ne 1"
+        # One run with no memo file (it writes one), for its peak RSS.
+        rm -f "$MEMO"
+        rss_run "${MEMO_ARGS[@]}"
+        AGENT_RSS_COLD_KB=$RSS_KB
+    fi
+    # One instrumented run: peak RSS (memo warm, if kept), exit status, sanity of output.
     log "one run of the agent under /usr/bin/time -v"
-    rc=0
-    /usr/bin/time -v -o "$WORK/agent.time" "$AGENT" holders "$DEV" --output json \
-        >"$WORK/agent.json" 2>"$WORK/agent.stderr" || rc=$?
-    AGENT_RSS_KB=$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$WORK/agent.time")
+    rss_run "${MEMO_ARGS[@]}"
+    AGENT_RSS_KB=$RSS_KB
     # 2 (held) and 3 (unknown) are answers, as fuser -s gives them; 1 is an error.
     if [ "$rc" -eq 1 ] || [ "$rc" -gt 3 ]; then
         sed 's/^/  agent stderr: /' "$WORK/agent.stderr" | head -20 >&2
@@ -144,14 +170,30 @@ fi
 STAMP=$(date -u +%Y%m%dT%H%M%SZ)
 JSON=$RESULTS_DIR/holders-bench-$STAMP.json
 MD=$RESULTS_DIR/holders-bench-$STAMP.md
-hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON"
-    -n grep "$CMD_GREP" -n floor "$CMD_FLOOR")
-if [ "$HAVE_AGENT" -eq 1 ]; then hf_args+=(-n agent "$CMD_AGENT" -n agent-mountinfo "$CMD_AGENT_TEXT"); fi
+# The timed commands, each with what runs before each of its runs (untimed).
+names=() cmds=() preps=()
+add() { names+=("$1") cmds+=("$2") preps+=("${3:-:}"); }
+add grep "$CMD_GREP"
+add floor "$CMD_FLOOR"
+if [ "$HAVE_AGENT" -eq 1 ]; then
+    add agent "$CMD_AGENT"
+    add agent-mountinfo "$CMD_AGENT_TEXT"
+fi
 CMD_BASE=""
 if [ -n "${AGENT_BASE:-}" ] && [ -x "$AGENT_BASE" ]; then
     CMD_BASE="$AGENT_BASE holders $DEV --output json > /dev/null; test \$? -ne 1"
-    hf_args+=(-n agent-base "$CMD_BASE")
+    add agent-base "$CMD_BASE"
 fi
+CMD_COLD="" CMD_NOMEMO=""
+if [ "$COLD" = 1 ] && [ "$HAVE_MEMO" -eq 1 ]; then
+    CMD_COLD="$CMD_AGENT"
+    CMD_NOMEMO="$AGENT --statmount-memo '' holders $DEV --output json > /dev/null; test \$? -ne 1"
+    add agent-cold "$CMD_COLD" "rm -f $MEMO"
+    add agent-nomemo "$CMD_NOMEMO"
+fi
+hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON")
+for i in "${!names[@]}"; do hf_args+=(-n "${names[$i]}" "${cmds[$i]}"); done
+if [ -n "$CMD_COLD" ]; then for p in "${preps[@]}"; do hf_args+=(--prepare "$p"); done; fi
 log "hyperfine $(printf '%q ' "${hf_args[@]}")"
 hyperfine "${hf_args[@]}"
 
@@ -191,10 +233,14 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
     row grep "grep (baseline)"
     row floor "floor (1 mountinfo / ns)"
     if [ "$HAVE_AGENT" -eq 1 ]; then
-        row agent "blockjanitor-agent (auto: statmount prefilter)"
+        row agent "blockjanitor-agent (auto: statmount prefilter$([ "$HAVE_MEMO" -eq 1 ] && echo ', memo warm'))"
         row agent-mountinfo "blockjanitor-agent --mount-reader mountinfo"
     fi
     if [ -n "$CMD_BASE" ]; then row agent-base "baseline agent (\$AGENT_BASE)"; fi
+    if [ -n "$CMD_COLD" ]; then
+        row agent-cold "blockjanitor-agent, memo file removed before each run (cold)"
+        row agent-nomemo "blockjanitor-agent --statmount-memo '' (no memo kept)"
+    fi
     echo
     echo "- grep / floor: $(ratio "$GREP_MED" "$FLOOR_MED")x"
     if [ "$HAVE_AGENT" -eq 1 ]; then
@@ -208,6 +254,16 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
             echo "- agent / agent-base: $(ratio "$AGENT_MED" "$(median agent-base)")x (the baseline agent: \`$AGENT_BASE\`)"
             echo "- grep / agent-base: $(ratio "$GREP_MED" "$(median agent-base)")x; agent-base / floor, CPU time: $(ratio "$(cpu agent-base)" "$(cpu floor)")x"
             echo "- agent / agent-base, CPU time: $(ratio "$(cpu agent)" "$(cpu agent-base)")x"
+        fi
+        if [ -n "$CMD_COLD" ]; then
+            echo "- cold: grep / agent-cold: $(ratio "$GREP_MED" "$(median agent-cold)")x;" \
+                "agent-cold / floor, CPU time: $(ratio "$(cpu agent-cold)" "$(cpu floor)")x;" \
+                "agent-nomemo / floor, CPU time: $(ratio "$(cpu agent-nomemo)" "$(cpu floor)")x"
+            echo "- agent (warm) / agent-nomemo, CPU time: $(ratio "$(cpu agent)" "$(cpu agent-nomemo)")x;" \
+                "agent-cold / agent-nomemo, CPU time: $(ratio "$(cpu agent-cold)" "$(cpu agent-nomemo)")x"
+        fi
+        if [ -n "$AGENT_RSS_COLD_KB" ]; then
+            echo "- agent peak RSS with no memo file (cold): ${AGENT_RSS_COLD_KB} KiB ($(awk -v k="$AGENT_RSS_COLD_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB); memo file $(stat -c %s "$MEMO" 2>/dev/null || echo '?') bytes"
         fi
         echo "- agent peak RSS: ${AGENT_RSS_KB} KiB ($(awk -v k="$AGENT_RSS_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB), /usr/bin/time -v, one run"
     fi
@@ -225,6 +281,11 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         echo "$CMD_AGENT"
         echo "# agent, mountinfo text for every namespace"
         echo "$CMD_AGENT_TEXT"
+        if [ -n "$CMD_COLD" ]; then
+            echo "# agent-cold: the same as agent, after (hyperfine --prepare, untimed): rm -f $MEMO"
+            echo "# agent-nomemo"
+            echo "$CMD_NOMEMO"
+        fi
     else
         echo "# agent (not run: binary missing)"
         echo "$CMD_AGENT"

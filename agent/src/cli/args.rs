@@ -59,6 +59,16 @@ pub struct Cli {
     /// period spans runs. Not written for fixture trees.
     #[arg(long, global = true, default_value = "/var/lib/blockjanitor/state.json", value_name = "FILE")]
     pub state: PathBuf,
+    /// Where `holders` and `scan` keep what `statmount` said of each mount between runs (this
+    /// boot's only; never used by a command that acts, nor by the daemon). Empty: keep none.
+    #[arg(
+        long,
+        global = true,
+        default_value = crate::discover::mount_memo_file::DEFAULT_PATH,
+        value_name = "FILE",
+        value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
+    )]
+    pub statmount_memo: PathBuf,
     /// Seconds between scans: the daemon rescans at least this often, and a grace clock keeps
     /// running only while observations are at most twice this apart (for the one-shot commands:
     /// between runs) [default: 60, or the config's for serve].

@@ -8,7 +8,7 @@ use super::serve::serve;
 use super::settings::*;
 use super::{output, requests};
 use crate::act::journal;
-use crate::discover::blockdev;
+use crate::discover::{blockdev, mount_memo_file};
 use crate::engine::outcome;
 use crate::engine::view::View;
 use crate::engine::Operation;
@@ -36,6 +36,18 @@ fn operation(release: bool) -> Operation {
     }
 }
 
+/// What `statmount` said of each mount, as an earlier report-only run of this boot kept it
+/// (`--statmount-memo`): loaded here, by `holders` and `scan` alone, which only show. A command
+/// that acts never calls this: its scans, and the re-check before each step, ask the kernel.
+/// Not with `--mount-reader mountinfo` (which asks `statmount` nothing: the run would forget
+/// every mount and write that).
+fn report_only_memo(cli: &Cli, host: &HostRoot) -> Option<mount_memo_file::Kept> {
+    if !matches!(cli.mount_reader, ReaderArg::Auto) || cli.statmount_memo.as_os_str().is_empty() {
+        return None;
+    }
+    mount_memo_file::Kept::load(host, &cli.statmount_memo)
+}
+
 /// The device an operator named.
 pub fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
     let devices = blockdev::scan(host)?;
@@ -48,9 +60,13 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
         Command::Scan { output } => {
+            let memo = report_only_memo(cli, &host);
             let e = engine(cli, host, plan::clean::CleanOptions::default());
             let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
             state.save();
+            if let Some(m) = memo {
+                m.save();
+            }
             let incomplete = outcome::incomplete_view(&judged.scan, None);
             match output {
                 Output::Json | Output::Yaml => {
@@ -70,11 +86,15 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Holders { device, output } => {
             let devnum = device_arg(&host, device)?;
+            let memo = report_only_memo(cli, &host);
             let e = engine(cli, host, plan::clean::CleanOptions::default());
             // The scan a cleanup of it would rest on: what its removal takes with it (an NVMe
             // controller's other namespaces, a session's other disks) is looked at too.
             let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
             state.save();
+            if let Some(m) = memo {
+                m.save();
+            }
             let incomplete =
                 judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
             match output {

@@ -17,6 +17,7 @@ pub mod r#loop;
 pub mod maps;
 pub mod mount_events;
 pub mod mount_memo;
+pub mod mount_memo_file;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;

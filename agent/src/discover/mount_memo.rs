@@ -9,9 +9,14 @@
 //! next time its namespace is listed, and a namespace a whole scan did not list is forgotten
 //! ([`forget_unlisted`]). At about 24 bytes a mount, the 200,000 mounts of the busy-node scene
 //! take under 5 MiB.
+//!
+//! A report-only one-shot run (`holders`, `scan`) starts from what an earlier one of the same
+//! boot remembered: [`export`] and [`import`] are what [`super::mount_memo_file`] keeps between
+//! runs, and [`changes`] says whether there is anything new to keep.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::host::sys::mount_api;
@@ -30,6 +35,8 @@ struct Memo {
     epoch: u64,
     /// Full scans that asked to reuse text (every [`DEEP_EVERY`]th reads it all again).
     shallow: u64,
+    /// How many times a namespace's remembered mounts changed or a namespace was forgotten.
+    changes: u64,
 }
 
 /// What is remembered of one namespace.
@@ -104,6 +111,7 @@ fn memo() -> MutexGuard<'static, Memo> {
 /// `listmount` just listed them), asking the kernel only about IDs not seen before. `None` for a
 /// mount unmounted in between.
 pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>> {
+    LISTED.fetch_add(ids.len() as u64, Ordering::Relaxed);
     let known = {
         let mut m = memo();
         let epoch = m.epoch;
@@ -122,11 +130,14 @@ pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>
     for &id in ids {
         let found = match known.binary_search_by_key(&id, |e| e.0) {
             Ok(i) => Some((known[i].1, known[i].2, known[i].3)),
-            Err(_) => match mount_api::sb_dev_with_old_id(ns_id, id) {
-                Ok(v) => Some(v),
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
-                Err(e) => return Err(e),
-            },
+            Err(_) => {
+                ASKED.fetch_add(1, Ordering::Relaxed);
+                match mount_api::sb_dev_with_old_id(ns_id, id) {
+                    Ok(v) => Some(v),
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
+                    Err(e) => return Err(e),
+                }
+            }
         };
         if let Some((dev, magic, old)) = found {
             next.push((id, dev, magic, old));
@@ -134,7 +145,11 @@ pub fn sb_devs(ns_id: u64, ids: &[u64]) -> io::Result<Vec<Option<(DevNum, u64)>>
         out.push(found.map(|(dev, magic, _)| (dev, magic)));
     }
     next.sort_unstable_by_key(|e| e.0);
-    if let Some(slot) = memo().namespaces.get_mut(&ns_id) {
+    let mut m = memo();
+    if next != *known {
+        m.changes += 1;
+    }
+    if let Some(slot) = m.namespaces.get_mut(&ns_id) {
         slot.mounts = Arc::new(next);
     }
     Ok(out)
@@ -265,7 +280,11 @@ pub fn begin_full_listing() -> u64 {
 /// Forgets the namespaces not listed since `epoch` began (they are gone, or out of reach).
 pub fn forget_unlisted(epoch: u64) {
     let mut m = memo();
+    let before = m.namespaces.len();
     m.namespaces.retain(|_, n| n.seen >= epoch);
+    if m.namespaces.len() != before {
+        m.changes += 1;
+    }
     let Memo { namespaces, texts, .. } = &mut *m;
     texts.retain(|ns, _| namespaces.contains_key(ns));
 }
@@ -317,6 +336,39 @@ pub fn quiet_ids(ns_id: u64) -> Option<Vec<u64>> {
 /// How many mounts are remembered (for tests and debugging).
 pub fn remembered() -> usize {
     memo().namespaces.values().map(|n| n.mounts.len()).sum()
+}
+
+static LISTED: AtomicU64 = AtomicU64::new(0);
+static ASKED: AtomicU64 = AtomicU64::new(0);
+
+/// How many listed mounts [`sb_devs`] answered in this process, and how many of them it asked
+/// the kernel about (`statmount`): the rest came from memory.
+pub fn lookups() -> (u64, u64) {
+    (LISTED.load(Ordering::Relaxed), ASKED.load(Ordering::Relaxed))
+}
+
+/// How many times the remembered mounts changed: a namespace's mounts learned or dropped, a
+/// namespace forgotten. A copy taken when this was `n` is still current while it is `n`.
+pub fn changes() -> u64 {
+    memo().changes
+}
+
+/// Each remembered namespace's ID and its mounts (sorted by unique mount ID), by namespace ID.
+pub fn export() -> Vec<(u64, Arc<Vec<Entry>>)> {
+    let m = memo();
+    let mut all: Vec<_> = m.namespaces.iter().map(|(id, n)| (*id, Arc::clone(&n.mounts))).collect();
+    all.sort_unstable_by_key(|(id, _)| *id);
+    all
+}
+
+/// Takes `namespaces` (each one's mounts sorted by unique mount ID, as [`export`] gives them)
+/// as remembered from an earlier listing: for a one-shot run that trusts what an earlier run
+/// of this boot kept. A namespace this process already knows keeps what it has. Not a change.
+pub fn import(namespaces: Vec<(u64, Vec<Entry>)>) {
+    let mut m = memo();
+    for (id, mounts) in namespaces {
+        m.namespaces.entry(id).or_insert_with(|| NsMemo { mounts: Arc::new(mounts), ..NsMemo::default() });
+    }
 }
 
 #[cfg(test)]
