@@ -14,7 +14,11 @@ fn the_listing_matcher_agrees_with_magic() {
         })
         .collect();
     for n in [0u32, 1, 2, 8, 9, 40] {
-        let targets: HashSet<DevNum> = (1..=n).map(|i| DevNum::new(7, i)).collect();
+        let mut targets: HashSet<DevNum> = (1..=n).map(|i| DevNum::new(7, i)).collect();
+        // An anonymous device in scope is looked up too (the matcher skips major 0 otherwise).
+        if n % 2 == 1 {
+            targets.insert(DevNum::new(0, 41));
+        }
         for nsfs_dev in [None, Some(nsfs)] {
             let wanted = Wanted { targets: &targets, nsfs_dev, reuse_text: TextReuse::Never };
             let wants = wanted.magic_matcher();
