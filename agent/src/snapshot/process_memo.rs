@@ -32,9 +32,9 @@ use std::collections::{HashMap, HashSet};
 use crate::discover::fds::{self, FdScan, ProcRef};
 use crate::discover::livefs::AnonIndex;
 use crate::discover::namespaces::NsEntry;
-use crate::discover::processes::ProcEntry;
+use crate::discover::processes::{self, ProcEntry};
 use crate::host::{parallel, HostRoot};
-use crate::model::{DevNum, KernelText, MountNsId};
+use crate::model::{DevNum, KernelText, MountNsId, ProcessInfo};
 
 /// Default of `serve --full-read-every`: at the default 60 s interval, a true full read of every
 /// process every 10 minutes at the latest (a scan between, for any trigger, counts, so it comes
@@ -110,13 +110,25 @@ pub struct ProcessMemo {
     scans: u64,
     context: Option<Context>,
     procs: HashMap<u32, Remembered>,
+    /// Whether the latest [`Self::scan`] read every process in full.
+    full_read: bool,
+    /// Each labelled process's label as last read, with the identity and name it was read for
+    /// ([`Self::describe`]).
+    labels: HashMap<u32, (u64, KernelText, ProcessInfo)>,
 }
 
 impl ProcessMemo {
     /// A memory that reads every process in full every `full_read_every`th scan (at least 1:
     /// every scan).
     pub fn new(full_read_every: u64) -> Self {
-        Self { full_read_every: full_read_every.max(1), scans: 0, context: None, procs: HashMap::new() }
+        Self {
+            full_read_every: full_read_every.max(1),
+            scans: 0,
+            context: None,
+            procs: HashMap::new(),
+            full_read: true,
+            labels: HashMap::new(),
+        }
     }
 
     /// Starts a scan with `context`: whether it reads every process in full (the first, every
@@ -151,6 +163,7 @@ impl ProcessMemo {
         live: bool,
     ) -> (Vec<FdScan>, Turn) {
         let full_read = self.begin(context);
+        self.full_read = full_read;
         let ctx = self.context.clone().unwrap_or_else(|| unreachable!("set by begin"));
         let no_known = HashSet::new();
         let results = parallel::map(procs, |e| {
@@ -204,6 +217,31 @@ impl ProcessMemo {
             out.push(scan);
         }
         (out, turn)
+    }
+
+    /// The labels of `holders` (command line, container, pod: [`processes::describe`], two
+    /// file reads each), in order. After a light [`Self::scan`] a process whose identity (pid,
+    /// start time) and `comm` are those its label was read for keeps that label (its state is
+    /// today's); after a full read every label is read again. A command line rewritten without
+    /// an `execve`, or a move to another cgroup, is seen by the next full read. Labels name
+    /// holders; they are never what makes a device held.
+    pub fn describe(&mut self, host: &HostRoot, holders: &[&ProcEntry]) -> Vec<ProcessInfo> {
+        let mut next = HashMap::with_capacity(holders.len());
+        let out = holders
+            .iter()
+            .map(|e| {
+                let kept = self
+                    .labels
+                    .get(&e.pid)
+                    .filter(|(start, comm, _)| !self.full_read && *start == e.start_time && *comm == e.comm)
+                    .map(|(_, _, info)| ProcessInfo { state: e.state, ..info.clone() });
+                let info = kept.unwrap_or_else(|| processes::describe(host, e));
+                next.insert(e.pid, (e.start_time, e.comm.clone(), info.clone()));
+                info
+            })
+            .collect();
+        self.labels = next;
+        out
     }
 }
 
@@ -265,6 +303,32 @@ mod tests {
 
     fn holds_fd(scan: &FdScan, fd: u32) -> bool {
         scan.refs.iter().any(|r| r.fd == Some(fd) && r.kind == HolderKind::OpenFile)
+    }
+
+    /// A light scan keeps a holder's label while its identity and name are the same (a label
+    /// changed behind its back, as a command line rewritten in place would be, stays); another
+    /// identity or a full read reads it again.
+    #[test]
+    fn labels_are_kept_by_light_scans_and_read_again_by_a_full_read() {
+        let (host, _dir, context) = setup();
+        let sh = Shell::start();
+        let mut memo = ProcessMemo::new(3);
+        let e = sh.entry(&host);
+        memo.scan(&host, &[&e], context.clone(), true);
+        let fresh = processes::describe(&host, &e);
+        assert_eq!(memo.describe(&host, &[&e]), vec![fresh.clone()], "a full read reads the label");
+        let stale = ProcessInfo { cmdline: Some(KernelText::from("rewritten in place")), ..fresh.clone() };
+        memo.labels.get_mut(&e.pid).expect("remembered").2 = stale.clone();
+        let (_, turn) = memo.scan(&host, &[&e], context.clone(), true);
+        assert!(!turn.full_read);
+        assert_eq!(memo.describe(&host, &[&e]), vec![stale.clone()], "a light scan keeps the label");
+        let reused = ProcEntry { start_time: e.start_time + 1, ..e.clone() };
+        assert_eq!(memo.describe(&host, &[&reused]), vec![fresh.clone()], "another identity: read again");
+        memo.labels.insert(e.pid, (e.start_time, e.comm.clone(), stale));
+        memo.scan(&host, &[&e], context.clone(), true);
+        let (_, turn) = memo.scan(&host, &[&e], context, true);
+        assert!(turn.full_read, "the third scan reads in full");
+        assert_eq!(memo.describe(&host, &[&e]), vec![fresh], "a full read reads the label again");
     }
 
     /// A file opened between two scans changes the fd count: the second scan reads the

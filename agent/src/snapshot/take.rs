@@ -148,14 +148,15 @@ impl Snapshot {
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
-        let (fd_scans, turn) = match memo {
-            // Whole-host scans only: a memo's answers are filtered by every device in scope.
-            Some(memo) if *scope == Scope::All => {
+        // Whole-host scans only: a memo's answers are filtered by every device in scope.
+        let mut memo = memo.filter(|_| *scope == Scope::All);
+        let (fd_scans, turn) = match memo.as_deref_mut() {
+            Some(memo) => {
                 let context = Context { targets: targets.clone(), nsfs_dev, anon: anon.clone() };
                 let (scans, turn) = memo.scan(host, &user_procs, context, live);
                 (scans, Some(turn))
             }
-            _ => (
+            None => (
                 parallel::map(&user_procs, |e| {
                     fds::scan_process(host, e, &targets, nsfs_dev, &known, live, &anon)
                 }),
@@ -241,10 +242,12 @@ impl Snapshot {
         }
         holder_pids.sort_unstable();
         holder_pids.dedup();
-        let processes: BTreeMap<u32, ProcessInfo> = holder_pids
-            .iter()
-            .filter_map(|p| by_pid.get(p).map(|e| (*p, processes::describe(host, e))))
-            .collect();
+        let labelled: Vec<&ProcEntry> = holder_pids.iter().filter_map(|p| by_pid.get(p).copied()).collect();
+        let labels = match memo {
+            Some(memo) => memo.describe(host, &labelled),
+            None => labelled.iter().map(|e| processes::describe(host, e)).collect(),
+        };
+        let processes: BTreeMap<u32, ProcessInfo> = labelled.iter().map(|e| e.pid).zip(labels).collect();
 
         let stats = ScanStats {
             processes: entries.len() - kernel_threads.len(),
