@@ -21,9 +21,13 @@
 //! task's cwd and root (cheap: one `stat` each, `kcmp` for threads sharing the leader's) are
 //! read by every scan regardless.
 //!
+//! **Labels too.** A holder's label (command line, container ID, pod UID: two file reads) is
+//! kept while the process's identity and `comm` are the same ([`ProcessMemo::describe`]).
+//!
 //! **What no sign shows** (an fd closed and another opened at the same count: `dup2` onto an
 //! open fd; a mapping replaced by one of the same size, `mmap(MAP_FIXED)`; a file renamed, whose
-//! shown path is then the old one) is seen by the next **full read**: every
+//! shown path is then the old one; a command line rewritten in place or a move to another
+//! cgroup, in a label) is seen by the next **full read**: every
 //! `full_read_every`th scan reads every process in full (`serve --full-read-every`, default
 //! [`DEFAULT_FULL_READ_EVERY`]; 1 reads in full every time), the first scan too.
 
