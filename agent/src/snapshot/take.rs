@@ -111,10 +111,13 @@ impl Snapshot {
         // A scan of every device only shows (every action scans its device afresh): it may reuse
         // the text of namespaces whose mount IDs did not change, but not on every turn without
         // asking the kernel again.
-        let reuse_text = match (*scope == Scope::All, crate::discover::mount_memo::shallow_turn()) {
-            (false, _) => TextReuse::Never,
-            (true, true) => TextReuse::WhileSameIds,
-            (true, false) => TextReuse::Confirmed,
+        // (Only whole-host scans count turns.)
+        let reuse_text = if *scope != Scope::All {
+            TextReuse::Never
+        } else if crate::discover::mount_memo::shallow_turn() {
+            TextReuse::WhileSameIds
+        } else {
+            TextReuse::Confirmed
         };
         let scan = namespaces::read_mounts(
             host,
