@@ -83,12 +83,15 @@ pub fn shallow_turn() -> bool {
 /// A key for a set of mount IDs (a multiply-xorshift hash over them, in `listmount`'s order,
 /// with their count): a change of any ID changes it, short of a 64-bit collision.
 pub fn ids_key(ids: &[u64]) -> u64 {
-    let mut h: u64 = 0x9e37_79b9_7f4a_7c15 ^ ids.len() as u64;
-    for id in ids {
-        h = (h ^ id).wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-    }
-    h
+    ids.iter().fold(0x9e37_79b9_7f4a_7c15 ^ ids.len() as u64, |h, id| mix(h, *id))
+}
+
+/// One step of the multiply-xorshift hash every key and checksum of the memo uses ([`ids_key`],
+/// the memo file's checksum and table): a bijection of the state for each word, so a change
+/// confined to one word always changes the result.
+pub fn mix(h: u64, w: u64) -> u64 {
+    let h = (h ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
 }
 
 /// The text of namespace `ns_id` as last read through `via`, if its mount IDs are still those

@@ -113,8 +113,8 @@ fn show_boot(b: &[u8; 16]) -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
-/// A 64-bit checksum over 8-byte words (multiply-xorshift, as [`mount_memo::ids_key`]): every
-/// step is a bijection of the state, so a change confined to one word always changes it.
+/// A 64-bit checksum over 8-byte words ([`mount_memo::mix`]): a change confined to one word
+/// always changes it.
 struct Sum(u64);
 
 impl Sum {
@@ -125,8 +125,7 @@ impl Sum {
     fn record(&mut self, r: &[u8; RECORD]) {
         for w in r.chunks_exact(8) {
             let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
-            self.0 = (self.0 ^ w).wrapping_mul(0xff51_afd7_ed55_8ccd);
-            self.0 ^= self.0 >> 33;
+            self.0 = mount_memo::mix(self.0, w);
         }
     }
 }
@@ -167,8 +166,7 @@ impl std::hash::Hasher for WordHasher {
     }
 
     fn write_u64(&mut self, w: u64) {
-        self.0 = (self.0 ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        self.0 ^= self.0 >> 29;
+        self.0 = mount_memo::mix(self.0, w);
     }
 }
 
