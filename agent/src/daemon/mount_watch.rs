@@ -166,15 +166,26 @@ impl MountWatch {
 }
 
 impl NamespaceWatch for MountWatch {
-    /// Watches the namespaces of the latest full scan (each given with a file naming it) that
-    /// are not watched yet, and forgets those no longer there.
-    fn sync(&self, namespaces: &[(MountNsId, PathBuf)]) -> usize {
+    /// Watches the namespaces of the latest full scan (each given with the 64-bit ID the scan
+    /// read from the namespace's own file, if it did, and a file naming it) that are not
+    /// watched yet, and forgets those no longer there. A namespace whose ID is watched already
+    /// is not opened again.
+    fn sync(&self, namespaces: &[(MountNsId, Option<u64>, PathBuf)]) -> usize {
         let mut seen = HashSet::new();
         let mut added = 0;
         let mut watched = self.watched();
-        for (id, file) in namespaces {
+        for (id, kernel_id, file) in namespaces {
+            if let Some(k) = kernel_id.filter(|k| watched.get(k) == Some(id)) {
+                seen.insert(k);
+                continue;
+            }
             // The file is closed again right away: a mark does not pin the namespace.
             let Ok(ns) = std::fs::File::open(file) else { continue }; // its task just exited
+                                                                      // A task taken as the last scan read it may be elsewhere now (`snapshot::task_memo`):
+                                                                      // its namespace is then not marked through it (the next full read finds it again).
+            if nix::sys::stat::fstat(&ns).map(|st| st.st_ino) != Ok(id.0) {
+                continue;
+            }
             let Ok(ns_id) = mount_api::mntns_id(ns.as_fd()) else { continue };
             seen.insert(ns_id);
             if watched.contains_key(&ns_id) {

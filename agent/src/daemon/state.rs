@@ -100,7 +100,7 @@ pub struct AgentState {
 pub trait NamespaceWatch: Send + Sync {
     /// Watches the namespaces not watched yet and forgets those gone; returns how many were
     /// added.
-    fn sync(&self, namespaces: &[(MountNsId, std::path::PathBuf)]) -> usize;
+    fn sync(&self, namespaces: &[(MountNsId, Option<u64>, std::path::PathBuf)]) -> usize;
     /// The host the scans read (where its `/proc` is), told once before the first scan.
     fn use_host(&self, _host: &HostRoot) {}
 }

@@ -83,7 +83,16 @@ pub fn shallow_turn() -> bool {
 /// A key for a set of mount IDs (a multiply-xorshift hash over them, in `listmount`'s order,
 /// with their count): a change of any ID changes it, short of a 64-bit collision.
 pub fn ids_key(ids: &[u64]) -> u64 {
-    ids.iter().fold(0x9e37_79b9_7f4a_7c15 ^ ids.len() as u64, |h, id| mix(h, *id))
+    key_over(ids.len(), ids.iter().copied())
+}
+
+/// [`ids_key`] of a listing's mount IDs (in its order, which is `listmount`'s: by ID).
+pub fn ids_key_of(listing: &[Entry]) -> u64 {
+    key_over(listing.len(), listing.iter().map(|e| e.0))
+}
+
+fn key_over(count: usize, ids: impl Iterator<Item = u64>) -> u64 {
+    ids.fold(0x9e37_79b9_7f4a_7c15 ^ count as u64, mix)
 }
 
 /// One step of the multiply-xorshift hash every key and checksum of the memo uses ([`ids_key`],
@@ -323,9 +332,10 @@ pub fn note_all_changed() {
     memo().namespaces.values_mut().for_each(|n| n.changed = true);
 }
 
-/// The mount IDs of namespace `ns_id` as last listed, when nothing can have changed since: its
-/// mount events were watched before that listing and none came. `None`: list it again.
-pub fn quiet_ids(ns_id: u64) -> Option<Vec<u64>> {
+/// The mounts of namespace `ns_id` as last listed (what [`sb_devs`] would answer for them),
+/// when nothing can have changed since: its mount events were watched before that listing and
+/// none came. `None`: list it again.
+pub fn quiet_listing(ns_id: u64) -> Option<Arc<Vec<Entry>>> {
     let mut m = memo();
     let epoch = m.epoch;
     let n = m.namespaces.get_mut(&ns_id)?;
@@ -333,7 +343,8 @@ pub fn quiet_ids(ns_id: u64) -> Option<Vec<u64>> {
         return None;
     }
     n.seen = epoch;
-    Some(n.mounts.iter().map(|e| e.0).collect())
+    LISTED.fetch_add(n.mounts.len() as u64, Ordering::Relaxed);
+    Some(Arc::clone(&n.mounts))
 }
 
 /// How many mounts are remembered (for tests and debugging).

@@ -109,6 +109,10 @@ pub struct MountNamespace {
     pub read_via: Option<NsEntry>,
     pub mount_count: usize,
     pub mountinfo_bytes: usize,
+    /// Its 64-bit ID, as this scan's read had it from the namespace's own `ns/mnt` file (`None`:
+    /// not read through `listmount`).
+    #[serde(skip)]
+    pub kernel_id: Option<u64>,
 }
 
 impl MountNamespace {
@@ -122,6 +126,7 @@ impl MountNamespace {
             read_via: None,
             mount_count: 0,
             mountinfo_bytes: 0,
+            kernel_id: None,
         }
     }
 }
@@ -300,6 +305,7 @@ pub fn read_some(
         }
         if let Some(ns) = namespaces.get_mut(&one.ns) {
             ns.read_via = Some(one.via.clone());
+            ns.kernel_id = one.kernel_id;
             ns.mount_count = one.lines;
             ns.mountinfo_bytes = one.bytes;
         }
@@ -325,6 +331,8 @@ struct OneNs {
     mounts: Vec<MountEntry>,
     /// Devices of the wanted mounts `statmount` counted (empty when it was not used).
     api_hits: Vec<DevNum>,
+    /// The namespace's 64-bit ID, when it was listed.
+    kernel_id: Option<u64>,
 }
 
 thread_local! {
@@ -352,10 +360,14 @@ fn read_task_ns(
         for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
             let mut api_hits = Vec::new();
             let mut listing = None;
+            // Whether (pid, tid) was seen in this namespace just now: a task's namespace may be
+            // as an earlier scan read it (`snapshot::task_memo`), so every task a table is read
+            // through is checked first, and one elsewhere is passed over.
+            let mut checked = false;
             if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
-                match hits_with_api(host, pid, tid, wanted) {
+                match hits_with_api(host, pid, tid, ns.id, wanted) {
                     Ok(None) => continue,
-                    Ok(Some(Listing { total, hits, .. })) if hits.is_empty() => {
+                    Ok(Some(Listing { total, hits, ns_id, .. })) if hits.is_empty() => {
                         return Ok(Some(OneNs {
                             ns: ns.id,
                             via: NsEntry::Task { pid, tid },
@@ -363,11 +375,13 @@ fn read_task_ns(
                             bytes: 0,
                             mounts: Vec::new(),
                             api_hits: hits,
+                            kernel_id: Some(ns_id),
                         }));
                     }
                     Ok(Some(l)) => {
                         api_hits = l.hits;
                         listing = Some((l.ns_id, l.ids_key));
+                        checked = true;
                     }
                     Err(e) if mount_api::is_unsupported(&e) => {
                         tracing::debug!("listmount/statmount unavailable ({e}); reading mountinfo text");
@@ -376,9 +390,18 @@ fn read_task_ns(
                     Err(e) => tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text"),
                 }
             }
+            let here = |p: u32, t: u32| {
+                !live
+                    || (checked && (p, t) == (pid, tid))
+                    || super::processes::task_mount_ns(&host.proc_task(p, t)) == Some(ns.id)
+            };
+            if !here(pid, tid) {
+                continue;
+            }
             // The text is read through a task at the namespace's root (its mountinfo shows every
             // mount); when every task is chrooted, by entering the namespace.
-            let rooted = ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t));
+            let rooted =
+                ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t) && here(p, t));
             // The same mount IDs read through the same task: the lines as read last time.
             if let (Some((ns_id, key)), Some(task), true) =
                 (listing, rooted, wanted.reuse_text != TextReuse::Never)
@@ -399,7 +422,15 @@ fn read_task_ns(
                         .cloned()
                         .collect();
                     let via = NsEntry::Task { pid: task.0, tid: task.1 };
-                    return Ok(Some(OneNs { ns: ns.id, via, lines: t.lines, bytes: 0, mounts, api_hits }));
+                    return Ok(Some(OneNs {
+                        ns: ns.id,
+                        via,
+                        lines: t.lines,
+                        bytes: 0,
+                        mounts,
+                        api_hits,
+                        kernel_id: Some(ns_id),
+                    }));
                 }
             }
             // A fixture tree cannot be entered: its tasks are taken as they are.
@@ -451,11 +482,27 @@ fn read_task_ns(
                     listing,
                 };
                 super::mount_memo::remember_text(ns_id, text);
-                return Ok(Some(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits }));
+                return Ok(Some(OneNs {
+                    ns: ns.id,
+                    via,
+                    lines,
+                    bytes,
+                    mounts,
+                    api_hits,
+                    kernel_id: Some(ns_id),
+                }));
             }
             let lines = mountinfo::scan(&buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
                 .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
-            return Ok(Some(OneNs { ns: ns.id, via, lines, bytes: buf.len(), mounts, api_hits }));
+            return Ok(Some(OneNs {
+                ns: ns.id,
+                via,
+                lines,
+                bytes: buf.len(),
+                mounts,
+                api_hits,
+                kernel_id: listing.map(|(id, _)| id),
+            }));
         }
         Ok(None)
     })
@@ -481,12 +528,13 @@ struct Listing {
     ids_key: u64,
 }
 
-/// What `listmount` and `statmount` say of a task's namespace. `Ok(None)` when the task is
-/// gone.
+/// What `listmount` and `statmount` say of a task's namespace, `expected`. `Ok(None)` when
+/// the task is gone or in another namespace now.
 fn hits_with_api(
     host: &HostRoot,
     pid: u32,
     tid: u32,
+    expected: MountNsId,
     wanted: Wanted<'_>,
 ) -> std::io::Result<Option<Listing>> {
     use std::os::fd::AsFd;
@@ -496,16 +544,21 @@ fn hits_with_api(
         Err(e) if is_gone(&e) || super::processes::reaped(&e, &task) => return Ok(None),
         Err(e) => return Err(e),
     };
+    if nix::sys::stat::fstat(&ns_file).map_err(std::io::Error::from)?.st_ino != expected.0 {
+        return Ok(None); // the task is in another namespace now
+    }
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     // A scan that only shows may take a watched namespace with no mount event since its last
     // listing as it was listed (every tenth full scan, and every scan behind an action, lists).
-    let quiet =
-        (wanted.reuse_text == TextReuse::WhileSameIds).then(|| super::mount_memo::quiet_ids(id)).flatten();
-    let ids = match quiet {
-        Some(ids) => ids,
-        None => mount_api::list(id)?,
-    };
     let wants = wanted.magic_matcher();
+    if wanted.reuse_text == TextReuse::WhileSameIds {
+        if let Some(l) = super::mount_memo::quiet_listing(id) {
+            let hits = l.iter().filter(|e| wants(e.1, e.2)).map(|e| e.1).collect();
+            let ids_key = super::mount_memo::ids_key_of(&l);
+            return Ok(Some(Listing { total: l.len(), hits, ns_id: id, ids_key }));
+        }
+    }
+    let ids = mount_api::list(id)?;
     let hits = super::mount_memo::sb_devs(id, &ids)?
         .into_iter()
         .flatten() // `None`: unmounted meanwhile
@@ -555,6 +608,7 @@ pub fn read_pinned(
         read_via: Some(entry),
         mount_count: lines,
         mountinfo_bytes: text.len(),
+        kernel_id: None,
     };
     Ok((ns, mounts))
 }

@@ -44,6 +44,7 @@ fn this_thread_ns() -> BTreeMap<MountNsId, MountNamespace> {
         read_via: None,
         mount_count: 0,
         mountinfo_bytes: 0,
+        kernel_id: None,
     };
     BTreeMap::from([(id, ns)])
 }
@@ -227,5 +228,46 @@ fn a_thread_sharing_its_leaders_fs_can_be_in_another_mount_namespace() {
         );
         drop(done_tx);
         joiner.join().expect("join");
+    });
+}
+
+/// On the live kernel (root): a namespace's table is never read through a task that is in
+/// another namespace now (a light scan may list a task where the last scan saw it,
+/// `snapshot::task_memo`): that task is passed over, and the next one that is there is used.
+#[test]
+fn a_table_is_never_read_through_a_task_that_is_elsewhere() {
+    with_a_directory_on_a_device(|dir, _| {
+        use nix::mount::{mount, MsFlags};
+        let host = HostRoot::new("/");
+        let bind = dir.join("bind");
+        std::fs::create_dir(&bind).expect("mkdir");
+        mount(Some(dir), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+        let targets = HashSet::from([crate::host::sys::stat_cached(dir).expect("stat").dev]);
+        let wanted = Wanted { targets: &targets, nsfs_dev: None, reuse_text: TextReuse::Never };
+        let mut nss = this_thread_ns();
+        let (&id, _) = nss.iter().next().expect("this namespace");
+        let me = std::process::id();
+        // The leader stayed in the namespace the test process started in.
+        let leader_ns = super::super::processes::task_mount_ns(&host.proc_task(me, me)).expect("leader's");
+        assert_ne!(leader_ns, id, "the test thread has a namespace of its own");
+        let this = nss[&id].tasks[0];
+        // (mounts of the bind, mounts of the device) read for the namespace, by each reader.
+        let read = |tasks: Vec<(u32, u32)>, nss: &mut BTreeMap<MountNsId, MountNamespace>| {
+            nss.get_mut(&id).expect("ns").tasks = tasks;
+            [MountReader::Auto, MountReader::MountInfo].map(|reader| {
+                let s = read_some(&host, nss, wanted, reader);
+                assert!(s.unreadable.is_empty(), "{:?}", s.unreadable);
+                let mine = s.mounts.iter().filter(|m| m.ns == id);
+                let binds = mine
+                    .clone()
+                    .filter(|m| m.mount.mount_point.as_bytes() == bind.as_os_str().as_bytes())
+                    .count();
+                (binds, mine.count())
+            })
+        };
+        assert_eq!(read(vec![(me, me)], &mut nss), [(0, 0); 2], "nothing read through the leader, elsewhere");
+        for (binds, all) in read(vec![(me, me), this], &mut nss) {
+            assert_eq!(binds, 1, "read through the task that is there ({all} mounts of the device)");
+        }
     });
 }

@@ -58,8 +58,22 @@ pub fn pids(host: &HostRoot) -> std::io::Result<Vec<u32>> {
     numeric_entries(host.proc())
 }
 
+/// The tasks' namespaces a scan may take as an earlier scan read them: per pid, the process's
+/// start time then and its `(tid, namespace)` sorted by tid (`snapshot::task_memo` says when).
+pub type KnownTasks = std::collections::HashMap<u32, (u64, Vec<(u32, MountNsId)>)>;
+
 /// Reads one process: `Ok(None)` when it exited while we looked.
 pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcReadIssue> {
+    read_entry_knowing(host, pid, None)
+}
+
+/// Like [`read_entry`], taking the namespace of a task `known` has for the same process (pid
+/// and start time) as it is there, without reading its link.
+pub fn read_entry_knowing(
+    host: &HostRoot,
+    pid: u32,
+    known: Option<&KnownTasks>,
+) -> Result<Option<ProcEntry>, ProcReadIssue> {
     let dir = host.proc_pid(pid);
     let stat_path = dir.join("stat");
     let bytes = match std::fs::read(&stat_path) {
@@ -85,12 +99,20 @@ pub fn read_entry(host: &HostRoot, pid: u32) -> Result<Option<ProcEntry>, ProcRe
             }
         };
         let mut denied = None;
+        let kept =
+            known.and_then(|k| k.get(&pid)).filter(|(start, _)| *start == stat.starttime).map(|(_, t)| t);
         // Every task's own link: a thread that shares its leader's `fs_struct` can still be in
         // another mount namespace (`setns` through a pidfd with CLONE_NEWNS and another flag
         // installs the namespace on a private copy of the fs_struct, then writes its root and
         // cwd back into the shared one: discover::namespaces' root test shows it on 6.18), so
         // `kcmp(KCMP_FS)` cannot stand for the readlink.
         for tid in tids {
+            if let Some(&(_, ns)) =
+                kept.and_then(|t| t.binary_search_by_key(&tid, |&(t, _)| t).ok().map(|i| &t[i]))
+            {
+                tasks.push((tid, ns));
+                continue;
+            }
             let task = host.proc_task(pid, tid);
             let link = task.join("ns/mnt");
             match std::fs::read_link(&link) {

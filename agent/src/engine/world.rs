@@ -140,9 +140,10 @@ impl LinuxWorld {
         self.scan_with(Target::All, memo.as_mut())
     }
 
-    /// The mount namespaces of the latest full scan, each with a file that names it (`ns/mnt`
-    /// of a task in it, or its pin): what the mount watch marks.
-    pub fn namespace_files(&self) -> Vec<(MountNsId, PathBuf)> {
+    /// The mount namespaces of the latest full scan, each with its 64-bit ID when the scan
+    /// read it from the namespace's own file, and a file that names it (`ns/mnt` of a task in
+    /// it, or its pin): what the mount watch marks.
+    pub fn namespace_files(&self) -> Vec<(MountNsId, Option<u64>, PathBuf)> {
         let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         let Some((snap, _)) = latest.as_ref() else { return Vec::new() };
         snap.namespaces
@@ -151,7 +152,7 @@ impl LinuxWorld {
                 let entry = n.pinned_by.clone().or_else(|| {
                     n.tasks.first().map(|&(pid, tid)| crate::discover::namespaces::NsEntry::Task { pid, tid })
                 })?;
-                Some((n.id, entry.ns_file(&self.host)))
+                Some((n.id, n.kernel_id, entry.ns_file(&self.host)))
             })
             .collect()
     }
@@ -392,5 +393,81 @@ impl World for LinuxWorld {
         // `comm` is the executable's name cut to 15 bytes: `blockjanitor-ag`.
         std::fs::read_to_string(self.host.proc().join(pid.to_string()).join("comm"))
             .is_ok_and(|c| c.trim_end().starts_with("blockjanitor"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    /// The namespace of task `tid` of this process in the latest snapshot.
+    fn listed_ns(world: &LinuxWorld, tid: u32) -> Option<MountNsId> {
+        let latest = world.latest.lock().expect("latest");
+        let (snap, _) = latest.as_ref()?;
+        let me = std::process::id();
+        snap.namespaces.iter().find(|n| n.tasks.contains(&(me, tid))).map(|n| n.id)
+    }
+
+    fn ns_of(tid: u32) -> MountNsId {
+        crate::discover::processes::task_mount_ns(&HostRoot::default().proc_task(std::process::id(), tid))
+            .expect("ns link")
+    }
+
+    /// On the live kernel (root): the daemon's light scans take each task's namespace as the last
+    /// scan read it only while no mount namespace was made or went away, so a thread that
+    /// unshares its own is seen by the very next light scan; a thread that joins an existing
+    /// namespace (`setns`) is seen by the next full read (`snapshot::task_memo`).
+    #[test]
+    fn a_light_scan_sees_a_task_unshare_and_a_full_read_sees_it_join() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (unshare, setns)");
+            return;
+        }
+        use nix::sched::CloneFlags;
+        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
+        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
+        world.remember_processes(3); // scans 1 and 4 read every task; 2 and 3 are light
+        let (to_unsharer, unsharer_rx) = mpsc::channel::<()>();
+        let (to_test, from_threads) = mpsc::channel::<u32>();
+        let tx = to_test.clone();
+        let unsharer = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw() as u32).expect("send");
+            unsharer_rx.recv().expect("go");
+            nix::sched::unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare");
+            tx.send(0).expect("send");
+            let _ = unsharer_rx.recv(); // stays in its namespace until told
+        });
+        let t = from_threads.recv().expect("tid");
+        let original = ns_of(t);
+        world.scan_periodic().expect("scan 1");
+        assert_eq!(listed_ns(&world, t), Some(original));
+        to_unsharer.send(()).expect("go");
+        from_threads.recv().expect("unshared");
+        let private = ns_of(t);
+        assert_ne!(private, original);
+        world.scan_periodic().expect("scan 2 (light)");
+        assert_eq!(listed_ns(&world, t), Some(private), "a namespace was made: every task read");
+
+        let (to_joiner, joiner_rx) = mpsc::channel::<()>();
+        let joiner = std::thread::spawn(move || {
+            to_test.send(nix::unistd::gettid().as_raw() as u32).expect("send");
+            joiner_rx.recv().expect("go");
+            let ns = std::fs::File::open(format!("/proc/self/task/{t}/ns/mnt")).expect("its namespace");
+            nix::sched::unshare(CloneFlags::CLONE_FS).expect("own fs");
+            nix::sched::setns(ns, CloneFlags::CLONE_NEWNS).expect("setns");
+            to_test.send(0).expect("send");
+            let _ = joiner_rx.recv();
+        });
+        let j = from_threads.recv().expect("tid");
+        world.scan_periodic().expect("scan 3 (light)");
+        to_joiner.send(()).expect("go");
+        from_threads.recv().expect("joined");
+        assert_eq!(ns_of(j), private);
+        world.scan_periodic().expect("scan 4 (full read)");
+        assert_eq!(listed_ns(&world, j), Some(private), "the full read reads every task");
+        drop((to_unsharer, to_joiner));
+        unsharer.join().expect("unsharer");
+        joiner.join().expect("joiner");
     }
 }

@@ -134,3 +134,40 @@ fn compare_statmount_with_mountinfo(proc_dir: &str) -> usize {
     assert!(compared >= lines.len().saturating_sub(2), "compared {compared} of {} lines", lines.len());
     compared
 }
+
+/// On the live kernel (root, Linux 6.12+): the kernel's list of mount namespaces has a new
+/// one, by ID and inode, while it exists, and not after it went away.
+#[test]
+fn the_kernel_lists_every_mount_namespace() {
+    use std::os::fd::AsFd;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("SKIPPED: needs root (a mount namespace of its own)");
+        return;
+    }
+    let list = || {
+        let me = std::fs::File::open("/proc/self/ns/mnt").expect("ns file");
+        mount_api::namespaces(me.as_fd())
+    };
+    if let Err(e) = list() {
+        assert!(mount_api::is_unsupported(&e), "{e}");
+        eprintln!("SKIPPED: this kernel does not list mount namespaces ({e})");
+        return;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    in_private_mount_namespace(move || {
+        let ns = std::fs::File::open("/proc/thread-self/ns/mnt").expect("ns file");
+        let id = mount_api::mntns_id(ns.as_fd()).expect("id");
+        let inode = nix::sys::stat::fstat(&ns).expect("fstat").st_ino;
+        let name = mount_api::NsName { id, inode };
+        assert!(list().expect("list").contains(&name), "{name:?} listed while it exists");
+        tx.send(name).expect("send");
+    });
+    let gone = rx.recv().expect("name");
+    // The thread is joined before the kernel drops its namespaces (`do_exit` wakes the joiner
+    // first): give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while list().expect("list").iter().any(|n| n.id == gone.id) {
+        assert!(std::time::Instant::now() < deadline, "{gone:?} still listed 5 s after it went away");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

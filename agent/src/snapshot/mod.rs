@@ -27,6 +27,7 @@ mod new_namespaces;
 pub mod process_memo;
 pub mod reread;
 mod take;
+pub mod task_memo;
 pub mod touched;
 
 /// Which devices a scan looks for holders of.

@@ -17,7 +17,8 @@
 //! known and the process is always read), its virtual size changed (`stat` field 23: an `mmap`
 //! or `munmap`), it is in D state, its last read could not see everything, or anything the scan
 //! reads with changed (the devices in scope, the nsfs device, the btrfs index): any change, any
-//! doubt. Its tasks' `ns/mnt` (read by every scan, [`crate::discover::processes`]) and every
+//! doubt. Its tasks' `ns/mnt` are read by every scan but for the light ones' tasks known from
+//! the last scan while no mount namespace was made or went away ([`super::task_memo`]); every
 //! task's cwd and root (cheap: one `stat` each, `kcmp` for threads sharing the leader's) are
 //! read by every scan regardless.
 //!
@@ -119,6 +120,8 @@ pub struct ProcessMemo {
     /// Each labelled process's label as last read, with the identity and name it was read for
     /// ([`Self::describe`]).
     labels: HashMap<u32, (u64, KernelText, ProcessInfo)>,
+    /// Each task's mount namespace as the last scan had it ([`super::task_memo`]).
+    pub tasks: super::task_memo::TaskMemo,
 }
 
 impl ProcessMemo {
@@ -132,7 +135,14 @@ impl ProcessMemo {
             procs: HashMap::new(),
             full_read: true,
             labels: HashMap::new(),
+            tasks: Default::default(),
         }
+    }
+
+    /// Whether the next [`Self::scan`] is a light one (not the first, not a full-read turn;
+    /// a changed context may still make it read every process's files).
+    pub fn next_is_light(&self) -> bool {
+        self.context.is_some() && !self.scans.is_multiple_of(self.full_read_every)
     }
 
     /// Starts a scan with `context`: whether it reads every process in full (the first, every

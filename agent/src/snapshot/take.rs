@@ -5,6 +5,7 @@ use super::inventory::{
     hidden_mount, join_anonymous, learn_loop_backing, read_inventories, read_io, Inventories,
 };
 use super::process_memo::{Context, ProcessMemo};
+use super::task_memo::TaskMemo;
 use super::{KernelThread, ScanOptions, ScanStats, Scope, Snapshot};
 use crate::discover::fds::{self};
 use crate::discover::livefs::{self, AnonIndex};
@@ -72,14 +73,24 @@ impl Snapshot {
             }
         }
 
+        // Whole-host scans only: a memo's answers are filtered by every device in scope.
+        let mut memo = memo.filter(|_| *scope == Scope::All);
+        // The host's mount namespaces before any task is read: a light scan takes each task's
+        // namespace as the last scan read it while they are the same (`super::task_memo`).
+        let listed = memo.as_ref().and_then(|_| TaskMemo::list_namespaces(host));
+        let known = memo.as_deref().and_then(|m| m.tasks.keep(listed.as_deref(), m.next_is_light()));
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
         let mut entries = Vec::new();
-        for r in parallel::map(&pids, |&pid| processes::read_entry(host, pid)) {
+        for r in parallel::map(&pids, |&pid| processes::read_entry_knowing(host, pid, known)) {
             match r {
                 Ok(Some(e)) => entries.push(e),
                 Ok(None) => {} // exited while we looked
                 Err(issue) => unreadable_process(issue.pid, issue.what, opts, &mut warnings, &mut blind),
             }
+        }
+        let tasks_kept = known.is_some();
+        if let Some(m) = memo.as_deref_mut() {
+            m.tasks.remember(listed, &entries, !tasks_kept, || TaskMemo::list_namespaces(host));
         }
         for e in &entries {
             for what in &e.unreadable {
@@ -93,7 +104,8 @@ impl Snapshot {
         tracing::debug!(
             phase = "processes",
             ms = started.elapsed().as_secs_f64() * 1e3,
-            count = entries.len()
+            count = entries.len(),
+            tasks_kept
         );
 
         let live_fs = {
@@ -151,8 +163,6 @@ impl Snapshot {
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
-        // Whole-host scans only: a memo's answers are filtered by every device in scope.
-        let mut memo = memo.filter(|_| *scope == Scope::All);
         let (fd_scans, turn) = match memo.as_deref_mut() {
             Some(memo) => {
                 let context = Context { targets: targets.clone(), nsfs_dev, anon: anon.clone() };

@@ -34,6 +34,7 @@ fn namespace(id: u64) -> MountNamespace {
         read_via: None,
         mount_count: 1,
         mountinfo_bytes: 0,
+        kernel_id: None,
     }
 }
 
