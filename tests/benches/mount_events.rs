@@ -13,6 +13,7 @@
 //! `BENCH_MOUNTS` (50) sets the number of mount/unmount pairs; each round mounts in a scene
 //! namespace picked at random. `BENCH_CHURN=1` runs the scene's pod churn
 //! (`busy-node-scene.sh churn`, node shape) during the mount rounds, not during the idle window.
+//! `BENCH_DAEMON_LOG=path` writes the daemon's whole log there at the end.
 //! `BENCH_TRACE=1` prints every other event the client receives while it waits for the one it
 //! times, with its arrival time (where a round's time went).
 //!
@@ -196,9 +197,10 @@ fn main() {
                 let took = done.elapsed();
                 if trace {
                     eprintln!(
-                        "round {round}: {} seen after {}",
+                        "round {round}: {} seen after {} (made at {} UTC)",
                         if mounting { "mount" } else { "unmount" },
-                        ms(took)
+                        ms(took),
+                        utc_of(std::time::SystemTime::now() - took)
                     );
                 }
                 others[usize::from(!mounting)] += before;
@@ -264,6 +266,11 @@ fn main() {
         node_after.last_full_scan
     );
     println!("| daemon log lines | {} |", d.log_text().lines().count());
+    // BENCH_DAEMON_LOG=path keeps the daemon's whole log (to line its debug timings up with
+    // BENCH_TRACE's arrivals).
+    if let Ok(path) = std::env::var("BENCH_DAEMON_LOG") {
+        std::fs::write(&path, d.log_text()).unwrap_or_else(|e| panic!("cannot write {path}: {e}"));
+    }
     // With BLOCKJANITOR_LOG=debug the daemon logs where each re-read's time went: medians.
     let mut phases: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
     for line in d.log_text().lines() {
@@ -285,6 +292,13 @@ fn main() {
             v.len()
         );
     }
+}
+
+/// `HH:MM:SS.mmm` of `t` (UTC), to line a round up with the daemon's log.
+fn utc_of(t: std::time::SystemTime) -> String {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (s, ms) = (d.as_secs() % 86_400, d.subsec_millis());
+    format!("{:02}:{:02}:{:02}.{ms:03}", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// A small pseudo-random sequence (xorshift64): which namespace each round mounts in.

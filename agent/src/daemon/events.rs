@@ -76,7 +76,26 @@ fn counts_gone_new(a: &[crate::graph::Holder], b: &[crate::graph::Holder]) -> (u
     let (ra, rb) = (&a[head..], &b[head..]);
     let tail = ra.iter().rev().zip(rb.iter().rev()).take_while(|(x, y)| x == y).count();
     let (ma, mb) = (&ra[..ra.len() - tail], &rb[..rb.len() - tail]);
-    (ma.iter().filter(|h| !b.contains(h)).count(), mb.iter().filter(|h| !a.contains(h)).count())
+    (missing_from(ma, b), missing_from(mb, a))
+}
+
+/// How many of `some` are not in `all`. Looked up by a few identifying fields first (a new
+/// pod's holders land at several places in a list of thousands, so the part between the
+/// common head and tail can be most of it: searching each in the whole list was quadratic,
+/// about 12 ms a publish for the image disk's 1,800 holders), then compared in full.
+fn missing_from(some: &[crate::graph::Holder], all: &[crate::graph::Holder]) -> usize {
+    type Key = (crate::model::HolderKind, Option<u32>, Option<crate::model::MountNsId>, Option<u32>);
+    let key = |h: &crate::graph::Holder| -> Key {
+        (h.kind, h.pids.first().copied(), h.mount_namespace, h.mount_id)
+    };
+    if some.len() < 8 {
+        return some.iter().filter(|h| !all.contains(h)).count();
+    }
+    let mut index: HashMap<Key, Vec<&crate::graph::Holder>> = HashMap::with_capacity(all.len());
+    for h in all {
+        index.entry(key(h)).or_default().push(h);
+    }
+    some.iter().filter(|h| !index.get(&key(h)).is_some_and(|c| c.contains(h))).count()
 }
 
 /// Holders as events carry them for a protected device: one per kind (in the order the kinds are

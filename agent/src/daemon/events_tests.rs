@@ -85,3 +85,24 @@ fn any_other_devices_holder_change_is_sent_in_full() {
     assert_eq!(holders[0].pids, vec![2], "{holders:?}");
     assert!(holders[0].cmdline.is_some());
 }
+
+/// Holders added and gone at many places of a long list are counted as a search of each in
+/// the other list counts them, including holders that differ only past the indexed fields.
+#[test]
+fn holders_added_and_gone_across_a_long_list_are_counted_exactly() {
+    let before: Vec<Holder> = (0..2000).map(|p| process(HolderKind::Mmap, p)).collect();
+    let mut after = before.clone();
+    // A new pod's holders land in several places; some go; one changes its command line only.
+    for at in [1900, 1200, 700, 5] {
+        after.insert(at, process(HolderKind::Cwd, 10_000 + at as u32));
+    }
+    after.remove(1500);
+    after.remove(300);
+    after[1000].cmdline = Some("sh -c rewritten".into());
+    let naive = |a: &[Holder], b: &[Holder]| {
+        (a.iter().filter(|h| !b.contains(h)).count(), b.iter().filter(|h| !a.contains(h)).count())
+    };
+    assert_eq!(counts_gone_new(&before, &after), naive(&before, &after));
+    assert_eq!(counts_gone_new(&before, &after), (3, 5));
+    assert_eq!(counts_gone_new(&after, &after), (0, 0));
+}

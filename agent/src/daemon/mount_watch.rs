@@ -79,6 +79,10 @@ impl MountWatch {
         let proc = self.proc.get().map_or(Path::new("/proc"), PathBuf::as_path);
         let mut out = HashSet::new();
         let mut gone = HashSet::new();
+        // Within a batch: the namespace of the event before (asked first), and the namespaces
+        // found gone (a dying namespace's thousand detaches come in one batch; gone is final).
+        let mut last = None;
+        let mut dead: HashSet<u64> = HashSet::new();
         for e in events {
             let ns_id = match *e {
                 MountEvent::Overflow => {
@@ -86,19 +90,26 @@ impl MountWatch {
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
                 MountEvent::Detached(mnt) => {
-                    mount_memo::namespace_of(mnt).or_else(|| holder_of(&watched, mnt, None))
+                    mount_memo::namespace_of(mnt, last).or_else(|| holder_of(&watched, mnt, None))
                 }
                 MountEvent::Attached(mnt, by) => holder_of(&watched, mnt, namespace_of_task(proc, by))
-                    .or_else(|| mount_memo::namespace_of(mnt)),
+                    .or_else(|| mount_memo::namespace_of(mnt, last)),
             };
             // Neither listed nor mounted anywhere now: attached and detached again in between,
             // which leaves every table as it was.
             let Some(ns_id) = ns_id else { continue };
-            mount_memo::note_changed(ns_id);
+            if last != Some(ns_id) {
+                mount_memo::note_changed(ns_id);
+                last = Some(ns_id);
+            }
             match watched.get(&ns_id) {
                 // A namespace's last process exited: the kernel detached every mount (one event
                 // each) and the namespace is gone, which `listmount` tells in one call.
-                Some(id) if matches!(e, MountEvent::Detached(_)) && !mount_api::ns_exists(ns_id) => {
+                Some(id)
+                    if matches!(e, MountEvent::Detached(_))
+                        && (dead.contains(&ns_id) || !mount_api::ns_exists(ns_id)) =>
+                {
+                    dead.insert(ns_id);
                     gone.insert(*id);
                 }
                 Some(id) => {

@@ -5,7 +5,7 @@
 //! [`LinuxWorld`] is the live host (or a fixture tree, which can be read but never acted on); the
 //! property test has a simulated world with hidden holders, identity swaps and failing steps.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -138,6 +138,19 @@ impl LinuxWorld {
     pub fn scan_periodic(&self) -> Result<Scan, EngineError> {
         let mut memo = self.process_memo.lock().unwrap_or_else(|p| p.into_inner());
         self.scan_with(Target::All, memo.as_mut())
+    }
+
+    /// The processes with a task in each of `ids` ([`crate::snapshot::processes_in`]; the
+    /// latest snapshot's kernel threads are passed over). Blocking.
+    pub fn processes_in(
+        &self,
+        ids: &HashSet<MountNsId>,
+    ) -> Result<BTreeMap<MountNsId, BTreeSet<u32>>, String> {
+        let kthreads: HashSet<u32> = {
+            let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+            latest.as_ref().map(|(s, _)| s.kernel_threads.iter().map(|k| k.pid).collect()).unwrap_or_default()
+        };
+        crate::snapshot::processes_in(&self.host, ids, &kthreads, &self.options)
     }
 
     /// The mount namespaces of the latest full scan, each with its 64-bit ID when the scan

@@ -29,9 +29,15 @@ pub const LIST_KEPT: usize = 3;
 const NOTE_BYTES: usize = 200;
 
 /// The event's size as a watcher gets it: the larger of its protobuf encoding and its JSON line.
+/// An encoding already over the cap is that size: its JSON line (the larger, and for a device
+/// held thousands of times about a megabyte, some 10 ms to make) is not made.
 pub fn printed_len(ev: &pb::Event) -> usize {
+    let wire = ev.encoded_len();
+    if wire > EVENT_BYTES_MAX {
+        return wire;
+    }
     let json = serde_json::to_vec(&event_doc(ev)).map_or(usize::MAX, |v| v.len());
-    ev.encoded_len().max(json)
+    wire.max(json)
 }
 
 /// The event within [`EVENT_BYTES_MAX`] (see the module doc), or as it is when it fits.

@@ -24,6 +24,7 @@ use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
 mod new_namespaces;
+pub use new_namespaces::processes_in;
 pub mod process_memo;
 pub mod reread;
 mod take;

@@ -42,8 +42,13 @@ pub struct Changes {
     /// mount was reported detached and the namespace ID is unknown to `listmount`).
     pub gone: HashSet<MountNsId>,
     /// Mount namespaces a program was started in (`execve`) while they were new since the last
-    /// full scan, each with the processes that started one: read in full, processes and all.
+    /// full scan, each with the processes found in it ([`super::processes_in`]): read in full,
+    /// processes and all.
     pub new_namespaces: BTreeMap<MountNsId, BTreeSet<u32>>,
+    /// Mount namespaces new since the last full scan whose read in full is on its way (the
+    /// pass that finds their processes is running): a mount change in one the snapshot does
+    /// not have yet is left to that read, which reads its whole table after it.
+    pub awaiting: HashSet<MountNsId>,
 }
 
 impl Changes {
@@ -80,7 +85,7 @@ impl Snapshot {
         let changed: HashSet<MountNsId> =
             changes.namespaces.iter().copied().filter(|id| !new.contains_key(id)).collect();
         if !changed.is_empty() {
-            next.reread_namespaces(host, &changed, opts)?;
+            next.reread_namespaces(host, &changed, &changes.awaiting, opts)?;
         }
         tracing::debug!(
             devices_us = devices.as_micros() as u64,
@@ -105,14 +110,21 @@ impl Snapshot {
         &mut self,
         host: &HostRoot,
         changed: &HashSet<MountNsId>,
+        awaiting: &HashSet<MountNsId>,
         opts: &ScanOptions,
     ) -> Result<(), String> {
         let mut to_read: BTreeMap<MountNsId, MountNamespace> = BTreeMap::new();
         for id in changed {
             let Some(ns) = self.namespace(*id) else {
+                if awaiting.contains(id) {
+                    continue; // its read in full comes next, and reads it all
+                }
                 return Err(format!("mount namespace {id} is new since the last full scan"));
             };
             to_read.insert(*id, still_there(host, ns)?);
+        }
+        if to_read.is_empty() {
+            return Ok(());
         }
         let started = Instant::now();
         let read = read_checked(self, host, &mut to_read, &self.in_scope.clone(), opts)?;

@@ -231,3 +231,25 @@ fn a_namespace_whose_processes_changed_touches_its_mounts() {
     let after = snap.device_inputs(&HashSet::new(), Some(&moved), true);
     assert_eq!(touched(&moved, &after, &snap), Touched::Some([IMAGE, VOLUME].into_iter().collect()));
 }
+
+/// A mount change in a namespace the snapshot does not have is read by a full scan, unless that
+/// namespace is awaiting its read in full (its processes being looked for off the scanner's
+/// path): the change is left to that read, and nothing else is touched.
+#[test]
+fn a_change_in_an_awaited_new_namespace_is_left_to_its_read() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = crate::host::HostRoot::new(dir.path());
+    let opts = crate::snapshot::ScanOptions::default();
+    let changes = crate::snapshot::reread::Changes {
+        namespaces: [MountNsId(9)].into_iter().collect(),
+        ..Default::default()
+    };
+    let why = node().update(&host, &changes, &opts).expect_err("not awaited: only a full scan will do");
+    assert!(why.contains("new since the last full scan"), "{why}");
+    let awaited =
+        crate::snapshot::reread::Changes { awaiting: [MountNsId(9)].into_iter().collect(), ..changes };
+    let mut snap = node();
+    snap.update(&host, &awaited, &opts).expect("left to the namespace's own read");
+    let ids = |s: &Snapshot| s.mounts.iter().map(|m| (m.ns, m.mount.mount_id)).collect::<Vec<_>>();
+    assert_eq!((ids(&snap), snap.namespaces.len()), (ids(&node()), 3), "nothing else read or dropped");
+}
