@@ -230,4 +230,4 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
 
 #[cfg(test)]
 #[path = "events_tests.rs"]
-pub(super) mod tests;
+pub(crate) mod tests;

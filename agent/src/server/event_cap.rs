@@ -19,6 +19,8 @@ use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::view::doc::event_doc;
 use prost::Message as _;
 
+use super::convert;
+
 /// Most bytes of one event, on the wire and as JSON.
 pub const EVENT_BYTES_MAX: usize = 4096;
 
@@ -40,6 +42,34 @@ pub fn printed_len(ev: &pb::Event) -> usize {
     wire.max(json)
 }
 
+/// A device with more holders than this cannot fit the cap (a holder costs at least 4 bytes on
+/// the wire: its tag and length, and its kind, which is never left unspecified): its event is made with its holders by kind from the start
+/// ([`convert::device_by_kind`], with at most [`REASONS_MADE`] reasons).
+pub const HOLDERS_NEVER_FIT: usize = EVENT_BYTES_MAX / 4;
+/// The reasons made for such an event: a reason costs at least 2 bytes on the wire (its tag and
+/// length), so no event within the cap carries more, and the cap keeps of these exactly the
+/// reasons it would keep of all.
+const REASONS_MADE: usize = EVENT_BYTES_MAX / 2;
+
+/// `e` as a watcher with `role` receives it: converted, its device as `role` may see it
+/// (`for_role`), within the cap ([`capped`]). A device no event of which can fit is never
+/// converted in full.
+pub fn event_for(
+    e: &crate::daemon::events::AgentEvent,
+    for_role: impl FnOnce(pb::Device) -> pb::Device,
+) -> pb::Event {
+    let big = e.current.as_deref().filter(|d| d.entry.holders.len() > HOLDERS_NEVER_FIT);
+    let Some(d) = big else {
+        let mut ev = convert::event(e);
+        ev.current = ev.current.map(for_role);
+        return capped(ev);
+    };
+    let (held, reasons) = (d.entry.holders.len(), d.judgement.reasons.len());
+    let mut ev = convert::event(&crate::daemon::events::AgentEvent { current: None, ..e.clone() });
+    ev.current = Some(for_role(convert::device_by_kind(d, REASONS_MADE)));
+    summarised_within(ev, held, reasons)
+}
+
 /// The event within [`EVENT_BYTES_MAX`] (see the module doc), or as it is when it fits.
 pub fn capped(ev: pb::Event) -> pb::Event {
     if printed_len(&ev) <= EVENT_BYTES_MAX {
@@ -47,9 +77,16 @@ pub fn capped(ev: pb::Event) -> pb::Event {
     }
     let mut ev = ev;
     let Some(d) = ev.current.as_mut() else { return ev };
-    let mut cut = Vec::new();
-    let held = d.holders.len();
+    let (held, reasons) = (d.holders.len(), d.reasons.len());
     d.holders = by_kind(&d.holders);
+    summarised_within(ev, held, reasons)
+}
+
+/// An event whose device's `held` holders are summarised by kind already (and whose reasons
+/// may be the first of `total_reasons`), within the cap: its other lists cut, then its reasons.
+fn summarised_within(ev: pb::Event, held: usize, total_reasons: usize) -> pb::Event {
+    let mut ev = ev;
+    let mut cut = Vec::new();
     let summarised = format!("{held} holders summarised by kind");
     if printed_len(&ev) <= EVENT_BYTES_MAX {
         return with_note(ev, &summarised, &cut);
@@ -83,8 +120,8 @@ pub fn capped(ev: pb::Event) -> pb::Event {
         room -= cost;
         kept.push(r.clone());
     }
-    if kept.len() < reasons.len() {
-        cut.insert(0, format!("{} of {} reasons", kept.len(), reasons.len()));
+    if kept.len() < total_reasons {
+        cut.insert(0, format!("{} of {} reasons", kept.len(), total_reasons));
     }
     if let Some(d) = ev.current.as_mut() {
         d.reasons = kept;
@@ -229,5 +266,38 @@ mod tests {
         let note =
             format!("{} of 1800 reasons, 3 of 200 pod UIDs, 3 of 50 volume handles shown", d.reasons.len());
         assert!(c.message.contains(&note), "{}", c.message);
+    }
+
+    /// A device held more times than any event can carry is made by kind from the start, and
+    /// the watcher gets exactly what converting it in full and capping it gives.
+    #[test]
+    fn a_device_no_event_of_which_fits_is_summarised_before_it_is_converted() {
+        use crate::daemon::events::tests::{device, process};
+        use crate::daemon::events::{AgentEvent, EventKind};
+        use crate::model::HolderKind;
+        for n in [HOLDERS_NEVER_FIT + 1, 3000] {
+            let holders = (0..n as u32)
+                .map(|p| process(if p % 3 == 0 { HolderKind::Cwd } else { HolderKind::Mmap }, p))
+                .collect();
+            let mut d = device("loop0", 0, crate::judge::Verdict::InUse, holders);
+            d.judgement.reasons = (0..n).map(|i| format!("pid {i} maps /image/lib/libc.so.6")).collect();
+            let e = AgentEvent::new(
+                EventKind::HoldersChanged,
+                "loop0",
+                "loop0: 1 holder(s) added".into(),
+                Some(d.into()),
+            );
+            let strip = |mut d: pb::Device| {
+                d.holders.iter_mut().for_each(|h| h.cmdline.clear());
+                d
+            };
+            let mut full = convert::event(&e);
+            full.current = full.current.map(strip);
+            let lean = event_for(&e, strip);
+            assert_eq!(lean, capped(full), "{n} holders");
+            assert_fits(&lean);
+            assert!(lean.message.contains(&format!("{n} holders summarised by kind")), "{}", lean.message);
+            assert!(lean.message.contains(&format!(" of {n} reasons")), "{}", lean.message);
+        }
     }
 }

@@ -204,11 +204,7 @@ impl Agent for AgentService {
                 let msg = tokio::select! {
                     _ = shutdown.changed() => continue,
                     r = events.recv() => match r {
-                        Ok(e) => {
-                            let mut ev = convert::event(&e);
-                            ev.current = ev.current.map(|d| for_role(d, role));
-                            event_cap::capped(ev)
-                        }
+                        Ok(e) => event_cap::event_for(&e, |d| for_role(d, role)),
                         // A slow client missed events: tell it, and go on.
                         Err(RecvError::Lagged(n)) => pb::Event {
                             r#type: pb::event::Type::EventsDropped as i32,
