@@ -259,11 +259,16 @@ fn read_later(
     });
 }
 
+/// One pass over every task at a time: a burst of pods waits its turn rather than starting a
+/// thread (and its helpers) each.
+static PASS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 /// Asks for the read in full of the new namespaces `ids` (`(inode, 64-bit ID)`) that still
 /// exist, with the processes found in each by a pass over every task on the host, made here on
-/// a thread of its own at the lowest priority and not on the scanner's path: a mount event elsewhere meanwhile is read
-/// at once, and one in these namespaces is left to their read ([`AgentState::await_new_namespaces`]).
-/// When the pass cannot read a task, a full scan.
+/// a thread of its own at the lowest priority ([`PASS`]: one at a time) and not on the
+/// scanner's path: a mount event elsewhere meanwhile is read at once, and one in these
+/// namespaces is left to their read ([`AgentState::await_new_namespaces`]). When the pass
+/// cannot read a task, a full scan.
 fn ask_for(state: &Arc<AgentState>, ids: Vec<(MountNsId, u64)>) {
     use crate::host::sys::mount_api::ns_exists;
     let ids: Vec<(MountNsId, u64)> = ids.into_iter().filter(|&(_, ns_id)| ns_exists(ns_id)).collect();
@@ -276,6 +281,7 @@ fn ask_for(state: &Arc<AgentState>, ids: Vec<(MountNsId, u64)>) {
         let inodes: Vec<MountNsId> = ids.iter().map(|(id, _)| *id).collect();
         let me = Arc::clone(&state);
         let wanted: HashSet<MountNsId> = inodes.iter().copied().collect();
+        let _turn = PASS.acquire().await.ok(); // never closed
         let (tx, rx) = tokio::sync::oneshot::channel();
         // A thread of its own at the lowest priority (its helper threads inherit it): on a
         // busy node the pass yields the cores to the scanner, whose mount events come first.
