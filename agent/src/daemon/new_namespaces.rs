@@ -8,7 +8,7 @@
 //! The namespace's processes are found by a pass over every task on the host (a process can
 //! join a namespace without starting a program): about 11 ms at 200 namespaces, made here on a
 //! thread of its own at the lowest priority before the read is asked for
-//! ([`crate::snapshot::processes_in`]), so that a pod's start holds up neither the mount events
+//! ([`crate::snapshot::new_namespaces::processes_in`]), so that a pod's start holds up neither the mount events
 //! of other namespaces in the scanner's queue nor the scanner on the node's cores.
 //! Until the read is asked for, the namespace is awaited ([`AgentState::await_new_namespaces`]):
 //! a mount event in it is left to that read, which comes after and reads the whole table.

@@ -253,7 +253,7 @@ impl AgentState {
 
     /// Asks for mount namespaces new since the last full scan to be read in full, processes and
     /// all, each given with the processes found in it off the scanner's path
-    /// ([`crate::snapshot::processes_in`]; a full scan, if one is pending or the re-read cannot
+    /// ([`crate::snapshot::new_namespaces::processes_in`]; a full scan, if one is pending or the re-read cannot
     /// stand in for one). They are no longer awaited once asked for (in that order: the
     /// scanner looks at what is awaited before it takes what is asked for).
     pub fn request_new_namespaces(&self, found: BTreeMap<MountNsId, BTreeSet<u32>>) {

@@ -18,6 +18,7 @@ pub mod maps;
 pub mod mount_events;
 pub mod mount_memo;
 pub mod mount_memo_file;
+pub mod mount_namespace;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;

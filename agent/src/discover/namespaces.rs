@@ -27,13 +27,13 @@ use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+pub use super::mount_namespace::{group, MountNamespace, NsEntry};
 use super::mountinfo::{self, MountEntry};
-use super::processes::ProcEntry;
 use super::{is_gone, DiscoverError};
 use crate::host::sys::mount_api;
 use crate::host::HostRoot;
@@ -53,83 +53,6 @@ pub enum MountReader {
 
 /// Set once the kernel has refused `listmount`/`statmount`/`NS_GET_MNTNS_ID`.
 static MOUNT_API_UNSUPPORTED: AtomicBool = AtomicBool::new(false);
-
-/// How to get into a namespace.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "via")]
-pub enum NsEntry {
-    /// A task living in it: `/proc/PID/task/TID/ns/mnt`. Paths in its mountinfo are relative to
-    /// this task's root.
-    Task { pid: u32, tid: u32 },
-    /// An nsfs bind mount, reachable from here at `path`.
-    Nsfs { path: PathBuf },
-    /// An open fd of a process: `/proc/PID/fd/FD`.
-    Fd { pid: u32, fd: u32 },
-    /// The namespace of a chrooted task, entered through its `ns/mnt`: paths are relative to
-    /// the namespace's root (not the task's).
-    TaskNamespace { pid: u32, tid: u32 },
-}
-
-impl NsEntry {
-    /// The file to open and pass to `setns`.
-    pub fn ns_file(&self, host: &HostRoot) -> PathBuf {
-        match self {
-            Self::Task { pid, tid } | Self::TaskNamespace { pid, tid } => {
-                host.proc_task(*pid, *tid).join("ns/mnt")
-            }
-            Self::Nsfs { path } => path.clone(),
-            Self::Fd { pid, fd } => host.proc_pid(*pid).join("fd").join(fd.to_string()),
-        }
-    }
-
-    /// Short text for reports: `pid 21839 tid 28447`, `nsfs /run/mntns/x`, `fd 5 of pid 9`.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Task { pid, tid } if pid == tid => format!("pid {pid}"),
-            Self::Task { pid, tid } => format!("pid {pid} tid {tid}"),
-            Self::Nsfs { path } => format!("nsfs {}", path.display()),
-            Self::Fd { pid, fd } => format!("fd {fd} of pid {pid}"),
-            Self::TaskNamespace { pid, tid } => format!("the namespace of pid {pid} tid {tid} (entered)"),
-        }
-    }
-}
-
-/// One mount namespace.
-#[derive(Debug, Clone, Serialize)]
-pub struct MountNamespace {
-    pub id: MountNsId,
-    /// Processes with at least one task here, ascending.
-    pub pids: Vec<u32>,
-    /// Tasks here, as `(pid, tid)`.
-    #[serde(skip)]
-    pub tasks: Vec<(u32, u32)>,
-    /// For a namespace with no task: what keeps it alive.
-    pub pinned_by: Option<NsEntry>,
-    /// Where its mountinfo was read from (`None` if every task exited first).
-    pub read_via: Option<NsEntry>,
-    pub mount_count: usize,
-    pub mountinfo_bytes: usize,
-    /// Its 64-bit ID, as this scan's read had it from the namespace's own `ns/mnt` file (`None`:
-    /// not read through `listmount`).
-    #[serde(skip)]
-    pub kernel_id: Option<u64>,
-}
-
-impl MountNamespace {
-    /// Namespace `id` with nothing known of it yet (no task, pin or table read).
-    pub fn empty(id: MountNsId) -> Self {
-        Self {
-            id,
-            pids: Vec::new(),
-            tasks: Vec::new(),
-            pinned_by: None,
-            read_via: None,
-            mount_count: 0,
-            mountinfo_bytes: 0,
-            kernel_id: None,
-        }
-    }
-}
 
 /// A mount of a wanted device in one namespace.
 #[derive(Debug, Clone, Serialize)]
@@ -217,21 +140,6 @@ impl Wanted<'_> {
     fn keeps(&self, m: &MountEntry) -> bool {
         self.targets.contains(&m.devnum) || (m.devnum.major == 0 && m.fstype == "btrfs")
     }
-}
-
-/// Groups tasks by namespace.
-pub fn group(entries: &[ProcEntry]) -> BTreeMap<MountNsId, MountNamespace> {
-    let mut map: BTreeMap<MountNsId, MountNamespace> = BTreeMap::new();
-    for e in entries {
-        for &(tid, ns) in &e.tasks {
-            let n = map.entry(ns).or_insert_with(|| MountNamespace::empty(ns));
-            if n.pids.last() != Some(&e.pid) {
-                n.pids.push(e.pid);
-            }
-            n.tasks.push((e.pid, tid));
-        }
-    }
-    map
 }
 
 /// Result of reading the namespaces' mount tables.

@@ -140,7 +140,7 @@ impl LinuxWorld {
         self.scan_with(Target::All, memo.as_mut())
     }
 
-    /// The processes with a task in each of `ids` ([`crate::snapshot::processes_in`]; the
+    /// The processes with a task in each of `ids` ([`crate::snapshot::new_namespaces::processes_in`]; the
     /// latest snapshot's kernel threads are passed over). Blocking.
     pub fn processes_in(
         &self,
@@ -150,7 +150,7 @@ impl LinuxWorld {
             let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
             latest.as_ref().map(|(s, _)| s.kernel_threads.iter().map(|k| k.pid).collect()).unwrap_or_default()
         };
-        crate::snapshot::processes_in(&self.host, ids, &kthreads, &self.options)
+        crate::snapshot::new_namespaces::processes_in(&self.host, ids, &kthreads, &self.options)
     }
 
     /// The mount namespaces of the latest full scan, each with its 64-bit ID when the scan

@@ -9,6 +9,7 @@ pub mod clock;
 pub mod dmioctl;
 pub mod durable;
 pub mod nsenter;
+pub mod nsfs;
 pub mod parallel;
 pub mod sys;
 

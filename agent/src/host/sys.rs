@@ -327,63 +327,6 @@ pub mod mount_api {
         Ok(id)
     }
 
-    /// `struct mnt_ns_info` from `<linux/nsfs.h>` (`MNT_NS_INFO_SIZE_VER0`).
-    #[repr(C)]
-    struct MntNsInfo {
-        size: u32,
-        nr_mounts: u32,
-        mnt_ns_id: u64,
-    }
-    /// `_IOR(0xb7, 11, struct mnt_ns_info)` and `_IOR(0xb7, 12, ...)` (Linux 6.12).
-    const NS_MNT_GET_NEXT: libc::c_ulong = 0x8010_b70b;
-    const NS_MNT_GET_PREV: libc::c_ulong = 0x8010_b70c;
-
-    /// One mount namespace of the host: its 64-bit ID (never reused within a boot) and the
-    /// inode of its `ns/mnt` file (what `readlink` shows, which a later namespace may reuse).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-    pub struct NsName {
-        pub id: u64,
-        pub inode: u64,
-    }
-
-    /// Every mount namespace the kernel lets this process name, walking its list of them from
-    /// the namespace of `start` both ways (`NS_MNT_GET_NEXT`/`PREV`, each step an fd of the
-    /// next namespace, closed after). Sorted by ID. The kernel leaves out namespaces whose owner
-    /// this process lacks `CAP_SYS_ADMIN` over and those being torn down; before 6.12 the call
-    /// is unsupported ([`is_unsupported`]).
-    pub fn namespaces(start: BorrowedFd<'_>) -> io::Result<Vec<NsName>> {
-        use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-        let name = |fd: BorrowedFd<'_>, id: u64| -> io::Result<NsName> {
-            let st = nix::sys::stat::fstat(fd).map_err(io::Error::from)?;
-            Ok(NsName { id, inode: st.st_ino })
-        };
-        let mut out = vec![name(start, mntns_id(start)?)?];
-        for step in [NS_MNT_GET_NEXT, NS_MNT_GET_PREV] {
-            let mut here: Option<OwnedFd> = None;
-            loop {
-                let mut info = MntNsInfo { size: 16, nr_mounts: 0, mnt_ns_id: 0 };
-                let from = here.as_ref().map_or(start, |f| f.as_fd());
-                // SAFETY: the fd is open for the call; the kernel writes one mnt_ns_info into
-                // `info` and returns a new fd it hands over to us, or -1.
-                let fd = unsafe { libc::ioctl(from.as_raw_fd(), step as _, &mut info as *mut MntNsInfo) };
-                if fd < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() == Some(libc::ENOENT) {
-                        break; // the end of the list
-                    }
-                    return Err(e);
-                }
-                // SAFETY: the kernel just returned this fd; nothing else owns it.
-                let next = unsafe { OwnedFd::from_raw_fd(fd) };
-                out.push(name(next.as_fd(), info.mnt_ns_id)?);
-                here = Some(next);
-            }
-        }
-        out.sort_unstable();
-        out.dedup();
-        Ok(out)
-    }
-
     /// Every mount ID of namespace `ns_id`, paging through `listmount`.
     pub fn list(ns_id: u64) -> io::Result<Vec<u64>> {
         const PAGE: usize = 4096;

@@ -23,8 +23,7 @@ use crate::model::blindspot::BlindSpot;
 use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
-mod new_namespaces;
-pub use new_namespaces::processes_in;
+pub mod new_namespaces;
 pub mod process_memo;
 pub mod reread;
 mod take;

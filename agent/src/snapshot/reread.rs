@@ -42,7 +42,7 @@ pub struct Changes {
     /// mount was reported detached and the namespace ID is unknown to `listmount`).
     pub gone: HashSet<MountNsId>,
     /// Mount namespaces a program was started in (`execve`) while they were new since the last
-    /// full scan, each with the processes found in it ([`super::processes_in`]): read in full,
+    /// full scan, each with the processes found in it ([`super::new_namespaces::processes_in`]): read in full,
     /// processes and all.
     pub new_namespaces: BTreeMap<MountNsId, BTreeSet<u32>>,
     /// Mount namespaces new since the last full scan whose read in full is on its way (the

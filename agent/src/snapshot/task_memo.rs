@@ -7,7 +7,7 @@
 //! when all of these hold, and reads its `ns/mnt` otherwise:
 //! - the host has the same mount namespaces as at the last scan, by their 64-bit IDs (never
 //!   reused within a boot), as the kernel lists them (`NS_MNT_GET_NEXT`, Linux 6.12:
-//!   [`mount_api::namespaces`], ~0.25 µs a namespace): none was made, so no task unshared
+//!   [`nsfs::namespaces`], ~0.25 µs a namespace): none was made, so no task unshared
 //!   into a new one, and none went away;
 //! - its process is the same (pid and start time) and the task was there at the last scan (a
 //!   new task is read);
@@ -28,7 +28,7 @@
 use std::collections::HashSet;
 
 use crate::discover::processes::{KnownTasks, ProcEntry};
-use crate::host::sys::mount_api::{self, NsName};
+use crate::host::nsfs::{self, NsName};
 use crate::host::HostRoot;
 use crate::model::MountNsId;
 
@@ -51,7 +51,7 @@ impl TaskMemo {
         }
         let listed = std::fs::File::open("/proc/self/ns/mnt").and_then(|f| {
             use std::os::fd::AsFd;
-            mount_api::namespaces(f.as_fd())
+            nsfs::namespaces(f.as_fd())
         });
         match listed {
             Ok(list) => Some(list),
