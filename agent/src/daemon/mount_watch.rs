@@ -191,9 +191,10 @@ impl NamespaceWatch for MountWatch {
                 continue;
             }
             // The file is closed again right away: a mark does not pin the namespace.
-            let Ok(ns) = std::fs::File::open(file) else { continue }; // its task just exited
-                                                                      // A task taken as the last scan read it may be elsewhere now (`snapshot::task_memo`):
-                                                                      // its namespace is then not marked through it (the next full read finds it again).
+            // Its task just exited: skipped. A task taken as the last scan read it may be
+            // elsewhere now (`snapshot::task_memo`): its namespace is then not marked through it
+            // (the next full read finds it again).
+            let Ok(ns) = std::fs::File::open(file) else { continue };
             if nix::sys::stat::fstat(&ns).map(|st| st.st_ino) != Ok(id.0) {
                 continue;
             }
