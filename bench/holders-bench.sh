@@ -30,6 +30,12 @@
 #   BENCH_COLD=1   also time, in the same hyperfine run, `agent-cold` (the memo file removed
 #                  before each run: hyperfine --prepare) and `agent-nomemo` (--statmount-memo '':
 #                  none kept, what the agent did before the memo)
+#   BENCH_DAEMON_MEMO=1  also time `agent-daemon`: the first one-shot on a node where the daemon
+#                  runs. Before timing, `$AGENT serve` (report mode, its own socket and journal
+#                  under $WORK) runs until it has written its memo file after its first full scan,
+#                  and is stopped; before each run (hyperfine --prepare, untimed) that file is
+#                  copied to where the run reads it, so every run starts from the daemon's file
+#                  and nothing of its own
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,6 +47,7 @@ RESULTS_DIR=${RESULTS_DIR:-$SCRIPT_DIR/results}
 WORK=$STATE/bench   # scratch files (floor path list); removed by `down`
 MEMO=${BENCH_MEMO:-$WORK/statmount-memo}
 COLD=${BENCH_COLD:-0}
+DAEMON_MEMO=${BENCH_DAEMON_MEMO:-0}
 
 log() { printf '== %s\n' "$*" >&2; }
 die() {
@@ -191,9 +198,30 @@ if [ "$COLD" = 1 ] && [ "$HAVE_MEMO" -eq 1 ]; then
     add agent-cold "$CMD_COLD" "rm -f $MEMO"
     add agent-nomemo "$CMD_NOMEMO"
 fi
+CMD_DAEMON="" DAEMON_KEPT=$WORK/daemon-memo.kept DAEMON_RUN_MEMO=$WORK/daemon-run-memo
+if [ "$DAEMON_MEMO" = 1 ] && [ "$HAVE_MEMO" -eq 1 ]; then
+    log "the daemon writes its memo file after its first full scan"
+    rm -f "$WORK/daemon-memo" "$WORK/daemon.sock"
+    BLOCKJANITOR_LOG=info,blockjanitor::discover::mount_memo_file=debug \
+        "$AGENT" --statmount-memo "$WORK/daemon-memo" --journal "$WORK/daemon-journal.jsonl" \
+        serve --socket "$WORK/daemon.sock" >"$WORK/daemon.log" 2>&1 &
+    daemon_pid=$!
+    for _ in $(seq 600); do
+        grep -q 'statmount memo saved' "$WORK/daemon.log" && break
+        kill -0 "$daemon_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -TERM "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" || true
+    grep -q 'statmount memo saved' "$WORK/daemon.log" ||
+        die "the daemon wrote no memo file in 60 s: $(tail -5 "$WORK/daemon.log")"
+    cp "$WORK/daemon-memo" "$DAEMON_KEPT"
+    CMD_DAEMON="$AGENT --statmount-memo $DAEMON_RUN_MEMO holders $DEV --output json > /dev/null; test \$? -ne 1"
+    add agent-daemon "$CMD_DAEMON" "cp $DAEMON_KEPT $DAEMON_RUN_MEMO"
+fi
 hf_args=(--warmup "$WARMUP" --runs "$RUNS" --export-json "$JSON")
 for i in "${!names[@]}"; do hf_args+=(-n "${names[$i]}" "${cmds[$i]}"); done
-if [ -n "$CMD_COLD" ]; then for p in "${preps[@]}"; do hf_args+=(--prepare "$p"); done; fi
+if [ -n "$CMD_COLD$CMD_DAEMON" ]; then for p in "${preps[@]}"; do hf_args+=(--prepare "$p"); done; fi
 log "hyperfine $(printf '%q ' "${hf_args[@]}")"
 hyperfine "${hf_args[@]}"
 
@@ -241,6 +269,7 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
         row agent-cold "blockjanitor-agent, memo file removed before each run (cold)"
         row agent-nomemo "blockjanitor-agent --statmount-memo '' (no memo kept)"
     fi
+    if [ -n "$CMD_DAEMON" ]; then row agent-daemon "blockjanitor-agent, starting from the daemon's memo file"; fi
     echo
     echo "- grep / floor: $(ratio "$GREP_MED" "$FLOOR_MED")x"
     if [ "$HAVE_AGENT" -eq 1 ]; then
@@ -261,6 +290,11 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
                 "agent-nomemo / floor, CPU time: $(ratio "$(cpu agent-nomemo)" "$(cpu floor)")x"
             echo "- agent (warm) / agent-nomemo, CPU time: $(ratio "$(cpu agent)" "$(cpu agent-nomemo)")x;" \
                 "agent-cold / agent-nomemo, CPU time: $(ratio "$(cpu agent-cold)" "$(cpu agent-nomemo)")x"
+        fi
+        if [ -n "$CMD_DAEMON" ]; then
+            echo "- from the daemon's file: grep / agent-daemon: $(ratio "$GREP_MED" "$(median agent-daemon)")x;" \
+                "agent-daemon / floor, CPU time: $(ratio "$(cpu agent-daemon)" "$(cpu floor)")x;" \
+                "the daemon's file $(stat -c %s "$DAEMON_KEPT") bytes"
         fi
         if [ -n "$AGENT_RSS_COLD_KB" ]; then
             echo "- agent peak RSS with no memo file (cold): ${AGENT_RSS_COLD_KB} KiB ($(awk -v k="$AGENT_RSS_COLD_KB" 'BEGIN { printf "%.1f", k / 1024 }') MiB); memo file $(stat -c %s "$MEMO" 2>/dev/null || echo '?') bytes"
@@ -285,6 +319,10 @@ scene_field() { awk -F': *' -v k="$1" '$1 == k { print $2 }' <<<"$SCENE_STATUS";
             echo "# agent-cold: the same as agent, after (hyperfine --prepare, untimed): rm -f $MEMO"
             echo "# agent-nomemo"
             echo "$CMD_NOMEMO"
+        fi
+        if [ -n "$CMD_DAEMON" ]; then
+            echo "# agent-daemon, after (hyperfine --prepare, untimed): cp $DAEMON_KEPT $DAEMON_RUN_MEMO"
+            echo "$CMD_DAEMON"
         fi
     else
         echo "# agent (not run: binary missing)"

@@ -5,13 +5,15 @@
 //! between runs (a new mount ID) is still found; a tampered file (a flipped byte, another boot's
 //! ID, a group-writable mode) is ignored with its reason, the answer is still right, and the run
 //! writes a good file again. A command that acts (`release`, even a dry run) never reads it, and
-//! `--statmount-memo ''` keeps none.
+//! `--statmount-memo ''` keeps none. The daemon writes the file after its full scans and never
+//! reads it, so a first `holders` on its node starts warm.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use blockjanitor_tests::daemon::Daemon;
 use blockjanitor_tests::*;
 use serde_json::Value;
 
@@ -154,5 +156,65 @@ fn root_holders_keeps_what_statmount_said_between_runs_and_trusts_only_a_sound_f
     let (out, log) = run(Path::new(""), &["holders", &lo.dev, "--output", "json"]);
     assert_eq!(out.status.code(), Some(2), "{log}");
     assert!(!log.contains("statmount memo"), "no memo: {log}");
+    drop(holder);
+}
+
+/// How many times the daemon's log says it wrote the memo file.
+fn daemon_saves(d: &Daemon) -> usize {
+    d.log_text().lines().filter(|l| l.contains("statmount memo saved")).count()
+}
+
+#[test]
+fn root_the_daemon_writes_the_file_so_a_first_holders_starts_warm() {
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let mnt = s.mkdir("mnt");
+    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
+    let holder = NsProcess::spawn("exec sleep 1000");
+    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
+    host_mount.umount();
+    let memo = s.path("memo/statmount-memo");
+    // A file of another boot is there before the daemon starts: it never reads it (no debug
+    // line), and replaces it after its first full scan.
+    let cold = holders(&memo, &lo.dev);
+    let mut other_boot = std::fs::read(&memo).expect("memo file");
+    other_boot[16] ^= 0xff;
+    std::fs::write(&memo, &other_boot).expect("another boot");
+
+    let log = "info,blockjanitor::discover::mount_memo_file=debug";
+    let memo_arg = utf8(&memo).to_owned();
+    let d = Daemon::start_configured(
+        s.dir.path(),
+        &["--statmount-memo", &memo_arg],
+        &["--rescan-interval", "1"],
+        |c| {
+            c.env("BLOCKJANITOR_LOG", log);
+        },
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || daemon_saves(&d) >= 1),
+        "the daemon never wrote the memo file: {}",
+        d.log_text()
+    );
+    let text = d.log_text();
+    assert!(!text.contains("statmount memo loaded") && !text.contains("statmount memo ignored"), "{text}");
+    assert_ne!(std::fs::read(&memo).expect("memo file"), other_boot, "rewritten for this boot");
+
+    // A first one-shot run (nothing of its own kept) answers from the daemon's file.
+    let warm = holders(&memo, &lo.dev);
+    assert!(warm.field("statmount memo loaded", "mounts") > 0, "{}", warm.log);
+    let what = if warm.says("memo unchanged") { "memo unchanged" } else { "memo saved" };
+    let (listed, asked) = (warm.field(what, "listed"), warm.field(what, "asked"));
+    assert!(
+        asked * 2 < listed,
+        "warm from the daemon's file: {asked} of {listed} mounts asked: {}",
+        warm.log
+    );
+    assert_eq!(warm.json["holders"], cold.json["holders"], "the same holders");
+
+    // A steady node: more full scans (one a second), no more writes.
+    let saves = daemon_saves(&d);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(daemon_saves(&d), saves, "nothing changed, nothing written: {}", d.log_text());
+    drop(d);
     drop(holder);
 }

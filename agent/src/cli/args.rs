@@ -60,7 +60,9 @@ pub struct Cli {
     #[arg(long, global = true, default_value = "/var/lib/blockjanitor/state.json", value_name = "FILE")]
     pub state: PathBuf,
     /// Where `holders` and `scan` keep what `statmount` said of each mount between runs (this
-    /// boot's only; never used by a command that acts, nor by the daemon). Empty: keep none.
+    /// boot's only; never read by a command that acts, nor by the daemon, which writes it after
+    /// each full scan that learned something, so a one-shot run on its node starts warm).
+    /// Empty: keep none.
     #[arg(
         long,
         global = true,

@@ -42,10 +42,7 @@ fn operation(release: bool) -> Operation {
 /// Not with `--mount-reader mountinfo` (which asks `statmount` nothing: the run would forget
 /// every mount and write that).
 fn report_only_memo(cli: &Cli, host: &HostRoot) -> Option<mount_memo_file::Kept> {
-    if !matches!(cli.mount_reader, ReaderArg::Auto) || cli.statmount_memo.as_os_str().is_empty() {
-        return None;
-    }
-    mount_memo_file::Kept::load(host, &cli.statmount_memo)
+    mount_memo_file::Kept::load(host, statmount_memo_path(cli)?)
 }
 
 /// The device an operator named.
@@ -64,7 +61,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             let e = engine(cli, host, plan::clean::CleanOptions::default());
             let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
             state.save();
-            if let Some(m) = memo {
+            if let Some(mut m) = memo {
                 m.save();
             }
             let incomplete = outcome::incomplete_view(&judged.scan, None);
@@ -92,7 +89,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
             // controller's other namespaces, a session's other disks) is looked at too.
             let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
             state.save();
-            if let Some(m) = memo {
+            if let Some(mut m) = memo {
                 m.save();
             }
             let incomplete =

@@ -73,7 +73,12 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new()?);
         let every = config.rescan_interval();
+        let memo_file = statmount_memo_path(cli)
+            .and_then(|path| crate::discover::mount_memo_file::Kept::written_only(&host, path));
         let state = AgentState::new(host, config, metrics, engine);
+        if let Some(kept) = memo_file {
+            state.keep_statmount_memo(kept);
+        }
         let (stop_tx, stop) = watch::channel(false);
         tokio::spawn(async move {
             let mut term = match signal(SignalKind::terminate()) {

@@ -104,6 +104,13 @@ impl<'a> StateFile<'a> {
     }
 }
 
+/// The `statmount` memo file, when one is kept: `--statmount-memo` is not empty, and the mount
+/// tables are read with `statmount`'s help (`--mount-reader auto`).
+pub fn statmount_memo_path(cli: &Cli) -> Option<&std::path::Path> {
+    let kept = matches!(cli.mount_reader, ReaderArg::Auto) && !cli.statmount_memo.as_os_str().is_empty();
+    kept.then_some(cli.statmount_memo.as_path())
+}
+
 pub fn journal_path(cli: &Cli) -> PathBuf {
     cli.journal.clone().unwrap_or_else(|| PathBuf::from(journal::DEFAULT_PATH))
 }

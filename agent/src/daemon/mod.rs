@@ -12,6 +12,7 @@ pub mod mount_watch;
 pub mod new_namespaces;
 mod requests;
 pub mod state;
+mod statmount_memo;
 pub mod triggers;
 
 use std::sync::Arc;

@@ -85,6 +85,8 @@ pub struct AgentState {
     pub(super) awaiting: Mutex<HashSet<MountNsId>>,
     /// The kernel's mount events, when it offers them.
     pub(super) mount_watch: std::sync::OnceLock<Arc<dyn NamespaceWatch>>,
+    /// The file the one-shot commands start from, written after full scans ([`super::statmount_memo`]).
+    pub(super) statmount_memo: std::sync::OnceLock<Arc<Mutex<crate::discover::mount_memo_file::Kept>>>,
     pub(super) act_lock: tokio::sync::Mutex<()>,
     /// Events and the Node condition, when the API is in use.
     pub(super) reporter: std::sync::OnceLock<crate::kube::Reporter>,
@@ -173,6 +175,7 @@ impl AgentState {
             pending_changes: Mutex::new(Changes::default()),
             awaiting: Mutex::new(HashSet::new()),
             mount_watch: std::sync::OnceLock::new(),
+            statmount_memo: std::sync::OnceLock::new(),
             act_lock: tokio::sync::Mutex::new(()),
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
@@ -444,6 +447,7 @@ impl AgentState {
         let (ok, scan) = match result {
             Ok(view) => {
                 self.publish(trigger, elapsed, view);
+                self.save_statmount_memo();
                 (true, None)
             }
             Err(e) => {

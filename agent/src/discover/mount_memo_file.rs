@@ -24,11 +24,14 @@
 //! **Who uses it.** Only the report-only one-shot commands load it, from their entry in
 //! `cli/commands.rs`: never a scan behind an action (`plan`, `clean`, `release`, `apply`, the
 //! re-check before each step in `engine/recheck.rs`, which run in processes that never load
-//! it), never the daemon (whose memory is its own). It is saved after the run only when the
-//! memo learned or dropped something (a steady node writes nothing), to a temporary file in the
-//! same directory renamed over the old one: two runs at once leave one or the other, whole. The
-//! memo forgets every namespace a full scan did not list, so the file holds the node's current
-//! mounts only.
+//! it), never the daemon (whose memory is its own). They save it after the run, and the daemon
+//! after each full scan ([`Kept::written_only`]: it writes, never reads), only when the memo
+//! learned or dropped something (a steady node writes nothing), to a temporary file in the same
+//! directory renamed over the old one: two writers at once leave one or the other, whole. So on
+//! a node where the daemon runs (its `/run/blockjanitor` is the host's), a one-shot `holders`
+//! asks the kernel only about the mounts made since the daemon's last full scan, even the first
+//! time. The memo forgets every namespace a full scan did not list, so the file holds the
+//! node's current mounts only.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -410,22 +413,8 @@ impl Kept {
     /// debug line says why, and the run asks the kernel about every mount). `None` when there
     /// is nothing to keep: not the live host, or no boot ID.
     pub fn load(host: &HostRoot, path: &Path) -> Option<Self> {
-        let boot = if !host.is_live() {
-            Err(MemoFileError::NotLive)
-        } else {
-            crate::host::clock::boot_id(host)
-                .as_deref()
-                .and_then(parse_boot_id)
-                .ok_or(MemoFileError::NoBootId)
-        };
-        let boot = match boot {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::debug!(path = %path.display(), reason = %e, "statmount memo not used");
-                return None;
-            }
-        };
-        match read(path, &boot) {
+        let kept = Self::at(host, path)?;
+        match read(path, &kept.boot) {
             Ok(namespaces) => {
                 let mounts: usize = namespaces.iter().map(|(_, m)| m.len()).sum();
                 let count = namespaces.len();
@@ -434,17 +423,51 @@ impl Kept {
             }
             Err(e) => tracing::debug!(path = %path.display(), reason = %e, "statmount memo ignored"),
         }
-        Some(Self { path: path.to_owned(), boot, changes: mount_memo::changes() })
+        Some(Self { changes: mount_memo::changes(), ..kept })
     }
 
-    /// Writes the memo back when the run learned or dropped something (never an error: a file
-    /// that cannot be written is one debug line, and the next run asks the kernel again).
-    pub fn save(self) {
+    /// The file at `path`, written from this process's memo and never read: the daemon's
+    /// ([`Kept::save`] after each full scan), so that a one-shot run on its node starts warm.
+    /// The first save writes whatever the memo holds. `None` as for [`Kept::load`].
+    pub fn written_only(host: &HostRoot, path: &Path) -> Option<Self> {
+        Self::at(host, path)
+    }
+
+    /// The file at `path` for this boot, nothing loaded, counted as never saved.
+    fn at(host: &HostRoot, path: &Path) -> Option<Self> {
+        let boot = if !host.is_live() {
+            Err(MemoFileError::NotLive)
+        } else {
+            crate::host::clock::boot_id(host)
+                .as_deref()
+                .and_then(parse_boot_id)
+                .ok_or(MemoFileError::NoBootId)
+        };
+        match boot {
+            Ok(boot) => Some(Self { path: path.to_owned(), boot, changes: u64::MAX }),
+            Err(e) => {
+                tracing::debug!(path = %path.display(), reason = %e, "statmount memo not used");
+                None
+            }
+        }
+    }
+
+    /// Whether the memo learned or dropped something since it was loaded or last saved.
+    pub fn unsaved(&self) -> bool {
+        mount_memo::changes() != self.changes
+    }
+
+    /// Writes the memo when it learned or dropped something since it was loaded or last saved
+    /// (never an error: a file that cannot be written is one debug line, and the next run asks
+    /// the kernel again).
+    pub fn save(&mut self) {
         let (listed, asked) = mount_memo::lookups();
-        if mount_memo::changes() == self.changes {
+        let changes = mount_memo::changes();
+        if !self.unsaved() {
             tracing::debug!(path = %self.path.display(), listed, asked, "statmount memo unchanged: not written");
             return;
         }
+        self.changes = changes;
         let namespaces = mount_memo::export();
         let mounts: usize = namespaces.iter().map(|(_, m)| m.len()).sum();
         match write(&self.path, &self.boot, &namespaces) {
