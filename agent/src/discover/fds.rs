@@ -95,7 +95,7 @@ pub fn scan_process(
     if !scan_fds(host, entry, targets, nsfs_dev, known_ns, live, anon, &mut out) {
         return out;
     }
-    scan_dirs(host, entry, targets, live, anon, &mut out);
+    scan_dirs(host, entry, targets, live, anon, false, &mut out);
     scan_maps(host, entry, targets, anon, &mut out);
     out
 }
@@ -176,15 +176,19 @@ pub fn scan_fds(
 }
 
 /// The working directory and root of each task of one process (see [`scan_process`]), added
-/// to `out`.
+/// to `out`. `shared_then`: every thread shared the leader's fs_struct when the process was last
+/// read in full, and has the same threads (a daemon's light scan: `snapshot::process_memo`
+/// says what that cannot see); only the leader's are then read. Returns whether every thread
+/// shares the leader's fs_struct, as `kcmp` proved (or `shared_then` took as proven).
 pub fn scan_dirs(
     host: &HostRoot,
     entry: &ProcEntry,
     targets: &HashSet<DevNum>,
     live: bool,
     anon: &AnonIndex,
+    shared_then: bool,
     out: &mut FdScan,
-) {
+) -> bool {
     let dir = host.proc_pid(entry.pid);
     let leader_seen = dir_refs(&dir, entry.pid, None, targets, anon, out);
     // A task can have a working directory and root of its own (it unshared CLONE_FS, or its
@@ -195,12 +199,18 @@ pub fn scan_dirs(
     // only with a leader whose cwd and root were both seen; any kcmp error (no CONFIG_KCMP, no
     // ptrace access, a task gone) falls back to the task's own links, whose errors are reported.
     let by_kcmp = live && leader_seen;
+    if by_kcmp && shared_then {
+        return true;
+    }
+    let mut all_shared = by_kcmp;
     for &(tid, _) in &entry.tasks {
         if tid == entry.pid || (by_kcmp && sys::same_fs_context(entry.pid, tid).unwrap_or(false)) {
             continue;
         }
+        all_shared = false;
         dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, anon, out);
     }
+    all_shared
 }
 
 /// The memory mappings of one process on devices (see [`scan_process`]), added to `out`

@@ -94,11 +94,13 @@ pub enum TextReuse {
     /// Reuse it while the namespace's mount IDs are the same, and take a watched namespace with
     /// no mount event since as it was listed: the daemon's scans that only show.
     WhileSameIds,
-    /// List every namespace again, and reuse a text only once `statmount` has said again, of
-    /// every remembered line, what that line says ([`super::mount_memo::still_true`]): a
-    /// remount, a propagation change or a renamed mount point keeps the mount IDs. The daemon's
-    /// every [`super::mount_memo::DEEP_EVERY`]th full scan (it read all the text before: 17 MB
-    /// on the 200-namespace node scene).
+    /// Reuse a text only once `statmount` has said again, of every remembered line, what that
+    /// line says ([`super::mount_memo::still_true`]): a remount, a propagation change or a
+    /// renamed mount point keeps the mount IDs. List again every namespace not watched or with a
+    /// mount event since, and a share of the quiet ones, each in its turn
+    /// ([`super::mount_memo::RELIST_SHARE`]). The daemon's every
+    /// [`super::mount_memo::DEEP_EVERY`]th full scan (it read all the text before: 17 MB on the
+    /// 200-namespace node scene), and a one-shot run's (it watches nothing: it lists all).
     Confirmed,
 }
 
@@ -457,10 +459,11 @@ fn hits_with_api(
     }
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     // A scan that only shows may take a watched namespace with no mount event since its last
-    // listing as it was listed (every tenth full scan, and every scan behind an action, lists).
+    // listing as it was listed (every scan behind an action lists; every tenth full scan lists a
+    // tenth of them again, each in its turn: `mount_memo::RELIST_SHARE`).
     let wants = wanted.magic_matcher();
-    if wanted.reuse_text == TextReuse::WhileSameIds {
-        if let Some(l) = super::mount_memo::quiet_listing(id) {
+    if wanted.reuse_text != TextReuse::Never {
+        if let Some(l) = super::mount_memo::quiet_listing(id, wanted.reuse_text == TextReuse::Confirmed) {
             let hits = l.iter().filter(|e| wants(e.1, e.2)).map(|e| e.1).collect();
             let ids_key = super::mount_memo::ids_key_of(&l);
             return Ok(Some(Listing { total: l.len(), hits, ns_id: id, ids_key }));

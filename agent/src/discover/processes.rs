@@ -90,7 +90,17 @@ pub fn read_entry_knowing(
     let kthread = stat.flags & PF_KTHREAD != 0;
     let mut tasks = Vec::new();
     let mut unreadable = Vec::new();
-    if !kthread {
+    let kept = known.and_then(|k| k.get(&pid)).filter(|(start, _)| *start == stat.starttime).map(|(_, t)| t);
+    // The same process with as many threads as then, all in one namespace then: its tasks as
+    // then (a thread made since, in place of one gone, is in its maker's namespace, the one
+    // namespace; `snapshot::task_memo` says what this cannot see).
+    let same_tasks = kept.filter(|t| {
+        usize::try_from(stat.num_threads).is_ok_and(|n| n == t.len())
+            && t.first().is_some_and(|&(_, ns)| t.iter().all(|&(_, n)| n == ns))
+    });
+    if let (false, Some(same)) = (kthread, same_tasks) {
+        tasks = same.clone();
+    } else if !kthread {
         let tids = match numeric_entries(&dir.join("task")) {
             Ok(t) => t,
             Err(e) if is_gone(&e) => return Ok(None),
@@ -99,8 +109,6 @@ pub fn read_entry_knowing(
             }
         };
         let mut denied = None;
-        let kept =
-            known.and_then(|k| k.get(&pid)).filter(|(start, _)| *start == stat.starttime).map(|(_, t)| t);
         // Every task's own link: a thread that shares its leader's `fs_struct` can still be in
         // another mount namespace (`setns` through a pidfd with CLONE_NEWNS and another flag
         // installs the namespace on a private copy of the fs_struct, then writes its root and
@@ -289,6 +297,57 @@ mod tests {
         let e = read(&link).expect_err("the reaped task's link");
         assert_eq!(e.raw_os_error(), Some(libc::EACCES), "the kernel's answer for a reaped task: {e}");
         assert!(reaped(&e, &task), "gone, not a blind spot");
+    }
+
+    /// A light scan's known tasks of a process (same start time) stand for its task list while
+    /// its thread count is theirs and they were all in one namespace; otherwise the list is
+    /// read (a known task keeps its namespace, an unknown one is read).
+    #[test]
+    fn a_known_task_list_is_kept_only_at_the_same_count_in_one_namespace() {
+        let host = HostRoot::default();
+        let mut child = std::process::Command::new("sleep").arg("100").spawn().expect("spawn sleep");
+        let pid = child.id();
+        let fresh = read_entry(&host, pid).expect("readable").expect("alive");
+        assert_eq!(fresh.tasks.len(), 1, "sleep has one thread: {:?}", fresh.tasks);
+        let (real, other) = (fresh.tasks[0].1, MountNsId(u64::MAX));
+        let read_with = |tasks: Vec<(u32, MountNsId)>| {
+            let known: KnownTasks = [(pid, (fresh.start_time, tasks))].into();
+            read_entry_knowing(&host, pid, Some(&known)).expect("readable").expect("alive").tasks
+        };
+        // A tid that is not there: the list was not read.
+        let bogus = vec![(u32::MAX - 1, real)];
+        assert_eq!(read_with(bogus.clone()), bogus, "the same count, one namespace: kept");
+        let two = vec![(pid, other), (u32::MAX - 1, other)];
+        assert_eq!(read_with(two), vec![(pid, other)], "another count: read, the known task kept");
+        let known: KnownTasks = [(pid, (fresh.start_time + 1, bogus))].into();
+        let e = read_entry_knowing(&host, pid, Some(&known)).expect("readable").expect("alive");
+        assert_eq!(e.tasks, fresh.tasks, "another process (start time): read");
+        let _ = child.kill();
+        let _ = child.wait();
+
+        // Two threads known in two namespaces, two threads now: the list is read.
+        let py = "import threading, time\nthreading.Thread(target=time.sleep, args=(100,)).start()\ntime.sleep(100)";
+        let Ok(mut child) = std::process::Command::new("python3").args(["-c", py]).spawn() else {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI has python3 (scripts/test.sh)");
+            eprintln!("SKIPPED: no python3 for a process of two threads");
+            return;
+        };
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let fresh = loop {
+            let e = read_entry(&host, pid).expect("readable").expect("alive");
+            if e.tasks.len() == 2 {
+                break e;
+            }
+            assert!(std::time::Instant::now() < deadline, "the thread never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let split = vec![(u32::MAX - 2, real), (u32::MAX - 1, other)];
+        let known: KnownTasks = [(pid, (fresh.start_time, split))].into();
+        let e = read_entry_knowing(&host, pid, Some(&known)).expect("readable").expect("alive");
+        assert_eq!(e.tasks, fresh.tasks, "two namespaces: read");
+        let _ = child.kill();
+        let _ = child.wait();
     }
 
     /// A thread in a mount namespace of its own (unshare(CLONE_NEWNS), which unshares its

@@ -18,15 +18,20 @@
 //! or `munmap`), it is in D state, its last read could not see everything, or anything the scan
 //! reads with changed (the devices in scope, the nsfs device, the btrfs index): any change, any
 //! doubt. Its tasks' `ns/mnt` are read by every scan but for the light ones' tasks known from
-//! the last scan while no mount namespace was made or went away ([`super::task_memo`]); every
-//! task's cwd and root (cheap: one `stat` each, `kcmp` for threads sharing the leader's) are
-//! read by every scan regardless.
+//! the last scan while no mount namespace was made or went away ([`super::task_memo`]). The
+//! leader's cwd and root (one `stat` each) are read by every scan; a thread's too, but for a
+//! light scan of a process whose threads all shared the leader's fs_struct at its last full
+//! read (`kcmp(KCMP_FS)`, 8,000 calls a scan at 400 namespaces: an eighth of a light scan) and
+//! that has as many tasks now: a thread shares it from its creation (pthreads) until it calls
+//! `unshare(CLONE_FS)`, which no sign shows.
 //!
 //! **Labels too.** A holder's label (command line, container ID, pod UID: two file reads) is
 //! kept while the process's identity and `comm` are the same ([`ProcessMemo::describe`]).
 //!
 //! **What no sign shows** (an fd closed and another opened at the same count: `dup2` onto an
-//! open fd; a mapping replaced by one of the same size, `mmap(MAP_FIXED)`; a file renamed, whose
+//! open fd; a thread that unshares its fs_struct and enters another directory, or a thread made
+//! in place of one gone, at the same count, that does; a mapping replaced by one of the same
+//! size, `mmap(MAP_FIXED)`; a file renamed, whose
 //! shown path is then the old one; a command line rewritten in place or a move to another
 //! cgroup, in a label) is seen by the next **full read**: every
 //! `full_read_every`th scan reads every process in full (`serve --full-read-every`, default
@@ -98,6 +103,10 @@ struct Remembered {
     maps: Vec<ProcRef>,
     pinned_ns: Vec<(MountNsId, NsEntry)>,
     learned: Vec<(DevNum, Vec<DevNum>)>,
+    /// Every thread shared the leader's fs_struct (`kcmp`), and how many tasks there were: a
+    /// light scan then reads the leader's cwd and root alone while the count is the same.
+    threads_share_fs: bool,
+    threads: usize,
 }
 
 /// How one scan went: processes read in full and kept from the last read.
@@ -191,7 +200,8 @@ impl ProcessMemo {
                     learned: r.learned.clone(),
                     ..FdScan::default()
                 };
-                fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, &mut out);
+                let shared_then = r.threads_share_fs && r.threads == e.tasks.len();
+                fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, shared_then, &mut out);
                 out.refs.extend(r.maps.iter().filter(in_scope).cloned());
                 return (out, None);
             }
@@ -200,7 +210,7 @@ impl ProcessMemo {
                 return (out, None);
             }
             let (fd_refs, learned) = (out.refs.len(), out.learned.len());
-            fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, &mut out);
+            let threads_share_fs = fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, false, &mut out);
             let dir_refs = out.refs.len();
             fds::scan_maps(host, e, &ctx.targets, &ctx.anon, &mut out);
             let sure = out.unreadable.is_empty() && !out.stuck;
@@ -210,6 +220,8 @@ impl ProcessMemo {
                 maps: out.refs[dir_refs..].to_vec(),
                 pinned_ns: out.pinned_ns.clone(),
                 learned: out.learned[..learned].to_vec(),
+                threads_share_fs,
+                threads: e.tasks.len(),
             });
             (out, Some(remembered))
         });
@@ -387,6 +399,74 @@ mod tests {
         let (scans, turn) = memo.scan(&host, &[&e], context, true);
         assert!(turn.full_read && turn.read == 1, "the fourth scan (turn 3) is a full read: {turn:?}");
         assert!(holds_fd(&scans[0], 7), "the full read sees the swapped fd");
+    }
+
+    /// A thread that shared its leader's fs_struct, then unshares it and enters another
+    /// directory, shows no sign: a light scan (every thread shared at the last full read, as
+    /// many tasks now) reads the leader's cwd and root alone, and the next full read sees the
+    /// thread's own cwd.
+    #[test]
+    fn a_thread_that_unshares_its_fs_is_seen_by_the_next_full_read() {
+        const PY: &str = "import ctypes, os, sys, threading, time\n\
+            libc = ctypes.CDLL(None, use_errno=True)\n\
+            go = threading.Event()\n\
+            def own():\n    go.wait()\n    assert libc.unshare(0x200) == 0\n    os.chdir(sys.argv[1])\n    time.sleep(1000)\n\
+            threading.Thread(target=own, daemon=True).start()\n\
+            sys.stdin.readline()\n\
+            go.set()\n\
+            time.sleep(1000)\n";
+        let (host, dir, context) = setup();
+        let spawned = std::process::Command::new("python3")
+            .args(["-c", PY])
+            .arg(dir.path())
+            .current_dir("/")
+            .stdin(std::process::Stdio::piped())
+            .spawn();
+        let Ok(child) = spawned else {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI has python3 (scripts/test.sh)");
+            eprintln!("SKIPPED: no python3 to run a thread that unshares its fs_struct");
+            return;
+        };
+        let mut child = Killed(child);
+        let pid = child.0.id();
+        let entry = || crate::discover::processes::read_entry(&host, pid).expect("readable").expect("alive");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while entry().tasks.len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the thread never started");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let own_cwd = |scan: &FdScan| scan.refs.iter().any(|r| r.kind == HolderKind::Cwd && r.tid.is_some());
+        let mut memo = ProcessMemo::new(3);
+        let (scans, turn) = memo.scan(&host, &[&entry()], context.clone(), true);
+        assert!(turn.full_read && !own_cwd(&scans[0]), "the thread shares the leader's: {:?}", scans[0].refs);
+        writeln!(child.0.stdin.as_mut().expect("stdin"), "go").expect("write");
+        let tid = entry().tasks.iter().map(|&(t, _)| t).find(|&t| t != pid).expect("the thread");
+        let cwd = host.proc_task(pid, tid).join("cwd");
+        while std::fs::read_link(&cwd).ok().as_deref() != Some(dir.path()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the thread never entered {}",
+                dir.path().display()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let (scans, turn) = memo.scan(&host, &[&entry()], context.clone(), true);
+        assert_eq!((turn.full_read, turn.kept), (false, 1), "no sign of change: kept ({turn:?})");
+        assert!(!own_cwd(&scans[0]), "a light scan reads the leader's alone: {:?}", scans[0].refs);
+        memo.scan(&host, &[&entry()], context.clone(), true);
+        let (scans, turn) = memo.scan(&host, &[&entry()], context, true);
+        assert!(turn.full_read, "the fourth scan (turn 3) is a full read: {turn:?}");
+        assert!(own_cwd(&scans[0]), "the full read sees the thread's own cwd: {:?}", scans[0].refs);
+    }
+
+    /// A child killed and reaped however the test ends.
+    struct Killed(std::process::Child);
+
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 
     /// A device gone from the scope is held by no kept answer.
