@@ -8,7 +8,8 @@
 #     namespace each round, pods appearing and vanishing meanwhile (tests/benches/mount_events.rs);
 #   * the daemon's idle CPU over BENCH_IDLE_SECONDS with the scene up, periodic rescans included;
 #   * one-shot `holders` against grep and the one-read-per-namespace floor (wall and CPU time),
-#     and its peak RSS (bench/holders-bench.sh).
+#     and its peak RSS (bench/holders-bench.sh): with its memo warm, cold (no memo file), and
+#     starting from the file the daemon writes (BENCH_COLD=1 BENCH_DAEMON_MEMO=1).
 #
 # Root, from the repository. Builds the release binaries (delete target/release afterwards if
 # disk is short). Prints the figures, labelled, at the end.
@@ -45,12 +46,13 @@ for n in $SIZES; do
     echo "== $n namespaces: scene up" >&2
     SCENE_SHAPE=node SCENE_PROCS=$n "$SCRIPT_DIR/busy-node-scene.sh" up
     BENCH_CHURN=1 cargo bench -p blockjanitor-tests --bench mount_events | tee "$OUT/events-$n"
-    AGENT=$REPO/target/release/blockjanitor-agent "$SCRIPT_DIR/holders-bench.sh" | tee "$OUT/holders-$n"
+    AGENT=$REPO/target/release/blockjanitor-agent BENCH_COLD=1 BENCH_DAEMON_MEMO=1 \
+        "$SCRIPT_DIR/holders-bench.sh" | tee "$OUT/holders-$n"
     {
         echo
         echo "## $n namespaces x ${SCENE_MOUNTS:-1000} mounts x ${SCENE_THREADS:-20} threads (node shape)"
         grep '^ACCEPT' "$OUT/events-$n" | sed 's/^ACCEPT /- /'
-        grep -E '^- (grep / agent|agent / floor|agent peak RSS)' "$OUT/holders-$n" |
+        grep -E '^- (grep / agent|agent / floor|agent peak RSS|cold:|from the daemon)' "$OUT/holders-$n" |
             sed 's/^- grep \/ agent:/- holders: x grep (target >= 30x):/;
                  s/^- agent \/ floor, CPU/- holders: CPU vs floor (target <= 0.8x)/;
                  s/^- agent \/ floor:/- holders: wall vs floor:/;
