@@ -84,15 +84,23 @@ fn ignored_then_rewritten(memo: &Path, dev: &str, reason: &str, mounts: usize) {
     assert!(holders(memo, dev).says("statmount memo loaded"), "the rewritten file is good");
 }
 
-#[test]
-fn root_holders_keeps_what_statmount_said_between_runs_and_trusts_only_a_sound_file() {
-    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+/// An ext4 loop device mounted at `mnt` only in the mount namespace of a sleeper (mounted on
+/// the host before the sleeper unshared, then unmounted on the host): its mount point, its
+/// device and the sleeper.
+fn mounted_in_a_namespace_only(s: &Scratch) -> (std::path::PathBuf, LoopDev, NsProcess) {
     let mnt = s.mkdir("mnt");
-    let again = s.mkdir("again");
     let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
     let holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
     host_mount.umount();
+    (mnt, lo, holder)
+}
+
+#[test]
+fn root_holders_keeps_what_statmount_said_between_runs_and_trusts_only_a_sound_file() {
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let again = s.mkdir("again");
+    let (mnt, lo, holder) = mounted_in_a_namespace_only(&s);
     // Under the test's own scratch directory (mode 0700, root's); the agent makes `memo/`.
     let memo = s.path("memo/statmount-memo");
 
@@ -167,11 +175,7 @@ fn daemon_saves(d: &Daemon) -> usize {
 #[test]
 fn root_the_daemon_writes_the_file_so_a_first_holders_starts_warm() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
-    let mnt = s.mkdir("mnt");
-    let (host_mount, lo) = s.loop_mount("vol.img", &mnt);
-    let holder = NsProcess::spawn("exec sleep 1000");
-    assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&mnt)));
-    host_mount.umount();
+    let (_mnt, lo, holder) = mounted_in_a_namespace_only(&s);
     let memo = s.path("memo/statmount-memo");
     // A file of another boot is there before the daemon starts: it never reads it (no debug
     // line), and replaces it after its first full scan.

@@ -463,7 +463,7 @@ impl Kept {
     pub fn save(&mut self) {
         let (listed, asked) = mount_memo::lookups();
         let changes = mount_memo::changes();
-        if !self.unsaved() {
+        if changes == self.changes {
             tracing::debug!(path = %self.path.display(), listed, asked, "statmount memo unchanged: not written");
             return;
         }
