@@ -816,7 +816,9 @@ fn the_console_role_cannot_apply_without_naming_an_operator() {
         let e = a.apply(req).await.expect_err("fixture tree");
         assert_eq!(e.code(), Code::FailedPrecondition, "past the role check: {e:?}");
     });
-    assert!(d.log_text().contains("\"on_behalf_of\":\"alice\""), "{}", d.log_text());
+    // The log is read by a thread of its own: the line may land a moment after the answer.
+    let logged = wait_until(Duration::from_secs(5), || d.log_text().contains("\"on_behalf_of\":\"alice\""));
+    assert!(logged, "{}", d.log_text());
 }
 
 /// The agent counts the Plans the console forwards per caller named in
