@@ -105,4 +105,15 @@ fn holders_added_and_gone_across_a_long_list_are_counted_exactly() {
     assert_eq!(counts_gone_new(&before, &after), naive(&before, &after));
     assert_eq!(counts_gone_new(&before, &after), (3, 5));
     assert_eq!(counts_gone_new(&after, &after), (0, 0));
+    // A holder listed twice (two fds of one file), one of them moved from the head into the
+    // middle, and many changed at once past the indexed fields: still as the search counts.
+    let mut twice = before.clone();
+    twice.insert(1000, before[3].clone());
+    twice.remove(3);
+    twice.insert(1500, before[10].clone());
+    for h in &mut twice[400..420] {
+        h.cmdline = Some("changed".into());
+    }
+    assert_eq!(counts_gone_new(&before, &twice), naive(&before, &twice));
+    assert_eq!(counts_gone_new(&twice, &before), naive(&twice, &before));
 }

@@ -41,6 +41,10 @@ pub struct MountWatch {
     /// Watched namespaces marked by [`MountWatch::watch_new`] that no full scan has read yet
     /// (64-bit IDs). Lock order: `watched`, then this.
     new_ones: Mutex<HashSet<u64>>,
+    /// The namespace the last mount placed by asking was found in (0: none): a pod's setup
+    /// mounts a few times in its new namespace, each from a process gone by the time the
+    /// event is read, so that namespace is asked first.
+    last_asked_found: std::sync::atomic::AtomicU64,
 }
 
 /// What a batch of events asks for.
@@ -61,6 +65,7 @@ impl MountWatch {
             watched: Mutex::new(HashMap::new()),
             proc: Default::default(),
             new_ones: Mutex::new(HashSet::new()),
+            last_asked_found: Default::default(),
         })
     }
 
@@ -90,9 +95,10 @@ impl MountWatch {
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
                 MountEvent::Detached(mnt) => {
-                    mount_memo::namespace_of(mnt, last).or_else(|| holder_of(&watched, mnt, None))
+                    mount_memo::namespace_of(mnt, last).or_else(|| holder_of(&watched, mnt, &[]))
                 }
-                MountEvent::Attached(mnt, by) => holder_of(&watched, mnt, namespace_of_task(proc, by))
+                MountEvent::Attached(mnt, by) => self
+                    .place_attached(&watched, mnt, namespace_of_task(proc, by))
                     .or_else(|| mount_memo::namespace_of(mnt, last)),
             };
             // Neither listed nor mounted anywhere now: attached and detached again in between,
@@ -174,6 +180,21 @@ impl MountWatch {
     fn new_ones(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
         self.new_ones.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The watched namespace that has attached mount `mnt` now ([`holder_of`]): asked first the
+    /// namespace of the task that made it (`hint`), then the one the last mount placed by
+    /// asking was in, then those new since the last full scan (a pod starting), then the rest.
+    fn place_attached(&self, watched: &HashMap<u64, MountNsId>, mnt: u64, hint: Option<u64>) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let mut likely: Vec<u64> = hint.into_iter().collect();
+        likely.push(self.last_asked_found.load(Ordering::Relaxed));
+        likely.extend(self.new_ones().iter().copied());
+        let found = holder_of(watched, mnt, &likely);
+        if let Some(ns) = found.filter(|&ns| Some(ns) != hint) {
+            self.last_asked_found.store(ns, Ordering::Relaxed);
+        }
+        found
+    }
 }
 
 impl NamespaceWatch for MountWatch {
@@ -226,19 +247,22 @@ impl NamespaceWatch for MountWatch {
     }
 }
 
-/// The watched namespace that has mount `mnt` now: the namespace of task `by` (the one that
-/// made the change, 0 if not known) if `statmount` finds the mount there, else the first other
-/// watched namespace where it does. A mount's unique ID is never reused, so a namespace that
-/// has it is the namespace it was attached to (or, if it moved since, the one it is in now, which
-/// is the one that needs reading).
-fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64, hint: Option<u64>) -> Option<u64> {
-    let hint = hint.filter(|ns| watched.contains_key(ns));
-    if let Some(ns) = hint.filter(|ns| mount_api::sb_dev(*ns, mnt).is_ok()) {
-        return Some(ns);
+/// The watched namespace that has mount `mnt` now: each of `likely` that is watched, in turn
+/// (the first is the namespace of the task that made the change, when known), then every other
+/// watched namespace. A
+/// mount's unique ID is never reused, so a namespace that has it is the namespace it was
+/// attached to (or, if it moved since, the one it is in now, which is the one that needs
+/// reading).
+fn holder_of(watched: &HashMap<u64, MountNsId>, mnt: u64, likely: &[u64]) -> Option<u64> {
+    let has = |ns: u64| watched.contains_key(&ns) && mount_api::sb_dev(ns, mnt).is_ok();
+    let mut asked = HashSet::new();
+    for &ns in likely {
+        if asked.insert(ns) && has(ns) {
+            return Some(ns);
+        }
     }
-    let found =
-        watched.keys().copied().filter(|ns| Some(*ns) != hint).find(|ns| mount_api::sb_dev(*ns, mnt).is_ok());
-    tracing::debug!(mnt, hinted = hint.is_some(), "mount placed by asking every watched namespace");
+    let found = watched.keys().copied().filter(|ns| !asked.contains(ns)).find(|&ns| has(ns));
+    tracing::debug!(mnt, likely = likely.len(), "mount placed by asking every watched namespace");
     found
 }
 

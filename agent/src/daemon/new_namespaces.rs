@@ -283,11 +283,11 @@ fn ask_for(state: &Arc<AgentState>, ids: Vec<(MountNsId, u64)>) {
         let wanted: HashSet<MountNsId> = inodes.iter().copied().collect();
         let _turn = PASS.acquire().await.ok(); // never closed
         let (tx, rx) = tokio::sync::oneshot::channel();
-        // A thread of its own at the lowest priority (its helper threads inherit it): on a
-        // busy node the pass yields the cores to the scanner, whose mount events come first.
+        // A thread of its own in the idle class, and one only (the pass is not spread over the
+        // cores): on a busy node of two cores it never holds both, and the scanner, whose mount
+        // events come first, takes a core from it the moment it wakes.
         let spawned = std::thread::Builder::new().name("bj-new-ns-pass".into()).spawn(move || {
-            // SAFETY: setpriority on this thread's own ID; lowering priority needs no privilege.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+            crate::host::sys::run_at_idle_priority();
             let _ = tx.send(me.find_processes_in(&wanted));
         });
         let found = match spawned {

@@ -30,8 +30,7 @@ impl AgentState {
         }
         let kept = Arc::clone(kept);
         let spawned = std::thread::Builder::new().name("bj-statmount-memo".into()).spawn(move || {
-            // SAFETY: setpriority on this thread's own ID; lowering priority needs no privilege.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+            crate::host::sys::run_at_idle_priority();
             // A save that is running already writes what the memo holds by its end, or the
             // next full scan's does.
             if let Ok(mut k) = kept.try_lock() {

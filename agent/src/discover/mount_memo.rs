@@ -10,15 +10,21 @@
 //! ([`forget_unlisted`]). At about 24 bytes a mount, the 200,000 mounts of the busy-node scene
 //! take under 5 MiB.
 //!
+//! With no text remembered, a scan that only shows builds a namespace's kept lines from
+//! `statmount` ([`text_built`]) once a text this process read was equal to the lines built for
+//! it ([`calibrate`]): a new pod's namespace costs a few `statmount` calls, not its thousand
+//! lines of text.
+//!
 //! A report-only one-shot run (`holders`, `scan`) starts from what an earlier one of the same
 //! boot remembered: [`export`] and [`import`] are what [`super::mount_memo_file`] keeps between
 //! runs, and [`changes`] says whether there is anything new to keep.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use crate::discover::mountinfo::MountEntry;
 use crate::host::sys::mount_api;
 use crate::model::DevNum;
 
@@ -62,7 +68,7 @@ pub struct TextMemo {
     pub via: (u32, u32),
     pub lines: usize,
     pub bytes: usize,
-    pub mounts: Vec<crate::discover::mountinfo::MountEntry>,
+    pub mounts: Vec<MountEntry>,
     /// The namespace's listing these lines were checked against ([`consistent_listing`]):
     /// what [`text_delta`] starts from. `None`: the text and the listing disagreed (a mount
     /// came or went between the two reads), so the next change reads the text again.
@@ -197,7 +203,7 @@ pub fn listing(ns_id: u64, key: u64) -> Option<Arc<Vec<Entry>>> {
 /// breaks it.
 pub fn consistent_listing(
     listing: &[Entry],
-    lines: &[crate::discover::mountinfo::MountEntry],
+    lines: &[MountEntry],
     kept: impl Fn(DevNum, u64) -> bool,
 ) -> bool {
     let listed: HashSet<u32> = listing.iter().map(|e| e.3).collect();
@@ -243,11 +249,7 @@ pub fn text_delta(
     }
     let mut mounts: Vec<_> = old.mounts.iter().filter(|m| !gone.contains(&m.mount_id)).cloned().collect();
     for e in added.iter().filter(|e| kept(e.1, e.2)) {
-        if e.2 == mount_api::BTRFS_SUPER_MAGIC {
-            return None;
-        }
-        let stat = mount_api::stat_full(ns_id, e.0).ok()?;
-        mounts.push(crate::discover::mountinfo::entry_from_stat(&stat)?);
+        mounts.push(line_of(ns_id, e)?);
     }
     DELTAS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let text = Arc::new(TextMemo {
@@ -258,6 +260,94 @@ pub fn text_delta(
         mounts,
         listing: Some(now),
     });
+    memo().texts.insert(ns_id, Arc::clone(&text));
+    Some(text)
+}
+
+/// The mountinfo line of one listed mount, built from `statmount` alone. `None` when it cannot
+/// be: a btrfs mount (joined to its devices by its source text), a mount gone or not reachable
+/// from the namespace's root, or a kernel whose `statmount` cannot say everything a line says
+/// (before 6.13).
+fn line_of(ns_id: u64, e: &Entry) -> Option<MountEntry> {
+    if e.2 == mount_api::BTRFS_SUPER_MAGIC {
+        return None;
+    }
+    let stat = mount_api::stat_full(ns_id, e.0).ok()?;
+    crate::discover::mountinfo::entry_from_stat(&stat)
+}
+
+/// The kept lines of a listing (`kept(device, magic)`), in its order, built from `statmount`.
+fn lines_of(ns_id: u64, listing: &[Entry], kept: impl Fn(DevNum, u64) -> bool) -> Option<Vec<MountEntry>> {
+    listing.iter().filter(|e| kept(e.1, e.2)).map(|e| line_of(ns_id, e)).collect()
+}
+
+/// What the texts read in this process said of lines built from `statmount` ([`calibrate`]):
+/// nothing yet, each was equal, or one was not (which stops [`text_built`] for good).
+static BUILT_LINES: AtomicU8 = AtomicU8::new(UNTRIED);
+const UNTRIED: u8 = 0;
+const EQUAL: u8 = 1;
+const DIFFERENT: u8 = 2;
+
+static BUILT: AtomicU64 = AtomicU64::new(0);
+
+/// How many namespaces' texts [`text_built`] built (for tests and debugging).
+pub fn built() -> u64 {
+    BUILT.load(Ordering::Relaxed)
+}
+
+/// Whether [`text_built`] builds: a text read in this process was equal to the lines
+/// `statmount` built for it, and none was different.
+pub fn builds_lines() -> bool {
+    BUILT_LINES.load(Ordering::Relaxed) == EQUAL
+}
+
+/// Compares a text just read from the kernel with the lines `statmount` builds for the same
+/// listing: equal, in order, or [`text_built`] builds nothing more in this process. A text not
+/// checked against its listing, or one with a line `statmount` cannot build (btrfs, a mount
+/// gone meanwhile), says nothing either way.
+pub fn calibrate(ns_id: u64, text: &TextMemo, kept: impl Fn(DevNum, u64) -> bool) {
+    if BUILT_LINES.load(Ordering::Relaxed) == DIFFERENT {
+        return;
+    }
+    let Some(listing) = text.listing.as_ref() else { return };
+    match lines_of(ns_id, listing, kept) {
+        Some(lines) if lines == text.mounts => {
+            let _ = BUILT_LINES.compare_exchange(UNTRIED, EQUAL, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        Some(lines) => {
+            let differ = lines.iter().zip(&text.mounts).find(|(a, b)| a != b);
+            tracing::debug!(
+                ns_id,
+                built = lines.len(),
+                read = text.mounts.len(),
+                ?differ,
+                "lines built from statmount differ from the mountinfo text: every text is read from now on"
+            );
+            BUILT_LINES.store(DIFFERENT, Ordering::Relaxed);
+        }
+        None => {}
+    }
+}
+
+/// A namespace's text without reading it, for a scan that only shows: its listing's kept lines
+/// (`kept(device, magic)`) built from `statmount`, about 2 us each, where the text costs about
+/// 1 us for each of its thousand lines. Only once a text read in this process was equal to the
+/// lines built for it ([`calibrate`]), and never after one was not. `None` (read the text) when
+/// not calibrated, the listing is not the one stored for `key`, or a line cannot be built.
+pub fn text_built(
+    ns_id: u64,
+    key: u64,
+    via: (u32, u32),
+    kept: impl Fn(DevNum, u64) -> bool,
+) -> Option<Arc<TextMemo>> {
+    if BUILT_LINES.load(Ordering::Relaxed) != EQUAL {
+        return None;
+    }
+    let now = listing(ns_id, key)?;
+    let mounts = lines_of(ns_id, &now, kept)?;
+    BUILT.fetch_add(1, Ordering::Relaxed);
+    let text =
+        Arc::new(TextMemo { ids_key: key, via, lines: now.len(), bytes: 0, mounts, listing: Some(now) });
     memo().texts.insert(ns_id, Arc::clone(&text));
     Some(text)
 }
@@ -283,8 +373,7 @@ pub fn still_true(ns_id: u64, text: &TextMemo, kept: impl Fn(DevNum, u64) -> boo
     let mut checked = 0;
     for e in listing.iter().filter(|e| kept(e.1, e.2)) {
         let Some(line) = text.mounts.iter().find(|m| m.mount_id == e.3) else { return false };
-        let Ok(stat) = mount_api::stat_full(ns_id, e.0) else { return false };
-        if crate::discover::mountinfo::entry_from_stat(&stat).as_ref() != Some(line) {
+        if line_of(ns_id, e).as_ref() != Some(line) {
             return false;
         }
         checked += 1;

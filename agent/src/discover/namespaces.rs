@@ -22,6 +22,11 @@
 //! re-check before a step: `engine/recheck.rs`) lists every namespace and asks `statmount` about
 //! every mount not asked about before ([`super::mount_memo`]); what makes it cheaper (a short `statmount` buffer, the devices in scope compared
 //! as a list) gives the same answers, and nothing is skipped.
+//!
+//! A scan that only shows may answer a namespace's table without reading its text: the lines
+//! remembered for the same mount IDs, the remembered ones followed through a small change, or,
+//! with nothing remembered, every kept line built from `statmount` once this process saw such
+//! lines equal to a text it read ([`super::mount_memo::text_built`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -317,13 +322,18 @@ fn read_task_ns(
                 (listing, rooted, wanted.reuse_text != TextReuse::Never)
             {
                 let kept = |d, m| kept_kind(wanted, d, m);
-                // Else the same lines less the mounts gone, plus the added ones from statmount.
-                let memo = super::mount_memo::text_for(ns_id, key, task)
+                // Else the same lines less the mounts gone, plus the added ones from statmount;
+                // with nothing remembered, every kept line from statmount (once this process
+                // saw such lines equal to a text it read).
+                let memo = match super::mount_memo::text_for(ns_id, key, task)
                     .or_else(|| super::mount_memo::text_delta(ns_id, key, task, kept))
-                    .filter(|t| {
+                {
+                    Some(t) => Some(t).filter(|t| {
                         wanted.reuse_text != TextReuse::Confirmed
                             || super::mount_memo::still_true(ns_id, t, kept)
-                    });
+                    }),
+                    None => super::mount_memo::text_built(ns_id, key, task, kept),
+                };
                 if let Some(t) = memo {
                     let mounts = t
                         .mounts
@@ -391,6 +401,9 @@ fn read_task_ns(
                     mounts: all,
                     listing,
                 };
+                if wanted.reuse_text != TextReuse::Never {
+                    super::mount_memo::calibrate(ns_id, &text, |d, m| kept_kind(wanted, d, m));
+                }
                 super::mount_memo::remember_text(ns_id, text);
                 return Ok(Some(OneNs {
                     ns: ns.id,

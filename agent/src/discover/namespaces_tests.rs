@@ -158,6 +158,74 @@ fn a_remount_is_seen_by_the_confirmed_turn() {
     });
 }
 
+/// The mounts of `targets` in this thread's namespace (sorted by ID), and how many namespaces
+/// were answered without reading their text.
+fn read_here(targets: &HashSet<DevNum>, reuse_text: TextReuse) -> (Vec<MountEntry>, usize) {
+    let mut nss = this_thread_ns();
+    let wanted = Wanted { targets, nsfs_dev: None, reuse_text };
+    let mut s = read_some(&HostRoot::new("/"), &mut nss, wanted, MountReader::Auto);
+    assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
+    let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
+    m.sort_by_key(|m| m.mount_id);
+    (m, s.via_statmount)
+}
+
+/// On the live kernel (root): once a text this process read was equal to the lines `statmount`
+/// builds for it (every mount of the namespace: the test wants every device), a scan that
+/// only shows builds the table of a namespace it never read from `statmount` alone, and it is
+/// what reading the text shows: a read-only bind mount, a shared one and its peer included. A
+/// scan behind an action still reads the text.
+#[test]
+fn a_namespace_never_read_is_built_from_statmount_once_a_text_matched() {
+    use nix::mount::{mount, MsFlags};
+    with_a_directory_on_a_device(|dir, read| {
+        let bind = |name: &str, flags: MsFlags| {
+            let at = dir.join(name);
+            std::fs::create_dir(&at).expect("mkdir");
+            mount(Some(dir), &at, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
+            if !flags.is_empty() {
+                mount(None::<&str>, &at, None::<&str>, flags, None::<&str>).expect("change the bind mount");
+            }
+        };
+        bind("ro", MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY);
+        bind("shared", MsFlags::MS_SHARED);
+        if !statmount_describes_lines() {
+            eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel (before 6.13)");
+            return;
+        }
+        // This namespace's text is read (nothing is remembered of it), and compared.
+        let first = read(TextReuse::WhileSameIds);
+        assert!(
+            super::super::mount_memo::builds_lines(),
+            "the lines statmount builds differ from the text read"
+        );
+        let targets = HashSet::from([crate::host::sys::stat_cached(dir).expect("stat").dev]);
+        let shown = std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_FS | nix::sched::CloneFlags::CLONE_NEWNS)
+                    .expect("unshare");
+                let (built, unread) = read_here(&targets, TextReuse::WhileSameIds);
+                assert_eq!(unread, 1, "a namespace never read is built, not read");
+                let (read, unread) = read_here(&targets, TextReuse::Never);
+                assert_eq!(unread, 0, "a scan behind an action reads the text");
+                assert_eq!(built, read, "built from statmount as the text shows it");
+                built
+            })
+            .join()
+            .expect("the thread in a namespace of its own")
+        });
+        // The copy shows the same mounts under new IDs: the same places, options and peers.
+        let shape = |m: &[MountEntry]| -> Vec<_> {
+            m.iter().map(|m| (m.mount_point.clone(), m.mount_options.clone(), m.optional.clone())).collect()
+        };
+        assert_eq!(shape(&shown), shape(&first));
+        let ro = shown.iter().find(|m| m.mount_point.as_bytes().ends_with(b"/ro")).expect("the ro bind");
+        assert!(ro.mount_options.starts_with("ro"), "{ro:?}");
+        let shared = shown.iter().find(|m| m.mount_point.as_bytes().ends_with(b"/shared")).expect("shared");
+        assert!(shared.shared_group().is_some(), "{shared:?}");
+    });
+}
+
 /// Why every task's `ns/mnt` is read (issue 20 asked whether one read per process would do):
 /// a thread that shares its leader's `fs_struct` (`kcmp(KCMP_FS)` says so) can still be in
 /// another mount namespace. `setns(pidfd, CLONE_NEWNS | CLONE_NEWUTS)` installs the namespace

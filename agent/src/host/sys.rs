@@ -268,6 +268,20 @@ pub fn loop_clear(fd: BorrowedFd<'_>) -> io::Result<()> {
 
 /// `listmount(2)`/`statmount(2)` (Linux 6.8; other namespaces by ID since 6.11): the mount
 /// table as data, without the kernel rendering mountinfo text. `NS_GET_MNTNS_ID` gives the ID.
+/// Puts the calling thread in the idle class (`SCHED_IDLE`): it runs only on a core nothing
+/// else wants, and any other thread that wakes takes the core from it at once. For background
+/// passes (a new namespace's pass over every task, saving the memo file) that must not delay a
+/// mount event on a node of two cores. Threads it starts inherit it. Falls back to nice 19 where
+/// the class is refused. Lowering needs no privilege.
+pub fn run_at_idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param for SCHED_IDLE.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+        // SAFETY: setpriority on this thread's own ID.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+    }
+}
+
 pub mod mount_api {
     use std::io;
     use std::os::fd::{AsRawFd, BorrowedFd};

@@ -260,7 +260,7 @@ impl Snapshot {
 /// Each of `ids` with the processes that have a task in it, from every task's `ns/mnt` on the
 /// host (but the kernel threads `skip`: they live in the initial namespace): the pass over the
 /// whole host a new namespace's read needs (about 11 ms at 200 namespaces), which the daemon
-/// runs off its scanner's path. A task that cannot be read (other than gone) is an `Err`, as a
+/// runs off its scanner's path, on one thread in the idle class. A task that cannot be read (other than gone) is an `Err`, as a
 /// full scan would report it; PID 1 is trusted when the operator vouches for it, as a full
 /// scan trusts it.
 pub fn processes_in(
@@ -273,7 +273,9 @@ pub fn processes_in(
     let list: Vec<u32> = all.into_iter().filter(|p| !skip.contains(p)).collect();
     let links: Vec<(MountNsId, Vec<u8>)> =
         ids.iter().map(|id| (*id, format!("mnt:[{}]", id.0).into_bytes())).collect();
-    let results = parallel::map(&list, |&pid| lives_in(host, pid, &links));
+    // On the calling thread alone: the daemon runs it in the idle class, and spread over the
+    // cores it would hold every core of a small node while a pod starts.
+    let results: Vec<_> = list.iter().map(|&pid| lives_in(host, pid, &links)).collect();
     let mut out: BTreeMap<MountNsId, BTreeSet<u32>> = ids.iter().map(|id| (*id, BTreeSet::new())).collect();
     for (pid, r) in list.into_iter().zip(results) {
         match r {

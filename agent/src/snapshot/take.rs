@@ -158,7 +158,8 @@ impl Snapshot {
             namespaces = ns_map.len(),
             text = ?reuse_text,
             text_bytes = ns_map.values().map(|n| n.mountinfo_bytes).sum::<usize>(),
-            confirmed_texts = crate::discover::mount_memo::confirmed()
+            confirmed_texts = crate::discover::mount_memo::confirmed(),
+            built_texts = crate::discover::mount_memo::built()
         );
 
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
