@@ -460,6 +460,15 @@ pub fn quiet_listing(ns_id: u64, confirming: bool) -> Option<Arc<Vec<Entry>>> {
     Some(Arc::clone(&n.mounts))
 }
 
+/// The text remembered for namespace `ns_id`, through whichever task it was read, when the
+/// namespace is quiet ([`quiet_listing`], outside a confirmed turn) and the text was read for
+/// exactly that listing.
+pub fn quiet_text(ns_id: u64) -> Option<Arc<TextMemo>> {
+    let listing = quiet_listing(ns_id, false)?;
+    let key = ids_key_of(&listing);
+    memo().texts.get(&ns_id).filter(|t| t.ids_key == key).cloned()
+}
+
 /// How many mounts are remembered (for tests and debugging).
 pub fn remembered() -> usize {
     memo().namespaces.values().map(|n| n.mounts.len()).sum()

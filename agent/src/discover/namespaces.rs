@@ -28,7 +28,7 @@
 //! with nothing remembered, every kept line built from `statmount` once this process saw such
 //! lines equal to a text it read ([`super::mount_memo::text_built`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
@@ -88,6 +88,11 @@ pub struct Wanted<'a> {
     pub nsfs_dev: Option<DevNum>,
     /// Whether a namespace's remembered mountinfo text may stand in for reading it again.
     pub reuse_text: TextReuse,
+    /// The host's mount namespaces as the kernel listed them for this scan, by the inode of
+    /// their `ns/mnt` file to their 64-bit ID (`host::nsfs::namespaces`): with them, a scan
+    /// that reuses text answers a quiet namespace without going through any of its tasks
+    /// ([`quiet_without_a_task`]). `None`: every namespace is reached through a task.
+    pub kernel_names: Option<&'a HashMap<u64, u64>>,
 }
 
 /// Whether a namespace's mountinfo text, remembered from an earlier read
@@ -270,6 +275,11 @@ fn read_task_ns(
     use_api: bool,
     live: bool,
 ) -> Result<Option<OneNs>, DiscoverError> {
+    if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
+        if let Some(one) = quiet_without_a_task(ns, wanted) {
+            return Ok(Some(one));
+        }
+    }
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
@@ -431,6 +441,47 @@ fn read_task_ns(
     })
 }
 
+/// A quiet namespace answered as it was last read, without opening anything of its tasks: in
+/// a scan that reuses text while the mount IDs are the same (the daemon's light scans), for a
+/// namespace the kernel listed for this scan (`kernel_names`: its 64-bit ID by its inode), whose
+/// mount events are watched and none came since its last listing, with a remembered text read
+/// through a task the scan still counts among the namespace's tasks and holding no namespace pin
+/// (a pin is followed through that task's root, which must be checked). `None`: the usual way,
+/// through a task checked to be in the namespace now. It saves, per namespace, the `ns/mnt`
+/// open, `fstat` and `NS_GET_MNTNS_ID` and the `root` link: a fifth of a light scan at 400
+/// namespaces.
+fn quiet_without_a_task(ns: &MountNamespace, wanted: Wanted<'_>) -> Option<OneNs> {
+    if wanted.reuse_text != TextReuse::WhileSameIds {
+        return None;
+    }
+    let ns_id = *wanted.kernel_names?.get(&ns.id.0)?;
+    let text = super::mount_memo::quiet_text(ns_id)?;
+    if !ns.tasks.contains(&text.via) || text.mounts.iter().any(|m| m.fstype.as_bytes() == b"nsfs") {
+        return None;
+    }
+    let listing = text.listing.as_ref()?;
+    let wants = wanted.magic_matcher();
+    let api_hits = listing.iter().filter(|e| wants(e.1, e.2)).map(|e| e.1).collect();
+    let mounts = text.mounts.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+    QUIET_WITHOUT_A_TASK.fetch_add(1, Ordering::Relaxed);
+    Some(OneNs {
+        ns: ns.id,
+        via: NsEntry::Task { pid: text.via.0, tid: text.via.1 },
+        lines: text.lines,
+        bytes: 0,
+        mounts,
+        api_hits,
+        kernel_id: Some(ns_id),
+    })
+}
+
+static QUIET_WITHOUT_A_TASK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many namespaces [`quiet_without_a_task`] answered (for tests and debugging).
+pub fn answered_without_a_task() -> u64 {
+    QUIET_WITHOUT_A_TASK.load(Ordering::Relaxed)
+}
+
 /// `NSFS_MAGIC` from `<linux/magic.h>`: a namespace file bind-mounted (a pin).
 const NSFS_MAGIC: u64 = 0x6e73_6673;
 
@@ -516,8 +567,12 @@ pub fn read_pinned(
     let file = entry.ns_file(host);
     let text = nsenter::read_mountinfo(&file, host.proc()).map_err(|e| DiscoverError::read(&file, e))?;
     let mut mounts = Vec::new();
-    let wanted =
-        Wanted { targets, nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)), reuse_text: TextReuse::Never };
+    let wanted = Wanted {
+        targets,
+        nsfs_dev: Some(DevNum::new(u32::MAX, u32::MAX)),
+        reuse_text: TextReuse::Never,
+        kernel_names: None,
+    };
     let lines = mountinfo::scan(
         &text,
         |d, t| wanted.text(d, t),

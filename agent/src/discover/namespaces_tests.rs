@@ -20,7 +20,8 @@ fn the_listing_matcher_agrees_with_magic() {
             targets.insert(DevNum::new(0, 41));
         }
         for nsfs_dev in [None, Some(nsfs)] {
-            let wanted = Wanted { targets: &targets, nsfs_dev, reuse_text: TextReuse::Never };
+            let wanted =
+                Wanted { targets: &targets, nsfs_dev, reuse_text: TextReuse::Never, kernel_names: None };
             let wants = wanted.magic_matcher();
             for &(d, m) in &probes {
                 assert_eq!(wants(d, m), wanted.magic(d, m), "{n} targets, nsfs {nsfs_dev:?}, {d} {m:#x}");
@@ -69,7 +70,7 @@ fn with_a_directory_on_a_device(
         let targets = HashSet::from([dev]);
         let read = |reuse_text| {
             let mut nss = this_thread_ns();
-            let wanted = Wanted { targets: &targets, nsfs_dev: None, reuse_text };
+            let wanted = Wanted { targets: &targets, nsfs_dev: None, reuse_text, kernel_names: None };
             let mut s = read_some(&host, &mut nss, wanted, MountReader::Auto);
             assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
             let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
@@ -162,7 +163,7 @@ fn a_remount_is_seen_by_the_confirmed_turn() {
 /// were answered without reading their text.
 fn read_here(targets: &HashSet<DevNum>, reuse_text: TextReuse) -> (Vec<MountEntry>, usize) {
     let mut nss = this_thread_ns();
-    let wanted = Wanted { targets, nsfs_dev: None, reuse_text };
+    let wanted = Wanted { targets, nsfs_dev: None, reuse_text, kernel_names: None };
     let mut s = read_some(&HostRoot::new("/"), &mut nss, wanted, MountReader::Auto);
     assert!(s.unreadable.is_empty() && s.hidden.is_empty(), "{:?} {:?}", s.unreadable, s.hidden);
     let mut m: Vec<MountEntry> = s.mounts.drain(..).map(|m| m.mount).collect();
@@ -223,6 +224,59 @@ fn a_namespace_never_read_is_built_from_statmount_once_a_text_matched() {
         assert!(ro.mount_options.starts_with("ro"), "{ro:?}");
         let shared = shown.iter().find(|m| m.mount_point.as_bytes().ends_with(b"/shared")).expect("shared");
         assert!(shared.shared_group().is_some(), "{shared:?}");
+    });
+}
+
+/// On the live kernel (root): a light scan answers a watched namespace with no mount event
+/// since its last listing from what it read then, through no task of it, and shows the same;
+/// not when the task the text was read through is not among the namespace's tasks, nor once
+/// a mount event came.
+#[test]
+fn a_quiet_watched_namespace_is_answered_without_going_through_a_task() {
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::MetadataExt;
+    with_a_directory_on_a_device(|dir, _| {
+        if !statmount_describes_lines() {
+            eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel (before 6.13)");
+            return;
+        }
+        let file = std::fs::File::open("/proc/thread-self/ns/mnt").expect("ns");
+        let ns_id = mount_api::mntns_id(file.as_fd()).expect("NS_GET_MNTNS_ID");
+        let names = HashMap::from([(file.metadata().expect("stat").ino(), ns_id)]);
+        let targets = HashSet::from([crate::host::sys::stat_cached(dir).expect("stat").dev]);
+        let read = |tasks: Option<Vec<(u32, u32)>>| {
+            let mut nss = this_thread_ns();
+            if let Some(t) = tasks {
+                nss.values_mut().for_each(|n| n.tasks = t.clone());
+            }
+            let wanted = Wanted {
+                targets: &targets,
+                nsfs_dev: None,
+                reuse_text: TextReuse::WhileSameIds,
+                kernel_names: Some(&names),
+            };
+            let s = read_some(&HostRoot::new("/"), &mut nss, wanted, MountReader::Auto);
+            let mut m: Vec<MountEntry> = s.mounts.into_iter().map(|m| m.mount).collect();
+            m.sort_by_key(|m| m.mount_id);
+            m
+        };
+        read(None); // listed once, so that it can be marked watched
+        super::super::mount_memo::note_watched(ns_id);
+        super::super::mount_memo::begin_full_listing();
+        let listed = read(None); // listed after the watch began: quiet from now on
+        assert!(!listed.is_empty(), "the directory's device is mounted here");
+        let before = answered_without_a_task();
+        assert_eq!(read(None), listed);
+        assert_eq!(answered_without_a_task(), before + 1, "quiet: answered without a task");
+        // The text was read through this thread: a namespace whose tasks the scan counts are
+        // others (here the main thread, in another namespace) goes through them, and is
+        // passed over.
+        let main = (std::process::id(), std::process::id());
+        assert!(read(Some(vec![main])).is_empty(), "not answered through a task elsewhere");
+        assert_eq!(answered_without_a_task(), before + 1);
+        super::super::mount_memo::note_changed(ns_id);
+        assert_eq!(read(None), listed, "listed again after the event");
+        assert_eq!(answered_without_a_task(), before + 1, "a mount event: not quiet");
     });
 }
 
@@ -311,7 +365,8 @@ fn a_table_is_never_read_through_a_task_that_is_elsewhere() {
         std::fs::create_dir(&bind).expect("mkdir");
         mount(Some(dir), &bind, None::<&str>, MsFlags::MS_BIND, None::<&str>).expect("bind");
         let targets = HashSet::from([crate::host::sys::stat_cached(dir).expect("stat").dev]);
-        let wanted = Wanted { targets: &targets, nsfs_dev: None, reuse_text: TextReuse::Never };
+        let wanted =
+            Wanted { targets: &targets, nsfs_dev: None, reuse_text: TextReuse::Never, kernel_names: None };
         let mut nss = this_thread_ns();
         let (&id, _) = nss.iter().next().expect("this namespace");
         let me = std::process::id();

@@ -343,7 +343,7 @@ pub(super) fn read_checked(
     let read = namespaces::read_some(
         host,
         namespaces,
-        Wanted { targets, nsfs_dev, reuse_text: TextReuse::WhileSameIds },
+        Wanted { targets, nsfs_dev, reuse_text: TextReuse::WhileSameIds, kernel_names: None },
         opts.reader,
     );
     if let Some((ns, e)) = read.unreadable.first() {

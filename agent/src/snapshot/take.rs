@@ -78,6 +78,9 @@ impl Snapshot {
         // The host's mount namespaces before any task is read: a light scan takes each task's
         // namespace as the last scan read it while they are the same (`super::task_memo`).
         let listed = memo.as_ref().and_then(|_| TaskMemo::list_namespaces(host));
+        // The same list answers a quiet namespace's table without going through its tasks.
+        let kernel_names: Option<HashMap<u64, u64>> =
+            listed.as_ref().map(|l| l.iter().map(|n| (n.inode, n.id)).collect());
         let known = memo.as_deref().and_then(|m| m.tasks.keep(listed.as_deref(), m.next_is_light()));
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
         let mut entries = Vec::new();
@@ -134,7 +137,7 @@ impl Snapshot {
         let scan = namespaces::read_mounts(
             host,
             &mut ns_map,
-            Wanted { targets: &targets, nsfs_dev, reuse_text },
+            Wanted { targets: &targets, nsfs_dev, reuse_text, kernel_names: kernel_names.as_ref() },
             reader,
         );
         for (_, devnum, why) in &scan.hidden {
