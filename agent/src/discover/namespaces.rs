@@ -124,6 +124,11 @@ impl Wanted<'_> {
         self.device(d) || (d.major == 0 && fstype == b"btrfs")
     }
 
+    /// The lines of a namespace's text the scan wants ([`Wanted::text`]).
+    fn lines_of(&self, lines: &[MountEntry]) -> Vec<MountEntry> {
+        lines.iter().filter(|m| self.text(m.devnum, m.fstype.as_bytes())).cloned().collect()
+    }
+
     /// By `statmount`'s device and filesystem magic.
     fn magic(&self, d: DevNum, magic: u64) -> bool {
         self.device(d) || (d.major == 0 && magic == mount_api::BTRFS_SUPER_MAGIC)
@@ -345,12 +350,7 @@ fn read_task_ns(
                     None => super::mount_memo::text_built(ns_id, key, task, kept),
                 };
                 if let Some(t) = memo {
-                    let mounts = t
-                        .mounts
-                        .iter()
-                        .filter(|m| wanted.text(m.devnum, m.fstype.as_bytes()))
-                        .cloned()
-                        .collect();
+                    let mounts = wanted.lines_of(&t.mounts);
                     let via = NsEntry::Task { pid: task.0, tid: task.1 };
                     return Ok(Some(OneNs {
                         ns: ns.id,
@@ -398,7 +398,7 @@ fn read_task_ns(
                     .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
                 let bytes = buf.len();
                 let all = std::mem::take(&mut mounts);
-                mounts = all.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+                mounts = wanted.lines_of(&all);
                 // Checked against the listing, so that a later change can be followed from it.
                 let listing = super::mount_memo::listing(ns_id, ids_key).filter(|l| {
                     super::mount_memo::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m))
@@ -462,7 +462,7 @@ fn quiet_without_a_task(ns: &MountNamespace, wanted: Wanted<'_>) -> Option<OneNs
     let listing = text.listing.as_ref()?;
     let wants = wanted.magic_matcher();
     let api_hits = listing.iter().filter(|e| wants(e.1, e.2)).map(|e| e.1).collect();
-    let mounts = text.mounts.iter().filter(|m| wanted.text(m.devnum, m.fstype.as_bytes())).cloned().collect();
+    let mounts = wanted.lines_of(&text.mounts);
     QUIET_WITHOUT_A_TASK.fetch_add(1, Ordering::Relaxed);
     Some(OneNs {
         ns: ns.id,
