@@ -227,6 +227,7 @@ impl NamespaceWatch for MountWatch {
             match self.events.watch_fd(ns.as_fd()) {
                 Ok(()) => {
                     mount_memo::note_watched(ns_id);
+                    confirm_listing(ns_id);
                     watched.insert(ns_id, *id);
                     added += 1;
                 }
@@ -244,6 +245,16 @@ impl NamespaceWatch for MountWatch {
 
     fn use_host(&self, host: &crate::host::HostRoot) {
         let _ = self.proc.set(host.proc().to_owned());
+    }
+}
+
+/// Lists namespace `ns_id` once more, now that its mount events are watched, so that the scan
+/// that just listed it need not be repeated by the next one ([`mount_memo::confirm_watched`]).
+/// The scan listed every namespace before any was marked: without this, the daemon's first
+/// timer scan listed every mount of the node again. Any error: the next scan lists it.
+fn confirm_listing(ns_id: u64) {
+    if let Ok(ids) = mount_api::list(ns_id) {
+        mount_memo::confirm_watched(ns_id, &ids);
     }
 }
 

@@ -56,6 +56,31 @@ pub struct FdScan {
     /// [`AnonIndex`] knows, with that filesystem's members: for a loop device backed by a file
     /// there.
     pub learned: Vec<(DevNum, Vec<DevNum>)>,
+    /// The name each working directory or root on a device was found under (its link read).
+    pub dir_names: Vec<DirName>,
+}
+
+/// A task's working directory or root on a device, and the name its link gave for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirName {
+    pub tid: Option<u32>,
+    pub kind: HolderKind,
+    /// The directory's identity: filesystem device, inode, and the mount it was reached through.
+    pub dir: (DevNum, u64, Option<u64>),
+    pub path: Option<KernelText>,
+}
+
+/// What a process's last full read found of its tasks' working directories and roots, for a
+/// light scan ([`scan_dirs`]; `snapshot::process_memo` says what it cannot see).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirsThen<'a> {
+    /// Every thread shared the leader's fs_struct then, and it has the same threads now: only
+    /// the leader's are read.
+    pub shared: bool,
+    /// The names found then: a directory with the same identity now (device, inode, mount) is
+    /// shown under the same name, without reading its link again (a directory renamed since
+    /// shows its old name until the next full read, as a renamed open file does).
+    pub names: &'a [DirName],
 }
 
 /// The in-scope devices a file's `st_dev` stands for: itself, or the member devices of the
@@ -95,7 +120,7 @@ pub fn scan_process(
     if !scan_fds(host, entry, targets, nsfs_dev, known_ns, live, anon, &mut out) {
         return out;
     }
-    scan_dirs(host, entry, targets, live, anon, false, &mut out);
+    scan_dirs(host, entry, targets, live, anon, None, &mut out);
     scan_maps(host, entry, targets, anon, &mut out);
     out
 }
@@ -176,21 +201,23 @@ pub fn scan_fds(
 }
 
 /// The working directory and root of each task of one process (see [`scan_process`]), added
-/// to `out`. `shared_then`: every thread shared the leader's fs_struct when the process was last
-/// read in full, and has the same threads (a daemon's light scan: `snapshot::process_memo`
-/// says what that cannot see); only the leader's are then read. Returns whether every thread
-/// shares the leader's fs_struct, as `kcmp` proved (or `shared_then` took as proven).
+/// to `out`. `then`: what the process's last full read found (a daemon's light scan); when
+/// every thread shared the leader's fs_struct then and has the same threads, only the leader's
+/// are read. Returns whether every thread shares the leader's fs_struct, as `kcmp` proved (or
+/// `then` took as proven).
 pub fn scan_dirs(
     host: &HostRoot,
     entry: &ProcEntry,
     targets: &HashSet<DevNum>,
     live: bool,
     anon: &AnonIndex,
-    shared_then: bool,
+    then: Option<DirsThen<'_>>,
     out: &mut FdScan,
 ) -> bool {
     let dir = host.proc_pid(entry.pid);
-    let leader_seen = dir_refs(&dir, entry.pid, None, targets, anon, out);
+    let names = then.map_or(&[][..], |t| t.names);
+    let shared_then = then.is_some_and(|t| t.shared);
+    let leader_seen = dir_refs(&dir, (entry.pid, None), targets, anon, names, out);
     // A task can have a working directory and root of its own (it unshared CLONE_FS, or its
     // mount namespace): every task's is checked. A task that shares the leader's fs_struct (the
     // pthread default) has the leader's cwd and root, just seen: `kcmp(KCMP_FS)` proves it in
@@ -208,7 +235,7 @@ pub fn scan_dirs(
             continue;
         }
         all_shared = false;
-        dir_refs(&host.proc_task(entry.pid, tid), entry.pid, Some(tid), targets, anon, out);
+        dir_refs(&host.proc_task(entry.pid, tid), (entry.pid, Some(tid)), targets, anon, names, out);
     }
     all_shared
 }
@@ -276,13 +303,14 @@ fn read_maps(dir: &Path, pid: u32, stuck: bool) -> Result<Vec<u8>, String> {
         .unwrap_or_else(|b| Err(format!("it is in D state and reading its maps {b}")))
 }
 
-/// Checks a task's cwd and root. True when both were seen (not gone, not unreadable).
+/// Checks a task's cwd and root. True when both were seen (not gone, not unreadable). A
+/// directory on a device is named as in `names` when it is the same one, else by its link.
 fn dir_refs(
     dir: &Path,
-    pid: u32,
-    tid: Option<u32>,
+    (pid, tid): (u32, Option<u32>),
     targets: &HashSet<DevNum>,
     anon: &AnonIndex,
+    names: &[DirName],
     out: &mut FdScan,
 ) -> bool {
     let mut seen = true;
@@ -290,8 +318,18 @@ fn dir_refs(
         let path = dir.join(name);
         match sys::stat_cached(&path) {
             Ok(id) => {
-                for devnum in file_devices(&id, targets, anon, out) {
-                    out.refs.push(ProcRef { pid, tid, kind, devnum, path: link_text(&path), fd: None })
+                let devices = file_devices(&id, targets, anon, out);
+                if devices.is_empty() {
+                    continue;
+                }
+                let key = (id.dev, id.ino, id.mnt_id);
+                let known = names.iter().find(|n| n.tid == tid && n.kind == kind && n.dir == key);
+                let named = known.map_or_else(|| link_text(&path), |n| n.path.clone());
+                if known.is_none() {
+                    out.dir_names.push(DirName { tid, kind, dir: key, path: named.clone() });
+                }
+                for devnum in devices {
+                    out.refs.push(ProcRef { pid, tid, kind, devnum, path: named.clone(), fd: None })
                 }
             }
             // Gone, a zombie (no files any more), or reaped after its directory was found (the

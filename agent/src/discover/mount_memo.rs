@@ -54,6 +54,9 @@ struct NsMemo {
     seen: u64,
     /// The epoch at which the kernel's mount events for it began to be watched.
     watched_since: Option<u64>,
+    /// Its last listing was found whole by a `listmount` made after the watch began
+    /// ([`confirm_watched`]): as good as a listing made under the watch.
+    confirmed_under_watch: bool,
     /// A mount event for it came since it was last listed.
     changed: bool,
 }
@@ -428,6 +431,24 @@ pub fn note_watched(ns_id: u64) {
     }
 }
 
+/// The mount IDs of namespace `ns_id`, listed after its mount events began to be watched
+/// ([`note_watched`]), are `ids`: when they are those of its last listing and no event came
+/// since, that listing is taken as made under the watch, so the next light scan may answer the
+/// namespace as quiet instead of listing it again (the daemon's first timer scan listed all
+/// 400,000 mounts of a 400-namespace node again for this alone). A mount ID is never reused
+/// in a boot, so the same IDs are the same mounts; a change after the watch began is an event
+/// (it sets `changed`, whichever comes first). Returns whether the listing was confirmed.
+pub fn confirm_watched(ns_id: u64, ids: &[u64]) -> bool {
+    let mut m = memo();
+    let Some(n) = m.namespaces.get_mut(&ns_id) else { return false };
+    let same = n.mounts.len() == ids.len() && n.mounts.iter().zip(ids).all(|(e, id)| e.0 == *id);
+    if n.watched_since.is_none() || n.changed || !same {
+        return false;
+    }
+    n.confirmed_under_watch = true;
+    true
+}
+
 /// The kernel reported a mount change in namespace `ns_id`.
 pub fn note_changed(ns_id: u64) {
     if let Some(n) = memo().namespaces.get_mut(&ns_id) {
@@ -452,7 +473,8 @@ pub fn quiet_listing(ns_id: u64, confirming: bool) -> Option<Arc<Vec<Entry>>> {
         return None;
     }
     let n = m.namespaces.get_mut(&ns_id)?;
-    if n.changed || n.watched_since.is_none_or(|w| w >= n.seen) {
+    let under_watch = n.confirmed_under_watch || n.watched_since.is_some_and(|w| w < n.seen);
+    if n.changed || !under_watch {
         return None;
     }
     n.seen = epoch;

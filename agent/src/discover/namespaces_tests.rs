@@ -260,14 +260,30 @@ fn a_quiet_watched_namespace_is_answered_without_going_through_a_task() {
             m.sort_by_key(|m| m.mount_id);
             m
         };
-        read(None); // listed once, so that it can be marked watched
-        super::super::mount_memo::note_watched(ns_id);
-        super::super::mount_memo::begin_full_listing();
-        let listed = read(None); // listed after the watch began: quiet from now on
-        assert!(!listed.is_empty(), "the directory's device is mounted here");
+        use super::super::mount_memo::{confirm_watched, note_watched};
         let before = answered_without_a_task();
+        read(None); // listed once, so that it can be marked watched
+        note_watched(ns_id);
+        // Listed in the epoch the watch began in: that listing may be older than the mark.
+        let listed = read(None);
+        assert!(!listed.is_empty(), "the directory's device is mounted here");
+        assert_eq!(answered_without_a_task(), before, "a listing as old as the mark: not quiet");
+        // A listing made after the mark confirms the last one when it has the same mounts
+        // (the daemon lists each namespace it marks: `mount_watch::confirm_listing`).
+        let mut ids = mount_api::list(ns_id).expect("listmount");
+        let last = ids.pop().expect("a mount");
+        assert!(!confirm_watched(ns_id, &ids), "other mounts than the last listing's: not confirmed");
+        assert_eq!(read(None), listed);
+        assert_eq!(answered_without_a_task(), before, "not confirmed: listed again");
+        ids.push(last);
+        assert!(confirm_watched(ns_id, &ids), "the same mounts, listed under the watch");
         assert_eq!(read(None), listed);
         assert_eq!(answered_without_a_task(), before + 1, "quiet: answered without a task");
+        // And a listing in a later epoch than the mark is quiet by itself.
+        super::super::mount_memo::begin_full_listing();
+        assert_eq!(read(None), listed);
+        assert_eq!(answered_without_a_task(), before + 2);
+        let before = before + 1;
         // The text was read through this thread: a namespace whose tasks the scan counts are
         // others (here the main thread, in another namespace) goes through them, and is
         // passed over.

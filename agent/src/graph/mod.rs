@@ -533,8 +533,12 @@ fn label(h: &mut Holder, s: &Snapshot, pid: Option<u32>) {
 
 /// Fills in which siblings are in use, once every entry has its holders.
 pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
+    // Only NVMe namespaces have siblings: words only for those named as one (every scan).
+    let named: HashSet<&DeviceName> =
+        devices.iter().filter_map(|e| e.nvme.as_ref()).flat_map(|v| v.siblings.iter()).collect();
     let held: Vec<(DeviceName, String)> = devices
         .iter()
+        .filter(|e| named.contains(&e.device.name))
         .filter_map(|e| {
             let why = if let Some(h) = e.holders.first() {
                 h.describe()
@@ -560,41 +564,5 @@ pub(crate) fn mark_held_siblings(devices: &mut [DeviceEntry]) {
 #[cfg(test)]
 mod tests;
 
-/// Builders shared by the unit tests of the stages above the graph.
 #[cfg(test)]
-pub(crate) mod test_support {
-    use super::{DeviceEntry, Holder};
-    use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName};
-
-    /// A loop device's binding to `/img` on 254:0, its backing inode `inode`.
-    pub(crate) fn loop_info(inode: u64) -> crate::model::LoopInfo {
-        crate::model::LoopInfo {
-            backing_file: "/img".into(),
-            backing_deleted: false,
-            offset: 0,
-            sizelimit: 0,
-            autoclear: false,
-            read_only: false,
-            backing_dev: Some(DevNum::new(254, 0)),
-            backing_inode: Some(inode),
-            backing_rdev: None,
-            status_blocked: None,
-        }
-    }
-
-    /// `loop3` (7:3, diskseq 1, 1 MiB) with these holders.
-    pub(crate) fn loop3(holders: Vec<Holder>) -> DeviceEntry {
-        DeviceEntry::new(
-            BlockDevice {
-                diskseq: Some(1),
-                ..BlockDevice::new(
-                    DeviceName::new("loop3").expect("name"),
-                    DevNum::new(7, 3),
-                    DeviceKind::Loop,
-                    1 << 20,
-                )
-            },
-            holders,
-        )
-    }
-}
+pub(crate) mod test_support;

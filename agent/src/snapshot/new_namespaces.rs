@@ -35,9 +35,9 @@ use super::inventory::join_anonymous;
 use super::reread::read_checked;
 use super::{ScanOptions, Snapshot};
 use crate::discover::fds;
+use crate::discover::is_gone;
 use crate::discover::namespaces::MountNamespace;
 use crate::discover::processes::{self, ProcEntry};
-use crate::discover::{is_gone, numeric_entries};
 use crate::host::{parallel, sys, HostRoot};
 use crate::model::MountNsId;
 
@@ -295,23 +295,22 @@ pub fn processes_in(
 /// process `pid` is in.
 fn lives_in(host: &HostRoot, pid: u32, links: &[(MountNsId, Vec<u8>)]) -> Result<Vec<MountNsId>, String> {
     let dir = host.proc_pid(pid).join("task");
-    let tids = match numeric_entries(&dir) {
+    let (task_dir, tids) = match processes::TaskDir::list(&dir) {
         Ok(t) => t,
         Err(e) if is_gone(&e) => return Ok(Vec::new()),
         Err(e) => return Err(format!("cannot list {}: {e}", dir.display())),
     };
     let mut found = Vec::new();
     for tid in tids {
-        let task = host.proc_task(pid, tid);
-        match std::fs::read_link(task.join("ns/mnt")) {
+        match task_dir.mount_ns_link(tid) {
             Ok(l) => {
-                let l = l.as_os_str().as_bytes();
+                let l = l.as_bytes();
                 if let Some((id, _)) = links.iter().find(|(id, x)| x.as_slice() == l && !found.contains(id)) {
                     found.push(*id);
                 }
             }
-            Err(e) if is_gone(&e) || processes::reaped(&e, &task) => {}
-            Err(e) => return Err(format!("cannot read {}/ns/mnt: {e}", task.display())),
+            Err(e) if is_gone(&e) || processes::reaped(&e, &host.proc_task(pid, tid)) => {}
+            Err(e) => return Err(format!("cannot read {}/ns/mnt: {e}", host.proc_task(pid, tid).display())),
         }
     }
     Ok(found)

@@ -31,7 +31,7 @@
 //! **What no sign shows** (an fd closed and another opened at the same count: `dup2` onto an
 //! open fd; a thread that unshares its fs_struct and enters another directory, or a thread made
 //! in place of one gone, at the same count, that does; a mapping replaced by one of the same
-//! size, `mmap(MAP_FIXED)`; a file renamed, whose
+//! size, `mmap(MAP_FIXED)`; a file or working directory renamed, whose
 //! shown path is then the old one; a command line rewritten in place or a move to another
 //! cgroup, in a label) is seen by the next **full read**: every
 //! `full_read_every`th scan reads every process in full (`serve --full-read-every`, default
@@ -107,6 +107,9 @@ struct Remembered {
     /// light scan then reads the leader's cwd and root alone while the count is the same.
     threads_share_fs: bool,
     threads: usize,
+    /// The names the cwd and root links on devices gave: a light scan that finds the same
+    /// directory (device, inode, mount) shows that name without reading the link.
+    dir_names: Vec<fds::DirName>,
 }
 
 /// How one scan went: processes read in full and kept from the last read.
@@ -200,8 +203,11 @@ impl ProcessMemo {
                     learned: r.learned.clone(),
                     ..FdScan::default()
                 };
-                let shared_then = r.threads_share_fs && r.threads == e.tasks.len();
-                fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, shared_then, &mut out);
+                let then = fds::DirsThen {
+                    shared: r.threads_share_fs && r.threads == e.tasks.len(),
+                    names: &r.dir_names,
+                };
+                fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, Some(then), &mut out);
                 out.refs.extend(r.maps.iter().filter(in_scope).cloned());
                 return (out, None);
             }
@@ -210,7 +216,7 @@ impl ProcessMemo {
                 return (out, None);
             }
             let (fd_refs, learned) = (out.refs.len(), out.learned.len());
-            let threads_share_fs = fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, false, &mut out);
+            let threads_share_fs = fds::scan_dirs(host, e, &ctx.targets, live, &ctx.anon, None, &mut out);
             let dir_refs = out.refs.len();
             fds::scan_maps(host, e, &ctx.targets, &ctx.anon, &mut out);
             let sure = out.unreadable.is_empty() && !out.stuck;
@@ -222,6 +228,7 @@ impl ProcessMemo {
                 learned: out.learned[..learned].to_vec(),
                 threads_share_fs,
                 threads: e.tasks.len(),
+                dir_names: std::mem::take(&mut out.dir_names),
             });
             (out, Some(remembered))
         });
@@ -375,6 +382,39 @@ mod tests {
         let (scans, turn) = memo.scan(&host, &[&sh.entry(&host)], context, true);
         assert_eq!((turn.read, turn.kept), (0, 1), "nothing changed: kept");
         assert!(holds_fd(&scans[0], 7), "a kept process keeps its fds: {:?}", scans[0].refs);
+    }
+
+    /// A light scan names a working directory on a device as the last full read did while it
+    /// is the same directory (device, inode, mount): renamed since, it shows the old name until
+    /// the next full read; another directory is named by its link at once.
+    #[test]
+    fn a_working_directory_is_named_again_only_when_it_is_another() {
+        let (host, dir, context) = setup();
+        let mut sh = Shell::start();
+        let (old, new, other) = (dir.path().join("old"), dir.path().join("new"), dir.path().join("other"));
+        std::fs::create_dir(&old).expect("mkdir");
+        std::fs::create_dir(&other).expect("mkdir");
+        sh.run(&format!("cd {}", old.display()));
+        let cwd = |scan: &FdScan| -> Vec<KernelText> {
+            scan.refs.iter().filter(|r| r.kind == HolderKind::Cwd).filter_map(|r| r.path.clone()).collect()
+        };
+        let name = |p: &std::path::Path| KernelText::from(p.to_str().expect("utf8"));
+        let mut memo = ProcessMemo::new(3);
+        let (scans, _) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
+        assert_eq!(cwd(&scans[0]), vec![name(&old)], "the full read reads the link");
+        std::fs::rename(&old, &new).expect("rename");
+        let e = sh.entry(&host);
+        let (scans, turn) = memo.scan(&host, &[&e], context.clone(), true);
+        assert_eq!(turn.kept, 1, "{turn:?}");
+        assert_eq!(cwd(&scans[0]), vec![name(&old)], "the same directory: its name as then");
+        sh.run(&format!("cd {}", other.display()));
+        let (scans, turn) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
+        assert_eq!((turn.full_read, turn.kept), (false, 1), "{turn:?}");
+        assert_eq!(cwd(&scans[0]), vec![name(&other)], "another directory: its link read at once");
+        sh.run(&format!("cd {}", new.display()));
+        let (scans, turn) = memo.scan(&host, &[&sh.entry(&host)], context, true);
+        assert!(turn.full_read, "{turn:?}");
+        assert_eq!(cwd(&scans[0]), vec![name(&new)], "the full read reads the link again");
     }
 
     /// An fd swapped for another at the same count (a redirection onto an open fd: open, dup2,
