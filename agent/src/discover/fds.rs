@@ -61,7 +61,7 @@ pub struct FdScan {
 }
 
 /// A task's working directory or root on a device, and the name its link gave for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct DirName {
     pub tid: Option<u32>,
     pub kind: HolderKind,
@@ -72,7 +72,7 @@ pub struct DirName {
 
 /// What a process's last full read found of its tasks' working directories and roots, for a
 /// light scan ([`scan_dirs`]; `snapshot::process_memo` says what it cannot see).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct DirsThen<'a> {
     /// Every thread shared the leader's fs_struct then, and it has the same threads now: only
     /// the leader's are read.

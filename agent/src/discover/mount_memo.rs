@@ -462,8 +462,8 @@ pub fn note_all_changed() {
 }
 
 /// The mounts of namespace `ns_id` as last listed (what [`sb_devs`] would answer for them),
-/// when nothing can have changed since: its mount events were watched before that listing and
-/// none came. `None`: list it again; in a confirmed turn (`confirming`), also when its turn to
+/// when nothing can have changed since: its mount events were watched before that listing (or a
+/// listing after the watch began found the same mounts: [`confirm_watched`]) and none came. `None`: list it again; in a confirmed turn (`confirming`), also when its turn to
 /// be listed again has come ([`relist_due`]).
 pub fn quiet_listing(ns_id: u64, confirming: bool) -> Option<Arc<Vec<Entry>>> {
     let mut m = memo();
