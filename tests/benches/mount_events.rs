@@ -11,7 +11,7 @@
 //! cargo bench -p blockjanitor-tests --bench mount_events; bench/busy-node-scene.sh down`, or
 //! `bench/node-bench.sh` for issue 20's node-shaped scene at 200 and 400 namespaces.
 //! `BENCH_MOUNTS` (50) sets the number of mount/unmount pairs; each round mounts in a scene
-//! namespace picked at random. `BENCH_CHURN=1` runs the scene's pod churn
+//! namespace picked at random (never the template's, which the churn's pods copy). `BENCH_CHURN=1` runs the scene's pod churn
 //! (`busy-node-scene.sh churn`, node shape) during the mount rounds, not during the idle window.
 //! `BENCH_DAEMON_LOG=path` writes the daemon's whole log there at the end.
 //! `BENCH_TRACE=1` prints every other event the client receives while it waits for the one it
@@ -126,8 +126,19 @@ fn main() {
             .map(u64::from)
             .collect();
         // Scene processes whose namespace does not mount the device: one at random each round.
-        let candidates: Vec<u32> =
-            pids.iter().copied().filter(|p| !holder_ns.contains(&u64::from(*p))).collect();
+        // Not the template's (process #0): every pod the churn starts is a copy of its
+        // namespace, so a pod started while the device is mounted there holds it too, and that
+        // second change of the device (then its end with the pod) makes the agent's per-device
+        // cap hold the bench's next change for the rest of its second (the ~950 ms rounds of
+        // the ninth round).
+        let template: Option<u32> = std::fs::read_to_string(Path::new(STATE).join("template_pid"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        let candidates: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| !holder_ns.contains(&u64::from(*p)) && Some(*p) != template)
+            .collect();
         assert!(!candidates.is_empty(), "a scene process not holding the device");
         let mut rng = XorShift(std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15);
 
@@ -208,8 +219,18 @@ fn main() {
                 // The gap before the device's next change, reading what arrives meanwhile.
                 let next = tokio::time::Instant::now() + gap;
                 while let Ok(e) = tokio::time::timeout_at(next, events.next()).await {
-                    e.expect("stream open").expect("event");
+                    let e = e.expect("stream open").expect("event");
                     others[2] += 1;
+                    if trace {
+                        // An event between rounds starts the device's second of the agent's
+                        // per-device cap: a change of the bench device then is held.
+                        let msg: String = e.message.chars().take(100).collect();
+                        eprintln!(
+                            "round {round}: between changes, at {} UTC (scan {}): {msg}",
+                            utc_of(std::time::SystemTime::now()),
+                            e.scan
+                        );
+                    }
                 }
             }
         }

@@ -119,6 +119,13 @@ impl EventRate {
                 vec![e]
             }
             Some(slot) if now.saturating_duration_since(slot.sent) < EVERY => {
+                tracing::debug!(
+                    device = %e.device,
+                    scan = e.scan,
+                    previous_scan = slot.scan,
+                    since_ms = now.saturating_duration_since(slot.sent).as_millis() as u64,
+                    "state event held back (at most one a second per device)"
+                );
                 if slot.held.is_empty() {
                     self.held.notify_one();
                 }

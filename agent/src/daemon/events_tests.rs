@@ -117,3 +117,53 @@ fn holders_added_and_gone_across_a_long_list_are_counted_exactly() {
     assert_eq!(counts_gone_new(&before, &twice), naive(&before, &twice));
     assert_eq!(counts_gone_new(&twice, &before), naive(&twice, &before));
 }
+
+/// Random edits of a list (runs added and removed, holders changed, moved or listed twice),
+/// counted as a search of each holder in the other list counts them, both ways.
+#[test]
+fn random_edits_are_counted_as_the_search_counts_them() {
+    let naive = |a: &[Holder], b: &[Holder]| {
+        (a.iter().filter(|h| !b.contains(h)).count(), b.iter().filter(|h| !a.contains(h)).count())
+    };
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = |below: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % below as u64) as usize
+    };
+    let before: Vec<Holder> = (0..300).map(|p| process(HolderKind::Mmap, p)).collect();
+    for round in 0..300 {
+        let mut after = before.clone();
+        for _ in 0..next(12) {
+            let at = next(after.len() + 1);
+            match next(5) {
+                0 => {
+                    for k in 0..next(40) {
+                        after.insert(
+                            at.min(after.len()),
+                            process(HolderKind::Cwd, 1_000 + (round * 50 + k) as u32),
+                        );
+                    }
+                }
+                1 => {
+                    let end = (at + next(40)).min(after.len());
+                    after.drain(at.min(end)..end);
+                }
+                2 if at < after.len() => after[at].cmdline = Some(format!("changed {round}").into()),
+                3 if at < after.len() => {
+                    let h = after.remove(at);
+                    let to = next(after.len() + 1);
+                    after.insert(to, h);
+                }
+                _ if at < after.len() => {
+                    let h = after[at].clone();
+                    after.insert(next(after.len() + 1), h);
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(counts_gone_new(&before, &after), naive(&before, &after), "round {round}");
+        assert_eq!(counts_gone_new(&after, &before), naive(&after, &before), "round {round}");
+    }
+}

@@ -94,9 +94,11 @@ impl MountWatch {
                     mount_memo::note_all_changed();
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
-                MountEvent::Detached(mnt) => {
-                    mount_memo::namespace_of(mnt, last).or_else(|| holder_of(&watched, mnt, &[]))
-                }
+                // A detached mount is in no namespace any more, so asking the namespaces finds
+                // none (a mount moved is reported attached too, and placed as that): only the
+                // listings remember where it was. Asking all 400 of a node's namespaces while a
+                // dying pod's namespace is torn down cost milliseconds a batch.
+                MountEvent::Detached(mnt) => mount_memo::namespace_of(mnt, last),
                 MountEvent::Attached(mnt, by) => self
                     .place_attached(&watched, mnt, namespace_of_task(proc, by))
                     .or_else(|| mount_memo::namespace_of(mnt, last)),

@@ -14,7 +14,10 @@
 //! device (or whatever serves it: a loop device's backing file, a dead multipath map's queue)
 //! does not answer. The judging of that over time is [`crate::judge::stall`]'s.
 
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use serde::Serialize;
 
@@ -65,6 +68,52 @@ pub fn read(dir: &Path) -> Result<Option<IoStat>, DiscoverError> {
     parse(&text).map(Some).map_err(|e| DiscoverError::Line { path, line: 1, reason: e.to_string() })
 }
 
+/// The `stat` files of the live host's block devices, kept open between reads: a read is then
+/// one `pread` at offset 0 (sysfs makes the text afresh there), not an open, a read and a close,
+/// which were about a tenth of a mount event's re-read on a node of ten devices. A kept file
+/// that fails or says nonsense (its device removed, the name reused) is dropped and the device
+/// read by its path, as [`read`] does; files of devices the latest pass did not read are closed.
+/// An open sysfs attribute pins no mount and no device.
+#[derive(Debug, Default)]
+pub struct StatFiles(HashMap<PathBuf, File>);
+
+impl StatFiles {
+    /// The one set of kept files of this process (its scans take turns).
+    pub fn shared() -> MutexGuard<'static, StatFiles> {
+        static FILES: LazyLock<Mutex<StatFiles>> = LazyLock::new(Mutex::default);
+        FILES.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads `stat` in a device's sysfs directory, as [`read`] does, through the kept file.
+    pub fn read(&mut self, dir: &Path) -> Result<Option<IoStat>, DiscoverError> {
+        let path = dir.join("stat");
+        if let Some(stat) = self.0.get(&path).and_then(read_at_start) {
+            return Ok(Some(stat));
+        }
+        self.0.remove(&path);
+        let stat = read(dir)?;
+        if stat.is_some() {
+            if let Ok(f) = File::open(&path) {
+                self.0.insert(path, f);
+            }
+        }
+        Ok(stat)
+    }
+
+    /// Closes the files of devices not in `dirs` (each a device's sysfs directory).
+    pub fn keep_only(&mut self, dirs: &HashSet<PathBuf>) {
+        self.0.retain(|path, _| path.parent().is_some_and(|d| dirs.contains(d)));
+    }
+}
+
+/// The counters in an open `stat` file, read from its start; `None` for any failure.
+fn read_at_start(f: &File) -> Option<IoStat> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 512];
+    let n = f.read_at(&mut buf, 0).ok().filter(|n| (1..buf.len()).contains(n))?;
+    parse(std::str::from_utf8(&buf[..n]).ok()?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +157,45 @@ mod tests {
         }
         assert!(read_one || class.read_dir().map(|mut d| d.next().is_none()).unwrap_or(true));
         assert_eq!(read(Path::new("/nonexistent")).expect("absent"), None);
+    }
+
+    /// A kept `stat` file is read again from its start and shows the counters as they are now:
+    /// an I/O completed on the device between two reads is counted by the second, through the
+    /// same descriptor; a directory with no `stat` keeps nothing; `keep_only` closes the rest.
+    #[test]
+    fn a_kept_stat_file_shows_the_counters_as_they_are_now() {
+        use std::os::unix::fs::OpenOptionsExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (reads a block device with O_DIRECT)");
+            return;
+        }
+        let host = crate::host::HostRoot::default();
+        let class = host.sys_class_block();
+        // A device with a medium that answers a read: a disk or a bound loop device.
+        let name = super::super::list_dir(&class)
+            .expect("sysfs")
+            .into_iter()
+            .filter(|n| read(&class.join(n)).ok().flatten().is_some())
+            .find(|n| std::fs::read_to_string(class.join(n).join("size")).is_ok_and(|s| s.trim() != "0"))
+            .expect("a block device with a medium");
+        let dir = class.join(&name);
+        let mut files = StatFiles::default();
+        let first = files.read(&dir).expect("read").expect("counters");
+        assert_eq!(files.0.len(), 1, "the file is kept");
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(format!("/dev/{name}"))
+            .expect("open the device");
+        let mut buf = vec![0u8; 2 * 4096];
+        let at = buf.as_ptr().align_offset(4096);
+        std::io::Read::read_exact(&mut dev, &mut buf[at..at + 4096]).expect("direct read");
+        let kept = files.0.get(&dir.join("stat")).expect("kept");
+        let again = read_at_start(kept).expect("read through the kept file");
+        assert!(again.completed > first.completed, "{name}: {first:?} then {again:?}");
+        assert_eq!(files.read(&dir).expect("read").map(|s| s.completed >= again.completed), Some(true));
+        assert_eq!(StatFiles::default().read(Path::new("/nonexistent")).expect("absent"), None);
+        files.keep_only(&HashSet::new());
+        assert!(files.0.is_empty(), "closed");
     }
 }

@@ -117,19 +117,18 @@ impl Holder {
     /// are shown to operators in the holder listing only).
     pub fn describe(&self) -> String {
         let h = self;
-        let who = match (&h.pids.first(), &h.comm) {
-            (Some(p), Some(c)) => format!("pid {p} ({c})"),
-            (Some(p), None) => format!("pid {p}"),
-            _ => String::new(),
-        };
-        let path = h.path.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
-        let mount_point = h.mount_point.as_ref().map_or_else(|| "?".to_owned(), |p| p.to_string());
+        // Written straight into the one string made (a node's image disk has thousands of
+        // holders, each described at every judging of it).
+        let who = Who(h);
+        let path = Shown(h.path.as_ref());
         match h.kind {
-            HolderKind::Mount if h.in_host_namespace == Some(true) => {
-                format!("mounted at {mount_point} in the host's mount namespace: left alone (unmount it on the host)")
-            }
+            HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
+                "mounted at {} in the host's mount namespace: left alone (unmount it on the host)",
+                Shown(h.mount_point.as_ref())
+            ),
             HolderKind::Mount => format!(
-                "mounted at {mount_point} in mount namespace {}",
+                "mounted at {} in mount namespace {}",
+                Shown(h.mount_point.as_ref()),
                 h.mount_namespace.map_or("?".into(), |n| n.0.to_string())
             ),
             HolderKind::OpenDevice => format!("{who} has the device node open ({path}, fd {:?})", h.fds),
@@ -148,7 +147,7 @@ impl Holder {
             ),
             HolderKind::Filesystem => format!(
                 "a {} filesystem still lives on it with no mount in any namespace ({path}): an overlay, a detached mount with open files, or a namespace the scan cannot see keeps it",
-                h.fstype.as_ref().map_or_else(|| "?".to_owned(), |t| t.to_string())
+                Shown(h.fstype.as_ref())
             ),
         }
     }
@@ -175,6 +174,28 @@ impl Holder {
     }
 }
 
+/// A holder's process in words: `pid 7 (comm)`, `pid 7`, or nothing.
+struct Who<'a>(&'a Holder);
+
+impl std::fmt::Display for Who<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.0.pids.first(), &self.0.comm) {
+            (Some(p), Some(c)) => write!(f, "pid {p} ({c})"),
+            (Some(p), None) => write!(f, "pid {p}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Kernel text as shown (escaped), `?` when unknown.
+struct Shown<'a>(Option<&'a KernelText>);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0.map_or("?".into(), KernelText::escaped).as_ref())
+    }
+}
+
 /// A device and everything that holds it.
 #[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Serialize)]
@@ -195,7 +216,9 @@ pub struct DeviceEntry {
     pub nvme: Option<crate::graph::nvme::NvmeView>,
     /// The Kubernetes volume it is, per the kubelet directory.
     pub kubernetes: Option<KubeOwner>,
-    /// Its I/O counters as this scan read them (`None`: not read, as on fixture trees).
+    /// Its I/O counters as this scan read them (`None`: not read, as on fixture trees). A
+    /// daemon re-read keeps a device whose counters only moved as it was built
+    /// ([`crate::snapshot::touched`]): then these are the counters of that build.
     pub io: Option<IoStat>,
 }
 
@@ -301,10 +324,12 @@ impl DeviceGraph {
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
             per_dev.entry(m.device()).or_default().push(h);
         }
-        // Process references, one holder per (device, kind, pid).
-        let mut grouped: BTreeMap<(DevNum, HolderKind, u32), Holder> = BTreeMap::new();
+        // Process references, one holder per (device, kind, pid), in that order. Built in a
+        // list and put in order once: a tree of thousands of holders moved them at every insert.
+        let mut grouped: Vec<Option<Holder>> = Vec::new();
+        let mut at: HashMap<(DevNum, HolderKind, u32), usize> = HashMap::new();
         for r in s.proc_refs.iter().filter(|r| wanted(r.devnum)) {
-            let h = grouped.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
+            let i = *at.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
                 let mut h = Holder::bare(r.kind);
                 label(&mut h, s, Some(r.pid));
                 h.pids = vec![r.pid];
@@ -313,14 +338,17 @@ impl DeviceGraph {
                 h.mount_namespace = ns;
                 h.in_host_namespace = ns.map(|n| n == s.host_ns);
                 h.path = r.path.clone();
-                h
+                grouped.push(Some(h));
+                grouped.len() - 1
             });
-            if let Some(fd) = r.fd {
+            if let (Some(fd), Some(h)) = (r.fd, grouped[i].as_mut()) {
                 h.fds.push(fd);
             }
         }
-        for ((dev, _, _), h) in grouped {
-            per_dev.entry(dev).or_default().push(h);
+        let mut order: Vec<((DevNum, HolderKind, u32), usize)> = at.into_iter().collect();
+        order.sort_unstable();
+        for ((dev, _, _), i) in order {
+            per_dev.entry(dev).or_default().extend(grouped[i].take());
         }
         for sw in s.swaps.iter().filter(|sw| wanted(sw.devnum)) {
             let mut h = Holder::bare(HolderKind::Swap);

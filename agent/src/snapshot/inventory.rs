@@ -24,14 +24,26 @@ pub(super) fn read_io(
     warnings: &mut Vec<String>,
 ) -> HashMap<DevNum, IoStat> {
     let mut io = HashMap::new();
+    // The live host's files are kept open between reads (a fixture's may be replaced whole).
+    let mut kept = host.is_live().then(iostat::StatFiles::shared);
+    let mut read = HashSet::new();
     for d in devices.iter().filter(|d| targets.contains(&d.devnum)) {
-        match iostat::read(&host.sys_class_block().join(d.name.as_str())) {
+        let dir = host.sys_class_block().join(d.name.as_str());
+        let counters = match kept.as_deref_mut() {
+            Some(files) => files.read(&dir),
+            None => iostat::read(&dir),
+        };
+        read.insert(dir);
+        match counters {
             Ok(Some(s)) => {
                 io.insert(d.devnum, s);
             }
             Ok(None) => {}
             Err(e) => warnings.push(e.to_string()),
         }
+    }
+    if let Some(files) = kept.as_deref_mut() {
+        files.keep_only(&read);
     }
     io
 }

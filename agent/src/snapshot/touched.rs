@@ -1,6 +1,7 @@
 //! Which devices a re-read touched: what a device's entry in the graph is built from (its
 //! mounts in the namespaces the re-read read, added or dropped, with the process each mount is
-//! labelled by; the process references to it; its I/O counters) is taken before and after
+//! labelled by; the process references to it; I/O in flight that is not completing) is taken
+//! before and after
 //! [`Snapshot::update`] and compared. A device whose inputs did not change has the entry and the
 //! verdict it had: the daemon keeps them from its previous view, and rebuilds and re-judges only
 //! the touched ones ([`crate::engine::view::View::merged`]). That is what keeps an event's cost
@@ -57,8 +58,10 @@ pub struct DeviceInputs {
     namespaces: Vec<MountNsId>,
     /// Each namespace's processes, when a namespace came or went (with the references): a
     /// process that moved to a new namespace leaves the one it was in, whose mounts' holders
-    /// name their namespace's processes.
-    pids: HashMap<MountNsId, Vec<u32>>,
+    /// name their namespace's processes. All in one list, each namespace's a part of it (one
+    /// allocation, not one per namespace of the node, twice per event that needs them).
+    pids: HashMap<MountNsId, std::ops::Range<usize>>,
+    pid_list: Vec<u32>,
     /// The processes described (labels of holders).
     described: Vec<u32>,
     /// Each names the devices it holds (a filesystem's members, a thread's device in its name).
@@ -141,14 +144,20 @@ impl Snapshot {
                 ^ ((r.kind as u64) << 56);
             e.1 = e.1.wrapping_add(one.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         }
-        let pids = match with_refs {
-            true => self.namespaces.iter().map(|n| (n.id, n.pids.clone())).collect(),
-            false => HashMap::new(),
-        };
+        let (mut pids, mut pid_list) = (HashMap::new(), Vec::new());
+        if with_refs {
+            pids.reserve(self.namespaces.len());
+            for n in &self.namespaces {
+                let start = pid_list.len();
+                pid_list.extend_from_slice(&n.pids);
+                pids.insert(n.id, start..pid_list.len());
+            }
+        }
         DeviceInputs {
             mounts,
             refs,
             pids,
+            pid_list,
             io: self.io.clone(),
             namespaces: ids,
             described: self.processes.keys().copied().collect(),
@@ -225,10 +234,13 @@ pub fn touched(before: &DeviceInputs, after: &DeviceInputs, snap: &Snapshot) -> 
             out.insert(*d);
         }
     }
-    // Counters that moved, and any I/O in flight (a device that may have stopped answering is
-    // judged again at every event, with the stall watch).
+    // I/O in flight with none completed since the last read: a device that may have stopped
+    // answering is judged again at every event, with the stall watch. Counters that moved only
+    // say that the device answers, which changes neither its holders nor its verdict: a node's
+    // image disk, read and written by every container, is not rebuilt at every event for it.
     for (d, io) in &after.io {
-        if before.io.get(d) != Some(io) || io.in_flight > 0 {
+        let stalling = |b: &IoStat| io.in_flight > 0 && b.completed == io.completed;
+        if before.io.get(d).is_none_or(stalling) {
             out.insert(*d);
         }
     }
@@ -239,7 +251,10 @@ pub fn touched(before: &DeviceInputs, after: &DeviceInputs, snap: &Snapshot) -> 
     let moved: HashSet<MountNsId> = before
         .pids
         .iter()
-        .filter(|(id, p)| after.pids.get(*id).is_some_and(|q| q != *p))
+        .filter(|(id, p)| {
+            let then = &before.pid_list[(*p).clone()];
+            after.pids.get(*id).is_some_and(|q| after.pid_list[q.clone()] != *then)
+        })
         .map(|(id, _)| *id)
         .collect();
     out.extend(snap.mounts.iter().filter(|m| moved.contains(&m.ns)).map(|m| m.device()));

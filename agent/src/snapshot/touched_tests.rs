@@ -137,20 +137,33 @@ fn a_new_namespace_is_looked_at_though_nobody_named_it() {
 }
 
 #[test]
-fn moving_counters_and_io_in_flight_touch_the_device() {
+fn io_in_flight_that_does_not_complete_touches_the_device_and_moving_counters_do_not() {
     let mut snap = node();
     let before = snap.device_inputs(&HashSet::new(), None, true);
+    // I/O completed, none in flight (then some in flight, with more completed): it answers.
     snap.io.insert(VOLUME, IoStat { completed: 5, ..IoStat::default() });
     let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
-    assert_eq!(touched(&before, &after, &snap), Touched::Some([VOLUME].into_iter().collect()));
+    assert_eq!(touched(&before, &after, &snap), Touched::Some(HashSet::new()));
+    let before = after;
+    snap.io.insert(VOLUME, IoStat { completed: 9, in_flight: 2 });
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
+    assert_eq!(touched(&before, &after, &snap), Touched::Some(HashSet::new()));
+    // In flight, and nothing completed since the last read: it may be stalling.
     let before = after;
     snap.io.insert(IMAGE, IoStat { in_flight: 1, ..IoStat::default() });
     let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
     let t = touched(&before, &after, &snap);
-    assert_eq!(t, Touched::Some([IMAGE].into_iter().collect()));
+    assert_eq!(t, Touched::Some([IMAGE, VOLUME].into_iter().collect()));
     // Still in flight, counters unchanged: touched again (the stall watch must look).
     let again = snap.device_inputs(&HashSet::new(), Some(&after), true);
     assert_eq!(touched(&after, &again, &snap), t);
+    // Counters newly readable (none before): touched (the other device's I/O completed).
+    let mut before = again.clone();
+    before.io.remove(&IMAGE);
+    snap.io.insert(IMAGE, IoStat::default());
+    snap.io.insert(VOLUME, IoStat { completed: 10, in_flight: 1 });
+    let after = snap.device_inputs(&HashSet::new(), Some(&before), true);
+    assert_eq!(touched(&before, &after, &snap), Touched::Some([IMAGE].into_iter().collect()));
 }
 
 #[test]
