@@ -162,38 +162,45 @@ mod tests {
     /// A kept `stat` file is read again from its start and shows the counters as they are now:
     /// an I/O completed on the device between two reads is counted by the second, through the
     /// same descriptor; a directory with no `stat` keeps nothing; `keep_only` closes the rest.
+    /// On a loop device of its own (the machine's disks may not be open to reads).
     #[test]
     fn a_kept_stat_file_shows_the_counters_as_they_are_now() {
         use std::os::unix::fs::OpenOptionsExt;
+        use std::process::Command;
         if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root (reads a block device with O_DIRECT)");
+            eprintln!("SKIPPED: needs root (binds a loop device)");
             return;
         }
-        let host = crate::host::HostRoot::default();
-        let class = host.sys_class_block();
-        // A device with a medium that answers a read: a disk or a bound loop device.
-        let name = super::super::list_dir(&class)
-            .expect("sysfs")
-            .into_iter()
-            .filter(|n| read(&class.join(n)).ok().flatten().is_some())
-            .find(|n| std::fs::read_to_string(class.join(n).join("size")).is_ok_and(|s| s.trim() != "0"))
-            .expect("a block device with a medium");
-        let dir = class.join(&name);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, vec![0u8; 1 << 20]).expect("image file");
+        let out = Command::new("losetup").arg("-f").arg("--show").arg(&image).output().expect("run losetup");
+        assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+        let node = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        struct Detach(String);
+        impl Drop for Detach {
+            fn drop(&mut self) {
+                let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
+            }
+        }
+        let _detach = Detach(node.clone());
+        let name = node.trim_start_matches("/dev/");
+        let sysfs = crate::host::HostRoot::default().sys_class_block().join(name);
         let mut files = StatFiles::default();
-        let first = files.read(&dir).expect("read").expect("counters");
+        let first = files.read(&sysfs).expect("read").expect("counters");
         assert_eq!(files.0.len(), 1, "the file is kept");
         let mut dev = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
-            .open(format!("/dev/{name}"))
+            .open(&node)
             .expect("open the device");
         let mut buf = vec![0u8; 2 * 4096];
         let at = buf.as_ptr().align_offset(4096);
         std::io::Read::read_exact(&mut dev, &mut buf[at..at + 4096]).expect("direct read");
-        let kept = files.0.get(&dir.join("stat")).expect("kept");
+        let kept = files.0.get(&sysfs.join("stat")).expect("kept");
         let again = read_at_start(kept).expect("read through the kept file");
         assert!(again.completed > first.completed, "{name}: {first:?} then {again:?}");
-        assert_eq!(files.read(&dir).expect("read").map(|s| s.completed >= again.completed), Some(true));
+        assert_eq!(files.read(&sysfs).expect("read").map(|s| s.completed >= again.completed), Some(true));
         assert_eq!(StatFiles::default().read(Path::new("/nonexistent")).expect("absent"), None);
         files.keep_only(&HashSet::new());
         assert!(files.0.is_empty(), "closed");
