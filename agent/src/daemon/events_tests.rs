@@ -99,10 +99,7 @@ fn holders_added_and_gone_across_a_long_list_are_counted_exactly() {
     after.remove(1500);
     after.remove(300);
     after[1000].cmdline = Some("sh -c rewritten".into());
-    let naive = |a: &[Holder], b: &[Holder]| {
-        (a.iter().filter(|h| !b.contains(h)).count(), b.iter().filter(|h| !a.contains(h)).count())
-    };
-    assert_eq!(counts_gone_new(&before, &after), naive(&before, &after));
+    assert_eq!(counts_gone_new(&before, &after), searched(&before, &after));
     assert_eq!(counts_gone_new(&before, &after), (3, 5));
     assert_eq!(counts_gone_new(&after, &after), (0, 0));
     // A holder listed twice (two fds of one file), one of them moved from the head into the
@@ -114,17 +111,14 @@ fn holders_added_and_gone_across_a_long_list_are_counted_exactly() {
     for h in &mut twice[400..420] {
         h.cmdline = Some("changed".into());
     }
-    assert_eq!(counts_gone_new(&before, &twice), naive(&before, &twice));
-    assert_eq!(counts_gone_new(&twice, &before), naive(&twice, &before));
+    assert_eq!(counts_gone_new(&before, &twice), searched(&before, &twice));
+    assert_eq!(counts_gone_new(&twice, &before), searched(&twice, &before));
 }
 
 /// Random edits of a list (runs added and removed, holders changed, moved or listed twice),
 /// counted as a search of each holder in the other list counts them, both ways.
 #[test]
 fn random_edits_are_counted_as_the_search_counts_them() {
-    let naive = |a: &[Holder], b: &[Holder]| {
-        (a.iter().filter(|h| !b.contains(h)).count(), b.iter().filter(|h| !a.contains(h)).count())
-    };
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
     let mut next = |below: usize| {
         seed ^= seed << 13;
@@ -163,7 +157,13 @@ fn random_edits_are_counted_as_the_search_counts_them() {
                 _ => {}
             }
         }
-        assert_eq!(counts_gone_new(&before, &after), naive(&before, &after), "round {round}");
-        assert_eq!(counts_gone_new(&after, &before), naive(&after, &before), "round {round}");
+        assert_eq!(counts_gone_new(&before, &after), searched(&before, &after), "round {round}");
+        assert_eq!(counts_gone_new(&after, &before), searched(&after, &before), "round {round}");
     }
+}
+
+/// How many holders of `a` are not in `b`, and of `b` not in `a`, by searching each in the
+/// other list: what `counts_gone_new` must count.
+fn searched(a: &[Holder], b: &[Holder]) -> (usize, usize) {
+    (a.iter().filter(|h| !b.contains(h)).count(), b.iter().filter(|h| !a.contains(h)).count())
 }

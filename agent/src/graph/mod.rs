@@ -15,6 +15,7 @@ pub mod protect;
 pub mod resolve;
 pub mod scan;
 pub mod stack;
+mod words;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -31,6 +32,7 @@ use crate::graph::owner::{owner_of, KubeOwner};
 use crate::model::few::member_of;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
 use crate::snapshot::{KernelThread, Snapshot};
+use words::{Shown, Who};
 
 /// At most this many PIDs are listed per holder (`pid_count` has the total).
 pub const MAX_PIDS: usize = 16;
@@ -117,9 +119,8 @@ impl Holder {
     /// are shown to operators in the holder listing only).
     pub fn describe(&self) -> String {
         let h = self;
-        // Written straight into the one string made (a node's image disk has thousands of
-        // holders, each described at every judging of it).
-        let who = Who(h);
+        // Written straight into the one string made ([`words`]).
+        let who = Who(h.pids.first().copied(), h.comm.as_ref());
         let path = Shown(h.path.as_ref());
         match h.kind {
             HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
@@ -171,28 +172,6 @@ impl Holder {
     /// A mount in a namespace other than the host's: what `release` detaches.
     pub fn is_foreign_mount(&self) -> bool {
         self.kind == HolderKind::Mount && self.in_host_namespace == Some(false)
-    }
-}
-
-/// A holder's process in words: `pid 7 (comm)`, `pid 7`, or nothing.
-struct Who<'a>(&'a Holder);
-
-impl std::fmt::Display for Who<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.0.pids.first(), &self.0.comm) {
-            (Some(p), Some(c)) => write!(f, "pid {p} ({c})"),
-            (Some(p), None) => write!(f, "pid {p}"),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// Kernel text as shown (escaped), `?` when unknown.
-struct Shown<'a>(Option<&'a KernelText>);
-
-impl std::fmt::Display for Shown<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0.map_or("?".into(), KernelText::escaped).as_ref())
     }
 }
 
