@@ -6,7 +6,8 @@
 //! the same fd count (`dup2`: no sign at all); each is shown by the daemon, the swap by the
 //! next full read at the latest; light scans did happen (the daemon's debug log says how many
 //! processes each kept); and once settled, the daemon's holders of the device are those a
-//! one-shot full scan shows. Not timed (generous bounds).
+//! one-shot full scan shows. And the timer's scan stops for a mount change that is waiting,
+//! yet still runs to its end (`daemon::scanner`). Not timed (generous bounds).
 
 use std::io::{BufRead, Write};
 use std::path::Path;
@@ -240,4 +241,135 @@ fn root_periodic_scans_keep_unchanged_processes_and_see_every_change() {
         }
     });
     drop(holder);
+}
+
+/// Mount holders of `dev` as (namespace, mount point), sorted, as the daemon shows them.
+async fn daemon_mounts(
+    c: &mut pb::agent_client::AgentClient<tonic::transport::Channel>,
+    dev: &str,
+) -> Vec<(u64, String)> {
+    let d =
+        c.get_device(pb::GetDeviceRequest { device: dev.to_owned() }).await.expect("GetDevice").into_inner();
+    let mut v: Vec<(u64, String)> = d
+        .holders
+        .iter()
+        .filter(|h| h.kind == pb::HolderKind::Mount as i32)
+        .map(|h| (h.mount_namespace, h.mount_point.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The same, from a one-shot full scan.
+fn full_scan_mounts(dev: &str) -> Vec<(u64, String)> {
+    let out = agent(&["holders", dev, "--output", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("holders {dev}: not JSON ({e}): {}", text(&out.stdout)));
+    let mut mounts: Vec<(u64, String)> = v["holders"]
+        .as_array()
+        .unwrap_or_else(|| panic!("holders {dev}: no holder list: {v:#}"))
+        .iter()
+        .filter(|h| h["kind"] == "mount")
+        .map(|h| {
+            let ns = h["mount_namespace"].as_u64().unwrap_or_else(|| panic!("a mount's namespace: {h:#}"));
+            (ns, h["mount_point"].as_str().unwrap_or_default().to_owned())
+        })
+        .collect();
+    mounts.sort();
+    mounts
+}
+
+/// The daemon's debug lines, each as its JSON fields (message included).
+fn debug_lines(log: &str) -> Vec<serde_json::Value> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v.get("fields").cloned().unwrap_or(v))
+        .collect()
+}
+
+/// The timer's full scan stops for a change that is waiting, so that the change is read and
+/// shown without waiting for the whole host's read, and still runs to its end (at most three
+/// stops in a row): on the real kernel, a process in a namespace of its own bind-mounts the
+/// loop device's filesystem and unmounts it again without pause while the daemon's timer fires
+/// every second. Its debug log shows timer scans that stopped and timer scans that were
+/// published, never more than three stops between two; once the churn ends, the daemon's mounts
+/// of the device are a one-shot full scan's. Not timed.
+#[test]
+fn root_the_timer_scan_stops_for_a_waiting_change_and_still_finishes() {
+    let Some((_serial, s)) = real_kernel_test(&["losetup", "mkfs.ext4", "mount", "umount", "unshare"]) else {
+        return;
+    };
+    let img = s.ext4_image("disk.img", 32);
+    let lo = LoopDev::attach(&img);
+    let dev = lo.name().to_owned();
+    let mnt = s.mkdir("mnt");
+    let _mount = HostMount::new(&lo.dev, &mnt, &[]);
+    let target = s.mkdir("copy");
+    let (go, stop) = (s.dir.path().join("go"), s.dir.path().join("stop"));
+    // Waits (in its own namespace, before the daemon's first scan reads it) until told to go.
+    let churn = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done; n=0; \
+         while [ ! -e {stop} ]; do mount --bind {mnt} {target} && umount {target}; n=$((n+1)); done; echo $n",
+        go = go.display(),
+        stop = stop.display(),
+        mnt = mnt.display(),
+        target = target.display()
+    );
+    let churner = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &churn])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare");
+    let mut churner = Killed(churner);
+    std::thread::sleep(Duration::from_millis(300));
+    let d = Daemon::start_configured(s.dir.path(), &[], &["--rescan-interval", INTERVAL], |c| {
+        c.env("BLOCKJANITOR_LOG", "blockjanitor=debug");
+    });
+    let rt = blockjanitor_tests::rt();
+    rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        daemon_mounts(&mut c, &dev).await; // the start-up scan is done
+        std::fs::write(&go, b"").expect("go");
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        std::fs::write(&stop, b"").expect("stop");
+    });
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut churner.0.stdout.take().expect("its stdout"), &mut out).expect("read");
+    let _ = churner.0.wait();
+    let rounds: u64 = out.trim().parse().unwrap_or_else(|_| panic!("the churn's count: {out}"));
+    assert!(rounds > 100, "the churn made only {rounds} mounts");
+
+    let log = d.log_text();
+    let lines = debug_lines(&log);
+    let (mut stopped, mut published, mut in_a_row, mut most_in_a_row) = (0, 0, 0, 0);
+    for l in &lines {
+        if l["message"] == "scan stopped for a waiting change" && l["trigger"] == "timer" {
+            (stopped, in_a_row) = (stopped + 1, in_a_row + 1);
+            most_in_a_row = most_in_a_row.max(in_a_row);
+        } else if l["message"] == "published" && l["trigger"] == "timer" {
+            (published, in_a_row) = (published + 1, 0);
+        }
+    }
+    eprintln!("{rounds} mount changes; timer scans: {stopped} stopped, {published} published, {most_in_a_row} stops in a row at most");
+    assert!(stopped > 0, "no timer scan stopped for the {rounds} mount changes:\n{log}");
+    assert!(published >= 3, "{published} timer scans were published in 6 s ({stopped} stopped):\n{log}");
+    assert!(most_in_a_row <= 3, "{most_in_a_row} timer scans stopped in a row:\n{log}");
+
+    // Settled: the daemon's mounts of the device are a one-shot full scan's (the host's only).
+    rt.block_on(async {
+        let mut c = unix_client(&d.socket).await;
+        let deadline = tokio::time::Instant::now() + REACT;
+        loop {
+            let (ours, full) = (daemon_mounts(&mut c, &dev).await, full_scan_mounts(&dev));
+            if ours == full {
+                assert_eq!(ours.len(), 1, "the host's mount alone: {ours:?}");
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the daemon shows {ours:?}, a full scan {full:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
 }

@@ -106,7 +106,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
                 None
             }
         };
-        state.scan_once("start").await;
+        state.scan_once("start", false).await;
         tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
         tokio::spawn(Arc::clone(&state).send_held_events(stop.clone()));
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));

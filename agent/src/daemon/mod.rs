@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod mount_watch;
 pub mod new_namespaces;
 mod requests;
+mod scanner;
 pub mod state;
 mod statmount_memo;
 pub mod triggers;

@@ -1,13 +1,10 @@
-//! The daemon's state: the engine and its grace clocks, the latest judged scan (a [`View`]), the
-//! rescan loop, plans and actions on request and by mode, and the event stream. Every scan,
-//! verdict, plan and action goes through the one engine ([`crate::engine`]); this file only
-//! schedules it.
-//!
-//! Scans run on a blocking thread with a deadline; while one runs, further triggers collapse into
-//! a single follow-up scan (a `Notify` holds at most one permit), so scans never stack. A scan
-//! that overruns its deadline is reported; no new scan starts until it has finished.
+//! The daemon's state: the engine and its grace clocks, the latest judged scan (a [`View`]),
+//! what is waiting for the scanner, and the event stream. Every scan, verdict, plan and action
+//! goes through the one engine ([`crate::engine`]); the rescan loop is [`super::scanner`], plans
+//! and actions on request and by mode [`super::requests`].
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -23,7 +20,7 @@ use crate::engine::world::LinuxWorld;
 use crate::engine::Engine;
 use crate::host::HostRoot;
 use crate::judge::grace::Clocks;
-use crate::model::{DevNum, MountNsId};
+use crate::model::MountNsId;
 use crate::snapshot::reread::Changes;
 
 /// Longest a scan may take before it is reported as overrunning.
@@ -61,6 +58,29 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// The timer's trigger: the one scan that does not settle and may stop for a waiting change.
+pub(super) const TIMER: &str = "timer";
+
+/// The changes waiting for the scanner, locked, with the flag a stoppable scan asks.
+pub(super) struct Pending<'a> {
+    changes: std::sync::MutexGuard<'a, Changes>,
+    waiting: &'a AtomicBool,
+}
+
+impl Pending<'_> {
+    /// Adds to what is waiting.
+    pub(super) fn add(&mut self, f: impl FnOnce(&mut Changes)) {
+        f(&mut self.changes);
+        self.waiting.store(!self.changes.is_empty(), Ordering::Release);
+    }
+
+    /// Takes what is waiting.
+    pub(super) fn take(&mut self) -> Changes {
+        self.waiting.store(false, Ordering::Release);
+        std::mem::take(&mut *self.changes)
+    }
+}
+
 /// Everything the server and the background tasks share.
 pub struct AgentState {
     pub host: HostRoot,
@@ -80,6 +100,9 @@ pub struct AgentState {
     /// What the kernel reported changed since the last scan (read again alone, when no full
     /// scan is pending).
     pub(super) pending_changes: Mutex<Changes>,
+    /// Whether `pending_changes` holds something (set and cleared under its lock): what a
+    /// stoppable scan asks as it goes.
+    pub(super) change_waiting: AtomicBool,
     /// Mount namespaces new since the last full scan whose processes are being looked for off
     /// the scanner's path, before their read in full is asked for ([`Changes::awaiting`]).
     pub(super) awaiting: Mutex<HashSet<MountNsId>>,
@@ -173,6 +196,7 @@ impl AgentState {
             rescan: Notify::new(),
             pending_trigger: Mutex::new(None),
             pending_changes: Mutex::new(Changes::default()),
+            change_waiting: AtomicBool::new(false),
             awaiting: Mutex::new(HashSet::new()),
             mount_watch: std::sync::OnceLock::new(),
             statmount_memo: std::sync::OnceLock::new(),
@@ -206,10 +230,13 @@ impl AgentState {
         self.view.read().map(|v| Arc::clone(&v)).unwrap_or_else(|p| Arc::clone(&p.into_inner()))
     }
 
-    /// Asks for a rescan; triggers that arrive while one is pending or running coalesce.
+    /// Asks for a rescan; triggers that arrive while one is pending or running coalesce (any
+    /// other trigger takes the timer's place: its scan is one that settles and runs to its end).
     pub fn request_rescan(&self, trigger: &'static str) {
         if let Ok(mut p) = self.pending_trigger.lock() {
-            p.get_or_insert(trigger);
+            if p.is_none_or(|t| t == TIMER) {
+                *p = Some(trigger);
+            }
         }
         self.rescan.notify_one();
     }
@@ -220,7 +247,7 @@ impl AgentState {
         if namespaces.is_empty() {
             return;
         }
-        self.pending().namespaces.extend(namespaces);
+        self.pending().add(|c| c.namespaces.extend(namespaces));
         self.rescan.notify_one();
     }
 
@@ -230,7 +257,7 @@ impl AgentState {
         if namespaces.is_empty() {
             return;
         }
-        self.pending().gone.extend(namespaces);
+        self.pending().add(|c| c.gone.extend(namespaces));
         self.rescan.notify_one();
     }
 
@@ -250,7 +277,7 @@ impl AgentState {
         }
     }
 
-    fn awaiting_set(&self) -> std::sync::MutexGuard<'_, HashSet<MountNsId>> {
+    pub(super) fn awaiting_set(&self) -> std::sync::MutexGuard<'_, HashSet<MountNsId>> {
         self.awaiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -264,11 +291,11 @@ impl AgentState {
             return;
         }
         let ids: Vec<MountNsId> = found.keys().copied().collect();
-        let mut pending = self.pending();
-        for (id, pids) in found {
-            pending.new_namespaces.entry(id).or_default().extend(pids);
-        }
-        drop(pending);
+        self.pending().add(|c| {
+            for (id, pids) in found {
+                c.new_namespaces.entry(id).or_default().extend(pids);
+            }
+        });
         self.stop_awaiting(&ids);
         self.rescan.notify_one();
     }
@@ -285,12 +312,17 @@ impl AgentState {
     /// Asks for block device `name` (named by a uevent) to be read again, with what is stacked
     /// on it (a full scan, if one is pending or the re-read cannot stand in for one).
     pub fn request_device_rescan(&self, name: String) {
-        self.pending().devices.insert(name);
+        self.pending().add(|c| {
+            c.devices.insert(name);
+        });
         self.rescan.notify_one();
     }
 
-    pub(super) fn pending(&self) -> std::sync::MutexGuard<'_, Changes> {
-        self.pending_changes.lock().unwrap_or_else(|p| p.into_inner())
+    pub(super) fn pending(&self) -> Pending<'_> {
+        Pending {
+            changes: self.pending_changes.lock().unwrap_or_else(|p| p.into_inner()),
+            waiting: &self.change_waiting,
+        }
     }
 
     /// Uses the kernel's mount events: every full scan's namespaces are watched from now on.
@@ -301,86 +333,6 @@ impl AgentState {
 
     pub(super) fn clocks(&self) -> std::sync::MutexGuard<'_, Clocks> {
         self.clocks.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Scans the whole host and judges it (blocking). A process whose signs of change are the
-    /// same keeps what its last full read found, but for every `--full-read-every`th scan
-    /// (`snapshot::process_memo`).
-    pub(super) fn scan_blocking(&self, scan_number: u64) -> Result<View, String> {
-        let scan = self.engine.world.scan_periodic().map_err(|e| e.to_string())?;
-        if let Some(watch) = self.mount_watch.get() {
-            watch.sync(&self.engine.world.namespace_files());
-        }
-        let judged = self.engine.judge(scan, &mut self.clocks());
-        Ok(View::of(judged, scan_number))
-    }
-
-    /// Brings the latest view up to date after what the kernel reported changed (blocking).
-    /// Judged on a copy of the grace clocks: a re-read carries the full scan's fds and
-    /// processes, so it may show a verdict and restart a clock, but never advances one.
-    /// `Err`: why only a full scan will do.
-    pub(super) fn rescan_changed_blocking(
-        &self,
-        changes: &Changes,
-        scan_number: u64,
-        previous: &View,
-    ) -> Result<View, String> {
-        use crate::engine::world::World;
-        let t0 = Instant::now();
-        // What the previous view may keep of a device the re-read does not touch.
-        let (api, now) = (self.engine.world.cluster(), self.engine.world.now());
-        let reusable: HashSet<DevNum> = previous
-            .devices
-            .iter()
-            .filter(|d| d.reusable(api.as_ref(), now))
-            .map(|d| d.entry.device.devnum)
-            .collect();
-        let reread = self.engine.world.rescan_changed(changes, &reusable)?;
-        let t1 = Instant::now();
-        let mut scratch = self.clocks().clone();
-        let judged = self.engine.judge(reread.scan, &mut scratch);
-        // It may restart a clock (it saw the device held: a mount is evidence enough), never
-        // advance one.
-        self.clocks().retain(|id| scratch.get(id).is_some());
-        let t2 = Instant::now();
-        let view = View::merged(judged, previous, reread.rebuilt.as_ref(), &reread.devices, scan_number)
-            .ok_or("the latest view does not list the re-read snapshot's devices")?;
-        tracing::debug!(
-            read_us = (t1 - t0).as_micros() as u64,
-            judge_us = (t2 - t1).as_micros() as u64,
-            view_us = t2.elapsed().as_micros() as u64,
-            "re-read what changed"
-        );
-        Ok(view)
-    }
-
-    /// Reads again what the kernel reported changed and publishes the result; false when only
-    /// a full scan will do.
-    pub(super) async fn rescan_changed_once(self: &Arc<Self>, changes: Changes) -> bool {
-        let previous = self.view();
-        let number = previous.scan_number + 1;
-        let me = Arc::clone(self);
-        let started = Instant::now();
-        let handle =
-            tokio::task::spawn_blocking(move || me.rescan_changed_blocking(&changes, number, &previous));
-        match tokio::time::timeout(SCAN_DEADLINE, handle).await {
-            Ok(Ok(Ok(view))) => {
-                self.publish("changes", started.elapsed(), view);
-                true
-            }
-            Ok(Ok(Err(why))) => {
-                tracing::debug!("{why}: scanning in full");
-                false
-            }
-            Ok(Err(join)) => {
-                tracing::error!("re-read thread failed: {join}");
-                false
-            }
-            Err(_) => {
-                tracing::error!("a re-read overran its {SCAN_DEADLINE:?} deadline");
-                false
-            }
-        }
     }
 
     /// Sends `e` to the watchers, through the per-device cap on state events
@@ -427,91 +379,5 @@ impl AgentState {
             metrics_us = (started.elapsed() - sent).as_micros() as u64,
             "published"
         );
-    }
-
-    /// Runs one scan now on a blocking thread, publishes it and its events. Returns false when
-    /// the scan failed or overran (the previous view stays).
-    pub async fn scan_once(self: &Arc<Self>, trigger: &'static str) -> bool {
-        let number = self.view().scan_number + 1;
-        let me = Arc::clone(self);
-        let started = Instant::now();
-        let handle = tokio::task::spawn_blocking(move || me.scan_blocking(number));
-        let result = match tokio::time::timeout(SCAN_DEADLINE, handle).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(join)) => Err(format!("scan thread failed: {join}")),
-            Err(_) => {
-                Err(format!("scan overran its {SCAN_DEADLINE:?} deadline; a device or process may be hung"))
-            }
-        };
-        let elapsed = started.elapsed();
-        let (ok, scan) = match result {
-            Ok(view) => {
-                self.publish(trigger, elapsed, view);
-                self.save_statmount_memo();
-                (true, None)
-            }
-            Err(e) => {
-                self.metrics.scan_failed(trigger);
-                tracing::error!(trigger, "scan failed: {e}");
-                (false, Some(e))
-            }
-        };
-        self.check_health(scan).await;
-        ok
-    }
-
-    /// Re-evaluates every health check ([`super::health`]) with the latest scan's outcome
-    /// (`scan`: why it failed), and tells the health service and the metrics when it changed.
-    async fn check_health(&self, scan: Option<String>) {
-        use super::health::{journal_problem, kubernetes_problem, Health};
-        let journal = self.config.journal.clone();
-        let journal = tokio::task::spawn_blocking(move || journal_problem(&journal))
-            .await
-            .unwrap_or_else(|e| Some(format!("the journal check failed: {e}")));
-        let kubernetes = kubernetes_problem(self.config.mode, &self.view().api_state);
-        let health = Health { scan, journal, kubernetes };
-        self.metrics.observe_health(&health);
-        self.health.send_if_modified(|h| {
-            if *h == health {
-                return false;
-            }
-            *h = health;
-            true
-        });
-    }
-
-    /// The rescan loop: waits for triggers and scans, one at a time, until `shutdown` fires.
-    pub async fn run_scanner(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        loop {
-            tokio::select! {
-                _ = self.rescan.notified() => {}
-                _ = shutdown.changed() => return,
-            }
-            // What is awaited is looked at first: a namespace no longer awaited by then was
-            // asked for before, so its read is in what is taken next.
-            let awaiting = self.awaiting_set().clone();
-            let mut changes = std::mem::take(&mut *self.pending());
-            changes.awaiting = awaiting;
-            let full_pending = self.pending_trigger.lock().map(|p| p.is_some()).unwrap_or(true);
-            // A new namespace the re-read could not read is scanned for as before ("namespace").
-            let fallback = if changes.new_namespaces.is_empty() { "mount" } else { "namespace" };
-            // A wake whose changes an earlier turn took already (each request wakes the
-            // scanner once, and a request may land while a turn runs): nothing to do.
-            if !full_pending && changes.is_empty() {
-                continue;
-            }
-            // What the kernel reported is shown at once, without waiting to settle.
-            if !full_pending && self.rescan_changed_once(changes).await {
-                continue;
-            }
-            // Let a burst of uevents or mount changes settle into one scan.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            *self.pending() = Changes::default();
-            let trigger = self.pending_trigger.lock().ok().and_then(|mut p| p.take()).unwrap_or(fallback);
-            if self.scan_once(trigger).await {
-                self.report_to_kubernetes().await;
-                self.act_by_mode().await;
-            }
-        }
     }
 }

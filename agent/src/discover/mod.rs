@@ -45,6 +45,10 @@ pub enum DiscoverError {
     Line { path: PathBuf, line: usize, reason: String },
     #[error("invalid value in {}: '{value}' ({expected})", path.display())]
     Attr { path: PathBuf, value: String, expected: &'static str },
+    /// The read stopped when asked to ([`crate::host::parallel::Stop`]): the daemon's timer
+    /// scan, for a change that is waiting. Nothing it read was kept as the host's snapshot.
+    #[error("the scan stopped for a change that is waiting")]
+    Stopped,
 }
 
 impl DiscoverError {

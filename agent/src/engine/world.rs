@@ -13,12 +13,13 @@ use std::time::{Duration, Instant};
 use super::error::EngineError;
 use crate::act::linux::LinuxActuator;
 use crate::act::{ActError, Actuator, StepOutcome};
-use crate::discover::blockdev;
 use crate::discover::probe::{self, KernelWord};
+use crate::discover::{blockdev, DiscoverError};
 use crate::graph::protect::protected_devices;
 use crate::graph::scan::{Scan, Target};
 use crate::graph::DeviceGraph;
 use crate::host::clock::BootTime;
+use crate::host::parallel::Stop;
 use crate::host::HostRoot;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
@@ -134,10 +135,14 @@ impl LinuxWorld {
     /// A scan of the whole host for the daemon's scanner: like `scan(Target::All)`, but using
     /// the process memo when [`LinuxWorld::remember_processes`] set one. Only for showing and
     /// the grace clocks: every action re-checks its device with a fresh `scan` that reads
-    /// every process in full.
-    pub fn scan_periodic(&self) -> Result<Scan, EngineError> {
+    /// every process in full. `Ok(None)`: `stop` said stop before the scan was done (the
+    /// latest snapshot stays the previous scan's).
+    pub fn scan_periodic(&self, stop: Stop<'_>) -> Result<Option<Scan>, EngineError> {
         let mut memo = self.process_memo.lock().unwrap_or_else(|p| p.into_inner());
-        self.scan_with(Target::All, memo.as_mut())
+        match self.scan_with(Target::All, memo.as_mut(), stop) {
+            Err(EngineError::Discover(DiscoverError::Stopped)) => Ok(None),
+            scanned => scanned.map(Some),
+        }
     }
 
     /// The processes with a task in each of `ids` ([`crate::snapshot::new_namespaces::processes_in`]; the
@@ -214,7 +219,12 @@ impl LinuxWorld {
 
 impl LinuxWorld {
     /// Reads the host (see [`World::scan`]); `memo` only for the daemon's own full scans.
-    fn scan_with(&self, target: Target, memo: Option<&mut ProcessMemo>) -> Result<Scan, EngineError> {
+    fn scan_with(
+        &self,
+        target: Target,
+        memo: Option<&mut ProcessMemo>,
+        stop: Stop<'_>,
+    ) -> Result<Scan, EngineError> {
         let taken_at = BootTime::now();
         let started = Instant::now();
         let devices = blockdev::scan_all(&self.host)?;
@@ -249,7 +259,7 @@ impl LinuxWorld {
                 (Scope::Devices(s.clone()), Some(s))
             }
         };
-        let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options, memo)?;
+        let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options, memo, stop)?;
         let scan = self.scan_of(&snap, taken_at, covered);
         if scope == Scope::All {
             *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(snap), taken_at));
@@ -260,7 +270,7 @@ impl LinuxWorld {
 
 impl World for LinuxWorld {
     fn scan(&self, target: Target) -> Result<Scan, EngineError> {
-        self.scan_with(target, None)
+        self.scan_with(target, None, Stop::NEVER)
     }
 
     fn rescan_changed(&self, changes: &Changes, reusable: &HashSet<DevNum>) -> Result<Reread, String> {
@@ -427,6 +437,50 @@ mod tests {
             .expect("ns link")
     }
 
+    /// On the live kernel (root): a periodic scan asked to stop, at its first ask or its last
+    /// (before the files are read), ends without a snapshot: the previous one stays the
+    /// latest, and the process memo does not count it as a turn.
+    #[test]
+    fn a_stopped_scan_keeps_the_latest_snapshot_and_is_no_turn() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root (every process's files)");
+            return;
+        }
+        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
+        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
+        world.remember_processes(2); // even turns read every process in full, odd ones are light
+        world.scan_periodic(Stop::NEVER).expect("scan").expect("not stopped");
+        let latest = || Arc::clone(&world.latest.lock().expect("latest").as_ref().expect("a snapshot").0);
+        let light_next = || world.process_memo.lock().expect("memo").as_ref().expect("memo").next_is_light();
+        let stops_at = |n: usize, asks: &AtomicUsize| asks.fetch_add(1, Ordering::Relaxed) + 1 >= n;
+
+        let (before, light) = (latest(), light_next());
+        let asks = AtomicUsize::new(0);
+        let first = || stops_at(1, &asks);
+        assert!(world.scan_periodic(Stop::when(&first)).expect("no error").is_none());
+        assert!(Arc::ptr_eq(&before, &latest()), "a stopped scan left its snapshot");
+        assert_eq!(light_next(), light, "a stopped scan counted as a turn");
+
+        // One ask per process, one before the mount tables, and the last before the files (the
+        // count of processes may change between the count and the scan: tried again then).
+        let mut stopped_last = false;
+        for _ in 0..5 {
+            let (before, light) = (latest(), light_next());
+            let last = crate::discover::processes::pids(&world.host).expect("pids").len() + 2;
+            let asks = AtomicUsize::new(0);
+            let at_last = || stops_at(last, &asks);
+            if world.scan_periodic(Stop::when(&at_last)).expect("no error").is_some() {
+                continue;
+            }
+            assert!(Arc::ptr_eq(&before, &latest()), "a stopped scan left its snapshot");
+            assert_eq!(light_next(), light, "a scan stopped before its files counted as a turn");
+            stopped_last = true;
+            break;
+        }
+        assert!(stopped_last, "no scan reached its last ask in five tries");
+    }
+
     /// On the live kernel (root): the daemon's light scans take each task's namespace as the last
     /// scan read it only while no mount namespace was made or went away, so a thread that
     /// unshares its own is seen by the very next light scan; a thread that joins an existing
@@ -453,13 +507,13 @@ mod tests {
         });
         let t = from_threads.recv().expect("tid");
         let original = ns_of(t);
-        world.scan_periodic().expect("scan 1");
+        world.scan_periodic(Stop::NEVER).expect("scan 1").expect("not stopped");
         assert_eq!(listed_ns(&world, t), Some(original));
         to_unsharer.send(()).expect("go");
         from_threads.recv().expect("unshared");
         let private = ns_of(t);
         assert_ne!(private, original);
-        world.scan_periodic().expect("scan 2 (light)");
+        world.scan_periodic(Stop::NEVER).expect("scan 2 (light)").expect("not stopped");
         assert_eq!(listed_ns(&world, t), Some(private), "a namespace was made: every task read");
 
         let (to_joiner, joiner_rx) = mpsc::channel::<()>();
@@ -473,11 +527,11 @@ mod tests {
             let _ = joiner_rx.recv();
         });
         let j = from_threads.recv().expect("tid");
-        world.scan_periodic().expect("scan 3 (light)");
+        world.scan_periodic(Stop::NEVER).expect("scan 3 (light)").expect("not stopped");
         to_joiner.send(()).expect("go");
         from_threads.recv().expect("joined");
         assert_eq!(ns_of(j), private);
-        world.scan_periodic().expect("scan 4 (full read)");
+        world.scan_periodic(Stop::NEVER).expect("scan 4 (full read)").expect("not stopped");
         assert_eq!(listed_ns(&world, j), Some(private), "the full read reads every task");
         drop((to_unsharer, to_joiner));
         unsharer.join().expect("unsharer");

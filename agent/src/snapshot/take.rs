@@ -39,7 +39,10 @@ impl Snapshot {
     /// Runs a scan on devices already read from sysfs (at `started`): the readable ones, and
     /// those that could not be read (each a blind spot reaching it). With `memo` (the daemon's
     /// own full scans only, [`super::process_memo`]), a process whose signs of change are the
-    /// same keeps what its last full read found of its fds and mappings.
+    /// same keeps what its last full read found of its fds and mappings. `stop` is asked while
+    /// the processes are read, and before the mount tables and before the files are read: once
+    /// it says stop, the scan ends with [`DiscoverError::Stopped`]. The memories keep what the
+    /// kernel said before that (it was true); the process memo does not count the scan.
     pub fn take_with(
         host: &HostRoot,
         blockdev::SysfsDevices { devices, unreadable: unreadable_devices }: blockdev::SysfsDevices,
@@ -47,6 +50,7 @@ impl Snapshot {
         started: Instant,
         opts: &ScanOptions,
         memo: Option<&mut ProcessMemo>,
+        stop: parallel::Stop<'_>,
     ) -> Result<Self, DiscoverError> {
         let reader = opts.reader;
         let targets: HashSet<DevNum> = match scope {
@@ -84,7 +88,8 @@ impl Snapshot {
         let known = memo.as_deref().and_then(|m| m.tasks.keep(listed.as_deref(), m.next_is_light()));
         let pids = processes::pids(host).map_err(|e| DiscoverError::read(host.proc(), e))?;
         let mut entries = Vec::new();
-        for r in parallel::map(&pids, |&pid| processes::read_entry_knowing(host, pid, known)) {
+        let read = parallel::map_until(&pids, stop, |&pid| processes::read_entry_knowing(host, pid, known));
+        for r in read.ok_or(DiscoverError::Stopped)? {
             match r {
                 Ok(Some(e)) => entries.push(e),
                 Ok(None) => {} // exited while we looked
@@ -127,6 +132,9 @@ impl Snapshot {
         // the text of namespaces whose mount IDs did not change, but not on every turn without
         // asking the kernel again.
         // (Only whole-host scans count turns.)
+        if stop.now() {
+            return Err(DiscoverError::Stopped);
+        }
         let reuse_text = if *scope != Scope::All {
             TextReuse::Never
         } else if crate::discover::mount_memo::shallow_turn() {
@@ -165,6 +173,9 @@ impl Snapshot {
             built_texts = crate::discover::mount_memo::built()
         );
 
+        if stop.now() {
+            return Err(DiscoverError::Stopped);
+        }
         let known: HashSet<MountNsId> = ns_map.keys().copied().collect();
         let user_procs: Vec<&ProcEntry> = entries.iter().filter(|e| !e.kthread).collect();
         let (fd_scans, turn) = match memo.as_deref_mut() {
