@@ -12,6 +12,7 @@ use std::time::SystemTime;
 use serde::Serialize;
 
 use crate::engine::view::{DeviceView, View};
+use crate::graph::by_kind::count_by_kind;
 use crate::graph::Holder;
 
 /// Kinds of change.
@@ -183,18 +184,10 @@ impl<'a> HolderIndex<'a> {
 /// first seen), with the number of holders of that kind and the processes behind them, and no
 /// per-process detail.
 pub fn summarised(holders: &[crate::graph::Holder]) -> Vec<crate::graph::Holder> {
-    let mut out: Vec<crate::graph::Holder> = Vec::new();
-    for h in holders {
-        match out.iter_mut().find(|s| s.kind == h.kind) {
-            Some(s) => s.pid_count += h.pid_count.max(1),
-            None => {
-                let mut s = crate::graph::Holder::bare(h.kind);
-                s.pid_count = h.pid_count.max(1);
-                out.push(s);
-            }
-        }
-    }
-    out
+    count_by_kind(holders.iter().map(|h| (h.kind, h.pid_count)))
+        .into_iter()
+        .map(|(kind, count)| crate::graph::Holder { pid_count: count, ..crate::graph::Holder::bare(kind) })
+        .collect()
 }
 
 /// The kinds of holder present, each once.

@@ -6,6 +6,7 @@
 //! filesystem the kernel keeps alive on it when no mount table shows one (`/sys/fs`, a journal
 //! thread). Other kernel threads named after the device are symptoms, kept apart.
 
+pub mod by_kind;
 pub mod identity;
 pub mod multipath;
 pub mod nvme;

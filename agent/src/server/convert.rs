@@ -105,15 +105,14 @@ pub fn device(v: &DeviceView) -> pb::Device {
 /// (a device held 3,000 times, as a node's image disk is, cost ~15 ms to convert in full for
 /// each watcher, ahead of every event behind it on the stream).
 pub fn device_by_kind(v: &DeviceView, reasons: usize) -> pb::Device {
-    let mut kinds: Vec<pb::Holder> = Vec::new();
-    for h in &v.entry.holders {
-        let kind = holder_kind(h.kind) as i32;
-        let count = (h.pid_count as u32).max(1);
-        match kinds.iter_mut().find(|s| s.kind == kind) {
-            Some(s) => s.pid_count += count,
-            None => kinds.push(pb::Holder { kind, pid_count: count, ..Default::default() }),
-        }
-    }
+    let kinds = crate::graph::by_kind::count_by_kind(v.entry.holders.iter().map(|h| (h.kind, h.pid_count)))
+        .into_iter()
+        .map(|(kind, count)| pb::Holder {
+            kind: holder_kind(kind) as i32,
+            pid_count: count as u32,
+            ..Default::default()
+        })
+        .collect();
     device_with(v, kinds, v.judgement.reasons.iter().take(reasons).cloned().collect())
 }
 

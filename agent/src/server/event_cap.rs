@@ -131,16 +131,10 @@ fn summarised_within(ev: pb::Event, held: usize, total_reasons: usize) -> pb::Ev
 
 /// The holders as one entry per kind, each with the number of processes (at least one) it stands for.
 fn by_kind(holders: &[pb::Holder]) -> Vec<pb::Holder> {
-    let mut kinds: Vec<pb::Holder> = Vec::new();
-    for h in holders {
-        match kinds.iter_mut().find(|s| s.kind == h.kind) {
-            Some(s) => s.pid_count += h.pid_count.max(1),
-            None => {
-                kinds.push(pb::Holder { kind: h.kind, pid_count: h.pid_count.max(1), ..Default::default() })
-            }
-        }
-    }
-    kinds
+    crate::graph::by_kind::count_by_kind(holders.iter().map(|h| (h.kind, h.pid_count as usize)))
+        .into_iter()
+        .map(|(kind, count)| pb::Holder { kind, pid_count: count as u32, ..Default::default() })
+        .collect()
 }
 
 /// The event with its message saying what the cap left out.
