@@ -433,9 +433,13 @@ impl NsProcess {
     /// Runs `sh -c script` in a new mount namespace with the given propagation of its copies
     /// (`unshare --propagation private|slave|shared|unchanged`).
     pub fn spawn_with(propagation: &str, script: &str) -> Self {
+        use std::os::unix::process::CommandExt;
+        // A process group of its own: what the script starts in the background dies with it
+        // (left running, it would keep the namespace, its mounts and their devices busy).
         let child = Command::new("unshare")
             .args(["-m", "--propagation", propagation, "sh", "-c", script])
             .stdin(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("spawn unshare");
         let p = Self { child };
@@ -473,7 +477,10 @@ impl NsProcess {
 }
 
 impl Drop for NsProcess {
+    /// Kills the script and everything it started (its process group), then reaps the script.
     fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group this struct made (its leader is not reaped yet).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
