@@ -192,7 +192,7 @@ pub fn summarised(holders: &[crate::graph::Holder]) -> Vec<crate::graph::Holder>
 
 /// The kinds of holder present, each once.
 fn holder_kinds(holders: &[crate::graph::Holder]) -> Vec<crate::model::HolderKind> {
-    summarised(holders).into_iter().map(|h| h.kind).collect()
+    count_by_kind(holders.iter().map(|h| (h.kind, h.pid_count))).into_iter().map(|(kind, _)| kind).collect()
 }
 
 /// A summary line of a protected device's holders: `2 mount, 140 cwd`.

@@ -196,7 +196,7 @@ impl AgentState {
             let awaiting = self.awaiting_set().clone();
             let mut changes = self.pending().take();
             changes.awaiting = awaiting;
-            let full_pending = self.pending_trigger.lock().map(|p| *p).unwrap_or(Some("lock"));
+            let full_pending = *self.pending_trigger.lock().unwrap_or_else(|p| p.into_inner());
             // A new namespace the re-read could not read is scanned for as before ("namespace").
             let fallback = if changes.new_namespaces.is_empty() { "mount" } else { "namespace" };
             // A wake whose changes an earlier turn took already (each request wakes the

@@ -168,6 +168,7 @@ mod tests {
         use std::os::unix::fs::OpenOptionsExt;
         use std::process::Command;
         if !nix::unistd::geteuid().is_root() {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs as root");
             eprintln!("SKIPPED: needs root (binds a loop device)");
             return;
         }

@@ -437,19 +437,29 @@ mod tests {
             .expect("ns link")
     }
 
+    /// The live host's world as the daemon has it (its process memo reading every process in
+    /// full every `full_read_every`th scan); `None` (skipped, with `why` printed) unless root,
+    /// which CI always is.
+    fn live_world(full_read_every: u64, why: &str) -> Option<LinuxWorld> {
+        if !nix::unistd::geteuid().is_root() {
+            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs as root");
+            eprintln!("SKIPPED: needs root ({why})");
+            return None;
+        }
+        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
+        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
+        world.remember_processes(full_read_every);
+        Some(world)
+    }
+
     /// On the live kernel (root): a periodic scan asked to stop, at its first ask or its last
     /// (before the files are read), ends without a snapshot: the previous one stays the
     /// latest, and the process memo does not count it as a turn.
     #[test]
     fn a_stopped_scan_keeps_the_latest_snapshot_and_is_no_turn() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root (every process's files)");
-            return;
-        }
-        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
-        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
-        world.remember_processes(2); // even turns read every process in full, odd ones are light
+        // Even turns read every process in full, odd ones are light.
+        let Some(world) = live_world(2, "every process's files") else { return };
         world.scan_periodic(Stop::NEVER).expect("scan").expect("not stopped");
         let latest = || Arc::clone(&world.latest.lock().expect("latest").as_ref().expect("a snapshot").0);
         let light_next = || world.process_memo.lock().expect("memo").as_ref().expect("memo").next_is_light();
@@ -487,14 +497,9 @@ mod tests {
     /// namespace (`setns`) is seen by the next full read (`snapshot::task_memo`).
     #[test]
     fn a_light_scan_sees_a_task_unshare_and_a_full_read_sees_it_join() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: needs root (unshare, setns)");
-            return;
-        }
         use nix::sched::CloneFlags;
-        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
-        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
-        world.remember_processes(3); // scans 1 and 4 read every task; 2 and 3 are light
+        // Scans 1 and 4 read every task; 2 and 3 are light.
+        let Some(world) = live_world(3, "unshare, setns") else { return };
         let (to_unsharer, unsharer_rx) = mpsc::channel::<()>();
         let (to_test, from_threads) = mpsc::channel::<u32>();
         let tx = to_test.clone();
