@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
-# Mutation check of the safety property test: removes each gate of agent/src/judge/gates.rs in turn
+# Mutation check of the safety property tests: removes each gate of agent/src/judge/gates.rs in turn
 # (completeness, identity, the Kubernetes API, the kernel's word, the users of a mount a release
-# detaches, a dm device's openers) and requires tests/tests/safety_property.rs to FAIL against
-# every mutant. A mutant that passes means the property test no longer guards that gate: this
+# detaches, what an unmount takes with it through mount propagation, a dm device's openers; and for
+# an orphaned pod volume directory's rmdir: the API's word on its pod, the node's, the mounts on it
+# in every namespace, its identity) and requires the property test guarding it to FAIL against
+# every mutant: tests/tests/safety_property.rs for the device gates,
+# tests/tests/pod_volume_property.rs for pod-api, pod-node, dir-mounts and dir-identity. `openers-exact` is not a
+# removal: it puts back the openers gate as it was before issue 34 (the open count at most the fds
+# seen, counted one by one), so the property test must also tell the exact comparison from the old
+# one. A mutant that passes means the property test no longer guards that gate: this
 # script then exits 1.
 #
 # One build serves every mutant: with the agent's `mutation-check` feature, each gate begins
-# (right after its `// mutation-check: NAME` marker) with an early "let everything through" taken
-# when BLOCKJANITOR_MUTANT names it. The feature gives the build artifacts of its own, so none of
+# (right after its `// mutation-check: NAME` marker) with an early "let everything through" (or,
+# for openers-exact, the old comparison) taken when BLOCKJANITOR_MUTANT names it. The feature gives the build artifacts of its own, so none of
 # this checkout's compiled crates or binaries is replaced, and a warm run builds nothing.
 #
-# Usage: scripts/mutation-check.sh [GATE...]   (default: all six)
+# Usage: scripts/mutation-check.sh [GATE...]   (default: all twelve)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gates=("$@")
-[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users openers)
+[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users umount-propagation openers openers-exact pod-api pod-node dir-mounts dir-identity)
 cases=${BLOCKJANITOR_MUTATION_CASES:-20000}
 work=$(mktemp -d /var/tmp/bj-mutants.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 for gate in "${gates[@]}"; do
   case "$gate" in
-    completeness | identity | api | kernel-word | mount-users | openers) ;;
-    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, openers)" >&2; exit 2 ;;
+    completeness | identity | api | kernel-word | mount-users | umount-propagation | openers | openers-exact) ;;
+    pod-api | pod-node | dir-mounts | dir-identity) ;;
+    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, umount-propagation, openers, openers-exact, pod-api, pod-node, dir-mounts, dir-identity)" >&2; exit 2 ;;
   esac
   # The removal must sit right after the gate's marker, at the top of its body.
   if ! grep -A1 -F "// mutation-check: $gate" agent/src/judge/gates.rs | grep -qF "removable!(\"$gate\","; then
@@ -31,15 +38,22 @@ for gate in "${gates[@]}"; do
   fi
 done
 
-run() { # GATE: the property test against the build with GATE removed (none: "")
-  BLOCKJANITOR_MUTANT="$1" BLOCKJANITOR_PROPERTY_CASES="$cases" \
-    cargo test --locked --quiet -p blockjanitor-tests --features blockjanitor/mutation-check \
-    --test safety_property -- --test-threads=2
+property_test() { # GATE: the property test that guards it
+  case "$1" in
+    pod-api | pod-node | dir-mounts | dir-identity) echo pod_volume_property ;;
+    *) echo safety_property ;;
+  esac
 }
 
-echo "== building the property test with removable gates"
+run() { # GATE: its property test against the build with GATE removed (none: "")
+  BLOCKJANITOR_MUTANT="$1" BLOCKJANITOR_PROPERTY_CASES="$cases" \
+    cargo test --locked --quiet -p blockjanitor-tests --features blockjanitor/mutation-check \
+    --test "$(property_test "$1")" -- --test-threads=2
+}
+
+echo "== building the property tests with removable gates"
 cargo test --locked --quiet --no-run -p blockjanitor-tests --features blockjanitor/mutation-check \
-  --test safety_property >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 2; }
+  --test safety_property --test pod_volume_property >"$work/build.log" 2>&1 || { cat "$work/build.log" >&2; exit 2; }
 
 survivors=()
 for gate in "${gates[@]}"; do
@@ -61,7 +75,7 @@ for gate in "${gates[@]}"; do
     tail -20 "$work/$gate.log" >&2
     exit 2
   else
-    why=$(grep -m1 -oE '"[^"]*(ran|detached)[^"]*"' "$work/$gate.log" || true)
+    why=$(grep -m1 -oE '"[^"]*(ran|detached|unmounted|rmdir)[^"]*"' "$work/$gate.log" || true)
     echo "killed: the property test fails without the $gate gate (${secs}s) ${why}"
   fi
 done

@@ -34,6 +34,7 @@ command -v strip >/dev/null || missing+=(binutils)
 command -v docker >/dev/null || missing+=(docker.io)            # the README's image build, run as written against podman's Docker API
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
 command -v ip >/dev/null && command -v ss >/dev/null || missing+=(iproute2) # tests/console_liveness.rs: netns, sockets
+command -v fuser >/dev/null || missing+=(psmisc)                 # tests/root_holders_fuser.rs: holders against fuser -v
 command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config) # its FUSE library and headers
 command -v fusermount3 >/dev/null || missing+=(fuse3)

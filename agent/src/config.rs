@@ -16,6 +16,8 @@
 //!                                        # plan runs whole: a bigger one waits for an empty minute)
 //! kubelet_dir = "/var/lib/kubelet"
 //! plans_per_minute_per_client = 60       # Plan calls (each a fresh scan) a minute per caller; 0: no limit
+//! applies_per_minute_per_client = 30     # Apply calls a minute per person over TCP (the console's
+//!                                        # each apart; root on the socket is not limited); 0: none
 //! cap_device_events = true               # at most one holders/verdict event per device a second
 //!                                        # (a change less than a second after the device's last
 //!                                        # event is folded into one sent when the second is up);
@@ -30,8 +32,9 @@
 //! cert = "/etc/blockjanitor/tls/tls.crt"
 //! key = "/etc/blockjanitor/tls/tls.key"
 //! client_ca = "/etc/blockjanitor/tls/ca.crt"
-//! operators = ["admin.blockjanitor.svc"]     # client certificate DNS SAN or CN
-//! consoles = ["console.blockjanitor.svc"]    # the fleet console: reads; Apply on behalf of someone
+//! operators = ["alice", "bob"]          # client certificate DNS SAN or CN: one per person, never
+//!                                        # a certificate a team shares (the audit names it)
+//! consoles = ["console.blockjanitor.svc"]    # the fleet console: reads; Apply on behalf of a person
 //! viewers = ["dashboard"]
 //!
 //! [metrics]
@@ -62,6 +65,40 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// The parts of a config directory: its `*.toml` files (symlinks followed, as a ConfigMap's keys
+/// are; names starting with `.` passed over, as a ConfigMap's `..data` is), by name.
+fn config_parts(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let entries =
+        std::fs::read_dir(dir).map_err(|source| ConfigError::Read { path: dir.to_owned(), source })?;
+    let mut parts = Vec::new();
+    for e in entries {
+        let e = e.map_err(|source| ConfigError::Read { path: dir.to_owned(), source })?;
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || !name.ends_with(".toml") || !e.path().is_file() {
+            continue;
+        }
+        parts.push(e.path());
+    }
+    parts.sort();
+    if parts.is_empty() {
+        return Err(ConfigError::Invalid(format!("{} holds no *.toml file", dir.display())));
+    }
+    Ok(parts)
+}
+
+/// Merges `from` into `into`: tables key by key, anything else replaced.
+fn merge_table(into: &mut toml::Table, from: toml::Table) {
+    for (k, v) in from {
+        match (into.get_mut(&k), v) {
+            (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge_table(a, b),
+            (_, v) => {
+                into.insert(k, v);
+            }
+        }
+    }
+}
+
 /// `[socket]`.
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -80,7 +117,8 @@ pub struct TcpConfig {
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub client_ca: Option<PathBuf>,
-    /// Client identities (DNS SAN or CN) with the operator role.
+    /// Client identities (DNS SAN or CN) with the operator role: one per person (each gets a
+    /// certificate of their own, so the audit names who acted).
     #[serde(default)]
     pub operators: Vec<String>,
     /// Client identities with the viewer role.
@@ -116,7 +154,8 @@ pub enum Mode {
     Report,
     /// Also detach, by itself, mounts in other namespaces of volumes kubelet has let go of.
     Release,
-    /// Also tear down, by itself, every device judged stale.
+    /// Also tear down, by itself, every device judged stale, and remove every removable orphaned
+    /// pod volume directory (`rmdir`, [`crate::engine::dir_workflow`]).
     Clean,
 }
 
@@ -130,13 +169,18 @@ impl Mode {
     }
 }
 
-/// `[kubernetes]`: where the API is. Without this section the agent looks for an in-cluster
-/// service account and otherwise runs without the API.
+/// `[kubernetes]`: where the API is. Without this section the agent uses the in-cluster service
+/// account; with none (not in a cluster), the daemon cannot vouch for any device a PV could own
+/// until `enabled = false` says to go on without the API.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
-    /// `false` turns the API off even in a cluster.
+    /// `false` turns the API off, even in a cluster: verdicts rest on the node's evidence alone
+    /// (every report says so).
     pub enabled: Option<bool>,
+    /// Who turned it off (`--no-kubernetes`), for the reports; not a key of the file.
+    #[serde(skip)]
+    pub off_by: Option<String>,
     /// An explicit API URL (tests, proxies).
     pub url: Option<String>,
     pub kubeconfig: Option<PathBuf>,
@@ -186,6 +230,10 @@ pub struct Config {
     /// Plan calls (each scans its devices afresh) a minute per caller; 0: no limit.
     #[serde(default = "default_plans_per_minute")]
     pub plans_per_minute_per_client: u32,
+    /// Apply calls a minute per person over TCP (the console's forwarded ones counted per person
+    /// it names; root on the socket is not limited); 0: no limit.
+    #[serde(default = "default_applies_per_minute")]
+    pub applies_per_minute_per_client: u32,
     /// At most one holders/verdict event per device a second on the watch stream, a churning
     /// device's changes folded into the next (`daemon::event_rate`). On by default: a device's
     /// first change after a quiet second goes at once; a change less than a second after its
@@ -229,6 +277,9 @@ fn default_cap_device_events() -> bool {
 fn default_plans_per_minute() -> u32 {
     60
 }
+fn default_applies_per_minute() -> u32 {
+    30
+}
 fn default_kubelet_dir() -> PathBuf {
     PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)
 }
@@ -261,6 +312,7 @@ impl Default for Config {
             mode: Mode::Report,
             max_actions_per_minute: default_actions_per_minute(),
             plans_per_minute_per_client: default_plans_per_minute(),
+            applies_per_minute_per_client: default_applies_per_minute(),
             cap_device_events: default_cap_device_events(),
             kubernetes: KubernetesConfig::default(),
             trust_unreadable_init: false,
@@ -277,11 +329,39 @@ impl Config {
         })
     }
 
-    /// Reads and parses a config file.
+    /// Reads and parses a config file, or a directory of parts: every `*.toml` file in it (not
+    /// hidden), in name order, merged key by key (a table merges into the table of the same
+    /// name, any other value replaces the earlier one). So the parts a deployment's base, its
+    /// mode and its Components each ship (the ConfigMap's keys, mounted as a directory) combine,
+    /// and none replaces the others whole.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
-        Self::parse(&text, path)
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.to_owned(), source })
+        };
+        let meta =
+            std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        if !meta.is_dir() {
+            return Self::parse(&read(path)?, path);
+        }
+        let parts = config_parts(path)?;
+        let mut merged = toml::Table::new();
+        for part in &parts {
+            let table: toml::Table = toml::from_str(&read(part)?).map_err(|e| ConfigError::Parse {
+                path: part.clone(),
+                message: e.to_string().replace('\n', " ").trim().to_owned(),
+            })?;
+            merge_table(&mut merged, table);
+        }
+        let names: Vec<String> =
+            parts.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+        merged.try_into().map_err(|e: toml::de::Error| ConfigError::Parse {
+            path: path.to_owned(),
+            message: format!(
+                "{} (parts merged: {})",
+                e.to_string().replace('\n', " ").trim(),
+                names.join(", ")
+            ),
+        })
     }
 
     /// Checks what serde cannot: TCP only with the three TLS files, sane intervals.
@@ -335,6 +415,46 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// A config directory as a ConfigMap mounts it: each key a symlink into `..data`, the
+    /// parts of the base, a mode overlay and the tls Component merged, none replacing another.
+    #[test]
+    fn a_directory_of_parts_merges_them_in_name_order() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let data = d.path().join("..2026_12_07_00_00_00.1");
+        std::fs::create_dir(&data).expect("mkdir");
+        std::os::unix::fs::symlink(&data, d.path().join("..data")).expect("symlink");
+        let part = |name: &str, text: &str| {
+            std::fs::write(data.join(name), text).expect("write");
+            std::os::unix::fs::symlink(format!("..data/{name}"), d.path().join(name)).expect("symlink");
+        };
+        part(
+            "00-agent.toml",
+            "mode = \"report\"\nmax_actions_per_minute = 6\n[socket]\npath = \"/run/x.sock\"\n",
+        );
+        part("50-mode.toml", "mode = \"clean\"\nmax_actions_per_minute = 4\n");
+        part(
+            "60-tls.toml",
+            "[tcp]\nlisten = \"0.0.0.0:9443\"\ncert = \"/c\"\nkey = \"/k\"\nclient_ca = \"/ca\"\nviewers = [\"v\"]\n",
+        );
+        part("README", "not a part");
+        let c = Config::load(d.path()).expect("loads");
+        assert_eq!(c.mode, Mode::Clean, "the mode part wins over the base");
+        assert_eq!(c.max_actions_per_minute, 4);
+        assert_eq!(c.socket.path, Path::new("/run/x.sock"), "the base's table is kept");
+        assert_eq!(c.tcp.listen.map(|a| a.port()), Some(9443), "the tls part adds its table");
+        c.validate().expect("valid");
+
+        part("70-typo.toml", "mdoe = \"clean\"\n");
+        let e = Config::load(d.path()).expect_err("an unknown key is an error").to_string();
+        assert!(e.contains("mdoe") && e.contains("70-typo.toml"), "{e}");
+        std::fs::remove_file(d.path().join("70-typo.toml")).expect("rm");
+        part("80-broken.toml", "mode = \n");
+        let e = Config::load(d.path()).expect_err("a broken part").to_string();
+        assert!(e.contains("80-broken.toml"), "names the part: {e}");
+        let empty = tempfile::tempdir().expect("tempdir");
+        assert!(Config::load(empty.path()).expect_err("no part").to_string().contains("no *.toml"));
+    }
+
     #[test]
     fn full_example_parses() {
         let text = r#"
@@ -365,15 +485,15 @@ listen = "0.0.0.0:9911"
         assert_eq!(c.tcp.consoles, vec!["console.blockjanitor.svc"]);
     }
 
-    /// The example in the README is a working config (keys after a `[table]` header belong to
+    /// The example in docs/daemon.md is a working config (keys after a `[table]` header belong to
     /// that table: an easy way to write a config that does not load).
     #[test]
     fn readme_example_parses() {
-        let readme = include_str!("../../README.md");
-        let start = readme.find("```toml\n").expect("a toml block in the README") + 8;
+        let readme = include_str!("../../docs/daemon.md");
+        let start = readme.find("```toml\n").expect("a toml block in docs/daemon.md") + 8;
         let end = start + readme[start..].find("```").expect("end of the block");
-        let c =
-            Config::parse(&readme[start..end], Path::new("README.md")).expect("the README's example parses");
+        let c = Config::parse(&readme[start..end], Path::new("docs/daemon.md"))
+            .expect("the example in docs/daemon.md parses");
         c.validate().expect("and is valid");
         assert_eq!(c.mode, Mode::Report);
         assert_eq!(c.kubernetes.kubeconfig.as_deref(), Some(Path::new("/etc/blockjanitor/kubeconfig")));

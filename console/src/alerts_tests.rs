@@ -26,7 +26,9 @@ fn names(text: &str, prefix: &str, allowed: impl Fn(char) -> bool) -> Vec<String
 fn every_alert_uses_a_served_series_and_every_kind_has_an_alert() {
     let index = Index::new();
     index.write().upsert_node("a", "127.0.0.1:1", "static", Some("refused"));
-    let served = Metrics::new(index).expect("metrics").render();
+    let sweeper = crate::sweeper::Sweeper::new(index, None);
+    sweeper.flush();
+    let served = Metrics::new(sweeper, None).expect("metrics").render();
     let used = names(RULE, "blockjanitor_console_", |c| c.is_ascii_alphanumeric() || c == '_');
     assert!(used.len() >= 3, "{used:?}");
     for n in &used {

@@ -1,105 +1,51 @@
 //! What Kubernetes believes about volumes, kept current with watches: Nodes (their
-//! `status.volumesAttached` and `volumesInUse`), PersistentVolumes, PersistentVolumeClaims and
-//! VolumeAttachments. Read-only (get/list/watch). Each table says whether it is synced (listed
-//! in full since it started or since its watch last failed); answers that need a table that is
-//! not synced say so instead of guessing.
+//! `status.volumesAttached` and `volumesInUse`), PersistentVolumes, PersistentVolumeClaims,
+//! VolumeAttachments, and the pods Explain needs (those with a volume that may be a block device,
+//! found by the claims they use). Read-only (get/list/watch). Each table says whether it is
+//! synced (listed in full since it started or since its watch last failed); answers that need a
+//! table that is not synced say so instead of guessing. What is kept of each object:
+//! [`crate::kube_keep`].
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio_stream::StreamExt;
 
-/// Whether a table is synced, and its objects by key.
-type Contents<K> = (bool, BTreeMap<String, Arc<K>>);
-
-/// One collection, keyed by `namespace/name` (`name` for cluster-scoped objects).
-pub struct Table<K> {
-    inner: Arc<RwLock<Contents<K>>>,
-}
-
-impl<K> Clone for Table<K> {
-    fn clone(&self) -> Self {
-        Self { inner: Arc::clone(&self.inner) }
-    }
-}
-
-impl<K> Default for Table<K> {
-    fn default() -> Self {
-        Self { inner: Arc::new(RwLock::new((false, BTreeMap::new()))) }
-    }
-}
-
-impl<K: Resource> Table<K> {
-    fn key(o: &K) -> String {
-        match o.meta().namespace.as_deref() {
-            Some(ns) => format!("{ns}/{}", o.meta().name.clone().unwrap_or_default()),
-            None => o.meta().name.clone().unwrap_or_default(),
-        }
-    }
-
-    /// Whether the table was listed in full and its watch has not failed since.
-    pub fn synced(&self) -> bool {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).0
-    }
-
-    /// One object by key.
-    pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).1.get(key).cloned()
-    }
-
-    /// Every object.
-    pub fn all(&self) -> Vec<Arc<K>> {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).1.values().cloned().collect()
-    }
-
-    /// Replaces the contents (tests, and a complete relist).
-    pub fn replace(&self, objects: Vec<K>) {
-        let map = objects.into_iter().map(|o| (Self::key(&o), Arc::new(o))).collect();
-        *self.inner.write().unwrap_or_else(|p| p.into_inner()) = (true, map);
-    }
-}
+use crate::kube_keep;
+pub use crate::kube_table::Table;
 
 /// Follows one collection into `table` until the task is aborted. A watch that fails in any way
 /// is not resumed: the table is marked unsynced at once, the watcher dropped and, after a backoff
 /// (1 s doubling to 30 s, reset by a complete list), a fresh one lists again; only a complete
 /// list marks the table synced (as the agent's `kube/cache.rs` does: a resumed watch could have
-/// missed changes).
+/// missed changes). The list is applied in place, page by page as the watcher reads it (500
+/// objects a page): no second copy of the collection is ever held.
 async fn follow<K>(api: Api<K>, table: Table<K>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'static,
 {
     let mut backoff = std::time::Duration::from_secs(1);
     loop {
-        let mut relist: Option<BTreeMap<String, Arc<K>>> = None;
         let mut stream =
             std::pin::pin!(watcher::watcher(api.clone(), watcher::Config::default().any_semantic()));
         while let Some(ev) = stream.next().await {
-            let mut t = table.inner.write().unwrap_or_else(|p| p.into_inner());
             match ev {
-                Ok(Event::Init) => relist = Some(BTreeMap::new()),
-                Ok(Event::InitApply(o)) => {
-                    if let Some(r) = relist.as_mut() {
-                        r.insert(Table::key(&o), Arc::new(o));
-                    }
-                }
+                Ok(Event::Init) => table.begin_relist(),
+                Ok(Event::InitApply(o)) => table.relisted(o),
                 Ok(Event::InitDone) => {
-                    *t = (true, relist.take().unwrap_or_default());
+                    table.end_relist();
                     backoff = std::time::Duration::from_secs(1);
                 }
-                Ok(Event::Apply(o)) => {
-                    t.1.insert(Table::key(&o), Arc::new(o));
-                }
-                Ok(Event::Delete(o)) => {
-                    t.1.remove(&Table::key(&o));
-                }
+                Ok(Event::Apply(o)) => table.applied(o),
+                Ok(Event::Delete(o)) => table.removed(&o),
                 Err(e) => {
-                    t.0 = false;
+                    table.unsynced();
                     tracing::warn!(kind = %K::kind(&()), error = %e, retry_in = ?backoff, "watch failed; relisting");
                     break;
                 }
@@ -110,26 +56,95 @@ where
     }
 }
 
-/// The cluster's view of volumes.
-#[derive(Clone, Default)]
+/// A Node's addresses (its secondary keys): a client's IP names its node.
+pub fn node_addresses(n: &Node) -> Vec<String> {
+    n.status.iter().flat_map(|s| s.addresses.iter().flatten()).map(|a| a.address.clone()).collect()
+}
+
+/// A Node's secondary keys: its addresses, and `volume:NAME` for each volume its status lists
+/// attached or in use (the unique names kubelet and the attach/detach controller use).
+fn node_keys(n: &Node) -> Vec<String> {
+    let mut keys = node_addresses(n);
+    if let Some(s) = &n.status {
+        let attached = s.volumes_attached.iter().flatten().map(|a| a.name.as_str());
+        let in_use = s.volumes_in_use.iter().flatten().map(String::as_str);
+        for name in attached.chain(in_use) {
+            let k = format!("volume:{name}");
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    keys
+}
+
+/// A VolumeAttachment's secondary keys: its PV, and `node:NAME`.
+fn va_keys(va: &VolumeAttachment) -> Vec<String> {
+    let mut keys: Vec<String> = va.spec.source.persistent_volume_name.iter().cloned().collect();
+    keys.push(format!("node:{}", va.spec.node_name));
+    keys
+}
+
+/// The cluster's view of volumes; and the client that reads what it does not watch (a pod and
+/// its events, for Explain).
+#[derive(Clone)]
 pub struct Cluster {
     pub nodes: Table<Node>,
     pub pvs: Table<PersistentVolume>,
     pub pvcs: Table<PersistentVolumeClaim>,
     pub vas: Table<VolumeAttachment>,
+    /// The pods Explain needs (a volume that may be a block device), found by `claim:NS/NAME`.
+    pub pods: Table<Pod>,
+    /// The API client (`None` in tests that fill the tables by hand).
+    pub client: Option<Client>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Cluster {
+            nodes: Table::indexed(node_keys).keeping(kube_keep::node),
+            pvs: Table::default().keeping(kube_keep::pv),
+            pvcs: Table::default().keeping(kube_keep::pvc),
+            vas: Table::indexed(va_keys).keeping(kube_keep::va),
+            pods: Table::indexed(kube_keep::pod_claims).keeping(kube_keep::pod),
+            client: None,
+        }
+    }
 }
 
 impl Cluster {
-    /// Starts the four watches; they stop when the handles are aborted.
-    pub fn spawn(client: Client) -> (Self, Vec<tokio::task::JoinHandle<()>>) {
-        let c = Cluster::default();
-        let tasks = vec![
-            tokio::spawn(follow(Api::<Node>::all(client.clone()), c.nodes.clone())),
-            tokio::spawn(follow(Api::<PersistentVolume>::all(client.clone()), c.pvs.clone())),
-            tokio::spawn(follow(Api::<PersistentVolumeClaim>::all(client.clone()), c.pvcs.clone())),
-            tokio::spawn(follow(Api::<VolumeAttachment>::all(client), c.vas.clone())),
-        ];
-        (c, tasks)
+    /// The view of `client`'s cluster, not yet followed ([`Cluster::follow`] starts the watches:
+    /// whoever listens to the tables' changes registers first).
+    pub fn new(client: Client) -> Self {
+        Cluster { client: Some(client), ..Cluster::default() }
+    }
+
+    /// Starts the five watches; they stop when the handles are aborted.
+    pub fn follow(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        let Some(client) = self.client.clone() else { return Vec::new() };
+        vec![
+            tokio::spawn(follow(Api::<Node>::all(client.clone()), self.nodes.clone())),
+            tokio::spawn(follow(Api::<PersistentVolume>::all(client.clone()), self.pvs.clone())),
+            tokio::spawn(follow(Api::<PersistentVolumeClaim>::all(client.clone()), self.pvcs.clone())),
+            tokio::spawn(follow(Api::<VolumeAttachment>::all(client.clone()), self.vas.clone())),
+            tokio::spawn(follow(Api::<Pod>::all(client), self.pods.clone())),
+        ]
+    }
+
+    /// Every table listed in full (the pods too): what a replica needs before it is ready.
+    pub fn all_synced(&self) -> bool {
+        self.not_synced().is_none() && self.pods.synced()
+    }
+
+    /// Objects kept and their bytes, by kind (for metrics and BENCHMARKS.md).
+    pub fn sizes(&self) -> [(&'static str, (usize, usize)); 5] {
+        [
+            ("nodes", self.nodes.size()),
+            ("persistentvolumes", self.pvs.size()),
+            ("persistentvolumeclaims", self.pvcs.size()),
+            ("volumeattachments", self.vas.size()),
+            ("pods", self.pods.size()),
+        ]
     }
 
     /// Why answers about volumes cannot be trusted now (`None`: all four tables synced).
@@ -162,21 +177,34 @@ impl Cluster {
         self.pvs.get(name)
     }
 
-    /// VolumeAttachments of a PV.
+    /// VolumeAttachments of a PV (indexed: its matches, not every attachment).
     pub fn vas_of(&self, pv: &str) -> Vec<Arc<VolumeAttachment>> {
-        self.vas
-            .all()
-            .into_iter()
-            .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv))
-            .collect()
+        self.vas.by(pv)
     }
 
-    /// The Node whose `status.addresses` include `ip`.
+    /// The Node whose `status.addresses` include `ip` (indexed).
     pub fn node_with_address(&self, ip: &str) -> Option<String> {
-        self.nodes.all().into_iter().find_map(|n| {
-            let has = n.status.as_ref()?.addresses.as_ref()?.iter().any(|a| a.address == ip);
-            has.then(|| n.metadata.name.clone().unwrap_or_default())
-        })
+        self.nodes.keys_by(ip).into_iter().next()
+    }
+
+    /// The pods (kept: those with a volume that may be a block device) that use claim
+    /// `NAMESPACE/NAME`.
+    pub fn pods_claiming(&self, claim: &str) -> Vec<Arc<Pod>> {
+        self.pods.by(&format!("claim:{claim}"))
+    }
+
+    /// The Nodes whose status lists a volume by its unique name (attached or in use; indexed).
+    pub fn nodes_listing(&self, unique_name: &str) -> Vec<Arc<Node>> {
+        self.nodes.by(&format!("volume:{unique_name}"))
+    }
+
+    /// A Node deleted (as this console saw it) whose addresses included `ip`: its name and when.
+    pub fn deleted_node_with_address(&self, ip: &str) -> Option<(String, f64)> {
+        self.nodes
+            .deleted_by(ip)
+            .into_iter()
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map(|(when, n)| (n.metadata.name.clone().unwrap_or_default(), when))
     }
 
     /// The name of an object.

@@ -4,7 +4,9 @@
 //! config: pods do not say which of their ports is the gRPC one). A pod with no IP yet is still
 //! a node: answers name it as missing, with that reason.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
@@ -24,6 +26,8 @@ pub struct AgentSpec {
     pub source: String,
     /// Why it cannot be reached, known without trying (no pod IP yet).
     pub error: Option<String>,
+    /// Its pod, `NAMESPACE/NAME` ("" for a static agent): where `kubectl exec` reaches it.
+    pub pod: String,
 }
 
 /// A static list could not be read.
@@ -51,6 +55,7 @@ pub fn parse_static(list: &str) -> Result<BTreeMap<String, AgentSpec>, DiscoverE
             address: addr.to_owned(),
             source: "static".into(),
             error: None,
+            pod: String::new(),
         };
         if out.insert(node.to_owned(), spec).is_some() {
             return Err(DiscoverError::Duplicate(node.to_owned()));
@@ -74,6 +79,7 @@ pub fn agents_from_pods<'a>(
             continue;
         }
         let name = p.metadata.name.clone().unwrap_or_default();
+        let pod = format!("{}/{name}", p.metadata.namespace.as_deref().unwrap_or(""));
         let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).filter(|i| !i.is_empty());
         let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default();
         let spec = match &ip {
@@ -82,18 +88,21 @@ pub fn agents_from_pods<'a>(
                 address: format!("[{ip}]:{port}"),
                 source: "kubernetes".into(),
                 error: None,
+                pod: pod.clone(),
             },
             Some(ip) => AgentSpec {
                 node: node.clone(),
                 address: format!("{ip}:{port}"),
                 source: "kubernetes".into(),
                 error: None,
+                pod: pod.clone(),
             },
             None => AgentSpec {
                 node: node.clone(),
                 address: String::new(),
                 source: "kubernetes".into(),
                 error: Some(format!("the agent pod {name} has no IP yet")),
+                pod: pod.clone(),
             },
         };
         let rank = (ip.is_some(), created);
@@ -107,45 +116,70 @@ pub fn agents_from_pods<'a>(
     best.into_iter().map(|(n, (_, _, s))| (n, s)).collect()
 }
 
+/// An agent pod as discovery keeps it: what [`agents_from_pods`] reads, nothing else.
+fn strip(p: Pod) -> Pod {
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    Pod {
+        metadata: ObjectMeta {
+            name: p.metadata.name,
+            namespace: p.metadata.namespace,
+            creation_timestamp: p.metadata.creation_timestamp,
+            deletion_timestamp: p.metadata.deletion_timestamp,
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec { node_name: p.spec.and_then(|s| s.node_name), ..PodSpec::default() }),
+        status: Some(PodStatus { pod_ip: p.status.and_then(|s| s.pod_ip), ..PodStatus::default() }),
+    }
+}
+
 /// Watches the agent pods in `namespace` matching `selector`; the receiver always holds the
-/// current agents. The task ends when every receiver is gone.
+/// current agents, and `listed` turns true once the pods were listed in full. The task ends when
+/// every receiver is gone. A relist is applied in place (only the pods' names are held on the
+/// side), each pod stripped to what makes an agent.
 pub fn watch_pods(
     client: Client,
     namespace: &str,
     selector: &str,
     port: u16,
-) -> (watch::Receiver<BTreeMap<String, AgentSpec>>, tokio::task::JoinHandle<()>) {
+) -> (watch::Receiver<BTreeMap<String, AgentSpec>>, tokio::task::JoinHandle<()>, Arc<AtomicBool>) {
     let api: Api<Pod> = Api::namespaced(client, namespace);
     let cfg = watcher::Config::default().labels(selector).any_semantic();
     let (tx, rx) = watch::channel(BTreeMap::new());
     let ns = namespace.to_owned();
+    let listed = Arc::new(AtomicBool::new(false));
+    let done = Arc::clone(&listed);
     let task = tokio::spawn(async move {
         let mut pods: BTreeMap<String, Pod> = BTreeMap::new();
-        let mut relist: Option<BTreeMap<String, Pod>> = None;
+        let mut relist: Option<HashSet<String>> = None;
         let mut stream = std::pin::pin!(watcher::watcher(api, cfg).default_backoff());
         while let Some(ev) = stream.next().await {
             let changed = match ev {
                 Ok(Event::Init) => {
-                    relist = Some(BTreeMap::new());
+                    relist = Some(HashSet::new());
                     false
                 }
                 Ok(Event::InitApply(p)) => {
+                    let name = p.metadata.name.clone().unwrap_or_default();
                     if let Some(r) = relist.as_mut() {
-                        r.insert(p.metadata.name.clone().unwrap_or_default(), p);
+                        r.insert(name.clone());
                     }
+                    pods.insert(name, strip(p));
                     false
                 }
                 Ok(Event::InitDone) => {
-                    pods = relist.take().unwrap_or_default();
+                    let seen = relist.take().unwrap_or_default();
+                    pods.retain(|name, _| seen.contains(name));
+                    done.store(true, Ordering::Release);
                     true
                 }
                 Ok(Event::Apply(p)) => {
-                    pods.insert(p.metadata.name.clone().unwrap_or_default(), p);
-                    true
+                    pods.insert(p.metadata.name.clone().unwrap_or_default(), strip(p));
+                    relist.is_none()
                 }
                 Ok(Event::Delete(p)) => {
                     pods.remove(&p.metadata.name.clone().unwrap_or_default());
-                    true
+                    relist.is_none()
                 }
                 Err(e) => {
                     tracing::warn!(namespace = %ns, error = %e, "watching the agent pods failed; retrying");
@@ -160,7 +194,7 @@ pub fn watch_pods(
             }
         }
     });
-    (rx, task)
+    (rx, task, listed)
 }
 
 #[cfg(test)]
@@ -200,5 +234,6 @@ mod tests {
         assert_eq!(a["node-b"].address, "");
         assert!(a["node-b"].error.as_deref().is_some_and(|e| e.contains("b-1 has no IP")));
         assert_eq!(a["node-c"].address, "[fd00::7]:9443");
+        assert_eq!(a["node-a"].pod, "blockjanitor/a-2", "where kubectl exec reaches it");
     }
 }

@@ -6,6 +6,12 @@
 //! one); queries read it. Lookups go through key tables kept beside the devices, so an answer
 //! costs the matches, not the fleet. A node that is not reachable or not synced keeps its last
 //! devices (marked as such by its status) and is named in every answer's `missing_nodes`.
+//!
+//! A node whose agent pod went away (the Node deleted, its pods collected) leaves the fleet but
+//! not the console's memory: its last view moves to [`Inner::gone`] with when it went, out of
+//! the key tables and of `missing_nodes`, so that Explain can still say what it last mapped and
+//! held ("as last seen N s ago"). The kernel rbd clients agents report are remembered too
+//! ([`crate::client_history`]), for who-watches.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -13,7 +19,12 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use blockjanitor_ctl::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 
+use crate::ceph_addr;
+use crate::client_history::ClientHistory;
 use crate::watchers::{addr_ip, normalize_client};
+
+/// How many gone nodes' last views are kept (the oldest go first).
+pub const GONE_KEPT: usize = 256;
 
 /// What a device can be looked up by.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,16 +43,13 @@ pub enum Key {
     Wwid(String),
     /// An nbd backend.
     NbdBackend(String),
+    /// An iSCSI target IQN a disk is reached through (lower case).
+    Iqn(String),
+    /// An NVMe subsystem NQN a namespace is served by (lower case).
+    Nqn(String),
 }
 
-/// `pool/image` or `pool/namespace/image`.
-pub fn image_key(pool: &str, namespace: &str, image: &str) -> String {
-    if namespace.is_empty() {
-        format!("{pool}/{image}")
-    } else {
-        format!("{pool}/{namespace}/{image}")
-    }
-}
+pub use crate::volume_key::image_key;
 
 /// Every key a device can be found by.
 pub fn keys_of(d: &pb::Device) -> Vec<Key> {
@@ -50,7 +58,11 @@ pub fn keys_of(d: &pb::Device) -> Vec<Key> {
         k.push(Key::Image(image_key(&r.pool, &r.pool_namespace, &r.image)));
         if !r.client_addr.is_empty() {
             k.push(Key::ClientAddr(r.client_addr.clone()));
-            k.push(Key::ClientIp(addr_ip(&r.client_addr).to_owned()));
+            // The IP as parsed (canonical), so a question's IP finds it whatever the form.
+            let ip = ceph_addr::client_instance(&r.client_addr)
+                .map(|(ip, _)| ip.to_string())
+                .unwrap_or_else(|| addr_ip(&r.client_addr).to_owned());
+            k.push(Key::ClientIp(ip));
         }
         if let Some(c) = normalize_client(&r.client_id) {
             k.push(Key::ClientId(c));
@@ -65,6 +77,18 @@ pub fn keys_of(d: &pb::Device) -> Vec<Key> {
     if !d.nbd_backend.is_empty() {
         k.push(Key::NbdBackend(d.nbd_backend.clone()));
     }
+    if let Some(s) = d.iscsi_session.as_ref().filter(|s| !s.target.is_empty()) {
+        k.push(Key::Iqn(s.target.to_ascii_lowercase()));
+    }
+    if let Some(n) = &d.nvme {
+        let nqns = std::iter::once(&n.subsysnqn).chain(n.controllers.iter().map(|c| &c.subsysnqn));
+        for nqn in nqns.filter(|q| !q.is_empty()) {
+            let key = Key::Nqn(nqn.to_ascii_lowercase());
+            if !k.contains(&key) {
+                k.push(key);
+            }
+        }
+    }
     k
 }
 
@@ -76,6 +100,8 @@ pub struct NodeEntry {
     pub address: String,
     /// `kubernetes` or `static`.
     pub source: String,
+    /// The agent's pod, `NAMESPACE/NAME` ("" for a static agent).
+    pub agent_pod: String,
     /// A live connection and a device list read in full since it was made.
     pub reachable: bool,
     /// The device list was read in full at least once.
@@ -89,18 +115,39 @@ pub struct NodeEntry {
     /// When the link was last found dead (seconds since the epoch; 0 while it is up).
     pub down_since: f64,
     pub failures: u32,
+    /// When the agent's latest scan finished, as far as this console knows (its device list's
+    /// `scan_unix_seconds`, moved on by events from later scans; the agent's clock).
+    pub scan_unix_seconds: f64,
+    /// What that scan could not see, as the agent says (its device list's `blind_spots`).
+    pub blind_spots: Vec<String>,
+    /// "INCOMPLETE VIEW: ..." when a blind spot could hide a holder; "" when its view is complete.
+    pub incomplete_view: String,
+    /// An answering agent whose latest scan is older than this (seconds) is stale: answers
+    /// cannot speak for its node ([`DEFAULT_STALE_AFTER`]).
+    pub stale_after: f64,
     pub agent: Option<pb::Node>,
     /// Boxed: a `pb::Device` is over a kilobyte inline (every optional sub-message), and a
     /// B-tree node holds 11 slots whether used or not; boxed, the index costs what the devices
     /// hold (BENCHMARKS.md, "index memory per device").
     pub devices: BTreeMap<String, Box<pb::Device>>,
+    /// Its pin risks as the agent last reported them (ListDevices, PIN_RISKS_CHANGED), by mount
+    /// namespace.
+    pub pin_risks: Vec<pb::PinRisk>,
+    /// Whether the agent reported a pin-risk check, and why it could judge no namespace.
+    pub pin_risks_checked: bool,
+    pub pin_risks_unknown: String,
 }
 
+/// An answering agent whose latest scan finished longer ago than this is stale (the agents scan
+/// every 60 s by default and the console reads each list again every 60 s).
+pub const DEFAULT_STALE_AFTER: f64 = 300.0;
+
 impl NodeEntry {
-    /// Why answers cannot speak for this node now (`None`: they can).
+    /// Why answers cannot speak for this node now (`None`: they can): not reachable or not
+    /// synced, or stale (it answers, but its latest scan is older than [`NodeEntry::stale_after`]).
     pub fn missing_reason(&self) -> Option<String> {
         if self.reachable && self.synced {
-            return None;
+            return self.stale_reason(now_secs());
         }
         if self.address.is_empty() {
             return Some(if self.error.is_empty() { "no agent address".into() } else { self.error.clone() });
@@ -115,6 +162,42 @@ impl NodeEntry {
             (true, false) => "not synced yet".into(),
             (true, true) => format!("connection lost{since}"),
         })
+    }
+
+    /// Why an answering agent's view is stale at `now`: its latest scan is too old.
+    pub fn stale_reason(&self, now: f64) -> Option<String> {
+        let age = now - self.scan_unix_seconds;
+        (self.stale_after > 0.0 && self.scan_unix_seconds > 0.0 && age > self.stale_after).then(|| {
+            format!(
+                "stale: its agent answers, but its latest scan finished {age:.0} s ago (more than {:.0} s)",
+                self.stale_after
+            )
+        })
+    }
+
+    /// [`NodeEntry::missing_reason`] without what changes by itself with time (how long it has
+    /// been down, how old the scan is): what the sweep's findings rest on, compared to notice
+    /// a change.
+    pub fn missing_cause(&self) -> Option<String> {
+        if self.reachable && self.synced {
+            return self
+                .stale_reason(now_secs())
+                .map(|_| format!("stale: its latest scan is older than {:.0} s", self.stale_after));
+        }
+        if self.address.is_empty() {
+            return Some(if self.error.is_empty() { "no agent address".into() } else { self.error.clone() });
+        }
+        Some(match (self.error.is_empty(), self.synced) {
+            (false, _) => format!("unreachable: {}", self.error),
+            (true, false) => "not synced yet".into(),
+            (true, true) => "connection lost".into(),
+        })
+    }
+
+    /// Whether its link has had its first try: synced once, or failed at least once (or it has
+    /// no address to try): what a replica waits for before it says it is ready.
+    pub fn tried(&self) -> bool {
+        self.synced || self.failures > 0 || self.address.is_empty() || !self.error.is_empty()
     }
 
     /// Marks the link dead: not reachable, why, and since when (the first time only, so that
@@ -150,8 +233,25 @@ impl NodeEntry {
             devices: self.devices.len() as u32,
             agent: self.agent.clone(),
             failures: self.failures,
+            scan_unix_seconds: self.scan_unix_seconds,
+            blind_spots: self.blind_spots.clone(),
+            incomplete_view: self.incomplete_view.clone(),
+            stale: if self.reachable && self.synced {
+                self.stale_reason(now_secs()).unwrap_or_default()
+            } else {
+                String::new()
+            },
         }
     }
+}
+
+/// A node that left the fleet (its agent pod went away), as last seen.
+#[derive(Debug, Clone)]
+pub struct GoneNode {
+    /// Its entry when it went: devices, last contact, last error.
+    pub entry: NodeEntry,
+    /// When it went (seconds since the epoch).
+    pub since: f64,
 }
 
 /// The index's contents.
@@ -159,10 +259,35 @@ impl NodeEntry {
 pub struct Inner {
     pub nodes: BTreeMap<String, NodeEntry>,
     keys: HashMap<Key, BTreeSet<(String, String)>>,
+    /// Nodes whose agent pod went away, by name: their last view.
+    pub gone: BTreeMap<String, GoneNode>,
+    /// The kernel rbd clients agents have reported.
+    pub seen: ClientHistory,
+    /// What changed since the sweep last looked ([`crate::sweeper`]).
+    pub dirty: Dirt,
+    /// [`NodeEntry::stale_after`] for every node.
+    pub stale_after: f64,
+}
+
+/// The volumes (sweep keys, [`crate::volume_key::volume_of`]) and PVs whose devices changed.
+#[derive(Debug, Default)]
+pub struct Dirt {
+    pub volumes: std::collections::HashSet<String>,
+    pub pvs: std::collections::HashSet<String>,
+}
+
+impl Dirt {
+    fn mark(&mut self, d: &pb::Device) {
+        if let Some((v, _)) = crate::volume_key::volume_of(d) {
+            self.volumes.insert(v);
+        }
+        self.pvs.extend(d.pv_names.iter().cloned());
+    }
 }
 
 impl Inner {
     fn unkey(&mut self, node: &str, d: &pb::Device) {
+        self.dirty.mark(d);
         for k in keys_of(d) {
             if let Some(set) = self.keys.get_mut(&k) {
                 set.remove(&(node.to_owned(), d.name.clone()));
@@ -174,9 +299,16 @@ impl Inner {
     }
 
     fn key(&mut self, node: &str, d: &pb::Device) {
+        self.dirty.mark(d);
         for k in keys_of(d) {
             self.keys.entry(k).or_default().insert((node.to_owned(), d.name.clone()));
         }
+        self.seen.record(node, d, now_secs());
+    }
+
+    /// The `(node, device)` names found by `key`, in order (nothing copied).
+    pub fn keyed(&self, key: &Key) -> impl Iterator<Item = (&str, &str)> {
+        self.keys.get(key).into_iter().flatten().map(|(n, d)| (n.as_str(), d.as_str()))
     }
 
     /// Devices found by `key`, with their nodes.
@@ -188,6 +320,22 @@ impl Inner {
                 Some(pb::FleetDevice { node: n.clone(), device: Some(pb::Device::clone(dev)) })
             })
             .collect()
+    }
+
+    /// Devices of gone nodes found by any of `keys` (their last view), with each node's gone
+    /// record. Costs the gone nodes' devices (at most [`GONE_KEPT`] nodes).
+    pub fn lookup_gone(&self, keys: &[Key]) -> Vec<(pb::FleetDevice, &GoneNode)> {
+        let mut out = Vec::new();
+        for g in self.gone.values() {
+            for d in g.entry.devices.values() {
+                if keys_of(d).iter().any(|k| keys.contains(k)) {
+                    let f =
+                        pb::FleetDevice { node: g.entry.name.clone(), device: Some(pb::Device::clone(d)) };
+                    out.push((f, g));
+                }
+            }
+        }
+        out
     }
 
     /// Every node answers cannot speak for, with why.
@@ -222,6 +370,16 @@ impl Inner {
         }
     }
 
+    /// Replaces a node's pin risks (kept sorted by mount namespace: `ListPinRisks` pages by it).
+    pub fn set_pin_risks(&mut self, node: &str, mut risks: Vec<pb::PinRisk>, checked: bool, unknown: String) {
+        risks.sort_by_key(|r| r.mount_namespace);
+        if let Some(n) = self.nodes.get_mut(node) {
+            n.pin_risks = risks;
+            n.pin_risks_checked = checked;
+            n.pin_risks_unknown = unknown;
+        }
+    }
+
     /// Adds or replaces one device.
     pub fn upsert_device(&mut self, node: &str, d: pb::Device) {
         let old = self.nodes.get_mut(node).and_then(|n| n.devices.remove(&d.name));
@@ -245,10 +403,12 @@ impl Inner {
 
     /// Adds a node (or updates its address and source), keeping what is known about it.
     pub fn upsert_node(&mut self, name: &str, address: &str, source: &str, error: Option<&str>) {
+        self.gone.remove(name);
         let n = self
             .nodes
             .entry(name.to_owned())
             .or_insert_with(|| NodeEntry { name: name.to_owned(), ..Default::default() });
+        n.stale_after = self.stale_after;
         if n.address != address && n.reachable {
             n.mark_down(format!("the agent's address changed to {address}"));
         }
@@ -259,20 +419,49 @@ impl Inner {
         }
     }
 
-    /// Forgets a node (its agent pod went away).
+    /// Takes a node out of the fleet (its agent pod went away), keeping its last view in
+    /// [`Inner::gone`].
     pub fn remove_node(&mut self, name: &str) {
-        self.replace_devices(name, Vec::new());
-        self.nodes.remove(name);
+        let Some(mut entry) = self.nodes.remove(name) else { return };
+        for d in entry.devices.values() {
+            self.unkey(name, d);
+        }
+        let now = now_secs();
+        if entry.reachable || entry.down_since <= 0.0 {
+            entry.down_since = now;
+        }
+        entry.reachable = false;
+        entry.error = "its agent pod went away".into();
+        self.gone.insert(name.to_owned(), GoneNode { entry, since: now });
+        while self.gone.len() > GONE_KEPT {
+            let oldest =
+                self.gone.iter().min_by(|a, b| a.1.since.total_cmp(&b.1.since)).map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => self.gone.remove(&k),
+                None => break,
+            };
+        }
     }
 }
 
 /// The shared index.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Index(Arc<RwLock<Inner>>);
+
+impl Default for Index {
+    fn default() -> Self {
+        Self::with_stale_after(DEFAULT_STALE_AFTER)
+    }
+}
 
 impl Index {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An index whose nodes are stale when their latest scan is older than `secs` (0: never).
+    pub fn with_stale_after(secs: f64) -> Self {
+        Index(Arc::new(RwLock::new(Inner { stale_after: secs, ..Inner::default() })))
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -292,83 +481,5 @@ impl Index {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rbd_dev(name: &str, image: &str, addr: &str, client: &str) -> pb::Device {
-        pb::Device {
-            name: name.into(),
-            rbd: Some(pb::RbdMapping {
-                pool: "k8s".into(),
-                image: image.into(),
-                client_addr: addr.into(),
-                client_id: client.into(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn lookups_follow_replacements_and_events() {
-        let ix = Index::new();
-        let mut w = ix.write();
-        w.upsert_node("a", "127.0.0.2:1", "static", None);
-        w.replace_devices("a", vec![rbd_dev("rbd4", "img", "10.0.0.5:0/1", "client.7")]);
-        let found = w.lookup(&Key::Image("k8s/img".into()));
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].node, "a");
-        assert_eq!(w.lookup(&Key::ClientIp("10.0.0.5".into())).len(), 1);
-        assert_eq!(w.lookup(&Key::ClientId("client.7".into())).len(), 1);
-        // The device now maps another image: the old keys go.
-        w.upsert_device("a", rbd_dev("rbd4", "other", "10.0.0.5:0/2", "client.8"));
-        assert!(w.lookup(&Key::Image("k8s/img".into())).is_empty());
-        assert!(w.lookup(&Key::ClientId("client.7".into())).is_empty());
-        assert_eq!(w.lookup(&Key::Image("k8s/other".into())).len(), 1);
-        w.remove_device("a", "rbd4");
-        assert!(w.lookup(&Key::Image("k8s/other".into())).is_empty());
-        assert_eq!(w.device_count(), 0);
-    }
-
-    #[test]
-    fn unsynced_and_unreachable_nodes_are_missing() {
-        let ix = Index::new();
-        let mut w = ix.write();
-        w.upsert_node("a", "127.0.0.2:1", "static", None);
-        w.upsert_node("b", "", "kubernetes", Some("the agent pod has no IP yet"));
-        let missing = w.missing();
-        assert_eq!(missing.len(), 2);
-        assert_eq!(missing[0].reason, "not synced yet");
-        assert_eq!(missing[1].reason, "the agent pod has no IP yet");
-        if let Some(n) = w.nodes.get_mut("a") {
-            n.reachable = true;
-            n.synced = true;
-        }
-        assert_eq!(w.missing().len(), 1);
-    }
-
-    #[test]
-    fn a_down_mark_says_since_when_and_why_until_the_agent_answers_again() {
-        let ix = Index::new();
-        let mut w = ix.write();
-        w.upsert_node("a", "127.0.0.2:1", "static", None);
-        let n = w.nodes.get_mut("a").expect("node");
-        n.mark_up(now_secs());
-        assert!(n.missing_reason().is_none());
-        n.mark_down("WatchEvents: Unavailable: keep-alive timed out".into());
-        let since = n.down_since;
-        assert!(since > 0.0);
-        // A failed retry says why now, and keeps when the link went silent.
-        n.mark_down("connect: timed out".into());
-        assert_eq!(n.down_since, since);
-        let reason = n.missing_reason().expect("missing");
-        assert!(
-            reason.starts_with("unreachable for ") && reason.ends_with(": connect: timed out"),
-            "{reason}"
-        );
-        n.mark_up(now_secs());
-        assert!(n.missing_reason().is_none());
-        assert_eq!(n.down_since, 0.0);
-        assert!(n.error.is_empty());
-    }
-}
+#[path = "index_tests.rs"]
+mod tests;

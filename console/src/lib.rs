@@ -8,36 +8,76 @@
 //!               index (by node, image, PV, client addr/id, WWID, nbd backend)
 //!  cluster ───►   │      multiattach (VAs + Node status + agents' findings → diagnosis)
 //!  (Nodes, PVs,   ▼
-//!   PVCs, VAs)  service (Fleet: ListNodes, ListDevices, Where, WhoWatches, MultiAttach,
-//!                        Plan/Apply forwarded on behalf of the caller) + metrics
+//!   PVCs, VAs)  service (Fleet: ListNodes, ListDevices, Where, WhoWatches, MultiAttach, Sweep,
+//!                        Explain, Plan/Apply forwarded on behalf of the caller) + metrics
 //! ```
 //!
 //! - [`discover`]: the agents, from a static list or the DaemonSet's pods (watched).
 //! - [`link`]: one task per agent keeping its part of the index current.
 //! - [`index`]: the fleet index and its lookups.
-//! - [`watchers`]: parsing `rbd status` / `rados listwatchers` text.
+//! - [`watchers`]: parsing `rbd status` / `rados listwatchers` text, and one watcher's answer
+//!   ("yes" only from evidence about the client's own node); [`who_watches`]: finding that node
+//!   (the agent reporting the client, the node this console saw it on ([`client_history`]), the
+//!   Node whose address it is, a deleted Node) and the mappings through the index's keys.
 //! - [`ceph_addr`]: every identifier a user pastes from Ceph (addresses, vectors, ranges, client
-//!   ids, `rbd status` and `ceph osd blocklist ls` lines) for WhoWatches, and matching it.
-//! - [`cluster`]: Nodes, PVs, PVCs and VolumeAttachments, watched.
+//!   ids, `rbd status` and `ceph osd blocklist ls` lines) for WhoWatches, and matching it;
+//!   `IP:0/0` is the whole IP, a daemon's address is no client.
+//! - [`cluster`]: Nodes, PVs, PVCs and VolumeAttachments, watched ([`kube_table`]: each indexed
+//!   for its questions, deleted objects remembered).
+//! - [`explain`]: why a pod (PVC, PV) is stuck, from the pod to the process holding its volume,
+//!   one diagnosis with evidence and next steps; dead-node advice only for a node believed dead.
 //! - [`multiattach`]: one diagnosis per node for a volume.
 //! - [`apply`]: an Apply's targets (identities required), its dry run's summary, the fleet-wide
-//!   step budget; [`lease`]: the apply Lease, so that with several replicas only one spends it.
+//!   step budget; [`lease`]: the apply Lease, so that with several replicas only one spends it;
+//!   [`person_budget`]: each person's share of it.
+//! - [`access`]: who may call, for what: a bearer token the API server reviews
+//!   ([`review`]: TokenReview, SubjectAccessReview, cached in a [`ttl_cache`]) or a per-person
+//!   client certificate; [`person`]: the person, the verb a method needs, the refusal's words.
+//! - [`forward`]: Plan and Apply forwarded to the agents on behalf of that person.
+//! - [`pin_risks`]: the fleet's pin risks, paged (`ListPinRisks`).
+//! - [`serving_ca`]: the serving CA published in a ConfigMap for the kubectl plugin.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
 
+pub mod access;
 #[cfg(test)]
 mod alerts_tests;
 pub mod apply;
+pub mod apply_run;
 pub mod ceph_addr;
+pub mod client_history;
 pub mod cluster;
+pub mod devices_page;
 pub mod discover;
+pub mod explain;
+pub mod forward;
 pub mod ident;
 pub mod index;
+pub mod kube_keep;
+#[cfg(test)]
+mod kube_scale_tests;
+pub mod kube_table;
 pub mod lease;
+pub mod lease_steps;
+pub mod limits;
 pub mod link;
 pub mod metrics;
 pub mod multiattach;
+pub mod multiattach_run;
+pub mod peer;
+pub mod person;
+pub mod person_budget;
+pub mod pin_risks;
+pub mod ready;
 pub mod resolve;
+pub mod review;
 pub mod serve;
 pub mod service;
+pub mod serving_ca;
 pub mod sweep;
+pub mod sweep_attach;
+pub mod sweep_part;
+pub mod sweeper;
+pub mod ttl_cache;
+pub mod volume_key;
 pub mod watchers;
+pub mod who_watches;

@@ -113,6 +113,12 @@ pub struct Links {
     index: Index,
     opts: Arc<LinkOptions>,
     links: Mutex<HashMap<String, Link>>,
+    /// The agents as last set.
+    specs: Mutex<BTreeMap<String, AgentSpec>>,
+    /// One fleet-wide fan-out at a time, and how many have started: callers who asked while one
+    /// ran share the next one (see [`Links::refresh_all`]).
+    fan_out: tokio::sync::Mutex<()>,
+    fan_outs: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Links {
@@ -125,7 +131,14 @@ impl Drop for Links {
 
 impl Links {
     pub fn new(index: Index, opts: LinkOptions) -> Self {
-        Self { index, opts: Arc::new(opts), links: Mutex::new(HashMap::new()) }
+        Self {
+            index,
+            opts: Arc::new(opts),
+            links: Mutex::new(HashMap::new()),
+            specs: Mutex::new(BTreeMap::new()),
+            fan_out: tokio::sync::Mutex::new(()),
+            fan_outs: std::sync::atomic::AtomicU64::new(0),
+        }
     }
 
     pub fn options(&self) -> &LinkOptions {
@@ -133,9 +146,11 @@ impl Links {
     }
 
     /// Brings the links in step with `agents`: starts one for each new node (or new address),
-    /// stops those whose node went, and records every node in the index.
+    /// stops those whose node went, and records every node in the index. Only what changed since
+    /// the last call is touched (during a rollout of 5,000 agents every pod event calls this).
     pub fn set(&self, agents: &BTreeMap<String, AgentSpec>) {
         let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.specs.lock().unwrap_or_else(|p| p.into_inner());
         let gone: Vec<String> = links
             .iter()
             .filter(|(n, l)| agents.get(*n).is_none_or(|a| a.address != l.address))
@@ -145,12 +160,19 @@ impl Links {
             if let Some(l) = links.remove(&n) {
                 l.task.abort();
             }
-            if !agents.contains_key(&n) {
-                self.index.write().remove_node(&n);
-            }
+        }
+        let left: Vec<String> = last.keys().filter(|n| !agents.contains_key(*n)).cloned().collect();
+        for n in left {
+            last.remove(&n);
+            self.index.write().remove_node(&n);
         }
         for (name, spec) in agents {
+            if last.get(name) == Some(spec) && (spec.address.is_empty() || links.contains_key(name)) {
+                continue;
+            }
+            last.insert(name.clone(), spec.clone());
             self.index.write().upsert_node(name, &spec.address, &spec.source, spec.error.as_deref());
+            self.index.with_node(name, |n| n.agent_pod = spec.pod.clone());
             if spec.address.is_empty() || links.contains_key(name) {
                 continue;
             }
@@ -202,7 +224,27 @@ impl Links {
     /// deadline, and puts the answers in the index. Returns when all have answered or timed out.
     /// Links already known dead are not asked (answers name their nodes missing); a link whose
     /// read fails is marked dead, so the next fan-out does not wait on it again.
+    ///
+    /// One fleet-wide fan-out runs at a time: a caller who asks while one runs waits for it to
+    /// end and then shares the next one with every other caller who asked meanwhile (a fan-out
+    /// that started after the caller asked is as fresh as the caller wants). So eight callers
+    /// asking `--fresh` at once cost two fan-outs, not eight.
     pub async fn refresh_all(&self, only: Option<&str>) {
+        use std::sync::atomic::Ordering;
+        if only.is_some() {
+            return self.fan_out_now(only).await;
+        }
+        let asked = self.fan_outs.load(Ordering::Acquire);
+        let _one = self.fan_out.lock().await;
+        if self.fan_outs.load(Ordering::Acquire) > asked {
+            // One started after this caller asked, and it is over (this caller holds the lock).
+            return;
+        }
+        self.fan_outs.fetch_add(1, Ordering::AcqRel);
+        self.fan_out_now(None).await;
+    }
+
+    async fn fan_out_now(&self, only: Option<&str>) {
         let (clients, skipped) = {
             let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
             let mut clients: Vec<(String, AgentClient<Channel>)> = Vec::new();
@@ -306,8 +348,12 @@ pub async fn sync_devices(
     }
     let mut w = index.write();
     w.replace_devices(node, list.devices);
+    w.set_pin_risks(node, list.pin_risks, list.pin_risks_checked, list.pin_risks_unknown);
     if let Some(n) = w.nodes.get_mut(node) {
         let now = now_secs();
+        n.scan_unix_seconds = list.scan_unix_seconds;
+        n.blind_spots = list.blind_spots;
+        n.incomplete_view = list.incomplete_view;
         if agent.is_some() {
             n.agent = agent;
         }
@@ -392,9 +438,16 @@ fn apply_event(index: &Index, node: &str, ev: pb::Event) -> bool {
     let mut w = index.write();
     if let Some(n) = w.nodes.get_mut(node) {
         n.last_seen = now_secs();
+        // An event from a scan: the agent has scanned at least that recently.
+        if ev.scan > 0 && ev.unix_seconds > n.scan_unix_seconds {
+            n.scan_unix_seconds = ev.unix_seconds;
+        }
     }
     match (kind, ev.current) {
         (pb::event::Type::EventsDropped, _) => return true,
+        // Too many to send in an event, or none could be judged: the list says.
+        (pb::event::Type::PinRisksChanged, _) if !ev.pin_risks_complete => return true,
+        (pb::event::Type::PinRisksChanged, _) => w.set_pin_risks(node, ev.pin_risks, true, String::new()),
         (pb::event::Type::DeviceRemoved, _) => w.remove_device(node, &ev.device),
         (_, Some(d)) => w.upsert_device(node, d),
         (_, None) => {}

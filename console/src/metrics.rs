@@ -1,21 +1,41 @@
 //! The console's Prometheus series (prefix `blockjanitor_console_`): agents up and down, the
-//! index's size, query latency by method, and the fleet-wide sweep at each scrape (findings per
-//! kind, whether it was complete, nodes it could not ask), and the process's own (`process_*`:
-//! CPU, memory, file descriptors); served as `/metrics` over plain HTTP/1 on its own address.
+//! index's size, the Kubernetes objects kept (and their bytes), query latency by method, calls
+//! refused for concurrency, the fleet-wide sweep (findings per kind, whether it was complete,
+//! nodes it could not ask and those of them with a volume at stake), and the process's own
+//! (`process_*`: CPU, memory, file descriptors); served as `/metrics` over plain HTTP/1 on its own
+//! address, with `/readyz` beside it (not reviewed: kubelet probes it without a token).
+//!
+//! A scrape never sweeps and never waits on a fan-out or the index: it reads what the sweep
+//! ([`crate::sweeper`]) last published, and it is served on a thread of its own with its own
+//! runtime ([`serve_on_own_thread`]), so a runtime busy with 5,000 agents' answers does not delay
+//! it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, Opts, Registry, TextEncoder};
-use tokio::net::TcpListener;
+use prometheus::{
+    Encoder, Gauge, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+};
 use tokio::sync::watch;
 
 use crate::cluster::Cluster;
-use crate::index::Index;
+use crate::ready::Readiness;
+use crate::sweeper::Sweeper;
 
 /// Every method of the Fleet service (the `method` label).
-pub const METHODS: [&str; 8] =
-    ["ListNodes", "ListDevices", "Where", "WhoWatches", "MultiAttach", "Sweep", "Plan", "Apply"];
+pub const METHODS: [&str; 11] = [
+    "ListNodes",
+    "ListDevices",
+    "Where",
+    "WhoWatches",
+    "MultiAttach",
+    "Sweep",
+    "Plan",
+    "Apply",
+    "Explain",
+    "WhoWatchesStream",
+    "ListPinRisks",
+];
 
 /// The console's metrics.
 pub struct Metrics {
@@ -24,12 +44,18 @@ pub struct Metrics {
     process: Registry,
     agents: GaugeVec,
     index_size: GaugeVec,
+    kube_objects: GaugeVec,
+    kube_bytes: GaugeVec,
+    kube_synced: Gauge,
     latency: HistogramVec,
+    refused: IntCounterVec,
     findings: GaugeVec,
     sweep_complete: Gauge,
     sweep_missing: Gauge,
-    index: Index,
+    sweep_at_stake: Gauge,
+    sweeper: Arc<Sweeper>,
     cluster: Option<Cluster>,
+    readiness: Option<Arc<Readiness>>,
 }
 
 /// A metric could not be defined (a bug: names and labels are constants).
@@ -37,65 +63,63 @@ pub struct Metrics {
 #[error("cannot register metrics: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
+fn gauges(registry: &Registry, name: &str, help: &str, label: &str) -> Result<GaugeVec, MetricsError> {
+    let g = GaugeVec::new(Opts::new(name, help), &[label])?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Result<Gauge, MetricsError> {
+    let g = Gauge::new(name, help)?;
+    registry.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
 impl Metrics {
-    pub fn new(index: Index) -> Result<Self, MetricsError> {
-        let registry = Registry::new_custom(Some("blockjanitor_console".into()), None)?;
-        let agents = GaugeVec::new(
-            Opts::new("agents", "Agents known to the console, by state (up, down)."),
-            &["state"],
-        )?;
-        let index_size = GaugeVec::new(
-            Opts::new("index_entries", "What the fleet index holds, by what (nodes, devices)."),
-            &["what"],
-        )?;
+    pub fn new(sweeper: Arc<Sweeper>, cluster: Option<Cluster>) -> Result<Self, MetricsError> {
+        let r = Registry::new_custom(Some("blockjanitor_console".into()), None)?;
         let latency = HistogramVec::new(
             HistogramOpts::new("query_duration_seconds", "Time to answer a Fleet call, by method.").buckets(
                 vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0],
             ),
             &["method"],
         )?;
-        registry.register(Box::new(agents.clone()))?;
-        registry.register(Box::new(index_size.clone()))?;
-        let findings = GaugeVec::new(
+        r.register(Box::new(latency.clone()))?;
+        let refused = IntCounterVec::new(
             Opts::new(
-                "sweep_findings",
-                "Findings of the fleet-wide sweep at this scrape, by kind (multi_node, attached_not_in_use, \
-                 dead_node_watcher); read with sweep_complete: 0 findings of an incomplete sweep is not clean.",
+                "calls_refused_total",
+                "Calls refused with RESOURCE_EXHAUSTED because too many of their kind ran at once, by what \
+                 (fresh, plan, sweep) and whose limit (caller, total).",
             ),
-            &["kind"],
+            &["what", "limit"],
         )?;
-        let sweep_complete = Gauge::new(
-            "sweep_complete",
-            "1 when the sweep at this scrape heard from every node (and a synced Kubernetes view), 0 when it is incomplete.",
-        )?;
-        let sweep_missing = Gauge::new(
-            "sweep_missing_nodes",
-            "Nodes the sweep at this scrape could not ask (down, not synced, no agent).",
-        )?;
-        registry.register(Box::new(latency.clone()))?;
-        registry.register(Box::new(findings.clone()))?;
-        registry.register(Box::new(sweep_complete.clone()))?;
-        registry.register(Box::new(sweep_missing.clone()))?;
+        r.register(Box::new(refused.clone()))?;
         for m in METHODS {
             latency.with_label_values(&[m]);
         }
         Ok(Self {
-            registry,
+            agents: gauges(&r, "agents", "Agents known to the console, by state (up: answering with a fresh view; down).", "state")?,
+            index_size: gauges(&r, "index_entries", "What the fleet index holds, by what (nodes, devices, volumes).", "what")?,
+            kube_objects: gauges(&r, "kube_objects", "Kubernetes objects the console keeps, by kind.", "kind")?,
+            kube_bytes: gauges(&r, "kube_object_bytes", "Bytes of the Kubernetes objects the console keeps (compact JSON and index keys), by kind.", "kind")?,
+            kube_synced: gauge(&r, "kube_view_synced", "1 when the console's Kubernetes view (Nodes, PVs, PVCs, VolumeAttachments) is listed in full and its watches have not failed since (1 without the API).")?,
+            findings: gauges(&r, "sweep_findings", "Findings of the fleet-wide sweep, kept current as events arrive, by kind (multi_node, attached_not_in_use, dead_node_watcher); read with sweep_complete: 0 findings of an incomplete sweep is not clean.", "kind")?,
+            sweep_complete: gauge(&r, "sweep_complete", "1 when the sweep hears from every node (and a synced Kubernetes view), 0 when it is incomplete.")?,
+            sweep_missing: gauge(&r, "sweep_missing_nodes", "Nodes the sweep cannot ask (down, not synced, stale, no agent).")?,
+            sweep_at_stake: gauge(&r, "sweep_uncovered_nodes_with_volumes", "Of the nodes the sweep cannot ask, those missing for 5 minutes or longer with a volume at stake (attached by a VolumeAttachment, or mapped as last seen): where an incident could hide (an agent restarting in a rollout is back sooner).")?,
+            registry: r,
             process: blockjanitor_rpc::metrics_http::process_registry()?,
-            agents,
-            index_size,
             latency,
-            findings,
-            sweep_complete,
-            sweep_missing,
-            index,
-            cluster: None,
+            refused,
+            sweeper,
+            cluster,
+            readiness: None,
         })
     }
 
-    /// Sweeps with the cluster's view too (VolumeAttachments, Nodes without an agent).
-    pub fn with_cluster(mut self, cluster: Option<Cluster>) -> Self {
-        self.cluster = cluster;
+    /// What `/readyz` answers with.
+    pub fn with_readiness(mut self, r: Arc<Readiness>) -> Self {
+        self.readiness = Some(r);
         self
     }
 
@@ -104,21 +128,31 @@ impl Metrics {
         self.latency.with_label_values(&[method]).observe(took.as_secs_f64());
     }
 
-    /// The text exposition format, with the gauges read from the index now.
+    /// Counts a call refused for concurrency.
+    pub fn refused(&self, what: &str, limit: &str) {
+        self.refused.with_label_values(&[what, limit]).inc();
+    }
+
+    /// The text exposition format, with the gauges from what the sweep last published.
     pub fn render(&self) -> String {
-        {
-            let ix = self.index.read();
-            let up = ix.nodes.values().filter(|n| n.missing_reason().is_none()).count();
-            self.agents.with_label_values(&["up"]).set(up as f64);
-            self.agents.with_label_values(&["down"]).set((ix.nodes.len() - up) as f64);
-            self.index_size.with_label_values(&["nodes"]).set(ix.nodes.len() as f64);
-            self.index_size.with_label_values(&["devices"]).set(ix.device_count() as f64);
-            let sweep = crate::sweep::counts(&ix, self.cluster.as_ref());
-            for (kind, n) in &sweep.counts {
-                self.findings.with_label_values(&[kind]).set(f64::from(*n));
+        let p = self.sweeper.published();
+        self.agents.with_label_values(&["up"]).set(p.agents_up as f64);
+        self.agents.with_label_values(&["down"]).set(p.agents_down as f64);
+        self.index_size.with_label_values(&["nodes"]).set(p.nodes as f64);
+        self.index_size.with_label_values(&["devices"]).set(p.devices as f64);
+        self.index_size.with_label_values(&["volumes"]).set(p.volumes as f64);
+        for (kind, n) in &p.counts {
+            self.findings.with_label_values(&[kind]).set(f64::from(*n));
+        }
+        self.sweep_complete.set(if p.complete { 1.0 } else { 0.0 });
+        self.sweep_missing.set(p.missing as f64);
+        self.sweep_at_stake.set(p.uncovered_with_volumes as f64);
+        self.kube_synced.set(if p.kube_synced { 1.0 } else { 0.0 });
+        if let Some(c) = &self.cluster {
+            for (kind, (n, bytes)) in c.sizes() {
+                self.kube_objects.with_label_values(&[kind]).set(n as f64);
+                self.kube_bytes.with_label_values(&[kind]).set(bytes as f64);
             }
-            self.sweep_complete.set(if sweep.complete { 1.0 } else { 0.0 });
-            self.sweep_missing.set(sweep.missing_nodes.len() as f64);
         }
         let mut buf = Vec::new();
         let mut families = self.registry.gather();
@@ -134,22 +168,50 @@ impl blockjanitor_rpc::metrics_http::Exposition for Metrics {
     fn render(&self) -> String {
         Metrics::render(self)
     }
+
+    fn ready(&self) -> Option<Result<String, String>> {
+        self.readiness.as_ref().map(|r| r.check())
+    }
 }
 
-/// Serves `/metrics` until `shutdown` turns true (the agent's server, with the console's figures).
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: watch::Receiver<bool>) {
-    blockjanitor_rpc::metrics_http::serve(listener, metrics, shutdown).await;
+/// Serves `/metrics` (and `/readyz`) on `listener` until `shutdown` turns true, on a thread of
+/// its own with a runtime of its own (see the module docs).
+pub fn serve_on_own_thread(
+    listener: std::net::TcpListener,
+    metrics: Arc<Metrics>,
+    gate: Option<Arc<dyn blockjanitor_rpc::metrics_http::Gate>>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    listener.set_nonblocking(true)?;
+    std::thread::Builder::new().name("metrics".into()).spawn(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the metrics runtime: /metrics is not served");
+                return;
+            }
+        };
+        rt.block_on(async move {
+            match tokio::net::TcpListener::from_std(listener) {
+                Ok(l) => blockjanitor_rpc::metrics_http::serve_gated(l, metrics, gate, shutdown).await,
+                Err(e) => tracing::error!(error = %e, "cannot serve /metrics"),
+            }
+        });
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::Index;
     use blockjanitor_proto::v1 as pb;
 
     #[test]
     fn the_sweep_is_counted_per_kind_and_an_unanswering_node_makes_it_incomplete() {
         let index = Index::new();
-        let m = Metrics::new(index.clone()).expect("metrics");
+        let sweeper = Sweeper::new(index.clone(), None);
+        let m = Metrics::new(Arc::clone(&sweeper), None).expect("metrics");
+        sweeper.flush();
         let text = m.render();
         assert!(text.contains("blockjanitor_console_sweep_complete 1"), "{text}");
         assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"multi_node\"} 0"), "{text}");
@@ -163,9 +225,19 @@ mod tests {
             };
             w.replace_devices("a", vec![d]);
         }
+        let before = m.render();
+        assert!(
+            before.contains("blockjanitor_console_sweep_complete 1"),
+            "a scrape does not sweep: {before}"
+        );
+        sweeper.flush();
         let text = m.render();
         assert!(text.contains("blockjanitor_console_sweep_complete 0"), "{text}");
         assert!(text.contains("blockjanitor_console_sweep_missing_nodes 1"), "{text}");
+        assert!(
+            text.contains("blockjanitor_console_sweep_uncovered_nodes_with_volumes 0"),
+            "missing only now: {text}"
+        );
         assert!(text.contains("blockjanitor_console_sweep_findings{kind=\"dead_node_watcher\"} 1"), "{text}");
         assert!(
             text.contains("blockjanitor_console_sweep_findings{kind=\"attached_not_in_use\"} 0"),

@@ -86,6 +86,22 @@ pub fn devices_of(index: &Inner, v: &VolumeId) -> BTreeMap<String, Vec<pb::Fleet
     out
 }
 
+/// The Nodes that may list the volume in their status: those listing one of its unique names
+/// (the Nodes' index), those its VolumeAttachments name and those whose agent maps it; read
+/// back from the table (a question costs these, not every Node).
+pub fn nodes_concerned(
+    c: &crate::cluster::Cluster,
+    v: &VolumeId,
+    vas: &[std::sync::Arc<VolumeAttachment>],
+    index: &Inner,
+) -> Vec<std::sync::Arc<Node>> {
+    let mut names: BTreeSet<String> =
+        v.unique_names.iter().flat_map(|u| c.nodes.keys_by(&format!("volume:{u}"))).collect();
+    names.extend(vas.iter().map(|va| va.spec.node_name.clone()));
+    names.extend(devices_of(index, v).into_keys());
+    names.iter().filter_map(|n| c.nodes.get(n)).collect()
+}
+
 /// Whether something on its node uses the device (a holder, an in-use or protected verdict, a device
 /// stacked on it).
 pub fn held(d: &pb::Device) -> bool {

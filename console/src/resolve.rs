@@ -158,15 +158,15 @@ impl FleetService {
         Resolved { text, keys, target: None }
     }
 
-    /// Every device reached through `target`, on every node.
+    /// Every device reached through `target`, on every node: the index's key for the target
+    /// (its matches, not the fleet), each device checked against it.
     pub(crate) fn scan_target(&self, target: &Target) -> Vec<pb::FleetDevice> {
+        let key = match target {
+            Target::Iqn(iqn) => Key::Iqn(iqn.to_ascii_lowercase()),
+            Target::Nqn(nqn) => Key::Nqn(nqn.to_ascii_lowercase()),
+        };
         let ix = self.index.read();
-        ix.nodes
-            .values()
-            .flat_map(|n| n.devices.values().map(move |d| (n, d)))
-            .filter(|(_, d)| target.matches(d))
-            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some((**d).clone()) })
-            .collect()
+        ix.lookup(&key).into_iter().filter(|f| f.device.as_ref().is_some_and(|d| target.matches(d))).collect()
     }
 }
 

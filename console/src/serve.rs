@@ -1,6 +1,8 @@
 //! Putting the console together and serving it: discovery feeding the links, the Kubernetes
-//! view, `blockjanitor.v1.Fleet` with `grpc.health.v1` and reflection on TCP with mutual TLS,
-//! and `/metrics`; graceful shutdown.
+//! view, the callers' reviews ([`crate::access`]), `blockjanitor.v1.Fleet` with `grpc.health.v1`
+//! and reflection on TCP with TLS (a client certificate when the caller has one; a bearer token
+//! otherwise), `/metrics` (behind the same review with `--metrics-review`), the serving CA
+//! published for the kubectl plugin ([`crate::serving_ca`]); graceful shutdown.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_server::FleetServer;
 use blockjanitor_rpc::auth::Policy;
+use blockjanitor_rpc::metrics_http::Gate;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,8 +28,16 @@ use crate::link::{LinkOptions, Links};
 use crate::metrics::{self, Metrics};
 use blockjanitor_rpc::peer_limit::PeerLimit;
 
+use crate::access::{Access, MetricsGate};
 use crate::apply::StepBudget;
+use crate::limits::Limits;
+use crate::peer::PeerTls;
+use crate::person_budget::PersonBudget;
+use crate::ready::Readiness;
+use crate::review::{ReviewOptions, Reviewer};
 use crate::service::{CallerLimits, FleetService};
+use crate::serving_ca;
+use crate::sweeper::Sweeper;
 
 /// Where the agents come from.
 #[derive(Debug, Clone)]
@@ -58,9 +69,18 @@ pub struct ConsoleOptions {
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
     pub tls_client_ca: PathBuf,
+    /// Client certificate identities with the operator role, one per person.
     pub operators: Vec<String>,
     pub viewers: Vec<String>,
     pub metrics_listen: Option<SocketAddr>,
+    /// `/metrics` only to a scraper the API server reviews (a bearer token, `get` on the path).
+    pub metrics_review: bool,
+    /// The namespace RBAC is asked about (SubjectAccessReviews of `fleet.blockjanitor.io`).
+    pub access_namespace: String,
+    /// How callers' tokens and access are reviewed.
+    pub review: ReviewOptions,
+    /// The serving CA to publish in a ConfigMap for the kubectl plugin.
+    pub publish_ca: Option<serving_ca::Publish>,
     pub discovery: Discovery,
     pub kube: KubeSource,
     pub links: LinkOptions,
@@ -72,6 +92,15 @@ pub struct ConsoleOptions {
     /// With several replicas: the Lease whose holder alone carries out Applies (needs the
     /// Kubernetes API). `None`: this console is the only one.
     pub apply_lease: Option<LeaseOptions>,
+    /// An answering agent whose latest scan is older than this (seconds) is stale (0: never).
+    pub stale_after_seconds: f64,
+    /// How many fresh fan-outs, plans and sweeps run at once, per person and in total.
+    pub concurrency: crate::limits::Concurrency,
+    /// Certificate identities of the other replicas, which may forward an Apply on behalf of a
+    /// person (the console role).
+    pub peer_consoles: Vec<String>,
+    /// The name the replicas' serving certificates carry (to reach the Lease's holder).
+    pub peer_server_name: String,
 }
 
 /// The fleet-wide step budget's default: steps a minute across the fleet. A handful of devices
@@ -94,6 +123,8 @@ pub enum ConsoleError {
     NoDiscovery,
     #[error("--apply-lease needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster)")]
     LeaseWithoutKube,
+    #[error("{0} needs the Kubernetes API (--kube-url, --kubeconfig or --in-cluster)")]
+    NeedsKube(&'static str),
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("{0}")]
@@ -138,33 +169,58 @@ async fn wait(mut rx: watch::Receiver<bool>) {
     }
 }
 
-/// Runs the console until `shutdown` turns true.
-pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Result<(), ConsoleError> {
-    let index = Index::new();
-    let links = Arc::new(Links::new(index.clone(), opts.links.clone()));
-    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
-    let client = if opts.kube.configured() { Some(kube_client(&opts.kube).await?) } else { None };
-    let cluster = client.as_ref().map(|c| {
-        let (cluster, t) = Cluster::spawn(c.clone());
-        tasks.extend(t);
-        cluster
+/// What every scrape of `/metrics` must pass (`None`: nothing).
+type MetricsDoor = Option<Arc<dyn Gate>>;
+
+/// Who may call the console and scrape it: certificates and the API server's reviews; and the
+/// serving CA published for the kubectl plugin (its task pushed onto `tasks`).
+fn doors(
+    opts: &ConsoleOptions,
+    client: Option<&kube::Client>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<(Arc<Access>, MetricsDoor), ConsoleError> {
+    let reviewer = client.cloned().map(|c| Arc::new(Reviewer::new(c, opts.review.clone())));
+    let access = Arc::new(Access {
+        policy: Policy {
+            socket_gid: None,
+            socket_group_name: None,
+            tcp_operators: opts.operators.clone(),
+            tcp_viewers: opts.viewers.clone(),
+            tcp_consoles: opts.peer_consoles.clone(),
+        },
+        reviewer: reviewer.clone(),
+        namespace: opts.access_namespace.clone(),
     });
-    let lease = match (&opts.apply_lease, &client) {
-        (None, _) => ApplyLease::alone(),
-        (Some(l), Some(c)) => {
-            let (lease, t) = ApplyLease::spawn(c.clone(), l.clone());
-            tasks.push(t);
-            lease
-        }
-        (Some(_), None) => return Err(ConsoleError::LeaseWithoutKube),
+    if let Some(p) = &opts.publish_ca {
+        let Some(c) = client.cloned() else { return Err(ConsoleError::NeedsKube("--publish-serving-ca")) };
+        tasks.push(serving_ca::spawn(c, p.clone()));
+    }
+    let metrics_gate: MetricsDoor = match (opts.metrics_review, &reviewer) {
+        (false, _) => None,
+        (true, Some(r)) => Some(Arc::new(MetricsGate(Arc::clone(r)))),
+        (true, None) => return Err(ConsoleError::NeedsKube("--metrics-review")),
     };
+    Ok((access, metrics_gate))
+}
+
+/// Follows the agents: a static list, or the agent pods (watched); `Some(listed)` with pods,
+/// turning true once they were listed in full.
+fn follow_agents(
+    opts: &ConsoleOptions,
+    client: Option<&kube::Client>,
+    links: &Arc<Links>,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Option<Arc<std::sync::atomic::AtomicBool>>, ConsoleError> {
     match &opts.discovery {
-        Discovery::Static(agents) => links.set(agents),
+        Discovery::Static(agents) => {
+            links.set(agents);
+            Ok(None)
+        }
         Discovery::Pods { namespace, selector, port } => {
-            let Some(c) = client.clone() else { return Err(ConsoleError::NoDiscovery) };
-            let (mut rx, t) = discover::watch_pods(c, namespace, selector, *port);
+            let Some(c) = client.cloned() else { return Err(ConsoleError::NoDiscovery) };
+            let (mut rx, t, listed) = discover::watch_pods(c, namespace, selector, *port);
             tasks.push(t);
-            let l = Arc::clone(&links);
+            let l = Arc::clone(links);
             tasks.push(tokio::spawn(async move {
                 loop {
                     let agents = rx.borrow_and_update().clone();
@@ -175,35 +231,128 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
                     }
                 }
             }));
+            Ok(Some(listed))
         }
     }
+}
 
-    let metrics = Arc::new(
-        Metrics::new(index.clone())
-            .map_err(|e| ConsoleError::Setup(e.to_string()))?
-            .with_cluster(cluster.clone()),
-    );
-    let policy = Arc::new(Policy {
-        socket_gid: None,
-        socket_group_name: None,
-        tcp_operators: opts.operators.clone(),
-        tcp_viewers: opts.viewers.clone(),
-        tcp_consoles: Vec::new(),
-    });
-    let service = FleetService {
-        index: index.clone(),
-        links: Arc::clone(&links),
+/// How this replica reaches the others (the Lease's holder): its own client certificate, the
+/// serving CA, the serving name.
+fn peer_tls(opts: &ConsoleOptions) -> Result<Option<PeerTls>, ConsoleError> {
+    if opts.apply_lease.is_none() {
+        return Ok(None);
+    }
+    let ca = match &opts.publish_ca {
+        Some(p) => read(&p.ca_file)?,
+        None => read(&opts.tls_client_ca)?,
+    };
+    Ok(Some(PeerTls {
+        ca,
+        cert: read(&opts.links.tls.cert)?,
+        key: read(&opts.links.tls.key)?,
+        server_name: opts.peer_server_name.clone(),
+        connect_timeout: opts.links.connect_timeout,
+    }))
+}
+
+/// Marks `blockjanitor.v1.Fleet` serving in `grpc.health.v1` once the replica is ready.
+async fn serve_when_ready(reporter: tonic_health::server::HealthReporter, ready: Arc<Readiness>) {
+    reporter.set_not_serving::<FleetServer<FleetService>>().await;
+    loop {
+        if ready.check().is_ok() {
+            reporter.set_serving::<FleetServer<FleetService>>().await;
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Serves `/metrics` and `/readyz` on their own thread, when asked for.
+fn serve_metrics(
+    opts: &ConsoleOptions,
+    metrics: &Arc<Metrics>,
+    gate: MetricsDoor,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), ConsoleError> {
+    let Some(addr) = opts.metrics_listen else { return Ok(()) };
+    let l = std::net::TcpListener::bind(addr).map_err(|source| ConsoleError::Bind { addr, source })?;
+    let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+    let reviewed = if gate.is_some() { " (each scrape reviewed by the API server)" } else { "" };
+    tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics{reviewed} and /readyz");
+    metrics::serve_on_own_thread(l, Arc::clone(metrics), gate, shutdown.clone())
+        .map_err(|e| ConsoleError::Setup(format!("cannot start the metrics thread: {e}")))?;
+    Ok(())
+}
+
+/// What the gRPC service is built from, made by [`run`].
+struct Parts {
+    index: Index,
+    links: Arc<Links>,
+    cluster: Option<Cluster>,
+    access: Arc<Access>,
+    metrics: Arc<Metrics>,
+    sweeper: Arc<Sweeper>,
+}
+
+/// The gRPC service, put together.
+fn service(opts: &ConsoleOptions, parts: Parts, lease: ApplyLease) -> Result<FleetService, ConsoleError> {
+    let Parts { index, links, cluster, access, metrics, sweeper } = parts;
+    Ok(FleetService {
+        index,
+        links,
         cluster,
-        policy,
-        metrics: Arc::clone(&metrics),
+        access,
+        metrics,
         apply_timeout: opts.apply_timeout,
         apply_limit: PeerLimit::new(opts.caller_limits.applies_per_minute),
         plan_limit: PeerLimit::new(opts.caller_limits.plans_per_minute),
+        fresh_limit: PeerLimit::new(opts.caller_limits.fresh_per_minute),
         limits: opts.caller_limits,
-        budget: StepBudget::new(opts.steps_per_minute).with_lease(lease),
+        budget: StepBudget::new(opts.steps_per_minute).with_lease(lease.clone()),
+        person_budget: PersonBudget::new(opts.caller_limits.steps_per_minute),
+        sweeper,
+        concurrency: Limits::new(opts.concurrency),
+        lease,
+        peer: peer_tls(opts)?,
+        applying: std::sync::Mutex::new(std::collections::BTreeSet::new()),
+    })
+}
+
+/// Runs the console until `shutdown` turns true.
+pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Result<(), ConsoleError> {
+    let index = Index::with_stale_after(opts.stale_after_seconds);
+    let links = Arc::new(Links::new(index.clone(), opts.links.clone()));
+    let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+    let client = if opts.kube.configured() { Some(kube_client(&opts.kube).await?) } else { None };
+    let cluster = client.as_ref().map(|c| Cluster::new(c.clone()));
+    // The sweep listens to the tables before their watches start.
+    let sweeper = Sweeper::new(index.clone(), cluster.clone());
+    if let Some(c) = &cluster {
+        tasks.extend(c.follow());
+    }
+    sweeper.spawn();
+    let lease = match (&opts.apply_lease, &client) {
+        (None, _) => ApplyLease::alone(),
+        (Some(l), Some(c)) => {
+            let (lease, t) = ApplyLease::spawn(c.clone(), l.clone());
+            tasks.push(t);
+            lease
+        }
+        (Some(_), None) => return Err(ConsoleError::LeaseWithoutKube),
     };
+    let listed = follow_agents(&opts, client.as_ref(), &links, &mut tasks)?;
+    let readiness = Arc::new(Readiness::new(index.clone(), cluster.clone(), listed, Arc::clone(&sweeper)));
+    let metrics = Arc::new(
+        Metrics::new(Arc::clone(&sweeper), cluster.clone())
+            .map_err(|e| ConsoleError::Setup(e.to_string()))?
+            .with_readiness(Arc::clone(&readiness)),
+    );
+    let (access, metrics_gate) = doors(&opts, client.as_ref(), &mut tasks)?;
+    let parts =
+        Parts { index, links: Arc::clone(&links), cluster, access, metrics: Arc::clone(&metrics), sweeper };
+    let service = service(&opts, parts, lease)?;
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<FleetServer<FleetService>>().await;
+    tasks.push(tokio::spawn(serve_when_ready(reporter, readiness)));
     let sets = [pb::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET];
     // Only what the console serves: the descriptor set also holds the agent's service.
     let served = [pb::fleet_server::SERVICE_NAME, blockjanitor_rpc::health::HEALTH_SERVICE];
@@ -214,19 +363,15 @@ pub async fn run(opts: ConsoleOptions, shutdown: watch::Receiver<bool>) -> Resul
     let tls = ServerTlsConfig::new()
         .identity(Identity::from_pem(read(&opts.tls_cert)?, read(&opts.tls_key)?))
         .client_ca_root(Certificate::from_pem(read(&opts.tls_client_ca)?))
-        .client_auth_optional(false);
-
-    if let Some(addr) = opts.metrics_listen {
-        let l = TcpListener::bind(addr).await.map_err(|source| ConsoleError::Bind { addr, source })?;
-        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
-        tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
-        tasks.push(tokio::spawn(metrics::serve(l, Arc::clone(&metrics), shutdown.clone())));
-    }
+        // A certificate is checked when the caller has one; a caller without one must send a
+        // bearer token (the kubectl plugin's way), else every call is UNAUTHENTICATED.
+        .client_auth_optional(true);
+    serve_metrics(&opts, &metrics, metrics_gate, &shutdown)?;
     let l = TcpListener::bind(opts.listen)
         .await
         .map_err(|source| ConsoleError::Bind { addr: opts.listen, source })?;
     let bound = l.local_addr().map_or(opts.listen.to_string(), |a| a.to_string());
-    tracing::info!(listener = "tcp", address = %bound, "serving blockjanitor.v1.Fleet on tcp {bound} (mutual TLS)");
+    tracing::info!(listener = "tcp", address = %bound, "serving blockjanitor.v1.Fleet on tcp {bound} (TLS; a bearer token or a client certificate)");
     let result = Server::builder()
         .tls_config(tls)?
         .add_service(health)

@@ -1,36 +1,48 @@
 //! `blockjanitor.v1.Fleet`: answers from the fleet index (or, with `fresh`, after asking every
 //! connected agent at once), diagnoses Multi-Attach from the Kubernetes view and the index, and
 //! forwards Plan and Apply to the nodes' agents. Every answer names the nodes it cannot speak for.
-//! Roles come from the caller's client certificate, as on the agent; Apply needs an operator and
-//! reaches the agent with the caller's identity in [`ON_BEHALF_OF`] (forwarded Plans carry it
-//! too, so that each agent's rate limit counts each caller apart, not the console as one).
+//! Every call names a person ([`crate::access`]: a bearer token the API server's TokenReview
+//! names, let through by a SubjectAccessReview of the method's verb on `fleet.blockjanitor.io`;
+//! or a per-person client certificate): `get` for questions, `plan` for Plan, `apply` for Apply.
+//! Forwarded calls reach the agent with that person in [`ON_BEHALF_OF`] (and their groups), so
+//! each agent audits and counts each person apart, not the console as one.
 //!
-//! Apply ([`crate::apply`]): every device with the identity its node's Plan answered, a dry run
-//! asking every target node for its plan first (the summary is always returned), execution only
-//! when the request says so and the dry run shows no refusal, a fleet-wide budget of steps a
-//! minute, and per-caller limits on Applies and Plans a minute.
+//! Apply ([`crate::apply`], [`crate::apply_run`]): every device with the identity its node's Plan
+//! answered, a dry run asking every target node for its plan first (the summary is always
+//! returned), execution only when the request says so and the dry run shows no refusal, by the
+//! holder of the apply Lease only (another replica forwards it there: [`crate::peer`]), a
+//! fleet-wide budget of steps a minute, and per-person limits on Applies, Plans and fresh
+//! fan-outs a minute. How many fresh fan-outs, plans and sweeps run at once is bounded per
+//! person and in total ([`crate::limits`]): over it, RESOURCE_EXHAUSTED at once.
 
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_server::Fleet;
-use blockjanitor_rpc::auth::{Policy, Role, ON_BEHALF_OF};
-use blockjanitor_rpc::client;
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use blockjanitor_rpc::peer_limit::PeerLimit;
 
-use crate::apply::{self, StepBudget};
-use crate::ceph_addr;
+use crate::access::Access;
+use crate::apply::StepBudget;
 use crate::cluster::Cluster;
+use crate::forward::Forwarder;
 use crate::index::{Index, Key};
+use crate::lease::ApplyLease;
+use crate::limits::{Limit, Limits, Permit};
 use crate::link::Links;
 use crate::metrics::Metrics;
-use crate::multiattach;
+use crate::peer::PeerTls;
+use crate::person::{Person, Verb};
+use crate::person_budget::PersonBudget;
 use crate::sweep;
-use crate::watchers;
+use crate::sweeper::Sweeper;
+
+/// The parts of a WhoWatchesStream answer (made in `crate::who_watches`).
+pub type AnswerStream =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::WhoWatchesResponse, tonic::Status>> + Send>>;
 
 /// Everything the service reads.
 pub struct FleetService {
@@ -38,7 +50,8 @@ pub struct FleetService {
     pub links: Arc<Links>,
     /// The Kubernetes view (`None`: the console runs without the API; PV/PVC questions fail).
     pub cluster: Option<Cluster>,
-    pub policy: Arc<Policy>,
+    /// Who may call, for what.
+    pub access: Arc<Access>,
     pub metrics: Arc<Metrics>,
     /// Bound on a forwarded Apply.
     pub apply_timeout: Duration,
@@ -46,52 +59,47 @@ pub struct FleetService {
     pub apply_limit: PeerLimit,
     /// Plans a minute per caller.
     pub plan_limit: PeerLimit,
+    /// Fresh fan-outs a minute per caller (a question with `fresh`, a MultiAttach that asks the
+    /// nodes' plans).
+    pub fresh_limit: PeerLimit,
     /// What the two limits are, for their messages.
     pub limits: CallerLimits,
     /// The fleet-wide budget of steps a minute.
     pub budget: StepBudget,
+    /// Each person's share of it.
+    pub person_budget: PersonBudget,
+    /// The sweep, kept current as events arrive.
+    pub sweeper: Arc<Sweeper>,
+    /// How many fresh fan-outs, plans and sweeps run at once.
+    pub concurrency: Limits,
+    /// The apply Lease (the budget's): whether this replica applies, and who does.
+    pub lease: ApplyLease,
+    /// How to reach the Lease's holder to forward an Apply (`None`: refuse, naming it).
+    pub peer: Option<PeerTls>,
+    /// Nodes with an Apply's execution in flight on this replica.
+    pub applying: Mutex<BTreeSet<String>>,
 }
 
-/// Per-caller limits a minute (0: none).
+/// Per-person limits a minute (0: none).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CallerLimits {
     pub applies_per_minute: u32,
     pub plans_per_minute: u32,
+    /// Questions with `fresh` (each asks every agent) and MultiAttach diagnoses that ask plans.
+    pub fresh_per_minute: u32,
+    /// Steps carried out a minute per person (their share of the fleet's budget).
+    pub steps_per_minute: u32,
 }
 
 impl Default for CallerLimits {
     fn default() -> Self {
-        CallerLimits { applies_per_minute: 10, plans_per_minute: 60 }
+        CallerLimits {
+            applies_per_minute: 10,
+            plans_per_minute: 60,
+            fresh_per_minute: 12,
+            steps_per_minute: 10,
+        }
     }
-}
-
-/// Marks a forwarded call as made on behalf of `who`.
-fn on_behalf_of<T>(req: &mut Request<T>, who: &str) -> Result<(), Status> {
-    let value = MetadataValue::try_from(who)
-        .map_err(|_| Status::invalid_argument("the caller's identity cannot travel as metadata"))?;
-    req.metadata_mut().insert(ON_BEHALF_OF, value);
-    Ok(())
-}
-
-/// What a WhoWatches request asks about: `text` (any form [`ceph_addr::parse_query`] reads), or
-/// `client_addr` and/or `client_id`. Anything not understood is an error, never an answer.
-fn parse_who_watches(r: &pb::WhoWatchesRequest) -> Result<Vec<ceph_addr::Query>, String> {
-    if !r.text.trim().is_empty() {
-        return ceph_addr::parse_query(&r.text).map_err(|e| e.to_string());
-    }
-    let (addr, id) = (r.client_addr.trim(), r.client_id.trim());
-    if addr.is_empty() && id.is_empty() {
-        return Err(format!("give client_addr, client_id or text: {}", ceph_addr::EXPECTED));
-    }
-    let mut q = ceph_addr::Query::default();
-    if !addr.is_empty() {
-        q.addrs = ceph_addr::parse_addr(addr).map_err(|e| e.to_string())?;
-        q.addr_text = addr.to_owned();
-    }
-    if !id.is_empty() {
-        q.client = Some(ceph_addr::parse_client(id).map_err(|e| e.to_string())?);
-    }
-    Ok(vec![q])
 }
 
 pub(crate) fn uninterpretable(what: &str) -> Status {
@@ -112,9 +120,15 @@ impl FleetService {
     }
 
     /// Counts a call by `caller` against `limit`, or refuses it saying when to try again.
-    fn admit(&self, limit: &PeerLimit, caller: &str, what: &str, per_minute: u32) -> Result<(), Status> {
+    pub(crate) fn admit(
+        &self,
+        limit: &PeerLimit,
+        caller: &str,
+        what: &str,
+        per_minute: u32,
+    ) -> Result<(), Status> {
         limit.admit(caller, Instant::now()).map_err(|wait| {
-            tracing::warn!(caller = %caller, limit = per_minute, "{what} refused: rate limit");
+            tracing::warn!(target: "audit", caller = %caller, limit = per_minute, "{what} refused: rate limit");
             Status::resource_exhausted(format!(
                 "{caller} asked for more than {per_minute} {what} a minute on this console: try again in {} s",
                 wait.as_secs() + 1
@@ -122,31 +136,40 @@ impl FleetService {
         })
     }
 
-    /// One node's plan of `devices` (CLEAN), asked on behalf of `caller`.
-    async fn node_plan(
-        &self,
-        node: &str,
-        devices: Vec<String>,
-        caller: &str,
-    ) -> Result<pb::PlanResponse, Status> {
-        let mut c = self.agent_for(node)?;
-        let timeout = self.links.options().call_timeout;
-        let mut req =
-            client::request(pb::PlanRequest { devices, operation: pb::Operation::Clean as i32 }, timeout);
-        on_behalf_of(&mut req, caller)?;
-        client::call(timeout, c.plan(req))
-            .await
-            .map_err(|s| Status::new(s.code(), format!("the agent on {node}: {}", s.message())))
+    /// The person behind `req` if they may do `verb`.
+    async fn person<T>(&self, req: &Request<T>, verb: Verb) -> Result<Person, Status> {
+        self.access.authorize(req, verb).await
     }
 
-    fn timed<T>(&self, method: &'static str, started: Instant, r: T) -> T {
+    /// Counts a fresh fan-out by `person`, when `fresh`, and lets it run if not too many do at
+    /// once (the permit, held for the call; `None` when not fresh).
+    pub(crate) fn admit_fresh(&self, person: &Person, fresh: bool) -> Result<Option<Permit>, Status> {
+        if !fresh {
+            return Ok(None);
+        }
+        let permit = self.enter(&self.concurrency.fresh, person)?;
+        let what = "fresh fan-outs (--fresh: every agent asked)";
+        self.admit(&self.fresh_limit, &person.name, what, self.limits.fresh_per_minute)?;
+        Ok(Some(permit))
+    }
+
+    /// Lets one call of `limit`'s kind by `person` run, or refuses it (RESOURCE_EXHAUSTED).
+    pub(crate) fn enter(&self, limit: &Limit, person: &Person) -> Result<Permit, Status> {
+        limit.enter(&person.name).map_err(|(over, s)| {
+            self.metrics.refused(limit.what.split(' ').next().unwrap_or(limit.what), over.label());
+            tracing::warn!(target: "audit", caller = %person.name, limit = over.label(), "{} refused: too many at once", limit.what);
+            s
+        })
+    }
+
+    pub(crate) fn timed<T>(&self, method: &'static str, started: Instant, r: T) -> T {
         self.metrics.observe(method, started.elapsed());
         r
     }
 
     /// The nodes answers cannot speak for: agents not reachable and synced, and, with the
     /// Kubernetes API, every Node with no agent at all.
-    fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
+    pub(crate) fn missing_of(&self, ix: &crate::index::Inner) -> Vec<pb::MissingNode> {
         sweep::missing_nodes(ix, self.cluster.as_ref())
     }
 
@@ -167,48 +190,22 @@ impl FleetService {
         (out, self.missing_of(&ix))
     }
 
-    /// The rbd mappings that belong to a WhoWatches query (parsed values compared, never raw
-    /// text), the rbd mappings whose client cannot be read (they may be this client's) and the
-    /// nodes not answered for.
-    fn watcher_mappings(
+    /// The fleet-wide sweep (after asking every agent, with `fresh`): the kept sweep caught up
+    /// and put together on a blocking thread, never on a runtime worker.
+    async fn sweep_now(
         &self,
-        q: &ceph_addr::Query,
-    ) -> (Vec<pb::FleetDevice>, Vec<String>, Vec<pb::MissingNode>) {
-        let ix = self.index.read();
-        let mut found = Vec::new();
-        let mut unreadable = Vec::new();
-        // A node's mappings mostly share one client (one kernel client per cluster): the last
-        // client's verdict is reused for the same text, so a question parses about one address per
-        // node, not one per mapping (the fleet bench: 22,500 mappings at 5,000 agents).
-        let mut last: Option<(&str, &str, bool, bool)> = None;
-        for n in ix.nodes.values() {
-            for d in n.devices.values() {
-                let Some(r) = &d.rbd else { continue };
-                let (matches, readable) = match last {
-                    Some((a, i, m, rd)) if a == r.client_addr && i == r.client_id => (m, rd),
-                    _ => {
-                        let m = q.matches(&r.client_addr, &r.client_id);
-                        let rd = m || ceph_addr::readable(&r.client_addr, &r.client_id);
-                        last = Some((&r.client_addr, &r.client_id, m, rd));
-                        (m, rd)
-                    }
-                };
-                if matches {
-                    found.push(pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) });
-                } else if !readable {
-                    unreadable.push(format!("{}/{}", n.name, d.name));
-                }
-            }
-        }
-        (found, unreadable, self.missing_of(&ix))
-    }
-
-    /// The fleet-wide sweep of the index (after asking every agent, with `fresh`).
-    async fn sweep_now(&self, fresh: bool, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
+        person: &Person,
+        fresh: bool,
+        kinds: &[pb::FindingKind],
+    ) -> Result<pb::SweepResponse, Status> {
+        let _one = self.enter(&self.concurrency.sweeps, person)?;
         if fresh {
             self.links.refresh_all(None).await;
         }
-        let answer = sweep::run(&self.index.read(), self.cluster.as_ref(), kinds);
+        let (sweeper, kinds) = (Arc::clone(&self.sweeper), kinds.to_vec());
+        let answer = tokio::task::spawn_blocking(move || sweeper.answer(&kinds))
+            .await
+            .map_err(|e| Status::internal(format!("the sweep did not finish: {e}")))?;
         tracing::info!(
             findings = answer.findings.len(),
             complete = answer.complete,
@@ -216,26 +213,51 @@ impl FleetService {
             "sweep: {}",
             answer.summary
         );
-        answer
+        Ok(answer)
     }
 
-    fn agent_for(
-        &self,
-        node: &str,
-    ) -> Result<blockjanitor_proto::v1::agent_client::AgentClient<tonic::transport::Channel>, Status> {
-        if node.is_empty() {
-            return Err(uninterpretable("name the node"));
+    /// What forwards calls to the agents for this service.
+    pub(crate) fn forwarder(&self) -> Forwarder<'_> {
+        Forwarder {
+            index: &self.index,
+            links: &self.links,
+            apply_timeout: self.apply_timeout,
+            lease: &self.lease,
         }
-        let reason = match self.index.read().nodes.get(node) {
-            None => return Err(Status::not_found(format!("no agent is known on node {node}"))),
-            Some(n) => n.missing_reason(),
-        };
-        self.links.client(node).ok_or_else(|| {
-            Status::unavailable(format!(
-                "the agent on {node} is not connected ({})",
-                reason.unwrap_or_default()
-            ))
-        })
+    }
+
+    /// The nodes the evidence of a Where answer points at: those with a match and those the
+    /// API says attach the volumes the keys name; whether each of them answered.
+    fn evidence(
+        &self,
+        keys: &[Key],
+        matches: &[pb::FleetDevice],
+        missing: &[pb::MissingNode],
+    ) -> (Vec<String>, bool) {
+        let mut nodes: BTreeSet<String> = matches.iter().map(|m| m.node.clone()).collect();
+        if let Some(c) = &self.cluster {
+            let mut pvs: BTreeSet<String> = BTreeSet::new();
+            for k in keys {
+                match k {
+                    Key::Pv(pv) => {
+                        pvs.insert(pv.clone());
+                    }
+                    Key::Image(v) | Key::Wwid(v) => pvs.extend(self.sweeper.pvs_of(v)),
+                    _ => {}
+                }
+            }
+            for pv in pvs {
+                nodes.extend(
+                    c.vas
+                        .keys_by(&pv)
+                        .into_iter()
+                        .filter_map(|va| c.vas.get(&va))
+                        .map(|va| va.spec.node_name.clone()),
+                );
+            }
+        }
+        let complete = !missing.iter().any(|m| nodes.contains(&m.node));
+        (nodes.into_iter().collect(), complete)
     }
 }
 
@@ -246,7 +268,7 @@ impl Fleet for FleetService {
         req: Request<pb::ListNodesRequest>,
     ) -> Result<Response<pb::ListNodesResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
+        self.person(&req, Verb::Get).await?;
         let ix = self.index.read();
         let r = pb::ListNodesResponse {
             nodes: ix.nodes.values().map(|n| n.to_message()).collect(),
@@ -256,44 +278,34 @@ impl Fleet for FleetService {
         self.timed("ListNodes", t, Ok(Response::new(r)))
     }
 
+    async fn list_pin_risks(
+        &self,
+        req: Request<pb::ListPinRisksRequest>,
+    ) -> Result<Response<pb::ListPinRisksResponse>, Status> {
+        let t = Instant::now();
+        self.person(&req, Verb::Get).await?;
+        let ix = self.index.read();
+        let r = crate::pin_risks::page(&ix, req.get_ref(), self.missing_of(&ix));
+        drop(ix);
+        self.timed("ListPinRisks", t, r.map(Response::new))
+    }
+
     async fn list_devices(
         &self,
         req: Request<pb::FleetListDevicesRequest>,
     ) -> Result<Response<pb::FleetListDevicesResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
-        let r = req.into_inner();
-        if r.fresh {
-            self.links.refresh_all((!r.node.is_empty()).then_some(r.node.as_str())).await;
-        }
-        let ix = self.index.read();
-        if !r.node.is_empty() && !ix.nodes.contains_key(&r.node) {
-            return Err(Status::not_found(format!("no agent is known on node {}", r.node)));
-        }
-        let devices = ix
-            .nodes
-            .values()
-            .filter(|n| r.node.is_empty() || n.name == r.node)
-            .flat_map(|n| n.devices.values().map(move |d| (n, d)))
-            .filter(|(_, d)| r.kind == 0 || d.kind == r.kind)
-            .filter(|(_, d)| r.verdict == 0 || d.verdict == r.verdict)
-            .map(|(n, d)| pb::FleetDevice { node: n.name.clone(), device: Some(pb::Device::clone(d)) })
-            .collect();
-        let missing_nodes =
-            self.missing_of(&ix).into_iter().filter(|m| r.node.is_empty() || m.node == r.node).collect();
-        drop(ix);
-        self.timed(
-            "ListDevices",
-            t,
-            Ok(Response::new(pb::FleetListDevicesResponse { devices, missing_nodes })),
-        )
+        let person = self.person(&req, Verb::Get).await?;
+        let r = self.list_devices_now(&person, req.into_inner()).await?;
+        self.timed("ListDevices", t, Ok(Response::new(r)))
     }
 
     async fn r#where(&self, req: Request<pb::WhereRequest>) -> Result<Response<pb::WhereResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
+        let person = self.person(&req, Verb::Get).await?;
         let r = req.into_inner();
         let resolved = self.resolve(&r)?;
+        let _fresh = self.admit_fresh(&person, r.fresh)?;
         if r.fresh {
             self.links.refresh_all(None).await;
         }
@@ -301,8 +313,10 @@ impl Fleet for FleetService {
         if let Some(target) = &resolved.target {
             matches.extend(self.scan_target(target));
         }
-        let resolved = resolved.text;
-        self.timed("Where", t, Ok(Response::new(pb::WhereResponse { resolved, matches, missing_nodes })))
+        let (evidence_nodes, complete) = self.evidence(&resolved.keys, &matches, &missing_nodes);
+        let r =
+            pb::WhereResponse { resolved: resolved.text, matches, missing_nodes, evidence_nodes, complete };
+        self.timed("Where", t, Ok(Response::new(r)))
     }
 
     async fn who_watches(
@@ -310,33 +324,21 @@ impl Fleet for FleetService {
         req: Request<pb::WhoWatchesRequest>,
     ) -> Result<Response<pb::WhoWatchesResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
-        let r = req.into_inner();
-        let asked = parse_who_watches(&r).map_err(|e| {
-            tracing::info!(error = %e, "WhoWatches: query not understood");
-            uninterpretable(&e)
-        })?;
-        if r.fresh {
-            self.links.refresh_all(None).await;
-        }
-        let mut out = Vec::new();
-        let mut missing = Vec::new();
-        for w in asked {
-            let (mappings, unreadable, m) = self.watcher_mappings(&w);
-            missing = m;
-            let ip =
-                w.ip().or_else(|| watchers::ip_of_mappings(&mappings)).map(|i| i.to_canonical().to_string());
-            let node_by_address = match (&self.cluster, ip) {
-                (Some(c), Some(ip)) => c.node_with_address(&ip).unwrap_or_default(),
-                _ => String::new(),
-            };
-            out.push(watchers::answer(&w, mappings, &unreadable, &missing, node_by_address));
-        }
-        self.timed(
-            "WhoWatches",
-            t,
-            Ok(Response::new(pb::WhoWatchesResponse { watchers: out, missing_nodes: missing })),
-        )
+        let person = self.person(&req, Verb::Get).await?;
+        let r = self.who_watches_now(&person, req.into_inner()).await?;
+        self.timed("WhoWatches", t, Ok(Response::new(r)))
+    }
+
+    type WhoWatchesStreamStream = AnswerStream;
+
+    async fn who_watches_stream(
+        &self,
+        req: Request<pb::WhoWatchesRequest>,
+    ) -> Result<Response<Self::WhoWatchesStreamStream>, Status> {
+        let t = Instant::now();
+        let person = self.person(&req, Verb::Get).await?;
+        let r = self.who_watches_stream_now(&person, req.into_inner()).await?;
+        self.timed("WhoWatchesStream", t, Ok(Response::new(r)))
     }
 
     async fn multi_attach(
@@ -344,68 +346,31 @@ impl Fleet for FleetService {
         req: Request<pb::MultiAttachRequest>,
     ) -> Result<Response<pb::MultiAttachResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
-        let caller = self.policy.caller(&req)?;
+        let caller = self.person(&req, Verb::Get).await?;
         let r = req.into_inner();
         if r.pv.is_empty() && r.pvc.is_empty() {
-            let sweep = self.sweep_now(false, &[]).await;
+            let sweep = self.sweep_now(&caller, false, &[]).await?;
             let missing_nodes = sweep.missing_nodes.clone();
             let r = pb::MultiAttachResponse { sweep: Some(sweep), missing_nodes, ..Default::default() };
             return self.timed("MultiAttach", t, Ok(Response::new(r)));
         }
-        let cluster = self.cluster()?;
-        let pv = match (r.pv.is_empty(), r.pvc.is_empty()) {
-            (false, true) => r.pv.clone(),
-            (true, false) => cluster.pv_of_pvc(&r.pvc).map_err(Status::not_found)?,
-            _ => return Err(uninterpretable("give exactly one of pv, pvc")),
-        };
-        let obj = cluster.pv(&pv).ok_or_else(|| Status::not_found(format!("no PersistentVolume {pv}")))?;
-        let v = multiattach::volume_id(&obj);
-        let vas = cluster.vas_of(&pv);
-        let nodes = cluster.nodes.all();
-        let mut missing = self.missing_of(&self.index.read());
-        let mut diags = multiattach::diagnose(&v, &vas, &nodes, &self.index.read(), &mut missing);
-        // A stale mapping: the agent's own plan is the exact way to clear it (asked on behalf of
-        // the caller, as every forwarded call is, so the agent's audit names who wanted it).
-        for d in diags.iter_mut().filter(|d| d.diagnosis == pb::Diagnosis::StaleMapping as i32) {
-            let devices: Vec<String> =
-                d.devices.iter().filter_map(|f| f.device.as_ref().map(|x| x.name.clone())).collect();
-            if self.links.client(&d.node).is_none() {
-                continue;
-            }
-            match self.node_plan(&d.node, devices, &caller.identity).await {
-                Ok(p) => {
-                    for plan in p.plans {
-                        d.clear_steps.extend(plan.steps);
-                        d.identities.push(plan.identity);
-                        if !plan.refusal.is_empty() {
-                            d.detail.push_str(&format!(
-                                "; the agent refuses to clean {}: {}",
-                                plan.device, plan.refusal
-                            ));
-                        }
-                    }
-                }
-                Err(s) => d
-                    .detail
-                    .push_str(&format!("; the agent's plan could not be read: {}", client::status_line(&s))),
-            }
-        }
-        self.timed(
-            "MultiAttach",
-            t,
-            Ok(Response::new(pb::MultiAttachResponse {
-                pv,
-                nodes: diags,
-                missing_nodes: missing,
-                sweep: None,
-            })),
-        )
+        let r = self.multi_attach_now(&caller, r).await?;
+        self.timed("MultiAttach", t, Ok(Response::new(r)))
+    }
+
+    async fn explain(
+        &self,
+        req: Request<pb::ExplainRequest>,
+    ) -> Result<Response<pb::ExplainResponse>, Status> {
+        let t = Instant::now();
+        self.person(&req, Verb::Get).await?;
+        let r = self.explain_now(req.into_inner()).await?;
+        self.timed("Explain", t, Ok(Response::new(r)))
     }
 
     async fn sweep(&self, req: Request<pb::SweepRequest>) -> Result<Response<pb::SweepResponse>, Status> {
         let t = Instant::now();
-        self.policy.require(&req, Role::Viewer)?;
+        let person = self.person(&req, Verb::Get).await?;
         let r = req.into_inner();
         let kinds = r
             .kinds
@@ -416,7 +381,8 @@ impl Fleet for FleetService {
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let answer = self.sweep_now(r.fresh, &kinds).await;
+        let _fresh = self.admit_fresh(&person, r.fresh)?;
+        let answer = self.sweep_now(&person, r.fresh, &kinds).await?;
         self.timed("Sweep", t, Ok(Response::new(answer)))
     }
 
@@ -425,10 +391,11 @@ impl Fleet for FleetService {
         req: Request<pb::FleetPlanRequest>,
     ) -> Result<Response<pb::FleetPlanResponse>, Status> {
         let t = Instant::now();
-        let caller = self.policy.caller(&req)?;
-        self.admit(&self.plan_limit, &caller.identity, "Plans", self.limits.plans_per_minute)?;
+        let caller = self.person(&req, Verb::Plan).await?;
+        let _one = self.enter(&self.concurrency.plans, &caller)?;
+        self.admit(&self.plan_limit, &caller.name, "Plans", self.limits.plans_per_minute)?;
         let r = req.into_inner();
-        let plan = self.node_plan(&r.node, r.devices, &caller.identity).await?;
+        let plan = self.forwarder().node_plan(&r.node, r.devices, &caller).await?;
         self.timed("Plan", t, Ok(Response::new(pb::FleetPlanResponse { node: r.node, plan: Some(plan) })))
     }
 
@@ -437,143 +404,11 @@ impl Fleet for FleetService {
         req: Request<pb::FleetApplyRequest>,
     ) -> Result<Response<pb::FleetApplyResponse>, Status> {
         let t = Instant::now();
-        let caller = self.policy.caller(&req)?;
-        if caller.role < Role::Operator {
-            return Err(Status::permission_denied("Apply needs the operator role on the console"));
-        }
-        let r = req.into_inner();
-        let targets = apply::targets(&r).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.admit(&self.apply_limit, &caller.identity, "Applies", self.limits.applies_per_minute)?;
-        // With several replicas only the apply Lease's holder spends the fleet's one budget:
-        // the others refuse an execution before asking any node (dry runs: any replica).
-        if r.execute {
-            self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
-        }
-
-        // The dry run: every target's plan, asked at once, before anything runs.
-        let plans = join_in_order(
-            targets
-                .iter()
-                .map(|target| self.node_plan(&target.node, target.devices.clone(), &caller.identity)),
-        )
-        .await;
-        let summary: Vec<pb::NodePlanSummary> = targets
-            .iter()
-            .zip(plans)
-            .map(|(target, plan)| apply::summarise(target, plan.map_err(|s| s.message().to_owned())))
-            .collect();
-        let steps: u32 = summary.iter().map(|s| s.steps).sum();
-        let text = apply::summary_text(&summary);
-        let devices = targets
-            .iter()
-            .flat_map(|t| t.devices.iter().map(move |d| format!("{}/{d}", t.node)))
-            .collect::<Vec<_>>()
-            .join(",");
-        tracing::info!(target: "audit", caller = %caller.identity, devices = %devices, steps, execute = r.execute,
-            "Apply dry run for {}:\n{text}", caller.identity);
-        let mut response = pb::FleetApplyResponse {
-            node: targets[0].node.clone(),
-            result: None,
-            on_behalf_of: caller.identity.clone(),
-            summary,
-            executed: false,
-            results: Vec::new(),
-            budget_steps_left: self.budget.left(Instant::now()),
-            budget_steps_per_minute: self.budget.per_minute(),
-        };
-        if !r.execute {
-            return self.timed("Apply", t, Ok(Response::new(response)));
-        }
-        let refused: Vec<String> = response
-            .summary
-            .iter()
-            .filter(|s| !s.refusal.is_empty())
-            .map(|s| format!("{}: {}", s.node, s.refusal))
-            .collect();
-        if !refused.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "the dry run refuses, so nothing ran: {}",
-                refused.join("; ")
-            )));
-        }
-        // Still the holder after the dry run?
-        self.budget.may_apply(Instant::now()).map_err(Status::unavailable)?;
-        response.budget_steps_left =
-            self.budget.take(steps, Instant::now()).map_err(|e| Status::resource_exhausted(e.to_string()))?;
-
-        // Node by node, in order; the first failure stops the rest.
-        for (i, target) in targets.iter().enumerate() {
-            let mut c = match self.agent_for(&target.node) {
-                Ok(c) => c,
-                Err(s) => return Err(stopped(s, &target.node, &response.results, &targets[i + 1..])),
-            };
-            let mut fwd = client::request(
-                pb::ApplyRequest {
-                    devices: target.devices.clone(),
-                    identities: target.identities.clone(),
-                    operation: pb::Operation::Clean as i32,
-                },
-                self.apply_timeout,
-            );
-            on_behalf_of(&mut fwd, &caller.identity)?;
-            tracing::info!(target: "audit", node = %target.node, caller = %caller.identity,
-                devices = %target.devices.join(","), "forwarding Apply to the agent on {}", target.node);
-            match client::call(self.apply_timeout, c.apply(fwd)).await {
-                Ok(result) => {
-                    self.links.request_resync(&target.node);
-                    response.results.push(pb::FleetApplyNodeResult {
-                        node: target.node.clone(),
-                        result: Some(result),
-                        error: String::new(),
-                    });
-                }
-                Err(s) => {
-                    self.links.request_resync(&target.node);
-                    let s = Status::new(s.code(), format!("the agent on {}: {}", target.node, s.message()));
-                    return Err(stopped(s, &target.node, &response.results, &targets[i + 1..]));
-                }
-            }
-        }
-        response.executed = true;
-        response.result = response.results.first().and_then(|r| r.result.clone());
-        self.timed("Apply", t, Ok(Response::new(response)))
+        let caller = self.person(&req, Verb::Apply).await?;
+        let authorization =
+            req.metadata().get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let from = crate::peer::forwarded(&req);
+        let r = self.apply_now(&caller, (authorization, from), req.into_inner()).await?;
+        self.timed("Apply", t, Ok(Response::new(r)))
     }
-}
-
-/// A failed node's status, saying which nodes ran before it and which were not asked.
-fn stopped(s: Status, node: &str, done: &[pb::FleetApplyNodeResult], rest: &[apply::Target]) -> Status {
-    let mut message = s.message().to_owned();
-    if !done.is_empty() {
-        let names: Vec<&str> = done.iter().map(|d| d.node.as_str()).collect();
-        message.push_str(&format!("; ran before it: {}", names.join(", ")));
-    }
-    if !rest.is_empty() {
-        let names: Vec<&str> = rest.iter().map(|t| t.node.as_str()).collect();
-        message.push_str(&format!("; not run after {node} failed: {}", names.join(", ")));
-    }
-    Status::new(s.code(), message)
-}
-
-/// Awaits every future together, keeping their order.
-async fn join_in_order<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut all = true;
-        for (i, f) in pending.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => all = false,
-                }
-            }
-        }
-        if all {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }

@@ -12,18 +12,23 @@
 //!
 //! Fails closed: the answer is `complete` (and may say "clean") only when every node answered, the
 //! Kubernetes view, when there is one, is synced, and no agent reports a volume's device it cannot
-//! vouch for (verdict unknown); otherwise it says "incomplete" and names what could not be known. Pure: the index, the Kubernetes objects and the missing nodes come in.
+//! vouch for (verdict unknown); otherwise it says "incomplete" and names what could not be known,
+//! node by node. Pure: the index, the Kubernetes view and the missing nodes come in.
+//!
+//! Made of parts: a volume's findings ([`volume_part`], from the devices that are it) and a PV's
+//! ([`crate::sweep_attach::pv_part`], from its VolumeAttachments); [`sweep`] puts every part
+//! together at once, [`crate::sweeper`] keeps the parts current as events arrive and puts them
+//! together the same way ([`assemble`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 
 use blockjanitor_proto::v1 as pb;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 
 use crate::cluster::Cluster;
-use crate::index::{image_key, Inner};
-use crate::multiattach::{held, names_volume, volume_id, VolumeId};
+use crate::index::{Inner, Key};
+use crate::multiattach::held;
+pub use crate::sweep_attach::{pv_part, Attachment, KubeView};
+pub use crate::sweep_part::{Missing, Part};
 
 /// Every kind, in the order answers and metrics list them.
 pub const KINDS: [pb::FindingKind; 3] =
@@ -39,35 +44,14 @@ pub fn kind_name(k: pb::FindingKind) -> &'static str {
     }
 }
 
-/// What Kubernetes says, when the console has its API.
-#[derive(Default)]
-pub struct KubeView {
-    pub pvs: Vec<Arc<PersistentVolume>>,
-    pub vas: Vec<Arc<VolumeAttachment>>,
-    pub nodes: Vec<Arc<Node>>,
-    /// Why the view cannot be trusted now (not synced), `None` when it can.
-    pub not_synced: Option<String>,
-}
-
-impl KubeView {
-    /// The cluster's tables now.
-    pub fn of(c: &Cluster) -> Self {
-        KubeView { pvs: c.pvs.all(), vas: c.vas.all(), nodes: c.nodes.all(), not_synced: c.not_synced() }
-    }
-}
-
-/// The nodes answers cannot speak for: agents not reachable and synced, and, with the Kubernetes
-/// API, every Node with no agent at all. By name.
+/// The nodes answers cannot speak for: agents not reachable and synced (or stale), and, with the
+/// Kubernetes API, every Node with no agent at all. By name.
 pub fn missing_nodes(ix: &Inner, cluster: Option<&Cluster>) -> Vec<pb::MissingNode> {
     let mut m = ix.missing();
     if let Some(c) = cluster {
-        for n in c.nodes.all() {
-            let name = n.metadata.name.clone().unwrap_or_default();
+        for name in c.nodes.keys() {
             if !ix.nodes.contains_key(&name) {
-                m.push(pb::MissingNode {
-                    node: name,
-                    reason: "no blockjanitor agent pod on this node".into(),
-                });
+                m.push(pb::MissingNode { node: name, reason: NO_AGENT.into() });
             }
         }
         m.sort_by(|a, b| a.node.cmp(&b.node));
@@ -75,38 +59,55 @@ pub fn missing_nodes(ix: &Inner, cluster: Option<&Cluster>) -> Vec<pb::MissingNo
     m
 }
 
-/// The sweep of the index now, with the cluster's view when there is one.
-pub fn run(ix: &Inner, cluster: Option<&Cluster>, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
-    let kube = cluster.map(KubeView::of);
-    sweep(ix, kube.as_ref(), missing_nodes(ix, cluster), kinds)
-}
+/// Why a Node with no agent is missing.
+pub const NO_AGENT: &str = "no blockjanitor agent pod on this node";
 
-/// [`run`] for counting (metrics): the same findings, counts, completeness and summary, but each
-/// finding carries only its kind.
-pub fn counts(ix: &Inner, cluster: Option<&Cluster>) -> pb::SweepResponse {
-    let kube = cluster.map(KubeView::of);
-    sweep_with(ix, kube.as_ref(), missing_nodes(ix, cluster), &[], false)
-}
-
-/// The volume a device is a view of (`None`: not a volume, such as a loop device).
-pub fn volume_of(d: &pb::Device) -> Option<(String, bool)> {
-    if let Some(r) = &d.rbd {
-        let image = image_key(&r.pool, &r.pool_namespace, &r.image);
-        let snap = !(r.snap.is_empty() || r.snap == "-");
-        return Some(if snap { (format!("{image}@{}", r.snap), true) } else { (image, false) });
-    }
-    if !d.wwid.is_empty() {
-        return Some((d.wwid.to_ascii_lowercase(), false));
-    }
-    (!d.nbd_backend.is_empty()).then(|| (d.nbd_backend.clone(), false))
-}
+pub use crate::volume_key::volume_of;
 
 /// One volume: its devices by node, whether it is a snapshot, its PV.
 #[derive(Default)]
-struct Volume<'a> {
-    by_node: BTreeMap<&'a str, Vec<&'a pb::Device>>,
-    snapshot: bool,
-    pv: String,
+pub struct Volume<'a> {
+    pub by_node: BTreeMap<&'a str, Vec<&'a pb::Device>>,
+    pub snapshot: bool,
+    pub pv: String,
+}
+
+impl<'a> Volume<'a> {
+    /// Adds a device (nodes in name order, devices in name order, as the index keeps them): the
+    /// PV is the first device's that names one, else `pv_of` the volume.
+    fn add(
+        &mut self,
+        key: &str,
+        node: &'a str,
+        d: &'a pb::Device,
+        snapshot: bool,
+        pv_of: &dyn Fn(&str) -> String,
+    ) {
+        self.snapshot = snapshot;
+        if self.pv.is_empty() {
+            self.pv = d.pv_names.first().cloned().unwrap_or_else(|| pv_of(key));
+        }
+        self.by_node.entry(node).or_default().push(d);
+    }
+}
+
+/// The devices that are volume `key`, found through the index's keys (its image, WWID or nbd
+/// backend), by node.
+pub fn gather<'a>(ix: &'a Inner, key: &str, pv_of: &dyn Fn(&str) -> String) -> Volume<'a> {
+    let base = key.split('@').next().unwrap_or(key);
+    let mut found: BTreeSet<(&'a str, &'a str)> = BTreeSet::new();
+    for k in [Key::Image(base.to_owned()), Key::Wwid(key.to_owned()), Key::NbdBackend(key.to_owned())] {
+        found.extend(ix.keyed(&k));
+    }
+    let mut v = Volume::default();
+    for (node, name) in found {
+        let Some(d) = ix.nodes.get(node).and_then(|n| n.devices.get(name)) else { continue };
+        match volume_of(d) {
+            Some((k, snapshot)) if k == key => v.add(key, node, d, snapshot, pv_of),
+            _ => {}
+        }
+    }
+    v
 }
 
 fn clients_of(devices: &[&pb::Device]) -> Vec<String> {
@@ -162,149 +163,120 @@ fn idle_top<'a>(ds: &[&'a pb::Device]) -> Option<Vec<&'a pb::Device>> {
     (quiet && !top.is_empty() && top.iter().all(|d| unused(d))).then_some(top)
 }
 
-/// Sweeps the fleet. `missing` are the nodes answers cannot speak for (the service's list: agents
-/// not reachable or not synced, Nodes with no agent); `kinds` limits the findings (empty: all).
-pub fn sweep(
-    index: &Inner,
-    kube: Option<&KubeView>,
-    missing: Vec<pb::MissingNode>,
-    kinds: &[pb::FindingKind],
-) -> pb::SweepResponse {
-    sweep_with(index, kube, missing, kinds, true)
+fn multi_node(key: &str, v: &Volume<'_>, missing: &Missing) -> pb::Finding {
+    let parts: Vec<String> = v
+        .by_node
+        .iter()
+        .map(|(n, ds)| {
+            let last = if missing.contains_key(*n) { ", as last seen" } else { "" };
+            let states: Vec<String> = ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
+            format!("{n} ({}{last})", states.join(", "))
+        })
+        .collect();
+    pb::Finding {
+        kind: pb::FindingKind::MultiNode as i32,
+        volume: key.to_owned(),
+        pv: v.pv.clone(),
+        nodes: v.by_node.keys().map(|n| (*n).to_owned()).collect(),
+        devices: v.by_node.iter().flat_map(|(n, ds)| fleet_devices(n, ds)).collect(),
+        clients: v.by_node.values().flat_map(|ds| clients_of(ds)).collect(),
+        detail: format!("mapped on {} nodes: {}", v.by_node.len(), parts.join("; ")),
+        ..Default::default()
+    }
 }
 
-/// [`sweep`], with every finding in full or (`full` false, for counting) only its kind.
-fn sweep_with(
-    index: &Inner,
-    kube: Option<&KubeView>,
-    missing: Vec<pb::MissingNode>,
-    kinds: &[pb::FindingKind],
-    full: bool,
-) -> pb::SweepResponse {
-    let missing_names: BTreeSet<&str> = missing.iter().map(|m| m.node.as_str()).collect();
-    let pv_ids: Vec<VolumeId> =
-        kube.map(|k| k.pvs.iter().map(|p| volume_id(p)).collect()).unwrap_or_default();
-    let pv_by_volume: HashMap<&str, &str> = pv_ids
-        .iter()
-        .flat_map(|v| v.images.iter().chain(&v.wwids).map(move |i| (i.as_str(), v.pv.as_str())))
-        .collect();
-    let pv_of = |volume: &str| pv_by_volume.get(volume).map(|p| (*p).to_owned()).unwrap_or_default();
-
-    let mut volumes: BTreeMap<String, Volume> = BTreeMap::new();
-    for n in index.nodes.values() {
-        for d in n.devices.values() {
-            let Some((key, snapshot)) = volume_of(d) else { continue };
-            let v = volumes.entry(key.clone()).or_default();
-            v.snapshot = snapshot;
-            if v.pv.is_empty() {
-                v.pv = d.pv_names.first().cloned().unwrap_or_else(|| pv_of(&key));
-            }
-            v.by_node.entry(n.name.as_str()).or_default().push(d);
-        }
+/// One volume's findings (from its devices on every node) and its devices the agents cannot
+/// vouch for.
+pub fn volume_part(key: &str, v: &Volume<'_>, missing: &Missing) -> Part {
+    let mut part = Part::default();
+    if v.by_node.len() > 1 && !v.snapshot {
+        part.findings.push(multi_node(key, v, missing));
     }
-
-    let mut findings = Vec::new();
-    // Counting only (metrics): no device copied, no detail written.
-    let mut add = |kind: pb::FindingKind, build: &dyn Fn() -> pb::Finding| {
-        if !kinds.is_empty() && !kinds.contains(&kind) {
-            return;
-        }
-        let mut f = if full { build() } else { pb::Finding::default() };
-        f.kind = kind as i32;
-        findings.push(f);
-    };
-    for (key, v) in &volumes {
-        if v.by_node.len() > 1 && !v.snapshot {
-            add(pb::FindingKind::MultiNode, &|| {
-                let parts: Vec<String> = v
-                    .by_node
-                    .iter()
-                    .map(|(n, ds)| {
-                        let last = if missing_names.contains(n) { ", as last seen" } else { "" };
-                        let states: Vec<String> =
-                            ds.iter().map(|d| format!("{} {}", d.name, device_state(d))).collect();
-                        format!("{n} ({}{last})", states.join(", "))
-                    })
-                    .collect();
-                pb::Finding {
-                    volume: key.clone(),
-                    pv: v.pv.clone(),
-                    nodes: v.by_node.keys().map(|n| (*n).to_owned()).collect(),
-                    devices: v.by_node.iter().flat_map(|(n, ds)| fleet_devices(n, ds)).collect(),
-                    clients: v.by_node.values().flat_map(|ds| clients_of(ds)).collect(),
-                    detail: format!("mapped on {} nodes: {}", v.by_node.len(), parts.join("; ")),
-                    ..Default::default()
-                }
-            });
-        }
-        for (n, ds) in &v.by_node {
-            if missing_names.contains(n) {
-                let rbd: Vec<&pb::Device> = ds.iter().filter(|d| d.rbd.is_some()).copied().collect();
-                if rbd.is_empty() {
-                    continue;
-                }
-                let reason = missing.iter().find(|m| m.node == *n).map(|m| m.reason.as_str()).unwrap_or("");
-                add(pb::FindingKind::DeadNodeWatcher, &|| {
-                    pb::Finding {
-                    volume: key.clone(),
-                    pv: v.pv.clone(),
-                    nodes: vec![(*n).to_owned()],
-                    clients: clients_of(&rbd),
-                    detail: format!(
-                        "last seen mapped on {n} ({}), whose agent cannot be asked ({reason}): its client may \
-                         still watch the image; never unfence or delete on this evidence",
-                        rbd.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
-                    ),
-                    devices: fleet_devices(n, &rbd),
-                    ..Default::default()
-                }
-                });
+    for (n, ds) in &v.by_node {
+        if let Some(reason) = missing.get(*n) {
+            let rbd: Vec<&pb::Device> = ds.iter().filter(|d| d.rbd.is_some()).copied().collect();
+            if rbd.is_empty() {
                 continue;
             }
-            let Some(idle) = idle_top(ds) else { continue };
-            add(pb::FindingKind::AttachedNotInUse, &|| pb::Finding {
-                volume: key.clone(),
+            part.findings.push(pb::Finding {
+                kind: pb::FindingKind::DeadNodeWatcher as i32,
+                volume: key.to_owned(),
                 pv: v.pv.clone(),
                 nodes: vec![(*n).to_owned()],
-                clients: clients_of(&idle),
+                clients: clients_of(&rbd),
                 detail: format!(
-                    "mapped on {n} and nothing there uses it: {}",
-                    idle.iter()
-                        .map(|d| format!("{} {}", d.name, blockjanitor_ctl::names::verdict_name(d.verdict)))
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    "last seen mapped on {n} ({}), whose agent cannot be asked ({reason}): its client may \
+                     still watch the image; never unfence or delete on this evidence",
+                    rbd.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ")
                 ),
-                devices: fleet_devices(n, &idle),
+                devices: fleet_devices(n, &rbd),
                 ..Default::default()
             });
+            continue;
         }
+        part.unvouched.extend(
+            ds.iter().filter(|d| d.verdict == pb::Verdict::Unknown as i32).map(|d| format!("{n}/{}", d.name)),
+        );
+        let Some(idle) = idle_top(ds) else { continue };
+        part.findings.push(pb::Finding {
+            kind: pb::FindingKind::AttachedNotInUse as i32,
+            volume: key.to_owned(),
+            pv: v.pv.clone(),
+            nodes: vec![(*n).to_owned()],
+            clients: clients_of(&idle),
+            detail: format!(
+                "mapped on {n} and nothing there uses it: {}",
+                idle.iter()
+                    .map(|d| format!("{} {}", d.name, blockjanitor_ctl::names::verdict_name(d.verdict)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            devices: fleet_devices(n, &idle),
+            ..Default::default()
+        });
     }
-    if let Some(k) = kube {
-        findings.extend(attachment_findings(index, k, &pv_ids, &missing));
-        if !kinds.is_empty() {
-            findings.retain(|f| kinds.iter().any(|k| *k as i32 == f.kind));
-        }
+    part
+}
+
+/// The order findings are listed in: kind, volume, nodes, then what tells two apart.
+pub fn finding_order(a: &pb::Finding, b: &pb::Finding) -> std::cmp::Ordering {
+    (a.kind, &a.volume, &a.nodes, &a.volume_attachments, &a.detail).cmp(&(
+        b.kind,
+        &b.volume,
+        &b.nodes,
+        &b.volume_attachments,
+        &b.detail,
+    ))
+}
+
+/// Every part's findings and gaps put together: the answer (`kinds` limits the findings listed
+/// and counted; empty: all).
+pub fn assemble<'a>(
+    parts: impl Iterator<Item = &'a Part>,
+    volumes: u32,
+    missing: Vec<pb::MissingNode>,
+    not_synced: Option<String>,
+    no_kube: bool,
+    kinds: &[pb::FindingKind],
+) -> pb::SweepResponse {
+    let wanted = |f: &pb::Finding| kinds.is_empty() || kinds.iter().any(|k| *k as i32 == f.kind);
+    let mut findings = Vec::new();
+    let mut unvouched: Vec<&str> = Vec::new();
+    let mut unagented: BTreeSet<&str> = BTreeSet::new();
+    for p in parts {
+        findings.extend(p.findings.iter().filter(|f| wanted(f)).cloned());
+        unvouched.extend(p.unvouched.iter().map(String::as_str));
+        unagented.extend(p.unagented.iter().map(String::as_str));
     }
-    findings.sort_by(|a, b| (a.kind, &a.volume, &a.nodes).cmp(&(b.kind, &b.volume, &b.nodes)));
+    findings.sort_by(finding_order);
     let counts = KINDS
         .iter()
         .filter(|k| kinds.is_empty() || kinds.contains(k))
         .map(|k| (kind_name(*k).to_owned(), findings.iter().filter(|f| f.kind == *k as i32).count() as u32))
         .collect();
-    let mut gaps: Vec<String> = kube.and_then(|k| k.not_synced.clone()).into_iter().collect();
+    let mut gaps: Vec<String> = not_synced.into_iter().collect();
     // A volume attached to a Node that has no agent at all: nothing on it can be asked, so the
     // sweep cannot vouch for that attachment (it makes no finding either: the node is alive).
-    let unagented: BTreeSet<&str> = kube
-        .map(|k| {
-            k.vas
-                .iter()
-                .filter(|va| va.status.as_ref().is_some_and(|s| s.attached))
-                .map(|va| va.spec.node_name.as_str())
-                .filter(|n| !index.nodes.contains_key(*n))
-                .filter(|n| k.nodes.iter().any(|node| node.metadata.name.as_deref() == Some(*n)))
-                .collect()
-        })
-        .unwrap_or_default();
     if !unagented.is_empty() {
         gaps.push(format!(
             "volumes are attached to {} node(s) with no agent: {}",
@@ -314,16 +286,6 @@ fn sweep_with(
     }
     // An agent that answered but cannot vouch for a device (verdict unknown): nothing is known
     // about that volume there, so the sweep cannot be clean either.
-    let unvouched: Vec<String> = volumes
-        .values()
-        .flat_map(|v| v.by_node.iter())
-        .filter(|(n, _)| !missing_names.contains(*n))
-        .flat_map(|(n, ds)| {
-            ds.iter()
-                .filter(|d| d.verdict == pb::Verdict::Unknown as i32)
-                .map(move |d| format!("{n}/{}", d.name))
-        })
-        .collect();
     if !unvouched.is_empty() {
         let more = unvouched.len().saturating_sub(10);
         let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
@@ -334,95 +296,52 @@ fn sweep_with(
         ));
     }
     let complete = missing.is_empty() && gaps.is_empty();
-    let summary = summary_line(&findings, &missing, &gaps, kube.is_none());
+    let summary = summary_line(&findings, &missing, &gaps, no_kube);
     pb::SweepResponse {
         findings,
         missing_nodes: missing,
         complete,
-        volumes: volumes.len() as u32,
+        volumes,
         summary,
         counts,
+        ..Default::default()
     }
 }
 
-/// VolumeAttachments that attach a volume to a node that cannot be asked (`dead_node_watcher`)
-/// or to an answering node that neither maps it nor lists it in use (`attached_not_in_use`).
-fn attachment_findings(
+/// Sweeps the fleet at once. `missing` are the nodes answers cannot speak for (the service's
+/// list: agents not reachable or not synced, Nodes with no agent); `kinds` limits the findings
+/// (empty: all). Every lookup is keyed: a volume's PV by its image or WWID, a PV's attachments
+/// by PV, a Node by name.
+pub fn sweep(
     index: &Inner,
-    k: &KubeView,
-    pv_ids: &[VolumeId],
-    missing: &[pb::MissingNode],
-) -> Vec<pb::Finding> {
-    let mut out = Vec::new();
-    for va in &k.vas {
-        if !va.status.as_ref().is_some_and(|s| s.attached) {
-            continue;
-        }
-        let Some(pv) = va.spec.source.persistent_volume_name.as_deref() else { continue };
-        let Some(v) = pv_ids.iter().find(|v| v.pv == pv) else { continue };
-        let node = va.spec.node_name.as_str();
-        let va_text =
-            format!("{} (node={node}, attached=true)", va.metadata.name.clone().unwrap_or_default());
-        let volume = v.images.first().or(v.wwids.first()).cloned().unwrap_or_else(|| format!("pv/{pv}"));
-        // The one finding an attachment makes: of `kind`, on this node, saying `detail`.
-        let finding = |kind: pb::FindingKind, detail: String| pb::Finding {
-            kind: kind as i32,
-            volume: volume.clone(),
-            pv: pv.to_owned(),
-            nodes: vec![node.to_owned()],
-            volume_attachments: vec![va_text.clone()],
-            detail,
-            ..Default::default()
-        };
-        if let Some(m) = missing.iter().find(|m| m.node == node) {
-            // Its last-seen mappings already make a finding; the attachment alone does too.
-            let mapped = crate::multiattach::devices_of(index, v).contains_key(node);
-            if !mapped {
-                out.push(finding(
-                    pb::FindingKind::DeadNodeWatcher,
-                    format!(
-                        "attached to {node}, whose agent cannot be asked ({}): its client may still watch \
-                         the volume",
-                        m.reason
-                    ),
-                ));
-            }
-            continue;
-        }
-        let is_node = k.nodes.iter().any(|n| n.metadata.name.as_deref() == Some(node));
-        if !index.nodes.contains_key(node) {
-            if !is_node {
-                out.push(finding(
-                    pb::FindingKind::DeadNodeWatcher,
-                    format!(
-                        "attached to {node}, which is no Node of the cluster any more and has no agent: if the \
-                         machine still runs, its client may still watch the volume"
-                    ),
-                ));
-            }
-            continue;
-        }
-        if crate::multiattach::devices_of(index, v).contains_key(node) {
-            continue;
-        }
-        let in_use = k.nodes.iter().any(|n| {
-            n.metadata.name.as_deref() == Some(node)
-                && n.status
-                    .as_ref()
-                    .and_then(|s| s.volumes_in_use.as_ref())
-                    .is_some_and(|l| l.iter().any(|u| names_volume(u, v)))
-        });
-        if !in_use {
-            out.push(finding(
-                pb::FindingKind::AttachedNotInUse,
-                format!(
-                    "VolumeAttachment {va_text} attaches it to {node}, whose agent finds no mapping of it, and \
-                     the Node does not list it in use"
-                ),
-            ));
+    kube: Option<&KubeView>,
+    missing: Vec<pb::MissingNode>,
+    kinds: &[pb::FindingKind],
+) -> pb::SweepResponse {
+    let reasons: Missing = missing.iter().map(|m| (m.node.clone(), m.reason.clone())).collect();
+    let pv_of = |volume: &str| kube.and_then(|k| k.pv_of(volume)).unwrap_or_default();
+    let mut keys: BTreeSet<String> = BTreeSet::new();
+    for n in index.nodes.values() {
+        keys.extend(n.devices.values().filter_map(|d| volume_of(d).map(|(k, _)| k)));
+    }
+    let mut parts: Vec<Part> = Vec::new();
+    for key in &keys {
+        parts.push(volume_part(key, &gather(index, key, &pv_of), &reasons));
+    }
+    if let Some(k) = kube {
+        for pv in k.attached_pvs() {
+            parts.push(pv_part(index, k, &pv, &reasons));
         }
     }
-    out
+    let not_synced = kube.and_then(|k| k.not_synced.clone());
+    assemble(parts.iter(), keys.len() as u32, missing, not_synced, kube.is_none(), kinds)
+}
+
+/// The sweep of the index now, with the cluster's view when there is one (read from its tables
+/// whole: tests and small fleets; the service answers from [`crate::sweeper`]).
+pub fn run(ix: &Inner, cluster: Option<&Cluster>, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
+    let kube = cluster.map(KubeView::of);
+    sweep(ix, kube.as_ref(), missing_nodes(ix, cluster), kinds)
 }
 
 fn summary_line(
@@ -437,8 +356,10 @@ fn summary_line(
     };
     let mut gaps = Vec::new();
     if !missing.is_empty() {
-        let names: Vec<&str> = missing.iter().map(|m| m.node.as_str()).collect();
-        gaps.push(format!("{} node(s) did not answer ({})", missing.len(), names.join(", ")));
+        let shown = missing.iter().take(20).map(|m| m.node.as_str()).collect::<Vec<_>>().join(", ");
+        let more = missing.len().saturating_sub(20);
+        let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+        gaps.push(format!("{} node(s) did not answer ({shown}{tail})", missing.len()));
     }
     gaps.extend(other_gaps.iter().cloned());
     let tail = if no_kube { " (without the Kubernetes API: VolumeAttachments not examined)" } else { "" };

@@ -91,14 +91,74 @@ pub fn nodes_of(mappings: &[pb::FleetDevice], node_by_address: &str) -> Vec<Stri
     nodes
 }
 
-/// One watcher's answer: its mappings and nodes, and whether unfencing it is safe. Safe only
-/// when nothing maps for the client, every node answered, and every rbd mapping names its client
-/// readably (one that does not may be this client's).
+/// The node a client belongs to, and what the console knows of it now: the evidence an unfence
+/// answer must rest on (design.md: "evidence about the right node").
+#[derive(Debug, Clone, Default)]
+pub struct Owner {
+    /// The node ("" when none is known).
+    pub node: String,
+    /// How it is known to be the client's node, one phrase.
+    pub how: String,
+    /// Why that node cannot vouch now (`None`: its agent answers now): not answering, no agent,
+    /// its Node deleted (the machine may still run), its IP now another node's.
+    pub cannot_vouch: Option<String>,
+    /// Its rbd mappings whose client cannot be read (they may be this client's).
+    pub unreadable: Vec<String>,
+    /// This exact kernel client instance as the console saw that node's agent report it
+    /// (`rbd4 (k8s/img), last reported N s ago`); `None`: never seen.
+    pub seen: Option<String>,
+    /// What its agent cannot see (rbd-nbd devices on it; librbd clients, which no agent sees).
+    pub blind: String,
+}
+
+/// The words of an answer: `yes`, `no`, `unknown`.
+pub const YES: &str = "yes";
+pub const NO: &str = "no";
+pub const UNKNOWN: &str = "unknown";
+
+/// Why lifting the fence of `who` is not known to be safe, or `None` when it is.
+fn not_known_safe(q: &ceph_addr::Query, who: &str, owner: &Owner) -> Option<String> {
+    if owner.node.is_empty() {
+        return Some(format!(
+            "{who} belongs to no node this console knows (no Node lists its IP, no agent reports it, and this console \
+             never saw it): it may be a machine outside the cluster or a node with no agent"
+        ));
+    }
+    let node = &owner.node;
+    if let Some(why) = &owner.cannot_vouch {
+        return Some(format!("{who} is node {node}'s ({}), and {node} cannot vouch now: {why}", owner.how));
+    }
+    if !owner.unreadable.is_empty() {
+        return Some(format!(
+            "these rbd mappings on node {node} report no readable client address or id, so they may be this \
+             client's: {}",
+            owner.unreadable.join(", ")
+        ));
+    }
+    if q.whole_ip() {
+        return Some(format!(
+            "{who} covers every client of that IP on node {node} ({}), and {}: only a single kernel client instance \
+             (IP:0/NONCE) can be vouched for",
+            owner.how, owner.blind
+        ));
+    }
+    if owner.seen.is_none() {
+        return Some(format!(
+            "no mapping on node {node} ({}) is {who} now, but this console never saw it there as a kernel rbd client, \
+             and {}: it may be one of those",
+            owner.how, owner.blind
+        ));
+    }
+    None
+}
+
+/// One watcher's answer: its mappings and nodes, and whether unfencing it is safe: "yes" only
+/// from evidence about the client's own node ([`Owner`]), "no" while any node maps it (as last
+/// seen counts), "unknown" otherwise.
 pub fn answer(
     q: &ceph_addr::Query,
     mappings: Vec<pb::FleetDevice>,
-    unreadable: &[String],
-    missing: &[pb::MissingNode],
+    owner: &Owner,
     node_by_address: String,
 ) -> pb::WatcherMatch {
     let who = match (q.client_text(), q.addr_text.as_str()) {
@@ -106,44 +166,27 @@ pub fn answer(
         (_, a) if !a.is_empty() => a.to_owned(),
         _ => "this client".to_owned(),
     };
-    let nodes = nodes_of(&mappings, &node_by_address);
-    let (unfence_safe, mut detail) = match (mappings.is_empty(), missing.is_empty(), unreadable.is_empty()) {
-        (true, true, true) => (
-            true,
-            format!("no node maps anything for this client and every node answered: no agent reports {who}"),
-        ),
-        (true, false, _) => (
-            false,
-            format!(
-                "no answering node maps anything for this client, but {} node(s) did not answer: {}",
-                missing.len(),
-                missing.iter().map(|m| m.node.as_str()).collect::<Vec<_>>().join(", ")
+    let nodes = nodes_of(&mappings, &owner.node);
+    let (word, mut detail) = if !mappings.is_empty() {
+        let on = mappings
+            .iter()
+            .map(|d| format!("{}/{}", d.node, d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (NO, format!("{who} is on {}: still mapped on {on}: unmap there first", nodes.join(", ")))
+    } else {
+        match not_known_safe(q, &who, owner) {
+            Some(why) => (UNKNOWN, format!("unknown, never safe: {why}")),
+            None => (
+                YES,
+                format!(
+                    "no node maps anything for {who}: node {} ({}) answers now and no longer reports it (it was {})",
+                    owner.node,
+                    owner.how,
+                    owner.seen.as_deref().unwrap_or("")
+                ),
             ),
-        ),
-        (true, true, false) => (
-            false,
-            format!(
-                "no node maps anything for this client, but these rbd mappings report no readable client \
-                 address or id, so they may be this client's: {}",
-                unreadable.join(", ")
-            ),
-        ),
-        (false, _, _) => (
-            false,
-            format!(
-                "{who} is on {}: still mapped on {}: unmap there first",
-                nodes.join(", "),
-                mappings
-                    .iter()
-                    .map(|d| format!(
-                        "{}/{}",
-                        d.node,
-                        d.device.as_ref().map(|x| x.name.as_str()).unwrap_or("")
-                    ))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ),
+        }
     };
     if !node_by_address.is_empty() {
         detail.push_str(&format!("; the client's address is node {node_by_address}'s"));
@@ -154,9 +197,10 @@ pub fn answer(
         client_id: q.client_text(),
         cookie: q.cookie.clone(),
         mappings,
-        unfence_safe,
+        unfence_safe: word == YES,
         detail,
         nodes,
+        answer: word.to_owned(),
     }
 }
 
@@ -223,28 +267,53 @@ mod tests {
         }
     }
 
+    fn owner(node: &str) -> Owner {
+        Owner {
+            node: node.into(),
+            how: "its agent reported the client".into(),
+            blind: "its agent sees no rbd-nbd or librbd client".into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
-    fn a_client_id_alone_names_its_node_and_nothing_found_is_safe_only_when_every_node_answered() {
+    fn a_client_id_alone_names_its_node_and_safe_needs_the_instance_seen_on_a_node_that_answers() {
         let q = ceph_addr::parse_query("client.4151").expect("parse").remove(0);
         let m = vec![mapping("node-a", "client.4151", "10.0.0.5:0/77")];
         assert_eq!(ip_of_mappings(&m), Some("10.0.0.5".parse().expect("ip")));
-        let a = answer(&q, m, &[], &[], "node-a".into());
-        assert_eq!(a.nodes, ["node-a"]);
-        assert!(!a.unfence_safe);
+        let a = answer(&q, m, &owner("node-a"), "node-a".into());
+        assert_eq!(
+            (a.nodes.as_slice(), a.answer.as_str(), a.unfence_safe),
+            (&["node-a".to_owned()][..], NO, false)
+        );
         assert!(
             a.detail.starts_with("client.4151 is on node-a: still mapped on node-a/rbd0"),
             "{}",
             a.detail
         );
 
-        let a = answer(&q, vec![], &[], &[], String::new());
-        assert!(a.unfence_safe && a.nodes.is_empty());
-        assert!(a.detail.contains("no agent reports client.4151"), "{}", a.detail);
-        let missing = [pb::MissingNode { node: "node-b".into(), reason: "unreachable".into() }];
-        let a = answer(&q, vec![], &[], &missing, String::new());
-        assert!(!a.unfence_safe);
-        assert!(a.detail.ends_with("1 node(s) did not answer: node-b"), "{}", a.detail);
-        let a = answer(&q, vec![], &["node-c/rbd1".to_owned()], &[], String::new());
-        assert!(!a.unfence_safe, "an unreadable mapping may be this client's");
+        // Nothing maps it: safe only when the instance was seen on a node that answers now.
+        let seen = Owner { seen: Some("rbd0 (k8s/vol), last reported 3 s ago".into()), ..owner("node-a") };
+        let a = answer(&q, vec![], &seen, String::new());
+        assert!(a.unfence_safe && a.answer == YES, "{a:?}");
+        for (o, why) in [
+            (Owner::default(), "belongs to no node this console knows"),
+            (owner("node-a"), "never saw it there"),
+            (
+                Owner { cannot_vouch: Some("unreachable for 9.0 s".into()), ..seen.clone() },
+                "cannot vouch now",
+            ),
+            (Owner { unreadable: vec!["node-a/rbd1".into()], ..seen.clone() }, "may be this client's"),
+        ] {
+            let a = answer(&q, vec![], &o, String::new());
+            assert!(!a.unfence_safe && a.answer == UNKNOWN, "{o:?}: {a:?}");
+            assert!(a.detail.contains(why), "{why}: {}", a.detail);
+        }
+        // A whole IP is never safe, seen or not.
+        let ip = ceph_addr::parse_query("10.0.0.5:0/0").expect("parse").remove(0);
+        assert!(ip.whole_ip());
+        let a = answer(&ip, vec![], &seen, String::new());
+        assert_eq!(a.answer, UNKNOWN, "{a:?}");
+        assert!(a.detail.contains("covers every client of that IP"), "{}", a.detail);
     }
 }

@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::apply::{apply_summary, apply_table};
 use crate::doc::envelope;
+use crate::exit;
 use crate::table::clean;
 use crate::values::{plan_value, step_result_value};
 
@@ -49,6 +50,21 @@ pub fn fleet_apply_request(
         targets: all.collect(),
         execute,
     }
+}
+
+/// The dry run's exit code, in the table both CLIs use (`rpc::view::exit`): each node's plans
+/// as `agentctl plan` ranks them, a node whose plan could not be had `unknown` (the answer is
+/// incomplete), a device its agent did not plan an error (no such device there); the worst of all.
+pub fn fleet_dry_run_exit(r: &pb::FleetApplyResponse) -> u8 {
+    r.summary.iter().map(node_plan_exit).fold(exit::DONE, exit::worst)
+}
+
+fn node_plan_exit(n: &pb::NodePlanSummary) -> u8 {
+    let Some(plan) = &n.plan else {
+        return exit::UNKNOWN;
+    };
+    let uncovered = n.refusal.contains(crate::fleet_plan::UNCOVERED);
+    exit::worst(exit::plans(&plan.plans), if uncovered { exit::ERROR } else { exit::DONE })
 }
 
 /// Whether the dry run refuses anywhere.

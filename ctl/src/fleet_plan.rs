@@ -40,6 +40,9 @@ pub fn plan_targets(args: &[String]) -> Result<Vec<(String, Vec<String>)>, Strin
     Ok(out)
 }
 
+/// How a device the agent's plan leaves out is worded in a node's refusal.
+pub const UNCOVERED: &str = "the agent's plan does not cover it";
+
 /// One node's plan as the dry run shows it: its steps, and why its part would be refused (a
 /// device's refusal, a device the plan does not cover, the plan not to be had).
 pub fn summarise(
@@ -61,7 +64,7 @@ pub fn summarise(
     let mut refusals: Vec<String> = devices
         .iter()
         .filter(|d| !plan.plans.iter().any(|p| &p.device == *d))
-        .map(|d| format!("{d}: the agent's plan does not cover it"))
+        .map(|d| format!("{d}: {UNCOVERED}"))
         .collect();
     refusals.extend(
         plan.plans.iter().filter(|p| !p.refusal.is_empty()).map(|p| format!("{}: {}", p.device, p.refusal)),

@@ -41,6 +41,10 @@ pub fn nodes_value(r: &pb::ListNodesResponse) -> Value {
                 "error": n.error,
                 "devices": n.devices,
                 "failures": n.failures,
+                "scan_unix_seconds": n.scan_unix_seconds,
+                "blind_spots": n.blind_spots,
+                "incomplete_view": n.incomplete_view,
+                "stale": n.stale,
                 "agent": n.agent.as_ref().map(node_value),
             })).collect::<Vec<_>>(),
             "missing_nodes": missing_value(&r.missing_nodes),
@@ -64,6 +68,8 @@ pub fn where_value(r: &pb::WhereResponse) -> Value {
         json!({
             "resolved": r.resolved,
             "matches": r.matches.iter().map(fleet_device_value).collect::<Vec<_>>(),
+            "evidence_nodes": r.evidence_nodes,
+            "complete": r.complete,
             "missing_nodes": missing_value(&r.missing_nodes),
         }),
     )
@@ -82,6 +88,7 @@ pub fn who_watches_value(r: &pb::WhoWatchesResponse) -> Value {
                 "detail": w.detail,
                 "node_by_address": w.node_by_address,
                 "nodes": w.nodes,
+                "answer": w.answer,
             })).collect::<Vec<_>>(),
             "missing_nodes": missing_value(&r.missing_nodes),
         }),
@@ -193,6 +200,10 @@ pub fn where_table(r: &pb::WhereResponse) -> String {
     } else {
         out.push_str(&columns(&DEVICE_HEADER, &device_rows(&r.matches)));
     }
+    if !r.evidence_nodes.is_empty() {
+        let all = if r.complete { "every one answered" } else { "not every one answered" };
+        out.push_str(&format!("evidence points at: {} ({all})\n", clean(&r.evidence_nodes.join(", "))));
+    }
     out + &missing_lines(&r.missing_nodes)
 }
 
@@ -203,7 +214,11 @@ pub fn who_watches_table(r: &pb::WhoWatchesResponse) -> String {
             "watcher {} {}: unfence safe: {} ({})\n",
             clean(&w.client_addr),
             clean(&w.client_id),
-            if w.unfence_safe { "yes" } else { "no" },
+            match (w.unfence_safe, w.answer.as_str()) {
+                (true, _) => "yes",
+                (false, "unknown") => "unknown",
+                (false, _) => "no",
+            },
             clean(&w.detail)
         ));
         if !w.nodes.is_empty() {
@@ -285,6 +300,10 @@ pub fn sweep_value(r: &pb::SweepResponse) -> Value {
             "complete": r.complete,
             "summary": r.summary,
             "volumes": r.volumes,
+            "nodes": r.nodes,
+            "covered_nodes": r.covered_nodes,
+            "partial_nodes": missing_value(&r.partial_nodes),
+            "uncovered_with_volumes": r.uncovered_with_volumes,
             "counts": r.counts,
             "findings": r.findings.iter().map(|f| json!({
                 "kind": finding_kind_name(f.kind),
@@ -322,6 +341,19 @@ pub fn sweep_table(r: &pb::SweepResponse) -> String {
     }
     let counts: Vec<String> = r.counts.iter().map(|(k, n)| format!("{}={n}", clean(k))).collect();
     out.push_str(&format!("counts: {}\n", counts.join(" ")));
+    if r.nodes > 0 {
+        out.push_str(&format!("covered: {} of {} node(s)\n", r.covered_nodes, r.nodes));
+    }
+    if !r.uncovered_with_volumes.is_empty() {
+        let names = clean(&r.uncovered_with_volumes.join(", "));
+        out.push_str(&format!("not covered, with volumes at stake: {names}\n"));
+    }
+    if !r.partial_nodes.is_empty() {
+        out.push_str("covered with blind spots (their devices within reach are unknown):\n");
+        for n in &r.partial_nodes {
+            out.push_str(&format!("  {}: {}\n", clean(&n.node), clean(&n.reason)));
+        }
+    }
     out + &missing_lines(&r.missing_nodes)
 }
 
@@ -342,6 +374,7 @@ mod tests {
             resolved: "rbd image k8s/x".into(),
             matches: vec![],
             missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
+            ..Default::default()
         };
         let t = where_table(&r);
         assert!(t.contains("not mapped on any node that answered"), "{t}");
@@ -358,8 +391,14 @@ mod tests {
             counts: [("multi_node".to_owned(), 0)].into_iter().collect(),
             missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
             findings: vec![],
+            nodes: 4,
+            covered_nodes: 3,
+            uncovered_with_volumes: vec!["n1".into()],
+            ..Default::default()
         };
         let t = sweep_table(&r);
+        assert!(t.contains("covered: 3 of 4 node(s)"), "{t}");
+        assert!(t.contains("not covered, with volumes at stake: n1"), "{t}");
         assert!(t.starts_with("sweep of 3 volume(s): incomplete: 1 node(s) did not answer (n1)"), "{t}");
         assert!(!t.contains("clean"), "{t}");
         assert!(t.contains("n1: unreachable: refused"), "{t}");

@@ -11,8 +11,12 @@
 
 pub mod cli;
 /// The shared renderer (moved to blockjanitor-rpc's `view`, so the agent renders the same way).
-pub use blockjanitor_rpc::view::{apply, doc, exit, format, names, plan, table, text, time, values};
+pub use blockjanitor_rpc::view::{
+    apply, columns, doc, exit, explain, format, holders, names, pins, plan, scan, table, term, text, time,
+    values,
+};
 pub mod fleet_apply;
+pub mod fleet_pins;
 pub mod fleet_plan;
 pub mod fleet_render;
 pub mod kubectl;

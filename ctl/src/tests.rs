@@ -41,6 +41,31 @@ fn fleet_apply_arguments_group_by_node() {
     assert!(!fleet_all_done(&dry), "not executed");
 }
 
+/// `fleet plan` and `fleet apply`'s dry run exit as `agentctl plan` does, node by node: the
+/// worst of held 2, unknown 3 (a node whose plan could not be had), refused 4, error 1.
+#[test]
+fn the_fleet_dry_run_exits_by_the_one_table() {
+    use blockjanitor_rpc::view::exit;
+    let plan = |outcome: &str| pb::DevicePlan { outcome: outcome.into(), ..Default::default() };
+    let node = |plans: Option<Vec<pb::DevicePlan>>, refusal: &str| pb::NodePlanSummary {
+        node: "n".into(),
+        plan: plans.map(|plans| pb::PlanResponse { plans, ..Default::default() }),
+        refusal: refusal.into(),
+        ..Default::default()
+    };
+    let code = |nodes: Vec<pb::NodePlanSummary>| {
+        fleet_dry_run_exit(&pb::FleetApplyResponse { summary: nodes, ..Default::default() })
+    };
+    assert_eq!(code(vec![]), exit::DONE);
+    assert_eq!(code(vec![node(Some(vec![plan("done")]), "")]), exit::DONE);
+    assert_eq!(code(vec![node(Some(vec![plan("done"), plan("held")]), "x: held")]), exit::HELD);
+    assert_eq!(code(vec![node(Some(vec![plan("refused")]), "x: protected")]), exit::REFUSED);
+    assert_eq!(code(vec![node(None, "its plan could not be had: timeout")]), exit::UNKNOWN);
+    assert_eq!(code(vec![node(Some(vec![plan("held")]), ""), node(None, "down")]), exit::UNKNOWN);
+    let uncovered = format!("nosuch0: {}", crate::fleet_plan::UNCOVERED);
+    assert_eq!(code(vec![node(Some(vec![]), &uncovered)]), exit::ERROR);
+}
+
 fn loop_device() -> pb::Device {
     pb::Device {
         name: "loop3".into(),
@@ -104,52 +129,65 @@ fn device_value_keeps_proto_names_and_lower_case_enums() {
     assert!(yaml.contains("verdict: in_use"), "{yaml}");
 }
 
-#[test]
-fn devices_table_has_human_sizes_and_cut_reasons() {
-    let mut d = loop_device();
-    d.reasons[0] = "x".repeat(200);
-    let t = devices_table(&pb::ListDevicesResponse {
-        devices: vec![d],
-        scan_unix_seconds: 0.0,
-        scan: 0,
-        ..Default::default()
-    });
-    let mut lines = t.lines();
-    let head = lines.next().expect("header");
-    assert!(head.starts_with("NAME   MAJ:MIN  KIND  SIZE   VERDICT  HOLDERS  PV / PODS  WHY"), "{head}");
-    let row = lines.next().expect("row");
-    assert!(row.starts_with("loop3  7:3      loop  64.0M  in_use   1        -          xxx"), "{row}");
-    assert!(row.ends_with('…'));
-    assert_eq!(row.split("  ").last().map(|w| w.chars().count()), Some(WHY_WIDTH));
-    assert_eq!(devices_table(&pb::ListDevicesResponse::default()), "no matching devices\n");
+/// `scan`'s text for `devices` as both CLIs print it.
+fn scan_text(devices: Vec<pb::Device>, wide: bool, term: crate::term::Term, columns: &str) -> String {
+    use clap::ValueEnum;
+    let layout = crate::columns::ScanLayout {
+        columns: columns
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(|c| crate::columns::Column::from_str(c, true).expect("a column"))
+            .collect(),
+        tree: false,
+    };
+    let filter = blockjanitor_rpc::view::choices::DeviceFilter { kind: None, verdict: None, stale: false };
+    let r = pb::ListDevicesResponse { devices, ..Default::default() };
+    crate::scan::report(&r, &crate::scan::ScanStyle { filter: &filter, layout: &layout, wide, term })
 }
 
 #[test]
-fn devices_table_shows_the_pv_and_pods() {
+fn scan_table_is_shaped_like_lsblk_and_cuts_only_to_a_width_it_names() {
+    use crate::term::Term;
+    let mut d = loop_device();
+    d.reasons[0] = "x".repeat(200);
+    let piped = Term { colour: false, width: None };
+    let t = scan_text(vec![d.clone()], false, piped, "");
+    let mut lines = t.lines();
+    let head = lines.next().expect("header");
+    assert_eq!(head, "NAME   MAJ:MIN  SIZE  TYPE  VERDICT  HELD-BY  WHY", "{t}");
+    let row = lines.next().expect("row");
+    assert_eq!(row, format!("loop3  7:3      64M   loop  in_use   mount    {}", "x".repeat(200)), "{t}");
+    assert!(!t.contains('…') && !t.contains("\x1b["), "piped, no width: nothing cut, no colour: {t}");
+    let narrow = scan_text(vec![d.clone()], false, Term { colour: false, width: Some(80) }, "");
+    let row = narrow.lines().nth(1).expect("row");
+    assert!(row.chars().count() <= 80 && row.ends_with('…'), "{narrow}");
+    assert!(narrow.contains("(cells cut to fit 80 columns: -o wide shows them whole)"), "{narrow}");
+    let wide = scan_text(vec![d.clone()], true, Term { colour: false, width: Some(80) }, "");
+    assert!(wide.contains(&format!("{}; second", "x".repeat(200))), "wide never cuts: {wide}");
+    assert!(!wide.contains('…') && !wide.contains("cells cut"), "{wide}");
+    let coloured = scan_text(vec![d], false, Term { colour: true, width: None }, "");
+    assert!(coloured.contains("\x1b[32min_use\x1b[0m   mount"), "{coloured:?}");
+    assert!(scan_text(Vec::new(), false, piped, "").starts_with("no matching devices\n"));
+}
+
+#[test]
+fn scan_columns_pick_the_cells_and_pv_shows_the_pods() {
+    use crate::term::Term;
     let mut d = loop_device();
     d.pv_names = vec!["pvc-1".into()];
     d.pod_uids = vec!["uid-a".into()];
-    let t = devices_table(&pb::ListDevicesResponse {
-        devices: vec![d.clone()],
-        scan_unix_seconds: 0.0,
-        scan: 0,
-        ..Default::default()
-    });
-    assert!(t.contains("pvc-1 (pod uid-a)"), "{t}");
+    let piped = Term { colour: false, width: None };
+    let t = scan_text(vec![d.clone()], false, piped, "size,NAME,pv");
+    assert!(t.starts_with("SIZE  NAME   PV\n64M   loop3  pvc-1 (pod uid-a)\n"), "{t}");
+    assert!(scan_text(vec![d.clone()], true, piped, "").contains("  pvc-1 (pod uid-a)  "), "wide adds PV");
     d.pod_uids.clear();
-    let t = devices_table(&pb::ListDevicesResponse {
-        devices: vec![d],
-        scan_unix_seconds: 0.0,
-        scan: 0,
-        ..Default::default()
-    });
-    assert!(t.contains("pvc-1 (no pod)"), "{t}");
+    assert!(scan_text(vec![d], false, piped, "PV").contains("pvc-1 (no pod)"));
 }
 
 #[test]
 fn device_table_shows_holders_and_symptoms() {
     let t = device_table(&loop_device(), true);
-    assert!(t.starts_with("loop3 (7:3, loop, 64.0M) backed by /var/lib/x.img\nverdict: in_use\n"), "{t}");
+    assert!(t.starts_with("loop3 (7:3, loop, 64M) backed by /var/lib/x.img\nverdict: in_use\n"), "{t}");
     assert!(
         t.contains(
             "  - mount: mounted at /mnt in mount namespace 4026532001 [pids 100,101 and 38 more (first: sh); ext4; pod 1234-abcd]"
@@ -237,7 +275,7 @@ fn identities_are_shown_and_bind_apply_to_the_plan() {
     let t = device_table(&d, true);
     assert!(
         t.starts_with(
-            "loop3 (7:3, loop, 64.0M) backed by /var/lib/x.img\nidentity: loop3@7:3#12;loop=8:1/77+0\n"
+            "loop3 (7:3, loop, 64M) backed by /var/lib/x.img\nidentity: loop3@7:3#12;loop=8:1/77+0\n"
         ),
         "{t}"
     );

@@ -6,9 +6,13 @@
 //! verified client certificate's DNS SANs (its CN only when it has none), matched against the
 //! config's `operators`, `consoles` and `viewers`.
 //!
+//! Every identity names one person (a team never shares an operator certificate: the shipped
+//! manifests make none; each operator gets their own, listed in `operators`), or the console.
 //! The console role is the fleet console's: it reads like a viewer and may call Apply only on
-//! behalf of someone, named in the [`ON_BEHALF_OF`] metadata, which the audit log records next to
-//! the console's own identity. (The console checks that the caller it forwards is an operator.)
+//! behalf of someone, named in the [`ON_BEHALF_OF`] metadata (their groups in
+//! [`ON_BEHALF_OF_GROUPS`]), which the audit log records next to the console's own identity. (The
+//! console forwards only a person the cluster reviewed: TokenReview and SubjectAccessReview of
+//! `apply` on `fleet.blockjanitor.io`, or a per-person certificate it lists as an operator.)
 
 use std::sync::Arc;
 
@@ -25,8 +29,11 @@ pub enum Role {
     Operator,
 }
 
-/// The metadata key in which the console names the operator it forwards an Apply for.
+/// The metadata key in which the console names the person it forwards a call for.
 pub const ON_BEHALF_OF: &str = "x-blockjanitor-on-behalf-of";
+/// The metadata key, one value per group, with that person's groups (as the TokenReview named
+/// them).
+pub const ON_BEHALF_OF_GROUPS: &str = "x-blockjanitor-on-behalf-of-groups";
 
 /// Who is calling: the role and a name for the audit log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +41,8 @@ pub struct Caller {
     pub role: Role,
     /// `uid N` on the unix socket; the certificate's first identity on TCP.
     pub identity: String,
+    /// Whether it came over the node's unix socket.
+    pub on_socket: bool,
 }
 
 /// The rules, from the config.
@@ -66,6 +75,42 @@ pub fn cert_identities(der: &[u8]) -> Vec<String> {
     out
 }
 
+/// The person a call is made for: the one the console names (console role only; anyone else's
+/// [`ON_BEHALF_OF`] is only recorded, never used to count), else the caller itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Person {
+    /// `console for alice` when forwarded, else the caller's identity: the key for per-person
+    /// limits.
+    pub key: String,
+    /// Whom the audit line names as acting.
+    pub name: String,
+    /// Their groups, when the console named them.
+    pub groups: Vec<String>,
+}
+
+/// The person behind `req` from `caller` (see [`Person`]).
+pub fn person<T>(caller: &Caller, req: &Request<T>) -> Person {
+    let named = (caller.role == Role::Console)
+        .then(|| req.metadata().get(ON_BEHALF_OF).and_then(|v| v.to_str().ok()))
+        .flatten()
+        .map(str::trim)
+        .filter(|w| !w.is_empty());
+    match named {
+        Some(who) => Person {
+            key: format!("{} for {who}", caller.identity),
+            name: who.to_owned(),
+            groups: req
+                .metadata()
+                .get_all(ON_BEHALF_OF_GROUPS)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .map(str::to_owned)
+                .collect(),
+        },
+        None => Person { key: caller.identity.clone(), name: caller.identity.clone(), groups: Vec::new() },
+    }
+}
+
 impl Policy {
     /// The caller's role, or PermissionDenied saying why.
     pub fn role<T>(&self, req: &Request<T>) -> Result<Role, Status> {
@@ -82,14 +127,14 @@ impl Policy {
             };
             let identity = format!("uid {}", cred.uid());
             if cred.uid() == 0 {
-                return Ok(Caller { role: Role::Operator, identity });
+                return Ok(Caller { role: Role::Operator, identity, on_socket: true });
             }
             let supplementary = info.groups.as_ref().map(|g| g.as_slice());
             let member = self
                 .socket_gid
                 .is_some_and(|g| cred.gid() == g || supplementary.is_ok_and(|groups| groups.contains(&g)));
             if member {
-                return Ok(Caller { role: Role::Viewer, identity });
+                return Ok(Caller { role: Role::Viewer, identity, on_socket: true });
             }
             return Err(Status::permission_denied(format!(
                 "uid {} is neither root nor a member of the socket's group{}{}",
@@ -109,13 +154,13 @@ impl Policy {
         let ids = cert_identities(certs[0].as_ref());
         let found = |list: &[String]| ids.iter().find(|i| list.contains(i)).cloned();
         if let Some(identity) = found(&self.tcp_operators) {
-            return Ok(Caller { role: Role::Operator, identity });
+            return Ok(Caller { role: Role::Operator, identity, on_socket: false });
         }
         if let Some(identity) = found(&self.tcp_consoles) {
-            return Ok(Caller { role: Role::Console, identity });
+            return Ok(Caller { role: Role::Console, identity, on_socket: false });
         }
         if let Some(identity) = found(&self.tcp_viewers) {
-            return Ok(Caller { role: Role::Viewer, identity });
+            return Ok(Caller { role: Role::Viewer, identity, on_socket: false });
         }
         Err(Status::permission_denied(format!("client identity {ids:?} has no role in this agent's config")))
     }
@@ -138,11 +183,12 @@ impl Policy {
             Role::Console => match on_behalf {
                 Some(who) => Ok((caller, Some(who))),
                 None => Err(Status::permission_denied(format!(
-                    "the console may call Apply only on behalf of an operator named in {ON_BEHALF_OF}"
+                    "the console may call Apply only on behalf of a person named in {ON_BEHALF_OF}"
                 ))),
             },
             Role::Viewer => Err(Status::permission_denied(
-                "this call needs the operator role (root on the socket, or an operator certificate)",
+                "this call needs the operator role (root on the socket, or your own operator certificate \
+                 listed in tcp.operators, or the console's Apply as a person the cluster lets apply)",
             )),
         }
     }
@@ -178,5 +224,25 @@ mod tests {
         assert_eq!(cert_identities(&cert("admin", &[])), ["admin"]);
         assert_eq!(cert_identities(&cert("a", &["b.example", "c.example"])), ["b.example", "c.example"]);
         assert!(cert_identities(b"not a certificate").is_empty());
+    }
+
+    #[test]
+    fn only_the_console_names_a_person_and_each_counts_apart() {
+        let mut req = Request::new(());
+        req.metadata_mut().insert(ON_BEHALF_OF, "alice".parse().expect("value"));
+        req.metadata_mut().append(ON_BEHALF_OF_GROUPS, "ops".parse().expect("value"));
+        req.metadata_mut().append(ON_BEHALF_OF_GROUPS, "system:authenticated".parse().expect("value"));
+        let console =
+            Caller { role: Role::Console, identity: "console.blockjanitor.svc".into(), on_socket: false };
+        let p = person(&console, &req);
+        assert_eq!(p.key, "console.blockjanitor.svc for alice");
+        assert_eq!(p.name, "alice");
+        assert_eq!(p.groups, ["ops", "system:authenticated"]);
+        let operator = Caller { role: Role::Operator, identity: "bob".into(), on_socket: false };
+        let p = person(&operator, &req);
+        assert_eq!((p.key.as_str(), p.name.as_str()), ("bob", "bob"), "an operator cannot name someone else");
+        assert!(p.groups.is_empty());
+        let bare = person(&console, &Request::new(()));
+        assert_eq!(bare.name, "console.blockjanitor.svc");
     }
 }

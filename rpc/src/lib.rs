@@ -4,7 +4,8 @@
 //! termination ([`tls`]); a per-client rate limit ([`peer_limit`]); health and reflection
 //! ([`health`]); `/metrics` over HTTP ([`metrics_http`]); the caller's side of a connection
 //! ([`client`]); errors on one line ([`errors`]) and sizes for people ([`units`]); the example
-//! lines of a `--help`, for both CLIs' tests ([`help_examples`]). It knows
+//! lines of a `--help`, for both CLIs' tests ([`help_examples`]); a path `holders` takes to the
+//! device its filesystem lives on, on the caller's side ([`path_device`]). It knows
 //! nothing of devices or the fleet: never depends on the agent.
 
 /// `AsyncWrite` for a stream wrapper that writes straight through to its `inner` stream (the
@@ -56,6 +57,7 @@ pub mod errors;
 pub mod health;
 pub mod help_examples;
 pub mod metrics_http;
+pub mod path_device;
 pub mod peer;
 pub mod peer_limit;
 pub mod tls;

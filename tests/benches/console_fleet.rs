@@ -167,8 +167,18 @@ fn main() {
     entries.extend(addrs);
     let mut args = files.args("bench");
     args.extend(
-        ["--call-timeout-ms", "1000", "--connect-timeout-ms", "1000", "--backoff-max-seconds", "5"]
-            .map(String::from),
+        [
+            "--call-timeout-ms",
+            "1000",
+            "--connect-timeout-ms",
+            "1000",
+            "--backoff-max-seconds",
+            "5",
+            // The bench drives BENCH_FANOUT fresh fan-outs from one caller: no per-person limit.
+            "--fresh-per-minute-per-caller",
+            "0",
+        ]
+        .map(String::from),
     );
     args.extend(["--agents".to_owned(), entries.join(",")]);
 

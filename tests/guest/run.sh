@@ -25,8 +25,10 @@
 #   BLOCKJANITOR_GUEST_TAIL=60         console lines shown on failure
 #   BLOCKJANITOR_GUEST_KERNEL_IMAGE=vmlinux  vmlinux (default when prepare.sh made one: the
 #                                      decompressed kernel, booted through PVH, ~3 s faster) or vmlinuz
-#   BLOCKJANITOR_GUEST_BOOTS=3         boots tried when qemu itself dies (a signal) before the guest
-#                                      starts the scenario; a crash after that is never retried
+#   BLOCKJANITOR_GUEST_BOOTS=3         boots tried when qemu itself dies (a signal) or the boot stalls
+#                                      before the guest starts the scenario; a crash after that is
+#                                      never retried
+#   BLOCKJANITOR_GUEST_BOOT_DEADLINE=90  seconds a boot (not the last) may take to reach init
 #   BLOCKJANITOR_GUEST_NO_PREPARE=1    do not call prepare.sh (use $CACHE/current as it is)
 #   BLOCKJANITOR_GUEST_CACHE           as for prepare.sh
 set -uo pipefail
@@ -132,19 +134,40 @@ fi
 # Assertion `section_index < d->map.sections_nb' failed", SIGABRT 1.6 s in). That is the emulator
 # failing, not the guest: when qemu died of a signal before the guest's init started the scenario,
 # nothing of the scenario ran, so booting again is safe. A crash once the scenario runs is a failure.
+# The same holds for a boot that stalls: on a host loaded by other tests, a TCG guest's kernel was
+# seen (CI, 2 cores) stuck in RCU stalls ("rcu_preempt kthread timer wakeup didn't happen") for
+# the whole timeout without reaching init. A guest whose init has not said `init: running` within
+# BLOCKJANITOR_GUEST_BOOT_DEADLINE seconds is stopped and booted again; nothing of it ran.
 BOOTS=${BLOCKJANITOR_GUEST_BOOTS:-3}
+BOOT_DEADLINE=${BLOCKJANITOR_GUEST_BOOT_DEADLINE:-90}
 for ((boot = 1; ; boot++)); do
     say "booting $(basename "$SCENARIO") (kernel $GUEST_KVER $KERNEL_NAME, initrd $(du -h "$WORK/initrd.cpio" | cut -f1), timeout ${TIMEOUT}s)"
     : >"$WORK/console.log"; : >"$WORK/out.log"
     T1=$EPOCHREALTIME
     timeout -k 5 "$TIMEOUT" "${QEMU[@]}" </dev/null >"$WORK/qemu.log" 2>&1 &
     QPID=$!
+    stalled=0
+    started() { grep -aq '^init: running' "$WORK/console.log"; }
+    while kill -0 "$QPID" 2>/dev/null; do
+        if ((stalled == 0 && boot < BOOTS)) && ! started \
+            && awk -v a="$T1" -v b="$EPOCHREALTIME" -v d="$BOOT_DEADLINE" 'BEGIN { exit !(b - a > d) }'; then
+            stalled=1
+            kill -TERM "$QPID" 2>/dev/null
+        fi
+        started && break
+        sleep 0.5
+    done
     wait "$QPID"
     QRC=$?
     QPID=
+    if ((stalled)) && ! started; then
+        say "the guest's kernel did not reach init within ${BOOT_DEADLINE}s of boot (a stalled boot on a loaded host); the scenario never started: booting again ($((boot + 1)) of $BOOTS). The console's last lines:"
+        tr -d '\r' <"$WORK/console.log" | tail -n 8 | sed 's/^/[run]   /' >&2
+        continue
+    fi
     qemu_crashed=0
     ((QRC > 128 && QRC != 137)) && qemu_crashed=1
-    if ((qemu_crashed && boot < BOOTS)) && ! grep -aq '^init: running' "$WORK/console.log"; then
+    if ((qemu_crashed && boot < BOOTS)) && ! started; then
         say "qemu itself died (exit $QRC, signal $((QRC - 128))) $(elapsed "$T1") s into boot, before the scenario started: booting again ($((boot + 1)) of $BOOTS). qemu said:"
         sed 's/^/[run]   /' "$WORK/qemu.log" >&2
         continue

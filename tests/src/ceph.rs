@@ -133,3 +133,93 @@ impl Drop for Cluster {
 pub fn ceph_dir() -> std::path::PathBuf {
     guest_dir().with_file_name("ceph")
 }
+
+/// A process (group) that is stopped on drop: SIGTERM to its group, then SIGKILL.
+pub struct Proc(pub std::process::Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let pgid = Pid::from_raw(-(self.0.id() as i32));
+            let _ = kill(pgid, Signal::SIGTERM);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while std::time::Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = kill(pgid, Signal::SIGKILL);
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Waits (bounded) for a handshake file the guest writes into the share, while the guest runs.
+pub fn wait_handshake(
+    share: &std::path::Path,
+    name: &str,
+    guest: &mut Proc,
+    out: &std::path::Path,
+    secs: u64,
+) -> String {
+    let f = share.join(name);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&f) {
+            return text;
+        }
+        if let Ok(Some(code)) = guest.0.try_wait() {
+            panic!(
+                "the guest ended ({code}) before the '{name}' handshake:\n{}\n--- harness ---\n{}",
+                std::fs::read_to_string(out).unwrap_or_default(),
+                std::fs::read_to_string(out.with_file_name("guest.err")).unwrap_or_default()
+            );
+        }
+        assert!(std::time::Instant::now() < deadline, "no '{name}' handshake from the guest after {secs} s");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Answers the guest's handshake `name` with `text`.
+pub fn ack(share: &std::path::Path, name: &str, text: &str) {
+    let tmp = share.join(".ack");
+    std::fs::write(&tmp, format!("{text}\n")).expect("write ack");
+    std::fs::rename(&tmp, share.join(format!("{name}.ack"))).expect("rename ack");
+}
+
+/// A stand-in API server listening on 127.0.0.1 of a cluster's network namespace (so a console
+/// inside it reaches the API there); its runtime's threads live in that namespace and stop on
+/// drop. The test reads and changes its state in memory, as any [`ApiServer`]'s.
+pub struct NsApi {
+    pub api: crate::kube_mock::ApiServer,
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl NsApi {
+    /// Starts it in `netns` (a name under /run/netns) with `node` as its Node object.
+    pub fn start(netns: &str, node: serde_json::Value) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let ns = netns.to_owned();
+        let thread = std::thread::spawn(move || {
+            crate::netns::NetNs::enter_named_thread(&ns);
+            let rt = crate::rt();
+            let api = rt.block_on(crate::kube_mock::ApiServer::start(node));
+            tx.send(api).expect("send the API server");
+            let _ = stopped.recv();
+            drop(rt);
+        });
+        let api = rx.recv().expect("the API server started in the namespace");
+        NsApi { api, stop: Some(stop), thread: Some(thread) }
+    }
+}
+
+impl Drop for NsApi {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

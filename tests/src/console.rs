@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::child_log::{self, Log};
 use crate::daemon::{fixture_agent, Daemon, Pki, ServerFiles};
+use crate::kube_mock::ApiServer;
 use crate::Scratch;
 
 /// A binary built next to this test executable (`blockjanitor-console`, `agentctl`...).
@@ -53,9 +54,13 @@ impl Console {
     /// Like [`Console::start_configured`], with `command` running the console (e.g. `ip netns
     /// exec NS blockjanitor-console`, which execs it).
     pub fn start_command(mut command: Command, args: &[String], echo: Option<&str>) -> Self {
+        // A test that names the gRPC port (to advertise it to the other replica) gives `--listen`.
+        if !args.iter().any(|a| a == "--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         let mut child = command
             .args(args)
-            .args(["--log-format", "json", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .args(["--log-format", "json", "--metrics-listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -197,4 +202,28 @@ pub fn start_agent_configured(
     configure: impl FnOnce(&mut Command),
 ) -> Daemon {
     fixture_agent(dir, fixture, node, listen, tls, AGENT_ARGS, configure)
+}
+
+/// The console's own bearer token towards a stand-in API server (its service account's).
+pub const CONSOLE_TOKEN: &str = "console-sa-token";
+
+/// Readies `api` for a console that reviews its callers there, and writes the console's
+/// kubeconfig (`dir/NAME.kubeconfig`: [`CONSOLE_TOKEN`], the CA `ca` for HTTPS): that token may
+/// create reviews, and the collections a console with the API watches are served (empty).
+pub fn console_kubeconfig(dir: &Path, name: &str, api: &ApiServer, ca: &str) -> PathBuf {
+    {
+        let mut st = api.state.lock().expect("state");
+        st.lists.entry("/api/v1/nodes").or_default();
+        st.lists.entry("/api/v1/persistentvolumeclaims").or_default();
+    }
+    api.reviewer(CONSOLE_TOKEN);
+    let yaml = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: sa\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority-data: {}\n\
+users:\n- name: sa\n  user:\n    token: {CONSOLE_TOKEN}\ncontexts:\n- name: sa\n  context:\n    cluster: c\n    user: sa\n",
+        api.url(),
+        crate::kube_portforward::base64(ca.as_bytes())
+    );
+    let path = dir.join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, yaml).expect("write the console's kubeconfig");
+    path
 }

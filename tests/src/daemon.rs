@@ -78,6 +78,15 @@ impl Daemon {
         let mut command = Command::new(crate::agent_bin());
         crate::trust_init(&mut command);
         configure(&mut command);
+        // A daemon with no API named runs without it by the test's word (the operator's): with
+        // none configured and none found, it would vouch for nothing (issue 34).
+        let api_named = [global, args]
+            .concat()
+            .iter()
+            .any(|a| a.starts_with("--kube-url") || a.starts_with("--kubeconfig") || *a == "--config");
+        if !api_named {
+            command.arg("--no-kubernetes");
+        }
         let mut child = command
             .args(global)
             .args(["--log-format", "json", "--journal"])

@@ -9,9 +9,15 @@ use std::time::Duration;
 /// 10 s read timeout); returns the status code and the
 /// body.
 pub fn http_response(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_response_with(addr, path, &[])
+}
+
+/// [`http_response`] with more request headers (`Authorization: Bearer ...`).
+pub fn http_response_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("send");
+    let extra: String = headers.iter().map(|(k, v)| format!("{k}: {v}\r\n")).collect();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{extra}\r\n").expect("send");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     let (head, body) =

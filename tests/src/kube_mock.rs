@@ -14,8 +14,9 @@
 //! the rest answer: its open watches stay open and say nothing, not even a bookmark, and its new
 //! lists and watches are left hanging ([`ApiServer::stall`]).
 //!
-//! The kubectl plugin's side (pods/portforward, Secrets, RBAC refusals) is in
-//! [`crate::kube_portforward`]; the objects served, as the API server returns them, in
+//! The kubectl plugin's side (pods/portforward, Secrets, ConfigMaps, RBAC refusals) is in
+//! [`crate::kube_portforward`]; TokenReviews and SubjectAccessReviews (what the console asks about
+//! its callers) in [`crate::kube_review`]; the objects served, as the API server returns them, in
 //! [`crate::kube_objects`].
 //!
 //! Watches that ask for bookmarks (`allowWatchBookmarks=true`) get one every [`BOOKMARK_EVERY`]
@@ -93,6 +94,8 @@ pub struct State {
     pub stalled: HashSet<String>,
     /// The kubectl plugin's side: port-forwards, Secrets, refusals ([`crate::kube_portforward`]).
     pub forwards: crate::kube_portforward::Forwards,
+    /// Tokens, users and RBAC for reviews ([`crate::kube_review`]).
+    pub reviews: crate::kube_review::Reviews,
 }
 
 #[derive(Clone)]
@@ -157,6 +160,7 @@ impl ApiServer {
             failing_watches: HashSet::new(),
             stalled: HashSet::new(),
             forwards: Default::default(),
+            reviews: Default::default(),
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
@@ -203,6 +207,33 @@ impl ApiServer {
 
     pub fn requests(&self) -> Vec<Recorded> {
         self.state.lock().expect("state").requests.clone()
+    }
+
+    /// The core/v1 Events posted so far, each with the namespace of the path it was posted to,
+    /// as k8s-openapi's type (a body the real API would not take as an Event panics here).
+    pub fn events(&self) -> Vec<(String, k8s_openapi::api::core::v1::Event)> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == Method::POST && r.path.ends_with("/events"))
+            .map(|r| {
+                let ns =
+                    r.path.trim_start_matches("/api/v1/namespaces/").trim_end_matches("/events").to_owned();
+                let event: k8s_openapi::api::core::v1::Event = serde_json::from_value(r.body.clone())
+                    .unwrap_or_else(|e| panic!("not a core/v1 Event ({e}): {}", r.body));
+                (ns, event)
+            })
+            .collect()
+    }
+
+    /// The Node status conditions of type `type_` the patches sent so far set, in order.
+    pub fn condition_patches(&self, type_: &str) -> Vec<Value> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == Method::PATCH && r.path.ends_with("/status"))
+            .filter_map(|r| {
+                r.body["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_).cloned()
+            })
+            .collect()
     }
 
     /// Lists of `collection` answer HTTP 500 (`on`) or are served again.
@@ -286,7 +317,15 @@ impl ApiServer {
     }
 
     pub async fn handle(&self, req: Request<Incoming>) -> Response<Body> {
+        let req = match crate::kube_review::route(self, req).await {
+            Ok(served) => return served,
+            Err(req) => req,
+        };
         let req = match crate::kube_portforward::route(self, req).await {
+            Ok(served) => return served,
+            Err(req) => req,
+        };
+        let req = match crate::kube_reads::route(self, req).await {
             Ok(served) => return served,
             Err(req) => req,
         };
@@ -361,7 +400,13 @@ impl ApiServer {
                     reply(StatusCode::OK, &node)
                 }
             }
-            (&Method::POST, "/api/v1/namespaces/default/events") => {
+            // Events in any namespace (a Node's and a PV's in `default`, a PVC's or a pod's in its
+            // own), as the API server takes them: in the namespace of the path.
+            (&Method::POST, p)
+                if p.strip_prefix("/api/v1/namespaces/")
+                    .and_then(|r| r.strip_suffix("/events"))
+                    .is_some_and(|ns| !ns.is_empty() && !ns.contains('/')) =>
+            {
                 let mut created = rec.body.clone();
                 created["metadata"]["uid"] = json!("0c6b1f0e-event");
                 created["metadata"]["resourceVersion"] = json!("555");
@@ -518,6 +563,11 @@ pub fn internal_error(message: &str) -> Response<Body> {
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": message, "reason": "InternalError", "code": 500}),
     )
+}
+
+/// Whether a request's query asks for a watch (`watch=1` or `watch=true`).
+pub fn is_watch_query(query: Option<&str>) -> bool {
+    matches!(parse_query(query.unwrap_or("")).get("watch").map(String::as_str), Some("true" | "1"))
 }
 
 /// `a=b&c=d%3De` into a map, percent-decoded (`+` as space).

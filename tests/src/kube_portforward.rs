@@ -4,8 +4,9 @@
 //! `v4.channel.k8s.io`; per port a data channel and an error channel, the first frame of each
 //! carrying the port as 2 little-endian bytes, then the data on the data channel and, when the
 //! pod's port cannot be reached, the reason on the error channel), forwarding to a real process
-//! listening on loopback; single Secrets by name; and RBAC refusals (HTTP 403 with the API
-//! server's Status) for a bearer token on paths containing a string.
+//! listening on loopback; single Secrets by name; ConfigMaps by name (get, create, replace: the
+//! console publishes its serving CA in one, the plugin reads it); and RBAC refusals (HTTP 403
+//! with the API server's Status) for a bearer token on paths containing a string.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -36,6 +37,9 @@ pub struct Forwards {
     /// (bearer token, path part): requests with that token on a path containing that part are
     /// refused with 403 Forbidden.
     pub forbidden: Vec<(String, String)>,
+    /// (namespace, name) -> the ConfigMap served for `GET .../configmaps/NAME`, created and
+    /// replaced through the API.
+    pub configmaps: HashMap<(String, String), Value>,
 }
 
 impl ApiServer {
@@ -51,6 +55,11 @@ impl ApiServer {
             "metadata": {"name": name, "namespace": namespace, "resourceVersion": "31"},
             "data": {"tls.crt": b64(cert), "tls.key": b64(key), "ca.crt": b64(ca)}});
         self.state.lock().expect("state").forwards.secrets.insert((namespace.into(), name.into()), secret);
+    }
+
+    /// The ConfigMap `namespace/name` as last written (`None`: there is none).
+    pub fn configmap(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.state.lock().expect("state").forwards.configmaps.get(&(namespace.into(), name.into())).cloned()
     }
 
     /// Requests with `Authorization: Bearer token` on a path containing `part` get 403.
@@ -69,16 +78,22 @@ pub async fn route(server: &ApiServer, req: Request<Incoming>) -> Result<Respons
     let authorization = header(hyper::header::AUTHORIZATION);
     let token = authorization.strip_prefix("Bearer ").unwrap_or("").to_owned();
     let secret = path.strip_prefix("/api/v1/namespaces/").and_then(|p| p.split_once("/secrets/"));
+    let configmap = path.strip_prefix("/api/v1/namespaces/").and_then(|p| {
+        let (ns, rest) = p.split_once("/configmaps")?;
+        Some((ns.to_owned(), rest.strip_prefix('/').unwrap_or(rest).to_owned()))
+    });
     let forward = path.strip_prefix("/api/v1/namespaces/").and_then(|p| {
         let (ns, rest) = p.split_once("/pods/")?;
         Some((ns.to_owned(), rest.strip_suffix("/portforward")?.to_owned()))
     });
-    let st = server.state.lock().expect("state");
-    let refused = st.forwards.forbidden.iter().any(|(t, part)| *t == token && path.contains(part.as_str()));
-    if !refused && secret.is_none() && forward.is_none() {
+    let refused = {
+        let st = server.state.lock().expect("state");
+        st.forwards.forbidden.iter().any(|(t, part)| *t == token && path.contains(part.as_str()))
+    };
+    if !refused && secret.is_none() && forward.is_none() && configmap.is_none() {
         return Err(req);
     }
-    let rec = Recorded {
+    let mut rec = Recorded {
         method: req.method().clone(),
         path: path.clone(),
         query: parse_query(req.uri().query().unwrap_or("")),
@@ -87,7 +102,12 @@ pub async fn route(server: &ApiServer, req: Request<Incoming>) -> Result<Respons
         accept: header(hyper::header::ACCEPT),
         body: Value::Null,
     };
-    drop(st);
+    if let Some((ns, name)) = configmap.filter(|_| !refused) {
+        let bytes = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        rec.body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        server.state.lock().expect("state").requests.push(rec.clone());
+        return Ok(configmaps(server, &rec, &ns, &name));
+    }
     server.state.lock().expect("state").requests.push(rec.clone());
     if refused {
         return Ok(status(
@@ -106,6 +126,50 @@ pub async fn route(server: &ApiServer, req: Request<Incoming>) -> Result<Respons
     }
     let Some((ns, pod)) = forward else { return Err(req) };
     Ok(upgrade(server, req, &rec, &ns, &pod))
+}
+
+/// `GET .../configmaps/NAME`, `POST .../configmaps`, `PUT .../configmaps/NAME`, as the API
+/// server answers them (404, 409 AlreadyExists, a new resourceVersion on every write).
+fn configmaps(server: &ApiServer, rec: &Recorded, ns: &str, name: &str) -> Response<Body> {
+    let mut st = server.state.lock().expect("state");
+    st.rv += 1;
+    let rv = st.rv.to_string();
+    let maps = &mut st.forwards.configmaps;
+    let not_found = || status(StatusCode::NOT_FOUND, "NotFound", &format!("configmaps \"{name}\" not found"));
+    let stamped = |body: &Value| {
+        let mut cm = body.clone();
+        cm["metadata"]["namespace"] = json!(ns);
+        cm["metadata"]["resourceVersion"] = json!(rv);
+        cm
+    };
+    match (&rec.method, name) {
+        (&Method::GET, n) if !n.is_empty() => match maps.get(&(ns.into(), n.into())) {
+            Some(cm) => reply(StatusCode::OK, cm),
+            None => not_found(),
+        },
+        (&Method::POST, "") => {
+            let n = rec.body["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+            if maps.contains_key(&(ns.into(), n.clone())) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    &format!("configmaps \"{n}\" already exists"),
+                );
+            }
+            let cm = stamped(&rec.body);
+            maps.insert((ns.into(), n), cm.clone());
+            reply(StatusCode::CREATED, &cm)
+        }
+        (&Method::PUT, n) if !n.is_empty() => {
+            if !maps.contains_key(&(ns.into(), n.into())) {
+                return not_found();
+            }
+            let cm = stamped(&rec.body);
+            maps.insert((ns.into(), n.into()), cm.clone());
+            reply(StatusCode::OK, &cm)
+        }
+        _ => status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "not served here"),
+    }
 }
 
 /// The WebSocket upgrade of a port-forward, and the forwarding behind it.

@@ -12,6 +12,7 @@ pub mod console;
 pub mod container;
 pub mod daemon;
 pub mod deploy;
+pub mod doc_commands;
 pub mod failover;
 pub mod fixture;
 pub mod guest;
@@ -20,12 +21,15 @@ pub mod journal;
 pub mod kube_mock;
 pub mod kube_objects;
 pub mod kube_portforward;
+pub mod kube_reads;
+pub mod kube_review;
 pub mod lease_mock;
 pub mod load;
 pub mod measure;
 pub mod netns;
 pub mod readme;
 pub mod standin_fleet;
+pub mod stepping_agent;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -92,8 +96,11 @@ pub fn pid1_uninspectable() -> bool {
 }
 
 /// Sets [`TRUST_INIT_ENV`] on `cmd` exactly when [`pid1_uninspectable`] (and removes it
-/// otherwise): the agent, or a wrapper (`unshare`, `setpriv`) that execs it.
+/// otherwise): the agent, or a wrapper (`unshare`, `setpriv`) that execs it. The agent never
+/// finds a cluster around a test (`KUBERNETES_SERVICE_HOST`, `NODE_NAME` removed): a test
+/// names its API (a stand-in on loopback) or none.
 pub fn trust_init(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("KUBERNETES_SERVICE_HOST").env_remove("KUBERNETES_SERVICE_PORT").env_remove("NODE_NAME");
     if pid1_uninspectable() {
         cmd.env(TRUST_INIT_ENV, "true")
     } else {

@@ -64,6 +64,34 @@ impl NetNs {
     }
 }
 
+impl NetNs {
+    /// Moves the calling thread into the namespace `name` (under /run/netns, made by someone
+    /// else, e.g. the Ceph cluster's) for good: call it on a thread of its own.
+    pub fn enter_named_thread(name: &str) {
+        let path = format!("/run/netns/{name}");
+        let f = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+        // SAFETY: setns(2) on a file descriptor we own; it changes only this thread's namespace.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns into {name}: {}", std::io::Error::last_os_error());
+    }
+
+    /// Makes `cmd` start inside the namespace `name` (under /run/netns).
+    pub fn enter_named_command(name: &str, cmd: &mut Command) {
+        let path = format!("/run/netns/{name}");
+        let f = Arc::new(File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}")));
+        // SAFETY: the closure runs in the forked child before exec and only calls setns(2), which
+        // is async-signal-safe; the fd stays open because the closure owns the file.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+}
+
 impl Drop for NetNs {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.name]).output();

@@ -13,10 +13,13 @@ pub fn sh_block(heading: &str) -> String {
         .unwrap_or_else(|| panic!("README.md has no section `## {heading}`"));
     let start =
         section.find("```sh\n").unwrap_or_else(|| panic!("README section `{heading}` has no ```sh block"));
+    // A block may be indented (under a list item): it ends at the first line that is only a fence.
     let body = &section[start + "```sh\n".len()..];
-    let end =
-        body.find("\n```").unwrap_or_else(|| panic!("README section `{heading}`: unclosed ```sh block"));
-    body[..end].to_owned()
+    let lines: Vec<&str> = body.lines().take_while(|l| l.trim() != "```").collect();
+    if lines.len() == body.lines().count() {
+        panic!("README section `{heading}`: unclosed ```sh block");
+    }
+    lines.join("\n")
 }
 
 /// The commands of a block (its lines that are not comments or blank; a trailing comment after a

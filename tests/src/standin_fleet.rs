@@ -79,7 +79,7 @@ pub fn devices_for(i: usize) -> Vec<pb::Device> {
     v
 }
 
-type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::Event, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Agent for StandIn {
@@ -99,7 +99,10 @@ impl Agent for StandIn {
         tokio::time::sleep(self.delay).await;
         Ok(Response::new(pb::ListDevicesResponse {
             devices: self.devices.to_vec(),
-            scan_unix_seconds: 1.0,
+            // It "scans" as it is asked: a scan time long past would make it stale (issue 36).
+            scan_unix_seconds: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1.0, |d| d.as_secs_f64()),
             scan: 1,
             ..Default::default()
         }))
@@ -138,7 +141,7 @@ pub fn server_tls(pki: &Pki) -> ServerTlsConfig {
 
 /// Serves `svc` on a fresh `127.0.0.1` port (a task on the current runtime, `TCP_NODELAY` on
 /// every accepted connection); returns its address.
-pub async fn serve(tls: &ServerTlsConfig, svc: StandIn) -> SocketAddr {
+pub async fn serve<A: Agent>(tls: &ServerTlsConfig, svc: A) -> SocketAddr {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a stand-in");
     let addr = l.local_addr().expect("addr");
     let router = Server::builder().tls_config(tls.clone()).expect("tls").add_service(AgentServer::new(svc));

@@ -11,16 +11,16 @@ mod schema;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blockjanitor_tests::ceph::{ceph_dir, require_ceph, run_ceph_scenario, Cluster};
+use blockjanitor_tests::ceph::{
+    ack, ceph_dir, require_ceph, run_ceph_scenario, wait_handshake, Cluster, Proc,
+};
 use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::Pki;
 use blockjanitor_tests::guest::{stage_agent, Run};
 use blockjanitor_tests::{serial, text};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use scenario_documents::schema_valid;
 use serde_json::Value;
 
@@ -126,53 +126,9 @@ fn root_ceph_release_mode_detaches_a_stale_rbd_mount_by_itself() {
     assert!(journal.contains("rbd0"), "the released device is the rbd image: {journal}");
 }
 
-/// A process (group) that is stopped on drop: SIGTERM to its group, then SIGKILL.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let pgid = Pid::from_raw(-(self.0.id() as i32));
-            let _ = kill(pgid, Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline && matches!(self.0.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = kill(pgid, Signal::SIGKILL);
-            let _ = self.0.wait();
-        }
-    }
-}
-
 /// The console, started inside the cluster's namespace.
 fn start_console(cluster: &Cluster, args: &[String]) -> Console {
     Console::start_command(cluster.command(&bin("blockjanitor-console")), args, None)
-}
-
-/// Waits (bounded) for a handshake file the guest writes into the share, while the guest runs.
-fn wait_handshake(share: &Path, name: &str, guest: &mut Proc, out: &Path, secs: u64) -> String {
-    let f = share.join(name);
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&f) {
-            return text;
-        }
-        if let Ok(Some(code)) = guest.0.try_wait() {
-            panic!(
-                "the guest ended ({code}) before the '{name}' handshake:\n{}\n--- harness ---\n{}",
-                std::fs::read_to_string(out).unwrap_or_default(),
-                std::fs::read_to_string(out.with_file_name("guest.err")).unwrap_or_default()
-            );
-        }
-        assert!(Instant::now() < deadline, "no '{name}' handshake from the guest after {secs} s");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn ack(share: &Path, name: &str, text: &str) {
-    let tmp = share.join(".ack");
-    std::fs::write(&tmp, format!("{text}\n")).expect("write ack");
-    std::fs::rename(&tmp, share.join(format!("{name}.ack"))).expect("rename ack");
 }
 
 /// `rbdN client.N ADDR` lines: (device, client id, address).

@@ -1,8 +1,9 @@
 //! The output flags both CLIs share (issue 21): `-o table|wide|json|yaml` and `-q/--quiet`, on a
 //! fixture tree (incident 5) for the one-shot agent and on a daemon serving that tree for
-//! agentctl. YAML is the JSON's document; `wide` never cuts a cell (agentctl's WHY column shows
-//! every reason whole, where `table` cuts the first one); `--quiet` prints nothing and keeps the
-//! exit code; a closed stdout (`| head`) is no panic.
+//! agentctl. YAML is the JSON's document; `wide` never cuts a cell (`scan`'s WHY column shows
+//! every reason whole, where `table` shows the first one, cut to a terminal's width, `$COLUMNS`,
+//! saying so); `--quiet` prints nothing and keeps the exit code; a closed stdout (`| head`) is no
+//! panic.
 
 #[path = "support/schema.rs"]
 #[allow(dead_code)]
@@ -57,7 +58,25 @@ fn the_agent_speaks_every_output_format_and_quiet_keeps_the_exit_code() {
         let untimed = |o: &std::process::Output| -> Vec<String> {
             text(&o.stdout).lines().filter(|l| !l.contains(" ms")).map(str::to_owned).collect()
         };
-        assert_eq!(untimed(&table), untimed(&wide), "{cmd:?}: the agent's tables never cut");
+        if cmd[0] == "holders" {
+            assert_eq!(untimed(&table), untimed(&wide), "{cmd:?}: the agent's holders never cuts");
+        } else {
+            // Piped with no $COLUMNS, nothing is cut; -o wide shows every reason whole.
+            let raw: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+            for d in raw["devices"].as_array().expect("devices") {
+                for r in d["reasons"].as_array().expect("reasons") {
+                    let r = r.as_str().unwrap_or_default();
+                    assert!(
+                        text(&wide.stdout).contains(r),
+                        "{cmd:?} -o wide shows `{r}`:\n{}",
+                        text(&wide.stdout)
+                    );
+                }
+            }
+            for out in [&table, &wide] {
+                assert!(!text(&out.stdout).contains('…'), "{cmd:?}: nothing cut: {}", text(&out.stdout));
+            }
+        }
         assert!(!table.stdout.is_empty());
         assert!(quiet.stdout.is_empty(), "{cmd:?}: --quiet prints nothing: {}", text(&quiet.stdout));
     }
@@ -82,7 +101,15 @@ fn a_closed_stdout_is_no_panic() {
 fn agentctl_wide_shows_every_reason_whole_and_quiet_prints_nothing() {
     let s = Scratch::new();
     let d = Daemon::start_with_global(s.dir.path(), &["--root", &root()], &["--node-name", "node-cli"]);
-    let table = agentctl(&d.socket, &["devices"]);
+    // A 100-column terminal: -o table cuts to it, and says so.
+    let table = Command::new(agent_bin().with_file_name("agentctl"))
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("devices")
+        .env("COLUMNS", "100")
+        .stdin(Stdio::null())
+        .output()
+        .expect("agentctl");
     let wide = agentctl(&d.socket, &["devices", "-o", "wide"]);
     let json = agentctl(&d.socket, &["devices", "-o", "json"]);
     let quiet = agentctl(&d.socket, &["-q", "devices"]);
@@ -101,5 +128,6 @@ fn agentctl_wide_shows_every_reason_whole_and_quiet_prints_nothing() {
     assert!(text(&wide.stdout).contains(&whole), "-o wide shows `{whole}` whole:\n{}", text(&wide.stdout));
     assert!(!text(&table.stdout).contains(&whole), "-o table cuts it:\n{}", text(&table.stdout));
     assert!(text(&table.stdout).contains('…'), "{}", text(&table.stdout));
+    assert!(text(&table.stdout).contains("(cells cut to fit 100 columns: -o wide shows them whole)"));
     assert!(!text(&wide.stdout).contains('…'), "{}", text(&wide.stdout));
 }

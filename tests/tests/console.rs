@@ -10,6 +10,11 @@
 //! Also: the agent's `blockjanitor_device_info` series on a real serve process, and
 //! `agentctl fleet` / `kubectl blockjanitor` against the console.
 
+// Only `Schema` is used here.
+#[allow(dead_code)]
+#[path = "support/schema.rs"]
+mod schema;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -329,8 +334,16 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
             .expect_err("no PVC");
         assert_eq!(e.code(), Code::NotFound, "{e:?}");
 
-        // Metrics: agents up and down, the index's size.
-        let m = http_get(cl.console.metrics, "/metrics");
+        // Metrics: agents up and down, the index's size, as the sweep last published them (a
+        // scrape never sweeps: the sweeper's next step, within its period, catches up).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let m = loop {
+            let m = http_get(cl.console.metrics, "/metrics");
+            if m.contains("blockjanitor_console_agents{state=\"up\"} 3") || Instant::now() > deadline {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
         assert!(m.contains("blockjanitor_console_agents{state=\"up\"} 3"), "{m}");
         assert!(m.contains("blockjanitor_console_agents{state=\"down\"} 1"), "{m}");
         assert!(m.contains("blockjanitor_console_query_duration_seconds_count{method=\"Where\"} 8"), "{m}");
@@ -423,7 +436,8 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
             assert!(Instant::now() < deadline, "the agent pod's deletion was not seen: {r:#?}");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        // The node is deleted from the cluster: every node answers now.
+        // The node is deleted from the cluster: every node answers now, but the watcher's IP was
+        // a Node deleted while its machine may still run: unknown, never safe (issue 35).
         let node_gone = cl.api.state.lock().expect("state").lists["/api/v1/nodes"]
             .iter()
             .find(|n| n["metadata"]["name"] == "node-gone")
@@ -436,8 +450,21 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
                 .await
                 .expect("dead")
                 .into_inner();
-            if r.watchers[0].unfence_safe {
-                assert!(r.missing_nodes.is_empty(), "{r:#?}");
+            // Never safe at any moment; once the node has left the fleet and the view has the
+            // Node's deletion (two watches: either may come first), the detail says why.
+            if let Some(w) = r.watchers.first() {
+                assert!(!w.unfence_safe && w.answer != "yes", "{r:#?}");
+            }
+            let settled = r.watchers.first().is_some_and(|w| w.detail.contains("its Node was deleted"));
+            if r.missing_nodes.is_empty() && settled {
+                let w = &r.watchers[0];
+                assert!(!w.unfence_safe && w.answer == "unknown", "{r:#?}");
+                assert!(
+                    w.detail.contains("its Node was deleted") && w.detail.contains("may still run"),
+                    "{}",
+                    w.detail
+                );
+                assert_eq!(w.nodes, ["node-gone"], "the deleted Node is still named: {w:#?}");
                 break;
             }
             assert!(
@@ -459,6 +486,74 @@ fn who_watches_maps_rbd_status_text_to_the_node_and_unfence_waits_for_every_node
             .await
             .expect_err("no watcher");
         assert_eq!(e.code(), Code::InvalidArgument);
+    });
+}
+
+/// Issue 35, item 3: with every node answering, nothing is "safe" without evidence about the
+/// client's own node: `IP:0/0` (every client of the IP, as `ceph osd blocklist add IP` stores
+/// it), an IP of no node the console knows, the IP of a Node deleted while its machine may still
+/// run, and an instance on a node that answers but never reported it as a kernel client (an
+/// rbd-nbd or librbd client: its agent cannot see one) are "unknown"; a daemon's address and a
+/// blocklist line with a word that is no expiry are refused as questions (exit 1).
+#[test]
+fn who_watches_never_answers_safe_without_evidence_about_the_clients_own_node() {
+    rt().block_on(async {
+        let (cl, mut c) = dashboard_cluster().await;
+        // node-gone leaves the fleet (its agent pod, then its Node, deleted): every node answers.
+        for (list, field) in
+            [("/api/v1/namespaces/blockjanitor/pods", "/spec/nodeName"), ("/api/v1/nodes", "/metadata/name")]
+        {
+            let obj = cl.api.state.lock().expect("state").lists[list]
+                .iter()
+                .find(|o| o.pointer(field).and_then(Value::as_str) == Some("node-gone"))
+                .cloned()
+                .expect("object");
+            cl.api.publish(list, "DELETED", obj);
+        }
+        let ask = |text: &str| pb::WhoWatchesRequest { text: text.into(), ..Default::default() };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = c.who_watches(ask("10.125.53.49:0/5")).await.expect("who-watches").into_inner();
+            if r.missing_nodes.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node-gone never left: {r:#?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for (text, why) in [
+            ("10.125.53.49:0/0", "covers every client of that IP on node node-free"),
+            ("10.125.53.49:0/0 2026-11-27T03:00:00.000000+0000", "covers every client of that IP"),
+            ("10.125.53.49", "covers every client of that IP"),
+            ("10.99.0.1:0/5", "belongs to no node this console knows"),
+            ("192.168.73.52:0/319745466", "its Node was deleted"),
+            ("10.125.53.49:0/77777", "never saw it there as a kernel rbd client"),
+            ("client.4242", "belongs to no node this console knows"),
+        ] {
+            let r = c.who_watches(ask(text)).await.unwrap_or_else(|e| panic!("{text}: {e:?}")).into_inner();
+            let w = &r.watchers[0];
+            assert!(!w.unfence_safe && w.answer == "unknown", "{text}: {w:#?}");
+            assert!(w.detail.contains(why), "{text}: {}", w.detail);
+            assert!(r.missing_nodes.is_empty(), "{text}: every node answered: {r:#?}");
+        }
+        for (text, why) in [
+            ("10.125.53.49:6789/0", "a monitor's msgr1 address"),
+            ("v2:10.125.53.49:3300/0", "a monitor's msgr2 address"),
+            ("10.125.53.49:6800/0", "an OSD's, MDS's or manager's address"),
+            ("10.125.53.49:0/5 12:30", "not a blocklist expiry"),
+            ("10.125.53.49:0/5 2026-11-27T03:00:00.000000+0000 extra", "not a blocklist expiry"),
+        ] {
+            let e = c.who_watches(ask(text)).await.expect_err(text);
+            assert_eq!(e.code(), Code::InvalidArgument, "{text}: {e:?}");
+            assert!(e.message().contains(why), "{text}: {}", e.message());
+        }
+        let (code, out, err) = ctl(&cl, &bin("agentctl"), &["fleet", "who-watches", "10.125.53.49:0/0"]);
+        assert_eq!(code, 0, "{err}");
+        assert!(
+            out.starts_with("watcher 10.125.53.49:0/0 : unfence safe: unknown (unknown, never safe: "),
+            "{out}"
+        );
+        let (code, _, err) = ctl(&cl, &bin("agentctl"), &["fleet", "who-watches", "10.125.53.49:6789/0"]);
+        assert_eq!(code, 1, "refused: {err}");
     });
 }
 
@@ -990,22 +1085,22 @@ fn ctl_as(cl: &Cluster, who: &str, args: &[&str], stdin: &str) -> (i32, String, 
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
 
-/// `agentctl fleet apply`: the console's dry run of every node's plan is shown first, a question
-/// follows (`--yes` skips it, not the dry run), and a refusal anywhere stops everything.
+/// `agentctl fleet apply`: the console's dry run of every node's plan is shown first; only
+/// `--yes` carries it out (as `agentctl apply`: no question, even when one is answered on
+/// stdin), and a refusal anywhere stops everything with the dry run's exit code.
 #[test]
-fn agentctl_fleet_apply_shows_the_dry_run_and_asks_first() {
+fn agentctl_fleet_apply_shows_the_dry_run_and_runs_only_with_yes() {
     rt().block_on(async {
         let cl = start_cluster().await;
         let audits = || apply_audits(cl.agent("node-old")).len();
         let before = audits();
 
-        // Not confirmed: shown, nothing run.
-        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "n\n");
+        // Without --yes: shown, nothing run, and no question (a "y" on stdin changes nothing).
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
         assert_eq!(code, 2, "{out}{err}");
         assert!(out.starts_with("node-old: 1 step(s)\n  rbd_unmap rbd4: "), "{out}");
         assert!(out.contains("fleet budget: 20 of 20 steps left this minute"), "{out}");
-        assert!(err.contains("Carry out these 1 step(s) on 1 node(s)? [y/N]"), "{err}");
-        assert!(err.contains("nothing ran (not confirmed; --yes skips the question)"), "{err}");
+        assert_eq!(err.trim(), "not applied: add --yes to carry it out", "as agentctl apply says it");
         assert_eq!(audits(), before, "nothing reached the agent");
 
         // A refusal on one node: nothing runs anywhere, and no question is asked.
@@ -1016,9 +1111,9 @@ fn agentctl_fleet_apply_shows_the_dry_run_and_asks_first() {
         assert!(err.contains("nothing ran: the dry run refuses"), "{err}");
         assert_eq!(audits(), before);
 
-        // Confirmed: the same plan goes to the agent, bound to its identity, on behalf of the
+        // With --yes: the same plan goes to the agent, bound to its identity, on behalf of the
         // operator (a fixture tree: the agent then refuses to act).
-        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
         assert_eq!(code, 4, "refused (FailedPrecondition, as the agent exits): {out}{err}");
         assert!(out.starts_with("node-old: 1 step(s)"), "{out}");
         assert!(err.contains("the agent on node-old: "), "{err}");
@@ -1041,6 +1136,8 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "where", PVC, "-o", "json"]);
         assert_eq!(code, 0, "{err}");
         let v: Value = serde_json::from_str(&out).expect("json");
+        let schema = schema::Schema::load();
+        schema.check(&v, "fleet_where", "agentctl fleet where -o json");
         let mut found: Vec<(String, String)> = v["matches"]
             .as_array()
             .expect("matches")
@@ -1103,6 +1200,7 @@ fn agentctl_fleet_and_the_kubectl_plugin_ask_the_console() {
         let (code, out, _) = ctl(&cl, &plugin, &["nodes", "-o", "json"]);
         assert_eq!(code, 0);
         let v: Value = serde_json::from_str(&out).expect("json");
+        schema.check(&v, "fleet_nodes", "kubectl blockjanitor nodes -o json");
         assert_eq!(v["nodes"].as_array().map(Vec::len), Some(4));
         // Without a console address the plugin goes through the kubeconfig (tests/kubectl_plugin.rs);
         // without one either: one clear line, exit 1.
@@ -1135,6 +1233,23 @@ async fn wait_for<F: Fn(&pb::ListNodesResponse) -> bool>(c: &mut FleetClient<Cha
 
 fn reachable(n: &pb::ListNodesResponse, node: &str) -> bool {
     n.nodes.iter().any(|x| x.name == node && x.reachable)
+}
+
+/// Waits (at most 30 s) until `grpc.health.v1` says `service` is SERVING: a console replica is
+/// NOT_SERVING until it has synced.
+async fn wait_serving(ch: Channel, service: &str) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let req = tonic_health::pb::HealthCheckRequest { service: service.into() };
+        let status = h.check(req).await.expect("health").into_inner().status;
+        if status == ServingStatus::Serving as i32 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{service} not SERVING after 30 s: {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[test]
@@ -1175,7 +1290,9 @@ fn static_agents_reconnect_with_backoff_and_a_lost_agent_becomes_missing() {
     rt().block_on(async {
         let ch =
             tls_channel(console.tcp, &pki.ca.cert, Some((&viewer.cert, &viewer.key))).await.expect("connect");
-        // Health and reflection.
+        // Health: NOT_SERVING until every agent has had its first try (issue 36), then SERVING;
+        // and reflection.
+        wait_serving(ch.clone(), "blockjanitor.v1.Fleet").await;
         assert_serving_and_reflected(ch.clone(), "blockjanitor.v1.Fleet").await;
         let mut c = FleetClient::new(ch);
 
@@ -1415,6 +1532,7 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep", "--kind", "multi_node", "-o", "json"]);
         assert_eq!(code, 3, "{out}{err}");
         let v: Value = serde_json::from_str(&out).expect("json");
+        schema::Schema::load().check(&v, "fleet_sweep", "agentctl fleet sweep -o json");
         assert_eq!(v["complete"], false);
         assert_eq!(v["findings"].as_array().map(Vec::len), Some(1), "{v:#}");
         assert_eq!(v["findings"][0]["kind"], "multi_node");
@@ -1441,11 +1559,17 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "who-watches", "client.1140012"]);
         assert_eq!(code, 0, "{err}");
         assert!(out.contains("  on node(s): node-new"), "{out}");
-        // A client id nobody reports: never safe while node-gone cannot be asked.
+        // A client id nobody reports and this console never saw: which node it is on is not
+        // known, so it is never safe (issue 35: "safe" needs that node's own answer).
         let nobody = pb::WhoWatchesRequest { client_id: "client.999".into(), ..Default::default() };
         let r = c.who_watches(nobody.clone()).await.expect("nobody").into_inner();
         assert!(r.watchers[0].nodes.is_empty() && !r.watchers[0].unfence_safe, "{r:#?}");
-        assert!(r.watchers[0].detail.contains("did not answer: node-gone"), "{}", r.watchers[0].detail);
+        assert_eq!(r.watchers[0].answer, "unknown", "{r:#?}");
+        assert!(
+            r.watchers[0].detail.contains("belongs to no node this console knows"),
+            "{}",
+            r.watchers[0].detail
+        );
 
         // node-gone leaves the fleet (agent pod and Node deleted): the sweep is complete.
         for (list, field, value) in [
@@ -1481,9 +1605,9 @@ fn sweep_finds_every_volume_and_is_incomplete_while_a_node_is_missing_and_who_wa
         assert!(dead.detail.contains("no Node of the cluster any more"), "{}", dead.detail);
         let (code, out, err) = ctl(&cl, &agentctl, &["fleet", "sweep"]);
         assert_eq!(code, 2, "complete, with findings: {out}{err}");
+        // Every node answers now, and still nothing says which node client.999 is on: unknown.
         let r = c.who_watches(nobody).await.expect("nobody").into_inner();
-        assert!(r.watchers[0].unfence_safe, "{r:#?}");
-        assert!(r.watchers[0].detail.contains("no agent reports client.999"), "{}", r.watchers[0].detail);
+        assert!(!r.watchers[0].unfence_safe && r.watchers[0].answer == "unknown", "{r:#?}");
         let text = http_get(cl.console.metrics, "/metrics");
         assert!(text.contains("blockjanitor_console_sweep_complete 1"), "{text}");
     });
@@ -1504,10 +1628,13 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
         assert!(out.starts_with("node-old: 1 step(s)\n  rbd_unmap rbd4: "), "{out}");
         let (code, out, err) =
             ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old/rbd4", "node-new/rbd0", "node-gone"], "");
-        assert_eq!(code, 2, "{out}{err}");
+        assert_eq!(code, 3, "unknown: node-gone's plan could not be had (worse than held): {out}{err}");
         assert!(out.contains("node-old: 1 step(s)"), "{out}");
         assert!(out.contains("node-new: REFUSED: rbd0: "), "{out}");
         assert!(out.contains("node-gone: REFUSED: its plan could not be had: "), "{out}");
+        // The same table as `agentctl plan`: rbd0 is in use on node-new, held (2).
+        let (code, out, err) = ctl_as(&cl, "dashboard", &["fleet", "plan", "node-new/rbd0"], "");
+        assert_eq!(code, 2, "held: {out}{err}");
         let (code, out, err) = ctl_as(&cl, "dashboard", &["fleet", "plan", "node-old", "-o", "json"], "");
         assert_eq!(code, 0, "{err}");
         let v: Value = serde_json::from_str(&out).expect("json");
@@ -1520,18 +1647,17 @@ fn agentctl_fleet_plan_shows_each_nodes_plan_and_apply_shows_the_budgets_refusal
         assert_eq!(audits(), before, "a plan changes nothing");
 
         // The budget (1 step a minute): the first apply takes it (the agent, on a fixture tree,
-        // then refuses to act); the next one is refused before the question, saying why.
+        // then refuses to act); the next one is refused by the budget, saying why (exit 4).
         let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
         assert_eq!(code, 4, "refused (FailedPrecondition, as the agent exits): {out}{err}");
-        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4"], "y\n");
-        assert_eq!(code, 2, "{out}{err}");
+        let (code, out, err) = ctl_as(&cl, "admin", &["fleet", "apply", "node-old/rbd4", "--yes"], "");
+        assert_eq!(code, 4, "{out}{err}");
         assert!(out.contains("fleet budget: 0 of 1 steps left this minute"), "{out}");
         assert!(
             out.contains("REFUSED by the fleet budget: these 1 step(s) need more than the 0 of 1 steps left"),
             "{out}"
         );
         assert!(err.contains("nothing ran: REFUSED by the fleet budget"), "{err}");
-        assert!(!err.contains("[y/N]"), "no question when nothing may run: {err}");
         assert_eq!(audits(), before + 1, "only the first apply reached the agent");
     });
 }

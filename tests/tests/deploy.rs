@@ -15,7 +15,9 @@
 //!   DaemonSet's ConfigMap and Secrets, the Service's pods and ports, the ServiceMonitor's Service);
 //! - the plain-text health listener the probes use serves the health service and nothing else;
 //! - `deploy/tls/make-certs.sh` makes certificates the agent and agentctl accept, with the roles
-//!   the TLS overlays configure.
+//!   the TLS overlays configure (an operator only by a person's own certificate);
+//! - no rendering grants anyone Secrets, and none ships an operator identity or certificate a
+//!   team would share.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -61,14 +63,22 @@ fn base(all: &BTreeMap<String, Vec<Value>>) -> &[Value] {
     all.get("base").expect("deploy/base is rendered")
 }
 
+/// The agent's config as the DaemonSet mounts it: the ConfigMap `blockjanitor-config`'s keys as
+/// the files of a directory, loaded by the agent's own loader (every `*.toml` part, merged).
 fn agent_toml(objects: &[Value], what: &str) -> Config {
     let cm = objects
         .iter()
-        .find(|o| o["kind"] == "ConfigMap" && o["data"]["agent.toml"].is_string())
-        .unwrap_or_else(|| panic!("{what}: no ConfigMap with agent.toml"));
-    let text = cm["data"]["agent.toml"].as_str().expect("string");
-    let c = Config::parse(text, Path::new(&format!("{what}/agent.toml")))
-        .unwrap_or_else(|e| panic!("{what}: the agent cannot load its config: {e}"));
+        .find(|o| {
+            o["kind"] == "ConfigMap"
+                && o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("blockjanitor-config"))
+        })
+        .unwrap_or_else(|| panic!("{what}: no ConfigMap blockjanitor-config"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (key, text) in cm["data"].as_object().unwrap_or_else(|| panic!("{what}: no data")) {
+        std::fs::write(dir.path().join(key), text.as_str().expect("string")).expect("write part");
+    }
+    let c =
+        Config::load(dir.path()).unwrap_or_else(|e| panic!("{what}: the agent cannot load its config: {e}"));
     c.validate().unwrap_or_else(|e| panic!("{what}: the agent refuses its config: {e}"));
     c
 }
@@ -128,6 +138,60 @@ fn every_kustomization_renders_and_round_trips_through_typed_models() {
     ] {
         assert!(kinds.contains(k), "no {k} was checked; kinds: {kinds:?}");
     }
+}
+
+/// People reach the agents with their own identity only: no rendering grants any Role or
+/// ClusterRole on Secrets (the plugin no longer reads a client certificate from one; no user may
+/// fetch another's key), none makes an operator certificate (cert-manager Certificates are the
+/// console's, the agents' and a machine viewer's), and no agent.toml lists an operator identity.
+#[test]
+fn no_role_grants_secrets_and_no_operator_certificate_is_shipped() {
+    let Some(all) = rendered("rendering deploy/") else { return };
+    let mut roles = 0;
+    let mut certificates = BTreeSet::new();
+    for (dir, objects) in &all {
+        for o in objects {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            if o["kind"] == "Role" || o["kind"] == "ClusterRole" {
+                roles += 1;
+                for rule in o["rules"].as_array().into_iter().flatten() {
+                    let resources = rule["resources"].as_array().cloned().unwrap_or_default();
+                    assert!(
+                        !resources.iter().any(|r| r == "secrets" || r == "*"),
+                        "deploy/{dir}: {} {name} grants {rule}",
+                        o["kind"]
+                    );
+                }
+            }
+            if o["kind"] == "Certificate" {
+                let secret = o["spec"]["secretName"].as_str().unwrap_or_default().to_owned();
+                let names: Vec<&str> = [&o["spec"]["commonName"]]
+                    .into_iter()
+                    .chain(o["spec"]["dnsNames"].as_array().into_iter().flatten())
+                    .filter_map(Value::as_str)
+                    .collect();
+                assert!(
+                    !secret.contains("operator") && !names.iter().any(|n| n.contains("operator")),
+                    "deploy/{dir}: Certificate {name} is an operator certificate a team would share: {names:?}"
+                );
+                certificates.insert(secret);
+            }
+        }
+        let c = agent_toml(objects, dir);
+        assert!(c.tcp.operators.is_empty(), "deploy/{dir}: agent.toml ships operators {:?}", c.tcp.operators);
+    }
+    assert!(roles >= 4, "only {roles} Roles/ClusterRoles checked");
+    let want: BTreeSet<String> = [
+        "blockjanitor-agent-tls",
+        "blockjanitor-ca",
+        "blockjanitor-console-serving-tls",
+        "blockjanitor-console-tls",
+        "blockjanitor-viewer-tls",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(certificates, want, "the Certificates shipped");
 }
 
 #[test]
@@ -315,8 +379,13 @@ fn mode_overlays_change_only_the_mode_and_the_budget() {
         let Some(objects) = all.get(overlay) else { continue };
         let mut c = agent_toml(objects, overlay);
         assert!(
-            c.tcp.listen.is_some() && !c.tcp.operators.is_empty() && !c.tcp.consoles.is_empty(),
+            c.tcp.listen.is_some() && !c.tcp.consoles.is_empty() && !c.tcp.viewers.is_empty(),
             "{overlay}: a TCP listener with roles"
+        );
+        assert!(
+            c.tcp.operators.is_empty(),
+            "{overlay}: operators are people, added one by one: {:?}",
+            c.tcp.operators
         );
         c.tcp = b.tcp.clone();
         assert_eq!(c, b, "{overlay} changes more than [tcp]");
@@ -376,6 +445,41 @@ fn request_attributes_are_mapped_as_the_api_server_does() {
         a(&Method::GET, "/apis/storage.k8s.io/v1/volumeattachments", true),
         "storage.k8s.io|volumeattachments|watch"
     );
+}
+
+/// Events go where people look (issue 35 item 6): on the Node and PVs in `default`, on a PVC or
+/// a pod in its own namespace. The one `events create` rule reaches every namespace only because
+/// the role is a ClusterRole bound by a ClusterRoleBinding (a RoleBinding would grant it in one
+/// namespace); and it names no object (`resourceNames` cannot name an object not yet created).
+/// Nothing else is needed for it: a PV's UID comes from the PV watch, a PVC's from the PV's
+/// `claimRef`, a pod's from the pods watch (`root_rbac_grants_exactly_what_the_agent_calls`
+/// proves no other request is made).
+#[test]
+fn the_agents_event_grant_reaches_every_namespace() {
+    let Some(all) = rendered("the event grant check") else { return };
+    let binding =
+        find(base(&all), "ClusterRoleBinding", Some("blockjanitor-agent")).expect("the agent's binding");
+    assert_eq!(binding["roleRef"]["kind"], "ClusterRole", "{binding:#}");
+    assert_eq!(binding["roleRef"]["name"], "blockjanitor-agent", "{binding:#}");
+    assert!(
+        !base(&all)
+            .iter()
+            .any(|o| o["kind"] == "RoleBinding" && o["roleRef"]["name"] == "blockjanitor-agent"),
+        "the agent's role is bound in one namespace only"
+    );
+    let role: ClusterRole = serde_json::from_value(
+        find(base(&all), "ClusterRole", Some("blockjanitor-agent")).expect("the agent's ClusterRole").clone(),
+    )
+    .expect("typed ClusterRole");
+    let events: Vec<_> = role
+        .rules
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.resources.as_deref().unwrap_or_default().iter().any(|x| x == "events"))
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].verbs, ["create"], "only ever created, never patched or read");
+    assert!(events[0].resource_names.is_none(), "{events:?}");
 }
 
 /// The agent's real Kubernetes code (the daemon, against the recording API server) makes only
@@ -638,7 +742,7 @@ fn agentctl_tls(addr: std::net::SocketAddr, dir: &Path, who: &str, args: &[&str]
 }
 
 /// deploy/tls/make-certs.sh makes a CA and certificates the agent serves with, and agentctl's
-/// TLS flags connect with, in the roles deploy/components/tls/agent.toml gives them.
+/// TLS flags connect with, in the roles deploy/components/tls/tls.toml gives them.
 #[test]
 fn root_make_certs_gives_working_mutual_tls_identities() {
     let missing: Vec<String> =
@@ -648,12 +752,16 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     }
     let s = Scratch::new();
     let certs: PathBuf = s.path("certs");
-    let out =
-        Command::new(deploy::repo().join("deploy/tls/make-certs.sh")).arg(&certs).output().expect("run");
+    let out = Command::new(deploy::repo().join("deploy/tls/make-certs.sh"))
+        .arg(&certs)
+        .arg("alice")
+        .output()
+        .expect("run");
     assert!(out.status.success(), "make-certs.sh: {}{}", text(&out.stdout), text(&out.stderr));
-    let toml =
-        std::fs::read_to_string(deploy::repo().join("deploy/components/tls/agent.toml")).expect("read");
-    let cfg = Config::parse(&toml, Path::new("deploy/components/tls/agent.toml")).expect("parses");
+    assert!(!certs.join("operator.crt").exists(), "no operator certificate a team would share");
+    // The tls Component's part of the config ([tcp] alone), as the agent merges it.
+    let toml = std::fs::read_to_string(deploy::repo().join("deploy/components/tls/tls.toml")).expect("read");
+    let cfg = Config::parse(&toml, Path::new("deploy/components/tls/tls.toml")).expect("parses");
     let mut args: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
     for (flag, file) in
         [("--tls-cert", "agent.crt"), ("--tls-key", "agent.key"), ("--tls-client-ca", "ca.crt")]
@@ -661,9 +769,9 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
         args.push(flag.into());
         args.push(certs.join(file).display().to_string());
     }
-    for o in &cfg.tcp.operators {
-        args.extend(["--tls-operator".to_owned(), o.clone()]);
-    }
+    assert!(cfg.tcp.operators.is_empty(), "the shipped config names no operator");
+    // A person's own certificate, listed by its identity as an operator adds it.
+    args.extend(["--tls-operator".to_owned(), "alice".to_owned()]);
     for c in &cfg.tcp.consoles {
         args.extend(["--tls-console".to_owned(), c.clone()]);
     }
@@ -675,12 +783,12 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = Daemon::start(s.dir.path(), &args);
     let addr = d.tcp.expect("tcp listener");
-    for who in ["console", "operator", "viewer"] {
+    for who in ["console", "alice", "viewer"] {
         let out = agentctl_tls(addr, &certs, who, &["node", "-o", "json"]);
         assert!(out.status.success(), "agentctl as {who}: {}{}", text(&out.stdout), text(&out.stderr));
     }
     // An unheld loop device (grace 0: stale at once): the viewer may not clean it, nor the console
-    // on its own; the operator may, and does.
+    // on its own; alice, an operator by her own certificate, may, and does (and the audit says so).
     let lo = s.loop_file("tls.img");
     let name = lo.name().to_owned();
     let mut last = String::new();
@@ -698,11 +806,16 @@ fn root_make_certs_gives_working_mutual_tls_identities() {
     assert!(!out.status.success() && last.contains("only on behalf of"), "console without a caller: {last}");
     assert!(lo.is_bound(), "the console's own apply changed something");
     let done = wait_until(Duration::from_secs(20), || {
-        let out = agentctl_tls(addr, &certs, "operator", &["apply", &name, "--yes"]);
+        let out = agentctl_tls(addr, &certs, "alice", &["apply", &name, "--yes"]);
         last = format!("{}{}", text(&out.stdout), text(&out.stderr));
         out.status.success()
     });
-    assert!(done && !lo.is_bound(), "the operator could not clean {name}: {last}");
+    assert!(done && !lo.is_bound(), "alice could not clean {name}: {last}");
+    assert!(
+        wait_until(Duration::from_secs(5), || d.log_text().contains("Apply requested by alice")),
+        "the audit names alice: {}",
+        d.log_text()
+    );
     // A certificate from another CA is refused.
     let other = s.path("other");
     let out =
@@ -977,12 +1090,48 @@ fn every_alert_has_a_runbook_that_exists() {
 /// user's own kustomization lists it: the rendering keeps the overlay's mode, and adds the
 /// metrics Service (selecting the DaemonSet's pods), the ServiceMonitor and PrometheusRule
 /// (with the Prometheus operator's selector label) and the dashboard.
+/// A user's kustomization in a scratch directory (kustomize takes only relative paths): the
+/// resource `overlay` under deploy/ with the Components `components`, rendered.
+fn combined(kubectl: &Path, overlay: &str, components: &[&str]) -> Result<Vec<Value>, String> {
+    let root = deploy::repo().join("deploy");
+    let s = Scratch::new();
+    let up = "../".repeat(s.dir.path().components().count() - 1);
+    let from_scratch =
+        |p: &str| format!("{up}{}", root.join(p).display().to_string().trim_start_matches('/'));
+    let mut k = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: blockjanitor\nresources:\n  - {}\n",
+        from_scratch(overlay)
+    );
+    if !components.is_empty() {
+        k.push_str("components:\n");
+        for c in components {
+            k.push_str(&format!("  - {}\n", from_scratch(&format!("components/{c}"))));
+        }
+    }
+    std::fs::write(s.path("kustomization.yaml"), k).expect("write kustomization");
+    render(kubectl, s.dir.path())
+}
+
+/// The agent container's declared ports.
+fn agent_ports(ds: &Value) -> Vec<i64> {
+    ds["spec"]["template"]["spec"]["containers"][0]["ports"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(|p| p["containerPort"].as_i64()).collect())
+        .unwrap_or_default()
+}
+
+/// What the README documents: each mode (deploy/base, the mode overlays) with any of the
+/// Components (tls, monitoring, both) in a kustomization of one's own, and the shipped overlays
+/// that bundle them. Every one renders with its mode intact (the tls Component adds `[tcp]` and
+/// nothing else: it once replaced the whole config, switching clean mode back to report), the
+/// ports and the Service selectors its Components bring, and the monitoring objects under the
+/// Prometheus operator's selector label.
 #[test]
-fn the_monitoring_component_combines_with_every_mode() {
+fn every_documented_combination_keeps_its_mode_and_components() {
     let kubectl = match kubectl() {
         Ok(k) => k,
         Err(why) => {
-            require("the monitoring component", &[why]);
+            require("combining the overlays and Components", &[why]);
             return;
         }
     };
@@ -995,52 +1144,89 @@ fn the_monitoring_component_combines_with_every_mode() {
         .and_then(|m| m.iter().next())
         .map(|(k, v)| (k.as_str().expect("key").to_owned(), v.as_str().expect("value").to_owned()))
         .expect("one selector label");
-    for (overlay, mode) in [
+    let modes = [
         ("base", Mode::Report),
         ("overlays/release-mode", Mode::Release),
         ("overlays/clean-mode", Mode::Clean),
-        ("overlays/tls", Mode::Report),
-        ("overlays/tls-manual", Mode::Report),
+    ];
+    let mut cases: Vec<(String, Vec<&str>, Mode, bool, bool)> = Vec::new();
+    for (overlay, mode) in modes {
+        for components in [&[][..], &["tls"], &["monitoring"], &["tls", "monitoring"]] {
+            let tls = components.contains(&"tls");
+            cases.push((
+                overlay.to_owned(),
+                components.to_vec(),
+                mode,
+                tls,
+                components.contains(&"monitoring"),
+            ));
+        }
+    }
+    for (overlay, tls, monitoring) in [
+        ("overlays/tls", true, false),
+        ("overlays/tls-manual", true, false),
+        ("overlays/console", true, false),
+        ("overlays/monitoring", false, true),
+        // The console's own monitoring (its ServiceMonitor and alerts), not the agents'.
+        ("overlays/console-monitoring", true, false),
     ] {
-        // A user's kustomization elsewhere on disk (kustomize takes only relative paths).
-        let s = Scratch::new();
-        let up = "../".repeat(s.dir.path().components().count() - 1);
-        let from_scratch =
-            |p: &str| format!("{up}{}", root.join(p).display().to_string().trim_start_matches('/'));
-        std::fs::write(
-            s.path("kustomization.yaml"),
-            format!(
-                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: blockjanitor\nresources:\n  - {}\ncomponents:\n  - {}\n",
-                from_scratch(overlay),
-                from_scratch("components/monitoring")
-            ),
-        )
-        .expect("write kustomization");
-        let objects =
-            render(&kubectl, s.dir.path()).unwrap_or_else(|e| panic!("{overlay} + monitoring: {e}"));
-        let what = format!("deploy/{overlay} + components/monitoring");
-        assert_eq!(agent_toml(&objects, &what).mode, mode, "{what}: the mode changed");
-        let ds = find(&objects, "DaemonSet", None).unwrap_or_else(|| panic!("{what}: no DaemonSet"));
-        let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
-        let svc = find(&objects, "Service", Some("blockjanitor-metrics"))
-            .unwrap_or_else(|| panic!("{what}: no Service"));
-        for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
-            assert_eq!(&pod_labels[k], v, "{what}: the Service's selector {k} misses the agent's pods");
-        }
-        for kind in ["ServiceMonitor", "PrometheusRule"] {
-            let o = find(&objects, kind, None).unwrap_or_else(|| panic!("{what}: no {kind}"));
-            assert_eq!(
-                o["metadata"]["labels"][&sel_key],
-                sel_value.as_str(),
-                "{what}: {kind}'s selector label"
-            );
-            assert_eq!(o["metadata"]["namespace"], "blockjanitor", "{what}: {kind}'s namespace");
-        }
-        assert!(
-            objects
-                .iter()
-                .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["labels"]["grafana_dashboard"] == "1"),
-            "{what}: no dashboard"
+        cases.push((overlay.to_owned(), Vec::new(), Mode::Report, tls, monitoring));
+    }
+    for (overlay, components, mode, tls, monitoring) in cases {
+        let what = format!("deploy/{overlay} + {components:?}");
+        let objects = combined(&kubectl, &overlay, &components).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let c = agent_toml(&objects, &what);
+        assert_eq!(c.mode, mode, "{what}: the mode");
+        assert_eq!(c.tcp.listen.is_some(), tls, "{what}: the TCP listener");
+        let ds = find(&objects, "DaemonSet", Some("blockjanitor"))
+            .unwrap_or_else(|| panic!("{what}: no DaemonSet"));
+        assert_eq!(
+            agent_ports(ds).contains(&9443),
+            tls,
+            "{what}: the agent's TLS port: {:?}",
+            agent_ports(ds)
         );
+        let pod_labels = &ds["spec"]["template"]["metadata"]["labels"];
+        assert_eq!(
+            pod_labels["app.kubernetes.io/component"], "agent",
+            "{what}: the agent's pods' component label"
+        );
+        for svc in objects.iter().filter(|o| o["kind"] == "Service") {
+            let sel = svc["spec"]["selector"].as_object().expect("selector");
+            if sel.get("app.kubernetes.io/component").is_some_and(|v| v == "agent") {
+                for (k, v) in sel {
+                    assert_eq!(
+                        &pod_labels[k], v,
+                        "{what}: Service {} misses the agent's pods",
+                        svc["metadata"]["name"]
+                    );
+                }
+            }
+        }
+        // Every ServiceMonitor and PrometheusRule (the agents' or the console's) is where the
+        // Prometheus operator looks for it.
+        for o in objects.iter().filter(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PrometheusRule") {
+            assert_eq!(o["metadata"]["labels"][&sel_key], sel_value.as_str(), "{what}: the selector label");
+            assert_eq!(o["metadata"]["namespace"], "blockjanitor", "{what}: the namespace");
+        }
+        let metrics_service = find(&objects, "Service", Some("blockjanitor-metrics")).is_some();
+        assert_eq!(metrics_service, monitoring, "{what}: the agents' metrics Service");
+        if monitoring {
+            for kind in ["ServiceMonitor", "PrometheusRule"] {
+                assert!(find(&objects, kind, None).is_some(), "{what}: no {kind}");
+            }
+            let svc = find(&objects, "Service", Some("blockjanitor-metrics"))
+                .unwrap_or_else(|| panic!("{what}: no metrics Service"));
+            for (k, v) in svc["spec"]["selector"].as_object().expect("selector") {
+                assert_eq!(
+                    &pod_labels[k], v,
+                    "{what}: the metrics Service's selector {k} misses the agent's pods"
+                );
+            }
+            let dashboard = objects
+                .iter()
+                .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["labels"]["grafana_dashboard"] == "1");
+            assert!(dashboard, "{what}: no dashboard");
+        }
     }
 }

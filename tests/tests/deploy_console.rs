@@ -1,7 +1,10 @@
 //! The console's deployment is highly available as deploy/overlays/console renders it: 2+
 //! replicas spread over nodes, a PodDisruptionBudget that keeps one, every replica named in the
-//! apply Lease by its pod name, and RBAC for exactly that Lease. Needs kubectl (kustomize);
-//! skipped without it (an error in CI).
+//! apply Lease by its pod name, and RBAC for exactly that Lease; people reach it with their own
+//! credentials (the console reviews them; the user Roles grant verbs on fleet.blockjanitor.io and
+//! the published CA, no Secret). Needs kubectl (kustomize); skipped without it (an error in CI).
+
+use std::collections::BTreeSet;
 
 use blockjanitor_tests::deploy::{self, find, kubectl, render, require};
 use serde_json::Value;
@@ -49,6 +52,18 @@ fn the_console_runs_as_spread_replicas_with_one_apply_lease() {
         "POD_NAME from the downward API: {env:?}"
     );
     assert!(c["readinessProbe"].is_object(), "a readiness probe: the Service sends only to live replicas");
+    // Ready once synced (issue 36), not when the port opens; the holder reachable at its pod IP.
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{}", c["readinessProbe"]);
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "metrics", "{}", c["readinessProbe"]);
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"),
+        "POD_IP, the address the holder writes into the Lease: {env:?}"
+    );
+    assert!(
+        has_arg(args, "--peer-console=console.blockjanitor.svc"),
+        "the replicas forward to each other: {args:?}"
+    );
 
     let pdb =
         find(&objects, "PodDisruptionBudget", Some("blockjanitor-console")).expect("a PodDisruptionBudget");
@@ -124,4 +139,79 @@ fn the_console_defaults_are_the_shipped_manifests() {
         compared += 1;
     }
     assert!(compared >= 4, "only {compared} flags with defaults compared: {args:?}");
+}
+
+/// The rules of `kind` `name` that grant `verb` on `resource` in `group` (and, when the rule names
+/// resources, `resource_name` among them).
+fn grants(
+    objects: &[Value],
+    kind: &str,
+    name: &str,
+    group: &str,
+    resource: &str,
+    verb: &str,
+) -> Option<Value> {
+    let role = find(objects, kind, Some(name)).unwrap_or_else(|| panic!("no {kind} {name}"));
+    let has = |list: &Value, want: &str| list.as_array().is_some_and(|l| l.iter().any(|x| x == want));
+    role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| has(&r["apiGroups"], group) && has(&r["resources"], resource) && has(&r["verbs"], verb))
+        .cloned()
+}
+
+/// People reach the console as themselves: the console may review their tokens and access
+/// (create TokenReviews and SubjectAccessReviews, cluster-wide) and publish its serving CA in the
+/// one ConfigMap the plugin reads; the Roles people are bound to grant get/plan (viewer) and
+/// also apply (operator) on fleet.blockjanitor.io, that ConfigMap, the pods and the port-forward,
+/// and nothing else; the console lists no operator certificate.
+#[test]
+fn people_reach_the_console_with_their_own_credentials() {
+    let Some(objects) = rendered_console() else { return };
+    for (group, resource) in
+        [("authentication.k8s.io", "tokenreviews"), ("authorization.k8s.io", "subjectaccessreviews")]
+    {
+        assert!(
+            grants(&objects, "ClusterRole", "blockjanitor-console", group, resource, "create").is_some(),
+            "the console cannot create {resource}"
+        );
+    }
+    let d = find(&objects, "Deployment", Some("blockjanitor-console")).expect("the console's Deployment");
+    let args: Vec<&str> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let ca = blockjanitor_ctl::kubectl::DEFAULT_CA_CONFIGMAP;
+    assert!(args.contains(&format!("--publish-serving-ca={ca}").as_str()), "{args:?}");
+    assert!(!args.iter().any(|a| a.starts_with("--operator")), "no operator certificate: {args:?}");
+    let publish =
+        grants(&objects, "Role", "blockjanitor-console-ca", "", "configmaps", "update").expect("update");
+    assert_eq!(publish["resourceNames"], serde_json::json!([ca]), "the console writes that ConfigMap only");
+    assert!(grants(&objects, "Role", "blockjanitor-console-ca", "", "configmaps", "create").is_some());
+
+    for (role, verbs) in [
+        ("blockjanitor-fleet-viewer", &["get", "plan"][..]),
+        ("blockjanitor-fleet-operator", &["get", "plan", "apply"][..]),
+    ] {
+        for verb in ["get", "plan", "apply"] {
+            let granted = grants(&objects, "Role", role, "blockjanitor.io", "fleet", verb).is_some();
+            assert_eq!(granted, verbs.contains(&verb), "{role}: {verb} on fleet.blockjanitor.io");
+        }
+        let cm = grants(&objects, "Role", role, "", "configmaps", "get").expect("the CA's ConfigMap");
+        assert_eq!(cm["resourceNames"], serde_json::json!([ca]), "{role}: that ConfigMap only");
+        let r = find(&objects, "Role", Some(role)).expect("role");
+        let resources: BTreeSet<String> = r["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .flat_map(|x| x["resources"].as_array().cloned().unwrap_or_default())
+            .filter_map(|x| x.as_str().map(str::to_owned))
+            .collect();
+        let want: BTreeSet<String> =
+            ["pods", "pods/portforward", "configmaps", "fleet"].into_iter().map(String::from).collect();
+        assert_eq!(resources, want, "{role} grants exactly these");
+    }
 }

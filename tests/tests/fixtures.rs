@@ -227,6 +227,36 @@ fn unknown_devices_are_one_line_errors() {
     assert!(text(&out.stdout).contains("EXIT CODES"));
 }
 
+/// A subcommand's help lists only the global flags it uses, under headings; those it ignores
+/// are still accepted (one set of flags for every command in a script).
+#[test]
+fn a_subcommands_help_lists_only_the_flags_it_uses() {
+    let help = |args: &[&str]| {
+        let out = agent(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    for args in [&["holders", "--help"][..], &["help", "holders"], &["scan", "-h"]] {
+        let h = help(args);
+        assert!(h.contains("Usage: blockjanitor-agent "), "{args:?}: {h}");
+        assert!(
+            !h.contains("--journal") && !h.contains("--lock-wait"),
+            "{args:?} lists flags it ignores: {h}"
+        );
+        assert!(h.contains("Host:") && h.contains("--root") && h.contains("Kubernetes:"), "{args:?}: {h}");
+        assert!(!h.contains('\u{1b}'), "no colour when piped: {h}");
+    }
+    let h = help(&["journal", "--help"]);
+    assert!(h.contains("--journal") && !h.contains("--root") && !h.contains("--kubeconfig"), "{h}");
+    assert!(help(&["clean", "--help"]).contains("--lock-wait"), "clean --apply waits for the journal's lock");
+    // Still accepted where ignored.
+    let root = fixtures().join("incident5").to_string_lossy().into_owned();
+    agent_json(
+        &["--root", &root, "--journal", "/nonexistent/j.jsonl", "--lock-wait", "1", "scan", "-o", "json"],
+        0,
+    );
+}
+
 fn scan_fixture(name: &str) -> serde_json::Value {
     let root = fixtures().join(name).to_string_lossy().into_owned();
     agent_json(&["--root", &root, "scan", "--output", "json"], 0)

@@ -184,6 +184,34 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
     );
 }
 
+/// Issue 34 (tests/guest/scenarios/nbd-in-flight.sh): nbd0's server died and nothing the scan
+/// sees holds it, but an fd of it is in flight over a unix socket. The kernel keeps an open nbd
+/// device's configuration until the last close, so the disconnect is reported deferred (exit 2,
+/// the journal's result `deferred`), never done; the opener gone, the device is disconnected.
+#[test]
+fn root_guest_an_nbd_device_open_in_flight_is_never_disconnected_and_done() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario_with("nbd-in-flight.sh", None, stage_fd_in_flight);
+    run.assert_ok();
+    let opener = run.section("opener");
+    assert!(!opener.contains("/dev/nbd0"), "no fd of nbd0 shows in /proc for the opener: {opener}");
+    let clean = run.section("clean");
+    assert!(clean.contains("rc=2"), "not done: held (exit 2): {clean}");
+    assert!(
+        clean.contains("deferred") && clean.contains("something still has /dev/nbd0 open"),
+        "says why: {clean}"
+    );
+    assert!(!clean.contains("(NBD_DISCONNECT): done"), "{clean}");
+    assert!(run.section("after").contains("size 32768"), "still set up while open: {}", run.section("after"));
+    let records = blockjanitor_tests::journal::parse(run.section("journal").lines(), "the guest's journal");
+    let results: Vec<&str> =
+        records.iter().filter(|r| r["phase"] == "result").filter_map(|r| r["result"].as_str()).collect();
+    assert_eq!(results, ["deferred"], "{records:?}");
+    assert!(run.section("after_free").contains("size 0"), "{}", run.section("after_free"));
+}
+
 // ---- Issue 9: btrfs (an anonymous 0:NN device in mountinfo) on a device the agent tears down.
 // These state the contract the fixed agent must meet; today's agent sees no holder, judges the
 // device stale and sends fail_if_no_path / NBD_DISCONNECT under the mounted filesystem. Every
@@ -657,13 +685,16 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     schema_valid(&run);
     let wwid = "333333330000007d0";
 
-    // Control: a process named multipathd whose socket does not answer: fail closed.
+    // Control: a root process named multipathd that holds no control socket (multipathd
+    // stopped, a stand-in of that name left running): whose map it is cannot be told, so fail
+    // closed (issue 34: a name is no daemon; before, the agent asked the stand-in's namespace
+    // and its connection failed).
     let refused = run.section("unreachable");
     assert!(!refused.contains("rc=0"), "{refused}");
     assert!(
         refused.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
-            && refused.contains("multipathd (pid")
-            && refused.contains("'del map mpatha' through its control socket failed")
+            && refused.contains("a root process named multipathd (pid")
+            && refused.contains("runs but holds no control socket @/org/kernel/linux/storage/multipathd")
             && refused.contains("the map is left in place"),
         "{refused}"
     );
@@ -1050,6 +1081,49 @@ fn stage_fd_in_flight(extra: &std::path::Path) {
         .output()
         .expect("gcc (needed to build the guest's fd-in-flight helper)");
     assert!(out.status.success(), "gcc -static fd-in-flight.c: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Issue 34 (tests/guest/scenarios/dm-dup-and-in-flight.sh): two readers stuck on a dead map
+/// share one open file of it (a dup'd fd, inherited over fork: two processes, four fds), and a
+/// third process's open file of it is in flight over a unix socket. The kernel counts 2 opens;
+/// the readers are 1 open file (kcmp), so `clean --apply` is refused naming "open count 2,
+/// accounted 1", fail_if_no_path is not sent and nothing is removed. (Before, the four fds
+/// covered the count, and fail_if_no_path went out under the hidden opener.) The opener gone,
+/// the same command tears the map down.
+#[test]
+fn root_guest_dupd_readers_do_not_hide_an_fd_in_flight() {
+    if !require_guest() {
+        return;
+    }
+    let run = run_scenario_with("dm-dup-and-in-flight.sh", None, stage_fd_in_flight);
+    run.assert_ok();
+    let opener = run.section("opener");
+    assert!(opener.contains("open count 2"), "the kernel counts one open file per opener: {opener}");
+    assert!(!opener.contains("/dev/dm-"), "no fd of the map shows in /proc for the opener: {opener}");
+    let readers = run.section("readers");
+    assert_eq!(
+        readers.matches("state D fds: 2 of the map").count(),
+        2,
+        "two stuck readers, two fds each: {readers}"
+    );
+    let clean = run.section("clean");
+    assert!(clean.contains("rc=2"), "held (the stuck readers, and what the count shows): {clean}");
+    assert!(
+        clean.contains("open count 2, accounted 1 (1 open file(s) of stuck readers, 4 fd(s)): something the scan cannot see holds dm-"),
+        "names the difference, the readers counted per open file: {clean}"
+    );
+    assert!(!clean.contains(": done"), "no step ran: {clean}");
+    let after = run.section("after");
+    assert!(after.contains("present") && !after.contains("gone"), "{after}");
+    assert!(after.contains("queue_if_no_path"), "fail_if_no_path was not sent: {after}");
+    assert!(after.contains("stuck readers: 2"), "{after}");
+    let free = run.section("clean_free");
+    assert!(free.contains("rc=0"), "{free}");
+    let after = run.section("after_free");
+    assert!(
+        !after.contains("present") && after.contains("readers left: 0"),
+        "the map and its paths are gone: {after}"
+    );
 }
 
 /// Issue 17 (tests/guest/scenarios/dm-fd-in-flight.sh): an fd of a dead multipath map passed

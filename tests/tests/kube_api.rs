@@ -283,7 +283,10 @@ async fn unreachable_api_is_an_error_not_a_panic() {
             .await;
         let err = r.expect("in time").expect_err("refused");
         assert!(matches!(err, KubeError::Api { .. }), "{err:?}");
-        assert!(err.to_string().contains("create Event CleanupFailed for /dev/nbd2 on node node-a"), "{err}");
+        assert!(
+            err.to_string().contains("create Event CleanupFailed on Node node-a (/dev/nbd2: EBUSY)"),
+            "{err}"
+        );
     }
     let r = tokio::time::timeout(WAIT, reporter.set_condition(&["/dev/nbd2".to_string()])).await;
     let err = r.expect("in time").expect_err("refused");

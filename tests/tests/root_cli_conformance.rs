@@ -39,6 +39,8 @@ const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 const OUTPUTS: &[&str] = &["table", "wide", "json", "yaml"];
 /// The grace period both binaries run with: long enough that no candidate of the scene is stale.
 const GRACE: &str = "3600";
+/// The pod whose volume directory the scene's kubelet directory keeps.
+const ORPHAN_POD: &str = "9f1e6c2a-4b3d-4e5f-8a7b-6c5d4e3f2a1b";
 
 /// A loop device held only by a mount in a foreign mount namespace (the host unmounted it).
 struct Held {
@@ -74,14 +76,35 @@ impl Scene {
         let free = s.loop_file("free.img");
         let deleted = s.loop_file("deleted.img");
         std::fs::remove_file(s.path("deleted.img")).expect("delete the backing file");
-        let daemon = Daemon::start(s.dir.path(), &["--grace-period", GRACE]);
+        // A kubelet directory with one orphaned pod volume directory (its pod is gone; no API is
+        // asked, so its verdict is unknown) for the `devices` document's `orphaned_volume_dirs`.
+        std::fs::create_dir_all(
+            s.path(&format!("kubelet/pods/{ORPHAN_POD}/volumes/kubernetes.io~csi/pvc-1/mount")),
+        )
+        .expect("orphaned directory");
+        let kubelet = s.path("kubelet");
+        let daemon = Daemon::start_with_global(
+            s.dir.path(),
+            &["--kubelet-dir", utf8(&kubelet)],
+            &["--grace-period", GRACE],
+        );
         Some((serial, Self { daemon, held, free, deleted, s }))
     }
 
     fn agent(&self, args: &[&str]) -> Output {
         let state = self.s.path("cli-state.json");
         let journal = self.s.path("cli-journal.jsonl");
-        let mut all = vec!["--grace-period", GRACE, "--state", utf8(&state), "--journal", utf8(&journal)];
+        let kubelet = self.s.path("kubelet");
+        let mut all = vec![
+            "--grace-period",
+            GRACE,
+            "--state",
+            utf8(&state),
+            "--journal",
+            utf8(&journal),
+            "--kubelet-dir",
+            utf8(&kubelet),
+        ];
         all.extend_from_slice(args);
         agent(&all)
     }
@@ -239,7 +262,10 @@ fn root_both_clis_answer_every_subcommand_alike_in_every_format() {
         case(&["clean", deleted], 4, Some("plans")),
         case(&["clean", held], 2, Some("plans")),
         case(&["clean", "nosuchdevice0"], 1, None),
+        // apply without --yes: the plans shown, nothing carried out (2), or the plan's refusal
+        // when worse (4: not stale yet).
         case(&["apply", held, "--release"], 2, Some("plans")),
+        case(&["apply", free], 4, Some("plans")),
     ];
     for c in &shared {
         let a = check(&scene, &schema, "agent", c);
@@ -248,6 +274,9 @@ fn root_both_clis_answer_every_subcommand_alike_in_every_format() {
             same(&c.args.join(" "), a, b);
         }
     }
+    // A protected device (the disk behind the host's root, as the scan finds it): a safety
+    // rule's refusal, 4 in both (held or not), naming the rule that protects it.
+    protected(&scene, &schema);
     // scan: the same scene devices (the rest of the host moves between two scans).
     let names = [held, free, deleted];
     let seen = |d: &Value| Value::from(scene_devices(d, &names));
@@ -262,6 +291,44 @@ fn root_both_clis_answer_every_subcommand_alike_in_every_format() {
     assert_eq!(found[0]["holders"][0]["in_host_namespace"], false);
     assert_eq!((found[1]["verdict"].as_str(), found[1]["in_use"].as_bool()), (Some("suspect"), Some(false)));
     assert_eq!(found[2]["loop"]["backing_deleted"], true, "{:#}", found[2]);
+    // A filtered scan: the same filter in both CLIs lets the same scene devices through, and
+    // only devices that match it (the suspect loop devices: the free one, not the held one).
+    let filtered = case(&["scan", "--kind", "loop", "--verdict", "suspect"], 0, Some("devices"));
+    let in_scene = |d: &Value| -> Value {
+        let all = d["devices"].as_array().expect("devices");
+        for dev in all {
+            assert_eq!(
+                (dev["kind"].as_str(), dev["verdict"].as_str()),
+                (Some("loop"), Some("suspect")),
+                "{dev:#}"
+            );
+        }
+        let names: Vec<&Value> =
+            all.iter().map(|dev| &dev["name"]).filter(|n| names.iter().any(|m| *n == *m)).collect();
+        Value::from(names.into_iter().cloned().collect::<Vec<_>>())
+    };
+    let a = check_seen(&scene, &schema, "agent", &filtered, in_scene).expect("json");
+    let b = check_seen(&scene, &schema, "agentctl", &filtered, in_scene).expect("json");
+    assert_eq!(in_scene(&a), in_scene(&b), "agent: {a:#}\nagentctl: {b:#}");
+    assert!(in_scene(&a).as_array().expect("names").contains(&Value::from(free)), "{a:#}");
+    assert!(!in_scene(&a).as_array().expect("names").contains(&Value::from(held)), "{a:#}");
+    let table = scene.agent(&["scan", "--kind", "loop", "--verdict", "suspect"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("left out by the filter"), "{table}");
+    // The orphaned pod volume directory, alike in both (unknown: no API is asked).
+    let orphans = |d: &Value| -> Vec<(Value, Value)> {
+        let list = d["orphaned_volume_dirs"].as_array().cloned().unwrap_or_default();
+        list.iter().map(|o| (o["argument"].clone(), o["verdict"].clone())).collect()
+    };
+    let want = vec![(
+        Value::from(format!("pod-volume:{ORPHAN_POD}/volumes/kubernetes.io~csi/pvc-1")),
+        Value::from("unknown"),
+    )];
+    assert_eq!(orphans(&a), want, "{a:#}");
+    assert_eq!(orphans(&b), want, "{b:#}");
+    let dir = format!("pod-volume:{ORPHAN_POD}/volumes/kubernetes.io~csi/pvc-1");
+    check(&scene, &schema, "agent", &case(&["clean", &dir], 3, Some("plans")));
+    check(&scene, &schema, "agent", &case(&["clean", &dir, "--apply"], 3, Some("results")));
 
     // Each binary's own commands.
     check(&scene, &schema, "agent", &case(&["journal"], 0, Some("journal")));
@@ -278,6 +345,40 @@ fn root_both_clis_answer_every_subcommand_alike_in_every_format() {
     watch(&scene, &schema);
     carried_out(&scene, &schema);
     unknown(&scene, &schema);
+}
+
+/// `plan` and `clean` of every device the scan calls `protected` (the host root's disk and what
+/// it sits on): exit 4 from both binaries, outcome `refused`, the refusal naming the rule
+/// ("... is protected: it backs / on the host ..."). A host with no protected block device (a
+/// root on tmpfs) says so and has no such case.
+fn protected(scene: &Scene, schema: &Schema) {
+    let out = scene.agent(&["scan", "-o", "json"]);
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("scan JSON");
+    let names: Vec<String> = doc["devices"]
+        .as_array()
+        .expect("devices")
+        .iter()
+        .filter(|d| d["verdict"] == "protected")
+        .filter_map(|d| d["name"].as_str().map(str::to_owned))
+        .collect();
+    if names.is_empty() {
+        eprintln!("no protected device on this host (its root is on no block device): no protected case");
+        return;
+    }
+    for name in &names {
+        for bin in ["agent", "agentctl"] {
+            for op in ["plan", "clean"] {
+                let v = check(scene, schema, bin, &case(&[op, name], 4, Some("plans"))).expect("json");
+                let plan = &v["plans"][0];
+                assert_eq!(plan["outcome"], "refused", "{bin} {op} {name}: {v:#}");
+                let refusal = plan["refusal"].as_str().unwrap_or_default();
+                assert!(
+                    refusal.starts_with(&format!("{name} is protected: ")),
+                    "{bin} {op} {name}: {refusal}"
+                );
+            }
+        }
+    }
 }
 
 /// `cmd` runs without CAP_SYS_PTRACE (dropped from its bounding set before exec, so root's exec

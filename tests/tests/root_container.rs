@@ -109,7 +109,7 @@ impl Container {
 /// The `podman run` flags and the agent's arguments that run the image as deploy/base's DaemonSet
 /// runs it: hostPID, privileged, read-only root, every hostPath mount with its propagation
 /// (HostToContainer = rslave, None = rprivate, Bidirectional = rshared) at the path `moved` gives
-/// it, the config file from `config` where the ConfigMap is mounted, and the container's args with
+/// it, the config's parts in the directory `config` where the ConfigMap is mounted, and the container's args with
 /// the downward API's NODE_NAME filled in.
 fn as_the_daemonset_runs_it(
     moved: &dyn Fn(&str, &str) -> (String, String),
@@ -145,7 +145,9 @@ fn as_the_daemonset_runs_it(
             flags.push("-v".to_owned());
             flags.push(format!("{src}:{dst}:{propagation}{ro}"));
         } else if v.config_map.is_some() {
-            assert_eq!(m.sub_path.as_deref(), Some("agent.toml"), "the config is mounted as one file");
+            // The ConfigMap as a directory of parts (its keys), as kubelet mounts it.
+            assert_eq!(m.sub_path, None, "the config is mounted as a directory of parts");
+            assert!(config.is_dir(), "{} is the config's directory", config.display());
             flags.push("-v".to_owned());
             flags.push(format!("{}:{}:ro", config.display(), m.mount_path));
         } else {
@@ -245,6 +247,46 @@ fn host_paths_are_resolved_on_the_host(s: &Scratch, socket: &Path, container: &C
     drop(swap);
     drop(fs);
     drop(lo);
+}
+
+/// Issue 35 item 4: the agent, run as the DaemonSet runs it (the kubelet directory with
+/// HostToContainer, no host root), holds no private copy of a live host mount: its namespace is
+/// no pin risk. The holder's (`unshare -m`, propagation private) is, with its copy of the volume:
+/// the agent in its container sees pin risks at all.
+fn the_daemonset_is_no_pin_risk(socket: &Path, agent_pid: u32, holder: &NsProcess, dev: &str) {
+    let ns = |pid: u32| {
+        let link = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).expect("ns link");
+        link.to_string_lossy()
+            .trim_start_matches("mnt:[")
+            .trim_end_matches(']')
+            .parse::<u64>()
+            .expect("inode")
+    };
+    let (agent_ns, holder_ns) = (ns(agent_pid), holder.ns_inode());
+    let mut last = serde_json::Value::Null;
+    let seen = wait_until(Duration::from_secs(20), || {
+        let out = agentctl(socket, &["scan", "-o", "json"]);
+        last = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        last["pin_risks"].as_array().is_some_and(|rs| {
+            rs.iter().any(|r| {
+                r["mount_namespace"].as_u64() == Some(holder_ns)
+                    && r["copies"].as_array().is_some_and(|c| c.iter().any(|c| c["device"] == dev))
+            })
+        })
+    });
+    assert!(
+        seen,
+        "the holder's private copy of {dev} is no pin risk in the container's scan: {:#}",
+        last["pin_risks"]
+    );
+    assert_eq!(last["pin_risks_checked"], true);
+    let agents: Vec<&serde_json::Value> = last["pin_risks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["mount_namespace"].as_u64() == Some(agent_ns))
+        .collect();
+    assert!(agents.is_empty(), "the shipped DaemonSet is a pin risk: {agents:#?}");
 }
 
 /// `MAJ:MIN` of a block device.
@@ -389,6 +431,9 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         }
         c.arg(image())
             .args(["--kubelet-dir", &k, "--rescan-interval", "1", "--log-format", "json"])
+            // No Kubernetes API here: the operator says so (without it the agent vouches for
+            // nothing a PV could own, and refuses every Apply on such a device).
+            .arg("--no-kubernetes")
             .args(&args)
             .args(["--grace-period", "0"]);
         run(c, "podman run");
@@ -404,7 +449,11 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
         );
     };
     // First deploy/base's config: report mode.
-    let container = start(&repo().join("deploy/base/agent.toml"), "report");
+    // deploy/base's ConfigMap as kubelet mounts it: a directory with its one part.
+    let config_dir = s.mkdir("config.d");
+    std::fs::copy(repo().join("deploy/base/agent.toml"), config_dir.join("00-agent.toml"))
+        .expect("config part");
+    let container = start(&config_dir, "report");
     reachable(&container);
     let agent_pid = container.host_pid();
     host_paths_are_resolved_on_the_host(&s, &socket, &container);
@@ -435,6 +484,7 @@ fn root_container_runs_as_the_daemonset_and_releases_incident_5() {
     };
     let mut holder = NsProcess::spawn("exec sleep 1000");
     assert!(wait_until(Duration::from_secs(5), || holder.has_mount(&target)), "the holder has its copy");
+    the_daemonset_is_no_pin_risk(&socket, agent_pid, &holder, &dev);
     host_mount.umount();
     let agent_clean_of = |pid: u32| mounts_of(pid, &maj_min).is_empty();
     let agent_clean = || agent_clean_of(agent_pid);

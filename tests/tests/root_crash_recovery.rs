@@ -13,6 +13,7 @@
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use blockjanitor_tests::*;
 use serde_json::Value;
@@ -366,8 +367,89 @@ fn root_a_run_without_sight_refuses_apply_and_says_its_view_is_incomplete() {
     let out = as_nobody(&["scan"]);
     assert_eq!(out.status.code(), Some(3), "scan: unknown, not 0; {}", said(&out));
     let first = text(&out.stdout).lines().next().unwrap_or_default().to_owned();
-    assert!(first.starts_with("INCOMPLETE VIEW") && first.contains("run as root"), "{first}");
+    assert!(first.starts_with("INCOMPLETE VIEW") && first.contains("run it as root"), "{first}");
     // As root the same scan sees everything and says nothing of the kind.
     let out = agent(&["scan"]);
     assert!(!text(&out.stdout).starts_with("INCOMPLETE VIEW"), "{}", said(&out));
+}
+
+/// A kubeconfig in `s` whose server is a loopback port nothing listens on.
+fn kubeconfig_nowhere(s: &Scratch) -> std::path::PathBuf {
+    let path = s.path("nowhere.kubeconfig");
+    std::fs::write(
+        &path,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n\
+         users:\n- name: u\n  user:\n    token: not-a-token\n",
+    )
+    .expect("kubeconfig");
+    path
+}
+
+/// Issue 34, item 2: a daemon that starts with an unfinished plan in its journal resumes it
+/// through the one workflow once the Kubernetes API's view is up, never before. `release DEV
+/// --apply` is killed right after its plan record (two releases owed); a daemon
+/// in release mode (which resumes by itself, and cleans only kubelet's volumes: none here)
+/// whose API does not answer leaves the plan open and its mounts and device as they are, and
+/// says it waits for the API; a daemon started with `--no-kubernetes` (the operator's word)
+/// then finishes it, audited as the daemon's resume.
+#[test]
+fn root_the_daemon_resumes_an_unfinished_plan_only_once_the_api_answers() {
+    use blockjanitor_tests::daemon::Daemon;
+    if !require_real_kernel(&["losetup", "mkfs.ext4", "unshare"]) {
+        return;
+    }
+    let _serial = serial();
+    let s = Scratch::new();
+    let img = s.ext4_image("a.img", 8);
+    let p = privately_mounted(&s, &img);
+    let dev = p.lo.dev.clone();
+    let out = release(&s, &dev, Some((PLAN_AFTER, "1".into())));
+    assert_eq!(out.status.signal(), Some(libc::SIGKILL), "{}", said(&out));
+    let open = |s: &Scratch| {
+        let j = records(s);
+        j.iter().any(|r| r["phase"] == "plan") && !j.iter().any(|r| r["phase"] == "plan_end")
+    };
+    assert!(open(&s), "the plan is left open: {:#?}", records(&s));
+
+    let kubelet = s.mkdir("kubelet");
+    let kdir = kubelet.to_str().expect("utf8");
+    let nowhere = kubeconfig_nowhere(&s);
+    let common =
+        ["--mode", "release", "--grace-period", "0", "--rescan-interval", "1", "--kubelet-dir", kdir];
+    let mut args = common.to_vec();
+    args.extend(["--kubeconfig", nowhere.to_str().expect("utf8")]);
+    let mut d = Daemon::start(s.dir.path(), &args);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(still_mounted(&p), "resumed with no word from the API:\n{}", d.log_text());
+    assert!(open(&s), "the plan stays open for when the API answers: {:#?}", records(&s));
+    assert!(d.log_text().contains("journal recovery waits for the Kubernetes API"), "{}", d.log_text());
+    d.stop();
+    drop(d);
+
+    let mut args = common.to_vec();
+    args.push("--no-kubernetes");
+    let d = Daemon::start(s.dir.path(), &args);
+    // Both mounts gone, and the plan's end journaled (the last step's result is written right
+    // after its mount goes).
+    assert!(
+        wait_until(Duration::from_secs(20), || !still_mounted(&p) && !open(&s)),
+        "--no-kubernetes: the daemon finishes the plan at start:\n{}",
+        d.log_text()
+    );
+    // The last detach's result (and the plan's end) is written after the unmount is seen gone.
+    assert!(
+        wait_until(Duration::from_secs(10), || records(&s).iter().any(|r| r["phase"] == "plan_end")),
+        "the resumed plan is closed: {:#?}",
+        records(&s)
+    );
+    let journal = records(&s);
+    assert_nothing_open(&journal);
+    let end = journal.iter().find(|r| r["phase"] == "plan_end").expect("closed");
+    assert_eq!(end["result"], "resumed", "{journal:#?}");
+    let log = d.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("\"phase\":\"resume\"") && l.contains("daemon mode release at start")),
+        "the resume is audited with who resumed it:\n{log}"
+    );
 }

@@ -58,8 +58,12 @@ fn root_a_forged_dev_kmsg_line_is_no_kernel_evidence() {
     if !require_real_kernel(&[]) {
         return;
     }
-    let tag = format!("{:x}", std::process::id());
-    // A disk name no kernel gave (sdbj...) and an rbd name, unique to this run.
+    // A disk name no kernel gave (sdbj..., letters only as the kernel's are: the pid's hex
+    // digits spelled a..p) and an rbd name, unique to this run.
+    let tag: String = format!("{:x}", std::process::id())
+        .chars()
+        .filter_map(|c| c.to_digit(16).map(|d| char::from(b'a' + d as u8)))
+        .collect();
     let disk = format!("sdbj{tag}");
     let lun = format!("sd 9:0:0:7: [{disk}] tag#1 Add. Sense: Logical unit not supported");
     let rbd = format!("rbd{}", 900_000 + std::process::id() % 99_999);

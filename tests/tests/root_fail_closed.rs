@@ -596,6 +596,63 @@ fn root_acting_outside_the_host_pid_namespace_is_refused() {
     assert!(lo.is_bound());
 }
 
+/// Issue 34, item 3: `holders DEV` run in a PID namespace of its own, while a host process has
+/// DEV open, sees none of the host's processes and gets no error for them: it must not answer
+/// "free" (exit 0). Its first line is INCOMPLETE naming the PID namespace, the exit is 3
+/// (unknown), and the JSON's blind spots say the same. Run again through a procfs of the host's
+/// namespace from below (no `--mount-proc`), it sees the holder but cannot tell its own files
+/// from others': still a blind spot.
+#[test]
+fn root_holders_outside_the_host_pid_namespace_is_unknown_not_free() {
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let lo = s.loop_file("held.img");
+    let f = files(&s);
+    let mut opener = Command::new("sh");
+    opener.args(["-c", &format!("exec 3<{} && exec sleep 1000", lo.dev)]).stdin(Stdio::null());
+    let opener = Killed(opener.spawn().expect("spawn the opener"));
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            std::fs::read_link(format!("/proc/{}/fd/3", opener.0.id())).is_ok_and(|p| p == Path::new(&lo.dev))
+        }),
+        "the opener never opened {}",
+        lo.dev
+    );
+
+    let out = in_pid_namespace(&with_files(&f, &["holders", &lo.dev])).output().expect("unshare");
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "unknown, not free: {said}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(first.starts_with("INCOMPLETE"), "the first line says the view is incomplete: {said}");
+    assert!(first.contains("PID namespace") && first.contains("hostPID: true"), "{said}");
+
+    let out = in_pid_namespace(&with_files(&f, &["holders", &lo.dev, "--output", "json"]))
+        .output()
+        .expect("unshare");
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("json: {e}: {}", text(&out.stdout)));
+    assert_eq!(out.status.code(), Some(3), "{v:#}");
+    let spots: Vec<String> = v["blind_spots"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no blind_spots: {v:#}"))
+        .iter()
+        .map(|b| b.to_string())
+        .collect();
+    assert!(spots.iter().any(|b| b.contains("PID namespace")), "{spots:?}");
+
+    // The host's procfs, read from a PID namespace below it: the holder is seen (held, exit 2),
+    // and the run still says it cannot vouch for its own view.
+    let mut c = Command::new("unshare");
+    trust_init(&mut c).args(["--pid", "--fork", "--kill-child"]).arg(agent_bin());
+    let out = c.args(with_files(&f, &["holders", &lo.dev])).stdin(Stdio::null()).output().expect("unshare");
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(2), "held: {said}");
+    assert!(text(&out.stdout).starts_with("INCOMPLETE"), "{said}");
+    drop(opener);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 9, 10: blind spots.
 
@@ -1027,4 +1084,50 @@ fn root_release_detaches_a_copy_nobody_uses_and_frees_the_device() {
     assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "the filesystem is gone");
     let v = holders(&s, &lo.dev, &[]);
     assert_eq!(v["holders"], serde_json::json!([]), "free: {v:#}");
+}
+
+/// Issue 34, item 1, for the one-shot commands: `clean DEV --apply` with `--kube-url` builds the
+/// same view as the daemon. Against the stand-in API server (Node Ready, nothing of this device
+/// in it) the view vouches and the unheld loop device is unbound; against a loopback port
+/// nothing listens on (`--kube-wait 2`), the run says on its first line that the API cannot
+/// vouch, exits 4 and leaves the device alone. Outside a cluster with nothing configured the
+/// API is not asked, and the first line says so.
+#[test]
+fn root_one_shot_runs_build_the_api_view_or_say_they_did_not() {
+    use blockjanitor_tests::kube_mock::{node_object, ready_only, ApiServer, NODE};
+    let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
+    let f = files(&s);
+    let lo = s.loop_file("free.img");
+
+    let out = agent(&with_files(&f, &["--grace-period", "0", "clean", &lo.dev]));
+    let first = text(&out.stdout).lines().next().unwrap_or_default().to_owned();
+    assert!(
+        first.starts_with("Kubernetes API: off (not in a cluster"),
+        "the first line says the API was not asked: {}",
+        text(&out.stdout)
+    );
+
+    let nowhere = ["--kube-url", "http://127.0.0.1:9", "--node-name", NODE, "--kube-wait", "2"];
+    let mut args: Vec<&str> = nowhere.to_vec();
+    args.extend(["--grace-period", "0", "clean", &lo.dev, "--apply"]);
+    let out = agent(&with_files(&f, &args));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(4), "refused: {said}");
+    assert!(lo.is_bound(), "clean --apply acted although the API did not answer: {said}");
+    let first = text(&out.stdout).lines().next().unwrap_or_default().to_owned();
+    assert!(first.starts_with("Kubernetes API: cannot vouch: "), "{said}");
+
+    let rt = rt();
+    let server = rt.block_on(ApiServer::start(node_object(ready_only())));
+    let url = server.url();
+    let args = ["--kube-url", &url, "--node-name", NODE, "--grace-period", "0", "clean", &lo.dev, "--apply"];
+    let out = agent(&with_files(&f, &args));
+    let said =
+        format!("exit {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "the API vouches: done; {said}");
+    assert!(!lo.is_bound(), "{said}");
+    assert!(!text(&out.stdout).contains("Kubernetes API:"), "nothing to say while it vouches: {said}");
+    assert!(server.requests().iter().any(|r| r.path == "/api/v1/pods"), "the run asked the API");
+    drop(rt);
 }

@@ -18,7 +18,9 @@
 //! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
 //! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
 //! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
-//! intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`.
+//! intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`; intents and plans also
+//! name their `writer` (`{"pid", "start", "boot"}`: a PID is reused, a PID, start time and boot
+//! are one process, [`Writer`]).
 //!
 //! Fault injection (crash tests only, off unless set): with
 //! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
@@ -43,6 +45,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+pub use super::journal_writer::{writer_pid, Writer};
 use crate::host::durable;
 use crate::plan::Step;
 
@@ -125,7 +128,7 @@ struct Record<'a> {
     id: &'a str,
     phase: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    step: Option<&'a Step>,
+    step: Option<serde_json::Value>,
     /// The plan an intent belongs to, and the step's place in it.
     #[serde(skip_serializing_if = "Option::is_none")]
     plan: Option<&'a str>,
@@ -135,6 +138,9 @@ struct Record<'a> {
     result: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     detail: Option<&'a str>,
+    /// The process writing an intent ([`Writer`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    writer: Option<&'a Writer>,
 }
 
 fn now() -> f64 {
@@ -187,20 +193,22 @@ impl Journal {
         self.begin_at(step, None)
     }
 
-    /// Records the intent to run `step`, step `index` of the plan being journaled (see
-    /// [`Journal::plan`]); returns the record ID for [`Journal::finish`].
-    pub fn begin_at(&mut self, step: &Step, index: Option<usize>) -> io::Result<String> {
+    /// Records the intent to run `step` (a device's [`Step`], or a pod volume directory's
+    /// `rmdir`), step `index` of the plan being journaled (see [`Journal::plan`]); returns the
+    /// record ID for [`Journal::finish`].
+    pub fn begin_at<S: Serialize + ?Sized>(&mut self, step: &S, index: Option<usize>) -> io::Result<String> {
         let id = new_id("");
         let plan = self.current_plan.clone();
         self.append_step(&Record {
             ts: now(),
             id: &id,
             phase: "intent",
-            step: Some(step),
+            step: Some(serde_json::to_value(step).map_err(io::Error::other)?),
             plan: plan.as_deref(),
             index: index.filter(|_| plan.is_some()),
             result: None,
             detail: None,
+            writer: Some(Writer::this()),
         })?;
         Ok(id)
     }
@@ -210,7 +218,7 @@ impl Journal {
     /// The intents written until [`Journal::plan_end`] name it. Returns the plan's record ID.
     pub fn plan(&mut self, body: &serde_json::Value) -> io::Result<String> {
         let id = new_id("plan-");
-        let mut rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan" });
+        let mut rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan", "writer": Writer::this() });
         if let (Some(r), Some(b)) = (rec.as_object_mut(), body.as_object()) {
             r.extend(b.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
@@ -261,6 +269,7 @@ impl Journal {
             index: None,
             result: Some(result),
             detail,
+            writer: None,
         })
     }
 
@@ -276,6 +285,7 @@ impl Journal {
             index: None,
             result: Some(resolution),
             detail: Some(detail),
+            writer: None,
         })
     }
 }
@@ -310,6 +320,7 @@ fn rotate(path: &Path) -> io::Result<()> {
         index: None,
         result: None,
         detail: Some(&note),
+        writer: None,
     };
     serde_json::to_writer(&mut text, &rec).map_err(io::Error::other)?;
     text.push(b'\n');
@@ -338,11 +349,6 @@ fn new_id(prefix: &str) -> String {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// The writer's pid in a record ID (intents: `<ns>-<pid>-<n>`, plans: `plan-<ns>-<pid>-<n>`).
-pub fn writer_pid(id: &str) -> Option<u32> {
-    id.trim_start_matches("plan-").split('-').nth(1).and_then(|p| p.parse().ok())
 }
 
 /// Ends a torn last line (a write cut short by a crash) with a newline, so the next record starts
@@ -422,8 +428,9 @@ pub struct OpenPlan {
     pub writer_pid: Option<u32>,
     /// The plan record as journaled.
     pub record: serde_json::Value,
-    /// The indexes of its steps that finished (a result `done`, `already_absent` or
-    /// `deferred`, or closed by recovery as `gone` or `in_place`).
+    /// The indexes of its steps that finished (a result `done` or `already_absent`, or closed
+    /// by recovery as `gone` or `in_place`; a `deferred` step did not: the kernel finishes it
+    /// only at its device's last close, and a resumed plan runs it again, re-checked).
     pub finished: std::collections::BTreeSet<usize>,
     /// The indexes of its steps that have an intent still open.
     pub in_flight: std::collections::BTreeSet<usize>,
@@ -461,7 +468,7 @@ fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
                 let Some(p) = plans.iter_mut().find(|p| &p.id == plan) else { continue };
                 p.in_flight.remove(index);
                 let finished = match (phase, text_of(v, "result")) {
-                    ("result", r) => matches!(r, "done" | "already_absent" | "deferred"),
+                    ("result", r) => matches!(r, "done" | "already_absent"),
                     (_, r) => matches!(r, "gone" | "in_place"),
                 };
                 if finished {

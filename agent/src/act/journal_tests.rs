@@ -223,3 +223,34 @@ fn one_writer_at_a_time_and_the_second_is_told_who_holds_the_journal() {
     drop(held);
     waiter.join().expect("thread").expect("the waiter got it");
 }
+
+/// Issue 34: an intent and a plan name their writer by PID, start time and boot, so recovery
+/// can tell the very process from another that has its PID now; a record written before they
+/// did falls back to the PID in its ID. A step the kernel deferred is not finished: a resumed
+/// plan runs it again.
+#[test]
+fn records_name_their_writer_and_a_deferred_step_is_not_finished() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("journal.jsonl");
+    let mut j = Journal::open(&path).expect("open");
+    let plan = j.plan(&serde_json::json!({ "steps": [] })).expect("plan");
+    let id = j.begin_at(&step(), Some(0)).expect("begin");
+    j.finish(&id, "deferred", "the kernel set autoclear").expect("finish");
+    let records: Vec<serde_json::Value> = std::fs::read_to_string(&path)
+        .expect("read")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let me = Writer::this();
+    assert_eq!(me.pid, std::process::id());
+    assert!(me.start.is_some() && me.boot.is_some(), "{me:?}");
+    for r in records.iter().filter(|r| r["phase"] == "plan" || r["phase"] == "intent") {
+        assert_eq!(Writer::of_record(r).as_ref(), Some(me), "{r}");
+    }
+    let old = serde_json::json!({ "id": "1796612538458096631-42-0", "phase": "intent" });
+    assert_eq!(Writer::of_record(&old), Some(Writer { pid: 42, start: None, boot: None }));
+    let open = open_plans(&path).expect("open plans");
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].id, plan);
+    assert!(open[0].finished.is_empty(), "a deferred step did not finish: {:?}", open[0].finished);
+}

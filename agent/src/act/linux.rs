@@ -29,6 +29,14 @@ use crate::{host::nsenter, host::sys};
 /// Default deadline for one kernel call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What tells one attach of an rbd image from the next at the same id and number: the device's
+/// `diskseq`, or on a kernel without it the sequence number of the kernel's attach record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttachStamp {
+    pub diskseq: Option<u64>,
+    pub record: Option<u64>,
+}
+
 /// Acts on the live kernel.
 #[derive(Debug, Clone)]
 pub struct LinuxActuator {
@@ -67,7 +75,12 @@ impl Actuator for LinuxActuator {
             }
             Action::ScsiDelete { wwid, .. } => self.scsi_delete(device, devnum, wwid),
             Action::RbdUnmap { id, pool, image, image_id, force } => {
-                self.rbd_unmap(device, devnum, *id, (pool, image, image_id), *force)
+                let record = match &step.identity.backing {
+                    crate::graph::identity::Backing::Rbd { attach_record, .. } => *attach_record,
+                    _ => None,
+                };
+                let stamp = AttachStamp { diskseq: step.identity.diskseq, record };
+                self.rbd_unmap(device, devnum, *id, (pool, image, image_id), stamp, *force)
             }
             Action::NbdDisconnect { server_pid, backend } => {
                 self.nbd_disconnect(device, devnum, *server_pid, backend.as_deref())

@@ -9,12 +9,14 @@
 
 mod iscsi;
 pub mod journal;
+mod journal_writer;
 pub mod linux;
 mod r#loop;
 mod multipath;
 pub mod multipathd;
 mod nbd;
 mod nvme;
+pub mod pod_volume;
 mod rbd;
 pub mod recording;
 mod scsi;
@@ -52,6 +54,10 @@ impl StepOutcome {
 pub enum ActError {
     #[error("{device}: precondition failed: {reason}")]
     Precondition { device: DeviceName, reason: String },
+    /// The device at the planned number is another kernel object now (a name reused since the
+    /// plan): a refusal of its own kind, so a caller never has to read it out of the words.
+    #[error("{device}: precondition failed: {reason}")]
+    IdentityChanged { device: DeviceName, reason: String },
     #[error("{device}: {op} failed: {source}")]
     Syscall { device: DeviceName, op: &'static str, source: std::io::Error },
     #[error("{device}: {op} did not finish within {after:?}; it is left running on its own thread and reported as hung")]

@@ -189,17 +189,102 @@ fn root_reaches_an_abstract_socket_in_another_network_namespace() {
     assert!(e.to_string().contains("network namespace /nonexistent/ns/net"), "{e}");
 }
 
-#[test]
-fn finds_daemons_by_name() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for (pid, comm) in
-        [("1", "systemd\n"), ("170", "multipathd\n"), ("171", "multipathd-x\n"), ("self", "x\n")]
-    {
-        std::fs::create_dir(dir.path().join(pid)).expect("mkdir");
-        std::fs::write(dir.path().join(pid).join("comm"), comm).expect("comm");
+/// A process built from tests/helpers/named-process.c, killed and reaped on drop.
+struct Named(std::process::Child, u32);
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
-    std::fs::create_dir(dir.path().join("172")).expect("a process that exited");
-    assert_eq!(daemons(dir.path()).expect("daemons"), vec![170]);
+}
+
+/// Starts `prefix... BIN args...` and waits for its "ready PID" line.
+fn named(prefix: &[&str], bin: &Path, args: &[&str]) -> Named {
+    use std::io::BufRead;
+    let mut cmd = std::process::Command::new(prefix.first().copied().unwrap_or(bin.to_str().expect("utf8")));
+    if !prefix.is_empty() {
+        cmd.args(&prefix[1..]).arg(bin);
+    }
+    let mut child =
+        cmd.args(args).stdout(std::process::Stdio::piped()).spawn().expect("spawn the named process");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("its line");
+    let pid = line.strip_prefix("ready ").and_then(|p| p.trim().parse().ok());
+    let pid = pid.unwrap_or_else(|| panic!("the named process said {line:?}"));
+    Named(child, pid)
+}
+
+/// On the live kernel (root): multipathd is the root process named multipathd that holds the
+/// listening control socket in its network namespace, never a process that merely bears the
+/// name. A non-root process named so is ignored; one holding the socket name (in a namespace of
+/// its own) is refused as a squatter; a root one holding none cannot be told from a daemon
+/// starting up, so the removal is refused; the owner is found and pinned (its exit is seen).
+#[test]
+fn root_multipathd_is_the_owner_of_its_control_socket_not_a_name() {
+    if !nix::unistd::geteuid().is_root() {
+        assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs as root");
+        eprintln!("SKIPPED: needs root");
+        return;
+    }
+    let host = crate::host::HostRoot::default();
+    if crate::discover::control_socket::owners(&host, COMM, SOCKET)
+        .is_ok_and(|o| !o.owners.is_empty() || !o.others.is_empty())
+    {
+        eprintln!("SKIPPED: a process named multipathd runs on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    let bin = dir.path().join("named-process");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/helpers/named-process.c");
+    let out = std::process::Command::new("gcc")
+        .args(["-O0", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {}
+        other => {
+            eprintln!("SKIPPED: cannot build named-process.c with gcc: {other:?}");
+            return;
+        }
+    }
+    let act = LinuxActuator::new(host, Duration::from_secs(5));
+    let dm0 = DeviceName::new("dm-0").expect("name");
+    let find = || act.multipathd(&dm0, "left alone");
+    assert!(find().expect("nothing named multipathd").is_none());
+    let nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"];
+    let impostor = named(&nobody, &bin, &["multipathd"]);
+    assert!(
+        find().expect("a name is not a daemon").is_none(),
+        "a non-root process named multipathd is not it"
+    );
+
+    let mut squat_prefix = nobody.to_vec();
+    squat_prefix.extend(["unshare", "-r", "-n"]);
+    let squatter = named(&squat_prefix, &bin, &["multipathd", "--listen", SOCKET]);
+    let e = find().expect_err("a squatter");
+    assert!(
+        e.to_string()
+            .contains(&format!("process {} (uid 65534) holds multipathd's control socket", squatter.1)),
+        "{e}"
+    );
+    drop(squatter);
+
+    let starting = named(&[], &bin, &["multipathd"]);
+    let e = find().expect_err("root, no socket");
+    assert!(e.to_string().contains(&format!("(pid {}) runs but holds no control socket", starting.1)), "{e}");
+    drop(starting);
+
+    let owner = named(&["unshare", "-n"], &bin, &["multipathd", "--listen", SOCKET]);
+    let found = find().expect("an owner").expect("found");
+    assert_eq!(found.id.pid, owner.1, "the owner, not the impostor {}", impostor.1);
+    assert_eq!(found.id.euid, Some(0));
+    assert!(found.still_running());
+    drop(owner);
+    assert!(!found.still_running(), "its exit is seen through the pidfd");
+    drop(impostor);
 }
 
 #[test]

@@ -1,10 +1,12 @@
 //! The Linux actuator's rbd step: krbd unmap through `/sys/bus/rbd/remove_single_major` (or
 //! `remove`), retrying the transient EBUSY udev's blkid causes on last close. Identity (pool,
-//! image and image id) is re-verified first.
+//! image, image id and device number) is re-verified first, and so is the attach stamp the plan
+//! was made for (the device's `diskseq`, or the kernel's attach record where there is none): the
+//! same image unmapped and mapped again at the same id is another mapping, someone else's now.
 
 use std::time::Duration;
 
-use super::linux::{bounded, LinuxActuator};
+use super::linux::{bounded, AttachStamp, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::model::{lossless_string, DevNum, DeviceName};
 
@@ -18,6 +20,7 @@ impl LinuxActuator {
         devnum: DevNum,
         id: u32,
         (pool, image, image_id): (&str, &str, &str),
+        stamp: AttachStamp,
         force: bool,
     ) -> Result<StepOutcome, ActError> {
         let bus = self.host().sys().join("bus/rbd");
@@ -37,6 +40,7 @@ impl LinuxActuator {
                 format!("rbd id {id} is now {}/{} ({}), not {pool}/{image}: id reused?", now.0, now.1, now.3),
             ));
         }
+        self.same_attach(device, id, stamp)?;
         let control = ["remove_single_major", "remove"].iter().map(|f| bus.join(f)).find(|p| p.exists());
         let Some(control) = control else {
             return Err(ActError::precondition(
@@ -70,5 +74,94 @@ impl LinuxActuator {
             });
         }
         Ok(StepOutcome::Done)
+    }
+
+    /// Refuses unless `device` is still the attach the plan was made for: its `diskseq` now is
+    /// the planned one, or (planned without one) the kernel's latest attach record for its name
+    /// is. Planned with neither (an old kernel whose record left the log's buffer): the other
+    /// checks (id, pool, image, image id, number) are all there is.
+    fn same_attach(&self, device: &DeviceName, id: u32, stamp: AttachStamp) -> Result<(), ActError> {
+        let refuse = |what: String| {
+            Err(ActError::precondition(
+                device,
+                format!("rbd id {id} is {what}: the image was unmapped and mapped again since it was planned; plan again"),
+            ))
+        };
+        if let Some(planned) = stamp.diskseq {
+            let path = self.host().sys_class_block().join(device.as_str()).join("diskseq");
+            let now = std::fs::read_to_string(&path).map_err(|e| {
+                ActError::precondition(
+                    device,
+                    format!("cannot read {} to check the attach: {e}", path.display()),
+                )
+            })?;
+            return match now.trim().parse::<u64>() {
+                Ok(n) if n == planned => Ok(()),
+                Ok(n) => refuse(format!("now diskseq {n}, not the planned {planned}")),
+                Err(_) => Err(ActError::precondition(
+                    device,
+                    format!("{} says {:?}, not a disk sequence number", path.display(), now.trim()),
+                )),
+            };
+        }
+        if let Some(planned) = stamp.record {
+            return match crate::discover::kmsg::read_rbd(self.host()).attached.get(device.as_str()) {
+                Some(&n) if n == planned => Ok(()),
+                Some(&n) => refuse(format!("now announced by kernel record #{n}, not #{planned}")),
+                None => refuse(format!(
+                    "no longer announced by kernel record #{planned} (the record cannot be found)"
+                )),
+            };
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostRoot;
+
+    /// The attach stamp is checked right before the write to `remove`: an rbd id whose pool,
+    /// image, image id and number are all as planned, but whose `diskseq` is not, is another
+    /// mapping of the same image (unmapped and mapped again since the plan) and is left alone.
+    /// (No kernel here has rbd: a tree of the sysfs files the step reads, in their layout.)
+    #[test]
+    fn a_mapping_mapped_again_since_the_plan_is_not_unmapped() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dev = root.path().join("sys/bus/rbd/devices/0");
+        std::fs::create_dir_all(&dev).expect("mkdir");
+        for (f, v) in [
+            ("pool", "k8s\n"),
+            ("name", "csi-vol-1\n"),
+            ("image_id", "115f79643c9869\n"),
+            ("major", "252\n"),
+            ("minor", "0\n"),
+        ] {
+            std::fs::write(dev.join(f), v).expect("write");
+        }
+        let remove = root.path().join("sys/bus/rbd/remove_single_major");
+        std::fs::write(&remove, "").expect("write");
+        let block = root.path().join("sys/class/block/rbd0");
+        std::fs::create_dir_all(&block).expect("mkdir");
+        std::fs::write(block.join("diskseq"), "9\n").expect("write");
+        let act = LinuxActuator::new(HostRoot::new(root.path()), Duration::from_secs(5));
+        let rbd0 = DeviceName::new("rbd0").expect("name");
+        let spec = ("k8s", "csi-vol-1", "115f79643c9869");
+        let unmap = |diskseq: Option<u64>, record: Option<u64>| {
+            act.rbd_unmap(&rbd0, DevNum::new(252, 0), 0, spec, AttachStamp { diskseq, record }, false)
+        };
+        let e = unmap(Some(8), None).expect_err("another attach");
+        assert!(e.to_string().contains("now diskseq 9, not the planned 8"), "{e}");
+        // On a kernel without diskseq, the attach record the plan had is looked for in the log:
+        // this tree has no /dev/kmsg, so it cannot be found, and nothing is unmapped either.
+        let e = unmap(None, Some(1200)).expect_err("the record is gone");
+        assert!(e.to_string().contains("no longer announced by kernel record #1200"), "{e}");
+        assert_eq!(std::fs::read_to_string(&remove).expect("read"), "", "nothing was written to remove");
+        // The planned attach: the write goes through (here to the tree's file; the kernel would
+        // remove the directory, which the tree does not, so the step reports it unverified).
+        let e = unmap(Some(9), None).expect_err("a tree is not a kernel");
+        assert!(matches!(e, ActError::NotVerified { .. }), "{e}");
+        assert_eq!(std::fs::read_to_string(&remove).expect("read"), "0");
     }
 }

@@ -6,9 +6,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
-
-use blockjanitor::cli::args::{Cli, LogFormat};
+use blockjanitor::cli::args::LogFormat;
 use blockjanitor::cli::commands::run;
 
 /// At most two glibc malloc arenas. glibc gives each thread that allocates its own arena (up
@@ -26,8 +24,9 @@ fn limit_malloc_arenas() {
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
+    let cli = match blockjanitor::cli::args::parse() {
+        Ok(Some(c)) => c,
+        Ok(None) => return ExitCode::SUCCESS,
         Err(e) => {
             let code = if e.use_stderr() { 1 } else { 0 };
             let _ = e.print();
@@ -47,7 +46,13 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("BLOCKJANITOR_LOG").unwrap_or_else(|_| {
-        EnvFilter::new(if std::env::args().any(|a| a == "serve") { "info" } else { "warn,audit=info" })
+        // A one-shot run says what the Kubernetes API's word is worth on its first line: the
+        // client's and the watches' own failure lines would say it again, once per watch.
+        EnvFilter::new(if std::env::args().any(|a| a == "serve") {
+            "info"
+        } else {
+            "warn,audit=info,kube_client=off,blockjanitor::kube=error"
+        })
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

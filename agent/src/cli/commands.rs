@@ -3,29 +3,21 @@
 //! printed as text, or as the JSON/YAML documents agentctl prints.
 
 use super::args::*;
+use super::holders::one_shot_view;
 use super::output::{print_value, say};
 use super::serve::serve;
 use super::settings::*;
 use super::{output, requests};
 use crate::act::journal;
-use crate::discover::{blockdev, mount_memo_file};
+use crate::discover::mount_memo_file;
 use crate::engine::outcome;
-use crate::engine::view::View;
 use crate::engine::Operation;
 use crate::graph::scan::Target;
 use crate::host::HostRoot;
-use crate::model::DevNum;
 use crate::plan;
 use crate::server::convert;
-use crate::{cli::render, graph::resolve};
 use anyhow::{Context, Result};
 use blockjanitor_rpc::view;
-
-/// A judged scan as the view the daemon publishes (generation 0: a one-shot scan has none), so
-/// that its devices convert as the daemon's do.
-fn one_shot_view(judged: &crate::engine::Judged) -> View {
-    View::of(judged.clone(), 0)
-}
 
 /// The operation `--release` asks for (else a cleanup).
 fn operation(release: bool) -> Operation {
@@ -45,10 +37,47 @@ fn report_only_memo(cli: &Cli, host: &HostRoot) -> Option<mount_memo_file::Kept>
     mount_memo_file::Kept::load(host, statmount_memo_path(cli)?)
 }
 
-/// The device an operator named.
-pub fn device_arg(host: &HostRoot, arg: &str) -> Result<DevNum> {
-    let devices = blockdev::scan(host)?;
-    Ok(resolve::device(host, &devices, arg)?.devnum)
+/// `scan`: every device judged (those `filter` lets through), then the pin risks and the
+/// orphaned pod volume directories; as text, through the renderer agentctl's `scan` uses, from
+/// the same messages.
+fn scan(
+    cli: &Cli,
+    host: HostRoot,
+    state: &mut StateFile<'_>,
+    output: Output,
+    filter: &view::choices::DeviceFilter,
+    layout: &view::columns::ScanLayout,
+) -> Result<u8> {
+    let memo = report_only_memo(cli, &host);
+    let e = engine(cli, host, plan::clean::CleanOptions::default());
+    let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
+    let pod_volumes = std::sync::Arc::new(e.pod_volumes(&mut state.clocks));
+    let pins = std::sync::Arc::new(e.world.pin_risks(None).unwrap_or_default());
+    state.save();
+    if let Some(mut m) = memo {
+        m.save();
+    }
+    let incomplete = outcome::incomplete_view(&judged.scan, None);
+    let mut v = one_shot_view(&judged);
+    v.pod_volumes = pod_volumes;
+    v.pin_risks = pins;
+    let all: Vec<_> = v.devices.iter().map(|d| convert::device(d)).collect();
+    match output {
+        Output::Json | Output::Yaml => {
+            // The same filter as the daemon's ListDevices, on the same messages.
+            let shown = all.into_iter().filter(|d| filter.matches(d)).collect();
+            print_value(output, &view::doc::devices_doc(&convert::devices_response(&v, shown)))?
+        }
+        Output::Table | Output::Wide => {
+            let r = convert::devices_response(&v, all);
+            output::warn_lines(&view::scan::warnings(&r));
+            view::table::set_wide(output == Output::Wide);
+            let term = view::term::Term::stdout();
+            let style = view::scan::ScanStyle { filter, layout, wide: output == Output::Wide, term };
+            say(&view::scan::report(&r, &style))?
+        }
+    }
+    Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
 }
 
 pub fn run(cli: &Cli) -> Result<u8> {
@@ -56,70 +85,10 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
-        Command::Scan { output } => {
+        Command::Scan { output, filter, layout } => scan(cli, host, &mut state, *output, filter, layout),
+        Command::Holders { devices, verbose, output } => {
             let memo = report_only_memo(cli, &host);
-            let e = engine(cli, host, plan::clean::CleanOptions::default());
-            let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
-            state.save();
-            if let Some(mut m) = memo {
-                m.save();
-            }
-            let incomplete = outcome::incomplete_view(&judged.scan, None);
-            match output {
-                Output::Json | Output::Yaml => {
-                    let v = one_shot_view(&judged);
-                    let r =
-                        convert::devices_response(&v, v.devices.iter().map(|d| convert::device(d)).collect());
-                    print_value(*output, &view::doc::devices_doc(&r))?
-                }
-                Output::Table | Output::Wide => {
-                    if let Some(line) = &incomplete {
-                        say(&format!("{line}\n"))?;
-                    }
-                    say(&render::scan_table(&judged))?
-                }
-            }
-            Ok(if incomplete.is_some() { EXIT_UNKNOWN } else { 0 })
-        }
-        Command::Holders { device, output } => {
-            let devnum = device_arg(&host, device)?;
-            let memo = report_only_memo(cli, &host);
-            let e = engine(cli, host, plan::clean::CleanOptions::default());
-            // The scan a cleanup of it would rest on: what its removal takes with it (an NVMe
-            // controller's other namespaces, a session's other disks) is looked at too.
-            let judged = e.judge(e.plan_scan(devnum, Operation::Clean)?, &mut state.clocks);
-            state.save();
-            if let Some(mut m) = memo {
-                m.save();
-            }
-            let incomplete =
-                judged.scan.entry(devnum).and_then(|e| outcome::incomplete_view(&judged.scan, Some(e)));
-            match output {
-                Output::Json | Output::Yaml => {
-                    let v = one_shot_view(&judged);
-                    let d = v.devices.iter().find(|d| d.entry.device.devnum == devnum);
-                    let d = d.ok_or(render::RenderError::Gone(devnum))?;
-                    let r = convert::holders_response(&v, d, convert::device(d));
-                    let device = r.device.clone().unwrap_or_default();
-                    print_value(*output, &view::doc::device_doc(&device, &r))?
-                }
-                Output::Table | Output::Wide => {
-                    if let Some(line) = &incomplete {
-                        say(&format!("{line}\n"))?;
-                    }
-                    say(&render::holders_table(&judged, devnum)?)?
-                }
-            }
-            // As `fuser -s`: held or free (kernel threads are symptoms, not holders); unknown
-            // when nothing was seen holding it but a blind spot could hide a holder.
-            let held = judged.scan.entry(devnum).is_some_and(|e| !e.holders.is_empty());
-            Ok(if held {
-                EXIT_HELD
-            } else if incomplete.is_some() {
-                EXIT_UNKNOWN
-            } else {
-                0
-            })
+            super::holders::holders(cli, host, &mut state, memo, devices, (*verbose, *output))
         }
         Command::Release { device, apply, force_busy, output } => {
             let mut e = engine(cli, host, plan::clean::CleanOptions::default());
@@ -158,6 +127,14 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 });
                 print_value(*output, &view::doc::envelope(view::doc::JOURNAL, body))?;
                 return Ok(0);
+            }
+            if !path.exists() {
+                // Named plainly: a wrong --journal (the daemon's is its config's `journal`) would
+                // otherwise read as "nothing unfinished".
+                tracing::warn!(
+                    "there is no journal at {}: nothing was ever journaled there (the daemon's journal is its config's `journal`; --journal names another)",
+                    path.display()
+                );
             }
             if pending.is_empty() && plans.is_empty() {
                 say(&format!("no unfinished steps in {}\n", path.display()))?;

@@ -1,6 +1,6 @@
 //! What the one-shot commands write to stdout: text, or a document as JSON or YAML (through
 //! blockjanitor-rpc's `view::format`, as agentctl writes them); nothing with `--quiet`; a closed
-//! pipe (`| head`) is no error.
+//! pipe (`| head`) is no error. Warnings go to stderr, one line each.
 
 use anyhow::{Context, Result};
 use blockjanitor_rpc::view;
@@ -29,6 +29,18 @@ pub fn print_value(output: Output, v: &serde_json::Value) -> Result<()> {
         Output::Yaml => say(&view::format::yaml(v)?),
         _ => say(&view::format::json(v)?),
     }
+}
+
+/// Warnings on stderr, one line each (`--quiet` keeps them: it silences stdout only).
+pub fn warn_lines(lines: &[String]) {
+    for l in lines {
+        eprintln!("{l}");
+    }
+}
+
+/// Documents as [`view::format::documents`] prints them (one: as [`print_value`]).
+pub fn write_documents(output: Output, docs: &[serde_json::Value]) -> Result<()> {
+    say(&view::format::documents(matches!(output, Output::Yaml), docs)?)
 }
 
 /// `--quiet` for the whole process (set once, from the flags).

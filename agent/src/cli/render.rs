@@ -1,30 +1,21 @@
-//! Human tables for the agent's one-shot commands (JSON and YAML go through blockjanitor-rpc's
-//! `view`, shared with agentctl). Pure: takes data, returns text.
+//! Human tables for the agent's one-shot commands other than `scan` (whose table, and every JSON
+//! and YAML document, go through blockjanitor-rpc's `view`, shared with agentctl). Pure: takes
+//! data, returns text.
 
 use std::fmt::Write as _;
 
 use crate::act::StepReport;
-use crate::engine::Judged;
 use crate::graph::identity::Identity;
 use crate::graph::scan::Scan;
 use crate::graph::{DeviceEntry, Holder};
-use crate::judge::{Judgement, Verdict};
+use crate::judge::Judgement;
 use crate::model::DevNum;
-use crate::model::{BlockDevice, DeviceKind, HolderKind, KernelText};
+use crate::model::{BlockDevice, HolderKind, KernelText};
 use crate::plan::Plan;
 use crate::snapshot::ScanStats;
 
-/// Holder lines shown per device in a table before the rest is summarised.
-const TABLE_HOLDERS: usize = 6;
-
-/// Sizes as `64.0M`, `1.5G` (one definition for every renderer, in blockjanitor-rpc).
+/// Sizes as lsblk prints them, `64M`, `1.5G` (one definition for every renderer, in blockjanitor-rpc).
 pub use blockjanitor_rpc::units::size;
-
-/// The judged device `devnum`, or an error naming it.
-fn judged_entry(judged: &Judged, devnum: DevNum) -> Result<(&DeviceEntry, Option<&Judgement>), RenderError> {
-    let e = judged.scan.entry(devnum).ok_or(RenderError::Gone(devnum))?;
-    Ok((e, judged.verdict(devnum)))
-}
 
 /// A device to render is not in the scan.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +69,16 @@ pub fn holder_line(h: &Holder) -> String {
                 _ => {}
             }
         }
-        _ => s.push_str(&h.describe()),
+        _ => {
+            s.push_str(&h.describe());
+            // Where it uses the device from, when that is not (only) the host's namespace: a
+            // thread in a pod's namespace holds the device there (gotcha 30).
+            if h.in_host_namespace == Some(false) || !h.other_namespaces.is_empty() {
+                let all: Vec<String> =
+                    h.mount_namespace.iter().chain(&h.other_namespaces).map(|n| n.0.to_string()).collect();
+                let _ = write!(s, " in mount namespace {}", all.join(", "));
+            }
+        }
     }
     if let Some(c) = &h.container_id {
         let _ = write!(s, " container {}", &c[..c.len().min(13)]);
@@ -252,12 +252,6 @@ fn verdict_lines(out: &mut String, j: Option<&Judgement>) {
     }
 }
 
-/// `holders DEVICE` as a table.
-pub fn holders_table(judged: &Judged, devnum: DevNum) -> Result<String, RenderError> {
-    let (e, j) = judged_entry(judged, devnum)?;
-    Ok(entry_table(&judged.scan, e, j))
-}
-
 /// One device of a scan as a table: the device, verdict, holders, then the scan's figures,
 /// warnings and blind spots.
 pub fn entry_table(scan: &Scan, e: &DeviceEntry, j: Option<&Judgement>) -> String {
@@ -302,43 +296,6 @@ fn stats_line(s: &ScanStats) -> String {
     )
 }
 
-/// `scan` as a table: every device with its holders, then a summary.
-pub fn scan_table(judged: &Judged) -> String {
-    let g = &judged.scan.graph;
-    let verdicts = &judged.verdicts;
-    let mut out = String::new();
-    let mut hidden = 0;
-    for e in &g.devices {
-        if e.device.is_unbound_loop() && e.holders.is_empty() {
-            hidden += 1;
-            continue;
-        }
-        let verdict =
-            verdicts.get(&e.device.devnum).map(|j| format!(" [{}]", j.verdict.as_str())).unwrap_or_default();
-        let _ = writeln!(out, "{}{verdict}", device_line(&e.device));
-        if let Some(j) = verdicts.get(&e.device.devnum).filter(|j| j.verdict != Verdict::InUse) {
-            for r in &j.reasons {
-                let _ = writeln!(out, "    - {r}");
-            }
-        }
-        holders_block(&mut out, e, TABLE_HOLDERS);
-    }
-    let held = g.devices.iter().filter(|e| !e.holders.is_empty()).count();
-    let mut kinds = std::collections::BTreeMap::new();
-    for e in &g.devices {
-        *kinds.entry(e.device.kind).or_insert(0) += 1;
-    }
-    let kinds: Vec<String> =
-        kinds.iter().map(|(k, n): (&DeviceKind, &i32)| format!("{n} {}", k.as_str())).collect();
-    let _ = writeln!(out, "\n{} block devices ({}), {held} held", g.devices.len(), kinds.join(", "));
-    if hidden > 0 {
-        let _ = writeln!(out, "{hidden} unbound loop devices not shown");
-    }
-    let _ = writeln!(out, "Kubernetes API: {}", judged.api_state);
-    footer(&mut out, &judged.scan);
-    out
-}
-
 /// A plan, for humans.
 pub fn plan_text(p: &Plan, apply: bool) -> String {
     let mut out = format!("{} {} ({}): ", p.operation, p.device, p.devnum);
@@ -356,13 +313,16 @@ pub fn plan_text(p: &Plan, apply: bool) -> String {
             }
         }
     }
-    for n in &p.notes {
+    // The same sentence (a release saying it of the mount in each of 37 namespaces) once, with a
+    // count and the numbers that differ.
+    for n in blockjanitor_rpc::view::fold::fold_alike(&p.notes) {
         let _ = writeln!(out, "note: {n}");
     }
     if !p.left_alone.is_empty() {
         out.push_str("left alone:\n");
-        for l in &p.left_alone {
-            let _ = writeln!(out, "  - {}", l.reason);
+        let reasons: Vec<&str> = p.left_alone.iter().map(|l| l.reason.as_str()).collect();
+        for r in blockjanitor_rpc::view::fold::fold_alike(&reasons) {
+            let _ = writeln!(out, "  - {r}");
         }
     }
     out
@@ -432,13 +392,18 @@ pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> St
 /// Says what the journal's recovery did through `say`: each interrupted step closed (or left
 /// open), each unfinished plan resumed or left for its own command.
 pub fn say_recovery(out: &crate::engine::outcome::Outcome, say: impl Fn(&str)) {
-    for (i, how) in &out.recovery.resolved {
-        say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
-    }
-    for (id, why) in &out.recovery.left_open {
-        say(&format!("journal step {id} left open: {why}"));
-    }
+    say_recovery_of(&out.recovery, &say);
     for u in &out.unfinished {
         say(u);
+    }
+}
+
+/// Says what the journal's recovery did: each interrupted step closed, or left open and why.
+pub fn say_recovery_of(recovery: &crate::engine::recover::Recovery, say: impl Fn(&str)) {
+    for (i, how) in &recovery.resolved {
+        say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
+    }
+    for (id, why) in &recovery.left_open {
+        say(&format!("journal step {id} left open: {why}"));
     }
 }

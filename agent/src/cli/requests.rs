@@ -13,6 +13,7 @@ use super::args::*;
 use super::output::{print_value, say};
 use super::render::{self, say_recovery};
 use super::settings::*;
+use crate::engine::dir_workflow::DirOutcome;
 use crate::engine::outcome::{Class, Outcome, Request, Subject};
 use crate::engine::world::LinuxWorld;
 use crate::engine::{Engine, Operation};
@@ -61,6 +62,16 @@ fn outcome_text(out: &Outcome, device: &str) -> String {
     }
 }
 
+/// `text` with the Kubernetes API's line ([`super::kubernetes::api_line`]) at its top, after an
+/// INCOMPLETE VIEW line if it opens with one.
+fn with_api_line(text: &str, e: &Engine<LinuxWorld>) -> String {
+    let Some(api) = super::kubernetes::api_line(&e.world) else { return text.to_owned() };
+    match text.split_once('\n').filter(|(first, _)| first.starts_with("INCOMPLETE VIEW")) {
+        Some((first, rest)) => format!("{first}\n{api}\n{rest}"),
+        None => format!("{api}\n{text}"),
+    }
+}
+
 /// A plan the engine could not carry out for its kind is an error with its reason.
 fn unsupported(out: &Outcome) -> Result<()> {
     if out.class() == Class::Error {
@@ -81,21 +92,56 @@ pub fn one_request(
     apply: bool,
     output: Output,
 ) -> Result<u8> {
+    if super::dir_requests::is_dir_argument(device, &e.world.options.kubelet_dir) {
+        if op == Operation::Release {
+            anyhow::bail!("{device} is a pod volume directory: release applies to devices (clean removes an orphaned, empty one)");
+        }
+        return one_dir(cli, e, state, device, apply, output);
+    }
     let out = carry(cli, e, state, op, device, apply)?;
     let code = out.class().exit_code();
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &document(&[(device.to_owned(), out)], op, apply))?;
+        print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply))?;
         return Ok(code);
     }
-    say(&outcome_text(&out, device))?;
+    let text = outcome_text(&out, device);
+    say(&if out.judged.is_some() { with_api_line(&text, e) } else { text })?;
     unsupported(&out)?;
     Ok(code)
 }
 
-/// The document of some outcomes: `results` once carried out, else `plans`.
-fn document(outcomes: &[(String, Outcome)], op: Operation, applied: bool) -> serde_json::Value {
+/// `clean` of one pod volume directory. Prints the report; returns the exit code.
+fn one_dir(
+    cli: &Cli,
+    e: &Engine<LinuxWorld>,
+    state: &mut StateFile<'_>,
+    arg: &str,
+    apply: bool,
+    output: Output,
+) -> Result<u8> {
+    let out = super::dir_requests::carry_dir(cli, e, state, arg, apply)?;
+    let code = out.class().exit_code();
+    if matches!(output, Output::Json | Output::Yaml) {
+        print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply))?;
+        return Ok(code);
+    }
+    say(&with_api_line(&super::dir_requests::dir_text(&out, arg), e))?;
+    Ok(code)
+}
+
+/// The document of some outcomes (devices', then pod volume directories'): `results` once
+/// carried out, else `plans`.
+fn document(
+    outcomes: &[(String, Outcome)],
+    dirs: &[(String, DirOutcome)],
+    op: Operation,
+    applied: bool,
+) -> serde_json::Value {
     let mut plans = pb::PlanResponse::default();
     let mut results = pb::ApplyResponse::default();
+    for (arg, out) in dirs {
+        super::dir_requests::add_to(&mut plans, &mut results, out, arg, applied);
+    }
     let merge = |into: &mut Vec<String>, from: Vec<String>| {
         for s in from {
             if !into.contains(&s) {
@@ -167,27 +213,50 @@ pub fn many(
     output: Output,
 ) -> Result<u8> {
     let carried = apply && yes;
-    let mut outcomes = Vec::new();
-    for device in targets(e, state, op, named)? {
-        let out = carry(cli, e, state, op, &device, carried)?;
-        outcomes.push((device, out));
+    let kubelet_dir = e.world.options.kubelet_dir.clone();
+    let is_dir = |a: &String| super::dir_requests::is_dir_argument(a, &kubelet_dir);
+    let (dir_args, device_args): (Vec<String>, Vec<String>) = named.iter().cloned().partition(is_dir);
+    if op == Operation::Release && !dir_args.is_empty() {
+        anyhow::bail!("{} is a pod volume directory: release applies to devices", dir_args[0]);
     }
-    let mut code =
-        outcomes.iter().fold(view::exit::DONE, |c, (_, o)| view::exit::worst(c, o.class().exit_code()));
+    let mut outcomes = Vec::new();
+    if named.is_empty() || !device_args.is_empty() {
+        for device in targets(e, state, op, &device_args)? {
+            let out = carry(cli, e, state, op, &device, carried)?;
+            outcomes.push((device, out));
+        }
+    }
+    let dir_args = if named.is_empty() && op == Operation::Clean {
+        super::dir_requests::removable(e, state)
+    } else {
+        dir_args
+    };
+    let mut dirs = Vec::new();
+    for arg in dir_args {
+        let out = super::dir_requests::carry_dir(cli, e, state, &arg, carried)?;
+        dirs.push((arg, out));
+    }
+    let worst = |c, class: Class| view::exit::worst(c, class.exit_code());
+    let code = outcomes.iter().fold(view::exit::DONE, |c, (_, o)| worst(c, o.class()));
+    let mut code = dirs.iter().fold(code, |c, (_, o)| worst(c, o.class()));
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &document(&outcomes, op, carried))?;
-    } else if outcomes.is_empty() {
+        print_value(output, &document(&outcomes, &dirs, op, carried))?;
+    } else if outcomes.is_empty() && dirs.is_empty() {
+        say(&super::kubernetes::header(&None, &e.world))?;
         say(if named.is_empty() { "no stale devices: nothing to do\n" } else { "nothing to do\n" })?;
     } else {
-        for (device, out) in &outcomes {
-            say(&outcome_text(out, device))?;
+        let mut text: String = outcomes.iter().map(|(device, out)| outcome_text(out, device)).collect();
+        text.extend(dirs.iter().map(|(arg, out)| super::dir_requests::dir_text(out, arg)));
+        if outcomes.iter().any(|(_, o)| o.judged.is_some()) || !dirs.is_empty() {
+            text = with_api_line(&text, e);
         }
+        say(&text)?;
     }
     for (_, out) in &outcomes {
         unsupported(out)?;
     }
     if apply && !yes {
-        eprintln!("not applied: add --yes to carry it out");
+        eprintln!("{}", view::exit::NOT_CONFIRMED);
         code = view::exit::worst(view::exit::NOT_DONE, code);
     }
     Ok(code)

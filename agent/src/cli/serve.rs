@@ -9,7 +9,6 @@ use crate::daemon::metrics::Metrics;
 use crate::daemon::mount_watch::MountWatch;
 use crate::daemon::state::AgentState;
 use crate::daemon::triggers;
-use crate::engine::workflow;
 use crate::engine::world::LinuxWorld;
 use crate::engine::world::World;
 use crate::engine::Engine;
@@ -53,23 +52,6 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         config.unresponsive_after(),
     );
     let engine = Engine::new(world, settings);
-    // Before anything acts: close the steps a run that died left open, each re-checked against
-    // its device as it is now; the devices are then planned afresh by the scans.
-    // An unfinished plan is resumed (each remaining step re-checked) only by a daemon that acts
-    // by itself; a reporting one lists it.
-    let resume = config.mode != crate::config::Mode::Report;
-    match engine.recover_all(&config.journal, workflow::LOCK_WAIT, resume) {
-        Ok(out) => {
-            say_recovery(&out, |line| tracing::warn!("{line}"));
-            for r in &out.resumed {
-                tracing::warn!("{}", r.describe());
-            }
-            if let Some((_, why)) = &out.refusal {
-                tracing::warn!("journal recovery postponed: {why}");
-            }
-        }
-        Err(err) => tracing::warn!("cannot recover the journal {}: {err}", config.journal.display()),
-    }
     rt.block_on(async move {
         let metrics = Arc::new(Metrics::new()?);
         let every = config.rescan_interval();
@@ -95,6 +77,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
             let _ = stop_tx.send(true);
         });
         connect_kubernetes(&state).await;
+        tokio::spawn(recover_journal(Arc::clone(&state), stop.clone()));
         let mount_watch = match MountWatch::open() {
             Ok(w) => {
                 let w = Arc::new(w);
@@ -109,6 +92,7 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
         state.scan_once("start", false).await;
         tokio::spawn(Arc::clone(&state).run_scanner(stop.clone()));
         tokio::spawn(Arc::clone(&state).send_held_events(stop.clone()));
+        tokio::spawn(Arc::clone(&state).follow_filesystem_ends(stop.clone()));
         tokio::spawn(triggers::watch_kernel_uevents(Arc::clone(&state), stop.clone()));
         triggers::spawn_udev_watch(Arc::clone(&state), stop.clone());
         match mount_watch {
@@ -122,26 +106,67 @@ pub fn serve(cli: &Cli, args: &ServeArgs, host: HostRoot) -> Result<u8> {
     })
 }
 
-/// Uses the Kubernetes API when it is configured (URL, kubeconfig) or the agent runs in a
-/// cluster; otherwise, or when connecting fails, runs without it and says so.
-pub async fn connect_kubernetes(state: &Arc<AgentState>) {
-    let k = &state.config.kubernetes;
-    let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    if k.enabled == Some(false) || (k.url.is_none() && k.kubeconfig.is_none() && !in_cluster) {
-        tracing::info!("running without the Kubernetes API (none configured)");
-        return;
+/// The journal's recovery at start ([`AgentState::recover_at_start`]: once the Kubernetes
+/// API's view is up), said in the log.
+async fn recover_journal(state: Arc<AgentState>, stop: watch::Receiver<bool>) {
+    match Arc::clone(&state).recover_at_start(stop).await {
+        None => {}
+        Some(Ok(out)) => {
+            say_recovery(&out, |line| tracing::warn!("{line}"));
+            for r in &out.resumed {
+                tracing::warn!("{}", r.describe());
+            }
+            if let Some((_, why)) = &out.refusal {
+                tracing::warn!("journal recovery postponed: {why}");
+            }
+        }
+        Some(Err(err)) => {
+            tracing::warn!("cannot recover the journal {}: {err}", state.config.journal.display())
+        }
     }
-    let cfg = crate::kube::KubeConfig {
+}
+
+/// Where the daemon's Kubernetes view comes from ([`kube::source`]): off only when the operator
+/// says so; a configured source (or the pod's service account) is connected to, and while it
+/// cannot be, the view says why and cannot vouch (retried with backoff); with no source at all
+/// the view cannot vouch either. Returns at once: connecting goes on in the background.
+pub async fn connect_kubernetes(state: &Arc<AgentState>) {
+    use crate::kube::source::{self, Choice};
+    let k = &state.config.kubernetes;
+    let wanted = source::Wanted {
+        enabled: k.enabled,
+        off_by: k.off_by.clone().or_else(|| Some("enabled = false in [kubernetes] of the config".to_owned())),
         url: k.url.clone(),
         kubeconfig: k.kubeconfig.clone(),
         node_name: state.node_name.clone(),
     };
-    match crate::kube::connect(&cfg).await {
-        Ok(client) => {
-            let (view, _task) = crate::kube::spawn_watch(client.clone(), &state.node_name, watch_options(k));
-            state.use_kubernetes(view, crate::kube::Reporter::new(client, &state.node_name));
-            tracing::info!(node = %state.node_name, "using the Kubernetes API");
+    let options = watch_options(k);
+    match source::choose(&wanted, source::in_cluster()) {
+        Choice::Off(why) => {
+            tracing::info!(
+                "not asking the Kubernetes API ({why}): verdicts rest on this node's evidence alone"
+            );
+            state.api_off(why);
         }
-        Err(e) => tracing::warn!("running without the Kubernetes API: {e}"),
+        Choice::NoneFound(why) => {
+            let why = format!("{why}; pass --no-kubernetes (or enabled = false in [kubernetes]) to act on this node's evidence alone");
+            tracing::warn!("{why}");
+            let (_tx, rx) = watch::channel(source::unreachable(&state.node_name, why, options.silence_bound));
+            state.use_cluster_view(rx);
+        }
+        Choice::Use(cfg) => {
+            let (tx, rx) = watch::channel(crate::kube::ClusterView {
+                node_name: state.node_name.clone(),
+                silence_bound: options.silence_bound,
+                ..Default::default()
+            });
+            state.use_cluster_view(rx);
+            let me = Arc::clone(state);
+            let node = state.node_name.clone();
+            tokio::spawn(source::supervise(cfg, options, tx, move |client| {
+                tracing::info!(node = %node, "using the Kubernetes API");
+                me.use_reporter(crate::kube::Reporter::new(client, &node));
+            }));
+        }
     }
 }

@@ -42,10 +42,12 @@ pub fn scan_options(cli: &Cli) -> ScanOptions {
     }
 }
 
-/// The engine the one-shot commands drive.
+/// The engine the one-shot commands drive, with the Kubernetes API's view where it is asked
+/// ([`super::kubernetes`]).
 pub fn engine(cli: &Cli, host: HostRoot, clean: plan::clean::CleanOptions) -> Engine<LinuxWorld> {
     let interval = Duration::from_secs(cli.rescan_interval.unwrap_or(60).max(1));
     let world = LinuxWorld::new(host, scan_options(cli), Duration::from_secs(cli.timeout));
+    super::kubernetes::connect(cli, &world);
     Engine::new(
         world,
         settings(
@@ -163,7 +165,7 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if a.cap_device_events || a.no_cap_device_events {
         c.cap_device_events = a.cap_device_events;
     }
-    if let Some(v) = &a.node_name {
+    if let Some(v) = &cli.node_name {
         c.node_name = Some(v.clone());
     }
     if let Some(m) = &a.mode {
@@ -176,13 +178,17 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     if let Some(n) = a.max_actions_per_minute {
         c.max_actions_per_minute = n;
     }
-    if let Some(u) = &a.kube_url {
+    if cli.no_kubernetes {
+        c.kubernetes.enabled = Some(false);
+        c.kubernetes.off_by = Some("--no-kubernetes".to_owned());
+    }
+    if let Some(u) = &cli.kube_url {
         c.kubernetes.url = Some(u.clone());
     }
-    if let Some(k) = &a.kubeconfig {
+    if let Some(k) = &cli.kubeconfig {
         c.kubernetes.kubeconfig = Some(k.clone());
     }
-    if let Some(b) = a.kube_silence_bound_seconds {
+    if let Some(b) = cli.kube_silence_bound_seconds {
         c.kubernetes.silence_bound_seconds = Some(b);
     }
     if let Some(j) = &cli.journal {
@@ -199,8 +205,5 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
 
 /// The watches' options: the defaults, or scaled to the configured silence bound.
 pub fn watch_options(k: &crate::config::KubernetesConfig) -> crate::kube::WatchOptions {
-    match k.silence_bound_seconds {
-        Some(s) => crate::kube::WatchOptions::with_silence_bound(Duration::from_secs(s.max(1))),
-        None => crate::kube::WatchOptions::default(),
-    }
+    crate::kube::WatchOptions::for_bound(k.silence_bound_seconds)
 }

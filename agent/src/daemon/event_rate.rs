@@ -1,11 +1,12 @@
-//! The per-device cap on events about a device's state: at most one a second per device.
+//! The per-device cap on events about a device's state: at most one sent at once per device a
+//! second, the rest folded into one sent when that second is up.
 //!
 //! Mount churn on a busy node (pods starting, a CSI plugin remounting, processes coming and going
 //! on a volume) can change one device's holders, and with them its verdict (`in_use` <->
 //! `unused`), many times a second, and every change would go to every watcher and, through the
 //! console, to the fleet. A state event (`holders_changed`, `verdict_changed`) that comes less
-//! than [`EVERY`] after the device's previous one is held back; later ones fold into it, and it is
-//! sent once the second is up:
+//! than [`EVERY`] after the device's previous event *sent at once* is held back; later ones fold
+//! into it, and it is sent when that second is up (a second after the event sent at once):
 //!
 //! - carrying the device as it is now (`current`, the latest);
 //! - saying how many changes it stands for (`coalesced`, and the message: which kinds, the verdict
@@ -13,15 +14,20 @@
 //! - as a `verdict_changed` when the verdict differs from the one last sent, else a
 //!   `holders_changed`.
 //!
-//! A device's first change after a quiet second goes at once: only a change that comes less than
-//! [`EVERY`] after the device's previous event is held. A change is one scan's (or re-read's)
-//! view: its `holders_changed` and the `verdict_changed` it caused come in the same view, and go
-//! together.
+//! The second counts from the device's last event sent at once, never from a folded one sent
+//! later: a change that comes at least [`EVERY`] after the previous change the device sent at
+//! once goes at once, however recently a folded event went. (Counted from the folded event, a
+//! change paced a little over a second apart could be held behind an older one: an unmount sent
+//! at once, its filesystem's end a moment later held and sent a second later, and the next mount,
+//! a second after the unmount, held again ~0.9 s behind that end.) A change is one scan's (or
+//! re-read's) view: its `holders_changed` and the `verdict_changed` it caused come in the same
+//! view, and go together. So a device's state events in any second stand for at most two sends:
+//! one change sent at once (with its verdict) and one folded event; under continuous churn about
+//! that, whatever the rate of its changes.
 //!
 //! A device added or removed, one that stops or starts answering I/O (rare, and an alarm) and an
 //! action are never held: they go at once, after the device's held event if there is one, so a
-//! watcher never sees a device's events out of order. They do not start the device's second (a
-//! state event sent does, the held one included).
+//! watcher never sees a device's events out of order. They do not start the device's second.
 //!
 //! On by default (`cap_device_events = true`; `serve --no-cap-device-events` or the config set to
 //! false turns it off). Held events are sent by [`EventRate::flush_held`], which sleeps while
@@ -37,27 +43,29 @@ use tokio::sync::{watch, Notify};
 
 use super::events::{AgentEvent, EventKind};
 
-/// At most one state event per device this often.
+/// At most one state event sent at once per device this often.
 pub const EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 struct Slot {
-    /// When this device's latest state event went out.
-    sent: Instant,
+    /// When this device's latest state event sent at once went out (a folded one sent later
+    /// does not move it: the device's second counts from this).
+    at_once: Instant,
     /// The scan whose view that event showed, if it was a scan's (its other state events, from
     /// the same change, go with it).
     scan: u64,
-    /// The verdict that event showed (what watchers last saw).
+    /// The verdict the device's latest state event showed, at once or folded (what watchers
+    /// last saw).
     verdict: Option<&'static str>,
     /// The events held back since, in order.
     held: Vec<AgentEvent>,
 }
 
 impl Slot {
-    /// The held events folded into one, to send at `now` (then the device's latest).
-    fn send_held(&mut self, now: Instant) -> Option<AgentEvent> {
+    /// The held events folded into one, to send now (then the device's latest; its second still
+    /// counts from the event sent at once).
+    fn send_held(&mut self) -> Option<AgentEvent> {
         let e = fold(self.verdict, std::mem::take(&mut self.held))?;
-        self.sent = now;
         self.scan = 0;
         self.verdict = verdict_of(&e).or(self.verdict);
         Some(e)
@@ -108,7 +116,7 @@ impl EventRate {
         if !is_state(e.kind) {
             let held = match e.kind {
                 EventKind::DeviceRemoved => slots.remove(&e.device).and_then(|s| fold(s.verdict, s.held)),
-                _ => slots.get_mut(&e.device).and_then(|s| s.send_held(now)),
+                _ => slots.get_mut(&e.device).and_then(Slot::send_held),
             };
             return held.into_iter().chain(std::iter::once(e)).collect();
         }
@@ -118,13 +126,13 @@ impl EventRate {
                 slot.verdict = verdict_of(&e).or(slot.verdict);
                 vec![e]
             }
-            Some(slot) if now.saturating_duration_since(slot.sent) < EVERY => {
+            Some(slot) if now.saturating_duration_since(slot.at_once) < EVERY => {
                 tracing::debug!(
                     device = %e.device,
                     scan = e.scan,
                     previous_scan = slot.scan,
-                    since_ms = now.saturating_duration_since(slot.sent).as_millis() as u64,
-                    "state event held back (at most one a second per device)"
+                    since_ms = now.saturating_duration_since(slot.at_once).as_millis() as u64,
+                    "state event held back (at most one a second per device at once)"
                 );
                 if slot.held.is_empty() {
                     self.held.notify_one();
@@ -132,17 +140,21 @@ impl EventRate {
                 slot.held.push(e);
                 Vec::new()
             }
-            _ => {
-                let slot = Slot { sent: now, scan: e.scan, verdict: verdict_of(&e), held: Vec::new() };
+            // A second since the device's last event sent at once: this one goes at once, after
+            // what is still held if the flusher has not sent it yet (older first, never lost).
+            old => {
+                let mut out: Vec<AgentEvent> = old.and_then(Slot::send_held).into_iter().collect();
+                let slot = Slot { at_once: now, scan: e.scan, verdict: verdict_of(&e), held: Vec::new() };
                 slots.insert(e.device.clone(), slot);
-                vec![e]
+                out.push(e);
+                out
             }
         }
     }
 
     /// When the earliest held event is due (none held: `None`).
     pub fn next_due(&self) -> Option<Instant> {
-        self.slots().values().filter(|s| !s.held.is_empty()).map(|s| s.sent + EVERY).min()
+        self.slots().values().filter(|s| !s.held.is_empty()).map(|s| s.at_once + EVERY).min()
     }
 
     /// Sends the held events through `send` when their second is up, until `shutdown` changes (or
@@ -171,12 +183,12 @@ impl EventRate {
         let mut out = Vec::new();
         let mut slots = self.slots();
         for slot in slots.values_mut() {
-            if slot.held.is_empty() || now.saturating_duration_since(slot.sent) < EVERY {
+            if slot.held.is_empty() || now.saturating_duration_since(slot.at_once) < EVERY {
                 continue;
             }
-            out.extend(slot.send_held(now));
+            out.extend(slot.send_held());
         }
-        slots.retain(|_, s| !s.held.is_empty() || now.saturating_duration_since(s.sent) < EVERY * 10);
+        slots.retain(|_, s| !s.held.is_empty() || now.saturating_duration_since(s.at_once) < EVERY * 10);
         out
     }
 }
@@ -213,7 +225,7 @@ fn fold(seen: Option<&'static str>, mut held: Vec<AgentEvent>) -> Option<AgentEv
     };
     let holders = e.current.as_ref().map_or(0, |d| d.entry.holders.len());
     e.message = format!(
-        "{}: {count} changes ({}) in the last second, folded into one (at most one event per device a second): {verdict}, {holders} holder(s) now",
+        "{}: {count} changes ({}) in the last second, folded into one (at most one event per device a second at once): {verdict}, {holders} holder(s) now",
         e.device,
         names.join(", ")
     );

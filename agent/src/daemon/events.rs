@@ -27,6 +27,8 @@ pub enum EventKind {
     ActionFinished,
     /// A device stopped answering I/O, or answers again ([`crate::judge::stall`]).
     ResponsivenessChanged,
+    /// The node's pin risks changed ([`crate::graph::pin_risks`]): the event carries them all.
+    PinRisksChanged,
 }
 
 /// One event.
@@ -43,6 +45,9 @@ pub struct AgentEvent {
     /// Earlier `holders_changed` of this device that the per-device cap held back and this one
     /// stands for ([`super::event_rate`]).
     pub coalesced: u32,
+    /// `PinRisksChanged` only: the node's pin risks now.
+    #[serde(skip)]
+    pub pin_risks: Option<Arc<crate::graph::pin_risks::PinReport>>,
 }
 
 impl AgentEvent {
@@ -55,6 +60,25 @@ impl AgentEvent {
             current,
             scan: 0,
             coalesced: 0,
+            pin_risks: None,
+        }
+    }
+
+    /// The node's pin risks changed to `report`.
+    pub fn pin_risks(report: &Arc<crate::graph::pin_risks::PinReport>) -> Self {
+        let known = report.known().count();
+        let unknown = report.risks.len() - known;
+        let mut message =
+            format!("pin risks: {known} mount namespace(s) hold private copies of live host mounts");
+        if unknown > 0 {
+            message.push_str(&format!(", {unknown} could not be judged"));
+        }
+        if let Some(why) = &report.unknown {
+            message = format!("pin risks unknown: {why}");
+        }
+        Self {
+            pin_risks: Some(Arc::clone(report)),
+            ..Self::new(EventKind::PinRisksChanged, "", message, None)
         }
     }
 }
@@ -295,6 +319,9 @@ pub fn diff(old: &View, new: &View) -> Vec<AgentEvent> {
             let name = d.entry.device.name.as_str();
             out.push(AgentEvent::new(EventKind::DeviceRemoved, name, format!("{name} went away"), None));
         }
+    }
+    if new.pin_risks.checked && !old.pin_risks.same_findings(&new.pin_risks) {
+        out.push(AgentEvent::pin_risks(&new.pin_risks));
     }
     for e in &mut out {
         e.scan = new.scan_number;

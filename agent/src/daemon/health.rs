@@ -18,6 +18,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::Mode;
+use crate::kube::ApiState;
 
 /// The failing checks (`None`: passing).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,14 +91,15 @@ fn check_journal(path: &Path) -> Result<(), String> {
 }
 
 /// Why the Kubernetes API's word is missing where the mode needs it: `api_state` is the latest
-/// judgement's ("not configured", "vouching", "cannot vouch: ...").
-pub fn kubernetes_problem(mode: Mode, api_state: &str) -> Option<String> {
-    if mode == Mode::Report {
-        return None;
+/// judgement's. Off by the operator's word is no problem; an API that cannot vouch is, in the
+/// modes that act by themselves.
+pub fn kubernetes_problem(mode: Mode, api_state: &ApiState) -> Option<String> {
+    match api_state {
+        ApiState::CannotVouch(why) if mode != Mode::Report => {
+            Some(format!("{why} ({} mode acts on its word)", mode.as_str()))
+        }
+        _ => None,
     }
-    api_state
-        .strip_prefix("cannot vouch: ")
-        .map(|why| format!("{why} ({} mode acts on its word)", mode.as_str()))
 }
 
 #[cfg(test)]
@@ -123,13 +125,17 @@ mod tests {
 
     #[test]
     fn the_api_is_required_only_by_modes_that_act_on_it() {
-        assert_eq!(kubernetes_problem(Mode::Report, "cannot vouch: silent"), None);
-        assert_eq!(kubernetes_problem(Mode::Clean, "vouching"), None);
-        assert_eq!(kubernetes_problem(Mode::Clean, "not configured"), None);
+        let silent = ApiState::CannotVouch("silent".into());
+        assert_eq!(kubernetes_problem(Mode::Report, &silent), None);
+        assert_eq!(kubernetes_problem(Mode::Clean, &ApiState::Vouching), None);
+        assert_eq!(kubernetes_problem(Mode::Clean, &ApiState::Off("--no-kubernetes".into())), None);
         assert_eq!(
-            kubernetes_problem(Mode::Release, "cannot vouch: silent").as_deref(),
+            kubernetes_problem(Mode::Release, &silent).as_deref(),
             Some("silent (release mode acts on its word)")
         );
+        let nowhere =
+            ApiState::CannotVouch("no connection to the Kubernetes API: kubeconfig /k: refused".into());
+        assert!(kubernetes_problem(Mode::Clean, &nowhere).is_some_and(|w| w.contains("kubeconfig /k")));
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! that does not answer I/O (reset on every scan the same way; `unresponsive_devices` counts them
 //! by kind, at 0 from the start, for alerts).
 //!
+//! `pin_risks` and `pin_risk_copies` have one series per pod with a pin risk (its namespace and
+//! name, or UID when the API does not name it; `""` for processes in no pod), bounded by the
+//! pods on the node (kubelet's `maxPods`, 110 by default) and capped at [`PIN_SERIES_MAX`]: pods
+//! beyond it share the series `pod="(other)"`. They are reset on every scan.
+//!
 //! No series carries the node's name: the scrape adds it (the ServiceMonitor makes the pod's node
 //! the target label `node`), and a label of the agent's own by that name would clash with it.
 //! The process's own series (`process_cpu_seconds_total`, `process_resident_memory_bytes`,
@@ -26,7 +31,7 @@ use crate::judge::Verdict;
 use crate::model::{DeviceKind, HolderKind};
 
 /// What can trigger a scan (the `trigger` label).
-pub const TRIGGERS: [&str; 6] = ["start", "uevent", "udev", "mount", "timer", "apply"];
+pub const TRIGGERS: [&str; 7] = ["start", "uevent", "udev", "mount", "filesystem", "timer", "apply"];
 const VERDICTS: [Verdict; 7] = [
     Verdict::InUse,
     Verdict::Unused,
@@ -38,6 +43,9 @@ const VERDICTS: [Verdict; 7] = [
 ];
 /// Transports the outage guard watches (the `transport` label of `transport_outages`).
 pub const OUTAGE_TRANSPORTS: [&str; 2] = ["iscsi", "nvme"];
+
+/// Most pods with series of their own in `pin_risks` and `pin_risk_copies`.
+pub const PIN_SERIES_MAX: usize = 256;
 
 /// The health checks (the `check` label of `not_ready`; see `daemon::health`).
 const HEALTH_CHECKS: [&str; 3] = ["scan", "journal", "kubernetes"];
@@ -63,6 +71,10 @@ pub struct Metrics {
     nvme_outages: GaugeVec,
     outages: GaugeVec,
     not_ready: GaugeVec,
+    orphaned_dirs: GaugeVec,
+    pin_risks: GaugeVec,
+    pin_copies: GaugeVec,
+    pin_unknown: GaugeVec,
 }
 
 /// NVMe controller states (the `state` label); anything else is `other`.
@@ -129,11 +141,16 @@ impl Metrics {
         let nvme_outages = gauges("nvme_outage_targets", "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.", &["transport"])?;
         let outages = gauges("transport_outages", "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.", &["transport", "scope"])?;
         let not_ready = gauges("not_ready", "1 while this health check fails (scan: the latest scan failed; journal: the journal cannot be written; kubernetes: release or clean mode and the API's view does not vouch), else 0; the agent service's health is NOT_SERVING while any is 1.", &["check"])?;
-        for check in HEALTH_CHECKS {
-            not_ready.with_label_values(&[check]).set(0.0);
-        }
+        let orphaned_dirs = gauges("orphaned_volume_dirs", "Pod volume directories below the kubelet directory whose pod is not proven to be on this node, in the latest full scan, by verdict (unknown: a proof is missing; mounted: the pod is gone but something is mounted on it in some namespace; kept: orphaned but not empty; pending: orphaned and empty, within the grace period; removable: clean mode removes it with rmdir).", &["verdict"])?;
+        let pin_risks = gauges("pin_risks", "Mount namespaces of a pod (pod_namespace and pod: its namespace and name, or its UID when the API does not name it; \"\" for processes in no pod) that hold a private copy (neither shared nor slave) of a live host mount under the kubelet's or a runtime's directory, or of the host root: when the host unmounts such a mount, the copy keeps its device busy.", &["pod_namespace", "pod"])?;
+        let pin_copies = gauges("pin_risk_copies", "Mounts under the kubelet's and runtimes' directories (volumes) that a pod's pin-risk namespaces hold private copies of now.", &["pod_namespace", "pod"])?;
+        let pin_unknown = gauges("pin_risks_unknown", "Mount namespaces that could not be judged for pin risks (scope namespace), or 1 when the host's own mount table could not be read and none could (scope host).", &["scope"])?;
         for c in [
-            Box::new(not_ready.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(orphaned_dirs.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(pin_risks.clone()),
+            Box::new(pin_copies.clone()),
+            Box::new(pin_unknown.clone()),
+            Box::new(not_ready.clone()),
             Box::new(nvme_controllers.clone()),
             Box::new(nvme_outages.clone()),
             Box::new(outages.clone()),
@@ -153,7 +170,47 @@ impl Metrics {
         ] {
             registry.register(c)?;
         }
-        // Export every series from the start (at zero): the label sets are closed.
+        let m = Self {
+            registry,
+            devices,
+            holders,
+            scan_duration,
+            scans,
+            scan_failures,
+            actions,
+            last_scan,
+            device_info,
+            device_verdict,
+            device_unresponsive,
+            unresponsive_devices,
+            process: blockjanitor_rpc::metrics_http::process_registry()?,
+            blocked_reads,
+            nvme_controllers,
+            nvme_outages,
+            outages,
+            not_ready,
+            orphaned_dirs,
+            pin_risks,
+            pin_copies,
+            pin_unknown,
+        };
+        m.export_at_zero();
+        Ok(m)
+    }
+
+    /// Exports every series of a closed label set from the start, at zero.
+    fn export_at_zero(&self) {
+        for check in HEALTH_CHECKS {
+            self.not_ready.with_label_values(&[check]).set(0.0);
+        }
+        for v in crate::judge::orphans::DirVerdict::ALL.into_iter().filter(|v| v.as_str() != "in_use") {
+            self.orphaned_dirs.with_label_values(&[v.as_str()]).set(0.0);
+        }
+        for scope in ["namespace", "host"] {
+            self.pin_unknown.with_label_values(&[scope]).set(0.0);
+        }
+        let (scans, scan_failures, outages, actions) =
+            (&self.scans, &self.scan_failures, &self.outages, &self.actions);
         for t in TRIGGERS {
             scans.with_label_values(&[t]);
             scan_failures.with_label_values(&[t]);
@@ -174,31 +231,52 @@ impl Metrics {
             "nbd_disconnect",
             "nvme_delete_controller",
             "iscsi_logout",
+            crate::plan::pod_volume::DirStep::ACTION,
         ] {
             for r in ["done", "already_absent", "deferred", "failed"] {
                 actions.with_label_values(&[a, r]);
             }
         }
-        Ok(Self {
-            registry,
-            devices,
-            holders,
-            scan_duration,
-            scans,
-            scan_failures,
-            actions,
-            last_scan,
-            device_info,
-            device_verdict,
-            device_unresponsive,
-            unresponsive_devices,
-            process: blockjanitor_rpc::metrics_http::process_registry()?,
-            blocked_reads,
-            nvme_controllers,
-            nvme_outages,
-            outages,
-            not_ready,
-        })
+    }
+
+    /// `orphaned_volume_dirs{verdict}` from the latest full scan's report (every verdict but
+    /// `in_use`, whose directories are not listed; all at 0 when there are none).
+    fn observe_pod_volumes(&self, view: &View) {
+        use crate::judge::orphans::DirVerdict;
+        for v in DirVerdict::ALL.into_iter().filter(|v| *v != DirVerdict::InUse) {
+            self.orphaned_dirs.with_label_values(&[v.as_str()]).set(view.pod_volumes.count(v) as f64);
+        }
+    }
+
+    /// `pin_risks` and `pin_risk_copies` per pod (at most [`PIN_SERIES_MAX`] pods, the rest as
+    /// `(other)`), and the namespaces that could not be judged.
+    fn observe_pins(&self, report: &crate::graph::pin_risks::PinReport) {
+        use std::collections::BTreeMap;
+        self.pin_risks.reset();
+        self.pin_copies.reset();
+        let mut per_pod: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
+        for r in report.known() {
+            let key = match (&r.pod, &r.pod_uid) {
+                (Some(p), _) => (p.namespace.clone(), p.name.clone()),
+                (None, Some(uid)) => (String::new(), uid.clone()),
+                (None, None) => (String::new(), String::new()),
+            };
+            let key = if per_pod.len() >= PIN_SERIES_MAX && !per_pod.contains_key(&key) {
+                (String::new(), "(other)".to_owned())
+            } else {
+                key
+            };
+            let e = per_pod.entry(key).or_default();
+            e.0 += 1;
+            e.1 += r.copies.len();
+        }
+        for ((ns, pod), (n, copies)) in per_pod {
+            self.pin_risks.with_label_values(&[&ns, &pod]).set(n as f64);
+            self.pin_copies.with_label_values(&[&ns, &pod]).set(copies as f64);
+        }
+        let unknown = report.risks.iter().filter(|r| r.unknown.is_some()).count();
+        self.pin_unknown.with_label_values(&["namespace"]).set(unknown as f64);
+        self.pin_unknown.with_label_values(&["host"]).set(f64::from(u8::from(report.unknown.is_some())));
     }
 
     /// Controllers by transport and state, and targets in outage, from the namespaces' views
@@ -290,6 +368,8 @@ impl Metrics {
         }
         self.blocked_reads.set(crate::host::bounded::blocked_now() as f64);
         self.observe_nvme(view);
+        self.observe_pod_volumes(view);
+        self.observe_pins(&view.pin_risks);
         let mut groups: Vec<&crate::graph::outage::Outage> =
             view.devices.iter().filter_map(|d| d.entry.scsi.as_ref()?.outage.as_ref()).collect();
         groups.sort_by(|a, b| (a.scope, &a.key).cmp(&(b.scope, &b.key)));
@@ -413,6 +493,45 @@ mod tests {
             text.contains("blockjanitor_actions_total{action=\"nvme_delete_controller\",result=\"done\"} 0"),
             "{text}"
         );
+    }
+
+    /// One series per pod with a pin risk, by its namespace and name (its UID without the API,
+    /// "" for no pod), at most PIN_SERIES_MAX pods and the rest as "(other)"; reset each scan.
+    #[test]
+    fn pin_risks_per_pod_with_a_bounded_number_of_series() {
+        use crate::graph::pin_risks::{PinReport, PinRisk, PodRef};
+        let risk = |i: usize, pod: Option<PodRef>, uid: Option<String>| PinRisk {
+            mount_namespace: crate::model::MountNsId(4026532000 + i as u64),
+            pids: vec![],
+            pid_count: 1,
+            comm: None,
+            pod_uid: uid,
+            container_id: None,
+            pod,
+            container: None,
+            host_root_copy: Some("/host".into()),
+            copies: vec![],
+            fix: String::new(),
+            unknown: None,
+        };
+        let named = |i: usize| {
+            Some(PodRef { namespace: "mon".into(), name: format!("ne-{i}"), uid: format!("u{i}") })
+        };
+        let mut risks: Vec<PinRisk> = (0..PIN_SERIES_MAX + 5).map(|i| risk(i, named(i), None)).collect();
+        risks.push(risk(9000, None, Some("0a5e".into())));
+        risks.push(risk(9001, None, None));
+        let m = Metrics::new().expect("metrics");
+        let mut view = View::empty();
+        view.pin_risks = std::sync::Arc::new(PinReport { checked: true, risks, unknown: None });
+        m.observe_scan("timer", Duration::from_millis(1), &view);
+        let t = m.render();
+        let series = t.lines().filter(|l| l.starts_with("blockjanitor_pin_risks{")).count();
+        assert_eq!(series, PIN_SERIES_MAX + 1, "{t}");
+        assert!(t.contains("blockjanitor_pin_risks{pod=\"ne-0\",pod_namespace=\"mon\"} 1"), "{t}");
+        assert!(t.contains("blockjanitor_pin_risks{pod=\"(other)\",pod_namespace=\"\"} 7"), "{t}");
+        view.pin_risks = std::sync::Arc::default();
+        m.observe_scan("timer", Duration::from_millis(1), &view);
+        assert!(!m.render().contains("blockjanitor_pin_risks{"), "reset when gone");
     }
 
     use crate::engine::world::LinuxWorld;

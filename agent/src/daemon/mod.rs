@@ -1,15 +1,20 @@
 //! The long-running agent: keeps the latest scan in memory, rescans when something changes
 //! (block uevents, host mount-table changes, a slow timer), coalescing triggers so scans never
 //! stack, and publishes what changed as events. A mount change in a namespace re-reads that
-//! namespace alone (`mount_watch`); the full scan stays the safety net.
+//! namespace alone (`mount_watch`), a device held by live filesystems alone is read again until
+//! they end (`fs_end`); the full scan stays the safety net.
 
 pub mod budget;
 pub mod event_rate;
 pub mod events;
+pub mod fs_end;
 pub mod health;
 pub mod metrics;
 pub mod mount_watch;
 pub mod new_namespaces;
+mod pod_volumes;
+mod recovery;
+pub mod report;
 mod requests;
 mod scanner;
 pub mod state;

@@ -18,28 +18,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 impl AgentState {
-    /// Events for devices that are stale, and the Node condition naming every stale one. An
-    /// Event says the verdict's summary (no age, no command line), so the reporter's
-    /// de-duplication holds across scans.
-    pub(super) async fn report_to_kubernetes(&self) {
-        let Some(reporter) = self.reporter.get() else { return };
-        let view = self.view();
-        let stale: Vec<&Arc<DeviceView>> =
-            view.devices.iter().filter(|d| d.judgement.verdict == Verdict::Stale).collect();
-        for d in &stale {
-            let name = d.entry.device.name.as_str();
-            if let Err(e) =
-                reporter.event(crate::kube::EventReason::StaleBlockDevice, name, &d.judgement.summary).await
-            {
-                tracing::warn!(device = name, "cannot post a StaleBlockDevice event: {e}");
-            }
-        }
-        let names: Vec<String> = stale.iter().map(|d| d.entry.device.name.to_string()).collect();
-        if let Err(e) = reporter.set_condition(&names).await {
-            tracing::warn!("cannot set the StaleBlockDevices node condition: {e}");
-        }
-    }
-
     /// In release and clean modes, acts on what the latest scan found. Each device's plan comes
     /// from a fresh scan through the engine's gates, and runs as a unit within the per-minute
     /// step budget (a plan larger than the whole budget runs once the window is empty).
@@ -50,6 +28,9 @@ impl AgentState {
             Mode::Release => Operation::Release,
             Mode::Clean => Operation::Clean,
         };
+        if mode == Mode::Clean {
+            self.clean_pod_volumes().await;
+        }
         let view = self.view();
         let targets: Vec<DevNum> = view
             .devices
@@ -86,22 +67,7 @@ impl AgentState {
         if reports.is_empty() {
             return;
         }
-        if let Some(reporter) = self.reporter.get() {
-            for r in &reports {
-                let (word, detail) = r.word();
-                let reason = match (word, r.step.is_release()) {
-                    ("failed" | "skipped", _) => crate::kube::EventReason::CleanupFailed,
-                    (_, true) => crate::kube::EventReason::BlockDeviceReleased,
-                    _ => crate::kube::EventReason::BlockDeviceCleaned,
-                };
-                let msg = if detail.is_empty() {
-                    r.step.describe()
-                } else {
-                    format!("{}: {detail}", r.step.describe())
-                };
-                let _ = reporter.event(reason, r.step.device.as_str(), &msg).await;
-            }
-        }
+        self.report_actions(&reports).await;
         self.request_rescan("apply");
     }
 
@@ -152,19 +118,7 @@ impl AgentState {
         plans.sort_by_key(|p| {
             p.steps.iter().any(|s| matches!(s.action, crate::plan::Action::IscsiLogout { .. }))
         });
-        let admit = |p: &Plan| {
-            let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
-            if budget.admit(p.steps.len(), Instant::now()) {
-                self.action_started(p);
-                Ok(())
-            } else {
-                Err(format!(
-                    "rate limit reached ({} steps a minute): {} step(s) postponed to a later scan",
-                    self.config.max_actions_per_minute,
-                    p.steps.len()
-                ))
-            }
-        };
+        let admit = |p: &Plan| self.admit_by_budget(p);
         let mut out = Vec::new();
         for p in plans {
             let req = Request {
@@ -184,6 +138,22 @@ impl AgentState {
             }
         }
         Ok(out)
+    }
+
+    /// The mode's may-act on a plan: within the per-minute step budget (counted, and announced
+    /// as an ActionStarted event), or why not.
+    pub(super) fn admit_by_budget(&self, p: &Plan) -> Result<(), String> {
+        let mut budget = self.budget.lock().unwrap_or_else(|p| p.into_inner());
+        if budget.admit(p.steps.len(), Instant::now()) {
+            self.action_started(p);
+            Ok(())
+        } else {
+            Err(format!(
+                "rate limit reached ({} steps a minute): {} step(s) postponed to a later scan",
+                self.config.max_actions_per_minute,
+                p.steps.len()
+            ))
+        }
     }
 
     pub(super) fn action_started(&self, p: &Plan) {
@@ -294,12 +264,13 @@ impl AgentState {
     /// devices, one Apply at a time.
     /// `identities`, when given, are the identities a Plan answered for the same devices (same
     /// order, "" for none): a device that is now another one is refused (FailedPrecondition
-    /// naming both) before anything runs.
+    /// naming both) before anything runs. `person` is who asked, for the journal and the audit.
     pub async fn apply(
         self: &Arc<Self>,
         devices: &[String],
         identities: &[String],
         op: Operation,
+        person: &str,
     ) -> Result<(Vec<(Plan, Class)>, Vec<StepReport>), ApiError> {
         if devices.is_empty() {
             return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
@@ -327,10 +298,13 @@ impl AgentState {
         }
         let _guard = self.act_lock.lock().await;
         let me = Arc::clone(self);
+        let person = person.to_owned();
         let (plans, reports) = tokio::task::spawn_blocking(move || {
             // Every device bound to the identity the caller saw before anything runs (a dry run
             // of each), then each carried out through the one workflow, bound to it again.
-            let by = "Apply".to_owned();
+            // The person (`uid N`, a per-person certificate, or whom the console reviewed) is
+            // journaled and audited with the plan.
+            let by = format!("Apply by {person}");
             let mut bound = Vec::new();
             for (devnum, expected) in &wanted {
                 let o = me.engine.carry_out(&Request {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use super::state::{AgentState, SCAN_DEADLINE, TIMER};
 use crate::engine::view::View;
 use crate::host::parallel::Stop;
-use crate::model::DevNum;
+use crate::model::{DevNum, MountNsId};
 use crate::snapshot::reread::Changes;
 
 /// How many times in a row the timer's scan may stop for a waiting change before it runs to
@@ -51,7 +51,10 @@ impl AgentState {
             watch.sync(&self.engine.world.namespace_files());
         }
         let judged = self.engine.judge(scan, &mut self.clocks());
-        Ok(Some(View::of(judged, scan_number)))
+        let mut view = View::of(judged, scan_number);
+        view.pod_volumes = Arc::new(self.engine.pod_volumes(&mut self.clocks()));
+        view.pin_risks = Arc::new(self.engine.world.pin_risks(None).unwrap_or_default());
+        Ok(Some(view))
     }
 
     /// Brings the latest view up to date after what the kernel reported changed (blocking).
@@ -82,8 +85,18 @@ impl AgentState {
         // advance one.
         self.clocks().retain(|id| scratch.get(id).is_some());
         let t2 = Instant::now();
-        let view = View::merged(judged, previous, reread.rebuilt.as_ref(), &reread.devices, scan_number)
+        let mut view = View::merged(judged, previous, reread.rebuilt.as_ref(), &reread.devices, scan_number)
             .ok_or("the latest view does not list the re-read snapshot's devices")?;
+        // The pin risks of the namespaces read again; the others' stand.
+        let read: HashSet<MountNsId> = changes
+            .namespaces
+            .iter()
+            .chain(&changes.gone)
+            .chain(changes.new_namespaces.keys())
+            .copied()
+            .collect();
+        let pins = if read.is_empty() { None } else { self.engine.world.pin_risks(Some(&read)) };
+        view.pin_risks = pins.map_or_else(|| Arc::clone(&previous.pin_risks), Arc::new);
         tracing::debug!(
             read_us = (t1 - t0).as_micros() as u64,
             judge_us = (t2 - t1).as_micros() as u64,

@@ -92,6 +92,9 @@ pub struct AgentState {
     /// The per-device cap on state events; every event goes out through
     /// [`AgentState::send_event`].
     pub(super) event_rate: Arc<super::event_rate::EventRate>,
+    /// The devices held by live filesystems with no mount, followed until those end
+    /// ([`super::fs_end`]: the kernel reports no superblock's end).
+    pub(super) fs_ends: Arc<super::fs_end::FsEnds>,
     pub(super) engine: Engine<LinuxWorld>,
     pub(super) clocks: Mutex<Clocks>,
     pub(super) view: RwLock<Arc<View>>,
@@ -190,6 +193,7 @@ impl AgentState {
             metrics,
             events,
             event_rate: Arc::new(super::event_rate::EventRate::new(cap_device_events)),
+            fs_ends: Arc::default(),
             engine,
             clocks: Mutex::new(clocks),
             view: RwLock::new(Arc::new(View::empty())),
@@ -208,15 +212,20 @@ impl AgentState {
         })
     }
 
-    /// Uses the Kubernetes API from now on: its view weighs in on verdicts and gates, and stale
-    /// devices and actions are reported as Events and a Node condition.
-    pub fn use_kubernetes(
-        &self,
-        cluster: tokio::sync::watch::Receiver<crate::kube::ClusterView>,
-        reporter: crate::kube::Reporter,
-    ) {
+    /// Takes the Kubernetes API's view from now on (one that cannot vouch while the API cannot
+    /// be reached): it weighs in on verdicts and gates.
+    pub fn use_cluster_view(&self, cluster: tokio::sync::watch::Receiver<crate::kube::ClusterView>) {
         let _ = self.engine.world.cluster.set(cluster);
+    }
+
+    /// Events and the Node condition go out through `reporter` (once the API is connected).
+    pub fn use_reporter(&self, reporter: crate::kube::Reporter) {
         let _ = self.reporter.set(reporter);
+    }
+
+    /// The API is not asked, for `why` (the operator's word).
+    pub fn api_off(&self, why: String) {
+        let _ = self.engine.world.api_off.set(why);
     }
 
     /// Whether this agent may act on the host (hostPID, a live procfs); why not otherwise.
@@ -356,6 +365,23 @@ impl AgentState {
         .await
     }
 
+    /// Follows each device held by a live filesystem with no mount until it ends
+    /// ([`super::fs_end`]: asleep while there is none), until `shutdown`: held by the filesystem
+    /// alone, the device is read again; held by processes too, a full scan is asked for once
+    /// they are all gone (a device re-read carries processes over from the last full scan).
+    pub async fn follow_filesystem_ends(self: Arc<Self>, shutdown: tokio::sync::watch::Receiver<bool>) {
+        let fs_ends = Arc::clone(&self.fs_ends);
+        let try_one = |name: String, pids: Vec<u32>| {
+            if pids.is_empty() {
+                self.request_device_rescan(name);
+            } else if pids.iter().all(|p| super::fs_end::process_gone(&self.host, *p)) {
+                tracing::debug!(device = %name, ?pids, "the processes holding a detached filesystem are gone");
+                self.request_rescan("filesystem");
+            }
+        };
+        fs_ends.follow(try_one, shutdown).await
+    }
+
     /// Makes `view` the latest and sends what changed.
     pub(super) fn publish(&self, trigger: &'static str, elapsed: Duration, view: View) {
         let started = Instant::now();
@@ -368,6 +394,7 @@ impl AgentState {
         for e in events {
             self.send_event(e);
         }
+        self.fs_ends.saw(super::fs_end::ending_filesystems(&view), Instant::now());
         let sent = started.elapsed();
         // The metrics are the slowest part (a series per device): after the API and the
         // watchers have what changed.

@@ -55,11 +55,17 @@ fn container_id(segment: &str) -> Option<String> {
     is_hex64(s).then(|| s.to_owned())
 }
 
+/// The pod UID a segment names: a UUID (a pod from the API), or 32 lowercase hex digits (a
+/// static pod: kubelet names it by its config hash, the mirror pod's `kubernetes.io/config.mirror`).
 fn pod_uid(segment: &str) -> Option<String> {
     let s = segment.strip_suffix(".slice").unwrap_or(segment);
     let at = s.rfind("pod")?;
     let uid = s[at + 3..].replace('_', "-");
-    is_uuid(&uid).then_some(uid)
+    (is_uuid(&uid) || is_config_hash(&uid)).then_some(uid)
+}
+
+fn is_config_hash(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
 }
 
 fn is_uuid(s: &str) -> bool {
@@ -103,6 +109,14 @@ mod tests {
         let id = identify(&t);
         assert_eq!(id.container_id, None);
         assert_eq!(id.pod_uid.as_deref(), Some(UID));
+    }
+
+    #[test]
+    fn static_pods_are_named_by_their_config_hash() {
+        let hash = "6b1d8f2e9c4a7b3e5d0f1a2c3b4d5e6f";
+        let t = format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{hash}.slice/cri-containerd-{CID}.scope\n");
+        assert_eq!(identify(&t).pod_uid.as_deref(), Some(hash));
+        assert_eq!(identify(&format!("0::/kubepods/pod{}/x\n", hash.to_uppercase())).pod_uid, None);
     }
 
     #[test]

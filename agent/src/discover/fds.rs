@@ -40,6 +40,25 @@ pub struct ProcRef {
     /// The path as the process sees it (fd link text, mapped file), when known.
     pub path: Option<KernelText>,
     pub fd: Option<u32>,
+    /// What the process does with it, in `fuser`'s letter: `f` an open file (`F` open for
+    /// writing), `c` its working directory, `r` its root, `m` a mapped file, `e` its executable.
+    pub access: char,
+}
+
+/// Whether fd link `path` (`/proc/PID/fd/N`) is open for writing: the kernel gives the link the
+/// owner's write bit then (as `fuser` reads it). Not known (the fd closed meanwhile): not shown as
+/// written to.
+fn open_for_writing(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.permissions().mode() & 0o200 != 0)
+}
+
+/// The identity (inode, name) of the file a process runs, for telling its executable's mapping
+/// from the other files it maps (`e` and `m` in `fuser`'s letters).
+fn executable_of(dir: &Path) -> Option<(u64, Vec<u8>)> {
+    let exe = dir.join("exe");
+    let id = sys::stat_cached(&exe).ok()?;
+    Some((id.ino, std::fs::read_link(&exe).ok()?.into_os_string().into_vec()))
 }
 
 /// What one process's files showed.
@@ -171,6 +190,7 @@ pub fn scan_fds(
         };
         if !held.is_empty() {
             let text = link_text(&path);
+            let access = if open_for_writing(&path) { 'F' } else { 'f' };
             for (kind, devnum) in held {
                 out.refs.push(ProcRef {
                     pid: entry.pid,
@@ -179,6 +199,7 @@ pub fn scan_fds(
                     devnum,
                     path: text.clone(),
                     fd: Some(fd),
+                    access,
                 });
             }
         }
@@ -255,6 +276,7 @@ pub fn scan_maps(
         Ok(text) => {
             // Bytes: a mapped file's name need not be UTF-8, and must not hide the mapping.
             let mut seen = HashSet::new();
+            let mut exe = None;
             for m in maps::file_mappings(&text) {
                 // maps shows btrfs's superblock number: follow it to the members.
                 let devs: Vec<DevNum> = if targets.contains(&m.devnum) {
@@ -262,6 +284,11 @@ pub fn scan_maps(
                 } else {
                     anon.members_of_dev(m.devnum).iter().copied().filter(|d| targets.contains(d)).collect()
                 };
+                if devs.is_empty() {
+                    continue;
+                }
+                let exe = exe.get_or_insert_with(|| executable_of(&dir));
+                let runs = exe.as_ref().is_some_and(|(ino, name)| *ino == m.inode && name[..] == m.path[..]);
                 for devnum in devs {
                     if seen.insert((devnum, m.devnum, m.inode)) {
                         out.refs.push(ProcRef {
@@ -271,6 +298,7 @@ pub fn scan_maps(
                             devnum,
                             path: Some(KernelText::from(m.path)),
                             fd: None,
+                            access: if runs { 'e' } else { 'm' },
                         });
                     }
                 }
@@ -328,8 +356,9 @@ fn dir_refs(
                 if known.is_none() {
                     out.dir_names.push(DirName { tid, kind, dir: key, path: named.clone() });
                 }
+                let access = if kind == HolderKind::Root { 'r' } else { 'c' };
                 for devnum in devices {
-                    out.refs.push(ProcRef { pid, tid, kind, devnum, path: named.clone(), fd: None })
+                    out.refs.push(ProcRef { pid, tid, kind, devnum, path: named.clone(), fd: None, access })
                 }
             }
             // Gone, a zombie (no files any more), or reaped after its directory was found (the

@@ -253,14 +253,29 @@ enum SdEvent {
 /// `(H:C:T:L, sdX, event, evidence)` of one kmsg record, when it is one the LUN check needs.
 /// Only the kernel's own records (facility 0) count: `/dev/kmsg` takes writes from user space
 /// (facility >= 1), and a forged line must never make a healthy LUN look gone (gotcha 26).
+///
+/// `sd ` must start the message, the address be `H:C:T:L` in numbers and the name a kernel disk
+/// name (`sd` and letters), and the rest one of the exact forms sd prints (a `tag#N ` before the
+/// sense text, on newer kernels): a record that begins with a task name a user chose (a segfault
+/// line, `COMM[PID]: segfault at ...`) never is one.
 fn sd_record(record: &str) -> Option<(&str, &str, SdEvent, String)> {
     let k = crate::discover::kmsg::KernelRecord::parse(record)?;
-    let rest = k.message.strip_prefix("sd ")?;
-    let (hctl, rest) = rest.split_once(": [")?;
+    let (hctl, rest) = k.after("sd ")?.split_once(": [")?;
     let (name, what) = rest.split_once("] ")?;
+    let numbers = hctl.split(':').filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).count();
+    let disk =
+        name.strip_prefix("sd").is_some_and(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_lowercase()));
+    if numbers != 4 || hctl.split(':').count() != 4 || !disk {
+        return None;
+    }
+    let untagged = what
+        .strip_prefix("tag#")
+        .and_then(|t| t.split_once(' '))
+        .filter(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(what, |(_, rest)| rest);
     let event = if what == "Attached SCSI disk" {
         SdEvent::Attached
-    } else if what.contains("Add. Sense: Logical unit not supported") {
+    } else if untagged == "Add. Sense: Logical unit not supported" {
         SdEvent::NotSupported
     } else {
         return None;
@@ -369,6 +384,24 @@ mod tests {
         kern[1] = kern[1].replacen("11,", "3,", 1);
         assert_eq!(luns_gone(kern, &wanted).len(), 1, "the same text from the kernel counts");
         assert!(read_luns_gone(&HostRoot::new("/nonexistent"), &wanted).is_empty());
+        // Facility-0 lines a user can shape (a task name, an executable's name): never evidence.
+        let hostile = [
+            "5,900,13682979,-;sd 0:0:0:1: [sdb] Attached SCSI disk",
+            "6,991,23439000,-;sd 0:0:0:1: [a][4242]: segfault at 0 ip 0 sp 0 error 6 in Add. Sense: Logical unit not supported[1+1] likely on CPU 0 (core 0, socket 0)",
+            "3,992,23439001,-;sd 0:0:0:1: [sdb] tag#18 Add. Sense: Logical unit not supported[4242]: segfault at 0",
+            "3,993,23439002,-;sd 0:0:0:1: [sdb] x Add. Sense: Logical unit not supported",
+            "3,994,23439003,-;sd 0:0:0:1x: [sdb] Add. Sense: Logical unit not supported",
+            "3,995,23439004,-;sd 0:0:0:1: [sdB] Add. Sense: Logical unit not supported",
+            "3,996,23439005,-; sd 0:0:0:1: [sdb] Add. Sense: Logical unit not supported",
+        ]
+        .map(String::from);
+        assert!(luns_gone(hostile, &wanted).is_empty(), "none of these is sd's word");
+        let untagged = [
+            "5,900,13682979,-;sd 0:0:0:1: [sdb] Attached SCSI disk",
+            "3,997,23439006,-;sd 0:0:0:1: [sdb] Add. Sense: Logical unit not supported",
+        ]
+        .map(String::from);
+        assert_eq!(luns_gone(untagged, &wanted).len(), 1, "an older kernel's line without tag#N counts");
     }
 
     #[test]

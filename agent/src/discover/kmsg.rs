@@ -12,6 +12,14 @@
 //! Device names are reused (`rbd0` unmapped, the next map is `rbd0` again): a fenced line belongs
 //! to the mapping the kernel announced last under that name (`rbd: rbd0: capacity N features
 //! 0xF`, logged once per map when the disk is added) and only when it follows that announcement.
+//!
+//! A facility-0 record is not all the kernel's own words: some begin with a name a user chose. A
+//! segfault line is `COMM[PID]: segfault at ... in EXE[...]`, where `COMM` is any task name (up
+//! to 15 bytes, set with `prctl(PR_SET_NAME)`: `rbd: rbd0: x`) and `EXE` any file name
+//! (`blocklisted`). So a record counts only where its subsystem's prefix starts the message
+//! ([`KernelRecord::after`]: `rbd: `, `sd `), and the rest must be one of the exact forms the
+//! subsystem prints (the device name in its kernel form, the event in its whole wording): a
+//! task name cannot hold a whole such line, and the kernel's words that follow it never are one.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -48,6 +56,12 @@ impl<'a> KernelRecord<'a> {
         Some(Self { level: (priority & 7) as u8, seq, usec, message })
     }
 
+    /// The message after `prefix`, only when `prefix` starts it (no white space skipped): where a
+    /// subsystem's own records begin.
+    pub fn after(&self, prefix: &str) -> Option<&'a str> {
+        self.message.strip_prefix(prefix)
+    }
+
     /// How a verdict names this record: the kernel wrote it, where it sits in the log, and what
     /// it says.
     pub fn evidence(&self) -> String {
@@ -82,7 +96,7 @@ impl RbdLog {
         let mut out = Self::default();
         for r in records {
             let Some(k) = KernelRecord::parse(r) else { continue };
-            match rbd_event(k.message) {
+            match rbd_event(&k) {
                 Some((dev, RbdEvent::Attached)) => {
                     out.attached.insert(dev.to_owned(), k.seq);
                     out.fenced.remove(dev);
@@ -141,17 +155,33 @@ enum RbdEvent {
     Fenced,
 }
 
-/// `(device, event)` of a krbd message (the text after the record's `;`).
-fn rbd_event(message: &str) -> Option<(&str, RbdEvent)> {
-    let rest = message.trim().strip_prefix("rbd: ")?;
-    let (dev, what) = rest.split_once(": ")?;
-    if what.starts_with("capacity ") && what.contains(" features ") {
+/// What krbd prints (`rbd_warn`: `rbd: rbdN: ...`) when its client was blocklisted: the watch
+/// cannot be registered again, or the header lock taken, with `-EBLOCKLISTED` (`-108`). The
+/// whole remainder of the message, word for word.
+const FENCED: [&str; 3] =
+    ["failed to reregister watch: -108", "encountered watch error: -108", "failed to lock header: -108"];
+
+/// `(device, event)` of a krbd record: `rbd: ` starts its message, the device is a kernel rbd
+/// name (`rbd` and digits), and the rest is exactly one of the forms krbd prints.
+fn rbd_event<'a>(k: &KernelRecord<'a>) -> Option<(&'a str, RbdEvent)> {
+    let (dev, what) = k.after("rbd: ")?.split_once(": ")?;
+    if !dev.strip_prefix("rbd").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+        return None;
+    }
+    if is_attach(what) {
         return Some((dev, RbdEvent::Attached));
     }
-    let fenced = what.contains("failed to reregister watch: -108")
-        || what.contains("blocklisted")
-        || what.contains("blacklisted");
-    fenced.then_some((dev, RbdEvent::Fenced))
+    FENCED.contains(&what).then_some((dev, RbdEvent::Fenced))
+}
+
+/// `capacity <bytes> features 0x<hex>`, whole: what krbd logs when it adds a mapping's disk.
+fn is_attach(what: &str) -> bool {
+    let Some((bytes, features)) = what.strip_prefix("capacity ").and_then(|r| r.split_once(" features 0x"))
+    else {
+        return false;
+    };
+    let digits = |s: &str, f: fn(&u8) -> bool| !s.is_empty() && s.as_bytes().iter().all(f);
+    digits(bytes, u8::is_ascii_digit) && digits(features, u8::is_ascii_hexdigit)
 }
 
 #[cfg(test)]
@@ -195,9 +225,9 @@ mod tests {
             // rbd2: announced; a forged fence from user space (facility 1) does not count.
             "6,30,9500,-;rbd: rbd2: capacity 1073741824 features 0x1",
             "12,31,9600,-;rbd: rbd2: failed to reregister watch: -108",
-            // rbd3: announced and fenced by the kernel.
+            // rbd3: announced and fenced by the kernel (the header lock refused, -EBLOCKLISTED).
             "6,40,9700,-;rbd: rbd3: capacity 1073741824 features 0x1",
-            "4,41,9800,-;rbd: rbd3: client is blocklisted",
+            "4,41,9800,-;rbd: rbd3: failed to lock header: -108",
             "6,42,9900,-;libceph: mon0 (1)10.0.0.1:6789 session established",
         ];
         let l = RbdLog::from_records(log);
@@ -208,12 +238,42 @@ mod tests {
         assert!(!l.fenced.contains_key("rbd2"), "a user-space record is not the kernel's word");
         assert_eq!(
             l.fenced.get("rbd3").map(String::as_str),
-            Some("kernel record #41 at 0.009800 s, facility kern: rbd: rbd3: client is blocklisted")
+            Some("kernel record #41 at 0.009800 s, facility kern: rbd: rbd3: failed to lock header: -108")
         );
         // Without the reuse, the first mapping's fence stands.
         let l = RbdLog::from_records(log[..3].iter().copied());
         assert!(l.fenced.get("rbd0").is_some_and(|e| e.contains("#12") && e.contains("-108")));
         let empty = read_rbd(&HostRoot::new("/nonexistent"));
         assert!(empty.fenced.is_empty());
+    }
+
+    /// Facility-0 records that begin with a name a user chose: a segfault line is
+    /// `COMM[PID]: segfault at ... in EXE[...]`, with COMM any task name (15 bytes) and EXE any
+    /// file name; a kernel message quoting such text after its own prefix. None is krbd's word.
+    #[test]
+    fn records_a_user_can_shape_are_not_rbd_evidence() {
+        let attach = "6,10,1000,-;rbd: rbd0: capacity 1073741824 features 0x3d";
+        let hostile = [
+            // comm "rbd: rbd0: x", executable "blocklisted" (a real kernel line of this shape
+            // is made by tests/tests/root_openers.rs).
+            "6,11,2000,-;rbd: rbd0: x[4242]: segfault at 0 ip 000055d5c7a0d139 sp 00007ffd8f0bf2a0 error 6 in blocklisted[55d5c7a0d000+1000] likely on CPU 1 (core 1, socket 0)",
+            "6,12,2001,-;rbd: rbd0: failed to reregister watch: -108[4243]: segfault at 0 ip 0 sp 0 error 6",
+            "6,13,2002,-;rbd: rbd0: failed to reregister watch: -1080",
+            "6,14,2003,-;rbd: rbd0: capacity 1073741824 features 0x3d in x[1+1]",
+            " rbd: rbd0: failed to reregister watch: -108",
+            "6,15,2004,-; rbd: rbd0: failed to reregister watch: -108",
+            "6,16,2005,-;rbd: rbd0 : failed to reregister watch: -108",
+            "6,17,2006,-;rbd: rbdx: failed to reregister watch: -108",
+            "6,18,2007,-;audit: rbd: rbd0: failed to reregister watch: -108",
+        ];
+        let l = RbdLog::from_records(std::iter::once(attach).chain(hostile));
+        assert_eq!(l.attached.get("rbd0"), Some(&10), "no hostile line is an announcement: {l:?}");
+        assert!(l.fenced.is_empty(), "no hostile line is a fence: {l:?}");
+        // The kernel's own line, after the same announcement, is.
+        let l = RbdLog::from_records([attach, "4,19,3000,-;rbd: rbd0: failed to reregister watch: -108"]);
+        assert!(l.fenced.get("rbd0").is_some_and(|e| e.contains("#19")), "{l:?}");
+        let k = KernelRecord::parse("6,1,2,-;rbd: rbd0: x").expect("parse");
+        assert_eq!(k.after("rbd: "), Some("rbd0: x"));
+        assert_eq!(k.after("bd: "), None, "a prefix starts the message or it is not there");
     }
 }

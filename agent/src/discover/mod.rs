@@ -6,6 +6,7 @@
 
 pub mod blockdev;
 pub mod cgroup;
+pub mod control_socket;
 pub mod dm;
 pub mod fds;
 pub mod iostat;
@@ -19,15 +20,22 @@ pub mod mount_events;
 pub mod mount_memo;
 pub mod mount_memo_file;
 pub mod mount_namespace;
+pub mod mount_tables;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;
 pub mod nbd;
 pub mod nvme;
+pub mod open_files;
+pub mod pin_read;
+pub mod pin_risk;
+pub mod pod_processes;
 pub mod probe;
+pub mod process_identity;
 pub mod processes;
 pub mod rbd;
 pub mod scsi;
+pub mod sight;
 pub mod swaps;
 
 use crate::model::{lossless_string, DevNum, DeviceName, KernelText};

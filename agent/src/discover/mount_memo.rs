@@ -200,6 +200,12 @@ pub fn listing(ns_id: u64, key: u64) -> Option<Arc<Vec<Entry>>> {
     (ids_key(&ids) == key).then(|| Arc::clone(l))
 }
 
+/// Namespace `ns_id`'s mounts as last listed (sorted by unique ID), without marking anything:
+/// what the latest scan found or took as quiet (for a pin risk's reader, `super::pin_read`).
+pub fn last_listing(ns_id: u64) -> Option<Arc<Vec<Entry>>> {
+    memo().namespaces.get(&ns_id).map(|n| Arc::clone(&n.mounts))
+}
+
 /// Whether mountinfo text and a listing describe the same mounts, as far as the kept lines
 /// go: every kept line is a listed mount, and every listed mount of a kind the text keeps
 /// (`kept(device, magic)`) has its line. A mount that came or went between the two reads

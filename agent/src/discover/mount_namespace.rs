@@ -102,3 +102,30 @@ pub fn group(entries: &[ProcEntry]) -> BTreeMap<MountNsId, MountNamespace> {
     }
     map
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A process whose only task in a namespace is a thread is among that namespace's
+    /// processes, and the namespace lists the thread as its way in.
+    #[test]
+    fn a_process_counts_in_a_namespace_it_is_in_through_a_thread_alone() {
+        let (host, pod) = (MountNsId(1), MountNsId(2));
+        let entry = |pid, tasks| ProcEntry {
+            pid,
+            comm: "p".into(),
+            state: 'S',
+            ppid: 1,
+            kthread: false,
+            start_time: 0,
+            vsize: 0,
+            tasks,
+            unreadable: Vec::new(),
+        };
+        let g = group(&[entry(10, vec![(10, host), (11, host), (12, pod)]), entry(20, vec![(20, pod)])]);
+        assert_eq!(g[&host].pids, [10]);
+        assert_eq!(g[&pod].pids, [10, 20]);
+        assert_eq!(g[&pod].tasks, [(10, 12), (20, 20)]);
+    }
+}

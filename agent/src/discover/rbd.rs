@@ -41,6 +41,13 @@ pub struct RbdMapping {
     /// mapping is dead, but it still has to be unmounted and unmapped here.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fenced: Option<String>,
+    /// The attach stamp on a kernel without `diskseq` (before 5.15): the sequence number of the
+    /// kernel's record announcing this mapping (`rbd: rbdN: capacity ... features ...`, logged
+    /// once per map, never reused within a boot; [`crate::discover::kmsg::RbdLog::attached`]).
+    /// `None` where the device has a `diskseq` (that is its stamp) or the record is no longer
+    /// in the kernel's buffer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach_record: Option<u64>,
 }
 
 /// Every krbd mapping; none when the rbd module is not loaded.
@@ -103,6 +110,7 @@ fn read_one(dir: &Path, id: u32) -> Result<Option<RbdMapping>, DiscoverError> {
         client_addr: opt("client_addr")?,
         cluster_fsid: opt("cluster_fsid")?,
         fenced: None,
+        attach_record: None,
     }))
 }
 

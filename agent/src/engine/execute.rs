@@ -20,16 +20,18 @@ impl<W: World> Engine<W> {
     /// must agree with the plan ([`recheck`]); a step whose prerequisite did not finish is not
     /// run. Failures are collected, not short-circuited across independent steps.
     pub fn execute(&self, plan: &Plan, journal: &mut Journal) -> Result<Vec<StepReport>, EngineError> {
-        self.execute_indexed(plan, journal, None)
+        self.execute_indexed(plan, journal, None, "")
     }
 
     /// [`Engine::execute`] of the steps of `plan` at `only` (all when `None`): the rest of a
-    /// resumed plan, whose other steps finished before the interruption.
+    /// resumed plan, whose other steps finished before the interruption. `by` (the request's
+    /// person or caller) is named in every step's audit line.
     pub(super) fn execute_indexed(
         &self,
         plan: &Plan,
         journal: &mut Journal,
         only: Option<&[usize]>,
+        by: &str,
     ) -> Result<Vec<StepReport>, EngineError> {
         if plan.refusal.is_some() || plan.steps.is_empty() {
             return Ok(Vec::new());
@@ -70,10 +72,13 @@ impl<W: World> Engine<W> {
                     continue;
                 }
             };
-            tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id);
+            tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id, by = %by);
             let result = match self.recheck(plan, step) {
                 Some(Halt::Refuse(reason)) => {
                     Err(ActError::Precondition { device: step.device.clone(), reason })
+                }
+                Some(Halt::IdentityChanged(reason)) => {
+                    Err(ActError::IdentityChanged { device: step.device.clone(), reason })
                 }
                 Some(Halt::Absent(why)) => {
                     tracing::info!(device = %step.device, "{why}");
@@ -85,7 +90,7 @@ impl<W: World> Engine<W> {
             if let Err(e) = journal.finish(&id, word, &detail) {
                 tracing::error!(device = %step.device, journal_id = %id, "cannot record the step's result in the journal: {e}");
             }
-            tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word, detail = %detail, journal_id = %id);
+            tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word, detail = %detail, journal_id = %id, by = %by);
             if !result.as_ref().is_ok_and(StepOutcome::is_finished) {
                 unfinished.push(i);
             }
@@ -106,6 +111,11 @@ impl<W: World> Engine<W> {
                 Ok(s) => s,
                 Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
             };
+            if let Some(why) =
+                fresh.entry(step.devnum).and_then(|e| gates::identity(&step.identity, &Identity::of(e)))
+            {
+                return Some(Halt::IdentityChanged(why));
+            }
             let stalled = self.observe_io(&fresh, self.world.now());
             return fresh
                 .entry(step.devnum)
@@ -114,6 +124,7 @@ impl<W: World> Engine<W> {
                     let api = self.world.cluster();
                     recheck::release_refusal(plan, step, &fresh, api.as_ref(), self.world.now())
                 })
+                .or_else(|| self.propagation_recheck(plan, step, &fresh))
                 .map(Halt::Refuse);
         }
         if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
@@ -127,6 +138,9 @@ impl<W: World> Engine<W> {
             Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
         };
         let Some(entry) = fresh.entry(step.devnum) else { return Some(self.vanished(step)) };
+        if let Some(why) = gates::identity(&step.identity, &Identity::of(entry)) {
+            return Some(Halt::IdentityChanged(why));
+        }
         let stalled = self.observe_io(&fresh, self.world.now());
         if let Some(r) = gates::responsive(entry, stalled.get(&step.devnum), first_unblocks(&plan.steps)) {
             return Some(Halt::Refuse(r));
@@ -134,8 +148,19 @@ impl<W: World> Engine<W> {
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
         recheck::refusal(plan, step, &fresh, entry, &word, api.as_ref(), self.world.now())
+            .or_else(|| {
+                // The stuck readers' fds are told apart into open files after the count was read.
+                let files = recheck::is_dm_step(step).then(|| self.open_files(plan, entry))?;
+                recheck::openers(plan, step, entry, &word, files)
+            })
             .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
             .map(Halt::Refuse)
+    }
+
+    /// How many open files the fds of `entry`'s readers that `plan` expects to let go are now
+    /// ([`recheck::expected_fds`], [`World::open_files`]): asked right after the kernel's word.
+    pub(super) fn open_files(&self, plan: &Plan, entry: &crate::graph::DeviceEntry) -> Result<usize, String> {
+        recheck::expected_fds(plan, entry).and_then(|fds| self.world.open_files(entry.device.devnum, &fds))
     }
 
     /// The step's device number is gone from a fresh scan: looks for the step's kernel object
@@ -222,6 +247,9 @@ impl<W: World> Engine<W> {
 pub(super) enum Halt {
     /// A gate says no: the step is refused with why.
     Refuse(String),
+    /// The device at the step's number is another one now (the identity gate): refused, and
+    /// told apart from other refusals by its kind.
+    IdentityChanged(String),
     /// What the step would remove is gone already: reported already absent, nothing run.
     Absent(String),
 }

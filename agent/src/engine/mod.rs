@@ -22,10 +22,15 @@
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
 
+pub mod dir_recover;
+pub mod dir_workflow;
 pub mod error;
 pub mod execute;
 pub mod outcome;
+pub mod pins;
 pub mod planning;
+pub mod pod_volumes;
+mod propagation;
 pub mod recheck;
 pub mod recover;
 pub mod view;
@@ -99,8 +104,8 @@ impl Default for Settings {
 pub struct Judged {
     pub scan: Scan,
     pub verdicts: HashMap<DevNum, Judgement>,
-    /// What the Kubernetes API could vouch for when judged, in words.
-    pub api_state: String,
+    /// What the Kubernetes API's word was worth when judged.
+    pub api_state: crate::kube::ApiState,
     pub judged_at: BootTime,
     /// The devices of the scan that do not answer, with the evidence.
     pub stalled: HashMap<DevNum, Stall>,
@@ -169,13 +174,7 @@ impl<W: World> Engine<W> {
                 stalled: &stalled,
             },
         );
-        let api_state = match &api {
-            None => "not configured".to_owned(),
-            Some(v) => match v.vouch(now) {
-                Ok(()) => "vouching".to_owned(),
-                Err(why) => format!("cannot vouch: {why}"),
-            },
-        };
+        let api_state = crate::kube::ApiState::of(api.as_ref(), &self.world.api_off(), now);
         let api_words = scan
             .graph
             .devices

@@ -22,6 +22,10 @@ pub enum Subject {
     /// What the operator typed (`/dev/loop3`, `loop3`, `mpatha`, `7:3`): resolved only after
     /// recovery, so that a device an unfinished plan already removed still resumes that plan.
     Argument(String),
+    /// An unfinished plan of the journal, by its ID: resumed (through every gate, the caller's
+    /// may-act and the audit, as a new plan is) and nothing planned afresh: the daemon's
+    /// recovery at start.
+    Journaled(String),
 }
 
 /// One request: an operation on one device, maybe carried out.
@@ -119,8 +123,29 @@ pub struct Resumed {
     pub already_done: usize,
     /// The remaining steps, each re-checked and run (or found already absent).
     pub reports: Vec<StepReport>,
-    /// Why the plan was not resumed (a step of it ran against a device that is another one now).
-    pub refused: Option<String>,
+    /// Why the plan was not resumed, or not wholly.
+    pub refused: Option<ResumeRefusal>,
+}
+
+/// Why an unfinished plan was not resumed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeRefusal {
+    /// Its interrupted step's device is another one now: the plan is closed, never resumed
+    /// against it (an impostor reusing the name).
+    IdentityChanged(String),
+    /// The caller's own may-act (the daemon's step budget) said not now: the plan stays open
+    /// for a later run.
+    NotAdmitted(String),
+    /// This run may not act, or cannot see the whole host (sight, may-act): left open.
+    CannotAct(String),
+}
+
+impl std::fmt::Display for ResumeRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::IdentityChanged(why) | Self::NotAdmitted(why) | Self::CannotAct(why) => f.write_str(why),
+        }
+    }
 }
 
 impl Resumed {
@@ -215,9 +240,17 @@ impl Outcome {
         let blind = self.incomplete().is_some();
         if plan.refusal.is_some() {
             let verdict = self.judged.as_ref().and_then(|j| j.verdict(plan.devnum)).map(|v| v.verdict);
+            // Unknown only for what the scan could not see; a verdict `unknown` for another
+            // reason (the Kubernetes API cannot vouch, the device stopped answering) is a
+            // safety rule's refusal, as the exit-code table says.
+            // A protected device (or a layer of the plan) is a safety rule's refusal, held or not.
+            let protected = verdict == Some(Verdict::Protected)
+                || plan.refusal.as_deref().is_some_and(|r| r.contains(crate::judge::gates::PROTECTED));
             let c = if plan.unsupported {
                 Class::Error
-            } else if blind || verdict == Some(Verdict::Unknown) {
+            } else if protected {
+                Class::Refused
+            } else if blind {
                 Class::Unknown
             } else if verdict == Some(Verdict::InUse) || entry.is_some_and(|e| !e.holders.is_empty()) {
                 Class::Held
@@ -238,13 +271,19 @@ impl Outcome {
 }
 
 /// The class of a run of steps: a failed step is an error, a step a re-check refused (or not
-/// run for it) is refused.
+/// run for it) is refused, a step the kernel deferred (a loop device's autoclear, an nbd device
+/// still open) leaves the device held: never done.
 pub(super) fn reports_class(reports: &[StepReport]) -> Class {
     reports.iter().fold(Class::Done, |c, r| {
         c.worst(match &r.result {
+            Ok(StepOutcome::Deferred(_)) => Class::Held,
             Ok(_) => Class::Done,
-            Err(ActError::Precondition { .. } | ActError::Skipped { .. }) => Class::Refused,
-            Err(_) => Class::Error,
+            Err(
+                ActError::Precondition { .. } | ActError::IdentityChanged { .. } | ActError::Skipped { .. },
+            ) => Class::Refused,
+            Err(ActError::Syscall { .. } | ActError::TimedOut { .. } | ActError::NotVerified { .. }) => {
+                Class::Error
+            }
         })
     })
 }
@@ -259,12 +298,38 @@ pub fn incomplete_view(scan: &Scan, entry: Option<&crate::graph::DeviceEntry>) -
     incomplete_line(&spots)
 }
 
-/// The INCOMPLETE VIEW line for these blind spots (`None`: there are none).
+/// The INCOMPLETE VIEW line for these blind spots (`None`: there are none), ending with the
+/// remedy that applies to them on this host ([`remedy`]).
 pub fn incomplete_line(spots: &[&crate::model::blindspot::BlindSpot]) -> Option<String> {
     let first = spots.first()?;
+    let is_root = nix::unistd::geteuid().is_root();
     Some(format!(
-        "INCOMPLETE VIEW: {} thing(s) could not be read (first: {}), so a holder could be hidden and no answer here is confident; run as root on the host (in a pod: privileged, hostPID: true)",
+        "INCOMPLETE VIEW: {} thing(s) could not be read (first: {}), so a holder could be hidden and no answer here is confident; {}",
         spots.len(),
-        first.what
+        first.what,
+        remedy(spots, is_root)
     ))
 }
+
+/// What to do about these blind spots, for a run that is root or not: the remedy a blind spot
+/// names itself (the run's sight: not root, a capability missing, another PID namespace); PID 1
+/// that a sandbox or an LSM shields even from root (the flag that trusts it); not root (run as
+/// root); else, for root, what is left (something shielded or changing while it was read).
+pub fn remedy(spots: &[&crate::model::blindspot::BlindSpot], is_root: bool) -> &'static str {
+    let says_its_own = |w: &str| w.contains("; run it ") || w.contains("hostPID: true");
+    if spots.iter().any(|b| says_its_own(&b.what)) {
+        "what to do is said with each (`-o json`: blind_spots)"
+    } else if !is_root {
+        "run it as root on the host (in a pod: privileged, hostPID: true)"
+    } else if spots.iter().any(|b| b.what.contains("pid 1 ") || b.what.contains("PID 1")) {
+        "PID 1 is shielded even from root here (a sandbox or an LSM): if it holds no device, \
+         --trust-unreadable-init (BLOCKJANITOR_TRUST_UNREADABLE_INIT=1) says so; never on a normal node"
+    } else {
+        "this run is root: something shielded (an LSM) or changing while it was read hid it; run it again, \
+         and if it stays, `-o json` lists every blind spot"
+    }
+}
+
+#[cfg(test)]
+#[path = "outcome_tests.rs"]
+mod tests;

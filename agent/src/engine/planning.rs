@@ -86,7 +86,7 @@ impl<W: World> Engine<W> {
                     p.refuse(why);
                 }
                 if let (Some(reason), None) = (&p.force_busy, &p.refusal) {
-                    tracing::warn!(target: "audit", phase = "override", gate = "mount_users", device = %p.device, identity = %p.identity.token(), reason = %reason, users = %p.notes.join("; "), "release forced although its mounts are in use");
+                    tracing::warn!(target: "audit", phase = "override", gate = "mount_users", device = %p.device, identity = %p.identity.token(), reason = %reason, users = %p.notes.join("; "), "release forced with --force-busy: process users of its mounts do not stop it");
                 }
                 p
             }
@@ -124,8 +124,17 @@ impl<W: World> Engine<W> {
                 .or_else(|| others.iter().find_map(|e| gates::completeness(e, &scan.blind_spots)))
                 .or_else(|| self.side_effects_refusal(&p, scan))
                 .or_else(|| not_stale(&p, judgement))
-                .or_else(|| self.openers_refusal(&p, scan));
+                .or_else(|| self.openers_refusal(&p, scan))
+                .or_else(|| self.unmap_refusal(&p));
             if let Some(r) = r {
+                p.refuse(r);
+            }
+        }
+        if p.refusal.is_none() {
+            // Last (it reads mount tables): what a mount release takes with it through
+            // propagation (the host's own mount at the same place, another device's) must itself
+            // be releasable.
+            if let Some(r) = self.propagation_refusal(&p, scan) {
                 p.refuse(r);
             }
         }
@@ -161,10 +170,11 @@ impl<W: World> Engine<W> {
         })
     }
 
-    /// Why the plan must not run because the kernel counts more openers of a dm device it acts
-    /// on than the plan accounts for ([`gates::openers`]: mounts it releases, layers it removes,
-    /// stuck readers it frees), asked once per dm device at planning time (the re-check asks
-    /// again right before each dm step).
+    /// Why the plan must not run because the kernel's open count of a dm device it acts on is
+    /// not the openers the plan accounts for ([`gates::openers`]: mounts it releases, layers it
+    /// removes, the open files of the stuck readers it frees, told apart by the kernel right
+    /// after the count), asked once per dm device at planning time (the re-check asks again
+    /// right before each dm step).
     pub(super) fn openers_refusal(&self, p: &Plan, scan: &Scan) -> Option<String> {
         let mut asked = Vec::new();
         for step in &p.steps {
@@ -178,11 +188,45 @@ impl<W: World> Engine<W> {
             asked.push(step.devnum);
             let Some(entry) = scan.entry(step.devnum) else { continue };
             let word = self.world.kernel_word(&step.device, step.devnum);
-            if let Some(r) = recheck::planned_openers_refusal(p, entry, &word) {
+            let files = self.open_files(p, entry);
+            if let Some(r) = recheck::planned_openers_refusal(p, entry, &word, files) {
                 return Some(r);
             }
         }
         None
+    }
+}
+
+impl<W: World> Engine<W> {
+    /// Why the plan must not run because the kernel's word says a loop, nbd or rbd device it
+    /// unbinds is in use (an exclusive claim, sysfs `holders/`, a live filesystem, a loop device
+    /// on its node) beyond the filesystem whose mounts the plan releases first: asked at
+    /// planning time too, so that a dry run says so (the re-check asks again right before the
+    /// step). The kernel gives these devices no open count: an opener no scan sees shows only
+    /// when the kernel defers the step (a loop device's autoclear), which is reported as such.
+    pub(super) fn unmap_refusal(&self, p: &Plan) -> Option<String> {
+        use crate::plan::Action;
+        // Where nothing can be carried out (a fixture tree, a PID namespace of its own), the plan
+        // is a dry run that can never run, and the kernel cannot be asked about the host's
+        // devices: its word is asked again right before every step of a plan that does run.
+        if self.world.can_act().is_err() {
+            return None;
+        }
+        p.steps
+            .iter()
+            .filter(|s| {
+                matches!(
+                    s.action,
+                    Action::DetachLoop { .. } | Action::NbdDisconnect { .. } | Action::RbdUnmap { .. }
+                )
+            })
+            .find_map(|step| {
+                let released = p.steps.iter().any(|s| s.is_release() && s.devnum == step.devnum);
+                let accounted =
+                    gates::Accounted { filesystem_released: released, ..gates::Accounted::default() };
+                let word = self.world.kernel_word(&step.device, step.devnum);
+                gates::kernel_word(&step.device, &word, &accounted)
+            })
     }
 }
 

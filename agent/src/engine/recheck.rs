@@ -1,7 +1,8 @@
 //! The check right before a destructive step: a fresh scan of the step's device and the
 //! kernel's own word must agree with the plan. Pure: the engine hands in what it read.
 //!
-//! A dm device's open count must not exceed the openers the plan accounts for ([`openers`]).
+//! A dm device's open count must equal the openers the plan accounts for, its stuck readers'
+//! fds counted per open file as the kernel compares them right after the count ([`openers`]).
 //! Whatever else the step removes (an NVMe controller's other namespaces, a disk's partitions)
 //! passes the same gates and must be unheld ([`side_effect`]).
 //!
@@ -15,20 +16,24 @@
 //! Before a mount release ([`release_refusal`]): the device is still the one planned and fully
 //! seen, the host's namespace is known, the planned mount (namespace, mount ID, superblock) is
 //! still that mount and still not tied to a mount live in the host's namespace through any chain
-//! of peer groups, and nothing in its namespace uses the filesystem (unless the operator forced
-//! the release with `--force-busy`).
+//! of peer groups, and nothing in its namespace uses the filesystem (`--force-busy` lets process
+//! users through, never the kernel's own holders); and ([`propagation_refusal`], from whole mount
+//! tables read right then) nothing its unmount takes with it through the parent's peer group is
+//! anything but a releasable copy of the same device.
 
 use crate::discover::probe::KernelWord;
 use crate::graph::identity::Identity;
+use crate::graph::propagation::{HostChain, Reach};
 use crate::graph::scan::Scan;
-use crate::graph::{DeviceEntry, Holder, HostChain};
+use crate::graph::{DeviceEntry, Holder};
 use crate::host::clock::BootTime;
 use crate::judge::gates::{self, Accounted};
 use crate::kube::ClusterView;
 use crate::model::HolderKind;
 use crate::plan::{Action, Plan, Step};
 
-/// Why `step` must not run now (`None`: it may).
+/// Why `step` must not run now (`None`: it may). A dm step is then held to its openers too
+/// ([`openers`], once the kernel has compared the stuck readers' fds).
 pub fn refusal(
     plan: &Plan,
     step: &Step,
@@ -45,31 +50,54 @@ pub fn refusal(
         .or_else(|| gates::api(entry, api, now).refusal())
         .or_else(|| unaccounted_holders(plan, step, entry))
         .or_else(|| gates::kernel_word(&step.device, word, &accounted(plan, step)))
-        .or_else(|| openers(plan, step, entry, word))
 }
 
-/// Why a dm step must not run: the kernel counts openers of its device that the plan does not
-/// account for ([`gates::openers`]). `None` for other steps.
-pub fn openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> Option<String> {
-    if !matches!(step.action, Action::DmMessage { .. } | Action::DmRemove { .. }) {
+/// Whether `step` acts on a dm device (its open count is compared with its openers).
+pub fn is_dm_step(step: &Step) -> bool {
+    matches!(step.action, Action::DmMessage { .. } | Action::DmRemove { .. })
+}
+
+/// Why a dm step must not run: the kernel's open count of its device is not the openers the
+/// plan accounts for ([`gates::openers`]). `files`: how many open files the stuck readers' fds
+/// ([`expected_fds`]) are, asked of the kernel after `word` was read. `None` for other steps.
+pub fn openers(
+    plan: &Plan,
+    step: &Step,
+    entry: &DeviceEntry,
+    word: &KernelWord,
+    files: Result<usize, String>,
+) -> Option<String> {
+    if !is_dm_step(step) {
         return None;
     }
-    gates::openers(&step.device, word, &expected_openers(plan, step, entry, word))
+    gates::openers(&step.device, word.dm_open_count, &expected_openers(plan, step, entry, word, files))
 }
 
 /// The openers of `step`'s device that the plan accounts for right before it runs, from the
 /// fresh scan's `entry` and the kernel's `word`: the filesystem whose mounts the plan releases
 /// after stopping the queueing (one per superblock), the layers stacked on it that the plan
-/// removes after it (one per table), and the fds of the stuck readers it expects to exit.
-pub fn expected_openers(plan: &Plan, step: &Step, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
+/// removes after it (one per table), and the open files of the stuck readers it expects to exit
+/// (`files`, for their fds).
+pub fn expected_openers(
+    plan: &Plan,
+    step: &Step,
+    entry: &DeviceEntry,
+    word: &KernelWord,
+    files: Result<usize, String>,
+) -> gates::Openers {
     let a = accounted(plan, step);
-    openers_of(plan, entry, word, a.filesystem_released, &a.stacked_removed)
+    openers_of(plan, entry, word, (a.filesystem_released, &a.stacked_removed), files)
 }
 
 /// The openers of dm device `entry` that the plan accounts for when it is made, before any step
 /// ran: the filesystem whose mounts it releases, every layer stacked on it that it removes, the
-/// fds of the stuck readers it frees.
-pub fn planned_openers(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> gates::Openers {
+/// open files of the stuck readers it frees (`files`).
+pub fn planned_openers(
+    plan: &Plan,
+    entry: &DeviceEntry,
+    word: &KernelWord,
+    files: Result<usize, String>,
+) -> gates::Openers {
     let devnum = entry.device.devnum;
     let released = plan.steps.iter().any(|s| s.is_release() && s.devnum == devnum);
     let removed: Vec<crate::model::DeviceName> = plan
@@ -78,37 +106,58 @@ pub fn planned_openers(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> g
         .filter(|s| matches!(s.action, Action::DmRemove { .. }) && s.devnum != devnum)
         .map(|s| s.device.clone())
         .collect();
-    openers_of(plan, entry, word, released, &removed)
+    openers_of(plan, entry, word, (released, &removed), files)
 }
 
-/// Why the plan must not run: the kernel counts more openers of `entry`, a dm device a step
-/// acts on, than the plan accounts for when it is made ([`planned_openers`]).
-pub fn planned_openers_refusal(plan: &Plan, entry: &DeviceEntry, word: &KernelWord) -> Option<String> {
-    gates::openers(&entry.device.name, word, &planned_openers(plan, entry, word))
+/// Why the plan must not run: the kernel's open count of `entry`, a dm device a step acts on,
+/// is not the openers the plan accounts for when it is made ([`planned_openers`]).
+pub fn planned_openers_refusal(
+    plan: &Plan,
+    entry: &DeviceEntry,
+    word: &KernelWord,
+    files: Result<usize, String>,
+) -> Option<String> {
+    gates::openers(&entry.device.name, word.dm_open_count, &planned_openers(plan, entry, word, files))
+}
+
+/// The stuck readers' open fds of `entry`'s node that the plan expects to let go, as (pid, fd):
+/// what the kernel is asked to tell apart into open files. `Err`: a reader the scan saw without
+/// its fd numbers (then it cannot be asked).
+pub fn expected_fds(plan: &Plan, entry: &DeviceEntry) -> Result<Vec<(u32, u32)>, String> {
+    let mut out = Vec::new();
+    for h in expected_readers(plan, entry) {
+        if h.fds.is_empty() {
+            return Err(format!("{}: the scan has no fd numbers for it", h.describe()));
+        }
+        for &pid in &h.pids {
+            out.extend(h.fds.iter().map(|&fd| (pid, fd)));
+        }
+    }
+    Ok(out)
+}
+
+/// The holders of `entry` that are readers the plan expects to let go (stuck on a dead map).
+fn expected_readers<'a>(plan: &'a Plan, entry: &'a DeviceEntry) -> impl Iterator<Item = &'a Holder> {
+    entry.holders.iter().filter(|h| {
+        h.kind == HolderKind::OpenDevice
+            && !h.pids.is_empty()
+            && h.pids.iter().all(|p| plan.expected_openers.contains(p))
+    })
 }
 
 fn openers_of(
     plan: &Plan,
     entry: &DeviceEntry,
     word: &KernelWord,
-    filesystem_released: bool,
-    stacked_removed: &[crate::model::DeviceName],
+    (filesystem_released, stacked_removed): (bool, &[crate::model::DeviceName]),
+    files: Result<usize, String>,
 ) -> gates::Openers {
     let mounted = entry.holders.iter().any(|h| h.kind == HolderKind::Mount);
     let filesystems =
         if filesystem_released { word.live_filesystems.len().max(usize::from(mounted)) } else { 0 };
     let stacked = word.sysfs_holders.iter().filter(|h| stacked_removed.contains(h)).cloned().collect();
-    let fds = entry
-        .holders
-        .iter()
-        .filter(|h| {
-            h.kind == HolderKind::OpenDevice
-                && !h.pids.is_empty()
-                && h.pids.iter().all(|p| plan.expected_openers.contains(p))
-        })
-        .map(|h| h.fds.len().max(1))
-        .sum();
-    gates::Openers { filesystems, stacked, fds }
+    let fds = expected_readers(plan, entry).map(|h| h.fds.len() * h.pids.len()).sum();
+    gates::Openers { filesystems, stacked, fds, files }
 }
 
 /// Why `step` must not run because of `entry`, a device it removes besides its own (an NVMe
@@ -265,12 +314,33 @@ pub fn release_refusal(
             crate::plan::release::host_copy(m, &HostChain::of(&entry.holders))
                 .map(|why| format!("a fresh scan ties it to the host's mount: {why}"))
         })
-        .or_else(|| {
-            if plan.force_busy.is_some() {
-                return None;
-            }
-            gates::mount_users(entry, &[*namespace], &plan.expected_openers, &removed_devices(plan, step))
-        })
+        .or_else(|| gates::mount_users(entry, &[*namespace], &releasing(plan, &removed_devices(plan, step))))
+}
+
+/// What the plan carries besides the step's mount, for the release gates.
+fn releasing<'a>(plan: &'a Plan, removed: &'a [crate::model::DeviceName]) -> gates::Releasing<'a> {
+    gates::Releasing {
+        expected_openers: &plan.expected_openers,
+        removed,
+        force_busy: plan.force_busy.is_some(),
+    }
+}
+
+/// Why the mount release `step` must not run because of what its unmount takes with it through
+/// mount propagation (`reach`, from whole tables read right after `scan`: [`gates::umount_propagation`]).
+/// `None` for other steps, and for a planned mount `scan` no longer shows (the actuator finds it
+/// gone).
+pub fn propagation_refusal(plan: &Plan, step: &Step, scan: &Scan, reach: &Reach) -> Option<String> {
+    let Action::DetachMount { namespace, mount_id, .. } = &step.action else { return None };
+    let entry = scan.entry(step.devnum)?;
+    let removed = removed_devices(plan, step);
+    gates::umount_propagation(
+        entry,
+        scan.graph.host_ns,
+        (*namespace, *mount_id),
+        reach,
+        &releasing(plan, &removed),
+    )
 }
 
 #[cfg(test)]

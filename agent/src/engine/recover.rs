@@ -20,6 +20,9 @@
 //!   holders, the kernel's word), against this same device, as an idempotent re-run; otherwise the
 //!   device is planned again from a fresh scan, through every gate.
 //!
+//! An interrupted `rmdir` of a pod volume directory is resolved against the directory, not a
+//! device ([`super::dir_recover`]: gone is `in_place`).
+//!
 //! Closing intents is the first half of recovery; the second, finishing the unfinished plans, is
 //! [`super::workflow`]'s (a plan whose interrupted step found `identity_changed` is closed, never
 //! resumed).
@@ -48,6 +51,9 @@ pub struct Interrupted {
     pub id: String,
     /// The process that wrote the intent (the ID's second field).
     pub writer_pid: Option<u32>,
+    /// The process that wrote it, with its start time and boot when the record has them
+    /// ([`journal::Writer`]).
+    pub writer: Option<journal::Writer>,
     pub device: String,
     pub devnum: DevNum,
     /// The identity token the step was planned for.
@@ -75,6 +81,7 @@ impl Interrupted {
             )?;
         Ok(Self {
             writer_pid: id.split('-').nth(1).and_then(|p| p.parse().ok()),
+            writer: journal::Writer::of_record(v),
             device: text("device")?,
             devnum,
             identity: text("identity")?,
@@ -231,6 +238,22 @@ fn effect_in_place(i: &Interrupted, entry: &DeviceEntry) -> Option<String> {
     }
 }
 
+/// A closed `rmdir` intent as an interrupted step (its device the placeholder `pod-volume`,
+/// its identity the directory's device and inode) and how it was closed.
+fn dir_interrupted(d: super::dir_recover::DirRecovered) -> (Interrupted, Resolved) {
+    let i = Interrupted {
+        writer_pid: d.writer.as_ref().map(|w| w.pid),
+        writer: d.writer,
+        device: "pod-volume".into(),
+        devnum: DevNum::new(0, 0),
+        identity: d.step.key.to_string(),
+        action: d.step.action().into(),
+        step: d.record_step,
+        id: d.id,
+    };
+    (i, Resolved { word: d.word, detail: d.detail })
+}
+
 /// What [`Engine::recover`] did.
 #[derive(Debug, Default)]
 pub struct Recovery {
@@ -256,6 +279,13 @@ impl<W: World> Engine<W> {
             return Ok(out);
         }
         for record in open {
+            if super::dir_recover::is_dir_intent(&record) {
+                match self.recover_dir(&record, journal)? {
+                    Ok(d) => out.resolved.push(dir_interrupted(d)),
+                    Err(left) => out.left_open.push(left),
+                }
+                continue;
+            }
             let i = match Interrupted::from_record(&record) {
                 Ok(i) => i,
                 Err(why) => {
@@ -265,8 +295,10 @@ impl<W: World> Engine<W> {
                     continue;
                 }
             };
-            if let Some(pid) = i.writer_pid.filter(|&p| p != std::process::id() && self.world.agent_alive(p))
-            {
+            // The writer by PID, start time and boot (a reused PID is another process).
+            let alive =
+                i.writer.as_ref().filter(|w| w.pid != std::process::id() && self.world.writer_alive(w));
+            if let Some(pid) = alive.map(|w| w.pid) {
                 let why =
                     format!("its writer, agent process {pid}, is still running: in flight, not interrupted");
                 tracing::info!(journal_id = %i.id, step = %i.describe(), "{why}; left open");

@@ -68,8 +68,15 @@ pub struct View {
     pub devices: Vec<Arc<DeviceView>>,
     pub warnings: Vec<String>,
     pub blind_spots: Vec<BlindSpot>,
-    /// Whether the Kubernetes API vouched for the verdicts, in words.
-    pub api_state: String,
+    /// What the Kubernetes API's word was worth when the verdicts were made.
+    pub api_state: crate::kube::ApiState,
+    /// The orphaned pod volume directories as the latest full scan judged them (a re-read
+    /// keeps them as they were).
+    pub pod_volumes: Arc<crate::engine::pod_volumes::PodVolumeReport>,
+    /// The pin risks of the host ([`crate::graph::pin_risks`]): set by whoever made the view
+    /// from a whole-host scan (unchecked otherwise); a re-read that read no namespace keeps the
+    /// previous view's.
+    pub pin_risks: Arc<crate::graph::pin_risks::PinReport>,
 }
 
 impl View {
@@ -84,7 +91,9 @@ impl View {
             devices: Vec::new(),
             warnings: Vec::new(),
             blind_spots: Vec::new(),
-            api_state: String::new(),
+            api_state: crate::kube::ApiState::CannotVouch("no scan yet".to_owned()),
+            pod_volumes: Arc::default(),
+            pin_risks: Arc::default(),
         }
     }
 
@@ -126,6 +135,8 @@ impl View {
             warnings: scan.warnings,
             blind_spots: scan.blind_spots,
             api_state,
+            pod_volumes: Arc::default(),
+            pin_risks: Arc::default(),
         }
     }
 }
@@ -163,6 +174,7 @@ impl View {
     /// This view, built from a namespace re-read, with the device-read generation and time of
     /// the view it updates (whose full scan read the devices).
     pub(crate) fn carrying_device_reads_of(mut self, previous: &View) -> Self {
+        self.pod_volumes = Arc::clone(&previous.pod_volumes);
         if previous.devices_read_at.is_some() {
             self.devices_read_scan = previous.devices_read_scan;
             self.devices_read_at = previous.devices_read_at;

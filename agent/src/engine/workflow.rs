@@ -40,7 +40,14 @@ use crate::plan::{Action, Plan, Step};
 
 /// Default bound on waiting for another writer of the journal.
 pub const LOCK_WAIT: Duration = Duration::from_secs(30);
-use super::outcome::{Class, Outcome, Request, Resumed, Subject};
+
+/// Who resumes the journal's unfinished plans at start, and their own may-act on each.
+#[derive(Clone, Copy)]
+pub struct Resumer<'a> {
+    pub by: &'a str,
+    pub admit: Option<super::outcome::Admit<'a>>,
+}
+use super::outcome::{Class, Outcome, Request, ResumeRefusal, Resumed, Subject};
 
 impl<W: World> Engine<W> {
     /// Carries `req` out (see the module docs): the only caller of [`Engine::plan_fresh`] and
@@ -72,28 +79,38 @@ impl<W: World> Engine<W> {
                 .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
             let open = journal::open_plans(req.journal)
                 .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
-            let subject = match &req.subject {
-                Subject::Device(d) => Some(*d),
-                Subject::Argument(_) => None,
-            };
             for p in open {
-                if owed_by(&p, &req.argument, subject) {
-                    out.resumed.push(self.resume(&p, &mut j)?);
+                let owed = match &req.subject {
+                    Subject::Device(d) => owed_by(&p, &req.argument, Some(*d)),
+                    Subject::Argument(_) => owed_by(&p, &req.argument, None),
+                    Subject::Journaled(id) => p.id == *id,
+                };
+                if owed {
+                    out.resumed.push(self.resume(&p, &mut j, req)?);
                 } else {
                     out.unfinished.push(unfinished_words(&p));
                 }
             }
+            // A journaled plan is resumed alone: nothing is planned afresh.
+            if matches!(req.subject, Subject::Journaled(_)) {
+                return Ok(out);
+            }
             // A resumed step refused because its device is now another one (an impostor reusing
             // the name): the argument is not planned afresh against that other device in the same
             // run; the operator sees why and decides.
-            let impostor = out.resumed.iter().find_map(|r| r.refused.clone()).or_else(|| {
-                out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
-                    Err(ActError::Precondition { reason, .. }) if reason.contains("identity") => {
-                        Some(format!("{}: {reason}", r.step.device))
-                    }
+            let impostor = out
+                .resumed
+                .iter()
+                .find_map(|r| match &r.refused {
+                    Some(ResumeRefusal::IdentityChanged(why)) => Some(why.clone()),
                     _ => None,
                 })
-            });
+                .or_else(|| {
+                    out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
+                        Err(e @ ActError::IdentityChanged { .. }) => Some(e.to_string()),
+                        _ => None,
+                    })
+                });
             if let Some(why) = impostor {
                 out.refusal = Some((
                     Class::Refused,
@@ -109,6 +126,9 @@ impl<W: World> Engine<W> {
         // 4. A fresh plan.
         let devnum = match &req.subject {
             Subject::Device(d) => *d,
+            Subject::Journaled(id) => {
+                return Err(EngineError::NotFound(format!("journal plan {id} is resumed only with --apply")))
+            }
             Subject::Argument(a) => match self.world.resolve(a) {
                 Ok(d) => d,
                 Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
@@ -167,8 +187,8 @@ impl<W: World> Engine<W> {
         let body = plan_record(plan, out.judged.as_ref().map(|j| &j.scan), req);
         let plan_id =
             j.plan(&body).map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
-        tracing::info!(target: "audit", phase = "plan", operation = plan.operation, device = %plan.device, argument = %req.argument, by = %req.by, steps = plan.steps.len(), journal_id = %plan_id);
-        let reports = self.execute(plan, &mut j)?;
+        tracing::info!(target: "audit", phase = "plan", operation = plan.operation, device = %plan.device, argument = %req.argument, by = %req.by, steps = plan.steps.len(), force_busy = plan.force_busy.as_deref().unwrap_or(""), journal_id = %plan_id);
+        let reports = self.execute_indexed(plan, &mut j, None, &req.by)?;
         let (word, detail) = plan_end_words(&reports);
         if let Err(e) = j.plan_end(&plan_id, word, &detail) {
             tracing::error!(journal_id = %plan_id, "cannot close the plan in the journal: {e}");
@@ -184,14 +204,17 @@ impl<W: World> Engine<W> {
         Ok(out)
     }
 
-    /// At daemon start (and for `journal --resume`): takes the lock, closes the interrupted
-    /// intents and, when `resume`, finishes every unfinished plan through the usual re-checks;
-    /// otherwise lists them.
+    /// At daemon start: takes the lock and closes the interrupted intents; then, with `resume`,
+    /// carries every unfinished plan on through the one request workflow ([`Engine::carry_out`]
+    /// with [`Subject::Journaled`], by `resume`'s caller): sight and may-act, the journal's lock,
+    /// each remaining step's re-check (the Kubernetes API's gate among them: the daemon calls
+    /// this once the API's view is up), the caller's may-act and the audit, as for a new plan.
+    /// Without `resume` (a daemon that does not act by itself), the plans are listed.
     pub fn recover_all(
         &self,
         path: &Path,
         lock_wait: Duration,
-        resume: bool,
+        resume: Option<Resumer<'_>>,
     ) -> Result<Outcome, EngineError> {
         let mut out = Outcome::default();
         let jerr = |source| EngineError::Journal { path: path.to_owned(), source };
@@ -200,30 +223,65 @@ impl<W: World> Engine<W> {
         {
             return Ok(out);
         }
-        let _lock = match journal::lock(path, lock_wait) {
-            Ok(l) => l,
-            Err(e) if journal::is_busy(&e) => {
-                out.refusal = Some((Class::Refused, e.to_string()));
-                return Ok(out);
-            }
-            Err(e) => return Err(jerr(e)),
+        {
+            let _lock = match journal::lock(path, lock_wait) {
+                Ok(l) => l,
+                Err(e) if journal::is_busy(&e) => {
+                    out.refusal = Some((Class::Refused, e.to_string()));
+                    return Ok(out);
+                }
+                Err(e) => return Err(jerr(e)),
+            };
+            let mut j = Journal::open(path).map_err(jerr)?;
+            out.recovery = self.recover(&mut j).map_err(jerr)?;
+        }
+        let open = journal::open_plans(path).map_err(jerr)?;
+        let Some(resumer) = resume else {
+            out.unfinished = open.iter().map(unfinished_words).collect();
+            return Ok(out);
         };
-        let mut j = Journal::open(path).map_err(jerr)?;
-        out.recovery = self.recover(&mut j).map_err(jerr)?;
-        let may_act = self.world.can_act().is_ok();
-        for p in journal::open_plans(path).map_err(jerr)? {
-            if resume && may_act {
-                out.resumed.push(self.resume(&p, &mut j)?);
+        // Unused: a journaled plan is resumed, never planned afresh.
+        let clocks = std::sync::Mutex::new(crate::judge::grace::Clocks::new(None));
+        for p in &open {
+            let text =
+                |ptr: &str| p.record.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let op = if text("/request/operation") == "release" {
+                super::Operation::Release
             } else {
-                out.unfinished.push(unfinished_words(&p));
+                super::Operation::Clean
+            };
+            let req = Request {
+                op,
+                subject: Subject::Journaled(p.id.clone()),
+                argument: text("/request/argument"),
+                expected_identity: None,
+                apply: true,
+                by: format!(
+                    "{} (resuming journal plan {} asked by {})",
+                    resumer.by,
+                    p.id,
+                    text("/request/by")
+                ),
+                journal: path,
+                lock_wait,
+                clocks: &clocks,
+                admit: resumer.admit,
+            };
+            let o = self.carry_out(&req)?;
+            out.resumed.extend(o.resumed);
+            if let Some(refusal) = o.refusal {
+                out.unfinished.push(format!("{}: not resumed: {}", unfinished_words(p), refusal.1));
+                out.refusal.get_or_insert(refusal);
             }
         }
         Ok(out)
     }
 
-    /// Finishes an unfinished journaled plan: its remaining steps, each re-checked right before it
-    /// runs (identity, holders, the kernel's word) or found already absent; then closes it.
-    fn resume(&self, p: &OpenPlan, j: &mut Journal) -> Result<Resumed, EngineError> {
+    /// Finishes an unfinished journaled plan for `req`: the caller's may-act on what is left
+    /// (the daemon's budget: refused, it stays open for a later run), then its remaining steps,
+    /// each re-checked right before it runs (identity, holders, the API, the kernel's word) or
+    /// found already absent, audited by `req.by`; then closes it.
+    fn resume(&self, p: &OpenPlan, j: &mut Journal, req: &Request<'_>) -> Result<Resumed, EngineError> {
         let path = j.path().to_owned();
         let jerr = |source| EngineError::Journal { path: path.clone(), source };
         let r = &p.record;
@@ -255,13 +313,22 @@ impl<W: World> Engine<W> {
                 "'{step}' was interrupted and its device is another one now (identity changed): the plan is closed, and what is left is judged afresh"
             );
             j.plan_end(&p.id, "incomplete", &why).map_err(jerr)?;
-            resumed.refused = Some(why);
+            resumed.refused = Some(ResumeRefusal::IdentityChanged(why));
             return Ok(resumed);
         }
         let remaining: Vec<usize> = (0..plan.steps.len()).filter(|i| !p.finished.contains(i)).collect();
+        if let Some(admit) = req.admit {
+            let left =
+                Plan { steps: remaining.iter().map(|&i| plan.steps[i].clone()).collect(), ..plan.clone() };
+            if let Err(why) = admit(&left) {
+                resumed.refused =
+                    Some(ResumeRefusal::NotAdmitted(format!("{why}: left open for a later run")));
+                return Ok(resumed);
+            }
+        }
         j.resume_plan(&p.id);
-        tracing::warn!(target: "audit", phase = "resume", operation = plan.operation, device = %plan.device, journal_id = %p.id, remaining = remaining.len(), "resuming an unfinished plan");
-        let reports = self.execute_indexed(&plan, j, Some(&remaining))?;
+        tracing::warn!(target: "audit", phase = "resume", operation = plan.operation, device = %plan.device, journal_id = %p.id, remaining = remaining.len(), by = %req.by, "resuming an unfinished plan");
+        let reports = self.execute_indexed(&plan, j, Some(&remaining), &req.by)?;
         let (word, detail) = plan_end_words(&reports);
         j.plan_end(&p.id, if word == "finished" { "resumed" } else { word }, &detail).map_err(jerr)?;
         resumed.reports = reports;
@@ -336,6 +403,10 @@ fn plan_record(plan: &Plan, scan: Option<&Scan>, req: &Request<'_>) -> Value {
         "devices": devices,
         "steps": steps,
         "expected_openers": plan.expected_openers,
+        // The operator's reason for detaching despite process users (`--force-busy`), kept
+        // with the plan it overrode; a resumed plan is re-checked without it.
+        "force_busy": plan.force_busy,
+        "notes": plan.notes,
     })
 }
 
@@ -377,13 +448,12 @@ pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
 }
 
 /// How a plan's run ends in the journal: `finished` when every step finished, else
-/// `incomplete` naming the steps that did not.
+/// `incomplete` naming the steps that did not (a step the kernel deferred did not: the device
+/// is still there until its last opener closes it).
 fn plan_end_words(reports: &[StepReport]) -> (&'static str, String) {
     let not: Vec<String> = reports
         .iter()
-        .filter(|r| {
-            !r.result.as_ref().is_ok_and(|o| o.is_finished() || matches!(o, StepOutcome::Deferred(_)))
-        })
+        .filter(|r| !r.result.as_ref().is_ok_and(StepOutcome::is_finished))
         .map(|r| {
             let (w, d) = r.word();
             format!("{}: {w} {d}", r.step.describe())

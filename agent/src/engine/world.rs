@@ -6,23 +6,30 @@
 //! property test has a simulated world with hidden holders, identity swaps and failing steps.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::error::EngineError;
 use crate::act::linux::LinuxActuator;
+use crate::act::pod_volume::DirActError;
 use crate::act::{ActError, Actuator, StepOutcome};
+use crate::discover::kubelet::pod_dirs::PodDirs;
+use crate::discover::pod_processes::PodProcesses;
 use crate::discover::probe::{self, KernelWord};
+use crate::discover::sight::INITIAL_PID_NS;
 use crate::discover::{blockdev, DiscoverError};
+use crate::graph::propagation::NsTable;
 use crate::graph::protect::protected_devices;
 use crate::graph::scan::{Scan, Target};
 use crate::graph::DeviceGraph;
+use crate::host::beneath::FileKey;
 use crate::host::clock::BootTime;
 use crate::host::parallel::Stop;
 use crate::host::HostRoot;
 use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
+use crate::plan::pod_volume::DirStep;
 use crate::plan::Step;
 use crate::snapshot::process_memo::ProcessMemo;
 use crate::snapshot::reread::Changes;
@@ -50,10 +57,30 @@ pub trait World {
     /// filesystems, loop devices on its node, dm open count), read right before a destructive
     /// step and never in routine scans.
     fn kernel_word(&self, device: &DeviceName, devnum: DevNum) -> KernelWord;
+    /// The whole mount tables of the mount namespaces `scan` found that `wanted` accepts, read
+    /// now, each once (`discover::mount_tables`): what an unmount takes with it through mount
+    /// propagation is worked out from them (`graph::propagation`). A namespace whose table cannot
+    /// be read is there with why; one the world cannot read at all is never left out silently.
+    fn mount_tables(&self, scan: &Scan, wanted: &dyn Fn(MountNsId) -> bool) -> Vec<NsTable>;
+    /// How many distinct open files (open file descriptions) the fds `fds` (pid, fd), which a
+    /// scan saw open on the node of `devnum`, are now (dup'd, inherited and passed fds are one),
+    /// asked of the kernel right after [`World::kernel_word`] read the device's open count; fds
+    /// no longer open on it are not counted. `Err`: it cannot tell, and why. A world that cannot
+    /// ask the kernel cannot tell for any fd.
+    fn open_files(&self, devnum: DevNum, fds: &[(u32, u32)]) -> Result<usize, String> {
+        if fds.is_empty() {
+            return Ok(0);
+        }
+        Err(format!("this world cannot ask the kernel which fds on {devnum} are one open file"))
+    }
     /// The Kubernetes API's view of this node, when the API is in use.
     fn cluster(&self) -> Option<ClusterView>;
     /// Whether this agent may act on the host at all; why not otherwise.
     fn can_act(&self) -> Result<(), String>;
+    /// Why [`World::cluster`] has no view (the API is not asked), as reports show it.
+    fn api_off(&self) -> String {
+        "not configured".to_owned()
+    }
     /// Carries out one step (the engine has re-checked it).
     fn run(&self, step: &Step) -> Result<StepOutcome, ActError>;
     /// Now, on a clock that cannot jump.
@@ -62,6 +89,12 @@ pub trait World {
     /// intent still at work, not crashed). A world without processes has none.
     fn agent_alive(&self, _pid: u32) -> bool {
         false
+    }
+    /// Whether the writer of a journal record is still at work: the same process (its PID and
+    /// start time, in this boot) still running. A record written before records carried a
+    /// start time: [`World::agent_alive`] of its PID.
+    fn writer_alive(&self, writer: &crate::act::journal::Writer) -> bool {
+        self.agent_alive(writer.pid)
     }
     /// iSCSI session `sid` as sysfs shows it now: `(target, portal)`, `None` when it is gone
     /// (crash recovery of a logout). A world without iSCSI cannot say.
@@ -78,6 +111,42 @@ pub trait World {
     fn sight(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Kubelet's per-pod directories now, each volume place with its device and inode, and its
+    /// content for the pods `survey` accepts ([`crate::discover::kubelet::pod_dirs`]). A world
+    /// without a kubelet directory says why.
+    fn pod_dirs(&self, survey: &dyn Fn(&str) -> bool) -> Result<PodDirs, String> {
+        let _ = survey;
+        Err("this world has no kubelet directory".into())
+    }
+    /// Which pods have a process on this node now ([`crate::discover::pod_processes`]).
+    fn pod_processes(&self) -> Result<PodProcesses, String> {
+        Err("this world cannot read processes' cgroups".into())
+    }
+    /// A host path's device and inode and the mount a stat of it on the host was reached
+    /// through, as the host sees it ([`crate::host::HostRoot::stat_on_host`]).
+    fn stat_on_host(&self, path: &Path) -> Result<(FileKey, Option<u64>), String> {
+        Err(format!("this world cannot stat {} on the host", path.display()))
+    }
+    /// The device and inode of the directory `rel` below the kubelet directory `kubelet_dir`
+    /// (`None`: not there), looked at without following or crossing anything (crash recovery
+    /// of an `rmdir`).
+    fn dir_key(&self, kubelet_dir: &Path, rel: &Path) -> Result<Option<FileKey>, String> {
+        Err(format!("this world cannot look at {}", kubelet_dir.join(rel).display()))
+    }
+    /// Whether mount namespace `ns` (found by a scan) is gone now, as the kernel says by its
+    /// 64-bit ID: a namespace whose table could not be read because its last task exited holds
+    /// no mount any more. `false` whenever that cannot be told.
+    fn mount_ns_gone(&self, ns: &crate::discover::namespaces::MountNamespace) -> bool {
+        let _ = ns;
+        false
+    }
+    /// Removes one empty pod volume directory (the engine has re-checked it).
+    fn remove_dir(&self, step: &DirStep) -> Result<StepOutcome, DirActError> {
+        Err(DirActError::Precondition {
+            path: step.host_path(),
+            reason: "this world cannot remove directories".into(),
+        })
+    }
 }
 
 /// A re-read's scan, and which devices it built.
@@ -93,23 +162,26 @@ pub struct Reread {
     pub devices: Vec<DevNum>,
 }
 
-/// `PROC_PID_INIT_INO`: the inode of the initial PID namespace, fixed by the kernel.
-const INITIAL_PID_NS: &str = "pid:[4026531836]";
-
 /// The live host (or a fixture tree).
 pub struct LinuxWorld {
     pub host: HostRoot,
     pub options: ScanOptions,
     /// Deadline of each kernel call that may block on a device.
     pub timeout: Duration,
-    /// Filled in once the daemon connects to the Kubernetes API.
+    /// The Kubernetes API's view, set once where the API is asked (a view that cannot vouch
+    /// while it cannot be reached); unset when it is not asked, for [`LinuxWorld::api_off`]'s
+    /// reason.
     pub cluster: Arc<OnceLock<tokio::sync::watch::Receiver<ClusterView>>>,
+    /// Why the API is not asked (`--no-kubernetes`, a one-shot run outside a cluster).
+    pub api_off: Arc<OnceLock<String>>,
     /// The latest snapshot of the whole host and when its scan started: what
     /// [`World::rescan_changed`] brings up to date, in place (none after a re-read failed).
     latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
     /// What the daemon's own full scans remember of each process ([`LinuxWorld::scan_periodic`]);
     /// `None`: every scan reads every process in full.
     process_memo: Mutex<Option<ProcessMemo>>,
+    /// What the last pin-risk pass found (`super::pins`).
+    pub(crate) pins: Mutex<crate::discover::pin_read::PinMemo>,
 }
 
 impl LinuxWorld {
@@ -119,9 +191,16 @@ impl LinuxWorld {
             options,
             timeout,
             cluster: Arc::new(OnceLock::new()),
+            api_off: Arc::new(OnceLock::new()),
             latest: Mutex::new(None),
             process_memo: Mutex::new(None),
+            pins: Mutex::new(Default::default()),
         }
+    }
+
+    /// The latest whole-host snapshot, if a full scan made one (and no failed re-read dropped it).
+    pub(crate) fn latest_snapshot(&self) -> Option<Arc<Snapshot>> {
+        self.latest.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(s, _)| Arc::clone(s))
     }
 
     /// Lets [`LinuxWorld::scan_periodic`] keep what a process's last full read found while its
@@ -213,6 +292,7 @@ impl LinuxWorld {
             warnings: snap.warnings.clone(),
             taken_at,
             scope,
+            namespaces: Default::default(),
         }
     }
 }
@@ -260,7 +340,12 @@ impl LinuxWorld {
             }
         };
         let snap = Snapshot::take_with(&self.host, devices, &scope, started, &self.options, memo, stop)?;
-        let scan = self.scan_of(&snap, taken_at, covered);
+        let mut scan = self.scan_of(&snap, taken_at, covered);
+        if scan.scope.is_some() {
+            // The ways into each namespace, for a release's whole tables (a plan's and a
+            // re-check's scans are of some devices; a scan of all is for showing).
+            scan.namespaces = Arc::new(snap.namespaces.clone());
+        }
         if scope == Scope::All {
             *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some((Arc::new(snap), taken_at));
         }
@@ -337,6 +422,18 @@ impl World for LinuxWorld {
         probe::kernel_word(&self.host, device, devnum, self.timeout)
     }
 
+    fn mount_tables(&self, scan: &Scan, wanted: &dyn Fn(MountNsId) -> bool) -> Vec<NsTable> {
+        crate::discover::mount_tables::read_tables(&self.host, &scan.namespaces, wanted)
+            .into_iter()
+            .map(|(ns, table)| (ns, table.map_err(|e| e.to_string())))
+            .collect()
+    }
+
+    fn open_files(&self, devnum: DevNum, fds: &[(u32, u32)]) -> Result<usize, String> {
+        use crate::discover::open_files;
+        open_files::count(&self.host, devnum, fds, open_files::MAX_PAIRS).map(|o| o.distinct)
+    }
+
     fn resolve(&self, arg: &str) -> Result<DevNum, EngineError> {
         let devices = blockdev::scan(&self.host)?;
         crate::graph::resolve::device(&self.host, &devices, arg)
@@ -378,6 +475,43 @@ impl World for LinuxWorld {
         self.cluster.get().map(|rx| rx.borrow().clone())
     }
 
+    fn pod_dirs(&self, survey: &dyn Fn(&str) -> bool) -> Result<PodDirs, String> {
+        crate::discover::kubelet::pod_dirs::scan(&self.host, &self.options.kubelet_dir, survey)
+            .map_err(|e| e.to_string())
+    }
+
+    fn pod_processes(&self) -> Result<PodProcesses, String> {
+        crate::discover::pod_processes::scan(&self.host)
+            .map_err(|e| format!("cannot list {}: {e}", self.host.proc().display()))
+    }
+
+    fn stat_on_host(&self, path: &Path) -> Result<(FileKey, Option<u64>), String> {
+        let id = self
+            .host
+            .stat_on_host(path)
+            .map_err(|e| format!("cannot stat {} on the host: {e}", path.display()))?;
+        // A fixture tree's files are reached through this process's mounts, not the tree's.
+        let mnt_id = id.mnt_id.filter(|_| self.host.is_live());
+        Ok((FileKey { dev: id.dev, ino: id.ino }, mnt_id))
+    }
+
+    fn dir_key(&self, kubelet_dir: &Path, rel: &Path) -> Result<Option<FileKey>, String> {
+        crate::discover::kubelet::pod_dirs::key_below(&self.host, kubelet_dir, rel)
+            .map_err(|e| format!("cannot look at {}: {e}", kubelet_dir.join(rel).display()))
+    }
+
+    fn remove_dir(&self, step: &DirStep) -> Result<StepOutcome, DirActError> {
+        crate::act::pod_volume::remove(&self.host, step, self.timeout)
+    }
+
+    fn mount_ns_gone(&self, ns: &crate::discover::namespaces::MountNamespace) -> bool {
+        self.host.is_live() && ns.kernel_id.is_some_and(|id| !crate::host::sys::mount_api::ns_exists(id))
+    }
+
+    fn api_off(&self) -> String {
+        self.api_off.get().cloned().unwrap_or_else(|| "not asked".to_owned())
+    }
+
     fn can_act(&self) -> Result<(), String> {
         if !self.host.is_live() {
             return Err(format!(
@@ -412,134 +546,32 @@ impl World for LinuxWorld {
         Ok(Some((target, d.portal())))
     }
 
+    /// A process at `pid` running this agent's executable, as root (never its name, which any
+    /// process can take). Cannot be told: alive (its intent is left open, never closed under a
+    /// writer that may be at work).
     fn agent_alive(&self, pid: u32) -> bool {
-        // `comm` is the executable's name cut to 15 bytes: `blockjanitor-ag`.
-        std::fs::read_to_string(self.host.proc().join(pid.to_string()).join("comm"))
-            .is_ok_and(|c| c.trim_end().starts_with("blockjanitor"))
+        crate::discover::process_identity::runs_this_executable(&self.host, pid).unwrap_or_else(|why| {
+            tracing::warn!(pid, "cannot tell whether journal writer {pid} is alive: {why}");
+            true
+        })
+    }
+
+    fn writer_alive(&self, w: &crate::act::journal::Writer) -> bool {
+        let (Some(start), Some(boot)) = (w.start, w.boot.as_deref()) else { return self.agent_alive(w.pid) };
+        match crate::host::clock::boot_id(&self.host) {
+            Some(now) if now != boot => return false, // another boot: every process of it is gone
+            Some(_) => {}
+            None => return true,
+        }
+        crate::discover::process_identity::same_process_running(&self.host, w.pid, start).unwrap_or_else(
+            |why| {
+                tracing::warn!(pid = w.pid, "cannot tell whether journal writer {} is alive: {why}", w.pid);
+                true
+            },
+        )
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc;
-
-    /// The namespace of task `tid` of this process in the latest snapshot.
-    fn listed_ns(world: &LinuxWorld, tid: u32) -> Option<MountNsId> {
-        let latest = world.latest.lock().expect("latest");
-        let (snap, _) = latest.as_ref()?;
-        let me = std::process::id();
-        snap.namespaces.iter().find(|n| n.tasks.contains(&(me, tid))).map(|n| n.id)
-    }
-
-    fn ns_of(tid: u32) -> MountNsId {
-        crate::discover::processes::task_mount_ns(&HostRoot::default().proc_task(std::process::id(), tid))
-            .expect("ns link")
-    }
-
-    /// The live host's world as the daemon has it (its process memo reading every process in
-    /// full every `full_read_every`th scan); `None` (skipped, with `why` printed) unless root,
-    /// which CI always is.
-    fn live_world(full_read_every: u64, why: &str) -> Option<LinuxWorld> {
-        if !nix::unistd::geteuid().is_root() {
-            assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI runs as root");
-            eprintln!("SKIPPED: needs root ({why})");
-            return None;
-        }
-        let options = ScanOptions { trust_unreadable_init: true, ..ScanOptions::default() };
-        let world = LinuxWorld::new(HostRoot::default(), options, Duration::from_secs(30));
-        world.remember_processes(full_read_every);
-        Some(world)
-    }
-
-    /// On the live kernel (root): a periodic scan asked to stop, at its first ask or its last
-    /// (before the files are read), ends without a snapshot: the previous one stays the
-    /// latest, and the process memo does not count it as a turn.
-    #[test]
-    fn a_stopped_scan_keeps_the_latest_snapshot_and_is_no_turn() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        // Even turns read every process in full, odd ones are light.
-        let Some(world) = live_world(2, "every process's files") else { return };
-        world.scan_periodic(Stop::NEVER).expect("scan").expect("not stopped");
-        let latest = || Arc::clone(&world.latest.lock().expect("latest").as_ref().expect("a snapshot").0);
-        let light_next = || world.process_memo.lock().expect("memo").as_ref().expect("memo").next_is_light();
-        let stops_at = |n: usize, asks: &AtomicUsize| asks.fetch_add(1, Ordering::Relaxed) + 1 >= n;
-
-        let (before, light) = (latest(), light_next());
-        let asks = AtomicUsize::new(0);
-        let first = || stops_at(1, &asks);
-        assert!(world.scan_periodic(Stop::when(&first)).expect("no error").is_none());
-        assert!(Arc::ptr_eq(&before, &latest()), "a stopped scan left its snapshot");
-        assert_eq!(light_next(), light, "a stopped scan counted as a turn");
-
-        // One ask per process, one before the mount tables, and the last before the files (the
-        // count of processes may change between the count and the scan: tried again then).
-        let mut stopped_last = false;
-        for _ in 0..5 {
-            let (before, light) = (latest(), light_next());
-            let last = crate::discover::processes::pids(&world.host).expect("pids").len() + 2;
-            let asks = AtomicUsize::new(0);
-            let at_last = || stops_at(last, &asks);
-            if world.scan_periodic(Stop::when(&at_last)).expect("no error").is_some() {
-                continue;
-            }
-            assert!(Arc::ptr_eq(&before, &latest()), "a stopped scan left its snapshot");
-            assert_eq!(light_next(), light, "a scan stopped before its files counted as a turn");
-            stopped_last = true;
-            break;
-        }
-        assert!(stopped_last, "no scan reached its last ask in five tries");
-    }
-
-    /// On the live kernel (root): the daemon's light scans take each task's namespace as the last
-    /// scan read it only while no mount namespace was made or went away, so a thread that
-    /// unshares its own is seen by the very next light scan; a thread that joins an existing
-    /// namespace (`setns`) is seen by the next full read (`snapshot::task_memo`).
-    #[test]
-    fn a_light_scan_sees_a_task_unshare_and_a_full_read_sees_it_join() {
-        use nix::sched::CloneFlags;
-        // Scans 1 and 4 read every task; 2 and 3 are light.
-        let Some(world) = live_world(3, "unshare, setns") else { return };
-        let (to_unsharer, unsharer_rx) = mpsc::channel::<()>();
-        let (to_test, from_threads) = mpsc::channel::<u32>();
-        let tx = to_test.clone();
-        let unsharer = std::thread::spawn(move || {
-            tx.send(nix::unistd::gettid().as_raw() as u32).expect("send");
-            unsharer_rx.recv().expect("go");
-            nix::sched::unshare(CloneFlags::CLONE_FS | CloneFlags::CLONE_NEWNS).expect("unshare");
-            tx.send(0).expect("send");
-            let _ = unsharer_rx.recv(); // stays in its namespace until told
-        });
-        let t = from_threads.recv().expect("tid");
-        let original = ns_of(t);
-        world.scan_periodic(Stop::NEVER).expect("scan 1").expect("not stopped");
-        assert_eq!(listed_ns(&world, t), Some(original));
-        to_unsharer.send(()).expect("go");
-        from_threads.recv().expect("unshared");
-        let private = ns_of(t);
-        assert_ne!(private, original);
-        world.scan_periodic(Stop::NEVER).expect("scan 2 (light)").expect("not stopped");
-        assert_eq!(listed_ns(&world, t), Some(private), "a namespace was made: every task read");
-
-        let (to_joiner, joiner_rx) = mpsc::channel::<()>();
-        let joiner = std::thread::spawn(move || {
-            to_test.send(nix::unistd::gettid().as_raw() as u32).expect("send");
-            joiner_rx.recv().expect("go");
-            let ns = std::fs::File::open(format!("/proc/self/task/{t}/ns/mnt")).expect("its namespace");
-            nix::sched::unshare(CloneFlags::CLONE_FS).expect("own fs");
-            nix::sched::setns(ns, CloneFlags::CLONE_NEWNS).expect("setns");
-            to_test.send(0).expect("send");
-            let _ = joiner_rx.recv();
-        });
-        let j = from_threads.recv().expect("tid");
-        world.scan_periodic(Stop::NEVER).expect("scan 3 (light)").expect("not stopped");
-        to_joiner.send(()).expect("go");
-        from_threads.recv().expect("joined");
-        assert_eq!(ns_of(j), private);
-        world.scan_periodic(Stop::NEVER).expect("scan 4 (full read)").expect("not stopped");
-        assert_eq!(listed_ns(&world, j), Some(private), "the full read reads every task");
-        drop((to_unsharer, to_joiner));
-        unsharer.join().expect("unsharer");
-        joiner.join().expect("joiner");
-    }
-}
+#[path = "world_tests.rs"]
+mod tests;

@@ -5,8 +5,10 @@
 //! plans and Apply requests are therefore bound to an [`Identity`]: the number and name, the
 //! kernel's disk sequence number when it has one (`/sys/block/X/diskseq`, new for every disk and
 //! every loop attach), and what the device is a view of (loop: backing device, inode and offset;
-//! rbd: cluster, pool, image, id and client; nbd: server process and backend; dm: uuid; SCSI:
-//! wwid and address). Two identities are equal only when all of it is.
+//! rbd: cluster, pool, image, id and client, and on a kernel without `diskseq` the kernel record
+//! of its attach; nbd: server process and backend; dm: uuid; SCSI: wwid and address). Two
+//! identities are equal only when all of it is. An rbd image unmapped and mapped again at the
+//! same id by the same client is the same in every attribute but its attach stamp.
 
 use std::fmt;
 
@@ -34,6 +36,10 @@ pub enum Backing {
         snap: String,
         id: u32,
         client: String,
+        /// The kernel record announcing the mapping, on a kernel without `diskseq`
+        /// ([`crate::discover::rbd::RbdMapping::attach_record`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        attach_record: Option<u64>,
     },
     /// A connected nbd device: the process that set it up and the backend it named.
     Nbd { server_pid: Option<u32>, backend: Option<String> },
@@ -80,6 +86,7 @@ impl Identity {
                 snap: r.snap.clone(),
                 id: r.id,
                 client: r.client_id.clone(),
+                attach_record: r.attach_record,
             }
         } else if let Some(n) = &e.nbd {
             Backing::Nbd { server_pid: n.pid, backend: n.backend.clone() }
@@ -112,8 +119,9 @@ impl Identity {
                 ),
             },
             Backing::UnboundLoop => "loop=unbound".into(),
-            Backing::Rbd { fsid, pool, pool_ns, image, image_id, snap, id, client } => {
-                format!("rbd={fsid}:{pool}/{pool_ns}/{image}@{snap}:{image_id}:{id}:{client}")
+            Backing::Rbd { fsid, pool, pool_ns, image, image_id, snap, id, client, attach_record } => {
+                let stamp = attach_record.map(|r| format!(":kmsg{r}")).unwrap_or_default();
+                format!("rbd={fsid}:{pool}/{pool_ns}/{image}@{snap}:{image_id}:{id}:{client}{stamp}")
             }
             Backing::Nbd { server_pid, backend } => format!(
                 "nbd=pid:{}:{}",
@@ -147,9 +155,13 @@ impl fmt::Display for Identity {
                 dev.map_or("?".into(), |d| d.to_string())
             ),
             Backing::UnboundLoop => f.write_str(" unbound"),
-            Backing::Rbd { pool, pool_ns, image, id, client, .. } => {
+            Backing::Rbd { pool, pool_ns, image, id, client, attach_record, .. } => {
                 let ns = if pool_ns.is_empty() { String::new() } else { format!("{pool_ns}/") };
-                write!(f, " rbd {pool}/{ns}{image} (id {id}, {client})")
+                write!(f, " rbd {pool}/{ns}{image} (id {id}, {client}")?;
+                match attach_record {
+                    Some(r) => write!(f, ", attached at kernel record #{r})"),
+                    None => f.write_str(")"),
+                }
             }
             Backing::Nbd { server_pid, backend } => write!(
                 f,

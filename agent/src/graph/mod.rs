@@ -12,10 +12,15 @@ pub mod multipath;
 pub mod nvme;
 pub mod outage;
 pub mod owner;
+pub mod pin_risks;
+pub mod pod_volumes;
+pub mod propagation;
 pub mod protect;
 pub mod resolve;
 pub mod scan;
 pub mod stack;
+mod tasks;
+pub mod volume_objects;
 mod words;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -52,9 +57,19 @@ pub struct Holder {
     pub cmdline: Option<KernelText>,
     /// The first process's state letter (`D`: stuck in uninterruptible sleep).
     pub process_state: Option<char>,
-    /// For mounts: the namespace the mount lives in; for process holders: the process's.
+    /// For mounts: the namespace the mount lives in; for a task's own cwd or root: that task's
+    /// namespace; for what the whole process holds (fds, mappings, the cwd and root its threads
+    /// share): its leader's (and [`Holder::other_namespaces`]).
     #[serialize_always]
     pub mount_namespace: Option<MountNsId>,
+    /// For a cwd or root of one task of its own (a thread that unshared its filesystem context
+    /// or joined another mount namespace): that task (gotcha 30).
+    pub tid: Option<u32>,
+    /// For what the whole process holds: the other mount namespaces it has tasks in. It uses
+    /// the device from each of them (a thread that joined a pod's namespace reaches the files
+    /// through the same fds and mappings).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub other_namespaces: Vec<MountNsId>,
     /// Whether that namespace is the host's (PID 1's).
     #[serialize_always]
     pub in_host_namespace: Option<bool>,
@@ -86,6 +101,20 @@ pub struct Holder {
     pub fds: Vec<u32>,
     /// For stacked devices and loop backing: the device on top.
     pub device: Option<DeviceName>,
+    /// For a process holder: what it does with the device, in `fuser -v`'s letters and order
+    /// ([`access_letters`]): `f`/`F` open file (for writing), `r` root, `c` working directory,
+    /// `e` its executable, `m` a mapped file. Empty for the others.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub access: String,
+}
+
+/// `letters` in `fuser -v`'s order (f or F, r, c, e, m), each once; `F` (open for writing) stands
+/// for `f` too.
+pub fn access_letters(letters: impl IntoIterator<Item = char>) -> String {
+    let got: Vec<char> = letters.into_iter().collect();
+    let has = |c: char| got.contains(&c);
+    let file = if has('F') { Some('F') } else { has('f').then_some('f') };
+    file.into_iter().chain(['r', 'c', 'e', 'm'].into_iter().filter(|c| has(*c))).collect()
 }
 
 impl Holder {
@@ -98,6 +127,8 @@ impl Holder {
             cmdline: None,
             process_state: None,
             mount_namespace: None,
+            tid: None,
+            other_namespaces: Vec::new(),
             in_host_namespace: None,
             mount_point: None,
             container_id: None,
@@ -113,6 +144,7 @@ impl Holder {
             path: None,
             fds: Vec::new(),
             device: None,
+            access: String::new(),
         }
     }
 
@@ -121,7 +153,7 @@ impl Holder {
     pub fn describe(&self) -> String {
         let h = self;
         // Written straight into the one string made ([`words`]).
-        let who = Who(h.pids.first().copied(), h.comm.as_ref());
+        let who = Who(h.pids.first().copied(), h.comm.as_ref(), h.tid);
         let path = Shown(h.path.as_ref());
         match h.kind {
             HolderKind::Mount if h.in_host_namespace == Some(true) => format!(
@@ -152,6 +184,20 @@ impl Holder {
                 Shown(h.fstype.as_ref())
             ),
         }
+    }
+
+    /// [`Self::describe`], and for a process holder the mount namespace(s) it uses the device
+    /// from: what a refusal names, so the operator finds the task.
+    pub fn describe_in_namespace(&self) -> String {
+        let mut s = self.describe();
+        if let (Some(ns), false) = (self.mount_namespace, self.pids.is_empty()) {
+            s.push_str(&format!(" in mount namespace {}", ns.0));
+            if !self.other_namespaces.is_empty() {
+                let others: Vec<String> = self.other_namespaces.iter().map(|n| n.0.to_string()).collect();
+                s.push_str(&format!(" (and {}, where it has tasks too)", others.join(", ")));
+            }
+        }
+        s
     }
 
     /// A holder the teardown of a dead map can get rid of: a mount in another namespace
@@ -261,28 +307,14 @@ impl DeviceGraph {
         let only = only.map(member_of);
         let wanted = |d: DevNum| only.as_ref().is_none_or(|o| o(&d));
         let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
-        // Each namespace by ID, and the first namespace (in the snapshot's order) each process
-        // is in: looked up once per holder, thousands of times on a node.
+        // Each namespace by ID: looked up once per mount holder. Only those the devices built
+        // need (a re-read builds one or two devices: not a map of every namespace of the node).
         let mut ns_by_id: HashMap<MountNsId, &MountNamespace> = HashMap::new();
-        let mut ns_of_pid: HashMap<u32, MountNsId> = HashMap::new();
-        // Only those the devices built need (a re-read builds one or two devices: not a map of
-        // every namespace and process of the node).
-        let (ns_needed, pids_needed): (Option<HashSet<MountNsId>>, Option<HashSet<u32>>) = match only {
-            None => (None, None),
-            Some(_) => (
-                Some(s.mounts.iter().filter(|m| wanted(m.device())).map(|m| m.ns).collect()),
-                Some(s.proc_refs.iter().filter(|r| wanted(r.devnum)).map(|r| r.pid).collect()),
-            ),
-        };
-        let (ns_needed, pids_needed) =
-            (ns_needed.as_ref().map(member_of), pids_needed.as_ref().map(member_of));
-        for n in &s.namespaces {
-            if ns_needed.as_ref().is_none_or(|w| w(&n.id)) {
-                ns_by_id.entry(n.id).or_insert(n);
-            }
-            for p in n.pids.iter().filter(|p| pids_needed.as_ref().is_none_or(|w| w(p))) {
-                ns_of_pid.entry(*p).or_insert(n.id);
-            }
+        let ns_needed: Option<HashSet<MountNsId>> =
+            only.as_ref().map(|_| s.mounts.iter().filter(|m| wanted(m.device())).map(|m| m.ns).collect());
+        let ns_needed = ns_needed.as_ref().map(member_of);
+        for n in s.namespaces.iter().filter(|n| ns_needed.as_ref().is_none_or(|w| w(&n.id))) {
+            ns_by_id.entry(n.id).or_insert(n);
         }
         for m in s.mounts.iter().filter(|m| wanted(m.device())) {
             let ns = ns_by_id.get(&m.ns).copied();
@@ -304,32 +336,7 @@ impl DeviceGraph {
             h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
             per_dev.entry(m.device()).or_default().push(h);
         }
-        // Process references, one holder per (device, kind, pid), in that order. Built in a
-        // list and put in order once: a tree of thousands of holders moved them at every insert.
-        let mut grouped: Vec<Option<Holder>> = Vec::new();
-        let mut at: HashMap<(DevNum, HolderKind, u32), usize> = HashMap::new();
-        for r in s.proc_refs.iter().filter(|r| wanted(r.devnum)) {
-            let i = *at.entry((r.devnum, r.kind, r.pid)).or_insert_with(|| {
-                let mut h = Holder::bare(r.kind);
-                label(&mut h, s, Some(r.pid));
-                h.pids = vec![r.pid];
-                h.pid_count = 1;
-                let ns = ns_of_pid.get(&r.pid).copied();
-                h.mount_namespace = ns;
-                h.in_host_namespace = ns.map(|n| n == s.host_ns);
-                h.path = r.path.clone();
-                grouped.push(Some(h));
-                grouped.len() - 1
-            });
-            if let (Some(fd), Some(h)) = (r.fd, grouped[i].as_mut()) {
-                h.fds.push(fd);
-            }
-        }
-        let mut order: Vec<((DevNum, HolderKind, u32), usize)> = at.into_iter().collect();
-        order.sort_unstable();
-        for ((dev, _, _), i) in order {
-            per_dev.entry(dev).or_default().extend(grouped[i].take());
-        }
+        process_holders(s, &wanted, &mut per_dev);
         for sw in s.swaps.iter().filter(|sw| wanted(sw.devnum)) {
             let mut h = Holder::bare(HolderKind::Swap);
             h.path = Some(sw.filename.clone());
@@ -452,80 +459,44 @@ impl DeviceGraph {
     }
 }
 
-/// How the mounts of one superblock are tied to the mounts live in the host's namespace by
-/// mount propagation, through any chain of peer groups.
-///
-/// Peer group numbers are kernel-wide, and every mount of a peer group (and every slave of one)
-/// is a mount of the same superblock: the mounts of the device in every namespace (btrfs mounts
-/// joined to each member) are the whole chain. A host mount `shared:5`, a copy in namespace A
-/// `shared:7 master:5` and a copy of that in B `master:7`: groups 5 and 7 both carry the host's
-/// mount, and B's copy is a copy of a live host mount as much as A's is.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostChain {
-    /// Groups with a host mount in them, and (recursively) every group a mount of which is a
-    /// slave of such a group: a mount in one, or a slave of one, is a copy of a live host mount.
-    pub downstream: std::collections::BTreeSet<u32>,
-    /// Groups a host mount receives propagation from, recursively: detaching a mount of one
-    /// could propagate the unmount down to the host's copy.
-    pub upstream: std::collections::BTreeSet<u32>,
-    /// Every group some mount of the superblock is in (`shared:N`), in any namespace the scan
-    /// read: a slave of a group not among them cannot be traced to its source.
-    pub known: std::collections::BTreeSet<u32>,
-}
-
-impl HostChain {
-    /// The closure over `mounts` (the mount holders of one device, every namespace).
-    pub fn of<'a>(mounts: impl IntoIterator<Item = &'a Holder>) -> Self {
-        let mounts: Vec<&Holder> = mounts.into_iter().filter(|h| h.kind == HolderKind::Mount).collect();
-        let host = |h: &&&Holder| h.in_host_namespace == Some(true);
-        let mut c = Self {
-            downstream: mounts.iter().filter(host).filter_map(|h| h.shared_group).collect(),
-            upstream: mounts.iter().filter(host).flat_map(|h| h.upstream()).collect(),
-            known: mounts.iter().filter_map(|h| h.shared_group).collect(),
-        };
-        // Fixpoints: each turn adds at least one group or stops, so at most one turn per mount.
-        loop {
-            let before = (c.downstream.len(), c.upstream.len());
-            for h in &mounts {
-                let Some(g) = h.shared_group else { continue };
-                if h.upstream().any(|u| c.downstream.contains(&u)) {
-                    c.downstream.insert(g);
-                }
-                if c.upstream.contains(&g) {
-                    c.upstream.extend(h.upstream());
-                }
-            }
-            if (c.downstream.len(), c.upstream.len()) == before {
-                break;
+/// Process references, one holder per (device, kind, pid, a task's own), in that order, each in
+/// the namespace(s) its task or process uses the device from (gotcha 30, [`tasks`]). Built in a
+/// list and put in order once: a tree of thousands of holders moved them at every insert.
+fn process_holders(
+    s: &Snapshot,
+    wanted: &dyn Fn(DevNum) -> bool,
+    per_dev: &mut BTreeMap<DevNum, Vec<Holder>>,
+) {
+    let refs: Vec<&crate::discover::fds::ProcRef> = s.proc_refs.iter().filter(|r| wanted(r.devnum)).collect();
+    let tasks = tasks::Tasks::of(s, refs.iter().map(|r| r.pid));
+    let mut grouped: Vec<Option<Holder>> = Vec::new();
+    let mut at: HashMap<tasks::Key, usize> = HashMap::new();
+    for r in refs {
+        let i = *at.entry((r.devnum, r.kind, r.pid, r.tid)).or_insert_with(|| {
+            let mut h = Holder::bare(r.kind);
+            label(&mut h, s, Some(r.pid));
+            h.pids = vec![r.pid];
+            h.pid_count = 1;
+            h.tid = r.tid.filter(|t| *t != r.pid);
+            let (ns, others) = tasks.namespaces_of(r.pid, h.tid);
+            h.mount_namespace = ns;
+            h.other_namespaces = others;
+            h.in_host_namespace = ns.map(|n| n == s.host_ns);
+            h.path = r.path.clone();
+            grouped.push(Some(h));
+            grouped.len() - 1
+        });
+        if let Some(h) = grouped[i].as_mut() {
+            h.fds.extend(r.fd);
+            if !h.access.contains(r.access) {
+                h.access = access_letters(h.access.chars().chain([r.access]));
             }
         }
-        c
     }
-
-    /// Why detaching mount `h` would touch a mount live in the host's namespace (`None`: it is
-    /// not tied to one).
-    pub fn ties(&self, h: &Holder) -> Option<String> {
-        if let Some(g) = h.upstream().find(|g| self.downstream.contains(g)) {
-            return Some(format!(
-                "it is a slave copy (master:{g}) of a mount live in the host's namespace, directly or through a chain of copies (as every systemd unit with PrivateTmp has): detaching it would break that process's view while the host's mount lives on"
-            ));
-        }
-        if let Some(g) = h.shared_group.filter(|g| self.downstream.contains(g)) {
-            return Some(format!(
-                "it is a shared peer (shared:{g}) of a mount that carries the host's mount, so detaching it would unmount the host's copy (or a copy of it) too"
-            ));
-        }
-        if let Some(g) = h.shared_group.filter(|g| self.upstream.contains(g)) {
-            return Some(format!(
-                "the host's mount is a slave of its peer group (shared:{g}), directly or through a chain: detaching it could propagate the unmount to the host's copy"
-            ));
-        }
-        if let Some(g) = h.upstream().find(|g| !self.known.contains(g)) {
-            return Some(format!(
-                "it is a slave of peer group {g}, of which the scan sees no mount: whether it is a copy of a mount live on the host cannot be told"
-            ));
-        }
-        None
+    let mut order: Vec<(tasks::Key, usize)> = at.into_iter().collect();
+    order.sort_unstable();
+    for ((dev, ..), i) in order {
+        per_dev.entry(dev).or_default().extend(grouped[i].take());
     }
 }
 

@@ -11,7 +11,7 @@
 //! the subvolume's number, gotcha 23) is followed to its block devices through the mount it was
 //! reached through (the kernel's mount ID), which the scan joined to its member devices.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use crate::graph::DeviceGraph;
@@ -19,30 +19,36 @@ use crate::host::HostRoot;
 use crate::model::blindspot::BlindSpot;
 use crate::model::{DevNum, HolderKind};
 
-/// Device numbers never to be touched. A protected path that cannot be resolved on the host is
-/// pushed to `blind`.
+/// The devices never to be touched, each with the rule that protects it, in words ("it backs
+/// /var/lib/kubelet on the host", "it is listed in protected_devices", "vda1 is on it, and it
+/// backs / on the host").
+pub type Protected = HashMap<DevNum, String>;
+
+/// Device numbers never to be touched, each with why. A protected path that cannot be resolved on
+/// the host is pushed to `blind`.
 pub fn protected_devices(
     host: &HostRoot,
     graph: &DeviceGraph,
     paths: &[PathBuf],
     names: &[String],
     blind: &mut Vec<BlindSpot>,
-) -> HashSet<DevNum> {
-    let mut out: HashSet<DevNum> = HashSet::new();
+) -> Protected {
+    let mut out = Protected::new();
     for p in paths {
         let id = match host.stat_on_host(p) {
             Ok(id) => id,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => {
-                blind.push(BlindSpot::any(format!(
+                blind.push(BlindSpot::any_device(format!(
                     "protected path {} cannot be resolved on the host ({e}): the device behind it is not known",
                     p.display()
                 )));
                 continue;
             }
         };
+        let why = format!("it backs {} on the host (a protected path)", p.display());
         if graph.get(id.dev).is_some() {
-            out.insert(id.dev);
+            out.entry(id.dev).or_insert(why);
             continue;
         }
         // An anonymous device (btrfs and the like): the block devices whose host-namespace
@@ -55,25 +61,28 @@ pub fn protected_devices(
                         || id.mnt_id.is_some_and(|m| h.mount_id.is_some_and(|hm| u64::from(hm) == m)))
             });
             if mounted_here {
-                out.insert(e.device.devnum);
+                out.entry(e.device.devnum).or_insert_with(|| why.clone());
             }
         }
     }
     for e in &graph.devices {
         let d = &e.device;
         if names.iter().any(|n| n == d.name.as_str() || d.dm.as_ref().is_some_and(|dm| &dm.name == n)) {
-            out.insert(d.devnum);
+            out.entry(d.devnum)
+                .or_insert_with(|| "it is listed in protected_devices (the config)".to_owned());
         }
     }
     // Everything a protected device sits on is protected too: the disk under a partition, the
     // paths under a dm map.
-    let mut frontier: Vec<DevNum> = out.iter().copied().collect();
+    let mut frontier: Vec<DevNum> = out.keys().copied().collect();
     while let Some(dn) = frontier.pop() {
         let Some(e) = graph.get(dn) else { continue };
+        let above = out.get(&dn).map(|w| w.strip_prefix("it ").unwrap_or(w).to_owned()).unwrap_or_default();
         let below = e.device.parent.iter().chain(e.device.slaves.iter());
         for name in below {
             if let Some(b) = graph.devices.iter().find(|x| &x.device.name == name) {
-                if out.insert(b.device.devnum) {
+                if let std::collections::hash_map::Entry::Vacant(v) = out.entry(b.device.devnum) {
+                    v.insert(format!("{} is on it, and {above}", e.device.name));
                     frontier.push(b.device.devnum);
                 }
             }

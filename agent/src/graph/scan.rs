@@ -7,8 +7,6 @@
 //! engine can widen the scan to all of it ([`Target::Devices`]) and hold every device a
 //! step removes to the same gates.
 
-use std::collections::HashSet;
-
 use serde::Serialize;
 
 use crate::graph::{DeviceEntry, DeviceGraph};
@@ -38,7 +36,7 @@ pub struct Scan {
     /// Devices never to be touched: behind the host root and the kubelet and runtime
     /// directories (and everything they sit on), and those the config names.
     #[serde(skip)]
-    pub protected: HashSet<DevNum>,
+    pub protected: crate::graph::protect::Protected,
     pub stats: ScanStats,
     /// Things that could not be read but that cannot hide a holder (labels, cmdlines).
     pub warnings: Vec<String>,
@@ -48,6 +46,11 @@ pub struct Scan {
     /// The devices whose holders were looked for (`None`: all of them).
     #[serde(skip)]
     pub scope: Option<Vec<DevNum>>,
+    /// The mount namespaces the scan found, with their tasks and pins: the ways into each, for
+    /// the whole tables a release reads (`discover::mount_tables`). Filled by scans of some
+    /// devices (the ones plans and re-checks rest on); empty in a scan of every device.
+    #[serde(skip)]
+    pub namespaces: std::sync::Arc<Vec<crate::discover::namespaces::MountNamespace>>,
 }
 
 impl Scan {
@@ -57,11 +60,12 @@ impl Scan {
         Self {
             graph,
             blind_spots: Vec::new(),
-            protected: HashSet::new(),
+            protected: Default::default(),
             stats: ScanStats::default(),
             warnings: Vec::new(),
             taken_at,
             scope: None,
+            namespaces: Default::default(),
         }
     }
 
@@ -142,6 +146,13 @@ mod engine_tests {
         }
         fn kernel_word(&self, _device: &DeviceName, _devnum: DevNum) -> KernelWord {
             KernelWord::unclaimed()
+        }
+        fn mount_tables(
+            &self,
+            scan: &Scan,
+            wanted: &dyn Fn(MountNsId) -> bool,
+        ) -> Vec<crate::graph::propagation::NsTable> {
+            crate::graph::test_support::private_tables(&scan.graph.devices, wanted)
         }
         fn cluster(&self) -> Option<ClusterView> {
             None

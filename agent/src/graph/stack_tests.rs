@@ -385,13 +385,15 @@ fn the_recheck_accepts_exactly_the_layers_the_plan_removes() {
     assert!(r.is_some(), "{r:?}");
 }
 
-/// The map's open count against what the plan accounts for: one open per layer's table
-/// the plan removes and per fd of a stuck reader it frees; anything more is an opener the
-/// scan cannot see (an fd in flight over a unix socket) and refuses the step, naming the
-/// difference. Fewer (fds sharing one open file description) is fine.
+/// The map's open count against what the plan accounts for: one open per layer's table the
+/// plan removes and per open file of a stuck reader it frees (its fds told apart by the kernel:
+/// a dup is the same open file). More is an opener the scan cannot see (an fd in flight over a
+/// unix socket, which two fds of one open file used to hide); fewer is a picture of the openers
+/// that is wrong somewhere; an unreadable count or fds the kernel cannot tell apart: all refused,
+/// with both numbers or why.
 #[test]
-fn the_dm_open_count_must_not_exceed_the_openers_the_plan_accounts_for() {
-    use crate::engine::recheck::{expected_openers, openers, refusal};
+fn the_dm_open_count_must_equal_the_openers_the_plan_accounts_for() {
+    use crate::engine::recheck::{expected_fds, expected_openers, openers};
     let mut g = graph();
     let mut reader = Holder::bare(HolderKind::OpenDevice);
     reader.pids = vec![42];
@@ -402,41 +404,65 @@ fn the_dm_open_count_must_not_exceed_the_openers_the_plan_accounts_for() {
     let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     assert_eq!(p.expected_openers, vec![42], "{p:?}");
     let map = &scan.graph.devices[0];
+    assert_eq!(expected_fds(&p, map), Ok(vec![(42, 3), (42, 4)]));
     let stop = &p.steps[0];
     assert!(matches!(stop.action, Action::DmMessage { .. }), "{stop:?}");
-    let now = BootTime::from_since_boot(Duration::from_secs(100));
     let mut w = word(Claim::Claimed, &["dm-1", "dm-4"]);
-    let e = expected_openers(&p, stop, map, &w);
-    assert_eq!((e.filesystems, e.stacked.len(), e.fds, e.total()), (0, 2, 2, 4), "{e:?}");
-    for (count, refused) in [(4, false), (3, false), (0, false), (5, true)] {
+    // fds 3 and 4 are one open file (a dup): three opens in all.
+    let e = expected_openers(&p, stop, map, &w, Ok(1));
+    assert_eq!((e.filesystems, e.stacked.len(), e.fds, e.total()), (0, 2, 2, Ok(3)), "{e:?}");
+    for (count, files, refused) in [(3, 1, false), (4, 2, false), (4, 1, true), (2, 1, true), (0, 1, true)] {
         w.dm_open_count = Some(count);
-        let r = openers(&p, stop, map, &w);
-        assert_eq!(r.is_some(), refused, "open count {count}: {r:?}");
+        let r = openers(&p, stop, map, &w, Ok(files));
+        assert_eq!(r.is_some(), refused, "open count {count}, {files} open file(s): {r:?}");
     }
-    w.dm_open_count = Some(5);
-    let r = refusal(&p, stop, &scan, map, &w, None, now).unwrap_or_default();
+    // The fd in flight the old "at most, per fd" comparison let through (4 <= 2 + 2).
+    w.dm_open_count = Some(4);
+    let r = openers(&p, stop, map, &w, Ok(1)).unwrap_or_default();
     assert!(
-        r.starts_with("open count 5, accounted 4 (stacked dm-1, dm-4 removed, 2 fd(s) of stuck readers): something the scan cannot see holds dm-0 open (an fd in flight over a unix socket"),
+        r.starts_with("open count 4, accounted 3 (stacked dm-1, dm-4 removed, 1 open file(s) of stuck readers, 2 fd(s)): something the scan cannot see holds dm-0 open (an fd in flight over a unix socket"),
         "{r}"
     );
-    // Not a dm device: no count, nothing to compare.
+    w.dm_open_count = Some(2);
+    let r = openers(&p, stop, map, &w, Ok(1)).unwrap_or_default();
+    assert!(
+        r.starts_with("open count 2, accounted 3 (")
+            && r.contains("fewer openers than the plan accounts for"),
+        "{r}"
+    );
+    // The kernel cannot tell the fds apart (EPERM, a reader gone while compared): refused.
+    w.dm_open_count = Some(3);
+    let r = openers(&p, stop, map, &w, Err("kcmp(KCMP_FILE) of fd 3 of pid 42 and fd 4 of pid 42 (both on 253:0): Operation not permitted (os error 1)".into()))
+        .unwrap_or_default();
+    assert!(r.contains("2 fd(s) of its stuck readers are one open file cannot be told (kcmp"), "{r}");
+    // A dm step whose open count cannot be read: refused.
     w.dm_open_count = None;
-    assert_eq!(openers(&p, stop, map, &w), None);
-    // Before the map's own removal the layers are gone: only the stuck reader's fds count.
+    let r = openers(&p, stop, map, &w, Ok(1)).unwrap_or_default();
+    assert!(r.starts_with("the open count of dm-0 cannot be read"), "{r}");
+    // Before the map's own removal the layers are gone: only the stuck reader's open file counts.
     let remove_map = p.steps.iter().rfind(|s| matches!(s.action, Action::DmRemove { .. })).expect("step");
     assert_eq!(remove_map.devnum, map.device.devnum);
     let mut bare = map.clone();
     bare.device.holders.clear();
     bare.holders.retain(|h| h.kind == HolderKind::OpenDevice);
     let mut w = word(Claim::Unclaimed, &[]);
-    w.dm_open_count = Some(3);
-    let r = openers(&p, remove_map, &bare, &w).unwrap_or_default();
-    assert!(r.starts_with("open count 3, accounted 2 (2 fd(s) of stuck readers)"), "{r}");
+    w.dm_open_count = Some(1);
+    assert_eq!(openers(&p, remove_map, &bare, &w, Ok(1)), None);
+    // The reader exited before the count: its fds are gone, nothing is accounted, nothing open.
+    w.dm_open_count = Some(0);
+    assert_eq!(openers(&p, remove_map, &bare, &w, Ok(0)), None);
+    w.dm_open_count = Some(2);
+    let r = openers(&p, remove_map, &bare, &w, Ok(1)).unwrap_or_default();
+    assert!(r.starts_with("open count 2, accounted 1 (1 open file(s) of stuck readers, 2 fd(s))"), "{r}");
     // A step that is not a dm step is not compared.
     let scsi = p.steps.iter().find(|s| matches!(s.action, Action::ScsiDelete { .. }));
     if let Some(s) = scsi {
-        assert_eq!(openers(&p, s, &bare, &w), None);
+        assert_eq!(openers(&p, s, &bare, &w, Ok(1)), None);
     }
+    // A reader the scan saw without its fd numbers cannot be asked about.
+    let mut no_fds = map.clone();
+    no_fds.holders.iter_mut().filter(|h| h.kind == HolderKind::OpenDevice).for_each(|h| h.fds.clear());
+    assert!(expected_fds(&p, &no_fds).is_err_and(|e| e.contains("no fd numbers")));
 }
 
 /// Crash recovery closes an interrupted removal of a layer like any dm removal: gone, the

@@ -1,5 +1,6 @@
 //! Tests of the device graph joins.
 
+use super::propagation::HostChain;
 use super::*;
 use crate::discover::mountinfo::parse_line;
 use crate::model::{HolderKind, MountNsId};
@@ -83,4 +84,87 @@ fn a_private_copy_is_not_tied() {
     let host = mount(1, true, HOST);
     let private = mount(2, false, "64 44 7:0 / /var/tmp/relchain/m rw,relatime - ext4 /dev/loop0 rw");
     assert_eq!(HostChain::of([&host, &private]).ties(&private), None);
+}
+
+/// Issue 34, item 7: an rbd image unmapped and mapped again at the same id by the same client is
+/// the same in every sysfs attribute; its attach stamp tells the two apart: the device's
+/// `diskseq`, or on a kernel without it the kernel's attach record. A plan, a grace clock and an
+/// interrupted unmap of the first are not the second's.
+#[test]
+fn an_rbd_image_mapped_again_at_the_same_id_is_another_identity() {
+    use crate::discover::rbd::RbdMapping;
+    use crate::engine::recover::{resolve, Interrupted};
+    use crate::graph::identity::Identity;
+    use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName};
+    use crate::plan::{Action, Step};
+    let rbd0 = DeviceName::new("rbd0").expect("name");
+    let entry = |diskseq: Option<u64>, attach_record: Option<u64>| {
+        let mut e = DeviceEntry::new(
+            BlockDevice {
+                diskseq,
+                ..BlockDevice::new(rbd0.clone(), DevNum::new(252, 0), DeviceKind::Rbd, 1 << 30)
+            },
+            Vec::new(),
+        );
+        e.rbd = Some(RbdMapping {
+            id: 0,
+            device: rbd0.clone(),
+            devnum: DevNum::new(252, 0),
+            pool: "k8s".into(),
+            pool_ns: String::new(),
+            image: "csi-vol-1".into(),
+            image_id: "115f79643c9869".into(),
+            snap: "-".into(),
+            client_id: "client4122".into(),
+            watcher_client: "client.4122".into(),
+            client_addr: "10.0.0.1:0/1".into(),
+            cluster_fsid: "f".into(),
+            dev_paths: Vec::new(),
+            fenced: None,
+            attach_record,
+        });
+        e
+    };
+    // A kernel with diskseq (5.15+): the stamp is the disk's.
+    let (first, again) = (entry(Some(7), None), entry(Some(8), None));
+    assert_ne!(Identity::of(&first), Identity::of(&again));
+    assert!(
+        Identity::of(&first).token().starts_with("rbd0@252:0#7;rbd="),
+        "{}",
+        Identity::of(&first).token()
+    );
+    // An older kernel: the sequence number of the kernel's `capacity ... features ...` record.
+    let (old, old_again) = (entry(None, Some(1200)), entry(None, Some(3400)));
+    assert_ne!(Identity::of(&old), Identity::of(&old_again));
+    assert!(Identity::of(&old).token().ends_with(":client4122:kmsg1200"), "{}", Identity::of(&old).token());
+    assert!(
+        Identity::of(&old).to_string().contains("attached at kernel record #1200"),
+        "{}",
+        Identity::of(&old)
+    );
+
+    // Crash recovery: an unmap interrupted for the first mapping finds the second at the
+    // number: another device, never unmapped for that step.
+    for (planned, now) in [(&first, &again), (&old, &old_again)] {
+        let step = Step::on(
+            planned,
+            Action::RbdUnmap {
+                id: 0,
+                pool: "k8s".into(),
+                image: "csi-vol-1".into(),
+                image_id: "115f79643c9869".into(),
+                force: false,
+            },
+        );
+        let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
+        let i = Interrupted::from_record(&record).expect("an intent");
+        assert_eq!(resolve(&i, Some(now)).word, "identity_changed", "{}", resolve(&i, Some(now)).detail);
+        assert_eq!(resolve(&i, Some(planned)).word, "replan");
+        assert_eq!(resolve(&i, None).word, "gone");
+    }
+    // A journal written before the stamp (no attach_record in identity_parts) still reads.
+    let mut parts = serde_json::to_value(Identity::of(&first)).expect("json");
+    parts["backing"].as_object_mut().expect("backing").remove("attach_record");
+    let back: Identity = serde_json::from_value(parts).expect("an older record");
+    assert_eq!(back, Identity::of(&first));
 }

@@ -4,6 +4,7 @@
 //! run on this host (`/`), inside a pod that sees the host under `/host`, and on fixture trees in
 //! `tests/fixtures/<scenario>/`.
 
+pub mod beneath;
 pub mod bounded;
 pub mod clock;
 pub mod dmioctl;
@@ -11,6 +12,7 @@ pub mod durable;
 pub mod nsenter;
 pub mod nsfs;
 pub mod parallel;
+pub mod pidfd;
 pub mod sys;
 
 use std::path::{Path, PathBuf};

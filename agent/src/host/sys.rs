@@ -201,8 +201,27 @@ pub fn mount_id(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(s.stx_mnt_id)
 }
 
-/// `KCMP_FS` from `<linux/kcmp.h>`: compare the tasks' `fs_struct` (root, cwd, umask).
+/// `KCMP_FILE` and `KCMP_FS` from `<linux/kcmp.h>`: compare two tasks' open file descriptions
+/// (`struct file`, by fd) or their `fs_struct` (root, cwd, umask).
+const KCMP_FILE: libc::c_int = 0;
 const KCMP_FS: libc::c_int = 3;
+
+/// `kcmp(2)`: whether the kernel objects of `kind` (with the fds `idx1`, `idx2` for
+/// `KCMP_FILE`) of tasks `tid1` and `tid2` are one object. Errors: `ENOSYS` (no
+/// `CONFIG_KCMP`), `EPERM` (no ptrace access), `ESRCH` (a task is gone), `EBADF` (an fd is
+/// closed).
+fn kcmp(tid1: u32, tid2: u32, kind: libc::c_int, idx1: u32, idx2: u32) -> io::Result<bool> {
+    let (a, b) = (libc::pid_t::try_from(tid1), libc::pid_t::try_from(tid2));
+    let (Ok(a), Ok(b)) = (a, b) else { return Err(io::Error::from_raw_os_error(libc::ESRCH)) };
+    let (i1, i2) = (libc::c_ulong::from(idx1), libc::c_ulong::from(idx2));
+    // SAFETY: kcmp takes two pids, a type and two integers (fd numbers for KCMP_FILE, unused
+    // for KCMP_FS); it reads no memory of ours.
+    let rc = unsafe { libc::syscall(libc::SYS_kcmp, a, b, kind, i1, i2) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(rc == 0)
+}
 
 /// Whether two tasks (TIDs in this process's PID namespace) share one `fs_struct`, so they have
 /// the same working directory and root by construction: `kcmp(KCMP_FS)`, which compares the
@@ -210,14 +229,16 @@ const KCMP_FS: libc::c_int = 3;
 /// or they called `unshare(CLONE_FS)`/`setns`. Errors: `ENOSYS` (no `CONFIG_KCMP`), `EPERM` (no
 /// ptrace access), `ESRCH` (a task is gone).
 pub fn same_fs_context(tid1: u32, tid2: u32) -> io::Result<bool> {
-    let (a, b) = (libc::pid_t::try_from(tid1), libc::pid_t::try_from(tid2));
-    let (Ok(a), Ok(b)) = (a, b) else { return Err(io::Error::from_raw_os_error(libc::ESRCH)) };
-    // SAFETY: kcmp takes two pids, a type and two unused (for KCMP_FS) integers; no memory.
-    let rc = unsafe { libc::syscall(libc::SYS_kcmp, a, b, KCMP_FS, 0 as libc::c_ulong, 0 as libc::c_ulong) };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(rc == 0)
+    kcmp(tid1, tid2, KCMP_FS, 0, 0)
+}
+
+/// Whether fd `fd1` of process `pid1` and fd `fd2` of process `pid2` (PIDs in this process's
+/// PID namespace) are one open file description: `kcmp(KCMP_FILE)`. Fds made by `dup`, inherited
+/// over `fork`, or passed over a unix socket (`SCM_RIGHTS`) share one, and the kernel counts one
+/// open of the file for it, however many fds point at it. Errors as [`kcmp`]'s: `ESRCH` (a
+/// process is gone), `EBADF` (an fd is closed), `EPERM`, `ENOSYS`.
+pub fn same_open_file(pid1: u32, fd1: u32, pid2: u32, fd2: u32) -> io::Result<bool> {
+    kcmp(pid1, pid2, KCMP_FILE, fd1, fd2)
 }
 
 /// `struct loop_info64` from `<linux/loop.h>`.
@@ -282,280 +303,8 @@ pub fn run_at_idle_priority() {
     }
 }
 
-pub mod mount_api {
-    use std::io;
-    use std::os::fd::{AsRawFd, BorrowedFd};
-
-    use crate::model::DevNum;
-
-    const SYS_STATMOUNT: libc::c_long = 457;
-    const SYS_LISTMOUNT: libc::c_long = 458;
-    /// `_IOR(0xb7, 0x5, __u64)` from `<linux/nsfs.h>`.
-    const NS_GET_MNTNS_ID: libc::c_ulong = 0x8008_b705;
-    /// `LSMT_ROOT`: list every mount of the namespace.
-    const LSMT_ROOT: u64 = u64::MAX;
-    const STATMOUNT_SB_BASIC: u64 = 0x1;
-    /// `MNT_ID_REQ_SIZE_VER1`: the request with `mnt_ns_id`.
-    const REQ_SIZE_VER1: u32 = 32;
-
-    /// `struct mnt_id_req` (version 1).
-    #[repr(C)]
-    struct MntIdReq {
-        size: u32,
-        spare: u32,
-        mnt_id: u64,
-        param: u64,
-        mnt_ns_id: u64,
-    }
-
-    /// The head of `struct statmount` up to the last field we read (`mnt_id_old`, bytes 56-59),
-    /// 64 bytes. The kernel copies `min(bufsize, sizeof(struct statmount))` bytes and no strings
-    /// are asked for, so a short buffer is the documented way to ask for less: copying and
-    /// zeroing the whole 512-byte struct was about 5 % of a one-shot `holders` on the busy-node
-    /// scene (200,000 calls).
-    #[repr(C)]
-    struct StatmountBuf {
-        size: u32,
-        mnt_opts: u32,
-        mask: u64,
-        sb_dev_major: u32,
-        sb_dev_minor: u32,
-        sb_magic: u64,
-        rest: [u64; 4],
-    }
-    const _: () = assert!(std::mem::size_of::<StatmountBuf>() == 64);
-
-    /// True for errors meaning "this kernel does not offer the call": fall back to mountinfo.
-    pub fn is_unsupported(e: &io::Error) -> bool {
-        matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::ENOTTY | libc::EINVAL | libc::EOPNOTSUPP))
-    }
-
-    /// The 64-bit ID of the mount namespace behind an open `ns/mnt` file.
-    pub fn mntns_id(ns: BorrowedFd<'_>) -> io::Result<u64> {
-        let mut id: u64 = 0;
-        // SAFETY: NS_GET_MNTNS_ID writes one u64 through the pointer, which is valid for the call.
-        let rc = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_MNTNS_ID as _, &mut id as *mut u64) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(id)
-    }
-
-    /// Every mount ID of namespace `ns_id`, paging through `listmount`.
-    pub fn list(ns_id: u64) -> io::Result<Vec<u64>> {
-        const PAGE: usize = 4096;
-        let mut out: Vec<u64> = Vec::new();
-        let mut last = 0u64;
-        loop {
-            let req =
-                MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id: LSMT_ROOT, param: last, mnt_ns_id: ns_id };
-            out.reserve(PAGE);
-            let spare = out.spare_capacity_mut();
-            // SAFETY: `req` is a valid mnt_id_req; the kernel writes at most PAGE u64s into the
-            // vector's spare capacity, which holds at least PAGE elements.
-            let n =
-                unsafe { libc::syscall(SYS_LISTMOUNT, &req as *const MntIdReq, spare.as_mut_ptr(), PAGE, 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let n = n as usize;
-            // SAFETY: the kernel initialised the first `n` (<= PAGE) elements.
-            unsafe { out.set_len(out.len() + n) };
-            if n < PAGE {
-                return Ok(out);
-            }
-            last = *out.last().unwrap_or(&0);
-        }
-    }
-
-    /// Whether mount namespace `ns_id` still exists: `false` only when the kernel says it does
-    /// not (`ENOENT`); any other answer counts as "it may".
-    pub fn ns_exists(ns_id: u64) -> bool {
-        let req = MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id: LSMT_ROOT, param: 0, mnt_ns_id: ns_id };
-        let mut one = [0u64; 1];
-        // SAFETY: `req` is a valid mnt_id_req; the kernel writes at most one u64 into `one`.
-        let n = unsafe { libc::syscall(SYS_LISTMOUNT, &req as *const MntIdReq, one.as_mut_ptr(), 1usize, 0) };
-        !(n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT))
-    }
-
-    /// The superblock device (`sb->s_dev`, mountinfo field 3) of one mount, and its filesystem's
-    /// magic number (`BTRFS_SUPER_MAGIC`...).
-    pub fn sb_dev(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64)> {
-        sb_dev_with_old_id(ns_id, mnt_id).map(|(dev, magic, _)| (dev, magic))
-    }
-
-    /// Like [`sb_dev`], with the mount's mountinfo ID (`mnt_id_old`, field 1 of its line),
-    /// which the same call gives at no extra cost.
-    pub fn sb_dev_with_old_id(ns_id: u64, mnt_id: u64) -> io::Result<(DevNum, u64, u32)> {
-        let req = MntIdReq {
-            size: REQ_SIZE_VER1,
-            spare: 0,
-            mnt_id,
-            param: STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC,
-            mnt_ns_id: ns_id,
-        };
-        let mut buf = std::mem::MaybeUninit::<StatmountBuf>::zeroed();
-        // SAFETY: `req` is valid; `buf` is writable for its full size, which we pass.
-        let rc = unsafe {
-            libc::syscall(
-                SYS_STATMOUNT,
-                &req as *const MntIdReq,
-                buf.as_mut_ptr(),
-                std::mem::size_of::<StatmountBuf>(),
-                0,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: zero-initialised and then filled by the kernel; every bit pattern is valid.
-        let b = unsafe { buf.assume_init() };
-        let want = STATMOUNT_SB_BASIC | STATMOUNT_MNT_BASIC;
-        if b.mask & want != want {
-            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-        }
-        // `mnt_id_old` is the first u32 of the u64 slot at byte 56 (`rest` starts at byte 32).
-        let slot = b.rest[3].to_ne_bytes();
-        let old = u32::from_ne_bytes([slot[0], slot[1], slot[2], slot[3]]);
-        Ok((DevNum::new(b.sb_dev_major, b.sb_dev_minor), b.sb_magic, old))
-    }
-
-    /// `BTRFS_SUPER_MAGIC` from `<linux/magic.h>`.
-    pub const BTRFS_SUPER_MAGIC: u64 = 0x9123_683e;
-
-    const STATMOUNT_MNT_BASIC: u64 = 0x2;
-    const STATMOUNT_PROPAGATE_FROM: u64 = 0x4;
-    const STATMOUNT_MNT_ROOT: u64 = 0x8;
-    const STATMOUNT_MNT_POINT: u64 = 0x10;
-    const STATMOUNT_FS_TYPE: u64 = 0x20;
-    const STATMOUNT_MNT_OPTS: u64 = 0x80;
-    const STATMOUNT_FS_SUBTYPE: u64 = 0x100;
-    const STATMOUNT_SB_SOURCE: u64 = 0x200;
-    /// What [`stat_full`] asks for: everything a mountinfo line says.
-    const FULL: u64 = STATMOUNT_SB_BASIC
-        | STATMOUNT_MNT_BASIC
-        | STATMOUNT_PROPAGATE_FROM
-        | STATMOUNT_MNT_ROOT
-        | STATMOUNT_MNT_POINT
-        | STATMOUNT_FS_TYPE
-        | STATMOUNT_MNT_OPTS
-        | STATMOUNT_FS_SUBTYPE
-        | STATMOUNT_SB_SOURCE;
-    /// The part of the answer that every mountinfo field needs (`MNT_OPTS` and `FS_SUBTYPE` are
-    /// left out of the answer's mask when the filesystem has none).
-    const NEEDED: u64 = STATMOUNT_SB_BASIC
-        | STATMOUNT_MNT_BASIC
-        | STATMOUNT_PROPAGATE_FROM
-        | STATMOUNT_MNT_ROOT
-        | STATMOUNT_MNT_POINT
-        | STATMOUNT_FS_TYPE
-        | STATMOUNT_SB_SOURCE;
-    /// The fixed part of `struct statmount` (`<linux/mount.h>`, Linux 6.13 and later); the
-    /// strings follow it, each field naming an offset into them.
-    const FIXED: usize = 512;
-
-    /// One mount as `statmount` describes it: what a mountinfo line says, as data. Strings are
-    /// the kernel's raw bytes (mountinfo escapes them; `statmount` does not).
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    pub struct MountStat {
-        pub mnt_id_old: u32,
-        pub parent_id_old: u32,
-        pub dev: DevNum,
-        pub sb_magic: u64,
-        /// `SB_RDONLY`, `SB_SYNCHRONOUS`, `SB_DIRSYNC`, `SB_LAZYTIME`.
-        pub sb_flags: u32,
-        /// `MOUNT_ATTR_*`.
-        pub mnt_attr: u64,
-        /// `MS_SHARED`, `MS_SLAVE`, `MS_PRIVATE`, `MS_UNBINDABLE`.
-        pub propagation: u64,
-        pub peer_group: u64,
-        pub master: u64,
-        pub propagate_from: u64,
-        pub root: Vec<u8>,
-        /// Empty when the mount is not reachable from the namespace's root (mountinfo does not
-        /// show such a mount).
-        pub point: Vec<u8>,
-        pub fs_type: Vec<u8>,
-        pub fs_subtype: Option<Vec<u8>>,
-        pub source: Vec<u8>,
-        /// The filesystem's own options (`show_options`), `None` when it has none.
-        pub fs_opts: Option<Vec<u8>>,
-    }
-
-    /// Everything `statmount` says of one mount of namespace `ns_id`. `EOPNOTSUPP` when the
-    /// kernel left out a part mountinfo would show (kernels before 6.13 have no `SB_SOURCE`).
-    pub fn stat_full(ns_id: u64, mnt_id: u64) -> io::Result<MountStat> {
-        let req = MntIdReq { size: REQ_SIZE_VER1, spare: 0, mnt_id, param: FULL, mnt_ns_id: ns_id };
-        BUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
-            // Most answers fit in 4 KiB (the strings are a path or two, a type, a source and the
-            // options); a longer one says EOVERFLOW and is asked again with more room.
-            let mut len = 4 * 1024;
-            loop {
-                buf.resize(len, 0);
-                // SAFETY: `req` is valid; `buf` is writable for `len` bytes, which we pass.
-                let rc = unsafe {
-                    libc::syscall(SYS_STATMOUNT, &req as *const MntIdReq, buf.as_mut_ptr(), len, 0)
-                };
-                if rc != 0 {
-                    let e = io::Error::last_os_error();
-                    if e.raw_os_error() == Some(libc::EOVERFLOW) && len < 1024 * 1024 {
-                        len *= 4;
-                        continue;
-                    }
-                    return Err(e);
-                }
-                return parse_full(&buf[..len]);
-            }
-        })
-    }
-
-    thread_local! {
-        /// [`stat_full`]'s answer buffer, kept per thread (the confirmed turn asks about a few
-        /// thousand mounts; the answer is read by byte offsets, so it needs no alignment).
-        static BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-
-    /// Reads a `struct statmount` answer (native endianness), bounds-checked.
-    fn parse_full(b: &[u8]) -> io::Result<MountStat> {
-        let bad =
-            |what: &str| io::Error::new(io::ErrorKind::InvalidData, format!("statmount answer: {what}"));
-        let u32_at = |o: usize| b.get(o..o + 4).map(|s| u32::from_ne_bytes(s.try_into().unwrap_or_default()));
-        let u64_at = |o: usize| b.get(o..o + 8).map(|s| u64::from_ne_bytes(s.try_into().unwrap_or_default()));
-        let size = u32_at(0).ok_or_else(|| bad("short"))? as usize;
-        let mask = u64_at(8).ok_or_else(|| bad("short"))?;
-        if mask & NEEDED != NEEDED {
-            return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
-        }
-        let end = size.min(b.len());
-        let string = |field: usize| -> io::Result<Vec<u8>> {
-            let off = u32_at(field).ok_or_else(|| bad("short"))? as usize;
-            let start = FIXED.checked_add(off).filter(|&s| s <= end).ok_or_else(|| bad("string offset"))?;
-            let len = b[start..end].iter().position(|&c| c == 0).ok_or_else(|| bad("unterminated string"))?;
-            Ok(b[start..start + len].to_vec())
-        };
-        let get = |o: usize| u64_at(o).ok_or_else(|| bad("short"));
-        let get32 = |o: usize| u32_at(o).ok_or_else(|| bad("short"));
-        Ok(MountStat {
-            mnt_id_old: get32(56)?,
-            parent_id_old: get32(60)?,
-            dev: DevNum::new(get32(16)?, get32(20)?),
-            sb_magic: get(24)?,
-            sb_flags: get32(32)?,
-            mnt_attr: get(64)?,
-            propagation: get(72)?,
-            peer_group: get(80)?,
-            master: get(88)?,
-            propagate_from: get(96)?,
-            root: string(104)?,
-            point: string(108)?,
-            fs_type: string(36)?,
-            fs_subtype: if mask & STATMOUNT_FS_SUBTYPE != 0 { Some(string(120)?) } else { None },
-            source: string(124)?,
-            fs_opts: if mask & STATMOUNT_MNT_OPTS != 0 { Some(string(4)?) } else { None },
-        })
-    }
-}
+#[path = "mount_api.rs"]
+pub mod mount_api;
 
 #[cfg(test)]
 #[path = "sys_tests.rs"]

@@ -134,3 +134,32 @@ fn compare_statmount_with_mountinfo(proc_dir: &str) -> usize {
     assert!(compared >= lines.len().saturating_sub(2), "compared {compared} of {} lines", lines.len());
     compared
 }
+
+/// `kcmp(KCMP_FILE)` tells one open file description from another: a `dup` and an fd a child
+/// inherited are the same open file; a second `open` of the same file is another.
+#[test]
+fn same_open_file_follows_dup_and_inheritance_not_the_path() {
+    use std::os::fd::AsRawFd;
+    let me = std::process::id();
+    let a = std::fs::File::open("/proc/self/status").expect("open");
+    let b = std::fs::File::open("/proc/self/status").expect("open again");
+    let dup = a.try_clone().expect("dup");
+    let fd = |f: &std::fs::File| u32::try_from(f.as_raw_fd()).expect("fd");
+    assert!(same_open_file(me, fd(&a), me, fd(&dup)).expect("kcmp"), "dup: one open file");
+    assert!(!same_open_file(me, fd(&a), me, fd(&b)).expect("kcmp"), "two opens: two files");
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .stdin(std::process::Stdio::from(a.try_clone().expect("dup for the child")))
+        .spawn()
+        .expect("spawn sleep");
+    let inherited = same_open_file(me, fd(&a), child.id(), 0);
+    let other = same_open_file(me, fd(&b), child.id(), 0);
+    let closed = same_open_file(me, 999_999, child.id(), 0);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(inherited.expect("kcmp across processes"), "inherited over fork: one open file");
+    assert!(!other.expect("kcmp across processes"));
+    assert_eq!(closed.expect_err("no such fd").raw_os_error(), Some(libc::EBADF));
+    let gone = same_open_file(me, fd(&a), child.id(), 0).expect_err("reaped");
+    assert_eq!(gone.raw_os_error(), Some(libc::ESRCH), "{gone}");
+}

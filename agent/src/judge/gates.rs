@@ -10,25 +10,37 @@
 //! - [`api`]: the Kubernetes API vouches (watches synced and answering, this Node exists) and
 //!   no running pod on this node or attached VolumeAttachment uses the device;
 //! - [`kernel_word`]: the kernel's own claims on the device are all accounted for by the plan;
-//! - [`openers`]: a dm device's open count is no more than the openers the plan accounts for
-//!   (what the fd scan cannot see, an fd in flight over a unix socket or an io_uring fixed
-//!   file, still counts in the kernel);
+//! - [`openers`]: a dm device's open count equals the openers the plan accounts for, its stuck
+//!   readers' fds counted per open file (what the fd scan cannot see, an fd in flight over a
+//!   unix socket or an io_uring fixed file, still counts in the kernel);
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
 //!   this node uses it per the kubelet directory;
 //! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it;
 //! - [`mount_users`]: nothing uses the filesystem through a namespace whose mount a release
-//!   detaches (a detached mount lives on for its users and frees nothing).
+//!   detaches (a detached mount lives on for its users and frees nothing);
+//! - [`umount_propagation`]: nothing the unmount takes with it through the parent's peer group
+//!   (the host's own mount at the same place, another device's) is anything but a releasable
+//!   copy of the same device.
+//!
+//! And for a pod volume directory's `rmdir` ([`crate::judge::orphans`]):
+//! - [`pod_api`]: the API vouches that no pod with the directory's pod UID is on this node;
+//! - [`pod_node`]: nothing of the pod runs here (a process in its cgroup, a mount of its files);
+//! - [`dir_mounts`]: nothing is mounted at or below the directory, or rooted in it, in any
+//!   namespace, and every namespace could be read;
+//! - [`dir_identity`]: the directory is still the one planned (its device and inode).
 
-use std::collections::HashSet;
-
+pub use super::words::{ApiWord, PodWord};
 use crate::discover::probe::{Claim, KernelWord};
 use crate::graph::identity::Identity;
+use crate::graph::pod_volumes::Pin;
+use crate::graph::propagation::{HostChain, Reach};
 use crate::graph::{DeviceEntry, Holder};
+use crate::host::beneath::FileKey;
 use crate::host::clock::BootTime;
 use crate::judge::stall::Stall;
 use crate::kube::ClusterView;
 use crate::model::blindspot::{self, BlindSpot};
-use crate::model::{DevNum, DeviceName, HolderKind, MountNsId};
+use crate::model::{DeviceName, HolderKind, MountNsId};
 
 /// The early "let everything through" of a gate, taken only in a `mutation-check` build when
 /// `BLOCKJANITOR_MUTANT` names it (scripts/mutation-check.sh); nothing in any other build.
@@ -82,32 +94,6 @@ pub fn identity(planned: &Identity, now: &Identity) -> Option<String> {
     })
 }
 
-/// What the Kubernetes API says about a device.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ApiWord {
-    /// The agent runs without the API: the node's own evidence decides.
-    NotConfigured,
-    /// The API is configured but cannot vouch now (why).
-    CannotVouch(String),
-    /// Running pods or attached VolumeAttachments use it (one reason each).
-    InUse(Vec<String>),
-    /// The API vouches that nothing in the cluster uses it (why it believes so).
-    NoUser(String),
-}
-
-impl ApiWord {
-    /// Why nothing destructive may be done, if the API forbids it.
-    pub fn refusal(&self) -> Option<String> {
-        match self {
-            Self::NotConfigured | Self::NoUser(_) => None,
-            Self::CannotVouch(why) => {
-                Some(format!("the Kubernetes API cannot vouch for it ({why}): nothing destructive rests on missing API evidence"))
-            }
-            Self::InUse(users) => Some(users.join("; ")),
-        }
-    }
-}
-
 /// The suffix of every reason [`api`] gives for a user.
 pub const PER_THE_API: &str = "per the API";
 
@@ -128,21 +114,7 @@ pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> Ap
     if let Err(why) = view.vouch(now) {
         return ApiWord::CannotVouch(why);
     }
-    let mut pvs: Vec<String> = entry.kubernetes.as_ref().map(|k| k.pv_names.clone()).unwrap_or_default();
-    if let Some(k) = &entry.kubernetes {
-        for pv in &view.pvs {
-            if pv.csi.as_ref().is_some_and(|c| k.volume_handles.contains(&c.volume_handle))
-                && !pvs.contains(&pv.name)
-            {
-                pvs.push(pv.name.clone());
-            }
-        }
-    }
-    if let Some(pv) = entry.rbd.as_ref().and_then(|r| view.pv_for_rbd(&r.pool, &r.image)) {
-        if !pvs.contains(&pv.name) {
-            pvs.push(pv.name.clone());
-        }
-    }
+    let pvs = crate::graph::volume_objects::pv_names(entry, view);
     let mut users = Vec::new();
     for pv in &pvs {
         for pod in view.running_pods_using_pv(pv) {
@@ -229,22 +201,33 @@ pub fn kernel_word(device: &DeviceName, word: &KernelWord, accounted: &Accounted
 /// The openers of a dm device a plan accounts for right before a step on it: each is one open
 /// of the device in the kernel's count (`md->open_count`, one per open file description, per
 /// mounted superblock, per dm table stacked on it).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Openers {
     /// Filesystems on it that the plan releases (a mounted superblock opens the device once).
     pub filesystems: usize,
     /// Devices stacked on it that the plan removes (each table opens the device once).
     pub stacked: Vec<DeviceName>,
     /// Open fds of the device node the scan saw, held by processes the plan expects to let go
-    /// (readers stuck on a dead map). Counted per fd: fds that share one open file description
-    /// (dup, fork) make this larger than the kernel's count, never smaller.
+    /// (readers stuck on a dead map), counted per fd.
     pub fds: usize,
+    /// The distinct open files (open file descriptions) those fds are, as the kernel compared
+    /// them after the count was read (`kcmp`, [`crate::discover::open_files`]): fds that share
+    /// one (dup, fork, `SCM_RIGHTS`) are one open of the device. `Err`: it cannot tell, and why.
+    pub files: Result<usize, String>,
+}
+
+impl Default for Openers {
+    fn default() -> Self {
+        Self { filesystems: 0, stacked: Vec::new(), fds: 0, files: Ok(0) }
+    }
 }
 
 impl Openers {
-    /// How many opens of the device the plan accounts for.
-    pub fn total(&self) -> usize {
-        self.filesystems + self.stacked.len() + self.fds
+    /// How many opens of the device the plan accounts for (`Err`: the stuck readers' fds could
+    /// not be told apart into open files).
+    pub fn total(&self) -> Result<usize, &str> {
+        let files = self.files.as_ref().map_err(String::as_str)?;
+        Ok(self.filesystems + self.stacked.len() + files)
     }
 
     fn describe(&self) -> String {
@@ -256,8 +239,10 @@ impl Openers {
             let names: Vec<&str> = self.stacked.iter().map(DeviceName::as_str).collect();
             parts.push(format!("stacked {} removed", names.join(", ")));
         }
-        if self.fds > 0 {
-            parts.push(format!("{} fd(s) of stuck readers", self.fds));
+        match &self.files {
+            Ok(0) if self.fds == 0 => {}
+            Ok(n) => parts.push(format!("{n} open file(s) of stuck readers, {} fd(s)", self.fds)),
+            Err(_) => parts.push(format!("{} fd(s) of stuck readers", self.fds)),
         }
         if parts.is_empty() {
             "nothing".to_owned()
@@ -267,33 +252,69 @@ impl Openers {
     }
 }
 
-/// The kernel counts more openers of a dm device than the plan accounts for: something the scan
-/// cannot see holds it open (an fd in flight over a unix socket, an io_uring fixed file, a
-/// process that passed its fd on during the scan), and stopping the queueing or removing the
-/// map would fail its I/O. Fewer is fine (fds sharing one open file description, an opener
-/// that left since the scan). Not a dm device (no count): nothing to compare.
-pub fn openers(device: &DeviceName, word: &KernelWord, accounted: &Openers) -> Option<String> {
+/// The kernel's open count of a dm device (`open_count`, `None`: it could not be read) must equal
+/// the openers the plan accounts for ([`Openers::total`]: filesystems it releases, layers it
+/// removes, the distinct open files of the stuck readers it frees).
+///
+/// More is an opener the scan cannot see (an fd in flight over a unix socket, an io_uring fixed
+/// file, a mapping of the node whose fd was closed), whose I/O stopping the queueing or removing
+/// the map would fail. Fewer cannot come from an opener that left: the open files are counted
+/// after the count was read, and an fd closed since is not counted; so fewer means the plan's
+/// picture of the device's openers is wrong somewhere, and a wrong picture could be hiding one:
+/// refused too. An unreadable count, or fds that cannot be told apart into open files: refused,
+/// with why.
+pub fn openers(device: &DeviceName, open_count: Option<i32>, accounted: &Openers) -> Option<String> {
     // mutation-check: openers
     removable!("openers", None);
-    let open = word.dm_open_count?;
-    let total = accounted.total();
-    if usize::try_from(open).is_ok_and(|n| n <= total) {
-        return None;
+    // mutation-check: openers-exact
+    removable!("openers-exact", openers_at_most(device, open_count, accounted));
+    let Some(open) = open_count else {
+        return Some(format!(
+            "the open count of {device} cannot be read (DM_DEV_STATUS): its openers cannot be accounted for, so nothing is done to it"
+        ));
+    };
+    let total = match accounted.total() {
+        Ok(t) => t,
+        Err(why) => {
+            return Some(format!(
+                "open count {open}, but which of the {} fd(s) of its stuck readers are one open file cannot be told ({why}): the openers of {device} cannot be accounted for, so nothing is done to it; plan again",
+                accounted.fds
+            ))
+        }
+    };
+    let open = usize::try_from(open).ok();
+    match open {
+        Some(n) if n == total => None,
+        Some(n) if n > total => Some(format!(
+            "open count {n}, accounted {total} ({}): something the scan cannot see holds {device} open (an fd in flight over a unix socket, an io_uring fixed file, a mapping of its node); find it (fuser -v /dev/{device}, ss -xp for unix sockets, /proc/PID/fdinfo of io_uring instances), stop it, and plan again",
+            accounted.describe()
+        )),
+        _ => Some(format!(
+            "open count {}, accounted {total} ({}): fewer openers than the plan accounts for, so its picture of what opens {device} is wrong and could be hiding one; nothing is done to it: plan again",
+            open.map_or_else(|| "negative".to_owned(), |n| n.to_string()),
+            accounted.describe()
+        )),
     }
-    Some(format!(
-        "open count {open}, accounted {total} ({}): something the scan cannot see holds {device} open (an fd in flight over a unix socket, an io_uring fixed file, a process passing its fd on during the scan); find it (fuser -v /dev/{device}, ss -xp for unix sockets, /proc/PID/fdinfo of io_uring instances), stop it, and plan again",
-        accounted.describe()
-    ))
 }
 
-/// The device is protected (behind the host root, the kubelet or the runtime, or listed).
-pub fn protection(entry: &DeviceEntry, protected: &HashSet<DevNum>) -> Option<String> {
-    protected.contains(&entry.device.devnum).then(|| {
-        format!(
-            "{} backs the host root, the kubelet or container runtime directories, or is listed as protected",
-            entry.device.name
-        )
+/// The gate as it was before issue 34 (the `openers-exact` mutant): the count no more than the
+/// openers, fds counted one by one, an unreadable count let through.
+#[cfg(feature = "mutation-check")]
+fn openers_at_most(device: &DeviceName, open_count: Option<i32>, accounted: &Openers) -> Option<String> {
+    let open = open_count?;
+    let total = accounted.filesystems + accounted.stacked.len() + accounted.fds;
+    (usize::try_from(open).is_err() || open as usize > total).then(|| {
+        format!("open count {open}, accounted {total}: something the scan cannot see holds {device} open")
     })
+}
+
+/// The prefix of every reason [`protection`] gives: how a refusal names a protection rule.
+pub const PROTECTED: &str = "is protected:";
+
+/// The device is protected (behind the host root, the kubelet or the runtime, or listed): which
+/// rule protects it.
+pub fn protection(entry: &DeviceEntry, protected: &crate::graph::protect::Protected) -> Option<String> {
+    protected.get(&entry.device.devnum).map(|why| format!("{} {PROTECTED} {why}", entry.device.name))
 }
 
 /// A pod on this node uses the device, per the kubelet directory.
@@ -319,106 +340,241 @@ pub fn responsive(entry: &DeviceEntry, stall: Option<&Stall>, first_step_unblock
     ))
 }
 
+/// What a release carries besides its mounts, for [`mount_users`] and [`umount_propagation`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Releasing<'a> {
+    /// Openers stuck on a dead map that the plan frees (`fail_if_no_path` first).
+    pub expected_openers: &'a [u32],
+    /// Devices stacked on it that the plan removes.
+    pub removed: &'a [DeviceName],
+    /// The operator forced the release (`--force-busy REASON`): process users do not refuse it.
+    pub force_busy: bool,
+}
+
 /// What still uses a device through the mount namespaces `detached` whose mounts of it a release
-/// would detach: a process in one of them with its cwd, root, an open file, the device node or a
-/// mapping on it; a process holder whose namespace is unknown; anything the kernel holds with no
-/// namespace (swap, a loop device's backing file, a stacked device, a filesystem with no mount).
-/// `umount2(MNT_DETACH)` removes only the mount: the filesystem stays alive for every such user,
-/// who loses only path lookups (gotcha 24), so the detach breaks them and frees nothing.
-/// Exempt: openers stuck on a dead map that the plan frees (`expected_openers`), and devices
-/// stacked on it that the plan removes (`removed`). A process in a namespace the release does
-/// not touch is not its concern: its own mount stays.
-pub fn mount_users(
-    entry: &DeviceEntry,
-    detached: &[MountNsId],
-    expected_openers: &[u32],
-    removed: &[DeviceName],
-) -> Option<String> {
+/// would detach: a process with a task in one of them whose cwd, root, an open file, the device
+/// node or a mapping is on it (a task's own cwd and root count in that task's namespace; what the
+/// whole process holds, in every namespace it has a task in); a process holder whose namespace is
+/// unknown; anything the kernel holds with no namespace (swap, a loop device's backing file, a
+/// stacked device, a filesystem with no mount). `umount2(MNT_DETACH)` removes only the mount: the
+/// filesystem stays alive for every such user, who loses only path lookups (gotcha 24), so the
+/// detach breaks them and frees nothing. Exempt: openers stuck on a dead map that the plan frees
+/// and devices stacked on it that the plan removes ([`Releasing`]). A process in a namespace
+/// the release does not touch is not its concern: its own mount stays. `--force-busy`
+/// ([`Releasing::force_busy`]) lets process users through, never the kernel's own holders.
+pub fn mount_users(entry: &DeviceEntry, detached: &[MountNsId], with: &Releasing<'_>) -> Option<String> {
     // mutation-check: mount-users
     removable!("mount-users", None);
-    let in_detached = |h: &Holder| h.mount_namespace.is_none_or(|n| detached.contains(&n));
-    let users: Vec<String> = entry
-        .holders
-        .iter()
-        .filter(|h| match h.kind {
-            HolderKind::Mount => false,
+    let in_detached = |h: &Holder| {
+        h.mount_namespace.is_none_or(|n| detached.contains(&n))
+            || h.other_namespaces.iter().any(|n| detached.contains(n))
+    };
+    let mut processes = Vec::new();
+    let mut kernel = Vec::new();
+    for h in &entry.holders {
+        match h.kind {
+            HolderKind::Mount => {}
             HolderKind::OpenDevice
-                if !h.pids.is_empty() && h.pids.iter().all(|p| expected_openers.contains(p)) =>
-            {
-                false
-            }
-            HolderKind::StackedDevice => h.device.as_ref().is_none_or(|d| !removed.contains(d)),
+                if !h.pids.is_empty() && h.pids.iter().all(|p| with.expected_openers.contains(p)) => {}
+            HolderKind::StackedDevice if h.device.as_ref().is_some_and(|d| with.removed.contains(d)) => {}
             HolderKind::OpenDevice
             | HolderKind::OpenFile
             | HolderKind::Cwd
             | HolderKind::Root
-            | HolderKind::Mmap => in_detached(h),
-            HolderKind::Swap | HolderKind::LoopBacking | HolderKind::Filesystem => true,
-        })
-        .map(|h| match h.mount_namespace {
-            Some(ns) if !h.pids.is_empty() && detached.len() > 1 => {
-                format!("{} in mount namespace {}", h.describe(), ns.0)
+            | HolderKind::Mmap => {
+                if in_detached(h) {
+                    processes.push(h.describe_in_namespace());
+                }
             }
-            _ => h.describe(),
-        })
-        .collect();
-    if users.is_empty() {
+            HolderKind::StackedDevice
+            | HolderKind::Swap
+            | HolderKind::LoopBacking
+            | HolderKind::Filesystem => kernel.push(h.describe()),
+        }
+    }
+    if with.force_busy {
+        processes.clear();
+    }
+    if processes.is_empty() && kernel.is_empty() {
         return None;
     }
     let namespaces: Vec<String> = detached.iter().map(|n| n.0.to_string()).collect();
-    Some(format!(
-        "{}: a release would detach its mount(s) in mount namespace {}, but the filesystem is still used there: {}: a detached mount stays alive for its users and frees nothing, and they lose their path to it: stop those processes (or have them let go of the files) first, or pass --force-busy REASON to detach anyway",
+    let mut why = format!(
+        "{}: a release would detach its mount(s) in mount namespace {}",
         entry.device.name,
-        namespaces.join(", "),
-        users.join("; ")
-    ))
+        namespaces.join(", ")
+    );
+    if !processes.is_empty() {
+        why.push_str(&format!(
+            ", but the filesystem is still used there: {}: a detached mount stays alive for its users and frees nothing, and they lose their path to it: stop those processes (or have them let go of the files) first, or pass --force-busy REASON to detach anyway",
+            processes.join("; ")
+        ));
+    }
+    if !kernel.is_empty() {
+        why.push_str(&format!(
+            "{} the kernel holds the device outside any mount: {}: detaching frees nothing while it does, and --force-busy does not cover these (it overrides process users only): swapoff it, detach the loop device, remove the stacked device or unmount the overlay first",
+            if processes.is_empty() { ", but" } else { "; and" },
+            kernel.join("; ")
+        ));
+    }
+    Some(why)
+}
+
+/// What unmounting a mount a release detaches (`mount`: namespace and mount ID) takes with it
+/// through mount propagation (`reach`, from whole tables read now: [`crate::graph::propagation`]):
+/// the kernel unmounts, through the parent's peer group, the mount at the same place in every peer
+/// and slave of the parent (gotcha 29). Each such mount must itself be releasable: a mount of the
+/// same device in a namespace other than the host's, tied to no host mount ([`HostChain`]), that
+/// nothing in its namespace uses ([`mount_users`] for its namespace, `--force-busy` as for the
+/// release). Anything else (the host's own mount, a copy of one, another device's mount, one the
+/// scan did not see, one something uses) refuses the detach, naming it; so does a reach that
+/// could not be told (a namespace that could not be read).
+pub fn umount_propagation(
+    entry: &DeviceEntry,
+    host_ns: MountNsId,
+    mount: (MountNsId, u32),
+    reach: &Reach,
+    with: &Releasing<'_>,
+) -> Option<String> {
+    // mutation-check: umount-propagation
+    removable!("umount-propagation", None);
+    let (ns, id) = mount;
+    let taken = match reach {
+        Ok(t) => t,
+        Err(why) => {
+            return Some(format!(
+                "what unmounting mount {id} of {} in mount namespace {} would take with it through mount propagation cannot be told ({why}): nothing is unmounted blind",
+                entry.device.name, ns.0
+            ))
+        }
+    };
+    let chain = HostChain::of(&entry.holders);
+    for t in taken.iter().filter(|t| (t.ns, t.mount_id) != mount) {
+        let holder = entry.holders.iter().find(|h| {
+            h.kind == HolderKind::Mount && h.mount_namespace == Some(t.ns) && h.mount_id == Some(t.mount_id)
+        });
+        let why_not = match holder {
+            None if t.ns == host_ns => Some("it is a mount in the host's mount namespace".to_owned()),
+            None if entry
+                .holders
+                .iter()
+                .any(|h| h.kind == HolderKind::Mount && h.mount_dev == Some(t.devnum)) =>
+            {
+                Some(format!("the scan of {} does not see that mount", entry.device.name))
+            }
+            None => Some(format!(
+                "it is another device's mount ({}), which this release does not vouch for",
+                t.devnum
+            )),
+            Some(h) if h.in_host_namespace != Some(false) => Some("it is the host's own mount".to_owned()),
+            Some(h) => chain.ties(h).or_else(|| mount_users(entry, &[t.ns], with)),
+        };
+        if let Some(why) = why_not {
+            let place = if t.ns == host_ns {
+                "the host's mount namespace".to_owned()
+            } else {
+                format!("mount namespace {}", t.ns.0)
+            };
+            return Some(format!(
+                "unmounting mount {id} of {} in mount namespace {} would also unmount {} ({} {}, {}, mount {}) in {place}: the kernel propagates an unmount through the parent mount's peer group (its parent {} is shared:{}) to the mount at the same place in every peer and slave of that parent: {why}; to release the copy alone, stop its parent propagating first (in its namespace: nsenter -t PID -m mount --make-rslave {}), or unmount the other mount where it lives",
+                entry.device.name,
+                ns.0,
+                t.mount_point,
+                t.fstype,
+                t.source,
+                t.devnum,
+                t.mount_id,
+                t.through_parent,
+                t.through_group,
+                t.through_parent
+            ));
+        }
+    }
+    None
+}
+
+/// Asks the cluster's view about pod `uid` at `now` (`None`: the API is not asked, `off` why).
+pub fn pod_api(uid: &str, view: Option<&ClusterView>, off: &str, now: BootTime) -> PodWord {
+    // mutation-check: pod-api
+    removable!("pod-api", PodWord::Gone("(the pod-api gate is removed)".into()));
+    let Some(view) = view else {
+        return PodWord::CannotVouch(format!("it is not asked: {off}"));
+    };
+    if let Err(why) = view.vouch(now) {
+        return PodWord::CannotVouch(why);
+    }
+    match view.pod_by_uid(uid) {
+        Some(p) => PodWord::OnNode(format!(
+            "pod {}/{} (UID {}, phase {}) is on node {} {PER_THE_API}",
+            p.namespace,
+            p.name,
+            p.uid,
+            if p.phase.is_empty() { "unknown" } else { &p.phase },
+            view.node_name
+        )),
+        None => PodWord::Gone(format!(
+            "no pod with UID {uid} is on node {} {PER_THE_API} ({} pods there, mirror pods' config hashes included)",
+            view.node_name,
+            view.pods_on_node.len()
+        )),
+    }
+}
+
+/// Something of pod `uid` still runs on this node: a process in its cgroup (`pids`), or a mount
+/// of one of its files (etc-hosts, a termination log, a volume: `rooted` in its directory) in
+/// some namespace, a container of the pod or a copy of its mounts; or it cannot be told
+/// (`cannot_tell`: processes whose cgroup could not be read).
+pub fn pod_node(uid: &str, pids: &[u32], rooted: &[Pin], cannot_tell: &[String]) -> Option<String> {
+    // mutation-check: pod-node
+    removable!("pod-node", None);
+    if !pids.is_empty() {
+        let shown: Vec<String> = pids.iter().take(5).map(u32::to_string).collect();
+        return Some(format!(
+            "pod {uid} still has {} process(es) on this node (pid {})",
+            pids.len(),
+            shown.join(", ")
+        ));
+    }
+    if let Some(p) = rooted.first() {
+        return Some(format!(
+            "{}, is rooted in the pod's directory: a container of pod {uid}, or a copy of its mounts, still uses it",
+            p.describe()
+        ));
+    }
+    cannot_tell.first().map(|w| format!("cannot tell whether a process of pod {uid} runs here: {w}"))
+}
+
+/// Something is mounted at or below the directory, or rooted in it, in some namespace (`pins`),
+/// or it cannot be told (`cannot_tell`: a namespace whose table could not be read, a blind spot
+/// of the scan, a directory that could not be located): `rmdir` must not run. (The kernel
+/// refuses it with `EBUSY` only in the namespace where the mount is; from any other it removes
+/// the directory and detaches that mount.)
+pub fn dir_mounts(pins: &[Pin], cannot_tell: &[String]) -> Option<String> {
+    // mutation-check: dir-mounts
+    removable!("dir-mounts", None);
+    if let Some(p) = pins.first() {
+        let more = if pins.len() > 1 { format!(" (and {} more)", pins.len() - 1) } else { String::new() };
+        return Some(format!("still mounted: {}{more}", p.describe()));
+    }
+    cannot_tell
+        .first()
+        .map(|w| format!("cannot tell whether anything is mounted on it in every mount namespace: {w}"))
+}
+
+/// The directory at `rel` is not the one planned (its device and inode now: `None`, gone).
+pub fn dir_identity(rel: &std::path::Path, planned: FileKey, now: Option<FileKey>) -> Option<String> {
+    // mutation-check: dir-identity
+    removable!("dir-identity", None);
+    match now {
+        Some(k) if k == planned => None,
+        Some(k) => Some(format!(
+            "{} is another directory now (device/inode {k}, planned for {planned}): recreated since it was planned",
+            rel.display()
+        )),
+        None => Some(format!("{} is no longer there to check", rel.display())),
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{BlockDevice, DeviceKind};
-
-    fn entry(holders: Vec<Holder>) -> DeviceEntry {
-        DeviceEntry::new(
-            BlockDevice {
-                diskseq: Some(1),
-                ..BlockDevice::new(
-                    DeviceName::new("dm-0").expect("name"),
-                    DevNum::new(253, 0),
-                    DeviceKind::Dm,
-                    1 << 20,
-                )
-            },
-            holders,
-        )
-    }
-
-    fn process(kind: HolderKind, ns: u64, pid: u32, state: char) -> Holder {
-        let mut h = Holder::bare(kind);
-        h.pids = vec![pid];
-        h.comm = Some("reader".into());
-        h.process_state = Some(state);
-        h.mount_namespace = Some(MountNsId(ns));
-        h
-    }
-
-    #[test]
-    fn mount_users_exempts_only_what_the_plan_frees() {
-        let ns = [MountNsId(2)];
-        // A reader stuck on a dead map, which stopping its queueing frees.
-        let stuck = entry(vec![process(HolderKind::OpenDevice, 2, 9, 'D')]);
-        assert_eq!(mount_users(&stuck, &ns, &[9], &[]), None);
-        assert!(mount_users(&stuck, &ns, &[], &[]).is_some_and(|w| w.contains("pid 9 (reader)")));
-        // A layer the plan removes after the releases.
-        let mut layer = Holder::bare(HolderKind::StackedDevice);
-        layer.device = Some(DeviceName::new("dm-1").expect("name"));
-        let stacked = entry(vec![layer]);
-        assert_eq!(mount_users(&stacked, &ns, &[], &[DeviceName::new("dm-1").expect("name")]), None);
-        assert!(mount_users(&stacked, &ns, &[], &[]).is_some_and(|w| w.contains("dm-1 is stacked")));
-        // A cwd elsewhere is not this release's concern; a cwd in its namespace is.
-        let cwd = entry(vec![process(HolderKind::Cwd, 3, 5, 'S')]);
-        assert_eq!(mount_users(&cwd, &ns, &[], &[]), None);
-        assert!(mount_users(&cwd, &[MountNsId(3)], &[], &[]).is_some_and(|w| w.contains("--force-busy")));
-    }
-}
+#[path = "gates_release_tests.rs"]
+mod release_tests;

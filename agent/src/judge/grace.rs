@@ -36,16 +36,34 @@ pub struct Clocks {
     clocks: HashMap<Identity, Clock>,
     /// Why the clocks loaded from a file were dropped, said once in the next restart reason.
     load_note: Option<String>,
+    /// The pod volume directories' clocks, by the directory's token (its path below the kubelet
+    /// directory, device and inode: [`crate::judge::orphans`]).
+    dirs: HashMap<String, Clock>,
     /// The file the clocks were loaded from, and what it held: saving them unchanged to it is a
     /// no-op.
-    on_disk: Option<(PathBuf, HashMap<Identity, Clock>)>,
+    on_disk: Option<OnDisk>,
+    /// A state file that could not be parsed (damaged, or another version's): kept aside, never
+    /// overwritten, by the next save to it.
+    damaged: Option<PathBuf>,
 }
+
+/// The file clocks were loaded from, and the devices' and directories' clocks it held.
+type OnDisk = (PathBuf, HashMap<Identity, Clock>, HashMap<String, Clock>);
 
 /// The saved form.
 #[derive(Serialize, Deserialize)]
 struct Saved {
     boot_id: Option<String>,
     clocks: Vec<SavedClock>,
+    #[serde(default)]
+    dirs: Vec<SavedDirClock>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedDirClock {
+    dir: String,
+    #[serde(flatten)]
+    clock: Clock,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -58,7 +76,14 @@ struct SavedClock {
 impl Clocks {
     /// No clocks yet, for the boot `boot_id` (`None`: unknown, so nothing saved is ever trusted).
     pub fn new(boot_id: Option<String>) -> Self {
-        Self { boot_id, clocks: HashMap::new(), load_note: None, on_disk: None }
+        Self {
+            boot_id,
+            clocks: HashMap::new(),
+            dirs: HashMap::new(),
+            load_note: None,
+            on_disk: None,
+            damaged: None,
+        }
     }
 
     /// The clocks a previous run saved, if they belong to this boot. A missing file starts
@@ -77,14 +102,22 @@ impl Clocks {
         let saved = match serde_json::from_slice::<Saved>(&text) {
             Ok(s) => s,
             Err(e) => {
-                me.load_note = Some(format!("the state file {} is not this version's ({e})", path.display()));
+                let why = format!(
+                    "the state file {} is damaged or another version's ({e}): it is kept aside as {} when the clocks are next saved, and every grace clock restarts",
+                    path.display(),
+                    aside(path).display()
+                );
+                tracing::warn!("{why}");
+                me.load_note = Some(why);
+                me.damaged = Some(path.to_owned());
                 return me;
             }
         };
         match (&saved.boot_id, &me.boot_id) {
             (Some(then), Some(now)) if then == now => {
                 me.clocks = saved.clocks.into_iter().map(|c| (c.identity, c.clock)).collect();
-                me.on_disk = Some((path.to_owned(), me.clocks.clone()));
+                me.dirs = saved.dirs.into_iter().map(|c| (c.dir, c.clock)).collect();
+                me.on_disk = Some((path.to_owned(), me.clocks.clone(), me.dirs.clone()));
             }
             (then, now) => {
                 me.load_note = Some(format!(
@@ -105,8 +138,15 @@ impl Clocks {
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
         // A run that changed no clock (`holders` of a held device, say) leaves the file as it
         // is: rewriting it costs two fsyncs, tens of milliseconds on a busy disk, for nothing.
-        if self.on_disk.as_ref().is_some_and(|(p, c)| p == path && *c == self.clocks) {
+        if self.on_disk.as_ref().is_some_and(|(p, c, d)| p == path && *c == self.clocks && *d == self.dirs) {
             return Ok(());
+        }
+        if self.damaged.as_deref() == Some(path) {
+            match std::fs::rename(path, aside(path)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
         let saved = Saved {
             boot_id: self.boot_id.clone(),
@@ -114,6 +154,11 @@ impl Clocks {
                 .clocks
                 .iter()
                 .map(|(identity, clock)| SavedClock { identity: identity.clone(), clock: *clock })
+                .collect(),
+            dirs: self
+                .dirs
+                .iter()
+                .map(|(dir, clock)| SavedDirClock { dir: dir.clone(), clock: *clock })
                 .collect(),
         };
         crate::host::durable::write_atomically(
@@ -125,26 +170,22 @@ impl Clocks {
     /// Records a complete observation of `id` unheld at `now`. Returns when its clock started
     /// and, when it started just now, why (first seen, not observed for too long, new boot).
     pub fn observe(&mut self, id: &Identity, now: BootTime, max_gap: Duration) -> (BootTime, Option<String>) {
-        if let Some(c) = self.clocks.get_mut(id) {
-            let gap = now.since(c.last_seen);
-            if gap <= max_gap && now >= c.last_seen {
-                c.last_seen = now;
-                return (c.since, None);
-            }
-            let why = format!(
-                "grace clock restarted: not observed for {} (more than the {} allowed between scans)",
-                human(gap),
-                human(max_gap)
-            );
-            *c = Clock { since: now, last_seen: now };
-            return (now, Some(why));
-        }
-        self.clocks.insert(id.clone(), Clock { since: now, last_seen: now });
-        let why = match self.load_note.take() {
-            Some(note) => format!("grace clock started now: {note}"),
-            None => "grace clock started now: first seen unheld".to_owned(),
-        };
-        (now, Some(why))
+        observe_in(&mut self.clocks, id, now, max_gap, &mut self.load_note, "unheld")
+    }
+
+    /// [`Clocks::observe`] for a pod volume directory (by its token), proven orphaned and empty.
+    pub fn observe_dir(&mut self, dir: &str, now: BootTime, max_gap: Duration) -> (BootTime, Option<String>) {
+        observe_in(&mut self.dirs, &dir.to_owned(), now, max_gap, &mut self.load_note, "orphaned and empty")
+    }
+
+    /// Forgets a directory's clock: it was not seen orphaned and empty, or is gone.
+    pub fn forget_dir(&mut self, dir: &str) {
+        self.dirs.remove(dir);
+    }
+
+    /// Keeps only the directories' clocks `keep` accepts (the others were not seen orphaned).
+    pub fn retain_dirs(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.dirs.retain(|d, _| keep(d));
     }
 
     /// Forgets a clock: the device was held, is gone, or was observed incompletely.
@@ -161,6 +202,45 @@ impl Clocks {
     pub fn get(&self, id: &Identity) -> Option<Clock> {
         self.clocks.get(id).copied()
     }
+}
+
+/// Records an observation of `key` at `now` in `clocks` (see [`Clocks::observe`]); `seen` says
+/// as what it was first seen.
+fn observe_in<K: std::hash::Hash + Eq + Clone>(
+    clocks: &mut HashMap<K, Clock>,
+    key: &K,
+    now: BootTime,
+    max_gap: Duration,
+    load_note: &mut Option<String>,
+    seen: &str,
+) -> (BootTime, Option<String>) {
+    if let Some(c) = clocks.get_mut(key) {
+        let gap = now.since(c.last_seen);
+        if gap <= max_gap && now >= c.last_seen {
+            c.last_seen = now;
+            return (c.since, None);
+        }
+        let why = format!(
+            "grace clock restarted: not observed for {} (more than the {} allowed between scans)",
+            human(gap),
+            human(max_gap)
+        );
+        *c = Clock { since: now, last_seen: now };
+        return (now, Some(why));
+    }
+    clocks.insert(key.clone(), Clock { since: now, last_seen: now });
+    let why = match load_note.take() {
+        Some(note) => format!("grace clock started now: {note}"),
+        None => format!("grace clock started now: first seen {seen}"),
+    };
+    (now, Some(why))
+}
+
+/// Where a damaged state file is kept: beside it, `NAME.damaged`.
+fn aside(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(".damaged");
+    path.with_file_name(name)
 }
 
 #[cfg(test)]
@@ -219,7 +299,34 @@ mod tests {
         changed.save(&path).expect("save changed");
         assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None, "the change was saved");
         c.save(&path).expect("save again");
+        // A directory's clock is kept as a device's is.
+        let mut d = Clocks::load(&path, Some("boot-a".into()));
+        d.observe_dir("pods/u/volumes/p/n@8:1/12", at(100), Duration::from_secs(120));
+        d.save(&path).expect("save dirs");
+        let mut again = Clocks::load(&path, Some("boot-a".into()));
+        assert_eq!(
+            again.observe_dir("pods/u/volumes/p/n@8:1/12", at(150), Duration::from_secs(120)).0,
+            at(100)
+        );
         std::fs::write(&path, "[]").expect("old format");
         assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)), None);
+    }
+
+    /// A state file that does not parse is never overwritten: the next save keeps it aside as
+    /// `NAME.damaged` (what a person may want to look at), says so, and writes a fresh one.
+    #[test]
+    fn a_damaged_state_file_is_kept_aside_not_replaced() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        std::fs::write(&path, b"{\"boot_id\": \"boot-a\", \"clo").expect("write");
+        let mut c = Clocks::load(&path, Some("boot-a".into()));
+        let (_, why) = c.observe(&id(1), at(5), Duration::from_secs(120));
+        let why = why.expect("why the clock restarts");
+        assert!(why.contains("damaged") && why.contains("state.json.damaged"), "{why}");
+        assert_eq!(std::fs::read(&path).expect("untouched until saved"), b"{\"boot_id\": \"boot-a\", \"clo");
+        c.save(&path).expect("save");
+        let kept = dir.path().join("state.json.damaged");
+        assert_eq!(std::fs::read(&kept).expect("kept aside"), b"{\"boot_id\": \"boot-a\", \"clo");
+        assert_eq!(Clocks::load(&path, Some("boot-a".into())).get(&id(1)).map(|k| k.since), Some(at(5)));
     }
 }

@@ -5,9 +5,21 @@ use super::{fin, Assessment, Verdict};
 use crate::graph::DeviceEntry;
 use crate::model::DeviceKind;
 
-/// An unheld device's assessment when no transport claimed it.
+/// An unheld device's assessment when no transport claimed it. A loop device the kernel keeps
+/// bound with autoclear set is open somewhere: the kernel detaches such a device at its last
+/// close, so while it is bound an opener the scan does not see holds it (an fd in flight over
+/// a unix socket, an io_uring fixed file; after a `LOOP_CLR_FD` the kernel deferred, gotcha 19).
 pub(super) fn assess(e: &DeviceEntry) -> Assessment {
     let d = &e.device;
+    if d.loop_info.as_ref().is_some_and(|l| l.autoclear) {
+        return fin(
+            Verdict::InUse,
+            vec![format!(
+                "the kernel keeps {} bound with autoclear set, so something has it open (it detaches at the last close), although the scan sees no holder: an fd in flight over a unix socket, an io_uring fixed file, or a detach already deferred; find the opener (fuser -v /dev/{})",
+                d.name, d.name
+            )],
+        );
+    }
     if !is_mapping(e) {
         return fin(Verdict::Unused, vec![format!("nothing holds {}; {}", d.name, why_not_cleaned(e))]);
     }

@@ -15,12 +15,14 @@ mod r#loop;
 mod multipath;
 mod nbd;
 pub mod nvme;
+pub mod orphans;
 mod rbd;
 mod scsi;
 pub mod stack;
 pub mod stall;
 pub mod verdicts;
 mod weigh;
+pub mod words;
 
 use std::collections::HashMap;
 use std::time::Duration;

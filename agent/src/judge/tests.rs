@@ -1,7 +1,5 @@
 //! Tests of the verdicts: every transport judged together, with the grace clocks, the stall watch and the API.
 
-use std::collections::HashSet;
-
 use super::verdicts::judge;
 use super::*;
 use crate::discover::nbd::NbdDevice;
@@ -101,11 +99,12 @@ fn a_stale_summary_has_no_age_and_stays_the_same_across_scans() {
     let scan = |at: u64| Scan {
         graph: DeviceGraph { host_ns: MountNsId(1), host_ns_unsure: None, devices: vec![entry.clone()] },
         blind_spots: Vec::new(),
-        protected: HashSet::new(),
+        protected: Default::default(),
         stats: ScanStats::default(),
         warnings: Vec::new(),
         taken_at: BootTime::from_since_boot(Duration::from_secs(at)),
         scope: None,
+        namespaces: Default::default(),
     };
     let mut clocks = Clocks::new(None);
     let mut summaries = Vec::new();
@@ -263,4 +262,18 @@ fn an_unheld_device_that_is_not_cleaned_says_what_it_is() {
         assert_eq!(j.verdict, Verdict::Unused, "{name}: {j:?}");
         assert!(j.reasons.iter().any(|r| r.contains(says)), "{name}: {:?}", j.reasons);
     }
+}
+
+/// Issue 34: the kernel keeps a loop device bound with autoclear set only while something has
+/// it open (it detaches such a device at its last close): with no holder the scan sees, the
+/// device is held all the same, never a candidate (so a deferred detach is not planned again).
+#[test]
+fn a_loop_device_bound_with_autoclear_is_held_by_an_opener_the_scan_cannot_see() {
+    let mut e = crate::graph::test_support::loop3(Vec::new());
+    e.device.loop_info = Some(crate::graph::test_support::loop_info(1));
+    assert_eq!(judge_alone(e.clone(), Duration::ZERO).verdict, Verdict::Stale);
+    e.device.loop_info.as_mut().expect("bound").autoclear = true;
+    let j = judge_alone(e, Duration::ZERO);
+    assert_eq!(j.verdict, Verdict::InUse, "{j:?}");
+    assert!(j.reasons[0].contains("bound with autoclear set, so something has it open"), "{j:?}");
 }

@@ -36,9 +36,10 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::cluster::{pod_info, pv_info, va_info, ClusterView};
+use super::cluster::ClusterView;
 use super::follow::*;
 use super::options::WatchOptions;
+use super::reduce::{pod_info, pv_info, va_info};
 use super::table::*;
 use crate::host::clock::BootTime;
 
@@ -51,11 +52,23 @@ pub fn spawn_watch(
     node_name: &str,
     options: WatchOptions,
 ) -> (watch::Receiver<ClusterView>, JoinHandle<()>) {
+    let (tx, rx) = watch::channel(State::new(options.silence_bound).view(node_name));
+    (rx, watch_into(client, node_name, options, tx))
+}
+
+/// Like [`spawn_watch`], publishing into a channel the caller already hands out (what
+/// [`super::source`] does once a connection that failed comes up): its view is replaced at once
+/// by an empty, unsynced one naming the node.
+pub fn watch_into(
+    client: Client,
+    node_name: &str,
+    options: WatchOptions,
+    tx: watch::Sender<ClusterView>,
+) -> JoinHandle<()> {
     let node = node_name.to_string();
     let state = State::new(options.silence_bound);
-    let (tx, rx) = watch::channel(state.view(&node));
-    let handle = tokio::spawn(run(client, node, options, state, tx));
-    (rx, handle)
+    tx.send_replace(state.view(&node));
+    tokio::spawn(run(client, node, options, state, tx))
 }
 
 async fn run(

@@ -9,9 +9,6 @@ use std::time::Duration;
 
 use crate::host::clock::{human, BootTime};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-
 /// One pod scheduled on this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {
@@ -25,6 +22,33 @@ pub struct PodInfo {
     pub pvc_names: Vec<String>,
     /// The PVs bound to those claims (by the PVs' `claimRef`), where known.
     pub pv_names: Vec<String>,
+    /// A mirror pod's static pod: the UID kubelet knows it by on this node (its directory
+    /// `pods/<hash>`), from the annotation `kubernetes.io/config.mirror`.
+    pub mirror_of: Option<String>,
+    /// Its containers (init containers too), with their runtime IDs and volume mounts: what
+    /// names a pin risk's container and its fix.
+    pub containers: Vec<ContainerInfo>,
+    /// Its `hostPath` volumes: `(volume name, host path)`.
+    pub host_paths: Vec<(String, String)>,
+}
+
+/// One container of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub name: String,
+    /// The runtime's ID from `status.containerStatuses[].containerID`, without its scheme
+    /// (`containerd://`), as the cgroup shows it; empty until it runs.
+    pub id: String,
+    pub mounts: Vec<VolumeMountInfo>,
+}
+
+/// One `volumeMounts` entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct VolumeMountInfo {
+    pub volume: String,
+    pub mount_path: String,
+    /// `mountPropagation` (`None` when unset: the API's default, None).
+    pub propagation: Option<String>,
 }
 
 impl PodInfo {
@@ -55,10 +79,14 @@ pub struct RbdImage {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PvInfo {
     pub name: String,
+    /// `metadata.uid` (what an Event's `involvedObject` names it by).
+    pub uid: String,
     /// `status.phase` (`Bound`, `Released`, ...); empty if unset.
     pub phase: String,
     /// `spec.claimRef` namespace and name.
     pub claim: Option<(String, String)>,
+    /// `spec.claimRef.uid`: the bound claim's UID.
+    pub claim_uid: Option<String>,
     pub csi: Option<CsiVolume>,
     /// The rbd image behind the volume: the in-tree `rbd` source (pool defaults to `rbd`), or a
     /// ceph-csi rbd volume's `pool`/`imageName` attributes.
@@ -144,6 +172,10 @@ pub struct ClusterView {
     /// Longer than this without hearing from the API server, on any one watch or the Node
     /// lookup, and the view stops vouching ([`DEFAULT_SILENCE_BOUND`] says why 90 s).
     pub silence_bound: Duration,
+    /// Why no client for the API could be made (a kubeconfig that cannot be read, no token, an
+    /// in-cluster service account missing, no API configured at all): the view says nothing
+    /// until a connection comes up ([`super::source`] retries with backoff).
+    pub connect_error: Option<String>,
 }
 
 impl Default for ClusterView {
@@ -159,6 +191,7 @@ impl Default for ClusterView {
             node_found: None,
             last_contact: None,
             silence_bound: DEFAULT_SILENCE_BOUND,
+            connect_error: None,
         }
     }
 }
@@ -171,6 +204,9 @@ impl ClusterView {
     /// Otherwise the one reason why not, as a sentence without its period. A pure function of
     /// the view and `now`: it never waits on the API.
     pub fn vouch(&self, now: BootTime) -> Result<(), String> {
+        if let Some(why) = &self.connect_error {
+            return Err(format!("no connection to the Kubernetes API: {why}"));
+        }
         if let Some(why) = self.unsynced() {
             return Err(why);
         }
@@ -262,6 +298,7 @@ impl ClusterView {
             node_found,
             last_contact: _,
             silence_bound,
+            connect_error,
         } = self;
         *node_name == other.node_name
             && *pods_on_node == other.pods_on_node
@@ -273,6 +310,7 @@ impl ClusterView {
             && *last_error == other.last_error
             && *node_found == other.node_found
             && *silence_bound == other.silence_bound
+            && *connect_error == other.connect_error
     }
 
     /// Whether an attached VolumeAttachment on this node names the PV.
@@ -283,6 +321,12 @@ impl ClusterView {
     /// Active pods on this node ([`PodInfo::is_active`]) with a claim bound to the PV.
     pub fn running_pods_using_pv(&self, pv: &str) -> Vec<&PodInfo> {
         self.pods_on_node.iter().filter(|p| p.is_active() && p.pv_names.iter().any(|n| n == pv)).collect()
+    }
+
+    /// The pod on this node kubelet knows by `uid` (its directory `pods/<uid>`): the pod with
+    /// that UID, or the mirror pod of the static pod with that config hash.
+    pub fn pod_by_uid(&self, uid: &str) -> Option<&PodInfo> {
+        self.pods_on_node.iter().find(|p| p.uid == uid || p.mirror_of.as_deref() == Some(uid))
     }
 
     /// The PV by name.
@@ -312,81 +356,11 @@ impl ClusterView {
     }
 }
 
-/// A pod's plain data; `pv_names` is left empty for [`ClusterView::resolve_claims`].
-pub fn pod_info(pod: &Pod) -> PodInfo {
-    let meta = &pod.metadata;
-    let name = meta.name.clone().unwrap_or_default();
-    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
-    let pvc_names = volumes
-        .iter()
-        .filter_map(|v| {
-            if let Some(pvc) = &v.persistent_volume_claim {
-                Some(pvc.claim_name.clone())
-            } else {
-                v.ephemeral.as_ref().map(|_| format!("{name}-{}", v.name))
-            }
-        })
-        .collect();
-    PodInfo {
-        uid: meta.uid.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone().unwrap_or_default(),
-        phase: pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
-        name,
-        pvc_names,
-        pv_names: Vec::new(),
-    }
-}
-
-/// A PersistentVolume's plain data.
-pub fn pv_info(pv: &PersistentVolume) -> PvInfo {
-    let spec = pv.spec.as_ref();
-    let claim = spec.and_then(|s| s.claim_ref.as_ref()).and_then(|c| match (&c.namespace, &c.name) {
-        (Some(ns), Some(n)) => Some((ns.clone(), n.clone())),
-        _ => None,
-    });
-    let csi = spec.and_then(|s| s.csi.as_ref()).map(|c| CsiVolume {
-        driver: c.driver.clone(),
-        volume_handle: c.volume_handle.clone(),
-        attributes: c.volume_attributes.clone().unwrap_or_default(),
-    });
-    let in_tree = spec.and_then(|s| s.rbd.as_ref()).map(|r| RbdImage {
-        pool: r.pool.clone().unwrap_or_else(|| "rbd".to_string()),
-        image: r.image.clone(),
-    });
-    let rbd = in_tree.or_else(|| csi.as_ref().and_then(ceph_csi_rbd_image));
-    PvInfo {
-        name: pv.metadata.name.clone().unwrap_or_default(),
-        phase: pv.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default(),
-        claim,
-        csi,
-        rbd,
-    }
-}
-
-/// A ceph-csi rbd volume's image, from the attributes its provisioner sets.
-fn ceph_csi_rbd_image(csi: &CsiVolume) -> Option<RbdImage> {
-    if !csi.driver.ends_with("rbd.csi.ceph.com") {
-        return None;
-    }
-    let pool = csi.attributes.get("pool")?;
-    let image = csi.attributes.get("imageName")?;
-    Some(RbdImage { pool: pool.clone(), image: image.clone() })
-}
-
-/// A VolumeAttachment's plain data.
-pub fn va_info(va: &VolumeAttachment) -> VaInfo {
-    VaInfo {
-        name: va.metadata.name.clone().unwrap_or_default(),
-        attacher: va.spec.attacher.clone(),
-        node: va.spec.node_name.clone(),
-        pv: va.spec.source.persistent_volume_name.clone(),
-        attached: va.status.as_ref().is_some_and(|s| s.attached),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kube::reduce::{pod_info, pv_info};
+    use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 
     fn pod(json: serde_json::Value) -> Pod {
         serde_json::from_value(json).expect("pod json")

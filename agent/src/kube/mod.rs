@@ -22,13 +22,17 @@ pub mod connect;
 pub mod error;
 mod follow;
 pub mod options;
+pub mod reduce;
 pub mod report;
+pub mod source;
 mod table;
 
 pub use cache::spawn_watch;
 pub use cluster::{
-    ClusterView, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo, WatchHealth, DEFAULT_SILENCE_BOUND,
+    ClusterView, ContainerInfo, CsiVolume, PodInfo, PvInfo, RbdImage, VaInfo, VolumeMountInfo, WatchHealth,
+    DEFAULT_SILENCE_BOUND,
 };
 pub use connect::{connect, KubeConfig};
 pub use options::WatchOptions;
 pub use report::{Delivery, EventReason, Reporter};
+pub use source::{ApiState, Choice};

@@ -35,6 +35,14 @@ impl Default for WatchOptions {
 }
 
 impl WatchOptions {
+    /// The defaults, or (`Some(seconds)`) scaled to that silence bound.
+    pub fn for_bound(silence_bound_seconds: Option<u64>) -> Self {
+        match silence_bound_seconds {
+            Some(s) => Self::with_silence_bound(Duration::from_secs(s.max(1))),
+            None => Self::default(),
+        }
+    }
+
     /// The defaults with another silence bound, the intervals scaled to it: a Node lookup every
     /// quarter of the bound (at most 20 s), relists backing off from an eighth of it (at most
     /// 1 s) up to the bound (at most 30 s).

@@ -244,6 +244,7 @@ impl State {
             node_found: self.node_found,
             last_contact: self.last_contact,
             silence_bound: self.silence_bound,
+            connect_error: None,
         };
         view.resolve_claims();
         view

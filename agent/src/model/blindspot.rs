@@ -45,6 +45,13 @@ pub struct BlindSpot {
     /// What could not be read, and why: one line naming the file, process or device.
     pub what: String,
     pub reach: Reach,
+    /// Whether it could hide a whole mount namespace (a process or task whose namespace or fds
+    /// could not be read, a namespace that could not be entered or read, processes the run
+    /// cannot see at all, a mount a namespace's table lacks), and so a mount anywhere: what the
+    /// question "is anything mounted on this directory" cannot rest on. False for what hides only
+    /// a device's holder while every process and every namespace's whole table was seen (a loop
+    /// device's backing, swap, a live filesystem, a protected path, a device's sysfs).
+    pub hides_mount_namespace: bool,
 }
 
 impl Serialize for BlindSpot {
@@ -65,16 +72,29 @@ impl fmt::Display for BlindSpot {
 }
 
 impl BlindSpot {
+    /// Could hide a holder of any device, a mount namespace among them.
     pub fn any(what: impl Into<String>) -> Self {
-        Self { what: what.into(), reach: Reach::AnyDevice }
+        Self { what: what.into(), reach: Reach::AnyDevice, hides_mount_namespace: true }
+    }
+
+    /// Could hide a holder of any device, while every process and mount namespace was seen.
+    pub fn any_device(what: impl Into<String>) -> Self {
+        Self { what: what.into(), reach: Reach::AnyDevice, hides_mount_namespace: false }
     }
 
     pub fn kind(kind: DeviceKind, what: impl Into<String>) -> Self {
-        Self { what: what.into(), reach: Reach::Kind(kind) }
+        Self { what: what.into(), reach: Reach::Kind(kind), hides_mount_namespace: false }
     }
 
     pub fn devices(devices: Vec<DeviceName>, what: impl Into<String>) -> Self {
-        Self { what: what.into(), reach: Reach::Devices(devices) }
+        Self { what: what.into(), reach: Reach::Devices(devices), hides_mount_namespace: false }
+    }
+
+    /// The same, said to hide a mount of a namespace whose table was read (a mount `statmount`
+    /// sees that the table's text lacks): the table is not whole, so a mount anywhere may be
+    /// missing from it.
+    pub fn hiding_a_mount(self) -> Self {
+        Self { hides_mount_namespace: true, ..self }
     }
 
     /// Whether this blind spot could hide a holder of `d`.

@@ -13,6 +13,7 @@ pub mod iscsi;
 pub mod r#loop;
 pub mod multipath;
 pub mod nvme;
+pub mod pod_volume;
 pub mod rbd;
 pub mod release;
 pub mod scope;

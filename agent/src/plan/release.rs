@@ -2,8 +2,9 @@
 //! of a mount live in the host's namespace, refused while a process in a namespace it would
 //! detach in uses the filesystem. Every `clean` by kind releases first.
 
-use crate::graph::{DeviceEntry, Holder, HostChain};
-use crate::judge::gates;
+use crate::graph::propagation::HostChain;
+use crate::graph::{DeviceEntry, Holder};
+use crate::judge::gates::{self, Releasing};
 use crate::model::{HolderKind, MountNsId};
 use crate::plan::step::{Action, LeftAlone, Plan, Step};
 
@@ -17,8 +18,9 @@ pub fn host_copy(h: &Holder, chain: &HostChain) -> Option<String> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReleaseOptions {
     /// Detach mounts although processes in their namespaces use the filesystem (`--force-busy
-    /// REASON`): the operator's reason, which goes into the plan and the audit log. Never
-    /// overrides a blind spot or a copy of a host mount.
+    /// REASON`): the operator's reason, which goes into the plan, the journal and the audit log.
+    /// Covers process users only: never swap, a loop device's backing file, a stacked device, a
+    /// filesystem with no mount, a blind spot or a copy of a host mount.
     pub force_busy: Option<String>,
 }
 
@@ -76,27 +78,35 @@ pub fn detached_namespaces(p: &Plan) -> Vec<MountNsId> {
 }
 
 /// The operation `release`: [`release`], held to the clean path's standard. Refused while a
-/// process in a namespace it would detach a mount in uses the filesystem (cwd, root, an open
-/// file or the device node, a mapping), or anything the kernel holds without a namespace (swap,
-/// a loop device's backing file, a stacked device) reaches the device ([`gates::mount_users`]):
-/// a detached mount stays alive for its users, who lose only path lookups, so detaching it
-/// breaks them and frees nothing (gotcha 24). `--force-busy REASON` lets it go ahead anyway,
-/// with the reason in the plan. A process in a namespace the plan does not touch (the host's,
-/// or one whose only mount is a copy left alone) does not refuse it: its own mount stays, and
-/// the detached copies were not its way to the files (a release there is harmless, and frees
-/// the leaked copies for when it lets go).
+/// process with a task in a namespace it would detach a mount in uses the filesystem (cwd, root,
+/// an open file or the device node, a mapping), or anything the kernel holds without a namespace
+/// (swap, a loop device's backing file, a stacked device, a filesystem with no mount) reaches
+/// the device ([`gates::mount_users`]): a detached mount stays alive for its users, who lose only
+/// path lookups, so detaching it breaks them and frees nothing (gotcha 24). `--force-busy REASON`
+/// lets it go ahead despite the process users only (never the kernel's own holders, a blind spot
+/// or a host copy): the reason is kept in the plan (journaled with it, and audited), and the
+/// re-check right before each detach lets process users through too. A process in a namespace
+/// the plan does not touch (the host's, or one whose only mount is a copy left alone) does not
+/// refuse it: its own mount stays, and the detached copies were not its way to the files.
 pub fn release_with(entry: &DeviceEntry, opts: &ReleaseOptions) -> Plan {
     let mut p = release(entry);
     if p.steps.is_empty() {
         return p;
     }
-    let Some(users) = gates::mount_users(entry, &detached_namespaces(&p), &[], &[]) else { return p };
-    match &opts.force_busy {
-        Some(reason) => {
-            p.notes.push(format!("--force-busy ({reason}): detaching anyway although {users}"));
-            p.force_busy = Some(reason.clone());
-        }
-        None => p.refuse(users),
+    let detached = detached_namespaces(&p);
+    let forced = Releasing { force_busy: opts.force_busy.is_some(), ..Releasing::default() };
+    if let Some(why) = gates::mount_users(entry, &detached, &forced) {
+        p.refuse(why);
+        return p;
+    }
+    if let Some(reason) = &opts.force_busy {
+        p.notes.push(match gates::mount_users(entry, &detached, &Releasing::default()) {
+            Some(users) => format!("--force-busy ({reason}): detaching anyway although {users}"),
+            None => format!(
+                "--force-busy ({reason}): nothing in the namespaces it detaches in uses the filesystem now; process users that come before a detach do not stop it"
+            ),
+        });
+        p.force_busy = Some(reason.clone());
     }
     p
 }

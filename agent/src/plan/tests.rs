@@ -68,9 +68,22 @@ fn users_with_no_namespace_or_an_unknown_one_refuse_too() {
     lb.device = Some(DeviceName::new("loop9").expect("name"));
     let mut st = Holder::bare(HolderKind::StackedDevice);
     st.device = Some(DeviceName::new("dm-4").expect("name"));
-    for h in [swap, lb, st, user(HolderKind::OpenFile, None, 5)] {
+    for h in [swap.clone(), lb.clone(), st.clone(), user(HolderKind::OpenFile, None, 5)] {
         let p = release_with(&entry(vec![mount(2, None, None), h.clone()]), &ReleaseOptions::default());
         assert!(p.refusal.is_some() && p.steps.is_empty(), "{h:?}: {p:?}");
+    }
+    // --force-busy covers processes (even one whose namespace is unknown), not what the kernel
+    // holds: swap, a loop backing file, a stacked device still refuse, and say so.
+    let p = release_with(&entry(vec![mount(2, None, None), user(HolderKind::OpenFile, None, 5)]), &forced());
+    assert!(p.refusal.is_none() && p.steps.len() == 1, "{p:?}");
+    for h in [swap, lb, st] {
+        let p = release_with(
+            &entry(vec![mount(2, None, None), user(HolderKind::Cwd, Some(2), 7), h.clone()]),
+            &forced(),
+        );
+        let why = p.refusal.as_deref().unwrap_or_default();
+        assert!(p.steps.is_empty() && why.contains("--force-busy does not cover these"), "{h:?}: {p:?}");
+        assert!(p.force_busy.is_none(), "a refused plan keeps no override: {p:?}");
     }
 }
 

@@ -307,9 +307,14 @@ pub fn devices_response(v: &View, devices: Vec<pb::Device>) -> pb::ListDevicesRe
         warnings: v.warnings.clone(),
         blind_spots: blind_spots(v),
         incomplete_view: incomplete_line(&v.blind_spots.iter().collect::<Vec<_>>()).unwrap_or_default(),
-        kubernetes: v.api_state.clone(),
+        kubernetes: v.api_state.to_string(),
         host_mount_namespace: v.host_ns.0,
         stats: Some(stats(&v.stats)),
+        orphaned_volume_dirs: super::convert_pod_volumes::orphaned_volume_dirs(&v.pod_volumes),
+        orphaned_volume_dirs_unknown: super::convert_pod_volumes::unknown(&v.pod_volumes),
+        pin_risks: super::convert_pins::pin_risks(&v.pin_risks),
+        pin_risks_checked: v.pin_risks.checked,
+        pin_risks_unknown: v.pin_risks.unknown.clone().unwrap_or_default(),
     }
 }
 
@@ -359,6 +364,7 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         EventKind::ActionStarted => pb::event::Type::ActionStarted,
         EventKind::ActionFinished => pb::event::Type::ActionFinished,
         EventKind::ResponsivenessChanged => pb::event::Type::ResponsivenessChanged,
+        EventKind::PinRisksChanged => pb::event::Type::PinRisksChanged,
     };
     pb::Event {
         r#type: t as i32,
@@ -368,5 +374,7 @@ pub fn event(e: &AgentEvent) -> pb::Event {
         current: e.current.as_deref().map(device),
         scan: e.scan,
         coalesced: e.coalesced,
+        pin_risks: e.pin_risks.as_deref().map(super::convert_pins::pin_risks).unwrap_or_default(),
+        pin_risks_complete: e.pin_risks.as_ref().is_some_and(|r| r.unknown.is_none()),
     }
 }

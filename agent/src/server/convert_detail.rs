@@ -32,6 +32,9 @@ pub(super) fn holder_details(h: &Holder, out: &mut pb::Holder) {
     out.upstream_groups = h.upstream_groups.clone();
     out.mount_dev = devnum(h.mount_dev);
     out.namespace_entry = h.namespace_entry.as_ref().map(namespace_entry);
+    out.tid = h.tid.unwrap_or(0);
+    out.other_mount_namespaces = h.other_namespaces.iter().map(|n| n.0).collect();
+    out.access = h.access.clone();
 }
 
 pub(super) fn namespace_entry(e: &NsEntry) -> pb::NamespaceEntry {

@@ -83,7 +83,7 @@ pub fn resumed(r: &Resumed) -> pb::ResumedPlan {
         device: r.device.clone(),
         already_done: r.already_done as u32,
         results: r.reports.iter().map(convert::report).collect(),
-        refusal: r.refused.clone().unwrap_or_default(),
+        refusal: r.refused.as_ref().map(ToString::to_string).unwrap_or_default(),
         summary: r.describe(),
     }
 }

@@ -8,7 +8,9 @@
 //!    kernel threads, stacked devices) cut to their first [`LIST_KEPT`];
 //! 3. its reasons cut to the first that fit;
 //!
-//! and its message says what was left out, and that `GetDevice` shows each.
+//! and its message says what was left out, and that `GetDevice` shows each. A
+//! `PIN_RISKS_CHANGED` event over the cap carries no pin risk (`pin_risks_complete` false): the
+//! watcher reads them with `ListDevices`.
 //!
 //! The size counted is the larger of the event's protobuf encoding (what goes on the wire) and
 //! its JSON line as `agentctl watch -o json` prints it (the one renderer, `blockjanitor_rpc::view`:
@@ -76,6 +78,13 @@ pub fn capped(ev: pb::Event) -> pb::Event {
         return ev;
     }
     let mut ev = ev;
+    if !ev.pin_risks.is_empty() {
+        // A node's pin risks too many to send: none, and the watcher re-reads them.
+        let n = std::mem::take(&mut ev.pin_risks).len();
+        ev.pin_risks_complete = false;
+        ev.message = format!("{} ({n} pin risks: too many for an event, ListDevices has them)", ev.message);
+        return ev;
+    }
     let Some(d) = ev.current.as_mut() else { return ev };
     let (held, reasons) = (d.holders.len(), d.reasons.len());
     d.holders = by_kind(&d.holders);

@@ -7,6 +7,8 @@
 pub mod convert;
 mod convert_detail;
 pub mod convert_outcome;
+pub mod convert_pins;
+pub mod convert_pod_volumes;
 mod event_cap;
 pub mod listen;
 pub mod service;

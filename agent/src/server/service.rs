@@ -1,5 +1,7 @@
 //! `blockjanitor.v1.Agent`: adapters only. Each handler checks the caller's role, unpacks the
-//! request, calls the daemon state once and maps the result.
+//! request, calls the daemon state once and maps the result. Plan and Apply are counted per
+//! person ([`blockjanitor_rpc::auth::person`]: whom the console names, else the caller), and
+//! Apply's audit line and journaled plan name that person.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -13,7 +15,8 @@ use super::convert;
 use super::event_cap;
 use super::status::to_status;
 use crate::daemon::state::AgentState;
-use blockjanitor_rpc::auth::{Policy, Role};
+use blockjanitor_rpc::auth::{self, Policy, Role};
+use blockjanitor_rpc::peer_limit::PeerLimit;
 
 /// The service, sharing the daemon's state.
 pub struct AgentService {
@@ -23,6 +26,8 @@ pub struct AgentService {
     pub shutdown: tokio::sync::watch::Receiver<bool>,
     /// The latest scan's devices as messages, converted once per scan (by scan number).
     cache: std::sync::Mutex<Option<(u64, Arc<Vec<pb::Device>>)>>,
+    /// Applies a minute per person over TCP (`applies_per_minute_per_client`).
+    apply_limit: PeerLimit,
 }
 
 impl AgentService {
@@ -31,7 +36,8 @@ impl AgentService {
         policy: Arc<Policy>,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
-        Self { state, policy, shutdown, cache: std::sync::Mutex::new(None) }
+        let apply_limit = PeerLimit::new(state.config.applies_per_minute_per_client);
+        Self { state, policy, shutdown, cache: std::sync::Mutex::new(None), apply_limit }
     }
 
     /// The latest scan's devices as messages.
@@ -82,7 +88,7 @@ impl Agent for AgentService {
             devices: v.devices.len() as u32,
             warnings: v.warnings.clone(),
             mode: self.state.config.mode.as_str().into(),
-            kubernetes: v.api_state.clone(),
+            kubernetes: v.api_state.to_string(),
             blind_spots: v.blind_spots.iter().map(|b| b.to_string()).collect(),
             last_full_scan: v.devices_read_scan,
             last_full_scan_unix_seconds: v.devices_read_at.map_or(0.0, convert::secs),
@@ -131,15 +137,7 @@ impl Agent for AgentService {
         let caller = self.policy.caller(&req)?;
         // The console forwards many people's Plans: each counts apart ("console for alice"),
         // not all of them in one bucket.
-        let forwarded_for = (caller.role == Role::Console)
-            .then(|| req.metadata().get(blockjanitor_rpc::auth::ON_BEHALF_OF).and_then(|v| v.to_str().ok()))
-            .flatten()
-            .map(str::trim)
-            .filter(|w| !w.is_empty());
-        let who = match forwarded_for {
-            Some(w) => format!("{} for {w}", caller.identity),
-            None => caller.identity.clone(),
-        };
+        let who = auth::person(&caller, &req).key;
         if let Err(wait) = self.state.plan_limit.admit(&who, std::time::Instant::now()) {
             return Err(Status::resource_exhausted(format!(
                 "{} asked for more than {} plans a minute (each scans afresh): try again in {} s",
@@ -167,13 +165,29 @@ impl Agent for AgentService {
 
     async fn apply(&self, req: Request<pb::ApplyRequest>) -> Result<Response<pb::ApplyResponse>, Status> {
         let (caller, on_behalf_of) = self.policy.require_apply(&req)?;
+        let person = auth::person(&caller, &req);
         let r = req.into_inner();
         tracing::info!(target: "audit", phase = "request", caller = %caller.identity,
-            role = ?caller.role, on_behalf_of = %on_behalf_of.as_deref().unwrap_or(""),
-            devices = %r.devices.join(","), operation = r.operation().as_str_name(), "Apply requested by {}{}", caller.identity,
+            role = ?caller.role, on_behalf_of = %on_behalf_of.as_deref().unwrap_or(""), person = %person.name,
+            groups = %person.groups.join(","), devices = %r.devices.join(","),
+            operation = r.operation().as_str_name(), "Apply requested by {}{}", caller.identity,
             on_behalf_of.as_deref().map(|w| format!(" on behalf of {w}")).unwrap_or_default());
+        // Root on the node's socket is not slowed (it could act without the agent anyway); every
+        // person over TCP is, the console's each apart.
+        if !caller.on_socket {
+            if let Err(wait) = self.apply_limit.admit(&person.key, std::time::Instant::now()) {
+                tracing::warn!(target: "audit", person = %person.name, "Apply refused: rate limit");
+                return Err(Status::resource_exhausted(format!(
+                    "{} asked for more than {} applies a minute: try again in {} s",
+                    person.key,
+                    self.state.config.applies_per_minute_per_client,
+                    wait.as_secs() + 1
+                )));
+            }
+        }
         let op = convert::operation(r.operation).map_err(to_status)?;
-        let (plans, reports) = self.state.apply(&r.devices, &r.identities, op).await.map_err(to_status)?;
+        let (plans, reports) =
+            self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
         let v = self.state.view();
         Ok(Response::new(pb::ApplyResponse {
             plans: plans.iter().map(convert::plan).collect(),

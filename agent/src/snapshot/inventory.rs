@@ -83,6 +83,11 @@ pub(super) fn read_inventories(
         let log = kmsg::read_rbd(host);
         for m in &mut rbd {
             m.fenced = log.fenced.get(m.device.as_str()).cloned();
+            // The attach stamp: the device's diskseq where the kernel has one, else the record.
+            let diskseq = devices.iter().find(|d| d.name == m.device).and_then(|d| d.diskseq);
+            if diskseq.is_none() {
+                m.attach_record = log.attached.get(m.device.as_str()).copied();
+            }
         }
     }
     let nbd = nbd::scan(host, devices).unwrap_or_else(|e| {
@@ -112,14 +117,14 @@ pub(super) fn read_swaps(
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
         Err(e) => {
-            blind.push(BlindSpot::any(format!("swap areas: cannot read {}: {e}", path.display())));
+            blind.push(BlindSpot::any_device(format!("swap areas: cannot read {}: {e}", path.display())));
             return Vec::new();
         }
     };
     let areas = match swaps::parse(&text) {
         Ok(a) => a,
         Err((line, reason)) => {
-            blind.push(BlindSpot::any(format!(
+            blind.push(BlindSpot::any_device(format!(
                 "swap areas: malformed {}: line {line}: {reason}",
                 path.display()
             )));
@@ -131,7 +136,7 @@ pub(super) fn read_swaps(
         let id = match host.stat_on_host(a.filename.as_path()) {
             Ok(id) => id,
             Err(e) => {
-                blind.push(BlindSpot::any(format!(
+                blind.push(BlindSpot::any_device(format!(
                     "swap area {}: cannot resolve it on the host ({e}), so its device is not known",
                     a.filename
                 )));
@@ -309,7 +314,8 @@ pub(super) fn btrfs_fsid_of(host: &HostRoot, m: &NsMount) -> Result<(String, sys
 }
 
 /// A mount the statmount list shows but no mountinfo text did: a blind spot over its device (a
-/// btrfs superblock: over every btrfs member device).
+/// btrfs superblock: over every btrfs member device). Whatever device it reaches, it hides a
+/// mount from its namespace's table, which is then not whole ([`BlindSpot::hiding_a_mount`]).
 pub(super) fn hidden_mount(
     devnum: DevNum,
     why: &str,
@@ -317,13 +323,47 @@ pub(super) fn hidden_mount(
     live_fs: &[LiveFs],
 ) -> BlindSpot {
     if let Some(d) = devices.iter().find(|d| d.devnum == devnum) {
-        return BlindSpot::devices(vec![d.name.clone()], why);
+        return BlindSpot::devices(vec![d.name.clone()], why).hiding_a_mount();
     }
     let members: Vec<DeviceName> =
         live_fs.iter().filter(|f| f.fstype == "btrfs").flat_map(|f| f.members.iter().cloned()).collect();
     if devnum.major == 0 && !members.is_empty() {
-        BlindSpot::devices(members, why)
+        BlindSpot::devices(members, why).hiding_a_mount()
     } else {
-        BlindSpot::any(why)
+        BlindSpot::any_device(why).hiding_a_mount()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::blindspot::Reach;
+
+    /// A mount `statmount` sees that its namespace's text lacks leaves that table not whole,
+    /// whichever device it is of: the question "is anything mounted on this directory" cannot
+    /// rest on it (orphaned pod volume directories), while devices keep their own reach.
+    #[test]
+    fn a_hidden_mount_hides_a_mount_of_its_namespace_whatever_its_device() {
+        let loop3 = BlockDevice::new(
+            DeviceName::new("loop3").expect("name"),
+            DevNum::new(7, 3),
+            DeviceKind::Loop,
+            1 << 20,
+        );
+        let btrfs = LiveFs {
+            fstype: "btrfs".into(),
+            id: "f00d".into(),
+            members: vec![DeviceName::new("vdb").expect("name")],
+        };
+        let known = hidden_mount(DevNum::new(7, 3), "statmount sees 7:3", std::slice::from_ref(&loop3), &[]);
+        assert_eq!(known.reach, Reach::Devices(vec![loop3.name.clone()]));
+        let members =
+            hidden_mount(DevNum::new(0, 39), "statmount sees 0:39", &[], std::slice::from_ref(&btrfs));
+        assert_eq!(members.reach, Reach::Devices(btrfs.members.clone()));
+        let unknown = hidden_mount(DevNum::new(0, 61), "statmount sees 0:61", &[], &[]);
+        assert_eq!(unknown.reach, Reach::AnyDevice);
+        for b in [known, members, unknown] {
+            assert!(b.hides_mount_namespace, "{b}");
+        }
     }
 }

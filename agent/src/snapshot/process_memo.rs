@@ -447,6 +447,20 @@ mod tests {
     /// thread's own cwd.
     #[test]
     fn a_thread_that_unshares_its_fs_is_seen_by_the_next_full_read() {
+        // The python process may grow (an allocator arena) between two scans: a sign this test
+        // does not control, after which the light scan rightly reads it in full. Such a try
+        // proves nothing either way and is run again; one try in three must show no sign.
+        for _ in 0..3 {
+            if unshared_thread_try() {
+                return;
+            }
+        }
+        panic!("the process showed a sign of change between two scans in three tries");
+    }
+
+    /// One try of the scene above: `false` when the process showed a sign of change between the
+    /// first two scans (then nothing is asserted of the light scan).
+    fn unshared_thread_try() -> bool {
         const PY: &str = "import ctypes, os, sys, threading, time\n\
             libc = ctypes.CDLL(None, use_errno=True)\n\
             go = threading.Event()\n\
@@ -465,7 +479,7 @@ mod tests {
         let Ok(child) = spawned else {
             assert_ne!(std::env::var("CI").as_deref(), Ok("true"), "CI has python3 (scripts/test.sh)");
             eprintln!("SKIPPED: no python3 to run a thread that unshares its fs_struct");
-            return;
+            return true;
         };
         let mut child = Killed(child);
         let pid = child.0.id();
@@ -491,12 +505,18 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let (scans, turn) = memo.scan(&host, &[&entry()], context.clone(), true);
-        assert_eq!((turn.full_read, turn.kept), (false, 1), "no sign of change: kept ({turn:?})");
+        assert!(!turn.full_read, "{turn:?}");
+        if turn.kept == 0 {
+            eprintln!("a sign of change between the scans ({turn:?}): trying again");
+            return false;
+        }
+        assert_eq!(turn.kept, 1, "no sign of change: kept ({turn:?})");
         assert!(!own_cwd(&scans[0]), "a light scan reads the leader's alone: {:?}", scans[0].refs);
         memo.scan(&host, &[&entry()], context.clone(), true);
         let (scans, turn) = memo.scan(&host, &[&entry()], context, true);
         assert!(turn.full_read, "the fourth scan (turn 3) is a full read: {turn:?}");
         assert!(own_cwd(&scans[0]), "the full read sees the thread's own cwd: {:?}", scans[0].refs);
+        true
     }
 
     /// A child killed and reaped however the test ends.

@@ -11,7 +11,7 @@ use crate::discover::fds::{self};
 use crate::discover::livefs::{self, AnonIndex};
 use crate::discover::namespaces::{self, MountNamespace, TextReuse, Wanted};
 use crate::discover::processes::{self, ProcEntry};
-use crate::discover::{blockdev, kubelet, DiscoverError};
+use crate::discover::{blockdev, kubelet, sight, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::blindspot::BlindSpot;
 use crate::model::{DevNum, DeviceName, MountNsId, ProcessInfo};
@@ -70,7 +70,7 @@ impl Snapshot {
         // (which the loop device holds) is not known.
         for d in &devices {
             if let Some(why) = d.loop_info.as_ref().and_then(|l| l.status_blocked.as_ref()) {
-                blind.push(BlindSpot::any(format!(
+                blind.push(BlindSpot::any_device(format!(
                     "{why}: the device that backing file lives on, which {} holds, is not known",
                     d.name
                 )));
@@ -109,6 +109,11 @@ impl Snapshot {
         if let Some(why) = &host_ns_guess {
             blind.push(BlindSpot::any(why.clone()));
         }
+        // A run in a PID namespace of its own sees only its own processes, with no error for
+        // the others; one that cannot reach the host's root cannot resolve the host's paths.
+        blind.extend(sight::pid_namespace_gaps(host).into_iter().map(BlindSpot::any));
+        let own_ns = processes::task_mount_ns(&host.proc().join("self"));
+        blind.extend(sight::host_root_gap(host, own_ns, host_ns).map(BlindSpot::any));
         tracing::debug!(
             phase = "processes",
             ms = started.elapsed().as_secs_f64() * 1e3,
@@ -119,7 +124,7 @@ impl Snapshot {
         let live_fs = {
             let names: HashSet<&str> = devices.iter().map(|d| d.name.as_str()).collect();
             livefs::scan(host, &names).unwrap_or_else(|e| {
-                blind.push(BlindSpot::any(format!("live filesystems: {e}")));
+                blind.push(BlindSpot::any_device(format!("live filesystems: {e}")));
                 Vec::new()
             })
         };
@@ -247,7 +252,7 @@ impl Snapshot {
             read_inventories(host, &devices, &targets, &anon, &mut blind);
         warnings.extend(nvme.idle_controllers());
         let kubelet = kubelet::walk::scan(host, &opts.kubelet_dir).unwrap_or_else(|e| {
-            blind.push(BlindSpot::any(format!(
+            blind.push(BlindSpot::any_device(format!(
                 "the kubelet directory cannot be read ({e}): which pods use which volumes is not known"
             )));
             kubelet::KubeletScan::default()

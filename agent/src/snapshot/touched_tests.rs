@@ -57,6 +57,7 @@ fn node() -> Snapshot {
                 devnum: IMAGE,
                 path: None,
                 fd: None,
+                access: 'm',
             })
             .collect(),
         swaps: Vec::new(),

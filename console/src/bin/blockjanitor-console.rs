@@ -12,7 +12,9 @@ use clap::Parser;
 use blockjanitor_console::discover;
 use blockjanitor_console::lease::LeaseOptions;
 use blockjanitor_console::link::{LinkOptions, TlsFiles};
+use blockjanitor_console::review::ReviewOptions;
 use blockjanitor_console::serve::{self, ConsoleOptions, Discovery, KubeSource};
+use blockjanitor_console::serving_ca;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -21,7 +23,7 @@ use blockjanitor_console::serve::{self, ConsoleOptions, Discovery, KubeSource};
     about = "The blockjanitor fleet console: follows every node's agent and answers where a volume is mapped, \
 who watches an image, and why a volume is stuck in Multi-Attach.",
     after_help = "EXAMPLES:\n  blockjanitor-console --in-cluster --tls-cert tls.crt --tls-key tls.key --tls-client-ca ca.crt \\\n    \
---agent-cert tls.crt --agent-key tls.key --agent-ca ca.crt --operator admin\n  \
+--agent-cert tls.crt --agent-key tls.key --agent-ca ca.crt --publish-serving-ca blockjanitor-console-ca\n  \
 blockjanitor-console --agents node1=https://10.0.0.5:9443,node2=https://10.0.0.6:9443 ..."
 )]
 struct Cli {
@@ -34,15 +36,44 @@ struct Cli {
     /// Its private key (PEM).
     #[arg(long, value_name = "FILE")]
     tls_key: PathBuf,
-    /// CA that signs the certificates of the console's callers (PEM).
+    /// CA that signs the certificates of the console's callers (PEM). A caller without a
+    /// certificate sends a bearer token instead (kubectl blockjanitor sends the user's own).
     #[arg(long, value_name = "FILE")]
     tls_client_ca: PathBuf,
-    /// Caller identity (certificate DNS SAN or CN) with the operator role; repeatable.
+    /// Caller identity (certificate DNS SAN or CN) with the operator role, one per person (never a
+    /// certificate a team shares: the audit names it); repeatable.
     #[arg(long, value_name = "NAME")]
     operator: Vec<String>,
     /// Caller identity with the viewer role; repeatable.
     #[arg(long, value_name = "NAME")]
     viewer: Vec<String>,
+    /// The namespace whose RBAC decides what a token's user may do (SubjectAccessReview of
+    /// get/plan/apply on fleet.blockjanitor.io) [default: --namespace].
+    #[arg(long, value_name = "NS")]
+    access_namespace: Option<String>,
+    /// Only tokens issued for this audience are taken (TokenReview audiences) [default: the API
+    /// server's own, so the user's kubeconfig token is].
+    #[arg(long, value_name = "AUDIENCE")]
+    token_audience: Option<String>,
+    /// Seconds a TokenReview's or SubjectAccessReview's answer is reused (0: ask every call).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    review_cache_seconds: u64,
+    /// Deadline of one review, in milliseconds: an API server that does not answer refuses the
+    /// call (UNAVAILABLE).
+    #[arg(long, default_value_t = 5000, value_name = "MS")]
+    review_timeout_ms: u64,
+    /// The CA that signed --tls-cert (PEM), published with --publish-serving-ca [default:
+    /// --tls-client-ca].
+    #[arg(long, value_name = "FILE")]
+    serving_ca: Option<PathBuf>,
+    /// Publish the serving CA in this ConfigMap (key ca.crt) of --namespace, where the kubectl
+    /// plugin reads it.
+    #[arg(long, value_name = "CONFIGMAP")]
+    publish_serving_ca: Option<String>,
+    /// Serve /metrics only to a scraper whose bearer token the API server authenticates and may
+    /// get /metrics (TokenReview, SubjectAccessReview), as kube-rbac-proxy does.
+    #[arg(long)]
+    metrics_review: bool,
     /// The console's client certificate towards the agents (the agents give it the console role).
     #[arg(long, value_name = "FILE")]
     agent_cert: PathBuf,
@@ -58,7 +89,8 @@ struct Cli {
     /// Static agents instead of pod discovery: NODE=https://HOST:PORT,...
     #[arg(long, value_name = "LIST")]
     agents: Option<String>,
-    /// Namespace of the agent pods.
+    /// Namespace of the agent pods (and of the console: its apply Lease, its published CA, the
+    /// RBAC asked about).
     #[arg(long, default_value = "blockjanitor", value_name = "NS")]
     namespace: String,
     /// Label selector of the agent pods.
@@ -110,13 +142,21 @@ struct Cli {
     /// (0: no budget).
     #[arg(long, default_value_t = serve::DEFAULT_STEPS_PER_MINUTE, value_name = "N")]
     fleet_steps_per_minute: u32,
-    /// Applies (dry runs included) a minute per caller, by client certificate identity (0: no
-    /// limit).
+    /// Applies (dry runs included) a minute per person (the reviewed user, or the certificate's
+    /// identity; 0: no limit).
     #[arg(long, default_value_t = 10, value_name = "N")]
     applies_per_minute_per_caller: u32,
-    /// Plans a minute per caller, by client certificate identity (0: no limit).
+    /// Plans a minute per person (0: no limit).
     #[arg(long, default_value_t = 60, value_name = "N")]
     plans_per_minute_per_caller: u32,
+    /// Fresh fan-outs a minute per person: questions with --fresh (each asks every agent) and
+    /// MultiAttach diagnoses that ask the nodes' plans (0: no limit).
+    #[arg(long, default_value_t = 12, value_name = "N")]
+    fresh_per_minute_per_caller: u32,
+    /// Steps carried out a minute per person, their share of --fleet-steps-per-minute, so that
+    /// one person cannot spend the whole fleet's minute (0: no per-person budget).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    steps_per_minute_per_caller: u32,
     /// With several replicas: the name of the coordination.k8s.io Lease whose holder alone
     /// carries out Applies (one fleet-wide step budget); the others refuse an Apply naming the
     /// holder. Needs the Kubernetes API. Unset: this console is the only one.
@@ -131,6 +171,43 @@ struct Cli {
     /// The Lease's duration in seconds; the holder renews it every third of that.
     #[arg(long, default_value_t = 15, value_name = "SECONDS")]
     lease_seconds: u64,
+    /// Where the other replicas reach this one's gRPC listener, written into the apply Lease while
+    /// it holds it, so that they forward Applies to it [default: $POD_IP and the --listen port].
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise_address: Option<String>,
+    /// Certificate identity of the other console replicas, which may forward an Apply here on
+    /// behalf of a person they let through (the console role); repeatable.
+    #[arg(long, value_name = "NAME")]
+    peer_console: Vec<String>,
+    /// The name the replicas' serving certificates carry, checked when forwarding to the holder.
+    #[arg(long, default_value = "console.blockjanitor.svc", value_name = "NAME")]
+    peer_server_name: String,
+    /// Deadline of one node's Apply step, in seconds.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    apply_timeout_seconds: u64,
+    /// An agent that answers but whose latest scan finished longer ago than this is stale: answers
+    /// do not speak for its node (0: never stale).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    stale_scan_seconds: u64,
+    /// Fresh fan-outs (--fresh) one person may have running at once.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    fresh_at_once_per_caller: usize,
+    /// Fresh fan-outs running at once over every person (the callers of one round share one
+    /// fan-out of every agent; 0: no bound).
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    fresh_at_once: usize,
+    /// Plans (Plan, an Apply's dry run, a MultiAttach diagnosis) one person may have running at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    plans_at_once_per_caller: usize,
+    /// Plans running at once over every person (0: no bound).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    plans_at_once: usize,
+    /// Sweeps one person may have running at once.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    sweeps_at_once_per_caller: usize,
+    /// Sweeps running at once over every person (0: no bound).
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    sweeps_at_once: usize,
     /// Log format on stderr.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -162,15 +239,8 @@ fn default_identity() -> String {
     })
 }
 
-fn run(cli: Cli) -> Result<()> {
-    let discovery = match &cli.agents {
-        Some(list) => Discovery::Static(discover::parse_static(list)?),
-        None => Discovery::Pods {
-            namespace: cli.namespace.clone(),
-            selector: cli.selector.clone(),
-            port: cli.agent_port,
-        },
-    };
+/// How the links connect, wait and retry, from the flags.
+fn link_options(cli: &Cli) -> LinkOptions {
     let mut links = LinkOptions::new(
         TlsFiles { cert: cli.agent_cert.clone(), key: cli.agent_key.clone(), ca: cli.agent_ca.clone() },
         &cli.agent_server_name,
@@ -182,14 +252,53 @@ fn run(cli: Cli) -> Result<()> {
     links.keepalive_interval = Duration::from_millis(cli.keepalive_interval_ms.max(1));
     links.keepalive_timeout = Duration::from_millis(cli.keepalive_timeout_ms.max(1));
     links.tcp_keepalive = Duration::from_secs(cli.tcp_keepalive_seconds.max(1));
+    links
+}
+
+/// `$POD_IP` with the port of `--listen` ("" without it).
+fn default_address(listen: SocketAddr) -> String {
+    match std::env::var("POD_IP").ok().filter(|ip| !ip.is_empty()) {
+        Some(ip) if ip.contains(':') => format!("[{ip}]:{}", listen.port()),
+        Some(ip) => format!("{ip}:{}", listen.port()),
+        None => String::new(),
+    }
+}
+
+/// The console's options, from the flags.
+fn options(cli: Cli) -> Result<ConsoleOptions> {
+    let discovery = match &cli.agents {
+        Some(list) => Discovery::Static(discover::parse_static(list)?),
+        None => Discovery::Pods {
+            namespace: cli.namespace.clone(),
+            selector: cli.selector.clone(),
+            port: cli.agent_port,
+        },
+    };
     let apply_lease = cli.apply_lease.clone().map(|name| LeaseOptions {
         namespace: cli.lease_namespace.clone().unwrap_or_else(|| cli.namespace.clone()),
         name,
         identity: cli.lease_identity.clone().unwrap_or_else(default_identity),
         duration: Duration::from_secs(cli.lease_seconds.max(3)),
+        address: cli.advertise_address.clone().unwrap_or_else(|| default_address(cli.listen)),
     });
-    let opts = ConsoleOptions {
+    let publish_ca = cli.publish_serving_ca.clone().map(|name| serving_ca::Publish {
+        ca_file: cli.serving_ca.clone().unwrap_or_else(|| cli.tls_client_ca.clone()),
+        namespace: cli.namespace.clone(),
+        name,
+    });
+    let review = ReviewOptions {
+        audience: cli.token_audience.clone(),
+        ttl: Duration::from_secs(cli.review_cache_seconds),
+        timeout: Duration::from_millis(cli.review_timeout_ms.max(1)),
+        ..ReviewOptions::default()
+    };
+    Ok(ConsoleOptions {
+        access_namespace: cli.access_namespace.clone().unwrap_or_else(|| cli.namespace.clone()),
+        review,
+        publish_ca,
+        metrics_review: cli.metrics_review,
         listen: cli.listen,
+        links: link_options(&cli),
         tls_cert: cli.tls_cert,
         tls_key: cli.tls_key,
         tls_client_ca: cli.tls_client_ca,
@@ -198,15 +307,28 @@ fn run(cli: Cli) -> Result<()> {
         metrics_listen: cli.metrics_listen,
         discovery,
         kube: KubeSource { url: cli.kube_url, kubeconfig: cli.kubeconfig, in_cluster: cli.in_cluster },
-        links,
-        apply_timeout: Duration::from_secs(300),
+        apply_timeout: Duration::from_secs(cli.apply_timeout_seconds.max(1)),
         steps_per_minute: cli.fleet_steps_per_minute,
         caller_limits: blockjanitor_console::service::CallerLimits {
             applies_per_minute: cli.applies_per_minute_per_caller,
             plans_per_minute: cli.plans_per_minute_per_caller,
+            fresh_per_minute: cli.fresh_per_minute_per_caller,
+            steps_per_minute: cli.steps_per_minute_per_caller,
         },
         apply_lease,
-    };
+        stale_after_seconds: cli.stale_scan_seconds as f64,
+        concurrency: blockjanitor_console::limits::Concurrency {
+            fresh: (cli.fresh_at_once_per_caller, cli.fresh_at_once),
+            plans: (cli.plans_at_once_per_caller, cli.plans_at_once),
+            sweeps: (cli.sweeps_at_once_per_caller, cli.sweeps_at_once),
+        },
+        peer_consoles: cli.peer_console,
+        peer_server_name: cli.peer_server_name,
+    })
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let opts = options(cli)?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("tokio runtime")?;
     rt.block_on(async move {
         let (tx, rx) = tokio::sync::watch::channel(false);

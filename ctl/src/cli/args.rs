@@ -7,9 +7,24 @@ use blockjanitor_rpc::client::DEFAULT_SOCKET;
 use clap::{Parser, Subcommand, ValueEnum};
 use clap_complete::Shell;
 
-use super::choices::DeviceFilter;
 use super::fleet_args::FleetCommand;
 use super::kube_args::KubeArgs;
+use blockjanitor_rpc::view::choices::DeviceFilter;
+use blockjanitor_rpc::view::columns::ScanLayout;
+
+/// The top-level help's examples, then the exit-code table both CLIs share.
+fn after_help() -> String {
+    let examples =
+        "EXAMPLES:\n  agentctl node\n  agentctl scan --stale\n  agentctl scan --kind loop -o yaml\n  \
+agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
+agentctl apply loop3                   # show the plan, change nothing\n  \
+agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  \
+agentctl clean loop3 --apply           # as blockjanitor-agent clean loop3 --apply, by the daemon\n  \
+agentctl watch -o json\n  \
+agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
+agentctl completions bash > /etc/bash_completion.d/agentctl\n\n";
+    format!("{examples}{}", blockjanitor_rpc::view::exit::help_section())
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -21,22 +36,7 @@ their cleanup; watch what changes.\n\nBy default agentctl talks to the agent on 
 root is an operator, members of the socket's group may read. With --addr it talks to an agent on another node \
 over TCP with mutual TLS, and the name in the client certificate decides the role.\n\nOnly `apply --yes`, `release --apply` \
 and `clean --apply` change anything.",
-    after_help = "EXAMPLES:\n  agentctl node\n  agentctl scan --stale\n  agentctl scan --kind loop -o yaml\n  \
-agentctl holders rbd3 -o json\n  agentctl plan                          # every stale device\n  \
-agentctl apply loop3                   # show the plan, change nothing\n  \
-agentctl apply loop3 --yes             # plan, show it, carry out exactly that\n  \
-agentctl clean loop3 --apply           # as blockjanitor-agent clean loop3 --apply, by the daemon\n  \
-agentctl watch -o json\n  \
-agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n  \
-agentctl completions bash > /etc/bash_completion.d/agentctl\n\n\
-EXIT CODES (the agent's own, see `blockjanitor-agent --help`):\n  \
-0  free or done: nothing holds it (holders), every plan may go (plan), every step done (apply --yes)\n  \
-1  error: cannot connect, bad argument, unknown device, or a step failed\n  \
-2  held: something holds the device (holders, like fuser -s; a plan left holders alone); apply: \
-not everything carried out (no --yes, a step deferred)\n  \
-3  unknown: the agent cannot say (a blind spot could hide a holder; the API cannot vouch)\n  \
-4  refused: a safety rule other than a holder said no (protected, not stale yet, an outage, the device \
-changed since it was planned, not an operator)"
+    after_help = after_help()
 )]
 pub(crate) struct Cli {
     /// The agent's unix socket on this node.
@@ -55,7 +55,8 @@ pub(crate) struct Cli {
         value_name = "HOST:PORT"
     )]
     pub(crate) console: Option<String>,
-    /// Client certificate (PEM), for --addr and --console (fleet: also BLOCKJANITOR_CERT).
+    /// Client certificate (PEM), for --addr and --console (fleet: also BLOCKJANITOR_CERT; through
+    /// the kubeconfig, a certificate of your own instead of your token).
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     pub(crate) cert: Option<PathBuf>,
     /// The client certificate's private key (PEM), for --addr and --console (fleet: also
@@ -63,7 +64,8 @@ pub(crate) struct Cli {
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     pub(crate) key: Option<PathBuf>,
     /// CA certificate that signed the agent's (or console's) certificate (PEM) (fleet: also
-    /// BLOCKJANITOR_CA).
+    /// BLOCKJANITOR_CA; through the kubeconfig, alone: instead of the ConfigMap the console
+    /// publishes).
     #[arg(long, global = true, help_heading = "Connection", value_name = "FILE")]
     pub(crate) ca: Option<PathBuf>,
     /// Name the agent's certificate must carry [default: the host part of --addr].
@@ -114,9 +116,15 @@ agentctl --addr node1:9443 --cert c.pem --key k.pem --ca ca.pem node\n\nEXIT COD
     /// (`devices` is the same command).
     #[command(
         visible_alias = "devices",
-        long_about = "Block devices from the agent's latest scan: name, MAJ:MIN, kind, size, verdict, number of \
-holders and the first reason for the verdict. Filters combine (--kind loop --stale: stale loop devices).",
+        long_about = "Block devices from the agent's latest scan, one row each as lsblk shows them: NAME, MAJ:MIN, \
+SIZE (as lsblk prints it), TYPE, VERDICT, HELD-BY (who holds it, counted by kind) and WHY (the first reason for \
+the verdict), then how many devices the filter left out, the scan's blind spots, pin risks and orphaned pod \
+volume directories. Warnings go to stderr. Filters combine (--kind loop --stale: stale loop devices).\n\n\
+-o wide never cuts a cell and shows every reason (and the PV column); -o table cuts the widest cells to the \
+terminal's width (or $COLUMNS) and says so. --columns picks the columns, --tree draws each stack as lsblk \
+does. Verdicts are coloured on a terminal, unless NO_COLOR is set.",
         after_help = "EXAMPLES:\n  agentctl scan\n  agentctl scan --stale\n  agentctl devices --kind rbd --verdict in_use\n  \
+agentctl scan --tree\n  agentctl scan --columns NAME,SIZE,VERDICT -o wide\n  \
 agentctl scan -o json | jq -r '.devices[] | select(.verdict == \"stale\") | .name'\n\n\
 EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error\n  \
 3  unknown: the scan has a blind spot (INCOMPLETE VIEW)"
@@ -124,6 +132,8 @@ EXIT CODES:\n  0  ok (also when nothing matches)\n  1  error\n  \
     Scan {
         #[command(flatten)]
         filter: DeviceFilter,
+        #[command(flatten)]
+        layout: ScanLayout,
     },
     /// One device: its identity, its stack, its verdict with every reason, and who holds it.
     #[command(
@@ -139,19 +149,37 @@ EXIT CODES:\n  0  ok\n  1  error (e.g. NotFound: unknown device)"
         /// Kernel name, /dev path, dm name or MAJ:MIN.
         device: String,
     },
-    /// Who holds one device, one line per holder.
+    /// Who holds each device, one line per process as `fuser -v` shows them (-v: one per hold).
     #[command(
-        long_about = "Who holds one device: one line per holder with the process, mount namespace, mount point, \
-container and pod where the agent knows them. Kernel threads (jbd2/<dev>-8...) are symptoms, not holders.\n\n\
-DEVICE is a kernel name (rbd3), a /dev path, a dm name or MAJ:MIN.",
-        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n  \
+        long_about = "Who holds each DEVICE, as the agent sees it: one line per process, however many ways it \
+holds the device, as `fuser -v -m` shows them: PID, ACCESS in fuser's letters (f open file, F open for writing, \
+r root directory, c working directory, e executable being run, m mapped file or shared library; '.' where a \
+letter is not), COMMAND, then what fuser does not know: the mount namespace(s) it uses the device from (host \
+for the host's), its container and pod. Then the holders that are not a process's own, a line each, grouped \
+by kind (mounts in every mount namespace, swap, stacked devices, loop backing, a filesystem alive with no \
+mount), and kernel threads (jbd2/<dev>-8...) as symptoms, not holders. -v prints one line per hold, with \
+paths and fds. JSON and YAML are the `device` document, whatever the table shows.\n\n\
+DEVICE is a kernel name (rbd3), a /dev path, a dm name or MAJ:MIN; or a path that is not a device node \
+(/mnt/data): agentctl resolves it here, in its own mount namespace, where the path means what you mean \
+(the agent runs in the host's), to the device its filesystem lives on, as `fuser -m` does, and asks for \
+that device. A path on a filesystem with no block device (tmpfs, proc) is an error naming it.\n\n\
+Several devices: each device's table in turn; with -o json one `device` document per device, one JSON \
+line each (with -o yaml a `---` document each); one device prints the one document.",
+        after_help = "EXAMPLES:\n  agentctl holders rbd3\n  agentctl holders loop3 loop4 /mnt/data\n  \
+agentctl holders rbd3 -v                  # one line per hold, with paths\n  \
+agentctl holders rbd3 -o json\n  agentctl holders /dev/loop3\n  \
 agentctl -q holders loop3; echo $?      # 2 held, 0 free, 3 unknown (like fuser -s)\n\n\
-EXIT CODES:\n  0  free: nothing holds it\n  1  error (e.g. NotFound: unknown device)\n  2  held\n  \
+EXIT CODES (several devices: 2 if any is held, else 3 if any is unknown, else 0):\n  \
+0  free: nothing holds it\n  1  error (e.g. NotFound: unknown device; a path with no block device)\n  2  held\n  \
 3  unknown: nothing seen holding it, but a blind spot could hide a holder"
     )]
     Holders {
-        /// Kernel name, /dev path, dm name or MAJ:MIN.
-        device: String,
+        /// Devices (kernel name, /dev path, dm name, MAJ:MIN) or paths on their filesystems.
+        #[arg(required = true, value_name = "DEVICE|PATH")]
+        devices: Vec<String>,
+        /// One line per hold (each fd, directory, mapping, mount), with paths: the long form.
+        #[arg(long, short)]
+        verbose: bool,
     },
     /// The steps that would clean the given devices (default: every stale one). Changes nothing.
     #[command(
@@ -249,24 +277,28 @@ EXIT CODES:\n  0  stopped by Ctrl-C or by the agent\n  1  error (cannot connect,
     Watch,
     /// Ask the fleet console about every node at once (see `agentctl fleet --help`).
     #[command(
-        long_about = "Ask the fleet console (blockjanitor-console) about every node at once: which nodes map an \
+        long_about = "Ask the fleet console (blockjanitor-console) about every node at once: why a pod (PVC, PV) is \
+stuck, from the pod down to the process that holds its volume (explain); which nodes map an \
 image, a PV or a PVC; which node a Ceph watcher belongs to and whether unfencing it is safe; why a volume is \
 stuck in Multi-Attach; every volume on several nodes, attached but unused, or held by a dead node (sweep); \
 each node's plan (plan) and carrying it out (apply). Every answer lists the nodes it could not speak for.\n\n\
 The console is reached either through the Kubernetes API, as kubectl reaches a pod (--kubeconfig, --context, \
 -n: the kubeconfig's context, the console's pod in the namespace, default blockjanitor, a port-forward through \
-the API server, the client certificate from the Secret blockjanitor-viewer-tls, or blockjanitor-operator-tls for \
-apply, read with the kubeconfig's credentials), or directly with --console HOST:PORT and --cert, --key and --ca \
-(mutual TLS).\n\nInstalled as `kubectl-blockjanitor` (a symlink, or with krew), this is the kubectl plugin, \
+the API server; who you are is your own kubeconfig token, which the console has the API server review, and what \
+you may do is the cluster's RBAC: get, plan and apply on fleet.blockjanitor.io, granted by the Roles \
+blockjanitor-fleet-viewer and blockjanitor-fleet-operator; the console's certificate is checked against the CA \
+in the ConfigMap blockjanitor-console-ca), or directly with --console HOST:PORT and --cert, --key and --ca \
+(mutual TLS, a certificate of your own).\n\nInstalled as `kubectl-blockjanitor` (a symlink, or with krew), this is the kubectl plugin, \
 which goes through the Kubernetes API unless --console is given: `kubectl blockjanitor --context prod -n \
 blockjanitor where shop/data-db-0`.",
         after_help = "EXAMPLES:\n  agentctl fleet --context prod nodes      # through the API server, namespace blockjanitor\n  \
-agentctl fleet -n ops --tls-secret my-viewer-tls sweep\n  \
+agentctl fleet -n ops sweep                 # your kubeconfig token; the console in ops\n  \
 agentctl fleet nodes --console console:9444 --cert c.pem --key k.pem --ca ca.pem\n  \
 agentctl fleet where k8s/kubernetes-dynamic-pvc-0a5eb91b\n  agentctl fleet where shop/data-db-0   # a PVC\n  \
 rbd status k8s/img | agentctl fleet who-watches -\n  agentctl fleet multiattach shop/data-db-0 -o json\n  \
-agentctl fleet sweep\n  agentctl fleet plan node-a\n\n\
-EXIT CODES:\n  0  ok\n  1  error\n  4  refused: an agent refused the apply (FailedPrecondition)"
+agentctl fleet sweep\n  agentctl fleet plan node-a\n  kubectl blockjanitor explain pod/db-0 -n shop\n\n\
+EXIT CODES:\n  0  ok (explain: not blocked)\n  1  error\n  2  explain: blocked, with a known fix\n  \
+3  explain: unknown (a node involved cannot be asked)\n  4  refused: an agent refused the apply (FailedPrecondition)"
     )]
     Fleet {
         #[command(subcommand)]

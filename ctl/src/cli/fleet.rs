@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
+use crate::kubectl::ConsoleChannel;
 use anyhow::{bail, Context, Result};
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::client;
-use tonic::transport::Channel;
 
 use super::args::Cli;
 use super::fleet_args::FleetCommand;
@@ -15,7 +15,12 @@ use super::output::{render, status, write_out};
 use crate::{fleet_apply, time};
 
 /// One question to the fleet console.
-pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, channel: Channel) -> Result<u8> {
+pub(crate) async fn fleet(
+    cli: &Cli,
+    command: &FleetCommand,
+    channel: ConsoleChannel,
+    object_namespace: &str,
+) -> Result<u8> {
     use crate::fleet_render as fr;
     use blockjanitor_proto::v1::fleet_client::FleetClient;
     let timeout = Duration::from_secs(cli.timeout);
@@ -30,15 +35,30 @@ pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, channel: Channel) -
         }
         FleetCommand::Devices { filter, node, fresh } => {
             let (kind, verdict) = filter.wire();
-            let req = pb::FleetListDevicesRequest {
+            let mut req = pb::FleetListDevicesRequest {
                 kind,
                 verdict,
                 node: node.clone().unwrap_or_default(),
                 fresh: *fresh,
+                paged: true,
+                ..Default::default()
             };
-            let r =
-                client::call(timeout, c.list_devices(client::request(req, timeout))).await.map_err(status)?;
-            render(out, || fr::devices_value(&r), || fr::devices_table(&r))?
+            // Page by page (a fleet's devices do not fit in one message): the first asks
+            // `fresh`, the last one's missing nodes are said.
+            let mut all = pb::FleetListDevicesResponse::default();
+            loop {
+                let r = client::call(timeout, c.list_devices(client::request(req.clone(), timeout)))
+                    .await
+                    .map_err(status)?;
+                all.devices.extend(r.devices);
+                all.missing_nodes = r.missing_nodes;
+                if r.next_page_token.is_empty() {
+                    break;
+                }
+                req.page_token = r.next_page_token;
+                req.fresh = false;
+            }
+            render(out, || fr::devices_value(&all), || fr::devices_table(&all))?
         }
         FleetCommand::Where { what, fresh } => {
             let req = pb::WhereRequest { query: what.clone(), fresh: *fresh, ..Default::default() };
@@ -58,8 +78,7 @@ pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, channel: Channel) -
                 // it and refuses what it does not understand (INVALID_ARGUMENT, exit non-zero).
                 req.text = watcher.clone();
             }
-            let r =
-                client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status)?;
+            let r = who_watches(&mut c, req, timeout).await?;
             render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
         }
         FleetCommand::Multiattach { volume: None } => {
@@ -94,15 +113,70 @@ pub(crate) async fn fleet(cli: &Cli, command: &FleetCommand, channel: Channel) -
             return Ok(sweep_exit_code(&r));
         }
         FleetCommand::Plan { targets } => return fleet_plan(&mut c, cli, targets).await,
+        FleetCommand::PinRisks { node, page_token, page_size } => {
+            let mut req = pb::ListPinRisksRequest {
+                node: node.clone().unwrap_or_default(),
+                page_size: *page_size,
+                page_token: page_token.clone().unwrap_or_default(),
+            };
+            let mut pages = Vec::new();
+            loop {
+                let r = client::call(timeout, c.list_pin_risks(client::request(req.clone(), timeout)))
+                    .await
+                    .map_err(status)?;
+                let next = r.next_page_token.clone();
+                pages.push(r);
+                if next.is_empty() || page_token.is_some() {
+                    break;
+                }
+                req.page_token = next;
+            }
+            let r = crate::fleet_pins::merged(pages);
+            let shown = crate::fleet_pins::pin_risks_value(&r);
+            write_out(&render(out, || shown, || crate::fleet_pins::pin_risks_table(&r))?)?;
+            return Ok(crate::fleet_pins::exit_code(&r));
+        }
+        FleetCommand::Explain { object } => {
+            return fleet_explain(&mut c, cli, object, object_namespace).await
+        }
     };
     write_out(&text)?;
     Ok(0)
 }
 
+/// WhoWatches through the stream (a paste of thousands of lines is answered in parts), or in
+/// one answer from a console older than the stream.
+async fn who_watches(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
+    req: pb::WhoWatchesRequest,
+    timeout: Duration,
+) -> Result<pb::WhoWatchesResponse> {
+    let stream = client::call(timeout, c.who_watches_stream(client::request(req.clone(), timeout))).await;
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(s) if s.code() == tonic::Code::Unimplemented => {
+            return client::call(timeout, c.who_watches(client::request(req, timeout))).await.map_err(status);
+        }
+        Err(s) => return Err(status(s)),
+    };
+    let mut all = pb::WhoWatchesResponse::default();
+    while let Some(part) = tokio::time::timeout(timeout, stream.message())
+        .await
+        .map_err(|_| anyhow::anyhow!("the console's answer did not end within {timeout:?}"))?
+        .map_err(status)?
+    {
+        all.watchers.extend(part.watchers);
+        if !part.missing_nodes.is_empty() {
+            all.missing_nodes = part.missing_nodes;
+        }
+    }
+    Ok(all)
+}
+
 /// `fleet apply`: identities (given, or from each node's plan now), the console's dry run shown,
-/// a confirmation unless `yes`, then the same request carried out.
+/// then, with `yes`, the same request carried out (without it, nothing: as both CLIs' `apply`).
 pub(crate) async fn fleet_apply(
-    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
     cli: &Cli,
     devices: &[String],
     identity: &[String],
@@ -160,21 +234,18 @@ pub(crate) async fn fleet_apply(
     }
     if fleet_apply::fleet_dry_run_refuses(&dry) {
         eprintln!("nothing ran: the dry run refuses (see above)");
-        return Ok(2);
+        // The dry run's own code (held, unknown, refused, error); "nothing to do" on a node
+        // still means nothing ran here.
+        return Ok(crate::exit::worst(crate::exit::NOT_DONE, fleet_apply::fleet_dry_run_exit(&dry)));
     }
     if let Some(why) = crate::fleet_plan::over_budget(&dry) {
         eprintln!("nothing ran: {why}");
-        return Ok(2);
+        return Ok(crate::exit::REFUSED);
     }
     if !yes {
-        let steps: u32 = dry.summary.iter().map(|n| n.steps).sum();
-        eprint!("Carry out these {steps} step(s) on {} node(s)? [y/N] ", dry.summary.len());
-        let mut answer = String::new();
-        let read = std::io::stdin().read_line(&mut answer).unwrap_or(0);
-        if read == 0 || !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
-            eprintln!("nothing ran (not confirmed; --yes skips the question)");
-            return Ok(2);
-        }
+        // As `agentctl apply` and `blockjanitor-agent apply`: the dry run, and no question.
+        eprintln!("{}", crate::exit::NOT_CONFIRMED);
+        return Ok(crate::exit::NOT_DONE);
     }
     let request = pb::FleetApplyRequest { execute: true, ..request };
     // Carrying out may take a while: the agents' own bound.
@@ -186,6 +257,43 @@ pub(crate) async fn fleet_apply(
         || fleet_apply::fleet_results_table(&done),
     )?)?;
     Ok(if fleet_apply::fleet_all_done(&done) { 0 } else { 2 })
+}
+
+/// `fleet explain`: the console's explanation of `object` in `namespace`, printed; its exit
+/// code is the outcome's (2 blocked, 0 not blocked, 3 unknown).
+pub(crate) async fn fleet_explain(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
+    cli: &Cli,
+    object: &str,
+    namespace: &str,
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let (kind, name) = explain_object(object)?;
+    let req = pb::ExplainRequest { kind, name, namespace: namespace.to_owned() };
+    let r = client::call(timeout, c.explain(client::request(req, timeout))).await.map_err(status)?;
+    let now = time::now_secs();
+    write_out(&render(
+        cli.output,
+        || crate::explain::explanation_doc(&r),
+        || crate::explain::explanation_table(&r, now),
+    )?)?;
+    Ok(crate::exit::explain(r.outcome))
+}
+
+/// `pod/NAME`, `pvc/NAME`, `pv/NAME` (kubectl's forms and resource names; a bare NAME is a pod)
+/// as the request's kind and name.
+pub(crate) fn explain_object(object: &str) -> Result<(String, String)> {
+    let (kind, name) = object.split_once('/').unwrap_or(("pod", object));
+    let kind = match kind.to_ascii_lowercase().as_str() {
+        "pod" | "pods" | "po" => "pod",
+        "pvc" | "persistentvolumeclaim" | "persistentvolumeclaims" => "pvc",
+        "pv" | "persistentvolume" | "persistentvolumes" => "pv",
+        other => bail!("explain takes pod/NAME, pvc/NAME or pv/NAME, not '{other}/...'"),
+    };
+    if name.is_empty() || name.contains('/') {
+        bail!("'{object}' is not pod/NAME, pvc/NAME or pv/NAME");
+    }
+    Ok((kind.to_owned(), name.to_owned()))
 }
 
 /// A sweep's exit code: 0 clean (complete, nothing found), 2 findings, 3 incomplete.
@@ -201,7 +309,7 @@ pub(crate) fn sweep_exit_code(r: &pb::SweepResponse) -> u8 {
 /// limit counts it), summarised per node as `fleet apply` shows its dry run. Every node is asked
 /// even when one fails; its failure is its refusal.
 pub(crate) async fn fleet_plan(
-    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<tonic::transport::Channel>,
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
     cli: &Cli,
     targets: &[String],
 ) -> Result<u8> {
@@ -222,5 +330,5 @@ pub(crate) async fn fleet_plan(
         || fleet_apply::fleet_apply_value(&r),
         || fleet_apply::fleet_summary_table(&r),
     )?)?;
-    Ok(if fleet_apply::fleet_dry_run_refuses(&r) { 2 } else { 0 })
+    Ok(fleet_apply::fleet_dry_run_exit(&r))
 }

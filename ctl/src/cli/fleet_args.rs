@@ -4,7 +4,7 @@
 use blockjanitor_proto::v1 as pb;
 use clap::Subcommand;
 
-use super::choices::DeviceFilter;
+use blockjanitor_rpc::view::choices::DeviceFilter;
 
 /// The fleet console's questions.
 #[derive(Subcommand, Debug)]
@@ -64,6 +64,24 @@ agentctl fleet multiattach                      # the fleet-wide sweep"
         /// A PV name, pv/NAME, NAMESPACE/PVC or pvc/NAMESPACE/NAME (none: sweep every volume).
         volume: Option<String>,
     },
+    /// Why a pod (or a PVC, a PV) is stuck: each of its volumes from the claim down to the nodes
+    /// that map, attach, use and hold it, then one diagnosis with its evidence and the next
+    /// commands (printed, never run). OBJECT as kubectl names it: pod/NAME, pvc/NAME, pv/NAME (a
+    /// bare NAME is a pod). As in kubectl, -n is the object's namespace [default: the kubeconfig
+    /// context's, else default]; the console's own is found by its labels, or named with
+    /// --console-namespace.
+    #[command(after_help = "EXAMPLES:\n  kubectl blockjanitor explain pod/db-0 -n shop\n  \
+kubectl blockjanitor explain pvc/data-db-0 -n shop -o json\n  kubectl blockjanitor explain pv/pvc-0a5eb91b-8a0b-11e8-9a3b-fa163e6f1a5c\n  \
+agentctl fleet --context prod --console-namespace ops explain pod/db-0 -n shop\n\n\
+EXIT CODES:\n  0  not blocked: nothing on any node blocks it (the answer says what else to look at)\n  1  error \
+(no such object, the console cannot be reached or read the API)\n  2  blocked, with a known fix: the answer names the node, \
+device, holder and the next command\n  3  unknown: a node involved cannot be asked and is not believed dead (or its agent \
+cannot vouch): its last view is shown with its age")]
+    Explain {
+        /// pod/NAME, pvc/NAME or pv/NAME (a bare NAME is a pod).
+        #[arg(value_name = "pod/NAME|pvc/NAME|pv/NAME")]
+        object: String,
+    },
     /// Every volume across the fleet: mapped on more than one node, attached but not in use, or
     /// watched by a client of a node whose agent cannot be asked. Exit code 0 when every node
     /// answered and nothing was found (clean), 2 when something was found, 3 when a node did not
@@ -81,13 +99,35 @@ EXIT CODES:\n  0  clean: every node answered, nothing found\n  1  error\n  2  fi
         #[arg(long)]
         fresh: bool,
     },
+    /// Pin risks across the fleet: mount namespaces that keep a private copy (neither shared nor
+    /// slave) of a live host mount under the kubelet's or a runtime's directory, or of the host
+    /// root, so that the device stays busy once the host unmounts it; with who holds them, what
+    /// they copy and the fix. Every page, or the one --page-token names.
+    #[command(
+        after_help = "EXAMPLES:\n  agentctl fleet pin-risks\n  agentctl fleet pin-risks --node node-a -o json\n\n\
+EXIT CODES:\n  0  none, every node answered\n  1  error\n  2  pin risks listed\n  \
+3  none listed, but a node could not be asked or judged"
+    )]
+    PinRisks {
+        /// Only this node.
+        #[arg(long, value_name = "NODE")]
+        node: Option<String>,
+        /// One page only: the one after this token (a table's "more:" line, `next_page_token`).
+        #[arg(long, value_name = "TOKEN")]
+        page_token: Option<String>,
+        /// Risks per page (the console's default: 100).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        page_size: u32,
+    },
     /// The dry run: each node's plan (through the console, as the caller), with a per-node
     /// summary of the steps that would run and what is refused and why. Nothing is changed. NODE
     /// alone plans every stale device on it. Exit code 2 when anything is refused.
     #[command(
         after_help = "EXAMPLES:\n  agentctl fleet plan node-a                 # every stale device on node-a\n  \
 agentctl fleet plan node-a/rbd4 node-b/rbd0\n  agentctl fleet plan node-a -o json\n\n\
-EXIT CODES:\n  0  every node's plan may run\n  1  error\n  2  something is refused (see the summary)"
+EXIT CODES (the table of `agentctl plan`, the worst of every node's):\n  0  every node's plan may run (or nothing to do)\n  \
+1  error (a device its node's agent does not know)\n  2  held: something holds a device\n  \
+3  unknown: a node's plan could not be had, or its agent cannot see everything\n  4  refused by a safety rule"
     )]
     Plan {
         /// NODE (every stale device on it) or NODE/DEVICE, repeatable.
@@ -95,12 +135,12 @@ EXIT CODES:\n  0  every node's plan may run\n  1  error\n  2  something is refus
         targets: Vec<String>,
     },
     /// Clean devices on one or more nodes through the console: a dry run of every node's plan
-    /// is shown first, then, once confirmed (or with --yes), the same plans are carried out,
-    /// bound to the identities they were made for. Exit code 2 when nothing or not everything
-    /// ran (a refusal, no confirmation, a step deferred or failed).
+    /// is shown first; with --yes the same plans are then carried out, bound to the identities
+    /// they were made for. Without --yes nothing runs (exit 2), as `agentctl apply`. A refusal in
+    /// the dry run stops everything with its code (2 held, 3 unknown, 4 refused; the budget: 4).
     #[command(
-        after_help = "EXAMPLES:\n  agentctl fleet apply node-a/rbd4 node-b/rbd0   # show, ask, carry out\n  \
-agentctl fleet apply node-a/rbd4 --yes          # show, carry out without asking\n  \
+        after_help = "EXAMPLES:\n  agentctl fleet apply node-a/rbd4 node-b/rbd0   # the dry run only (nothing runs without --yes)\n  \
+agentctl fleet apply node-a/rbd4 --yes          # show the dry run, then carry it out\n  \
 agentctl fleet apply node-a/rbd4 --identity \"$id\" --yes   # bound to an earlier plan"
     )]
     Apply {
@@ -111,8 +151,8 @@ agentctl fleet apply node-a/rbd4 --identity \"$id\" --yes   # bound to an earlie
         /// once per device). Without it, each node's plan is read now and the dry run shows it.
         #[arg(long, value_name = "ID")]
         identity: Vec<String>,
-        /// Do not ask before carrying the plans out (the dry run is still shown first, and a
-        /// refusal in it still stops everything).
+        /// Carry the plans out (the dry run is still shown first, and a refusal in it still
+        /// stops everything).
         #[arg(long)]
         yes: bool,
     },

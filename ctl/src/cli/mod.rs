@@ -19,7 +19,7 @@ use console::ConsoleRoute;
 use output::write_out;
 
 mod args;
-pub mod choices;
+pub use blockjanitor_rpc::view::choices;
 mod console;
 mod fleet;
 mod fleet_args;
@@ -47,6 +47,20 @@ fn arguments() -> Vec<std::ffi::OsString> {
         args.insert(1, "fleet".into());
     }
     args
+}
+
+/// Whether `args` (the words after the program's name) is a command line agentctl accepts
+/// (`plugin`: as `kubectl blockjanitor ...`, whose words are `agentctl fleet`'s): the commands
+/// the docs and runbooks give are checked with it. `Err`: clap's first line saying why not.
+pub fn parses(args: &[&str], plugin: bool) -> Result<(), String> {
+    let mut all = vec!["agentctl"];
+    if plugin {
+        all.push("fleet");
+    }
+    all.extend_from_slice(args);
+    Cli::try_parse_from(all)
+        .map(|_| ())
+        .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_owned())
 }
 
 /// agentctl's `main`: parses the flags (a usage error exits 1, `--help` 0), runs the command,
@@ -105,7 +119,7 @@ fn run(cli: &Cli) -> Result<u8> {
         return Ok(0);
     }
     if let Command::Fleet { command } = &cli.command {
-        let route = ConsoleRoute::from_cli(cli, command, invoked_as_plugin())?;
+        let route = ConsoleRoute::from_cli(cli, invoked_as_plugin())?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -121,12 +135,20 @@ fn run(cli: &Cli) -> Result<u8> {
         return rt
             .block_on(async {
                 let channel = route.channel(Duration::from_secs(cli.timeout)).await?;
-                fleet::fleet(cli, command, channel).await
+                // explain's object namespace, as kubectl's: -n, else the context's, else default.
+                let object_namespace = match (console::explains(cli), &cli.kube.namespace, &route) {
+                    (true, Some(n), _) => n.clone(),
+                    (true, None, ConsoleRoute::Kube(r)) => crate::kubectl::context_namespace(r).await?,
+                    _ => "default".to_owned(),
+                };
+                fleet::fleet(cli, command, channel, &object_namespace).await
             })
             .map_err(hint);
     }
     if cli.kube.any() {
-        bail!("--kubeconfig, --context, -n and --tls-secret reach the fleet console: use them with `fleet`");
+        bail!(
+            "--kubeconfig, --context, -n, --console-namespace and --ca-configmap reach the fleet console: use them with `fleet`"
+        );
     }
     let target = target(cli)?;
     let rt = tokio::runtime::Builder::new_current_thread()

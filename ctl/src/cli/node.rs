@@ -12,7 +12,8 @@ use tonic::transport::Channel;
 
 use super::args::{Cli, Command, Output};
 use super::output::{apply_status, render, status, write_out};
-use crate::{apply, doc, exit, format, plan, text, time};
+use crate::{apply, doc, exit, format, holders, plan, scan, term, text, time};
+use blockjanitor_rpc::path_device::{self, PathDeviceError};
 
 /// One command against the agent at `target`; its exit code.
 pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
@@ -28,16 +29,23 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             write_out(&render(out, || doc::node_doc(&n), || text::node_table(&n, time::now_secs()))?)?;
             Ok(0)
         }
-        Command::Scan { filter } => {
-            let (kind, verdict) = filter.wire();
-            let r = pb::ListDevicesRequest { kind, verdict };
-            let r =
+        Command::Scan { filter, layout } => {
+            // Every device: the filter is applied here, as the agent's own `scan` applies it, so
+            // the table can say how many it left out.
+            let r = pb::ListDevicesRequest::default();
+            let mut r =
                 client::call(timeout, c.list_devices(client::request(r, timeout))).await.map_err(status)?;
-            write_out(&render(
-                out,
-                || doc::devices_doc(&r),
-                || text::incomplete_first(&r.incomplete_view, text::devices_table(&r)),
-            )?)?;
+            if matches!(out, Output::Table | Output::Wide) {
+                for w in scan::warnings(&r) {
+                    eprintln!("{w}");
+                }
+                let style =
+                    scan::ScanStyle { filter, layout, wide: out == Output::Wide, term: term::Term::stdout() };
+                write_out(&scan::report(&r, &style))?;
+            } else {
+                r.devices.retain(|d| filter.matches(d));
+                write_out(&render(out, || doc::devices_doc(&r), String::new)?)?;
+            }
             Ok(if r.incomplete_view.is_empty() { exit::DONE } else { exit::UNKNOWN })
         }
         Command::Device { device } => {
@@ -46,10 +54,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             show_device(&mut c, timeout, out, device, true).await?;
             Ok(0)
         }
-        Command::Holders { device } => {
-            let r = show_device(&mut c, timeout, out, device, false).await?;
-            Ok(r.device.as_ref().map_or(exit::ERROR, |d| exit::holders(d, &r.incomplete_view)))
-        }
+        Command::Holders { devices, verbose } => show_holders(&mut c, timeout, out, devices, *verbose).await,
         Command::Plan { devices, release } => {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
@@ -60,7 +65,7 @@ pub(crate) async fn run_async(cli: &Cli, target: &Target) -> Result<u8> {
             let r = pb::PlanRequest { devices: devices.clone(), operation: operation(*release) as i32 };
             let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
             write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, devices.is_empty()))?)?;
-            eprintln!("not applied: add --yes to carry it out");
+            eprintln!("{}", exit::NOT_CONFIRMED);
             Ok(exit::worst(exit::NOT_DONE, exit::plans(&r.plans)))
         }
         Command::Release { device, apply } => {
@@ -125,6 +130,62 @@ async fn show_device(
         || text::incomplete_first(&r.incomplete_view, text::device_table(d, wide)),
     )?)?;
     Ok(r)
+}
+
+/// `holders DEV|PATH...`: a path that is not a device node resolved here, in agentctl's own
+/// mount namespace (where the caller means it; the agent runs in the host's), to its
+/// filesystem's device (`MAJ:MIN`); then the agent's ListHolders for each device, printed by the
+/// renderer the one-shot agent's `holders` uses; the exit code of them all.
+async fn show_holders(
+    c: &mut AgentClient<Channel>,
+    timeout: Duration,
+    out: Output,
+    args: &[String],
+    verbose: bool,
+) -> Result<u8> {
+    let mut devices = Vec::new();
+    for arg in args {
+        let resolved = if is_path(arg) {
+            match path_device::device_of_path(std::path::Path::new(arg)) {
+                Ok(found) => found,
+                // Not here (a /dev/rbd link only the host has): the agent names what it cannot find.
+                Err(PathDeviceError::Stat { .. }) => None,
+                Err(e) => bail!(e),
+            }
+        } else {
+            None
+        };
+        // A name or a device node goes as it is; a path as its filesystem's device.
+        devices.push(resolved.unwrap_or_else(|| arg.clone()));
+    }
+    let mut answers = Vec::new();
+    for device in devices {
+        let r = pb::ListHoldersRequest { device };
+        let r = client::call(timeout, c.list_holders(client::request(r, timeout))).await.map_err(status)?;
+        if r.device.is_none() {
+            bail!("the agent answered without the device");
+        }
+        answers.push(r);
+    }
+    let codes = answers
+        .iter()
+        .map(|r| r.device.as_ref().map_or(exit::ERROR, |d| exit::holders(d, &r.incomplete_view)));
+    let code = exit::holders_many(codes);
+    let text = match out {
+        Output::Table | Output::Wide => holders::holders_texts(&answers, verbose, ""),
+        Output::Json | Output::Yaml => {
+            let docs: Vec<_> =
+                answers.iter().map(|r| doc::device_doc(&r.device.clone().unwrap_or_default(), r)).collect();
+            format::documents(matches!(out, Output::Yaml), &docs)?
+        }
+    };
+    write_out(&text)?;
+    Ok(code)
+}
+
+/// Whether `arg` is a path (`/...`, `./...`, `.`) rather than a device's name.
+fn is_path(arg: &str) -> bool {
+    arg.starts_with('/') || arg.starts_with("./") || arg.starts_with("../") || arg == "." || arg == ".."
 }
 
 /// `release`/`clean DEVICE`: the agent's Plan for one device (a dry run), or with `apply` its

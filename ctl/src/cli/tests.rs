@@ -17,8 +17,8 @@ pub(super) fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
 
 /// How `agentctl fleet ...` (`plugin`: `kubectl-blockjanitor ...`) reaches the console.
 pub(super) fn route(cli: &Cli, plugin: bool) -> anyhow::Result<ConsoleRoute> {
-    let Command::Fleet { command } = &cli.command else { panic!("not fleet: {cli:?}") };
-    ConsoleRoute::from_cli(cli, command, plugin)
+    let Command::Fleet { .. } = &cli.command else { panic!("not fleet: {cli:?}") };
+    ConsoleRoute::from_cli(cli, plugin)
 }
 
 #[test]
@@ -31,7 +31,7 @@ fn devices_filters() {
     let cli = parse(&["devices", "--kind", "loop", "--verdict", "in_use", "-o", "yaml"]).expect("parse");
     assert_eq!(cli.output, Output::Yaml);
     match cli.command {
-        Command::Scan { filter } => {
+        Command::Scan { filter, .. } => {
             assert_eq!(filter.kind.map(|k| k.wire), Some(pb::DeviceKind::Loop));
             assert_eq!(filter.verdict.map(|v| v.wire), Some(pb::Verdict::InUse));
             assert!(!filter.stale);
@@ -42,6 +42,22 @@ fn devices_filters() {
     assert!(parse(&["devices", "--verdict", "in-use"]).is_ok());
     assert!(parse(&["devices", "--stale", "--verdict", "unused"]).is_err());
     assert!(parse(&["devices", "--kind", "floppy"]).is_err());
+}
+
+#[test]
+fn scan_takes_columns_in_any_case_and_a_bad_one_names_the_valid_ones() {
+    use blockjanitor_rpc::view::columns::Column;
+    match parse(&["scan", "--columns", "name,MAJ:MIN,Size,held-by", "--tree"]).expect("parse").command {
+        Command::Scan { layout, .. } => {
+            assert_eq!(layout.columns, [Column::Name, Column::MajMin, Column::Size, Column::HeldBy]);
+            assert!(layout.tree);
+        }
+        other => panic!("parsed as {other:?}"),
+    }
+    let err = parse(&["scan", "--columns", "NAME,COLOUR"]).expect_err("COLOUR is no column").to_string();
+    for name in ["COLOUR", "NAME", "MAJ:MIN", "SIZE", "TYPE", "VERDICT", "HELD-BY", "PV", "WHY"] {
+        assert!(err.contains(name), "the error names {name}: {err}");
+    }
 }
 
 #[test]

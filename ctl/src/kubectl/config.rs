@@ -1,14 +1,24 @@
 //! The user's kubeconfig, read as kubectl reads it: `--kubeconfig FILE`, else every file
 //! `$KUBECONFIG` lists (merged), else `~/.kube/config`; `--context`, else its current context.
 //! Its credentials (tokens, client certificates, exec plugins) are the user's: the API server's
-//! RBAC decides what the plugin may see.
+//! RBAC decides what the plugin may see, and the same credentials (as a bearer token) are who the
+//! plugin is to the console.
 
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 
 use super::route::{Error, Route};
 
-/// A client for the route's context, and its API server's URL (for messages).
-pub(crate) async fn client(route: &Route) -> Result<(kube::Client, String), Error> {
+/// What a context gives: a client, its API server's URL (for messages), its configuration (for
+/// the user's credentials) and its name.
+pub(crate) struct Context {
+    pub client: kube::Client,
+    pub server: String,
+    pub config: kube::Config,
+    pub name: String,
+}
+
+/// A client for the route's context, and what else the context says.
+pub(crate) async fn client(route: &Route) -> Result<Context, Error> {
     let kubeconfig = match &route.kubeconfig {
         Some(path) => Kubeconfig::read_from(path),
         None => Kubeconfig::read(),
@@ -39,7 +49,9 @@ pub(crate) async fn client(route: &Route) -> Result<(kube::Client, String), Erro
     })?;
     let server = config.cluster_url.to_string();
     let server = server.trim_end_matches('/').to_owned();
-    let client = kube::Client::try_from(config)
-        .map_err(|e| Error::Context { context, message: blockjanitor_rpc::client::error_chain(&e) })?;
-    Ok((client, server))
+    let client = kube::Client::try_from(config.clone()).map_err(|e| Error::Context {
+        context: context.clone(),
+        message: blockjanitor_rpc::client::error_chain(&e),
+    })?;
+    Ok(Context { client, server, config, name: context })
 }

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use super::route::{api_error, Error, CONSOLE_SELECTOR, DEFAULT_PORT};
+use super::route::{api_error, Error, CONSOLE_SELECTOR, DEFAULT_NAMESPACE, DEFAULT_PORT};
 
 /// The console pod to forward to, and its gRPC port.
 pub(crate) async fn console_pod(
@@ -21,6 +21,26 @@ pub(crate) async fn console_pod(
         .await
         .map_err(|e| api_error(server, "list the console's pods", namespace, e))?;
     pick(namespace, list.items)
+}
+
+/// The console's namespace, found by its pods' labels in every namespace (one namespace, or
+/// [`DEFAULT_NAMESPACE`] among several); a user who may not list pods cluster-wide (the shipped
+/// Roles grant it in the console's namespace only) gets [`DEFAULT_NAMESPACE`].
+pub(crate) async fn console_namespace(client: &kube::Client, server: &str) -> Result<String, Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = match pods.list(&ListParams::default().labels(CONSOLE_SELECTOR)).await {
+        Ok(list) => list,
+        Err(kube::Error::Api(s)) if s.code == 403 => return Ok(DEFAULT_NAMESPACE.to_owned()),
+        Err(e) => return Err(api_error(server, "list the console's pods", "(every namespace)", e)),
+    };
+    let found: std::collections::BTreeSet<String> =
+        list.items.iter().filter_map(|p| p.metadata.namespace.clone()).collect();
+    match found.len() {
+        0 => Ok(DEFAULT_NAMESPACE.to_owned()),
+        1 => Ok(found.into_iter().next().unwrap_or_default()),
+        _ if found.contains(DEFAULT_NAMESPACE) => Ok(DEFAULT_NAMESPACE.to_owned()),
+        _ => Err(Error::ManyConsoles { namespaces: found.into_iter().collect::<Vec<_>>().join(", ") }),
+    }
 }
 
 /// The first running, ready pod by name, and its `grpc` port.

@@ -1,7 +1,7 @@
 //! gRPC over the API server's `pods/portforward` subresource (WebSocket, `v4.channel.k8s.io`,
-//! as `kubectl port-forward` speaks it): the console's HTTP/2 and mutual TLS run inside the
-//! forwarded stream, end to end between the plugin and the console (the API server only sees
-//! bytes). One forward per connection: tonic's connector opens a new one when it reconnects.
+//! as `kubectl port-forward` speaks it): the console's HTTP/2 and TLS (the console's certificate
+//! checked against its CA; a client certificate when the user gave one) run inside the forwarded
+//! stream, end to end between the plugin and the console (the API server only sees bytes). One forward per connection: tonic's connector opens a new one when it reconnects.
 //! A forward the API server accepts but that fails behind it (nothing listens on the pod's port,
 //! the pod went away) says why on its error channel; that reason is the error's.
 
@@ -14,7 +14,7 @@ use kube::api::Api;
 use tokio::io::DuplexStream;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, Uri};
 
-use super::identity::Pems;
+use super::credentials::Tls;
 use super::route::{api_error, Error};
 
 /// The reason a forward's error channel gave, once it gave one.
@@ -65,8 +65,9 @@ impl Forward {
     }
 }
 
-/// A channel to the console in `pod` (port `port`) through the API server, with mutual TLS
-/// (`pems`, the console's certificate checked for `server_name`).
+/// A channel to the console in `pod` (port `port`) through the API server, with TLS (`tls`: the
+/// console's certificate checked against its CA for `server_name`, and the client certificate
+/// when there is one).
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn channel(
     client: kube::Client,
@@ -74,7 +75,7 @@ pub(crate) async fn channel(
     namespace: &str,
     pod: &str,
     port: u16,
-    pems: &Pems,
+    tls: &Tls,
     server_name: &str,
     timeout: Duration,
 ) -> Result<Channel, Error> {
@@ -105,14 +106,15 @@ pub(crate) async fn channel(
     };
     let connect_error =
         |message: String| Error::Connect { namespace: namespace.to_owned(), pod: pod.to_owned(), message };
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&pems.ca))
-        .identity(Identity::from_pem(&pems.cert, &pems.key))
-        .domain_name(server_name);
+    let mut config =
+        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca)).domain_name(server_name);
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(Identity::from_pem(cert, key));
+    }
     let endpoint = Endpoint::from_shared(format!("https://{server_name}"))
         .map_err(|e| connect_error(format!("'{server_name}' is not a server name: {e}")))?
         .connect_timeout(timeout)
-        .tls_config(tls)
+        .tls_config(config)
         .map_err(|e| connect_error(blockjanitor_rpc::client::error_chain(&e)))?;
     match endpoint.connect_with_connector(connector).await {
         Ok(channel) => Ok(channel),
@@ -125,7 +127,8 @@ pub(crate) async fn channel(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let message = blockjanitor_rpc::client::error_chain(&e);
-            let hint = if message.contains("certificate") || message.contains("tls") {
+            let hint = if message.contains("certificate") || message.contains("tls") || tls.identity.is_none()
+            {
                 ""
             } else {
                 " (a console that refuses the client certificate closes the connection: is it signed by \

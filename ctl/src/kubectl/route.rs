@@ -1,6 +1,6 @@
 //! What reaching the console through the Kubernetes API takes ([`Route`]: kubeconfig, context,
-//! namespace, client identity, server name), the shipped manifests' names it defaults to, and
-//! why it can fail ([`Error`], one line each).
+//! namespace, credentials, server name), the shipped manifests' names it defaults to, and why it
+//! can fail ([`Error`], one line each).
 
 use std::path::PathBuf;
 
@@ -27,10 +27,14 @@ pub struct Route {
     pub kubeconfig: Option<PathBuf>,
     /// The context (`--context`); `None`: the kubeconfig's current context.
     pub context: Option<String>,
-    /// The console's namespace (`-n`); `None`: [`DEFAULT_NAMESPACE`].
+    /// The console's namespace (`-n`, `--console-namespace`); `None`: [`DEFAULT_NAMESPACE`], or
+    /// found by the console's labels when `find_namespace`.
     pub namespace: Option<String>,
+    /// Find the console's namespace by its pods' labels (`explain`, whose -n is the object's):
+    /// every namespace when the user may list pods cluster-wide, else [`DEFAULT_NAMESPACE`].
+    pub find_namespace: bool,
     /// Who the plugin is to the console.
-    pub identity: Identity,
+    pub credentials: Credentials,
     /// The name the console's certificate must carry.
     pub server_name: String,
 }
@@ -61,14 +65,20 @@ pub enum Error {
     Api { server: String, what: String, namespace: String, code: u16, message: String },
     #[error("cannot reach the API server ({server}) to {what}: {message}")]
     Unreachable { server: String, what: String, message: String },
-    #[error("no console pod in namespace '{namespace}' (pods labelled {CONSOLE_SELECTOR}): is deploy/overlays/console applied there? (-n NAMESPACE to look elsewhere)")]
+    #[error("no console pod in namespace '{namespace}' (pods labelled {CONSOLE_SELECTOR}): is deploy/overlays/console applied there? (-n NAMESPACE, or --console-namespace for explain, to look elsewhere)")]
     NoConsole { namespace: String },
+    #[error("console pods in several namespaces ({namespaces}): name one with --console-namespace")]
+    ManyConsoles { namespaces: String },
     #[error("no console pod is running and ready in namespace '{namespace}' (found: {found})")]
     NotReady { namespace: String, found: String },
-    #[error("no Secret {secret} in namespace '{namespace}' (the client certificate for the console, made by deploy/overlays/tls): --tls-secret NAME, or --cert, --key and --ca")]
-    NoSecret { namespace: String, secret: String },
-    #[error("Secret {namespace}/{secret} has no {key}: it should be a cert-manager TLS Secret (tls.crt, tls.key, ca.crt)")]
-    SecretKey { namespace: String, secret: String, key: &'static str },
+    #[error("no ConfigMap {name} in namespace '{namespace}' (the console's serving CA, which the console publishes with --publish-serving-ca): is the console running there? --ca FILE gives the CA instead")]
+    NoCaConfigMap { namespace: String, name: String },
+    #[error("ConfigMap {namespace}/{name} has no PEM certificate under ca.crt: the console publishes its serving CA there (--publish-serving-ca); --ca FILE gives it instead")]
+    CaConfigMapKey { namespace: String, name: String },
+    #[error("context '{context}' {how}, which the console cannot review: use a token (an OIDC or exec credential plugin that gives one, a token or token file), or --cert, --key and --ca with a client certificate of your own that the console lists")]
+    NoToken { context: String, how: String },
+    #[error("context '{context}' impersonates '{user}' (as:), which the console does not honour: it reviews the token's own user; use a context without impersonation")]
+    Impersonation { context: String, user: String },
     #[error("cannot read {flag} {path}: {message}")]
     File { flag: &'static str, path: String, message: String },
     #[error("the port-forward to pod {namespace}/{pod} port {port} failed: {message}")]
@@ -79,18 +89,29 @@ pub enum Error {
     Timeout { seconds: u64 },
 }
 
-/// The viewer's client certificate Secret (deploy/overlays/tls, Certificate blockjanitor-viewer).
-pub const DEFAULT_VIEWER_SECRET: &str = "blockjanitor-viewer-tls";
-/// The operator's (Certificate blockjanitor-operator): what `apply` needs.
-pub const DEFAULT_OPERATOR_SECRET: &str = "blockjanitor-operator-tls";
+/// The ConfigMap (key `ca.crt`) in the console's namespace holding the CA of the console's
+/// serving certificate: the console publishes it (`--publish-serving-ca`); anyone the shipped
+/// Roles name may read it. A CA certificate is public: no Secret is read.
+pub const DEFAULT_CA_CONFIGMAP: &str = "blockjanitor-console-ca";
 
-/// Where the client certificate comes from.
+/// Who the plugin is to the console.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Identity {
-    /// A TLS Secret (`tls.crt`, `tls.key`, `ca.crt`) in the console's namespace.
-    Secret(String),
-    /// PEM files.
-    Files { cert: PathBuf, key: PathBuf, ca: PathBuf },
+pub enum Credentials {
+    /// The kubeconfig user's own: their bearer token (a static token, a token file, an exec or
+    /// OIDC plugin's output, as kube resolves it), which the console has the API server review;
+    /// the console's certificate checked against `ca`.
+    Kubeconfig { ca: CaSource },
+    /// A client certificate of one's own (PEM files), which the console lists by identity.
+    Certificate { cert: PathBuf, key: PathBuf, ca: PathBuf },
+}
+
+/// Where the CA of the console's serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CaSource {
+    /// A ConfigMap (key `ca.crt`) in the console's namespace.
+    ConfigMap(String),
+    /// A PEM file (`--ca`).
+    File(PathBuf),
 }
 
 /// A kube API error as this module's, for `what` in `namespace` on `server`.

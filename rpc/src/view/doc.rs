@@ -10,9 +10,10 @@
 use blockjanitor_proto::v1 as pb;
 use serde_json::{json, Map, Value};
 
+use crate::view::orphans::orphaned_dir_value;
 use crate::view::values::{
-    device_fields, device_value, event_value, node_value, plan_value, resumed_value, stats_value,
-    step_result_value,
+    device_fields, device_value, event_value, node_value, pin_risk_value, plan_value, resumed_value,
+    stats_value, step_result_value,
 };
 
 /// The schema version every document carries.
@@ -26,6 +27,8 @@ pub const RESULTS: &str = "results";
 pub const NODE: &str = "node";
 pub const EVENT: &str = "event";
 pub const JOURNAL: &str = "journal";
+/// The fleet console's `explain` (Fleet.Explain): why a pod, PVC or PV is stuck.
+pub const EXPLANATION: &str = "explanation";
 
 /// `body` (an object) as the document `document`: its fields after `schema_version` and
 /// `document`. A body that is not an object becomes the document's `value`.
@@ -57,6 +60,11 @@ pub fn devices_doc(r: &pb::ListDevicesResponse) -> Value {
             "blind_spots": r.blind_spots,
             "complete": r.incomplete_view.is_empty(),
             "incomplete_view": r.incomplete_view,
+            "orphaned_volume_dirs": r.orphaned_volume_dirs.iter().map(orphaned_dir_value).collect::<Vec<_>>(),
+            "orphaned_volume_dirs_unknown": r.orphaned_volume_dirs_unknown,
+            "pin_risks": r.pin_risks.iter().map(pin_risk_value).collect::<Vec<_>>(),
+            "pin_risks_checked": r.pin_risks_checked,
+            "pin_risks_unknown": r.pin_risks_unknown,
         }),
     )
 }

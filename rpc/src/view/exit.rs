@@ -4,7 +4,8 @@
 //! (`Class::exit_code`) map onto these constants.
 //!
 //! `holders` exits like `fuser -s`: `2` when something holds the device, `0` when nothing does,
-//! `3` when the agent cannot say (the device's verdict is `unknown`). `plan` and `apply` take the
+//! `3` when the agent cannot say (the device's verdict is `unknown`); of several devices, `2` if
+//! any is held, else `3` if any is unknown ([`holders_many`]). `plan` and `apply` take the
 //! worst of each plan's outcome (the agent's word for what the request came to) and, for `apply`,
 //! of the steps' results (a failed step `1`, a deferred or unrun one `2`).
 
@@ -18,6 +19,65 @@ pub const REFUSED: u8 = 4;
 /// `apply` without `--yes`, or an apply that did not carry everything out (a step deferred or
 /// not run, a plan refused): the device was left as it was, as for `held`.
 pub const NOT_DONE: u8 = HELD;
+/// What every `apply` (the agent's, agentctl's, `fleet apply`) says on stderr when it showed
+/// the plans and, without `--yes`, carried nothing out. None of them asks a question.
+pub const NOT_CONFIRMED: &str = "not applied: add --yes to carry it out";
+
+/// The table itself, as both CLIs' `--help` print it and README's "Exit codes" gives it: each
+/// code, its word, and when it is used.
+pub const TABLE: [(u8, &str, &str); 5] = [
+    (
+        DONE,
+        "free / done",
+        "nothing holds the device (holders, as fuser -s), nothing to do, a dry run that may go, or every step done",
+    ),
+    (
+        ERROR,
+        "error",
+        "a bad argument or unknown device, no connection, an unreadable host or journal, a step that failed",
+    ),
+    (
+        HELD,
+        "held",
+        "something holds the device (holders, as fuser -s); release, clean and plans leave it alone; \
+         apply: not everything carried out (no --yes, a step deferred)",
+    ),
+    (
+        UNKNOWN,
+        "unknown",
+        "the agent could not see everything that could hold it (a blind spot; the API cannot vouch); \
+         the report's first line says INCOMPLETE VIEW",
+    ),
+    (
+        REFUSED,
+        "refused",
+        "a safety rule other than a holder said no (protected, not stale yet, an outage, the identity changed, \
+         --apply without the privileges to see, another run holds the journal, not an operator)",
+    ),
+];
+
+/// The `EXIT CODES:` section of both CLIs' `--help`, from [`TABLE`].
+pub fn help_section() -> String {
+    let mut out = String::from("EXIT CODES (both CLIs, one table):\n");
+    for (code, word, when) in TABLE {
+        out.push_str(&format!("  {code}  {word}: {when}\n"));
+    }
+    out
+}
+
+/// `explain` (agentctl fleet, the kubectl plugin), in the same table's words: `2` blocked with a
+/// known fix (something holds or keeps the volume, as `held`: the answer says what and the next
+/// command), `0` not blocked (nothing on any node blocks it: look elsewhere), `3` unknown (a
+/// node involved cannot be asked and is not believed dead, or its agent cannot vouch), `1` error
+/// (the pod does not exist, the console cannot read the API).
+pub fn explain(outcome: i32) -> u8 {
+    match pb::ExplainOutcome::try_from(outcome) {
+        Ok(pb::ExplainOutcome::Blocked) => HELD,
+        Ok(pb::ExplainOutcome::NotBlocked) => DONE,
+        Ok(pb::ExplainOutcome::Unknown) => UNKNOWN,
+        _ => ERROR,
+    }
+}
 
 /// How bad an exit code is: error > refused > unknown > held > done (as the agent ranks them).
 fn rank(code: u8) -> u8 {
@@ -46,6 +106,23 @@ pub fn holders(d: &pb::Device, incomplete_view: &str) -> u8 {
     if !d.holders.is_empty() {
         HELD
     } else if !incomplete_view.is_empty() || d.verdict == pb::Verdict::Unknown as i32 {
+        UNKNOWN
+    } else {
+        DONE
+    }
+}
+
+/// `holders` of several devices, from each device's own code ([`holders`]): `2` if any is held
+/// (as `fuser -s` answers for several files), else `3` if any is unknown, else `0`; an error (any
+/// other code) outranks them all. One device: its own code.
+pub fn holders_many(codes: impl IntoIterator<Item = u8>) -> u8 {
+    let codes: Vec<u8> = codes.into_iter().collect();
+    if let Some(e) = codes.iter().copied().find(|c| ![DONE, HELD, UNKNOWN].contains(c)) {
+        return e;
+    }
+    if codes.contains(&HELD) {
+        HELD
+    } else if codes.contains(&UNKNOWN) {
         UNKNOWN
     } else {
         DONE
@@ -95,6 +172,22 @@ mod tests {
         assert_eq!(plans(&[p("", "", &[])]), DONE, "an older agent's plan that may go");
         assert_eq!(plans(&[p("", "held by a mount", &["mount /x"])]), HELD);
         assert_eq!(plans(&[p("", "protected", &[])]), REFUSED);
+    }
+
+    #[test]
+    fn explain_exits_blocked_not_blocked_unknown_without_a_new_code() {
+        assert_eq!(explain(pb::ExplainOutcome::Blocked as i32), HELD);
+        assert_eq!(explain(pb::ExplainOutcome::NotBlocked as i32), DONE);
+        assert_eq!(explain(pb::ExplainOutcome::Unknown as i32), UNKNOWN);
+        assert_eq!(explain(pb::ExplainOutcome::Unspecified as i32), ERROR);
+    }
+
+    #[test]
+    fn several_devices_exit_held_before_unknown() {
+        assert_eq!(holders_many([DONE, UNKNOWN, HELD]), HELD, "held wins, as for one device");
+        assert_eq!(holders_many([DONE, UNKNOWN]), UNKNOWN);
+        assert_eq!(holders_many([DONE, DONE]), DONE);
+        assert_eq!(holders_many([HELD, ERROR]), ERROR);
     }
 
     #[test]

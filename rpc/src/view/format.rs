@@ -31,3 +31,15 @@ pub fn yaml(v: &Value) -> Result<String, FormatError> {
 pub fn yaml_doc(v: &Value) -> Result<String, FormatError> {
     Ok(format!("---\n{}", yaml(v)?))
 }
+
+/// The documents of a command that answers for several things (`holders DEV...`): one document
+/// as [`json`] or [`yaml`] prints it; several as a stream, one JSON line ([`json_line`]) or one
+/// YAML document ([`yaml_doc`]) each, every one valid against the schema on its own.
+pub fn documents(yaml_out: bool, docs: &[Value]) -> Result<String, FormatError> {
+    match (docs, yaml_out) {
+        ([one], false) => json(one),
+        ([one], true) => yaml(one),
+        (many, false) => many.iter().map(json_line).collect(),
+        (many, true) => many.iter().map(yaml_doc).collect(),
+    }
+}

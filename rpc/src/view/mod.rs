@@ -11,17 +11,33 @@
 //! [`doc`] wraps every JSON/YAML document in its envelope (`schema_version`, `document`; the
 //! schema is docs/schema/blockjanitor-v1.schema.json, described in docs/schema/README.md);
 //! [`values`] turns messages into those documents' JSON values; [`names`] turns enum values
-//! into lower-case names; [`text`], [`plan`] and [`apply`] render the same messages as tables
-//! (with [`table`] and [`time`]); [`exit`] is the one table of exit codes (held / free / unknown
-//! / refused / error) both CLIs exit with; [`format`] writes a value as JSON or YAML.
+//! into lower-case names; [`scan`] renders a scan as one lsblk-shaped table (its [`columns`],
+//! drawn flat or as a [`tree`], coloured and fitted to what [`term`] allows); [`text`], [`plan`]
+//! and [`apply`] render the other messages as text (with [`table`] and [`time`]; [`fold`] says a
+//! repeated line once, with a count), [`orphans`] the orphaned pod volume directories `scan` lists;
+//! [`holders`] renders the `holders` command (fuser-style, or one line per hold with `-v`);
+//! [`exit`] is the one table of exit codes (held / free / unknown / refused / error) both CLIs
+//! exit with; [`format`] writes a value as JSON or YAML; [`explain`] renders the console's
+//! `explain` (its `explanation` document and table); [`choices`] is what `--kind` and
+//! `--verdict` take, and the filter both CLIs' `scan` apply.
 
 pub mod apply;
+pub mod choices;
+pub mod columns;
 pub mod doc;
 pub mod exit;
+pub mod explain;
+pub mod fold;
 pub mod format;
+pub mod holders;
 pub mod names;
+pub mod orphans;
+pub mod pins;
 pub mod plan;
+pub mod scan;
 pub mod table;
+pub mod term;
 pub mod text;
 pub mod time;
+pub mod tree;
 pub mod values;

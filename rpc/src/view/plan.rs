@@ -34,9 +34,11 @@ pub fn identity_line(out: &mut String, p: &pb::DevicePlan) {
     }
 }
 
+/// What the plan leaves alone, one line per cause: the same sentence (a release saying it of the
+/// mount in each of 37 namespaces) once, with a count and the numbers that differ.
 pub fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
-    for l in &p.left_alone {
-        let _ = writeln!(out, "  left alone: {}", clean(l));
+    for l in crate::view::fold::fold_alike(&p.left_alone) {
+        let _ = writeln!(out, "  left alone: {}", clean(&l));
     }
 }
 

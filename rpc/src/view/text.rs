@@ -1,5 +1,6 @@
-//! The node, its devices, one device with its holders, and events as text for people. Tables
-//! escape control characters in anything the agent sends (command lines, paths).
+//! The node, one device with its holders, and events as text for people (a scan's devices:
+//! [`crate::view::scan`]). Tables escape control characters in anything the agent sends
+//! (command lines, paths).
 
 use std::fmt::Write as _;
 
@@ -7,7 +8,7 @@ use crate::units::size;
 use blockjanitor_proto::v1 as pb;
 
 use crate::view::names::{event_type_name, holder_kind_name, kind_name, verdict_name};
-use crate::view::table::{clean, columns, cut, is_wide};
+use crate::view::table::clean;
 use crate::view::time::{ago, utc_time};
 
 /// `node` as `key: value` lines; `now` is for the age of the last scan. The warnings and the
@@ -58,52 +59,8 @@ pub fn node_table(n: &pb::Node, now: f64) -> String {
     out
 }
 
-/// Width of the WHY column of `devices`.
-pub const WHY_WIDTH: usize = 60;
-
-/// The PV and pods (per kubelet) of a device, for the devices table: `pvc-1 (2 pods)`, `-`.
-fn kube_cell(d: &pb::Device) -> String {
-    if d.pv_names.is_empty() && d.pod_uids.is_empty() && d.kubelet_paths.is_empty() {
-        return "-".into();
-    }
-    let pv = d.pv_names.first().cloned().unwrap_or_else(|| "(kubelet volume)".into());
-    match d.pod_uids.len() {
-        0 => format!("{pv} (no pod)"),
-        1 => format!("{pv} (pod {})", d.pod_uids[0]),
-        n => format!("{pv} ({n} pods)"),
-    }
-}
-
-/// `devices` as a table: NAME, MAJ:MIN, KIND, SIZE, VERDICT, HOLDERS, PV / PODS, WHY.
-pub fn devices_table(r: &pb::ListDevicesResponse) -> String {
-    if r.devices.is_empty() {
-        return "no matching devices\n".into();
-    }
-    let rows: Vec<Vec<String>> = r
-        .devices
-        .iter()
-        .map(|d| {
-            vec![
-                clean(&d.name),
-                format!("{}:{}", d.major, d.minor),
-                kind_name(d.kind),
-                size(d.size_bytes),
-                verdict_name(d.verdict),
-                d.holders.len().to_string(),
-                cut(&clean(&kube_cell(d)), 40),
-                if is_wide() {
-                    clean(&d.reasons.join("; "))
-                } else {
-                    cut(&clean(d.reasons.first().map_or("", String::as_str)), WHY_WIDTH)
-                },
-            ]
-        })
-        .collect();
-    columns(&["NAME", "MAJ:MIN", "KIND", "SIZE", "VERDICT", "HOLDERS", "PV / PODS", "WHY"], &rows)
-}
-
-/// One line about the device: `loop3 (7:3, loop, 8.0M) backed by /x.img`.
-fn device_header(d: &pb::Device) -> String {
+/// One line about the device: `loop3 (7:3, loop, 8M) backed by /x.img`.
+pub fn device_header(d: &pb::Device) -> String {
     let mut s =
         format!("{} ({}:{}, {}, {}", clean(&d.name), d.major, d.minor, kind_name(d.kind), size(d.size_bytes));
     if d.read_only {
@@ -267,4 +224,15 @@ pub fn incomplete_first(line: &str, table: String) -> String {
     } else {
         format!("{}\n{table}", clean(line))
     }
+}
+
+/// [`incomplete_first`], then the Kubernetes API's state (`kubernetes`, as the agent says it)
+/// when its word is missing (off, or it cannot vouch): the lines the agent's own reports open with.
+pub fn report_first(incomplete: &str, kubernetes: &str, table: String) -> String {
+    let table = if kubernetes.is_empty() || kubernetes == "vouching" {
+        table
+    } else {
+        format!("Kubernetes API: {}\n{table}", clean(kubernetes))
+    };
+    incomplete_first(incomplete, table)
 }

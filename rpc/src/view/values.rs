@@ -74,12 +74,15 @@ pub fn holder_value(h: &pb::Holder) -> Value {
         "upstream_groups": h.upstream_groups,
         "mount_dev": h.mount_dev,
         "namespace_entry": opt(h.namespace_entry.as_ref(), namespace_entry_value),
+        "tid": h.tid,
+        "other_mount_namespaces": h.other_mount_namespaces,
         "container_id": h.container_id,
         "pod_uid": h.pod_uid,
         "path": h.path,
         "device": h.device,
         "fstype": h.fstype,
         "fds": h.fds,
+        "access": h.access,
         "description": h.description,
     })
 }
@@ -345,5 +348,41 @@ pub fn event_value(e: &pb::Event) -> Value {
         "current": opt(e.current.as_ref(), device_value),
         "scan": e.scan,
         "coalesced": e.coalesced,
+        "pin_risks": e.pin_risks.iter().map(pin_risk_value).collect::<Vec<_>>(),
+        "pin_risks_complete": e.pin_risks_complete,
+    })
+}
+
+/// A mount namespace holding private copies of live host mounts (or one that could not be
+/// judged: `unknown` set).
+pub fn pin_risk_value(r: &pb::PinRisk) -> Value {
+    let copies: Vec<Value> = r
+        .copies
+        .iter()
+        .map(|c| {
+            json!({
+                "mount_point": c.mount_point,
+                "host_mount_point": c.host_mount_point,
+                "dev": c.dev,
+                "device": c.device,
+                "fstype": c.fstype,
+                "pv_name": c.pv_name,
+            })
+        })
+        .collect();
+    json!({
+        "mount_namespace": r.mount_namespace,
+        "pids": r.pids,
+        "pid_count": r.pid_count,
+        "comm": r.comm,
+        "pod_uid": r.pod_uid,
+        "container_id": r.container_id,
+        "pod_namespace": r.pod_namespace,
+        "pod_name": r.pod_name,
+        "container_name": r.container_name,
+        "host_root_copy": r.host_root_copy,
+        "copies": copies,
+        "fix": r.fix,
+        "unknown": r.unknown,
     })
 }

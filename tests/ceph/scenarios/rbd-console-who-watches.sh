@@ -34,7 +34,7 @@ echo "BEGIN mappings"; line "$ID0"; line "$ID1"; echo "END mappings"
 [ "$(cat /sys/bus/rbd/devices/$ID0/client_addr)" != "$(cat /sys/bus/rbd/devices/$ID1/client_addr)" ] \
     || fail "noshare gave both mappings the same client"
 
-$A --log-format json --journal /tmp/journal.jsonl serve --socket /tmp/agent.sock \
+$A --log-format json --journal /tmp/journal.jsonl serve --no-kubernetes --socket /tmp/agent.sock \
     --listen 0.0.0.0:9443 --tls-cert $T/server.crt --tls-key $T/server.key --tls-client-ca $T/ca.crt \
     --tls-console console --node-name guest-a --grace-period 0 --rescan-interval 1 \
     >/tmp/serve.log 2>&1 &

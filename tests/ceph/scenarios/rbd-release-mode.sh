@@ -13,7 +13,7 @@ HOLDER=$!
 sleep 0.3
 umount "$G"
 grep -q " $G " /proc/$HOLDER/mountinfo || fail "the holder has no copy of the mount"
-$A $J serve --socket /tmp/agent.sock --mode release --kubelet-dir $K --rescan-interval 1 >/tmp/serve.log 2>&1 &
+$A $J serve --no-kubernetes --socket /tmp/agent.sock --mode release --kubelet-dir $K --rescan-interval 1 >/tmp/serve.log 2>&1 &
 SERVE=$!
 i=0; while grep -q " $G " /proc/$HOLDER/mountinfo && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
 if grep -q " $G " /proc/$HOLDER/mountinfo; then cat /tmp/serve.log; fail "release mode did not detach the mount"; fi

@@ -24,7 +24,7 @@ CHANGED_AT=${CHANGED_AT:-7}
 SOCK=/tmp/agent.sock
 
 # The daemon in clean mode, rescanning every second, no grace, no rate limit in the way.
-SERVE="serve --socket $SOCK --mode clean --grace-period 0 --rescan-interval 1 --max-actions-per-minute 100"
+SERVE="serve --no-kubernetes --socket $SOCK --mode clean --grace-period 0 --rescan-interval 1 --max-actions-per-minute 100"
 
 # wait_until SECONDS CONDITION...: polls every 0.2 s; 1 on timeout.
 wait_until() {

@@ -1,9 +1,9 @@
 #!/bin/sh
 # multipathd in sync (issue 12): multipathd runs (started here, without systemd or udevd) and
 # makes the map from two scsi_debug paths to one LUN; the LUN dies (both paths offline, failed by
-# multipathd's checker). Control first: a process named multipathd runs but its control socket
-# does not answer (multipathd stopped, a stand-in of that name left running): `clean --apply`
-# must fail closed, naming the map, and remove nothing. Then with the real multipathd back, the
+# multipathd's checker). Control first: a root process named multipathd runs but holds no control
+# socket (multipathd stopped, a stand-in of that name left running): `clean --apply` must fail
+# closed, naming the map, and remove nothing. Then with the real multipathd back, the
 # agent removes the map through it (`del map`) and deletes the paths; some seconds later (several
 # checker intervals) the map is still gone and its wwid has left /etc/multipath/wwids, every other
 # line kept. A second control in between: multipathd stopped (SIGSTOP), its socket silent.

@@ -65,7 +65,7 @@ grep -qE '"(dm_message|dm_remove)"' /tmp/journal.jsonl 2>/dev/null && broken="$b
 # Phase "daemon": only the foreign copy is left.
 umount /mnt/lv || broken="$broken host-umount"
 T1=$(cut -d' ' -f1 /proc/uptime)
-$A $J serve --socket /tmp/agent.sock --mode clean --grace-period 2 --rescan-interval 1 \
+$A $J serve --no-kubernetes --socket /tmp/agent.sock --mode clean --grace-period 2 --rescan-interval 1 \
   --max-actions-per-minute 100 >/tmp/serve.log 2>&1 &
 SERVE=$!
 i=0; while [ -e /sys/block/sdb ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done

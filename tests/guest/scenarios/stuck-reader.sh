@@ -9,7 +9,7 @@ dd if=/dev/mapper/mpathb of=/dev/null bs=4096 count=1 iflag=direct 2>/tmp/dd.err
 DD=$!
 i=0; while [ "$(cut -d' ' -f3 /proc/$DD/stat 2>/dev/null)" != D ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
 echo "reader $DD state: $(cut -d' ' -f3 /proc/$DD/stat)"
-$A $J serve --socket /tmp/agent.sock --grace-period 0 >/tmp/serve.log 2>&1 &
+$A $J serve --no-kubernetes --socket /tmp/agent.sock --grace-period 0 >/tmp/serve.log 2>&1 &
 SERVE=$!
 i=0; while [ ! -S /tmp/agent.sock ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
 echo "BEGIN api"; timeout 20 /extra/bin/agentctl --socket /tmp/agent.sock device "$MAP" -o json; echo "END api"

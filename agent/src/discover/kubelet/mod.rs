@@ -39,6 +39,7 @@
 //! kubelet); a malformed or unexpected entry below it is a [`KubeletWarning`] naming the file and
 //! the scan goes on.
 
+pub mod pod_dirs;
 pub mod walk;
 
 use std::collections::BTreeSet;
@@ -156,7 +157,7 @@ pub struct KubeletVolume {
 }
 
 impl KubeletVolume {
-    fn new(kind: VolumeKind, path: PathBuf, plugin: &str) -> Self {
+    pub(crate) fn new(kind: VolumeKind, path: PathBuf, plugin: &str) -> Self {
         Self {
             kind,
             path,

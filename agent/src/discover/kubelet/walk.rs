@@ -461,7 +461,7 @@ fn read_limited(path: &Path) -> io::Result<Result<String, VolDataError>> {
 
 /// Resolves the symlinks in a host path as the host would, reading through `host`: an absolute
 /// link target starts again from the host's root, not this process's. Every component must exist.
-fn resolve_host_path(host: &HostRoot, path: &Path) -> io::Result<PathBuf> {
+pub(super) fn resolve_host_path(host: &HostRoot, path: &Path) -> io::Result<PathBuf> {
     let mut todo: Vec<OsString> = Vec::new();
     push_components(&mut todo, path);
     let mut done = PathBuf::from("/");

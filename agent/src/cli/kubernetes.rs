@@ -1,0 +1,112 @@
+//! The Kubernetes API's view for a one-shot run: the same view the daemon keeps (its watches,
+//! [`crate::kube::source`]), built when the API is configured (`--kube-url`, `--kubeconfig`) or
+//! the run is in a cluster (a service-account token), and waited for up to `--kube-wait` before
+//! anything is judged. An API that does not answer by then leaves a view that cannot vouch:
+//! every device a PV could own is `unknown`, never `stale`. Outside a cluster with nothing
+//! configured, or with `--no-kubernetes`, the API is not asked; either way the report says what
+//! the API's word was worth on its first lines ([`api_line`]).
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::args::Cli;
+use crate::engine::world::{LinuxWorld, World};
+use crate::kube::source::{self, Choice};
+use crate::kube::{ApiState, ClusterView};
+
+/// The runtime the one-shot run's watches live on, until the process exits.
+static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+
+/// This node's name: `--node-name` (or `$NODE_NAME`), else the host name.
+pub fn node_name(cli: &Cli) -> String {
+    cli.node_name.clone().unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into())
+    })
+}
+
+/// Gives `world` the API's view as this run's flags and surroundings say (see the module docs).
+pub fn connect(cli: &Cli, world: &LinuxWorld) {
+    let wanted = source::Wanted {
+        enabled: cli.no_kubernetes.then_some(false),
+        off_by: Some("--no-kubernetes".to_owned()),
+        url: cli.kube_url.clone(),
+        kubeconfig: cli.kubeconfig.clone(),
+        node_name: node_name(cli),
+    };
+    match source::choose(&wanted, source::in_cluster()) {
+        Choice::Off(why) => {
+            let _ = world.api_off.set(why);
+        }
+        Choice::NoneFound(_) => {
+            let _ = world.api_off.set("not in a cluster, and no --kubeconfig or --kube-url".to_owned());
+        }
+        Choice::Use(cfg) => {
+            let rx = watch_until_vouched(cfg, cli);
+            let _ = world.cluster.set(rx);
+        }
+    }
+}
+
+/// Starts the watches on the one-shot runtime and waits (at most `--kube-wait`) for the view to
+/// vouch; returns its receiver, vouching or not.
+fn watch_until_vouched(cfg: crate::kube::KubeConfig, cli: &Cli) -> watch::Receiver<ClusterView> {
+    let options = crate::kube::WatchOptions::for_bound(cli.kube_silence_bound_seconds);
+    let (tx, mut rx) = watch::channel(ClusterView {
+        node_name: cfg.node_name.clone(),
+        silence_bound: options.silence_bound,
+        ..ClusterView::default()
+    });
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tx.send_replace(source::unreachable(
+                &cfg.node_name,
+                format!("cannot start a runtime for the API's watches: {e}"),
+                options.silence_bound,
+            ));
+            return rx;
+        }
+    };
+    rt.spawn(source::supervise(cfg, options, tx, |_| {}));
+    let deadline = Instant::now() + Duration::from_secs(cli.kube_wait);
+    rt.block_on(async {
+        loop {
+            if rx.borrow_and_update().vouch(crate::host::clock::BootTime::now()).is_ok() {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Woken by a change, else once a second (the silence bound is on the clock).
+            let tick = left.min(Duration::from_secs(1));
+            if left.is_zero() || tokio::time::timeout(tick, rx.changed()).await.is_ok_and(|r| r.is_err()) {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
+    if let Some(rt) = RUNTIME.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    Ok(RUNTIME.get_or_init(|| rt))
+}
+
+/// The lines a one-shot report opens with: INCOMPLETE VIEW when a blind spot could hide a
+/// holder, then the Kubernetes API's state when its word is missing (off, not asked, or it
+/// cannot vouch).
+pub fn header(incomplete: &Option<String>, world: &LinuxWorld) -> String {
+    let api = api_line(world);
+    incomplete.iter().chain(api.iter()).map(|l| format!("{l}\n")).collect()
+}
+
+/// The line a one-shot report opens with when the API's word is missing (off, not asked, or it
+/// cannot vouch): `None` while it vouches.
+pub fn api_line(world: &LinuxWorld) -> Option<String> {
+    ApiState::of(world.cluster().as_ref(), &world.api_off(), world.now()).missing()
+}
