@@ -34,6 +34,10 @@ pub struct Cli {
     /// to stderr).
     #[arg(long, short = 'q', global = true, help_heading = "Output")]
     pub quiet: bool,
+    /// Output format: `table` and `wide` for people, `json` and `yaml` the v1 schema's
+    /// documents (as agentctl's -o).
+    #[arg(long, short = 'o', global = true, help_heading = "Output", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
     /// The host's root; /proc, /sys and /dev are looked for under it.
     #[arg(long, global = true, help_heading = "Host", default_value = "/", value_name = "DIR")]
     pub root: PathBuf,
@@ -161,7 +165,7 @@ const IGNORED: &[(&str, &[&str])] = &[
     ("release", &["statmount_memo"]),
     ("clean", &["statmount_memo"]),
     ("apply", &["statmount_memo"]),
-    ("serve", &["state", "kube_wait"]),
+    ("serve", &["state", "kube_wait", "output", "quiet"]),
     (
         "journal",
         &[
@@ -285,8 +289,6 @@ blockjanitor-agent scan --columns NAME,SIZE,VERDICT,WHY -o wide\n  \
 blockjanitor-agent scan -q; echo $?             # 3: a blind spot (INCOMPLETE VIEW)"
     )]
     Scan {
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
         #[command(flatten)]
         filter: blockjanitor_rpc::view::choices::DeviceFilter,
         #[command(flatten)]
@@ -323,8 +325,6 @@ blockjanitor-agent --root /host holders /dev/rbd/k8s/csi-vol-1234   # in a pod t
         /// One line per hold (each fd, directory, mapping, mount), with paths: the long form.
         #[arg(long, short)]
         verbose: bool,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// Detach every mount of DEVICE in a mount namespace other than the host's (setns +
     /// umount2 MNT_DETACH, no process is killed), then show what still holds it. Dry run unless --apply.
@@ -346,8 +346,6 @@ blockjanitor-agent release /dev/rbd3 --apply\n  blockjanitor-agent release rbd3 
         /// (or another device's) mount an unmount would take with it through propagation.
         #[arg(long, value_name = "REASON", value_parser = clap::builder::NonEmptyStringValueParser::new())]
         force_busy: Option<String>,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// Tear DEVICE down by its kind once it is stale (observed unheld for the grace period):
     /// unbind a loop device (LOOP_CLR_FD), disconnect nbd, unmap rbd, tear down a dead
@@ -386,8 +384,6 @@ blockjanitor-agent clean pod-volume:0a5eb91b-7c1e-4f0e-9d3b-2b1f0e0c1d2e/volumes
         /// unmounted any more). Only for a mapping whose cluster is gone for good.
         #[arg(long)]
         force: bool,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// The plans for the given devices (default: every stale one, and every removable orphaned
     /// pod volume directory): the dry run of `clean` of each, or of `release` with --release.
@@ -404,8 +400,6 @@ blockjanitor-agent plan loop3 rbd0\n  blockjanitor-agent plan loop3 --release -o
         /// devices stay). Needs the devices named.
         #[arg(long)]
         release: bool,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// Carry out the plans for the given devices (default: every stale one, and every removable
     /// orphaned pod volume directory): `clean --apply` of each, or `release --apply` with
@@ -426,16 +420,11 @@ blockjanitor-agent apply rbd3 --release --yes -o json"
         /// Carry out the plans (without it: show them only).
         #[arg(long)]
         yes: bool,
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
     },
     /// Steps a previous run started but never finished (from the journal).
     #[command(after_help = "EXAMPLES:\n  blockjanitor-agent journal\n  \
 blockjanitor-agent --journal /var/lib/blockjanitor/journal.jsonl journal -o json")]
-    Journal {
-        #[arg(long, short, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
+    Journal,
     /// Run as a daemon: scan at start, on block uevents, on host mount-table changes and on a
     /// timer; serve the gRPC API on a unix socket (and TCP with mutual TLS) and /metrics.
     #[command(

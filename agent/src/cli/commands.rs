@@ -85,38 +85,38 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
-        Command::Scan { output, filter, layout } => scan(cli, host, &mut state, *output, filter, layout),
-        Command::Holders { devices, verbose, output } => {
+        Command::Scan { filter, layout } => scan(cli, host, &mut state, cli.output, filter, layout),
+        Command::Holders { devices, verbose } => {
             let memo = report_only_memo(cli, &host);
-            super::holders::holders(cli, host, &mut state, memo, devices, (*verbose, *output))
+            super::holders::holders(cli, host, &mut state, memo, devices, (*verbose, cli.output))
         }
-        Command::Release { device, apply, force_busy, output } => {
+        Command::Release { device, apply, force_busy } => {
             let mut e = engine(cli, host, plan::clean::CleanOptions::default());
             e.settings.release = plan::release::ReleaseOptions { force_busy: force_busy.clone() };
-            requests::one_request(cli, &e, &mut state, Operation::Release, device, *apply, *output)
+            requests::one_request(cli, &e, &mut state, Operation::Release, device, *apply, cli.output)
         }
-        Command::Clean { device, apply, deferred_remove, force, output } => {
+        Command::Clean { device, apply, deferred_remove, force } => {
             let clean = plan::clean::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
             let e = engine(cli, host, clean);
-            requests::one_request(cli, &e, &mut state, Operation::Clean, device, *apply, *output)
+            requests::one_request(cli, &e, &mut state, Operation::Clean, device, *apply, cli.output)
         }
-        Command::Plan { devices, release, output } => {
+        Command::Plan { devices, release } => {
             let e = engine(cli, host, plan::clean::CleanOptions::default());
-            requests::many(cli, &e, &mut state, operation(*release), devices, false, false, *output)
+            requests::many(cli, &e, &mut state, operation(*release), devices, false, false, cli.output)
         }
-        Command::Apply { devices, release, yes, output } => {
+        Command::Apply { devices, release, yes } => {
             let e = engine(cli, host, plan::clean::CleanOptions::default());
-            requests::many(cli, &e, &mut state, operation(*release), devices, true, *yes, *output)
+            requests::many(cli, &e, &mut state, operation(*release), devices, true, *yes, cli.output)
         }
         Command::Serve(args) => serve(cli, args, host),
-        Command::Journal { output } => {
+        Command::Journal => {
             let path = journal_path(cli);
             let pending =
                 journal::pending(&path).with_context(|| format!("cannot read {}", path.display()))?;
             let plans =
                 journal::open_plans(&path).with_context(|| format!("cannot read {}", path.display()))?;
             let plans: Vec<JournalPlan> = plans.iter().map(JournalPlan::of).collect();
-            if matches!(output, Output::Json | Output::Yaml) {
+            if matches!(cli.output, Output::Json | Output::Yaml) {
                 let body = serde_json::json!({
                     "journal": path.display().to_string(),
                     "pending": pending,
@@ -125,7 +125,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                         "finished": p.finished, "total": p.total,
                     })).collect::<Vec<_>>(),
                 });
-                print_value(*output, &view::doc::envelope(view::doc::JOURNAL, body))?;
+                print_value(cli.output, &view::doc::envelope(view::doc::JOURNAL, body))?;
                 return Ok(0);
             }
             if !path.exists() {

@@ -99,7 +99,7 @@ pub fn one_request(
         return one_dir(cli, e, state, device, apply, output);
     }
     let out = carry(cli, e, state, op, device, apply)?;
-    let code = out.class().exit_code();
+    let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply))?;
         return Ok(code);
@@ -120,7 +120,7 @@ fn one_dir(
     output: Output,
 ) -> Result<u8> {
     let out = super::dir_requests::carry_dir(cli, e, state, arg, apply)?;
-    let code = out.class().exit_code();
+    let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply))?;
         return Ok(code);
@@ -236,7 +236,7 @@ pub fn many(
         let out = super::dir_requests::carry_dir(cli, e, state, &arg, carried)?;
         dirs.push((arg, out));
     }
-    let worst = |c, class: Class| view::exit::worst(c, class.exit_code());
+    let worst = |c, class: Class| view::exit::worst(c, view::exit::outcome(class.as_str()));
     let code = outcomes.iter().fold(view::exit::DONE, |c, (_, o)| worst(c, o.class()));
     let mut code = dirs.iter().fold(code, |c, (_, o)| worst(c, o.class()));
     if matches!(output, Output::Json | Output::Yaml) {

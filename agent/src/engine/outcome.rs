@@ -70,18 +70,6 @@ pub enum Class {
 }
 
 impl Class {
-    /// The one-shot CLI's exit code for this class.
-    pub fn exit_code(self) -> u8 {
-        use blockjanitor_rpc::view::exit;
-        match self {
-            Class::Done => exit::DONE,
-            Class::Error => exit::ERROR,
-            Class::Held => exit::HELD,
-            Class::Unknown => exit::UNKNOWN,
-            Class::Refused => exit::REFUSED,
-        }
-    }
-
     /// The word for it on the wire (`DevicePlan.outcome`) and in JSON: done, held, unknown,
     /// refused, error.
     pub fn as_str(self) -> &'static str {

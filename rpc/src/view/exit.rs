@@ -1,7 +1,7 @@
 //! The exit codes of both CLIs (README "Exit codes"), one table, so that a script reads the same
 //! answer from `agentctl` as from the one-shot `blockjanitor-agent` command:
 //! `0` free / done, `1` error, `2` held, `3` unknown, `4` refused. The agent's request classes
-//! (`Class::exit_code`) map onto these constants.
+//! map onto these constants by their words ([`outcome`]): the engine knows no exit code.
 //!
 //! `holders` exits like `fuser -s`: `2` when something holds the device, `0` when nothing does,
 //! `3` when the agent cannot say (the device's verdict is `unknown`); of several devices, `2` if
@@ -133,13 +133,21 @@ pub fn holders_many(codes: impl IntoIterator<Item = u8>) -> u8 {
 /// is `held` if it leaves holders alone, else `refused`.
 pub fn plan(p: &pb::DevicePlan) -> u8 {
     match p.outcome.as_str() {
+        "" if p.refusal.is_empty() => DONE,
+        "" if !p.left_alone.is_empty() => HELD,
+        "" => REFUSED,
+        word => outcome(word),
+    }
+}
+
+/// The exit code of a request's outcome word (`DevicePlan.outcome`, the agent's `Class`): done,
+/// held, unknown, refused; anything else (error, a word this client does not know) is an error.
+pub fn outcome(word: &str) -> u8 {
+    match word {
         "done" => DONE,
         "held" => HELD,
         "unknown" => UNKNOWN,
         "refused" => REFUSED,
-        "" if p.refusal.is_empty() => DONE,
-        "" if !p.left_alone.is_empty() => HELD,
-        "" => REFUSED,
         _ => ERROR,
     }
 }
