@@ -1,7 +1,8 @@
 //! The README's walkthrough ("A walkthrough: a volume kubelet cannot unmap"), run exactly as it
 //! writes it: every `# ` line of its console block is a root command, run in that order by one
 //! bash in a fresh directory, with the agent under test first on PATH. The rest of the block is
-//! the output the README shows; the test checks what it claims: `holders` finds the mount in the
+//! the output the README shows, each line of which the agent must print (numbers, paths and the
+//! device's name aside: so the README's figures stay current); the test also checks what it claims: `holders` finds the mount in the
 //! other namespace and exits 2 (held), the `release` dry run changes nothing, `release --apply`
 //! detaches it there and says the device is free and unbound, and the holder still runs.
 
@@ -20,6 +21,46 @@ fn walkthrough_commands() -> Vec<String> {
     let start = section.find("```console\n").expect("a console block") + "```console\n".len();
     let block = &section[start..start + section[start..].find("\n```").expect("closed")];
     block.lines().filter_map(|l| l.strip_prefix("# ")).map(str::to_owned).collect()
+}
+
+/// The output the README shows under each command of the walkthrough (its lines up to the next
+/// `# ` line or blank line), in the commands' order.
+fn walkthrough_outputs() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let section =
+        readme.split("\n## ").find(|s| format!("## {s}").starts_with(HEADING)).expect("the section");
+    let start = section.find("```console\n").expect("a console block") + "```console\n".len();
+    let block = &section[start..start + section[start..].find("\n```").expect("closed")];
+    let mut outputs: Vec<Vec<String>> = Vec::new();
+    let mut open = false;
+    for line in block.lines() {
+        if line.starts_with("# ") {
+            outputs.push(Vec::new());
+            open = true;
+        } else if line.trim().is_empty() {
+            open = false;
+        } else if let (true, Some(last)) = (open, outputs.last_mut()) {
+            last.push(line.to_owned());
+        }
+    }
+    outputs
+}
+
+/// A line with what differs from run to run taken out: the README's directory (`/var/tmp/demo`)
+/// and the test's become `DIR`, the loop device's name `DEV`, every number `N`.
+fn shape(line: &str, dir: &str, dev: &str) -> String {
+    let line = line.replace(dir, "DIR").replace("/var/tmp/demo", "DIR").replace(dev, "DEV");
+    let mut out = String::new();
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('N') {
+                out.push('N');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Kills the background holder (and with it the namespace and its copy of the mount) and frees
@@ -102,6 +143,28 @@ fn root_readme_walkthrough_runs_as_written() {
         assert_eq!(part(i).1, Some(0), "`{c}` failed:\n{all}");
     }
     assert_eq!(cleanup.pids.len(), 1, "one background holder (the README's `sleep`):\n{all}");
+
+    // The output the README shows is the output the agent prints, line for line (but for what
+    // differs between runs: paths, the device's name, numbers; and the kernel threads, whose
+    // workqueue threads come and go).
+    let dir = cleanup.dir.path().to_str().expect("utf-8 dir").to_owned();
+    let dev = stdout
+        .lines()
+        .find_map(|l| l.split_whitespace().next().filter(|w| w.starts_with("loop")))
+        .unwrap_or("loop")
+        .to_owned();
+    for (i, shown) in walkthrough_outputs().iter().enumerate() {
+        let printed: Vec<String> = part(i).0.lines().map(|l| shape(l, &dir, &dev)).collect();
+        for line in shown.iter().filter(|l| !l.starts_with("kernel threads")) {
+            let want = shape(line, &dir, &dev);
+            assert!(
+                printed.contains(&want),
+                "README's output of `{}` shows a line the agent does not print:\n  {want}\nprinted:\n{}",
+                commands[i],
+                printed.join("\n")
+            );
+        }
+    }
 
     let (holders, rc) = part(4);
     assert_eq!(rc, Some(2), "holders exits 2 (held):\n{all}");
