@@ -13,6 +13,7 @@ pub mod container;
 pub mod daemon;
 pub mod deploy;
 pub mod doc_commands;
+pub mod explanation;
 pub mod failover;
 pub mod fixture;
 pub mod guest;

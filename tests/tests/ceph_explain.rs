@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use blockjanitor_tests::ceph::{ack, ceph_dir, require_ceph, wait_handshake, Cluster, NsApi, Proc};
 use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::{Daemon, Pki};
+use blockjanitor_tests::explanation::{cause, commands, fences};
 use blockjanitor_tests::guest::stage_agent;
 use blockjanitor_tests::kube_objects::{
     ago, core_event, csi_pv, node_status, pod_object, pvc_object, volume_attachment, PodSpec,
@@ -281,29 +282,6 @@ impl Scene {
         assert_eq!(code, Some(0), "guest scenario failed:\n{output}");
         assert!(output.contains("OK"), "{output}");
     }
-}
-
-fn cause(v: &Value) -> &str {
-    v["diagnosis"]["cause"].as_str().unwrap_or("")
-}
-
-fn commands(v: &Value) -> Vec<String> {
-    v["diagnosis"]["next"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a["command"].as_str())
-        .map(String::from)
-        .collect()
-}
-
-fn fences(v: &Value) -> bool {
-    v["diagnosis"]["next"].as_array().into_iter().flatten().any(|a| {
-        let c = a["command"].as_str().unwrap_or("");
-        c.contains("blocklist add")
-            || c.contains("taint nodes")
-            || a["manifest"].as_str().unwrap_or("").contains("kind: NetworkFence")
-    })
 }
 
 /// Incident 1: see the module docs.

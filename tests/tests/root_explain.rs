@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use blockjanitor_tests::console::{bin, console_args, Console};
 use blockjanitor_tests::daemon::{Daemon, Pki, ServerFiles};
+use blockjanitor_tests::explanation::{cause, commands, fences};
 use blockjanitor_tests::kube_mock::ApiServer;
 use blockjanitor_tests::kube_objects::{
     ago, core_event, csi_pv, node_status, pod_object, pvc_object, volume_attachment, PodSpec,
@@ -310,29 +311,6 @@ impl Scene {
             std::thread::sleep(Duration::from_millis(300));
         }
     }
-}
-
-fn cause(v: &Value) -> &str {
-    v["diagnosis"]["cause"].as_str().unwrap_or("")
-}
-
-fn commands(v: &Value) -> Vec<String> {
-    v["diagnosis"]["next"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a["command"].as_str())
-        .map(String::from)
-        .collect()
-}
-
-fn fences(v: &Value) -> bool {
-    v["diagnosis"]["next"].as_array().into_iter().flatten().any(|a| {
-        let c = a["command"].as_str().unwrap_or("");
-        c.contains("blocklist add")
-            || c.contains("taint nodes")
-            || a["manifest"].as_str().unwrap_or("").contains("kind: NetworkFence")
-    })
 }
 
 /// Incident 5, then 2: see the module docs.

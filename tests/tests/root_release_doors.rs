@@ -20,7 +20,7 @@
 //! are declared so that they drop in the safe order (threads and processes, then mounts, then
 //! loop devices).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -77,6 +77,25 @@ fn shared_dir(dir: &Path) -> HostMount {
     m
 }
 
+/// A kubelet directory as a Bidirectional mount leaves it: a shared tmpfs (`parent`), and the
+/// empty `vol` below it where a volume is mounted (`parent` unmounts the tmpfs when dropped:
+/// drop it after what is mounted at `vol`).
+struct SharedKubelet {
+    kubelet: PathBuf,
+    vol: PathBuf,
+    parent: HostMount,
+}
+
+impl SharedKubelet {
+    fn new(s: &Scratch) -> Self {
+        let kubelet = s.mkdir("kubelet");
+        let vol = kubelet.join("vol");
+        let parent = shared_dir(&kubelet);
+        std::fs::create_dir(&vol).expect("mkdir");
+        SharedKubelet { kubelet, vol, parent }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. Gotcha 29: an unmount propagates through the parent's peer group.
 
@@ -84,10 +103,7 @@ fn shared_dir(dir: &Path) -> HostMount {
 fn root_a_release_never_unmounts_the_hosts_mount_through_the_parents_peer_group() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
-    let kubelet = s.mkdir("kubelet");
-    let vol = kubelet.join("vol");
-    let parent = shared_dir(&kubelet);
-    std::fs::create_dir(&vol).expect("mkdir");
+    let SharedKubelet { kubelet, vol, parent } = SharedKubelet::new(&s);
     let host = HostMount::new(&lo.dev, &vol, &[]);
     // The pod's namespace keeps the parent a peer of the host's (propagation unchanged) and
     // makes only its copy of the device's mount private.
@@ -131,10 +147,7 @@ fn root_a_release_never_unmounts_another_devices_mount_at_the_same_place() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let a = LoopDev::attach(&s.ext4_image("a.img", 32));
     let b = LoopDev::attach(&s.ext4_image("b.img", 32));
-    let kubelet = s.mkdir("kubelet");
-    let vol = kubelet.join("vol");
-    let parent = shared_dir(&kubelet);
-    std::fs::create_dir(&vol).expect("mkdir");
+    let SharedKubelet { kubelet, vol, parent } = SharedKubelet::new(&s);
     let host_a = HostMount::new(&a.dev, &vol, &[]);
     let (k, v) = (utf8(&kubelet), utf8(&vol));
     // The pod: its copy of A private below a parent that stays a peer.
@@ -187,10 +200,7 @@ fn root_a_release_never_unmounts_another_devices_mount_at_the_same_place() {
 fn root_a_copy_below_a_private_parent_is_still_released() {
     let Some((_serial, s)) = real_kernel_test(TOOLS) else { return };
     let lo = LoopDev::attach(&s.ext4_image("vol.img", 32));
-    let kubelet = s.mkdir("kubelet");
-    let vol = kubelet.join("vol");
-    let parent = shared_dir(&kubelet);
-    std::fs::create_dir(&vol).expect("mkdir");
+    let SharedKubelet { kubelet, vol, parent } = SharedKubelet::new(&s);
     let host = HostMount::new(&lo.dev, &vol, &[]);
     // The pod's whole copy private (as most pods' are): then the host lets go of its own mount,
     // which does not reach the pod, and the pod's copy is a leak.
