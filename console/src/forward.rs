@@ -102,7 +102,7 @@ impl Forwarder<'_> {
                 Err(s) => return Err(stopped(s, &target.node, &response.results, &targets[i + 1..])),
             };
             // The step may run until the Apply's deadline, and a little past it on the agent.
-            let until = blockjanitor_ctl::time::now_secs() + self.apply_timeout.as_secs_f64() + 30.0;
+            let until = blockjanitor_rpc::view::time::now_secs() + self.apply_timeout.as_secs_f64() + 30.0;
             if let Err(why) = self.lease.begin_step(&target.node, until).await {
                 let s = Status::unavailable(format!("nothing was sent to {}: {why}", target.node));
                 return Err(stopped(s, &target.node, &response.results, &targets[i + 1..]));

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use blockjanitor_ctl::time::now_secs;
+use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 
 use crate::ceph_addr;

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blockjanitor_ctl::time::now_secs;
+use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use blockjanitor_rpc::client::{self, Target, TcpTarget};

@@ -112,7 +112,7 @@ pub fn held(d: &pb::Device) -> bool {
 }
 
 fn verdict_name(raw: i32) -> String {
-    blockjanitor_ctl::names::verdict_name(raw)
+    blockjanitor_rpc::view::names::verdict_name(raw)
 }
 
 /// One diagnosis per node involved: named by a VolumeAttachment, listed in a Node's status, or

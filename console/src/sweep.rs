@@ -129,7 +129,7 @@ fn device_state(d: &pb::Device) -> String {
     if held(d) {
         d.holders.first().map(|h| h.description.clone()).unwrap_or_else(|| "in use".to_owned())
     } else {
-        blockjanitor_ctl::names::verdict_name(d.verdict)
+        blockjanitor_rpc::view::names::verdict_name(d.verdict)
     }
 }
 
@@ -227,7 +227,7 @@ pub fn volume_part(key: &str, v: &Volume<'_>, missing: &Missing) -> Part {
             detail: format!(
                 "mapped on {n} and nothing there uses it: {}",
                 idle.iter()
-                    .map(|d| format!("{} {}", d.name, blockjanitor_ctl::names::verdict_name(d.verdict)))
+                    .map(|d| format!("{} {}", d.name, blockjanitor_rpc::view::names::verdict_name(d.verdict)))
                     .collect::<Vec<_>>()
                     .join(", ")
             ),

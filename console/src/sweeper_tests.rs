@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::index::Index;
-use blockjanitor_ctl::time::now_secs;
+use blockjanitor_rpc::view::time::now_secs;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 

@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use blockjanitor_ctl::time::now_secs;
+use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 
 use crate::ceph_addr::{self, AddrSpec, Query};
@@ -79,7 +79,7 @@ fn mappings(ix: &Inner, q: &Query) -> Vec<pb::FleetDevice> {
 
 /// How long ago `t` was, for a sentence.
 fn ago(t: f64) -> String {
-    blockjanitor_ctl::time::ago(t, now_secs())
+    blockjanitor_rpc::view::time::ago(t, now_secs())
 }
 
 /// What a node's agent cannot see: its rbd-nbd devices (whose client addresses no agent reports)
@@ -318,7 +318,7 @@ impl FleetService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use blockjanitor_ctl::time::now_secs;
+    use blockjanitor_rpc::view::time::now_secs;
     use k8s_openapi::api::core::v1::Node;
 
     fn node(name: &str, ip: &str) -> Node {

@@ -130,8 +130,8 @@ fn node_evidence(f: &NodeFacts, v: &Volume, cx: &Context<'_>, out: &mut Vec<Stri
         out.push(format!(
             "node {n}: {} ({}, verdict {}) is {what}{client}{as_of}",
             d.name,
-            blockjanitor_ctl::names::kind_name(d.kind),
-            blockjanitor_ctl::names::verdict_name(d.verdict)
+            blockjanitor_rpc::view::names::kind_name(d.kind),
+            blockjanitor_rpc::view::names::verdict_name(d.verdict)
         ));
         for h in holders::of_device(n, d, cx.pods) {
             out.push(format!("node {n}: {} is held by {}", d.name, holders::line(&h)));

@@ -34,7 +34,7 @@ fn container_name(p: &Pod, id: &str) -> String {
 }
 
 fn kind_name(raw: i32) -> String {
-    blockjanitor_ctl::names::holder_kind_name(raw)
+    blockjanitor_rpc::view::names::holder_kind_name(raw)
 }
 
 /// One device's holders on `node`, named; the processes first (a mount's "processes" are those

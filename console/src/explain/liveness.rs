@@ -4,7 +4,7 @@
 //! only when its agent does not answer AND its Node is NotReady (False or Unknown) or deleted;
 //! while its agent answers it never is, whatever its Node says (the machine runs).
 
-use blockjanitor_ctl::time::now_secs;
+use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 use k8s_openapi::api::core::v1::Node;
 
@@ -13,7 +13,7 @@ use crate::index::Inner;
 
 /// `t` (seconds since the epoch) as `4s ago`, `3m ago` (as the CLIs print times).
 pub fn ago(t: f64, now: f64) -> String {
-    blockjanitor_ctl::time::ago(t, now)
+    blockjanitor_rpc::view::time::ago(t, now)
 }
 
 fn secs(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> f64 {
