@@ -16,8 +16,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::view::time::now_secs;
 
 use crate::ceph_addr;
 use crate::client_history::ClientHistory;

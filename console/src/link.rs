@@ -20,10 +20,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::agent_client::AgentClient;
 use blockjanitor_rpc::client::{self, Target, TcpTarget};
+use blockjanitor_rpc::view::time::now_secs;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;

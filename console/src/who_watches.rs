@@ -15,8 +15,8 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::view::time::now_secs;
 
 use crate::ceph_addr::{self, AddrSpec, Query};
 use crate::cluster::Cluster;

@@ -201,6 +201,30 @@ pub fn reporting_daemon(
     (server, d)
 }
 
+/// An agent serving the fixture tree `fixture` (of [`crate::fixtures`]) over mutual TLS on
+/// loopback, with `config` (TOML) as its config file and the identity `console` in the console
+/// role; and the PKI that issued its certificates. For the tests of the calls a console forwards
+/// on behalf of a person ([`console_client`] is that console).
+pub fn console_facing_agent(s: &crate::Scratch, fixture: &str, config: &str) -> (Daemon, Pki) {
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let root = crate::fixtures().join(fixture).to_string_lossy().into_owned();
+    let file = s.path("agent.toml");
+    std::fs::write(&file, config).expect("write the agent's config");
+    let args = ["--config", file.to_str().expect("utf-8 path"), "--tls-console", "console"];
+    let d = Daemon::start_tls(s.dir.path(), &["--root", &root], "127.0.0.1:0", &tls, &args);
+    (d, pki)
+}
+
+/// An Agent client of `d` with the certificate of the identity `console`, issued by `pki`
+/// ([`console_facing_agent`]).
+pub async fn console_client(d: &Daemon, pki: &Pki) -> AgentClient<Channel> {
+    let console = pki.issue("console", &["console"]);
+    let addr = d.tcp.expect("the agent listens on TCP");
+    let ch = tls_channel(addr, &pki.ca.cert, Some((&console.cert, &console.key))).await.expect("connect");
+    AgentClient::new(ch)
+}
+
 /// A gRPC channel over a unix socket.
 pub async fn unix_channel(path: &Path) -> Result<Channel, tonic::transport::Error> {
     let path = path.to_owned();

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::console::{bin, console_args, start_agent, Console};
-use blockjanitor_tests::daemon::{assert_serving_and_reflected, tls_channel, Daemon, Pki};
+use blockjanitor_tests::daemon::{
+    assert_serving_and_reflected, console_client, console_facing_agent, tls_channel, Daemon, Pki,
+};
 use blockjanitor_tests::http::http_get;
 use blockjanitor_tests::kube_mock::{self, ApiServer};
 use blockjanitor_tests::*;
@@ -922,20 +924,9 @@ fn the_console_role_cannot_apply_without_naming_an_operator() {
 #[test]
 fn the_agent_counts_the_consoles_forwarded_plans_per_caller() {
     let s = Scratch::new();
-    let pki = Pki::new("blockjanitor test CA");
-    let tls = pki.write_server(s.dir.path());
-    let root = fixtures().join("incident1").to_string_lossy().into_owned();
-    let config = s.path("agent.toml");
-    std::fs::write(&config, "plans_per_minute_per_client = 2\n").expect("config");
-    let config = config.to_str().expect("utf8");
-    let args = ["--config", config, "--tls-console", "console"];
-    let d = Daemon::start_tls(s.dir.path(), &["--root", &root], "127.0.0.1:0", &tls, &args);
-    let console = pki.issue("console", &["console"]);
+    let (d, pki) = console_facing_agent(&s, "incident1", "plans_per_minute_per_client = 2\n");
     rt().block_on(async {
-        let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
-            .await
-            .expect("connect");
-        let mut a = blockjanitor_proto::v1::agent_client::AgentClient::new(ch);
+        let mut a = console_client(&d, &pki).await;
         let plan = |who: &str| {
             let mut req =
                 tonic::Request::new(pb::PlanRequest { devices: vec!["rbd4".into()], ..Default::default() });

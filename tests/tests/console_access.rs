@@ -10,10 +10,10 @@ use std::time::Duration;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::console::{console_args, console_kubeconfig, start_agent, Console};
-use blockjanitor_tests::daemon::{tls_channel, Daemon, Pki};
+use blockjanitor_tests::daemon::{console_client, console_facing_agent, tls_channel, Daemon, Pki};
 use blockjanitor_tests::http::http_response_with;
 use blockjanitor_tests::kube_mock::{self, ApiServer};
-use blockjanitor_tests::{fixtures, rt, wait_until, Scratch};
+use blockjanitor_tests::{rt, wait_until, Scratch};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -215,20 +215,9 @@ fn a_console_without_the_api_refuses_a_token() {
 #[test]
 fn the_agent_counts_forwarded_applies_per_person() {
     let s = Scratch::new();
-    let pki = Pki::new("blockjanitor test CA");
-    let tls = pki.write_server(s.dir.path());
-    let root = fixtures().join("incident1").to_string_lossy().into_owned();
-    let config = s.path("agent.toml");
-    std::fs::write(&config, "applies_per_minute_per_client = 1\n").expect("config");
-    let config = config.to_str().expect("utf8");
-    let args = ["--config", config, "--tls-console", "console"];
-    let d = Daemon::start_tls(s.dir.path(), &["--root", &root], "127.0.0.1:0", &tls, &args);
-    let console = pki.issue("console", &["console"]);
+    let (d, pki) = console_facing_agent(&s, "incident1", "applies_per_minute_per_client = 1\n");
     rt().block_on(async {
-        let ch = tls_channel(d.tcp.expect("tcp"), &pki.ca.cert, Some((&console.cert, &console.key)))
-            .await
-            .expect("connect");
-        let mut a = blockjanitor_proto::v1::agent_client::AgentClient::new(ch);
+        let mut a = console_client(&d, &pki).await;
         let apply = |who: &str| {
             let mut req =
                 tonic::Request::new(pb::ApplyRequest { devices: vec!["rbd4".into()], ..Default::default() });

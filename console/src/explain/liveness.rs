@@ -4,8 +4,8 @@
 //! only when its agent does not answer AND its Node is NotReady (False or Unknown) or deleted;
 //! while its agent answers it never is, whatever its Node says (the machine runs).
 
-use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::view::time::now_secs;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::cluster::{node_addresses, Cluster};

@@ -24,8 +24,8 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use blockjanitor_rpc::view::time::now_secs;
 use blockjanitor_proto::v1 as pb;
+use blockjanitor_rpc::view::time::now_secs;
 use k8s_openapi::api::core::v1::Pod;
 use tonic::Status;
 
