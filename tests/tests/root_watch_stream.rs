@@ -52,6 +52,23 @@ const FREE_WITHIN: Duration = Duration::from_secs(3);
 
 type Seen = Arc<Mutex<Vec<(Instant, pb::Event)>>>;
 
+/// Watches the daemon at `socket` on `rt` (which must live as long as the watch): every event,
+/// with when it arrived.
+fn watch_all(rt: &tokio::runtime::Runtime, socket: &Path) -> Seen {
+    let seen: Seen = Arc::default();
+    let kept = Arc::clone(&seen);
+    rt.block_on(async {
+        let mut c = unix_client(socket).await;
+        let mut stream = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
+        tokio::spawn(async move {
+            while let Some(Ok(e)) = stream.next().await {
+                kept.lock().expect("lock").push((Instant::now(), e));
+            }
+        });
+    });
+    seen
+}
+
 /// A change made and when its command ran.
 struct Change {
     mount: bool,
@@ -126,17 +143,7 @@ fn root_paced_mounts_and_unmounts_reach_the_watcher_at_once_and_a_filesystems_en
     let timer = (30 + 3 * cycles).to_string();
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", &timer]);
     let rt = rt();
-    let seen: Seen = Arc::default();
-    rt.block_on(async {
-        let mut c = unix_client(&d.socket).await;
-        let mut stream = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
-        let seen = Arc::clone(&seen);
-        tokio::spawn(async move {
-            while let Some(Ok(e)) = stream.next().await {
-                seen.lock().expect("lock").push((Instant::now(), e));
-            }
-        });
-    });
+    let seen = watch_all(&rt, &d.socket);
     // The start-up scan settles and the mount watch is up.
     std::thread::sleep(Duration::from_secs(2));
     let t0 = Instant::now();
@@ -286,18 +293,8 @@ fn root_a_detached_filesystem_a_process_holds_is_shown_free_once_that_process_ex
     });
     std::thread::sleep(Duration::from_millis(300));
     let d = Daemon::start(s.dir.path(), &["--rescan-interval", "30"]);
-    let seen: Seen = Arc::default();
     let rt = rt();
-    rt.block_on(async {
-        let mut c = unix_client(&d.socket).await;
-        let mut stream = c.watch_events(pb::WatchEventsRequest {}).await.expect("WatchEvents").into_inner();
-        let seen = Arc::clone(&seen);
-        tokio::spawn(async move {
-            while let Some(Ok(e)) = stream.next().await {
-                seen.lock().expect("lock").push((Instant::now(), e));
-            }
-        });
-    });
+    let seen = watch_all(&rt, &d.socket);
     std::thread::sleep(Duration::from_secs(2));
     let t0 = Instant::now();
     sh("nsenter", &["-t", &pid, "-m", "umount", "-l", &t]);
