@@ -12,15 +12,16 @@
 //! it (`plan`, `index`). A plan with no end is unfinished ([`open_plans`]): re-running the same
 //! command finishes it ([`crate::engine::workflow`]).
 //!
-//! Records, one JSON object a line: `{"ts", "id", "phase": "plan", "request", "device", "steps",
-//! ...}`, `{"ts", "id", "phase": "plan_end", "result", "detail"}`,
+//! Records, one JSON object a line, typed in [`super::journal_record`] (which also says the
+//! exact layout, kept byte for byte): `{"ts", "id", "phase": "plan", "request", "device",
+//! "steps", ...}`, `{"ts", "id", "phase": "plan_end", "result", "detail"}`,
 //! `{"ts", "id", "phase": "intent", "step": {...}, "plan"?, "index"?}`,
 //! `{"ts", "id", "phase": "result", "result": "done" | "already_absent" | "deferred" | "skipped" |
 //! "failed", "detail"?}`, `{"ts", "id", "phase": "recovered", "result": "gone" | "in_place" |
-//! "identity_changed" | "replan", "detail"}`, and `{"phase": "rotated"}` after a rotation. An
-//! intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`; intents and plans also
-//! name their `writer` (`{"pid", "start", "boot"}`: a PID is reused, a PID, start time and boot
-//! are one process, [`Writer`]).
+//! "identity_changed" | "replan", "detail"}`, and `{"ts", "id", "phase": "rotated", "detail"}`
+//! after a rotation. An intent's `id` is `<ns since the epoch>-<pid of the writer>-<counter>`;
+//! intents and plans also name their `writer` (`{"pid", "start", "boot"}`: a PID is reused, a
+//! PID, start time and boot are one process, [`Writer`]).
 //!
 //! Fault injection (crash tests only, off unless set): with
 //! `BLOCKJANITOR_FAULT_SIGKILL_AFTER_STEP_RECORD=N` in its environment, the process sends itself
@@ -45,6 +46,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+pub use super::journal_record::{
+    Intent, JournaledStep, PlanBody, PlanDevice, PlanEnd, PlanEndResult, PlanRecord, PlanRequest, PlanStep,
+    Record, Recovered, Resolution, Rotated, StepEnd, StepResult,
+};
 pub use super::journal_writer::{writer_pid, Writer};
 use crate::host::durable;
 use crate::plan::Step;
@@ -122,27 +127,6 @@ pub struct Journal {
     current_plan: Option<String>,
 }
 
-#[derive(Serialize)]
-struct Record<'a> {
-    ts: f64,
-    id: &'a str,
-    phase: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    step: Option<serde_json::Value>,
-    /// The plan an intent belongs to, and the step's place in it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    plan: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    index: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    detail: Option<&'a str>,
-    /// The process writing an intent ([`Writer`]).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    writer: Option<&'a Writer>,
-}
-
 fn now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
@@ -170,16 +154,14 @@ impl Journal {
         &self.path
     }
 
-    fn append(&mut self, rec: &Record<'_>) -> io::Result<()> {
-        let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
-        line.push(b'\n');
-        self.file.write_all(&line)?;
+    fn append(&mut self, rec: &Record) -> io::Result<()> {
+        self.file.write_all(&rec.to_line().map_err(io::Error::other)?)?;
         self.file.sync_data()
     }
 
     /// Appends an intent or a result, at the fault points of [`FAULT_BEFORE_ENV`] and
     /// [`FAULT_ENV`] (off unless set).
-    fn append_step(&mut self, rec: &Record<'_>) -> io::Result<()> {
+    fn append_step(&mut self, rec: &Record) -> io::Result<()> {
         let n = STEP_RECORDS.load(Ordering::SeqCst) + 1;
         fault(FAULT_BEFORE_ENV, &BEFORE, n, "before");
         self.append(rec)?;
@@ -199,30 +181,29 @@ impl Journal {
     pub fn begin_at<S: Serialize + ?Sized>(&mut self, step: &S, index: Option<usize>) -> io::Result<String> {
         let id = new_id("");
         let plan = self.current_plan.clone();
-        self.append_step(&Record {
+        self.append_step(&Record::Intent(Intent {
             ts: now(),
-            id: &id,
-            phase: "intent",
-            step: Some(serde_json::to_value(step).map_err(io::Error::other)?),
-            plan: plan.as_deref(),
+            id: id.clone(),
+            step: serde_json::to_value(step).map_err(io::Error::other)?,
             index: index.filter(|_| plan.is_some()),
-            result: None,
-            detail: None,
-            writer: Some(Writer::this()),
-        })?;
+            plan,
+            writer: Some(Writer::this().clone()),
+        }))?;
         Ok(id)
     }
 
     /// Records a whole plan before its first intent: `body` is what a re-run needs to finish it
     /// (the operator's argument, the operation, the devices with their identities, every step).
     /// The intents written until [`Journal::plan_end`] name it. Returns the plan's record ID.
-    pub fn plan(&mut self, body: &serde_json::Value) -> io::Result<String> {
+    pub fn plan(&mut self, body: &PlanBody) -> io::Result<String> {
         let id = new_id("plan-");
-        let mut rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan", "writer": Writer::this() });
-        if let (Some(r), Some(b)) = (rec.as_object_mut(), body.as_object()) {
-            r.extend(b.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
-        self.append_value_step(&rec)?;
+        let rec = Record::Plan(Box::new(PlanRecord {
+            ts: now(),
+            id: id.clone(),
+            writer: Some(Writer::this().clone()),
+            body: body.clone(),
+        }));
+        self.append_plan_record(&rec)?;
         self.current_plan = Some(id.clone());
         Ok(id)
     }
@@ -234,59 +215,42 @@ impl Journal {
     }
 
     /// Closes the plan `id`: every step of it has a result (or will never run), with `result`
-    /// (`finished`, `incomplete`, `resumed`, `gone`) and what happened in words.
-    pub fn plan_end(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
+    /// and what happened in words.
+    pub fn plan_end(&mut self, id: &str, result: PlanEndResult, detail: &str) -> io::Result<()> {
         if self.current_plan.as_deref() == Some(id) {
             self.current_plan = None;
         }
-        let rec = serde_json::json!({ "ts": now(), "id": id, "phase": "plan_end", "result": result, "detail": detail });
-        self.append_value_step(&rec)
+        let rec =
+            Record::PlanEnd(PlanEnd { ts: now(), id: id.to_owned(), result, detail: detail.to_owned() });
+        self.append_plan_record(&rec)
     }
 
     /// Appends a plan record, at the fault points of [`FAULT_PLAN_BEFORE_ENV`] and
     /// [`FAULT_PLAN_ENV`] (off unless set).
-    fn append_value_step(&mut self, rec: &serde_json::Value) -> io::Result<()> {
+    fn append_plan_record(&mut self, rec: &Record) -> io::Result<()> {
         let n = PLAN_RECORDS.load(Ordering::SeqCst) + 1;
         fault(FAULT_PLAN_BEFORE_ENV, &PLAN_BEFORE, n, "before plan");
-        let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
-        line.push(b'\n');
-        self.file.write_all(&line)?;
-        self.file.sync_data()?;
+        self.append(rec)?;
         PLAN_RECORDS.store(n, Ordering::SeqCst);
         fault(FAULT_PLAN_ENV, &PLAN_AFTER, n, "after plan");
         Ok(())
     }
 
     /// Records how the step `id` ended.
-    pub fn finish(&mut self, id: &str, result: &str, detail: &str) -> io::Result<()> {
-        let detail = (!detail.is_empty()).then_some(detail);
-        self.append_step(&Record {
-            ts: now(),
-            id,
-            phase: "result",
-            step: None,
-            plan: None,
-            index: None,
-            result: Some(result),
-            detail,
-            writer: None,
-        })
+    pub fn finish(&mut self, id: &str, result: StepResult, detail: &str) -> io::Result<()> {
+        let detail = (!detail.is_empty()).then(|| detail.to_owned());
+        self.append_step(&Record::Result(StepEnd { ts: now(), id: id.to_owned(), result, detail }))
     }
 
-    /// Closes the intent `id` a run that died left open: `resolution` is a word
-    /// (`gone`, `in_place`, `identity_changed`, `replan`), `detail` what was found, in words.
-    pub fn recovered(&mut self, id: &str, resolution: &str, detail: &str) -> io::Result<()> {
-        self.append(&Record {
+    /// Closes the intent `id` a run that died left open: how (`resolution`), and what was
+    /// found, in words.
+    pub fn recovered(&mut self, id: &str, resolution: Resolution, detail: &str) -> io::Result<()> {
+        self.append(&Record::Recovered(Recovered {
             ts: now(),
-            id,
-            phase: "recovered",
-            step: None,
-            plan: None,
-            index: None,
-            result: Some(resolution),
-            detail: Some(detail),
-            writer: None,
-        })
+            id: id.to_owned(),
+            result: resolution,
+            detail: detail.to_owned(),
+        }))
     }
 }
 
@@ -304,26 +268,16 @@ pub fn previous_generation(path: &Path) -> std::path::PathBuf {
 fn rotate(path: &Path) -> io::Result<()> {
     let open = unfinished_records(path)?;
     let mut text = Vec::new();
-    for v in &open {
-        serde_json::to_writer(&mut text, v).map_err(io::Error::other)?;
+    for line in &open {
+        // Carried over as written, byte for byte (with any field this version does not know).
+        text.extend_from_slice(&line.raw);
         text.push(b'\n');
     }
     let previous = previous_generation(path);
     let note = format!("rotated; the earlier records are in {}", previous.display());
     let id = format!("rotate-{}", std::process::id());
-    let rec = Record {
-        ts: now(),
-        id: &id,
-        phase: "rotated",
-        step: None,
-        plan: None,
-        index: None,
-        result: None,
-        detail: Some(&note),
-        writer: None,
-    };
-    serde_json::to_writer(&mut text, &rec).map_err(io::Error::other)?;
-    text.push(b'\n');
+    let rec = Record::Rotated(Rotated { ts: now(), id, detail: Some(note) });
+    text.extend_from_slice(&rec.to_line().map_err(io::Error::other)?);
     match std::fs::remove_file(&previous) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
@@ -337,8 +291,8 @@ fn rotate(path: &Path) -> io::Result<()> {
 /// Intents with no result and no `recovered` record: steps a run started and never finished,
 /// not yet resolved. A missing journal has none. Lines that do not parse (a torn last write) are
 /// skipped.
-pub fn pending(path: &Path) -> io::Result<Vec<serde_json::Value>> {
-    Ok(pending_in(&records(path)?))
+pub fn pending(path: &Path) -> io::Result<Vec<Intent>> {
+    Ok(pending_in(records(path)?.iter().map(|l| &l.record)))
 }
 
 /// A fresh record ID: `<prefix><ns since the epoch>-<pid of the writer>-<counter>`.
@@ -369,52 +323,58 @@ fn terminate_torn_tail(path: &Path, file: &mut File) -> io::Result<()> {
     Ok(())
 }
 
-/// Every record of the journal that parses, in order (a torn line is skipped).
-fn records(path: &Path) -> io::Result<Vec<serde_json::Value>> {
+/// A line of the journal that is a record: as read, and as its type.
+struct Line {
+    raw: Vec<u8>,
+    record: Record,
+}
+
+/// Every record of the journal, in order; a line that is not one (a torn write) is skipped
+/// ([`Record::parse`]).
+fn records(path: &Path) -> io::Result<Vec<Line>> {
     let file = match durable::open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     let mut out = Vec::new();
-    for line in io::BufReader::new(file).split(b'\n') {
-        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&line?) {
-            out.push(v);
+    for raw in io::BufReader::new(file).split(b'\n') {
+        let raw = raw?;
+        if let Some(record) = Record::parse(&raw) {
+            out.push(Line { raw, record });
         }
     }
     Ok(out)
 }
 
-fn text_of<'a>(v: &'a serde_json::Value, k: &str) -> &'a str {
-    v.get(k).and_then(serde_json::Value::as_str).unwrap_or_default()
-}
-
 /// What a rotation must carry over: the open intents, and every record of an unfinished plan
 /// (the plan, its intents and their results), in their order.
-fn unfinished_records(path: &Path) -> io::Result<Vec<serde_json::Value>> {
+fn unfinished_records(path: &Path) -> io::Result<Vec<Line>> {
+    use std::collections::HashSet;
     let all = records(path)?;
-    let open_plans: std::collections::HashSet<String> =
-        open_plans_in(&all).into_iter().map(|p| p.id).collect();
-    let open_intents: std::collections::HashSet<String> =
-        pending_in(&all).iter().map(|v| text_of(v, "id").to_owned()).collect();
-    let mut of_open_plans: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let open_plans: HashSet<String> =
+        open_plans_in(all.iter().map(|l| &l.record)).into_iter().map(|p| p.id).collect();
+    let open_intents: HashSet<String> =
+        pending_in(all.iter().map(|l| &l.record)).into_iter().map(|i| i.id).collect();
+    let mut of_open_plans: HashSet<String> = HashSet::new();
     let mut out = Vec::new();
-    for v in all {
-        let id = text_of(&v, "id").to_owned();
-        let keep = match text_of(&v, "phase") {
-            "plan" => open_plans.contains(&id),
-            "intent" => {
-                let in_plan = open_plans.contains(text_of(&v, "plan"));
+    for line in all {
+        let keep = match &line.record {
+            Record::Plan(p) => open_plans.contains(&p.id),
+            Record::Intent(i) => {
+                let in_plan = i.plan.as_ref().is_some_and(|p| open_plans.contains(p));
                 if in_plan {
-                    of_open_plans.insert(id.clone());
+                    of_open_plans.insert(i.id.clone());
                 }
-                in_plan || open_intents.contains(&id)
+                in_plan || open_intents.contains(&i.id)
             }
-            "result" | "recovered" => of_open_plans.contains(&id),
-            _ => false,
+            Record::Result(StepEnd { id, .. }) | Record::Recovered(Recovered { id, .. }) => {
+                of_open_plans.contains(id)
+            }
+            Record::PlanEnd(_) | Record::Rotated(_) => false,
         };
         if keep {
-            out.push(v);
+            out.push(line);
         }
     }
     Ok(out)
@@ -427,7 +387,7 @@ pub struct OpenPlan {
     /// The process that wrote it.
     pub writer_pid: Option<u32>,
     /// The plan record as journaled.
-    pub record: serde_json::Value,
+    pub record: PlanRecord,
     /// The indexes of its steps that finished (a result `done` or `already_absent`, or closed
     /// by recovery as `gone` or `in_place`; a `deferred` step did not: the kernel finishes it
     /// only at its device's last close, and a resumed plan runs it again, re-checked).
@@ -439,46 +399,47 @@ pub struct OpenPlan {
     pub changed: std::collections::BTreeSet<usize>,
 }
 
-fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
+fn open_plans_in<'a>(all: impl IntoIterator<Item = &'a Record>) -> Vec<OpenPlan> {
     let mut plans: Vec<OpenPlan> = Vec::new();
-    let mut intents: std::collections::HashMap<String, (String, usize)> = std::collections::HashMap::new();
-    for v in all {
-        let id = text_of(v, "id");
-        match text_of(v, "phase") {
-            "plan" => plans.push(OpenPlan {
-                id: id.to_owned(),
-                writer_pid: writer_pid(id),
-                record: v.clone(),
-                finished: Default::default(),
-                in_flight: Default::default(),
-                changed: Default::default(),
-            }),
-            "plan_end" => plans.retain(|p| p.id != id),
-            "intent" => {
-                let plan = text_of(v, "plan");
-                let Some(index) = v.get("index").and_then(serde_json::Value::as_u64) else { continue };
-                let index = index as usize;
+    let mut intents: std::collections::HashMap<&str, (&str, usize)> = std::collections::HashMap::new();
+    for r in all {
+        // Closing a step of a plan: whether it finished, whether its device changed.
+        let (id, finished, changed) = match r {
+            Record::Plan(p) => {
+                plans.push(OpenPlan {
+                    id: p.id.clone(),
+                    writer_pid: writer_pid(&p.id),
+                    record: PlanRecord::clone(p),
+                    finished: Default::default(),
+                    in_flight: Default::default(),
+                    changed: Default::default(),
+                });
+                continue;
+            }
+            Record::PlanEnd(e) => {
+                plans.retain(|p| p.id != e.id);
+                continue;
+            }
+            Record::Intent(i) => {
+                let (Some(plan), Some(index)) = (i.plan.as_deref(), i.index) else { continue };
                 if let Some(p) = plans.iter_mut().find(|p| p.id == plan) {
                     p.in_flight.insert(index);
-                    intents.insert(id.to_owned(), (plan.to_owned(), index));
+                    intents.insert(&i.id, (plan, index));
                 }
+                continue;
             }
-            phase @ ("result" | "recovered") => {
-                let Some((plan, index)) = intents.get(id) else { continue };
-                let Some(p) = plans.iter_mut().find(|p| &p.id == plan) else { continue };
-                p.in_flight.remove(index);
-                let finished = match (phase, text_of(v, "result")) {
-                    ("result", r) => matches!(r, "done" | "already_absent"),
-                    (_, r) => matches!(r, "gone" | "in_place"),
-                };
-                if finished {
-                    p.finished.insert(*index);
-                }
-                if phase == "recovered" && text_of(v, "result") == "identity_changed" {
-                    p.changed.insert(*index);
-                }
-            }
-            _ => {}
+            Record::Result(e) => (&e.id, e.result.is_finished(), false),
+            Record::Recovered(e) => (&e.id, e.result.is_finished(), e.result == Resolution::IdentityChanged),
+            Record::Rotated(_) => continue,
+        };
+        let Some(&(plan, index)) = intents.get(id.as_str()) else { continue };
+        let Some(p) = plans.iter_mut().find(|p| p.id == plan) else { continue };
+        p.in_flight.remove(&index);
+        if finished {
+            p.finished.insert(index);
+        }
+        if changed {
+            p.changed.insert(index);
         }
     }
     plans
@@ -488,34 +449,38 @@ fn open_plans_in(all: &[serde_json::Value]) -> Vec<OpenPlan> {
 /// end record: what became of a device whose plan finished.
 pub fn last_closed_plan(
     path: &Path,
-    wanted: impl Fn(&serde_json::Value) -> bool,
-) -> io::Result<Option<(serde_json::Value, serde_json::Value)>> {
+    wanted: impl Fn(&PlanRecord) -> bool,
+) -> io::Result<Option<(PlanRecord, PlanEnd)>> {
     let all = records(path)?;
-    Ok(all.iter().rev().filter(|v| text_of(v, "phase") == "plan_end").find_map(|end| {
-        let id = text_of(end, "id");
+    Ok(all.iter().rev().find_map(|l| {
+        let Record::PlanEnd(end) = &l.record else { return None };
         all.iter()
-            .find(|v| text_of(v, "phase") == "plan" && text_of(v, "id") == id)
+            .find_map(|l| match &l.record {
+                Record::Plan(p) if p.id == end.id => Some(p),
+                _ => None,
+            })
             .filter(|p| wanted(p))
-            .map(|p| (p.clone(), end.clone()))
+            .map(|p| (PlanRecord::clone(p), end.clone()))
     }))
 }
 
 /// The plans the journal at `path` has open (see [`OpenPlan`]). A missing journal has none.
 pub fn open_plans(path: &Path) -> io::Result<Vec<OpenPlan>> {
-    Ok(open_plans_in(&records(path)?))
+    Ok(open_plans_in(records(path)?.iter().map(|l| &l.record)))
 }
 
-fn pending_in(all: &[serde_json::Value]) -> Vec<serde_json::Value> {
-    let mut open: Vec<(String, serde_json::Value)> = Vec::new();
-    for v in all {
-        let id = text_of(v, "id").to_owned();
-        match text_of(v, "phase") {
-            "intent" => open.push((id, v.clone())),
-            "result" | "recovered" => open.retain(|(i, _)| *i != id),
+fn pending_in<'a>(all: impl IntoIterator<Item = &'a Record>) -> Vec<Intent> {
+    let mut open: Vec<&Intent> = Vec::new();
+    for r in all {
+        match r {
+            Record::Intent(i) => open.push(i),
+            Record::Result(StepEnd { id, .. }) | Record::Recovered(Recovered { id, .. }) => {
+                open.retain(|i| i.id != *id)
+            }
             _ => {}
         }
     }
-    open.into_iter().map(|(_, v)| v).collect()
+    open.into_iter().cloned().collect()
 }
 
 /// The file beside the journal that one writer at a time holds locked ([`lock`]).

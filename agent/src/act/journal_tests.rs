@@ -7,6 +7,10 @@ use crate::plan::Action;
 use crate::plan::Step;
 use std::io::Write;
 
+fn request(argument: &str, operation: &str) -> PlanRequest {
+    PlanRequest { argument: argument.into(), operation: operation.into(), by: String::new() }
+}
+
 fn step() -> Step {
     let device = DeviceName::new("loop9").expect("name");
     let devnum = DevNum::new(7, 9);
@@ -25,7 +29,7 @@ fn unfinished_intents_are_pending() {
     let path = dir.path().join("sub/journal.jsonl");
     let mut j = Journal::open(&path).expect("open");
     let a = j.begin(&step()).expect("begin a");
-    j.finish(&a, "done", "").expect("finish a");
+    j.finish(&a, StepResult::Done, "").expect("finish a");
     let _b = j.begin(&step()).expect("begin b");
     drop(j);
     // A torn last line (crash mid-write) is ignored.
@@ -37,9 +41,10 @@ fn unfinished_intents_are_pending() {
         .expect("torn");
     let p = pending(&path).expect("read");
     assert_eq!(p.len(), 1);
-    assert_eq!(p[0]["step"]["action"], "detach_loop");
-    assert_eq!(p[0]["step"]["device"], "loop9");
-    assert_eq!(p[0]["step"]["identity"], "loop9@7:9#4;loop=?/?+0", "the identity it was planned for");
+    assert_eq!(p[0].step["action"], "detach_loop");
+    assert_eq!(p[0].step["device"], "loop9");
+    assert_eq!(p[0].step["identity"], "loop9@7:9#4;loop=?/?+0", "the identity it was planned for");
+    assert_eq!(p[0].step().expect("a step").action_name(), "detach_loop");
     assert!(pending(&dir.path().join("none")).expect("missing").is_empty());
 }
 
@@ -50,7 +55,7 @@ fn rotation_bounds_the_journal_and_carries_open_intents_over() {
     let mut j = Journal::open_bounded(&path, 4096).expect("open");
     for _ in 0..20 {
         let id = j.begin(&step()).expect("begin");
-        j.finish(&id, "done", "").expect("finish");
+        j.finish(&id, StepResult::Done, "").expect("finish");
     }
     let open = j.begin(&step()).expect("begin the one a crash leaves open");
     drop(j);
@@ -67,10 +72,13 @@ fn rotation_bounds_the_journal_and_carries_open_intents_over() {
     );
     let p = pending(&path).expect("pending");
     assert_eq!(p.len(), 1, "the open intent is carried over: {after}");
-    assert_eq!(p[0]["id"], open.as_str());
+    assert_eq!(p[0].id, open.as_str());
     assert!(after.contains("\"phase\":\"rotated\""), "{after}");
+    let written = String::from_utf8(before).expect("utf8");
+    let line = written.lines().find(|l| l.contains(&open)).expect("its intent");
+    assert_eq!(after.lines().next(), Some(line), "carried over as written, byte for byte");
     // Its result, written after the rotation, still closes it.
-    j.finish(&open, "done", "").expect("finish");
+    j.finish(&open, StepResult::Done, "").expect("finish");
     assert!(pending(&path).expect("pending").is_empty());
 }
 
@@ -82,10 +90,10 @@ fn a_recovered_record_closes_the_intent_it_names_and_only_that_one() {
     let a = j.begin(&step()).expect("begin a");
     let b = j.begin(&step()).expect("begin b");
     assert_eq!(pending(&path).expect("pending").len(), 2);
-    j.recovered(&a, "gone", "loop9 is gone").expect("recovered");
+    j.recovered(&a, Resolution::Gone, "loop9 is gone").expect("recovered");
     let p = pending(&path).expect("pending");
     assert_eq!(p.len(), 1, "{p:?}");
-    assert_eq!(p[0]["id"], b.as_str());
+    assert_eq!(p[0].id, b.as_str());
     let text = std::fs::read_to_string(&path).expect("read");
     let last: serde_json::Value = serde_json::from_str(text.lines().last().expect("a line")).expect("json");
     assert_eq!(last["phase"], "recovered");
@@ -121,7 +129,7 @@ fn a_torn_last_line_is_ended_on_open_so_the_next_record_is_whole() {
         .write_all(format!("{{\"ts\":1,\"id\":\"{a}\",\"phase\":\"res").as_bytes())
         .expect("torn");
     let mut j = Journal::open(&path).expect("open ends the torn line");
-    j.recovered(&a, "gone", "loop9 is gone").expect("recovered");
+    j.recovered(&a, Resolution::Gone, "loop9 is gone").expect("recovered");
     let text = std::fs::read_to_string(&path).expect("read");
     let last = text.lines().last().expect("a line");
     let v: serde_json::Value = serde_json::from_str(last).expect("the next record is a line of its own");
@@ -139,17 +147,16 @@ fn a_plan_stays_open_until_its_end_and_knows_which_steps_finished() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("journal.jsonl");
     let mut j = Journal::open(&path).expect("open");
-    let plan = j
-        .plan(&serde_json::json!({ "request": { "argument": "/dev/loop9", "operation": "clean" } }))
-        .expect("plan");
+    let plan =
+        j.plan(&PlanBody { request: request("/dev/loop9", "clean"), ..PlanBody::default() }).expect("plan");
     let a = j.begin_at(&step(), Some(0)).expect("intent 0");
-    j.finish(&a, "done", "").expect("result 0");
+    j.finish(&a, StepResult::Done, "").expect("result 0");
     let b = j.begin_at(&step(), Some(1)).expect("intent 1");
     let open = open_plans(&path).expect("open plans");
     assert_eq!(open.len(), 1);
     assert_eq!(open[0].id, plan);
     assert_eq!(open[0].writer_pid, Some(std::process::id()));
-    assert_eq!(open[0].record["request"]["argument"], "/dev/loop9");
+    assert_eq!(open[0].record.body.request.argument, "/dev/loop9");
     assert_eq!(open[0].finished.iter().copied().collect::<Vec<_>>(), [0]);
     assert_eq!(open[0].in_flight.iter().copied().collect::<Vec<_>>(), [1]);
     let text = std::fs::read_to_string(&path).expect("read");
@@ -158,9 +165,9 @@ fn a_plan_stays_open_until_its_end_and_knows_which_steps_finished() {
     assert_eq!(intent["plan"], plan.as_str(), "an intent names its plan");
     assert_eq!(intent["index"], 1);
     // Recovery closing step 1 as done by the step itself counts it finished.
-    j.recovered(&b, "in_place", "unbound").expect("recovered");
+    j.recovered(&b, Resolution::InPlace, "unbound").expect("recovered");
     assert_eq!(open_plans(&path).expect("open")[0].finished.len(), 2);
-    j.plan_end(&plan, "finished", "2 step(s)").expect("end");
+    j.plan_end(&plan, PlanEndResult::Finished, "2 step(s)").expect("end");
     assert!(open_plans(&path).expect("open plans").is_empty());
     // Intents after the end name no plan.
     let c = j.begin_at(&step(), Some(0)).expect("intent");
@@ -175,16 +182,16 @@ fn rotation_carries_an_unfinished_plan_over_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("journal.jsonl");
     let mut j = Journal::open_bounded(&path, 4096).expect("open");
-    let plan = j.plan(&serde_json::json!({ "request": { "operation": "clean" } })).expect("plan");
+    let plan = j.plan(&PlanBody { request: request("", "clean"), ..PlanBody::default() }).expect("plan");
     let a = j.begin_at(&step(), Some(0)).expect("intent");
-    j.finish(&a, "done", "").expect("result");
-    j.plan_end(&plan, "finished", "").expect("end");
-    let open = j.plan(&serde_json::json!({ "request": { "operation": "release" } })).expect("plan");
+    j.finish(&a, StepResult::Done, "").expect("result");
+    j.plan_end(&plan, PlanEndResult::Finished, "").expect("end");
+    let open = j.plan(&PlanBody { request: request("", "release"), ..PlanBody::default() }).expect("plan");
     let b = j.begin_at(&step(), Some(0)).expect("intent");
-    j.finish(&b, "done", "").expect("result");
+    j.finish(&b, StepResult::Done, "").expect("result");
     for _ in 0..20 {
         let id = j.begin(&step()).expect("begin");
-        j.finish(&id, "done", "").expect("finish");
+        j.finish(&id, StepResult::Done, "").expect("finish");
     }
     drop(j);
     drop(Journal::open_bounded(&path, 4096).expect("reopen rotates"));
@@ -233,9 +240,9 @@ fn records_name_their_writer_and_a_deferred_step_is_not_finished() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("journal.jsonl");
     let mut j = Journal::open(&path).expect("open");
-    let plan = j.plan(&serde_json::json!({ "steps": [] })).expect("plan");
+    let plan = j.plan(&PlanBody::default()).expect("plan");
     let id = j.begin_at(&step(), Some(0)).expect("begin");
-    j.finish(&id, "deferred", "the kernel set autoclear").expect("finish");
+    j.finish(&id, StepResult::Deferred, "the kernel set autoclear").expect("finish");
     let records: Vec<serde_json::Value> = std::fs::read_to_string(&path)
         .expect("read")
         .lines()
@@ -245,10 +252,16 @@ fn records_name_their_writer_and_a_deferred_step_is_not_finished() {
     assert_eq!(me.pid, std::process::id());
     assert!(me.start.is_some() && me.boot.is_some(), "{me:?}");
     for r in records.iter().filter(|r| r["phase"] == "plan" || r["phase"] == "intent") {
-        assert_eq!(Writer::of_record(r).as_ref(), Some(me), "{r}");
+        let writer = match Record::parse(r.to_string().as_bytes()) {
+            Some(Record::Plan(p)) => p.writer(),
+            Some(Record::Intent(i)) => i.writer(),
+            _ => panic!("a plan or an intent: {r}"),
+        };
+        assert_eq!(writer.as_ref(), Some(me), "{r}");
     }
-    let old = serde_json::json!({ "id": "1796612538458096631-42-0", "phase": "intent" });
-    assert_eq!(Writer::of_record(&old), Some(Writer { pid: 42, start: None, boot: None }));
+    let old = br#"{"ts":1,"id":"1796612538458096631-42-0","phase":"intent","step":{}}"#;
+    let Some(Record::Intent(old)) = Record::parse(old) else { panic!("an intent") };
+    assert_eq!(old.writer(), Some(Writer { pid: 42, start: None, boot: None }));
     let open = open_plans(&path).expect("open plans");
     assert_eq!(open.len(), 1);
     assert_eq!(open[0].id, plan);

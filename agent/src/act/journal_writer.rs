@@ -31,14 +31,10 @@ impl Writer {
         })
     }
 
-    /// The writer of record `v`: its `writer` field, or for a record written before records
-    /// had one, the PID in its ID (no start time, no boot).
-    pub fn of_record(v: &serde_json::Value) -> Option<Writer> {
-        if let Some(w) = v.get("writer").and_then(|w| serde_json::from_value::<Writer>(w.clone()).ok()) {
-            return Some(w);
-        }
-        let id = v.get("id").and_then(serde_json::Value::as_str)?;
-        Some(Writer { pid: writer_pid(id)?, start: None, boot: None })
+    /// The writer a record names (`writer`), or for a record written before records named
+    /// one, the PID in its ID `id` (no start time, no boot).
+    pub fn of(writer: Option<&Writer>, id: &str) -> Option<Writer> {
+        writer.cloned().or_else(|| Some(Writer { pid: writer_pid(id)?, start: None, boot: None }))
     }
 }
 

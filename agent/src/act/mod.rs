@@ -9,6 +9,7 @@
 
 mod iscsi;
 pub mod journal;
+mod journal_record;
 mod journal_writer;
 pub mod linux;
 mod r#loop;
@@ -93,19 +94,26 @@ impl StepReport {
     /// `done`, `already_absent`, `deferred`, `skipped` or `failed`, with the detail (empty for
     /// the first two).
     pub fn word(&self) -> (&'static str, String) {
-        outcome_word(&self.result)
+        let (result, detail) = outcome_word(&self.result);
+        (result.as_str(), detail)
+    }
+
+    /// How the step ended, as its journal `result` record says it ([`outcome_word`]).
+    pub fn result_word(&self) -> journal::StepResult {
+        outcome_word(&self.result).0
     }
 }
 
-/// A step's result as a word and its detail.
-pub fn outcome_word(r: &Result<StepOutcome, ActError>) -> (&'static str, String) {
+/// A step's result as the journal's word and its detail.
+pub fn outcome_word(r: &Result<StepOutcome, ActError>) -> (journal::StepResult, String) {
+    use journal::StepResult;
     match r {
-        Ok(StepOutcome::Done) => ("done", String::new()),
-        Ok(StepOutcome::DoneVia(how)) => ("done", how.clone()),
-        Ok(StepOutcome::AlreadyAbsent) => ("already_absent", String::new()),
-        Ok(StepOutcome::Deferred(why)) => ("deferred", why.clone()),
-        Err(e @ ActError::Skipped { .. }) => ("skipped", e.to_string()),
-        Err(e) => ("failed", e.to_string()),
+        Ok(StepOutcome::Done) => (StepResult::Done, String::new()),
+        Ok(StepOutcome::DoneVia(how)) => (StepResult::Done, how.clone()),
+        Ok(StepOutcome::AlreadyAbsent) => (StepResult::AlreadyAbsent, String::new()),
+        Ok(StepOutcome::Deferred(why)) => (StepResult::Deferred, why.clone()),
+        Err(e @ ActError::Skipped { .. }) => (StepResult::Skipped, e.to_string()),
+        Err(e) => (StepResult::Failed, e.to_string()),
     }
 }
 

@@ -42,15 +42,17 @@ pub enum DirActError {
     Skipped { path: PathBuf, reason: String },
 }
 
-/// A step's result as a word and its detail (as [`super::outcome_word`] for device steps).
-pub fn outcome_word(r: &Result<StepOutcome, DirActError>) -> (&'static str, String) {
+/// A step's result as the journal's word and its detail (as [`super::outcome_word`] for
+/// device steps).
+pub fn outcome_word(r: &Result<StepOutcome, DirActError>) -> (super::journal::StepResult, String) {
+    use super::journal::StepResult;
     match r {
-        Ok(StepOutcome::Done) => ("done", String::new()),
-        Ok(StepOutcome::DoneVia(how)) => ("done", how.clone()),
-        Ok(StepOutcome::AlreadyAbsent) => ("already_absent", String::new()),
-        Ok(StepOutcome::Deferred(why)) => ("deferred", why.clone()),
-        Err(e @ DirActError::Skipped { .. }) => ("skipped", e.to_string()),
-        Err(e) => ("failed", e.to_string()),
+        Ok(StepOutcome::Done) => (StepResult::Done, String::new()),
+        Ok(StepOutcome::DoneVia(how)) => (StepResult::Done, how.clone()),
+        Ok(StepOutcome::AlreadyAbsent) => (StepResult::AlreadyAbsent, String::new()),
+        Ok(StepOutcome::Deferred(why)) => (StepResult::Deferred, why.clone()),
+        Err(e @ DirActError::Skipped { .. }) => (StepResult::Skipped, e.to_string()),
+        Err(e) => (StepResult::Failed, e.to_string()),
     }
 }
 

@@ -140,7 +140,7 @@ pub fn run(cli: &Cli) -> Result<u8> {
                 say(&format!("no unfinished steps in {}\n", path.display()))?;
             }
             for p in pending {
-                say(&format!("unfinished: {p}\n"))?;
+                say(&format!("unfinished: {}\n", serde_json::to_string(&p)?))?;
             }
             for p in plans {
                 say(&format!(
@@ -164,13 +164,14 @@ struct JournalPlan {
 
 impl JournalPlan {
     fn of(p: &journal::OpenPlan) -> Self {
-        let word = |ptr: &str| p.record.pointer(ptr).and_then(|v| v.as_str()).unwrap_or("?").to_owned();
+        let word = |w: &str| if w.is_empty() { "?".to_owned() } else { w.to_owned() };
+        let body = &p.record.body;
         Self {
             id: p.id.clone(),
-            op: word("/request/operation"),
-            arg: word("/request/argument"),
+            op: word(&body.request.operation),
+            arg: word(&body.request.argument),
             finished: p.finished.len(),
-            total: p.record.get("steps").and_then(|v| v.as_array()).map_or(0, Vec::len),
+            total: body.steps.len(),
         }
     }
 }

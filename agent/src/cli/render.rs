@@ -332,10 +332,11 @@ pub fn plan_text(p: &Plan, apply: bool) -> String {
 pub fn reports_text(reports: &[StepReport]) -> String {
     let mut out = String::new();
     for (i, r) in reports.iter().enumerate() {
-        let res = match r.word() {
-            ("failed", why) => format!("FAILED: {why}"),
-            (word, why) if why.is_empty() => word.replace('_', " "),
-            (word, why) => format!("{word}: {why}"),
+        let (word, why) = r.word();
+        let res = match r.result_word() {
+            crate::act::journal::StepResult::Failed => format!("FAILED: {why}"),
+            _ if why.is_empty() => word.replace('_', " "),
+            _ => format!("{word}: {why}"),
         };
         let _ = writeln!(out, "  {}. {}: {res}", i + 1, r.step.describe());
     }

@@ -220,21 +220,11 @@ impl Metrics {
                 outages.with_label_values(&[t, sc.as_str()]);
             }
         }
-        for a in [
-            "detach_mount",
-            "detach_loop",
-            "dm_message",
-            "dm_remove",
-            "scsi_offline",
-            "scsi_delete",
-            "rbd_unmap",
-            "nbd_disconnect",
-            "nvme_delete_controller",
-            "iscsi_logout",
-            crate::plan::pod_volume::DirStep::ACTION,
-        ] {
-            for r in ["done", "already_absent", "deferred", "failed"] {
-                actions.with_label_values(&[a, r]);
+        use crate::act::journal::StepResult;
+        let names = crate::plan::ActionKind::ALL.map(crate::plan::ActionKind::as_str);
+        for a in names.into_iter().chain([crate::plan::pod_volume::DirStep::ACTION]) {
+            for r in StepResult::ALL.into_iter().filter(|r| *r != StepResult::Skipped) {
+                actions.with_label_values(&[a, r.as_str()]);
             }
         }
     }
@@ -427,8 +417,8 @@ impl Metrics {
     }
 
     /// Counts one destructive step (`result`: done, already_absent, deferred, failed).
-    pub fn action(&self, action: &'static str, result: &'static str) {
-        self.actions.with_label_values(&[action, result]).inc();
+    pub fn action(&self, action: &'static str, result: crate::act::journal::StepResult) {
+        self.actions.with_label_values(&[action, result.as_str()]).inc();
     }
 
     /// The text exposition format.

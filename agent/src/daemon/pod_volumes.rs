@@ -80,7 +80,7 @@ impl AgentState {
             tracing::info!(argument = %arg, "not removing it: {why}");
         }
         for r in &o.reports {
-            self.metrics.action(r.step.action(), r.word().0);
+            self.metrics.action(r.step.action(), r.result_word());
         }
         !o.reports.is_empty()
     }

@@ -69,12 +69,12 @@ impl AgentState {
         let view = self.view();
         let api = self.engine.world.cluster();
         for r in reports {
-            let (word, detail) = r.word();
-            let reason = match (word, r.step.is_release()) {
-                // A deferred step is not done: the device stays until its last close.
-                ("failed" | "skipped" | "deferred", _) => EventReason::CleanupFailed,
-                (_, true) => EventReason::BlockDeviceReleased,
-                _ => EventReason::BlockDeviceCleaned,
+            let (_, detail) = r.word();
+            let reason = match (r.result_word().is_finished(), r.step.is_release()) {
+                // Failed, skipped, or deferred (not done: the device stays until its last close).
+                (false, _) => EventReason::CleanupFailed,
+                (true, true) => EventReason::BlockDeviceReleased,
+                (true, false) => EventReason::BlockDeviceCleaned,
             };
             let msg = if detail.is_empty() {
                 r.step.describe()

@@ -171,15 +171,15 @@ impl AgentState {
     pub(super) fn finished(&self, o: Outcome) -> Vec<StepReport> {
         let mut reports: Vec<StepReport> = o.resumed.into_iter().flat_map(|r| r.reports).collect();
         for r in &reports {
-            self.metrics.action(r.step.action(), r.word().0);
+            self.metrics.action(r.step.action(), r.result_word());
         }
         if let (Some(p), true) = (&o.plan, o.applied) {
             let name = p.device.as_str();
             let mut counts: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
             for r in &o.reports {
-                let (word, _) = r.word();
+                let word = r.result_word();
                 self.metrics.action(r.step.action(), word);
-                *counts.entry(word).or_default() += 1;
+                *counts.entry(word.as_str()).or_default() += 1;
             }
             let summary: Vec<String> = counts.iter().map(|(w, n)| format!("{n} {w}")).collect();
             self.send_event(AgentEvent::new(

@@ -9,10 +9,8 @@
 
 use std::path::PathBuf;
 
-use serde_json::Value;
-
 use super::{Engine, World};
-use crate::act::journal;
+use crate::act::journal::{self, Intent, JournaledStep, Resolution};
 use crate::host::beneath::FileKey;
 use crate::plan::pod_volume::DirStep;
 
@@ -23,43 +21,38 @@ pub struct DirRecovered {
     pub id: String,
     pub writer: Option<journal::Writer>,
     pub step: DirStep,
-    /// The step as journaled.
-    pub record_step: Value,
     /// `in_place`, `replan` or `identity_changed`, and what was found.
-    pub word: &'static str,
+    pub word: Resolution,
     pub detail: String,
 }
 
-/// Whether a journal record is an intent of a pod volume directory's `rmdir`.
-pub fn is_dir_intent(record: &Value) -> bool {
-    record.pointer("/step/action").and_then(Value::as_str) == Some(DirStep::ACTION)
-}
-
-/// An `rmdir` intent's ID, writer and step.
-pub fn intent(record: &Value) -> Result<(String, Option<journal::Writer>, DirStep), String> {
-    let id = record.get("id").and_then(Value::as_str).ok_or("an intent with no id")?.to_owned();
-    let step: DirStep = serde_json::from_value(record.get("step").cloned().unwrap_or(Value::Null))
-        .map_err(|e| format!("intent {id}: {e}"))?;
-    Ok((id, journal::Writer::of_record(record), step))
+/// An `rmdir` intent's writer and step.
+pub fn intent(record: &Intent) -> Result<(Option<journal::Writer>, DirStep), String> {
+    match record.step()? {
+        JournaledStep::Dir(step) => Ok((record.writer(), step)),
+        JournaledStep::Device { action, .. } => {
+            Err(format!("intent {}: a {} step, not an rmdir", record.id, action.name()))
+        }
+    }
 }
 
 /// Resolves an interrupted `rmdir` of `step` against the directory now (`None`: not there): the
 /// word and what was found. Pure.
-pub fn resolve(step: &DirStep, now: Option<FileKey>) -> (&'static str, String) {
+pub fn resolve(step: &DirStep, now: Option<FileKey>) -> (Resolution, String) {
     let what = format!(
         "the rmdir of {} was interrupted (the agent stopped after writing its intent, before its result)",
         step.host_path().display()
     );
     match now {
-        None => ("in_place", format!("{what}; the directory is gone: removed, nothing to repeat")),
+        None => (Resolution::InPlace, format!("{what}; the directory is gone: removed, nothing to repeat")),
         Some(k) if k == step.key => (
-            "replan",
+            Resolution::Replan,
             format!(
                 "{what}; the directory is still there (device/inode {k}): it is judged afresh, through every gate, before anything removes it"
             ),
         ),
         Some(k) => (
-            "identity_changed",
+            Resolution::IdentityChanged,
             format!(
                 "{what}; another directory is at that place now (device/inode {k}, planned for {}): never removed for this step",
                 step.key
@@ -73,13 +66,13 @@ impl<W: World> Engine<W> {
     /// the directory cannot be looked at: then its ID and why it stays open.
     pub(super) fn recover_dir(
         &self,
-        record: &Value,
+        record: &Intent,
         journal: &mut journal::Journal,
     ) -> std::io::Result<Result<DirRecovered, (String, String)>> {
-        let rid = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
-        let (id, writer, step) = match intent(record) {
+        let id = record.id.clone();
+        let (writer, step) = match intent(record) {
             Ok(x) => x,
-            Err(why) => return Ok(Err((rid, format!("malformed intent: {why}")))),
+            Err(why) => return Ok(Err((id, format!("malformed intent: {why}")))),
         };
         if let Some(w) = writer.as_ref().filter(|w| w.pid != std::process::id() && self.world.writer_alive(w))
         {
@@ -94,9 +87,8 @@ impl<W: World> Engine<W> {
         let (word, detail) = resolve(&step, now);
         journal.recovered(&id, word, &detail)?;
         let path: PathBuf = step.host_path();
-        tracing::warn!(target: "audit", phase = "recovered", action = DirStep::ACTION, path = %path.display(), identity = %step.key, result = word, detail = %detail, journal_id = %id);
-        let record_step = record.get("step").cloned().unwrap_or(Value::Null);
-        Ok(Ok(DirRecovered { id, writer, step, record_step, word, detail }))
+        tracing::warn!(target: "audit", phase = "recovered", action = DirStep::ACTION, path = %path.display(), identity = %step.key, result = word.as_str(), detail = %detail, journal_id = %id);
+        Ok(Ok(DirRecovered { id, writer, step, word, detail }))
     }
 }
 
@@ -115,14 +107,17 @@ mod tests {
             key,
             kubelet_dir: "/var/lib/kubelet".into(),
         };
-        assert_eq!(resolve(&step, None).0, "in_place");
-        assert_eq!(resolve(&step, Some(key)).0, "replan");
+        assert_eq!(resolve(&step, None).0, Resolution::InPlace);
+        assert_eq!(resolve(&step, Some(key)).0, Resolution::Replan);
         let (word, detail) = resolve(&step, Some(FileKey { ino: 11, ..key }));
-        assert_eq!(word, "identity_changed");
+        assert_eq!(word, Resolution::IdentityChanged);
         assert!(detail.contains("254:1/11"), "{detail}");
-        let record = serde_json::json!({"id": "1-42-0", "phase": "intent", "step": step});
-        assert!(is_dir_intent(&record));
-        let (id, writer, back) = intent(&record).expect("read back");
-        assert_eq!((id.as_str(), writer.map(|w| w.pid), back), ("1-42-0", Some(42), step));
+        let line = serde_json::json!({"id": "1-42-0", "phase": "intent", "step": step}).to_string();
+        let Some(journal::Record::Intent(record)) = journal::Record::parse(line.as_bytes()) else {
+            panic!("an intent: {line}")
+        };
+        assert!(record.is_dir_step());
+        let (writer, back) = intent(&record).expect("read back");
+        assert_eq!((record.id.as_str(), writer.map(|w| w.pid), back), ("1-42-0", Some(42), step));
     }
 }

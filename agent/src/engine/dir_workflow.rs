@@ -20,7 +20,7 @@ use super::execute::Halt;
 use super::outcome::Class;
 use super::recover::Recovery;
 use super::{Engine, EngineError, World};
-use crate::act::journal::{self, Journal};
+use crate::act::journal::{self, Journal, JournaledStep};
 use crate::act::pod_volume::{outcome_word, DirActError};
 use crate::act::StepOutcome;
 use crate::discover::kubelet::pod_dirs::Content;
@@ -56,7 +56,13 @@ pub struct DirStepReport {
 
 impl DirStepReport {
     pub fn word(&self) -> (&'static str, String) {
-        outcome_word(&self.result)
+        let (result, detail) = outcome_word(&self.result);
+        (result.as_str(), detail)
+    }
+
+    /// How the step ended, as its journal `result` record says it.
+    pub fn result_word(&self) -> crate::act::journal::StepResult {
+        outcome_word(&self.result).0
     }
 }
 
@@ -164,10 +170,10 @@ impl<W: World> Engine<W> {
         req: &DirRequest<'_>,
         target: Option<PathBuf>,
     ) -> Result<DirOutcome, EngineError> {
-        let recovered = out.recovery.resolved.iter().find(|(i, _)| {
-            i.action == DirStep::ACTION
-                && i.step.get("volume").and_then(serde_json::Value::as_str).map(PathBuf::from) == target
-        });
+        let recovered =
+            out.recovery.resolved.iter().find(
+                |(i, _)| matches!(&i.step, JournaledStep::Dir(d) if Some(&d.volume) == target.as_ref()),
+            );
         if let Some((i, r)) = recovered {
             out.gone = Some(format!("{} is gone: {} ({})", req.argument, r.detail, i.id));
             return Ok(out);
@@ -219,7 +225,7 @@ impl<W: World> Engine<W> {
             if let Err(e) = j.finish(&id, word, &detail) {
                 tracing::error!(path = %path.display(), journal_id = %id, "cannot record the step's result in the journal: {e}");
             }
-            tracing::info!(target: "audit", phase = "result", action = step.action(), path = %path.display(), result = word, detail = %detail, journal_id = %id, by = %by);
+            tracing::info!(target: "audit", phase = "result", action = step.action(), path = %path.display(), result = word.as_str(), detail = %detail, journal_id = %id, by = %by);
             reports.push(DirStepReport { step: step.clone(), result });
         }
         reports

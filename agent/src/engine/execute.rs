@@ -90,7 +90,7 @@ impl<W: World> Engine<W> {
             if let Err(e) = journal.finish(&id, word, &detail) {
                 tracing::error!(device = %step.device, journal_id = %id, "cannot record the step's result in the journal: {e}");
             }
-            tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word, detail = %detail, journal_id = %id, by = %by);
+            tracing::info!(target: "audit", phase = "result", action = step.action(), device = %step.device, result = word.as_str(), detail = %detail, journal_id = %id, by = %by);
             if !result.as_ref().is_ok_and(StepOutcome::is_finished) {
                 unfinished.push(i);
             }

@@ -38,11 +38,12 @@ use std::io;
 use serde_json::Value;
 
 use super::{Engine, EngineError, World};
-use crate::act::journal::{self, Journal};
+use crate::act::journal::{self, Intent, Journal, JournaledStep, Resolution};
 use crate::graph::identity::{Backing, Identity};
 use crate::graph::scan::Target;
 use crate::graph::DeviceEntry;
 use crate::model::{DevNum, HolderKind};
+use crate::plan::Action;
 
 /// A step a run started and never finished: an open intent, as the journal has it.
 #[derive(Debug, Clone, PartialEq)]
@@ -58,44 +59,61 @@ pub struct Interrupted {
     pub devnum: DevNum,
     /// The identity token the step was planned for.
     pub identity: String,
-    /// `dm_message`, `dm_remove`, `scsi_delete`...
-    pub action: String,
-    /// The whole step as journaled (its action's fields).
-    pub step: Value,
+    /// The step as journaled, read into its type (its action's fields).
+    pub step: JournaledStep,
 }
 
 impl Interrupted {
-    /// Reads an open intent record ([`journal::pending`]); why not when it is malformed.
-    pub fn from_record(v: &Value) -> Result<Self, String> {
-        let id = v.get("id").and_then(Value::as_str).ok_or("an intent with no id")?.to_owned();
-        let step = v.get("step").ok_or_else(|| format!("intent {id} has no step"))?;
-        let text = |k: &str| {
-            step.get(k)
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-                .ok_or_else(|| format!("intent {id}: no step.{k}"))
+    /// Reads an open intent ([`journal::pending`]); why not when it is malformed.
+    pub fn from_intent(intent: &Intent) -> Result<Self, String> {
+        let step = intent.step()?;
+        let (device, devnum, identity) = match &step {
+            JournaledStep::Device { device, devnum, identity, .. } => {
+                (device.clone(), *devnum, identity.clone())
+            }
+            // A directory's `rmdir`: its device the placeholder `pod-volume`, its identity the
+            // directory's device and inode.
+            JournaledStep::Dir(d) => ("pod-volume".into(), DevNum::new(0, 0), d.key.to_string()),
         };
-        let devnum: DevNum =
-            step.get("devnum").cloned().ok_or_else(|| format!("intent {id}: no step.devnum")).and_then(
-                |d| serde_json::from_value(d).map_err(|e| format!("intent {id}: step.devnum: {e}")),
-            )?;
         Ok(Self {
-            writer_pid: id.split('-').nth(1).and_then(|p| p.parse().ok()),
-            writer: journal::Writer::of_record(v),
-            device: text("device")?,
+            id: intent.id.clone(),
+            writer_pid: journal::writer_pid(&intent.id),
+            writer: intent.writer(),
+            device,
             devnum,
-            identity: text("identity")?,
-            action: text("action")?,
-            step: step.clone(),
-            id,
+            identity,
+            step,
         })
+    }
+
+    /// Reads an intent record given as JSON (as a journal line has it); why not when it is
+    /// malformed.
+    pub fn from_record(v: &Value) -> Result<Self, String> {
+        let intent: Intent =
+            serde_json::from_value(v.clone()).map_err(|e| format!("not an intent record: {e}"))?;
+        Self::from_intent(&intent)
+    }
+
+    /// `dm_message`, `dm_remove`, `scsi_delete`... ([`crate::plan::ActionKind::as_str`]).
+    pub fn action(&self) -> &'static str {
+        self.step.action_name()
+    }
+
+    /// The step's action on a device (`None` for a directory's `rmdir`).
+    fn device_action(&self) -> Option<&Action> {
+        match &self.step {
+            JournaledStep::Device { action, .. } => Some(action),
+            JournaledStep::Dir(_) => None,
+        }
     }
 
     /// The step in words: `dm_remove of dm-0 (253:0)`, `dm_message 'fail_if_no_path' to ...`.
     pub fn describe(&self) -> String {
-        match self.step.get("message").and_then(Value::as_str) {
-            Some(m) => format!("{} '{m}' to {} ({})", self.action, self.device, self.devnum),
-            None => format!("{} of {} ({})", self.action, self.device, self.devnum),
+        match self.device_action() {
+            Some(Action::DmMessage { message, .. }) => {
+                format!("{} '{message}' to {} ({})", self.action(), self.device, self.devnum)
+            }
+            _ => format!("{} of {} ({})", self.action(), self.device, self.devnum),
         }
     }
 }
@@ -103,8 +121,7 @@ impl Interrupted {
 /// How an interrupted step was closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
-    /// `gone`, `in_place`, `identity_changed` or `replan`.
-    pub word: &'static str,
+    pub word: Resolution,
     /// What was found, in words (the `recovered` record's detail).
     pub detail: String,
 }
@@ -118,7 +135,7 @@ pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
     );
     let Some(entry) = now else {
         return Resolved {
-            word: "gone",
+            word: Resolution::Gone,
             detail: format!(
                 "{what}; no device is {} any more, so the step or a later one of its plan took effect: nothing to repeat",
                 i.devnum
@@ -128,10 +145,13 @@ pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
     let identity = Identity::of(entry);
     if identity.token() != i.identity {
         if let Some(effect) = changed_by_the_step_itself(i, entry, &identity) {
-            return Resolved { word: "in_place", detail: format!("{what}; {effect}: nothing to repeat") };
+            return Resolved {
+                word: Resolution::InPlace,
+                detail: format!("{what}; {effect}: nothing to repeat"),
+            };
         }
         return Resolved {
-            word: "identity_changed",
+            word: Resolution::IdentityChanged,
             detail: format!(
                 "{what}; {} is now another device: planned for [{}], now [{}]; the interrupted step is not repeated against it, and the new device is judged on its own",
                 i.devnum,
@@ -141,10 +161,13 @@ pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
         };
     }
     if let Some(effect) = effect_in_place(i, entry) {
-        return Resolved { word: "in_place", detail: format!("{what}; {effect}: nothing to repeat") };
+        return Resolved {
+            word: Resolution::InPlace,
+            detail: format!("{what}; {effect}: nothing to repeat"),
+        };
     }
     Resolved {
-        word: "replan",
+        word: Resolution::Replan,
         detail: format!(
             "{what}; {} is still the device it was planned for [{}] and the step's effect is not in place: it is planned again from a fresh scan and re-checked before each step, so it runs again only if that plan still calls for it, against this same device",
             i.device, i.identity
@@ -155,20 +178,21 @@ pub fn resolve(i: &Interrupted, now: Option<&DeviceEntry>) -> Resolved {
 /// Resolves an interrupted `iscsi_logout` against the session as sysfs shows it now
 /// (`(target, portal)`, `None`: gone). Pure.
 pub fn resolve_logout(i: &Interrupted, now: Option<&(String, Option<String>)>) -> Resolved {
-    let sid = i.step.get("sid").and_then(Value::as_u64).unwrap_or_default();
-    let planned_target = i.step.get("target").and_then(Value::as_str).unwrap_or_default();
-    let planned_portal = i.step.get("portal").and_then(Value::as_str).unwrap_or_default();
+    let (sid, planned_target, planned_portal) = match i.device_action() {
+        Some(Action::IscsiLogout { sid, target, portal, .. }) => (*sid, target.as_str(), portal.as_str()),
+        _ => (0, "", ""),
+    };
     let what = format!(
         "the logout of iSCSI session{sid} ({planned_target} at {planned_portal}) was interrupted (the agent stopped after writing its intent, before its result)"
     );
     match now {
         None => Resolved {
-            word: "in_place",
+            word: Resolution::InPlace,
             detail: format!("{what}; session{sid} is no longer in sysfs: logged out, nothing to repeat"),
         },
         Some((target, portal)) if target != planned_target || portal.as_deref() != Some(planned_portal) => {
             Resolved {
-                word: "identity_changed",
+                word: Resolution::IdentityChanged,
                 detail: format!(
                     "{what}; session{sid} now logs in to {target} at {}: another session, never logged out for this step",
                     portal.as_deref().unwrap_or("an unknown portal")
@@ -176,7 +200,7 @@ pub fn resolve_logout(i: &Interrupted, now: Option<&(String, Option<String>)>) -
             }
         }
         Some(_) => Resolved {
-            word: "replan",
+            word: Resolution::Replan,
             detail: format!(
                 "{what}; session{sid} is still logged in: the agent logs a session out only on the plan of its last disk, so it is reported (no LUN) and left for `iscsiadm -m session -r {sid} -u`"
             ),
@@ -190,11 +214,11 @@ fn changed_by_the_step_itself(i: &Interrupted, entry: &DeviceEntry, now: &Identi
     if now.devnum != i.devnum || now.name.as_str() != i.device {
         return None;
     }
-    match i.action.as_str() {
-        "detach_loop" if now.backing == Backing::UnboundLoop => {
+    match i.device_action()? {
+        Action::DetachLoop { .. } if now.backing == Backing::UnboundLoop => {
             Some(format!("{} is an unbound loop device now", i.device))
         }
-        "nbd_disconnect" if entry.nbd.is_none() && now.backing == Backing::Plain => {
+        Action::NbdDisconnect { .. } if entry.nbd.is_none() && now.backing == Backing::Plain => {
             Some(format!("{} is disconnected now", i.device))
         }
         _ => None,
@@ -203,36 +227,31 @@ fn changed_by_the_step_itself(i: &Interrupted, entry: &DeviceEntry, now: &Identi
 
 /// The step's effect, when a fresh scan of the same device shows it.
 fn effect_in_place(i: &Interrupted, entry: &DeviceEntry) -> Option<String> {
-    match i.action.as_str() {
-        "dm_message" => {
-            let message = i.step.get("message").and_then(Value::as_str)?;
+    match i.device_action()? {
+        Action::DmMessage { message, .. } => {
             let queueing = entry.multipath.as_ref()?.queue_if_no_path?;
             (message == "fail_if_no_path" && !queueing)
                 .then(|| format!("map {} no longer queues I/O (no queue_if_no_path in its table)", i.device))
         }
-        "nvme_delete_controller" => {
+        Action::NvmeDeleteController { controller, subsysnqn, address, .. } => {
             // The head outlives a controller while another path of its subsystem is left.
-            let name = i.step.get("controller").and_then(Value::as_str)?;
-            let nqn = i.step.get("subsysnqn").and_then(Value::as_str)?;
             let still = entry.nvme.as_ref()?.controllers.iter().any(|c| {
-                c.name == name
-                    && c.subsysnqn == nqn
-                    && Some(c.address.target().as_str()) == i.step.get("address").and_then(Value::as_str)
+                &c.name == controller && &c.subsysnqn == subsysnqn && &c.address.target() == address
             });
-            (!still).then(|| format!("controller {name} no longer serves {}", i.device))
+            (!still).then(|| format!("controller {controller} no longer serves {}", i.device))
         }
-        "scsi_offline" => {
+        Action::ScsiOffline { .. } => {
             entry.scsi.as_ref().filter(|s| s.is_offline()).map(|_| format!("disk {} is offline", i.device))
         }
-        "detach_mount" => {
-            let ns = i.step.get("namespace").and_then(Value::as_u64)?;
-            let mount_id = i.step.get("mount_id").and_then(Value::as_u64)?;
+        Action::DetachMount { namespace, mount_id, .. } => {
             let still = entry.holders.iter().any(|h| {
                 h.kind == HolderKind::Mount
-                    && h.mount_namespace.map(|n| n.0) == Some(ns)
-                    && h.mount_id.map(u64::from) == Some(mount_id)
+                    && h.mount_namespace == Some(*namespace)
+                    && h.mount_id == Some(*mount_id)
             });
-            (!still).then(|| format!("mount {mount_id} of {} is no longer in mount namespace {ns}", i.device))
+            (!still).then(|| {
+                format!("mount {mount_id} of {} is no longer in mount namespace {}", i.device, namespace.0)
+            })
         }
         _ => None,
     }
@@ -247,8 +266,7 @@ fn dir_interrupted(d: super::dir_recover::DirRecovered) -> (Interrupted, Resolve
         device: "pod-volume".into(),
         devnum: DevNum::new(0, 0),
         identity: d.step.key.to_string(),
-        action: d.step.action().into(),
-        step: d.record_step,
+        step: JournaledStep::Dir(d.step),
         id: d.id,
     };
     (i, Resolved { word: d.word, detail: d.detail })
@@ -273,23 +291,22 @@ impl<W: World> Engine<W> {
         // steps were run from: the same condition as acting at all.
         if let Err(why) = self.world.can_act() {
             for record in open {
-                let id = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
-                out.left_open.push((id, format!("this agent may not act here, so it cannot tell whether the step's writer is alive: {why}")));
+                out.left_open.push((record.id, format!("this agent may not act here, so it cannot tell whether the step's writer is alive: {why}")));
             }
             return Ok(out);
         }
         for record in open {
-            if super::dir_recover::is_dir_intent(&record) {
+            if record.is_dir_step() {
                 match self.recover_dir(&record, journal)? {
                     Ok(d) => out.resolved.push(dir_interrupted(d)),
                     Err(left) => out.left_open.push(left),
                 }
                 continue;
             }
-            let i = match Interrupted::from_record(&record) {
+            let i = match Interrupted::from_intent(&record) {
                 Ok(i) => i,
                 Err(why) => {
-                    let id = record.get("id").and_then(Value::as_str).unwrap_or("?").to_owned();
+                    let id = record.id;
                     tracing::error!(journal_id = %id, "cannot re-check an interrupted step: {why}; left open");
                     out.left_open.push((id, format!("malformed intent: {why}")));
                     continue;
@@ -305,23 +322,18 @@ impl<W: World> Engine<W> {
                 out.left_open.push((i.id, why));
                 continue;
             }
-            if i.action == "iscsi_logout" {
+            if let Some(&Action::IscsiLogout { sid, .. }) = i.device_action() {
                 // Its disk is gone by design: the session is what the step was about.
-                let sid = i.step.get("sid").and_then(Value::as_u64).and_then(|s| u32::try_from(s).ok());
-                let now = match sid.map(|sid| self.world.iscsi_session(sid)) {
-                    Some(Ok(now)) => now,
-                    Some(Err(why)) => {
+                let now = match self.world.iscsi_session(sid) {
+                    Ok(now) => now,
+                    Err(why) => {
                         out.left_open.push((i.id, format!("cannot re-read the session: {why}")));
-                        continue;
-                    }
-                    None => {
-                        out.left_open.push((i.id, "malformed intent: no step.sid".into()));
                         continue;
                     }
                 };
                 let resolved = resolve_logout(&i, now.as_ref());
                 journal.recovered(&i.id, resolved.word, &resolved.detail)?;
-                tracing::warn!(target: "audit", phase = "recovered", action = %i.action, device = %i.device, identity = %i.identity, result = resolved.word, detail = %resolved.detail, journal_id = %i.id);
+                tracing::warn!(target: "audit", phase = "recovered", action = i.action(), device = %i.device, identity = %i.identity, result = resolved.word.as_str(), detail = %resolved.detail, journal_id = %i.id);
                 out.resolved.push((i, resolved));
                 continue;
             }
@@ -336,7 +348,7 @@ impl<W: World> Engine<W> {
                 }
             };
             journal.recovered(&i.id, resolved.word, &resolved.detail)?;
-            tracing::warn!(target: "audit", phase = "recovered", action = %i.action, device = %i.device, identity = %i.identity, result = resolved.word, detail = %resolved.detail, journal_id = %i.id);
+            tracing::warn!(target: "audit", phase = "recovered", action = i.action(), device = %i.device, identity = %i.identity, result = resolved.word.as_str(), detail = %resolved.detail, journal_id = %i.id);
             out.resolved.push((i, resolved));
         }
         Ok(out)
@@ -466,13 +478,13 @@ mod tests {
         let planned = nvme_head(&[("nvme0", CtrlState::Connecting), ("nvme3", CtrlState::Connecting)]);
         let i = intent(&planned, step, 42);
         // The last controller went: so did the head.
-        assert_eq!(resolve(&i, None).word, "gone");
+        assert_eq!(resolve(&i, None).word, Resolution::Gone);
         // Another path of the subsystem keeps the head: the planned controller is no longer there.
         let r = resolve(&i, Some(&nvme_head(&[("nvme3", CtrlState::Connecting)])));
-        assert_eq!(r.word, "in_place", "{}", r.detail);
+        assert_eq!(r.word, Resolution::InPlace, "{}", r.detail);
         assert!(r.detail.contains("controller nvme0 no longer serves nvme0n1"), "{}", r.detail);
         // Still there: planned again from a fresh scan.
-        assert_eq!(resolve(&i, Some(&planned)).word, "replan");
+        assert_eq!(resolve(&i, Some(&planned)).word, Resolution::Replan);
     }
 
     #[test]
@@ -483,16 +495,16 @@ mod tests {
             42,
         );
         let r = resolve_logout(&i, None);
-        assert_eq!(r.word, "in_place", "{}", r.detail);
+        assert_eq!(r.word, Resolution::InPlace, "{}", r.detail);
         assert!(r.detail.contains("session4 is no longer in sysfs"), "{}", r.detail);
         let same = ("iqn.t:a".to_owned(), Some("10.0.0.1:3260".to_owned()));
         let r = resolve_logout(&i, Some(&same));
-        assert_eq!(r.word, "replan", "{}", r.detail);
+        assert_eq!(r.word, Resolution::Replan, "{}", r.detail);
         assert!(r.detail.contains("iscsiadm -m session -r 4 -u"), "{}", r.detail);
         let other = ("iqn.t:b".to_owned(), Some("10.0.0.1:3260".to_owned()));
-        assert_eq!(resolve_logout(&i, Some(&other)).word, "identity_changed");
+        assert_eq!(resolve_logout(&i, Some(&other)).word, Resolution::IdentityChanged);
         let moved = ("iqn.t:a".to_owned(), None);
-        assert_eq!(resolve_logout(&i, Some(&moved)).word, "identity_changed");
+        assert_eq!(resolve_logout(&i, Some(&moved)).word, Resolution::IdentityChanged);
     }
 
     #[test]
@@ -504,7 +516,7 @@ mod tests {
         );
         assert_eq!(i.writer_pid, Some(42));
         let r = resolve(&i, None);
-        assert_eq!(r.word, "gone");
+        assert_eq!(r.word, Resolution::Gone);
         assert!(r.detail.starts_with("dm_remove of dm-0 (253:0) was interrupted"), "{}", r.detail);
         assert!(r.detail.contains("no device is 253:0 any more"), "{}", r.detail);
     }
@@ -520,7 +532,7 @@ mod tests {
         // Deleted and found again by a rescan: same name, number, wwid and address; a new disk
         // sequence number.
         let r = resolve(&i, Some(&disk(6, ScsiState::Running)));
-        assert_eq!(r.word, "identity_changed", "{}", r.detail);
+        assert_eq!(r.word, Resolution::IdentityChanged, "{}", r.detail);
         assert!(
             r.detail.contains("sda@8:0#5;") && r.detail.contains("sda@8:0#6;"),
             "both named: {}",
@@ -529,34 +541,33 @@ mod tests {
         assert!(r.detail.contains("not repeated"), "{}", r.detail);
         // The same disk, not deleted yet: planned again.
         let r = resolve(&i, Some(&planned));
-        assert_eq!(r.word, "replan", "{}", r.detail);
+        assert_eq!(r.word, Resolution::Replan, "{}", r.detail);
     }
 
     #[test]
     fn a_step_whose_effect_is_visible_is_in_place_and_otherwise_replanned() {
         let fail = serde_json::json!({"action": "dm_message", "uuid": "mpath-333333330000007d0", "message": "fail_if_no_path"});
         let i = intent(&map(true), fail, 42);
-        assert_eq!(resolve(&i, Some(&map(true))).word, "replan", "still queueing");
+        assert_eq!(resolve(&i, Some(&map(true))).word, Resolution::Replan, "still queueing");
         let r = resolve(&i, Some(&map(false)));
-        assert_eq!(r.word, "in_place");
+        assert_eq!(r.word, Resolution::InPlace);
         assert!(r.detail.contains("no longer queues I/O"), "{}", r.detail);
 
         let offline = serde_json::json!({"action": "scsi_offline", "wwid": "naa.33333330000007d0", "address": "0:0:0:0", "require_offline": false});
         let i = intent(&disk(5, ScsiState::Running), offline, 42);
-        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Running))).word, "replan");
-        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Offline))).word, "in_place");
+        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Running))).word, Resolution::Replan);
+        assert_eq!(resolve(&i, Some(&disk(5, ScsiState::Offline))).word, Resolution::InPlace);
 
         let mut held = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
         let mut m = Holder::bare(HolderKind::Mount);
         m.mount_namespace = Some(MountNsId(4026532001));
         m.mount_id = Some(77);
         held.holders.push(m);
-        let detach =
-            serde_json::json!({"action": "detach_mount", "namespace": 4026532001u64, "mount_id": 77});
+        let detach = serde_json::json!({"action": "detach_mount", "namespace": 4026532001u64, "via": {"via": "task", "pid": 100, "tid": 100}, "mount_id": 77, "mount_dev": {"major": 7, "minor": 3}, "mount_point": "/mnt/x", "fstype": "ext4"});
         let i = intent(&held, detach, 42);
-        assert_eq!(resolve(&i, Some(&held)).word, "replan", "the mount is still there");
+        assert_eq!(resolve(&i, Some(&held)).word, Resolution::Replan, "the mount is still there");
         held.holders.clear();
-        assert_eq!(resolve(&i, Some(&held)).word, "in_place", "the mount is gone");
+        assert_eq!(resolve(&i, Some(&held)).word, Resolution::InPlace, "the mount is gone");
     }
 
     #[test]
@@ -566,11 +577,11 @@ mod tests {
         let i = intent(&bound, serde_json::json!({"action": "detach_loop", "backing_file": "/img"}), 42);
         let unbound = bare("loop3", DevNum::new(7, 3), DeviceKind::Loop, 4);
         let r = resolve(&i, Some(&unbound));
-        assert_eq!(r.word, "in_place", "{}", r.detail);
+        assert_eq!(r.word, Resolution::InPlace, "{}", r.detail);
         // Bound again to another file: another device.
         let mut rebound = bound.clone();
         rebound.device.diskseq = Some(5);
-        assert_eq!(resolve(&i, Some(&rebound)).word, "identity_changed");
+        assert_eq!(resolve(&i, Some(&rebound)).word, Resolution::IdentityChanged);
     }
 
     #[test]

@@ -308,13 +308,18 @@ fn recovery_closes_a_dead_writers_open_step_and_leaves_a_live_writers_open() {
     let r = engine.recover(&mut j).expect("recover");
     assert_eq!(r.resolved.len(), 1, "{r:?}");
     assert_eq!(r.resolved[0].0.id, dead);
-    assert_eq!(r.resolved[0].1.word, "identity_changed", "{:?}", r.resolved[0].1);
+    assert_eq!(
+        r.resolved[0].1.word,
+        crate::act::journal::Resolution::IdentityChanged,
+        "{:?}",
+        r.resolved[0].1
+    );
     assert_eq!(r.left_open.len(), 1, "{r:?}");
     assert_eq!(r.left_open[0].0, "1-77-0");
     assert!(r.left_open[0].1.contains("still running"), "{r:?}");
     let open = crate::act::journal::pending(j.path()).expect("pending");
     assert_eq!(open.len(), 1, "only the live writer's step stays open: {open:?}");
-    assert_eq!(open[0]["id"], "1-77-0");
+    assert_eq!(open[0].id, "1-77-0");
     assert!(t.actuator.calls.borrow().is_empty(), "recovery changes nothing on the host");
     // An agent that may not act cannot tell a live writer from a dead one: it closes nothing.
     let blind =
@@ -390,16 +395,36 @@ fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
     // finished step are on disk, the second release is owed.
     let mut j = Journal::open(&path).expect("journal");
     let planned = dry.plan.as_ref().expect("plan");
-    let body = serde_json::json!({
-        "request": { "argument": "/dev/loop3", "operation": "release" },
-        "device": "loop3",
-        "identity_parts": &planned.identity,
-        "devices": [{ "name": "loop3", "devnum": planned.devnum }],
-        "steps": planned.steps.iter().map(|s| serde_json::json!({ "step": s, "identity_parts": &s.identity })).collect::<Vec<_>>(),
-    });
+    use crate::act::journal::{PlanBody, PlanDevice, PlanRequest, PlanStep};
+    let body = PlanBody {
+        request: PlanRequest {
+            argument: "/dev/loop3".into(),
+            operation: "release".into(),
+            by: String::new(),
+        },
+        device: "loop3".into(),
+        identity_parts: serde_json::to_value(&planned.identity).expect("json"),
+        devices: vec![PlanDevice {
+            name: "loop3".into(),
+            devnum: planned.devnum,
+            identity: String::new(),
+            dm_name: None,
+            uuid: None,
+            wwid: None,
+        }],
+        steps: planned
+            .steps
+            .iter()
+            .map(|s| PlanStep {
+                step: serde_json::to_value(s).expect("json"),
+                identity_parts: serde_json::to_value(&s.identity).expect("json"),
+            })
+            .collect(),
+        ..PlanBody::default()
+    };
     let id = j.plan(&body).expect("plan");
     let first = j.begin_at(&planned.steps[0], Some(0)).expect("intent");
-    j.finish(&first, "done", "").expect("result");
+    j.finish(&first, crate::act::journal::StepResult::Done, "").expect("result");
     drop(j);
     let text = std::fs::read_to_string(&path).expect("read");
     // Another process wrote it (this test's pid would be this run's own).
@@ -428,6 +453,7 @@ fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
 /// place.
 #[test]
 fn a_deferred_loop_detach_is_not_in_place_until_the_device_is_unbound() {
+    use crate::act::journal::Resolution;
     use crate::engine::recover::{resolve, Interrupted};
     let step = plan_of("clean", vec![unbind()]).steps[0].clone();
     let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
@@ -435,9 +461,14 @@ fn a_deferred_loop_detach_is_not_in_place_until_the_device_is_unbound() {
     let mut deferred = entry(1);
     deferred.holders.clear();
     deferred.device.loop_info.as_mut().expect("bound").autoclear = true;
-    assert_eq!(resolve(&i, Some(&deferred)).word, "replan", "{}", resolve(&i, Some(&deferred)).detail);
+    assert_eq!(
+        resolve(&i, Some(&deferred)).word,
+        Resolution::Replan,
+        "{}",
+        resolve(&i, Some(&deferred)).detail
+    );
     let mut unbound = entry(1);
     unbound.holders.clear();
     unbound.device.loop_info = None;
-    assert_eq!(resolve(&i, Some(&unbound)).word, "in_place");
+    assert_eq!(resolve(&i, Some(&unbound)).word, Resolution::InPlace);
 }

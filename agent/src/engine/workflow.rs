@@ -28,10 +28,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::{Engine, EngineError, World};
-use crate::act::journal::{self, Journal, OpenPlan};
+use crate::act::journal::{
+    self, Journal, OpenPlan, PlanBody, PlanDevice, PlanEndResult, PlanRecord, PlanRequest, PlanStep,
+};
 use crate::act::{ActError, StepOutcome, StepReport};
 use crate::graph::identity::Identity;
 use crate::graph::scan::{Scan, Target};
@@ -138,15 +138,13 @@ impl<W: World> Engine<W> {
                     let finished =
                         journal::last_closed_plan(req.journal, |p| owed_by_record(p, a, None)).ok().flatten();
                     let Some((plan, end)) = finished else { return Err(EngineError::NotFound(why)) };
-                    let text =
-                        |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
                     out.gone = Some(format!(
                         "{a} is gone: the {} of {} (journal plan {}) ended {}: {}",
-                        plan.pointer("/request/operation").and_then(Value::as_str).unwrap_or("?"),
-                        text(&plan, "device"),
-                        text(&plan, "id"),
-                        text(&end, "result"),
-                        text(&end, "detail")
+                        or_unknown(&plan.body.request.operation),
+                        or_unknown(&plan.body.device),
+                        plan.id,
+                        end.result,
+                        end.detail
                     ));
                     return Ok(out);
                 }
@@ -243,9 +241,8 @@ impl<W: World> Engine<W> {
         // Unused: a journaled plan is resumed, never planned afresh.
         let clocks = std::sync::Mutex::new(crate::judge::grace::Clocks::new(None));
         for p in &open {
-            let text =
-                |ptr: &str| p.record.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_owned();
-            let op = if text("/request/operation") == "release" {
+            let request = &p.record.body.request;
+            let op = if request.operation == "release" {
                 super::Operation::Release
             } else {
                 super::Operation::Clean
@@ -253,15 +250,10 @@ impl<W: World> Engine<W> {
             let req = Request {
                 op,
                 subject: Subject::Journaled(p.id.clone()),
-                argument: text("/request/argument"),
+                argument: request.argument.clone(),
                 expected_identity: None,
                 apply: true,
-                by: format!(
-                    "{} (resuming journal plan {} asked by {})",
-                    resumer.by,
-                    p.id,
-                    text("/request/by")
-                ),
+                by: format!("{} (resuming journal plan {} asked by {})", resumer.by, p.id, request.by),
                 journal: path,
                 lock_wait,
                 clocks: &clocks,
@@ -285,13 +277,11 @@ impl<W: World> Engine<W> {
         let path = j.path().to_owned();
         let jerr = |source| EngineError::Journal { path: path.clone(), source };
         let r = &p.record;
-        let text = |v: &Value, k: &str| v.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
-        let request = r.get("request").cloned().unwrap_or(Value::Null);
         let mut resumed = Resumed {
             plan_id: p.id.clone(),
-            operation: text(&request, "operation"),
-            argument: text(&request, "argument"),
-            device: text(r, "device"),
+            operation: r.body.request.operation.clone(),
+            argument: r.body.request.argument.clone(),
+            device: r.body.device.clone(),
             already_done: p.finished.len(),
             reports: Vec::new(),
             refused: None,
@@ -301,7 +291,7 @@ impl<W: World> Engine<W> {
             Err(why) => {
                 let detail = format!("the journaled plan cannot be read back ({why}): not resumed");
                 tracing::error!(journal_id = %p.id, "{detail}");
-                j.plan_end(&p.id, "unreadable", &detail).map_err(jerr)?;
+                j.plan_end(&p.id, PlanEndResult::Unreadable, &detail).map_err(jerr)?;
                 return Ok(resumed);
             }
         };
@@ -312,7 +302,7 @@ impl<W: World> Engine<W> {
             let why = format!(
                 "'{step}' was interrupted and its device is another one now (identity changed): the plan is closed, and what is left is judged afresh"
             );
-            j.plan_end(&p.id, "incomplete", &why).map_err(jerr)?;
+            j.plan_end(&p.id, PlanEndResult::Incomplete, &why).map_err(jerr)?;
             resumed.refused = Some(ResumeRefusal::IdentityChanged(why));
             return Ok(resumed);
         }
@@ -330,7 +320,8 @@ impl<W: World> Engine<W> {
         tracing::warn!(target: "audit", phase = "resume", operation = plan.operation, device = %plan.device, journal_id = %p.id, remaining = remaining.len(), by = %req.by, "resuming an unfinished plan");
         let reports = self.execute_indexed(&plan, j, Some(&remaining), &req.by)?;
         let (word, detail) = plan_end_words(&reports);
-        j.plan_end(&p.id, if word == "finished" { "resumed" } else { word }, &detail).map_err(jerr)?;
+        let word = if word == PlanEndResult::Finished { PlanEndResult::Resumed } else { word };
+        j.plan_end(&p.id, word, &detail).map_err(jerr)?;
         resumed.reports = reports;
         Ok(resumed)
     }
@@ -342,95 +333,107 @@ fn owed_by(p: &OpenPlan, argument: &str, devnum: Option<DevNum>) -> bool {
     owed_by_record(&p.record, argument, devnum)
 }
 
-fn owed_by_record(r: &Value, argument: &str, devnum: Option<DevNum>) -> bool {
+fn owed_by_record(r: &PlanRecord, argument: &str, devnum: Option<DevNum>) -> bool {
     let arg = argument.trim();
-    let journaled = r.pointer("/request/argument").and_then(Value::as_str).unwrap_or_default();
-    if !arg.is_empty() && arg == journaled {
+    if !arg.is_empty() && arg == r.body.request.argument {
         return true;
     }
     let bare = arg.trim_start_matches("/dev/mapper/").trim_start_matches("/dev/");
-    let devices = r.get("devices").and_then(Value::as_array).cloned().unwrap_or_default();
-    devices.iter().any(|d| {
-        let name = d.get("name").and_then(Value::as_str).unwrap_or_default();
-        let dm = d.get("dm_name").and_then(Value::as_str).unwrap_or_default();
-        let num: Option<DevNum> = d.get("devnum").cloned().and_then(|v| serde_json::from_value(v).ok());
-        (!bare.is_empty() && (bare == name || bare == dm || num.is_some_and(|n| n.to_string() == bare)))
-            || (devnum.is_some() && num == devnum)
+    r.body.devices.iter().any(|d| {
+        let dm = d.dm_name.as_deref().unwrap_or_default();
+        (!bare.is_empty() && (bare == d.name || bare == dm || d.devnum.to_string() == bare))
+            || devnum == Some(d.devnum)
     })
 }
 
+/// A word of a journaled plan, `?` when it is missing.
+fn or_unknown(word: &str) -> &str {
+    if word.is_empty() {
+        "?"
+    } else {
+        word
+    }
+}
+
 fn unfinished_words(p: &OpenPlan) -> String {
-    let r = &p.record;
-    let op = r.pointer("/request/operation").and_then(Value::as_str).unwrap_or("?");
-    let arg = r.pointer("/request/argument").and_then(Value::as_str).unwrap_or("?");
-    let device = r.get("device").and_then(Value::as_str).unwrap_or("?");
+    let b = &p.record.body;
+    let (op, arg) = (or_unknown(&b.request.operation), or_unknown(&b.request.argument));
     format!(
-        "journal plan {} ({op} of {device}, asked as '{arg}', by process {}) is unfinished: run `{op} {arg} --apply` again to finish it",
+        "journal plan {} ({op} of {}, asked as '{arg}', by process {}) is unfinished: run `{op} {arg} --apply` again to finish it",
         p.id,
+        or_unknown(&b.device),
         p.writer_pid.map_or("?".to_owned(), |p| p.to_string())
     )
 }
 
+/// A part of a plan record as JSON (read back by [`journaled_plan`]).
+fn to_value<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or_default()
+}
+
 /// The plan record's body: what a re-run needs to finish the plan.
-fn plan_record(plan: &Plan, scan: Option<&Scan>, req: &Request<'_>) -> Value {
-    let mut devices: Vec<Value> = Vec::new();
-    let mut seen: Vec<DevNum> = Vec::new();
+fn plan_record(plan: &Plan, scan: Option<&Scan>, req: &Request<'_>) -> PlanBody {
+    let mut devices: Vec<PlanDevice> = Vec::new();
     for (devnum, name, identity) in std::iter::once((plan.devnum, &plan.device, &plan.identity))
         .chain(plan.steps.iter().map(|s| (s.devnum, &s.device, &s.identity)))
     {
-        if seen.contains(&devnum) {
+        if devices.iter().any(|d| d.devnum == devnum) {
             continue;
         }
-        seen.push(devnum);
         let e = scan.and_then(|s| s.entry(devnum));
-        devices.push(json!({
-            "name": name.as_str(),
-            "devnum": devnum,
-            "identity": identity.token(),
-            "dm_name": e.and_then(|e| e.device.dm.as_ref()).map(|d| d.name.clone()),
-            "uuid": e.and_then(|e| e.device.dm.as_ref()).map(|d| d.uuid.clone()),
-            "wwid": e.and_then(|e| e.scsi.as_ref()).and_then(|s| s.disk.wwid.clone()),
-        }));
+        devices.push(PlanDevice {
+            name: name.to_string(),
+            devnum,
+            identity: identity.token(),
+            dm_name: e.and_then(|e| e.device.dm.as_ref()).map(|d| d.name.clone()),
+            uuid: e.and_then(|e| e.device.dm.as_ref()).map(|d| d.uuid.clone()),
+            wwid: e.and_then(|e| e.scsi.as_ref()).and_then(|s| s.disk.wwid.clone()),
+        });
     }
-    let steps: Vec<Value> =
-        plan.steps.iter().map(|s| json!({ "step": s, "identity_parts": &s.identity })).collect();
-    json!({
-        "request": { "argument": req.argument, "operation": plan.operation, "by": req.by },
-        "device": plan.device.as_str(),
-        "devnum": plan.devnum,
-        "identity": plan.identity.token(),
-        "identity_parts": &plan.identity,
-        "devices": devices,
-        "steps": steps,
-        "expected_openers": plan.expected_openers,
+    PlanBody {
+        request: PlanRequest {
+            argument: req.argument.clone(),
+            operation: plan.operation.to_owned(),
+            by: req.by.clone(),
+        },
+        device: plan.device.to_string(),
+        devnum: Some(plan.devnum),
+        identity: plan.identity.token(),
+        identity_parts: to_value(&plan.identity),
+        devices,
+        steps: plan
+            .steps
+            .iter()
+            .map(|s| PlanStep { step: to_value(s), identity_parts: to_value(&s.identity) })
+            .collect(),
+        expected_openers: plan.expected_openers.clone(),
         // The operator's reason for detaching despite process users (`--force-busy`), kept
         // with the plan it overrode; a resumed plan is re-checked without it.
-        "force_busy": plan.force_busy,
-        "notes": plan.notes,
-    })
+        force_busy: plan.force_busy.clone(),
+        notes: plan.notes.clone(),
+    }
 }
 
 /// Reads a plan record back into a plan (its steps with their identities).
-pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
+pub fn journaled_plan(r: &PlanRecord) -> Result<Plan, String> {
     // A plan's operation word, as its planner names it.
     const OPERATIONS: [&str; 6] = ["clean", "release", "teardown", "delete", "unmap", "disconnect"];
-    let word = r.pointer("/request/operation").and_then(Value::as_str);
-    let Some(operation) = OPERATIONS.iter().copied().find(|o| Some(*o) == word) else {
+    let word = &r.body.request.operation;
+    let Some(operation) = OPERATIONS.iter().copied().find(|o| o == word) else {
         return Err(format!("unknown operation {word:?}"));
     };
-    let identity: Identity = serde_json::from_value(r.get("identity_parts").cloned().unwrap_or(Value::Null))
-        .map_err(|e| format!("identity_parts: {e}"))?;
+    let identity: Identity =
+        serde_json::from_value(r.body.identity_parts.clone()).map_err(|e| format!("identity_parts: {e}"))?;
     let mut steps = Vec::new();
-    for (i, s) in r.get("steps").and_then(Value::as_array).cloned().unwrap_or_default().iter().enumerate() {
-        let step = s.get("step").ok_or_else(|| format!("step {i}: missing"))?;
-        let identity: Identity =
-            serde_json::from_value(s.get("identity_parts").cloned().unwrap_or(Value::Null))
-                .map_err(|e| format!("step {i}: identity_parts: {e}"))?;
-        let action: Action = serde_json::from_value(step.clone()).map_err(|e| format!("step {i}: {e}"))?;
+    for (i, s) in r.body.steps.iter().enumerate() {
+        if s.step.is_null() {
+            return Err(format!("step {i}: missing"));
+        }
+        let identity: Identity = serde_json::from_value(s.identity_parts.clone())
+            .map_err(|e| format!("step {i}: identity_parts: {e}"))?;
+        let action: Action = serde_json::from_value(s.step.clone()).map_err(|e| format!("step {i}: {e}"))?;
         steps.push(Step { device: identity.name.clone(), devnum: identity.devnum, identity, action });
     }
-    let expected_openers: Vec<u32> =
-        serde_json::from_value(r.get("expected_openers").cloned().unwrap_or(json!([]))).unwrap_or_default();
     Ok(Plan {
         operation,
         device: identity.name.clone(),
@@ -441,7 +444,7 @@ pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
         refusal: None,
         unsupported: false,
         notes: Vec::new(),
-        expected_openers,
+        expected_openers: r.body.expected_openers.clone(),
         // A resumed release is re-checked without an override: users refuse it again.
         force_busy: None,
     })
@@ -450,7 +453,7 @@ pub fn journaled_plan(r: &Value) -> Result<Plan, String> {
 /// How a plan's run ends in the journal: `finished` when every step finished, else
 /// `incomplete` naming the steps that did not (a step the kernel deferred did not: the device
 /// is still there until its last opener closes it).
-fn plan_end_words(reports: &[StepReport]) -> (&'static str, String) {
+fn plan_end_words(reports: &[StepReport]) -> (PlanEndResult, String) {
     let not: Vec<String> = reports
         .iter()
         .filter(|r| !r.result.as_ref().is_ok_and(StepOutcome::is_finished))
@@ -460,10 +463,10 @@ fn plan_end_words(reports: &[StepReport]) -> (&'static str, String) {
         })
         .collect();
     if not.is_empty() {
-        ("finished", format!("{} step(s) finished", reports.len()))
+        (PlanEndResult::Finished, format!("{} step(s) finished", reports.len()))
     } else {
         (
-            "incomplete",
+            PlanEndResult::Incomplete,
             format!(
                 "{} of {} step(s) did not finish (not repeated by a re-run: plan the device again): {}",
                 not.len(),

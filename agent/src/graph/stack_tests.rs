@@ -469,18 +469,19 @@ fn the_dm_open_count_must_equal_the_openers_the_plan_accounts_for() {
 /// same layer still there (planned again with its map), or another device at its number.
 #[test]
 fn an_interrupted_layer_removal_is_recovered() {
+    use crate::act::journal::Resolution;
     use crate::engine::recover::{resolve, Interrupted};
     let scan = scan_of(graph());
     let p = plan::multipath::teardown_map(&scan.graph.devices[0], &scan.graph, false);
     let step = p.steps.iter().find(|s| s.device.as_str() == "dm-2").expect("the LV's removal");
     let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
     let i = Interrupted::from_record(&record).expect("an intent");
-    assert_eq!((i.action.as_str(), i.device.as_str()), ("dm_remove", "dm-2"));
-    assert_eq!(resolve(&i, None).word, "gone");
-    assert_eq!(resolve(&i, Some(&scan.graph.devices[2])).word, "replan");
+    assert_eq!((i.action(), i.device.as_str()), ("dm_remove", "dm-2"));
+    assert_eq!(resolve(&i, None).word, Resolution::Gone);
+    assert_eq!(resolve(&i, Some(&scan.graph.devices[2])).word, Resolution::Replan);
     let mut other = scan.graph.devices[2].clone();
     other.device.dm.as_mut().expect("dm").uuid = LV.replace("pPUB", "bbbb");
-    assert_eq!(resolve(&i, Some(&other)).word, "identity_changed");
+    assert_eq!(resolve(&i, Some(&other)).word, Resolution::IdentityChanged);
 }
 
 /// The layer shows in the JSON output (`stack`) and in the API (its own DeviceKind and

@@ -92,6 +92,7 @@ fn a_private_copy_is_not_tied() {
 /// interrupted unmap of the first are not the second's.
 #[test]
 fn an_rbd_image_mapped_again_at_the_same_id_is_another_identity() {
+    use crate::act::journal::Resolution;
     use crate::discover::rbd::RbdMapping;
     use crate::engine::recover::{resolve, Interrupted};
     use crate::graph::identity::Identity;
@@ -158,9 +159,14 @@ fn an_rbd_image_mapped_again_at_the_same_id_is_another_identity() {
         );
         let record = serde_json::json!({"id": "1-4242-0", "phase": "intent", "step": step});
         let i = Interrupted::from_record(&record).expect("an intent");
-        assert_eq!(resolve(&i, Some(now)).word, "identity_changed", "{}", resolve(&i, Some(now)).detail);
-        assert_eq!(resolve(&i, Some(planned)).word, "replan");
-        assert_eq!(resolve(&i, None).word, "gone");
+        assert_eq!(
+            resolve(&i, Some(now)).word,
+            Resolution::IdentityChanged,
+            "{}",
+            resolve(&i, Some(now)).detail
+        );
+        assert_eq!(resolve(&i, Some(planned)).word, Resolution::Replan);
+        assert_eq!(resolve(&i, None).word, Resolution::Gone);
     }
     // A journal written before the stamp (no attach_record in identity_parts) still reads.
     let mut parts = serde_json::to_value(Identity::of(&first)).expect("json");

@@ -21,7 +21,7 @@ pub mod scsi;
 pub mod stack;
 pub mod step;
 
-pub use step::{Action, LeftAlone, Plan, Step};
+pub use step::{Action, ActionKind, LeftAlone, Plan, Step};
 
 use crate::graph::Holder;
 

@@ -63,6 +63,84 @@ pub enum Action {
     IscsiLogout { sid: u32, target: String, portal: String, iface: String },
 }
 
+impl Action {
+    /// Which action this is, without its fields.
+    pub fn kind(&self) -> ActionKind {
+        match self {
+            Action::DetachMount { .. } => ActionKind::DetachMount,
+            Action::DetachLoop { .. } => ActionKind::DetachLoop,
+            Action::DmMessage { .. } => ActionKind::DmMessage,
+            Action::DmRemove { .. } => ActionKind::DmRemove,
+            Action::ScsiOffline { .. } => ActionKind::ScsiOffline,
+            Action::ScsiDelete { .. } => ActionKind::ScsiDelete,
+            Action::RbdUnmap { .. } => ActionKind::RbdUnmap,
+            Action::NbdDisconnect { .. } => ActionKind::NbdDisconnect,
+            Action::NvmeDeleteController { .. } => ActionKind::NvmeDeleteController,
+            Action::IscsiLogout { .. } => ActionKind::IscsiLogout,
+        }
+    }
+
+    /// The action's name: its `action` tag in a journaled step, audit lines and metrics.
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+}
+
+/// The kinds of [`Action`], without their fields: the one list of action names (metrics export
+/// each at zero from [`ActionKind::ALL`]). Serialised as [`Action`]'s tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActionKind {
+    DetachMount,
+    DetachLoop,
+    DmMessage,
+    DmRemove,
+    ScsiOffline,
+    ScsiDelete,
+    RbdUnmap,
+    NbdDisconnect,
+    NvmeDeleteController,
+    IscsiLogout,
+}
+
+impl ActionKind {
+    /// Every kind, in plan order.
+    pub const ALL: [ActionKind; 10] = [
+        ActionKind::DetachMount,
+        ActionKind::DetachLoop,
+        ActionKind::DmMessage,
+        ActionKind::DmRemove,
+        ActionKind::ScsiOffline,
+        ActionKind::ScsiDelete,
+        ActionKind::RbdUnmap,
+        ActionKind::NbdDisconnect,
+        ActionKind::NvmeDeleteController,
+        ActionKind::IscsiLogout,
+    ];
+
+    /// The name (the same word as [`Action`]'s serde tag: a test holds them together).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActionKind::DetachMount => "detach_mount",
+            ActionKind::DetachLoop => "detach_loop",
+            ActionKind::DmMessage => "dm_message",
+            ActionKind::DmRemove => "dm_remove",
+            ActionKind::ScsiOffline => "scsi_offline",
+            ActionKind::ScsiDelete => "scsi_delete",
+            ActionKind::RbdUnmap => "rbd_unmap",
+            ActionKind::NbdDisconnect => "nbd_disconnect",
+            ActionKind::NvmeDeleteController => "nvme_delete_controller",
+            ActionKind::IscsiLogout => "iscsi_logout",
+        }
+    }
+}
+
+impl std::fmt::Display for ActionKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One destructive step on one device. Each is idempotent: a target already gone is a success.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Step {
@@ -89,19 +167,9 @@ impl Step {
         }
     }
 
+    /// The action's name, as journals, audit lines and metrics name it ([`ActionKind::as_str`]).
     pub fn action(&self) -> &'static str {
-        match self.action {
-            Action::DetachMount { .. } => "detach_mount",
-            Action::DetachLoop { .. } => "detach_loop",
-            Action::DmMessage { .. } => "dm_message",
-            Action::DmRemove { .. } => "dm_remove",
-            Action::ScsiOffline { .. } => "scsi_offline",
-            Action::ScsiDelete { .. } => "scsi_delete",
-            Action::RbdUnmap { .. } => "rbd_unmap",
-            Action::NbdDisconnect { .. } => "nbd_disconnect",
-            Action::NvmeDeleteController { .. } => "nvme_delete_controller",
-            Action::IscsiLogout { .. } => "iscsi_logout",
-        }
+        self.action.name()
     }
 
     /// A mount release: detaches one mount in one namespace; no data is destroyed.
