@@ -808,7 +808,7 @@ fn explain_takes_n_for_the_pod_and_finds_the_console_by_its_labels() {
         assert_eq!(code, 0, "{err}");
         assert!(out.starts_with("pod shop/web-0 on node-a: Running\n"), "{out}");
 
-        // The README's k9s plugin, as written: on the selected pod, in its context.
+        // The k9s plugin of docs/console.md, as written: on the selected pod, in its context.
         let (command, args) = k9s_plugin();
         assert_eq!(command, "kubectl");
         assert_eq!(args[0], "blockjanitor", "kubectl runs kubectl-blockjanitor with the rest");
@@ -822,13 +822,14 @@ fn explain_takes_n_for_the_pod_and_finds_the_console_by_its_labels() {
     });
 }
 
-/// The k9s plugin of the README's section "A stuck pod" (its ```yaml block): its command and
+/// The k9s plugin of docs/console.md (the ```yaml block of its section "k9s: explain on the
+/// selected pod", which the README links to): its command and
 /// arguments, after checking it is what k9s reads (plugins.<name>: shortCut, description,
 /// scopes [pods], command, background false, args).
 fn k9s_plugin() -> (String, Vec<String>) {
-    let readme =
-        std::fs::read_to_string(blockjanitor_tests::deploy::repo().join("README.md")).expect("README.md");
-    let section = readme.split("\n## ").find(|s| s.starts_with("A stuck pod")).expect("the section");
+    let page = std::fs::read_to_string(blockjanitor_tests::deploy::repo().join("docs/console.md"))
+        .expect("docs/console.md");
+    let section = page.split("\n## ").find(|s| s.starts_with("k9s: explain")).expect("the section");
     let start = section.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
     let yaml = &section[start..start + section[start..].find("\n```").expect("closed")];
     let v: Value = serde_yaml_ng::from_str(yaml).expect("YAML");
