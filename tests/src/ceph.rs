@@ -5,6 +5,7 @@
 //!
 //! Tests are named `root_ceph_*` and run one at a time (each brings a cluster up and down).
 
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use crate::guest::{guest_dir, stage_agent, Run};
@@ -64,6 +65,46 @@ impl Cluster {
             .map(|v| v.trim_matches(|c| c == '\'' || c == '"').to_owned())
             .unwrap_or_else(|| panic!("no BJ_CEPH_NETNS in cluster.sh env:\n{env}"));
         cluster
+    }
+
+    /// The directories of a test with a guest, created beside the cluster's: `extra` (put into
+    /// the guest, the agent staged in it), `share` (shared with the guest) and `host` (the host
+    /// side's own files).
+    pub fn guest_dirs(&self) -> (PathBuf, PathBuf, PathBuf) {
+        let top = self.dir.path();
+        let (extra, share, host) = (top.join("extra"), top.join("share"), top.join("host"));
+        for d in [&extra, &share, &host] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        stage_agent(&extra);
+        (extra, share, host)
+    }
+
+    /// Starts `guest-rbd.sh`: the qemu guest maps this cluster's image `vol` through the kernel
+    /// client and runs `scenarios/<scenario>` with [`Cluster::guest_dirs`]'s `extra` and `share`,
+    /// the guest's port 9443 forwarded to 127.0.0.1:`agent_port`, for at most `timeout_s`
+    /// seconds; its output in `guest.out` and `guest.err` in the cluster's directory. Stopped
+    /// (its process group) when dropped.
+    pub fn start_rbd_guest(&self, scenario: &str, agent_port: u16, timeout_s: u32) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let top = self.dir.path();
+        let file = |name: &str| std::fs::File::create(top.join(name)).expect(name);
+        Proc(
+            Command::new(ceph_dir().join("guest-rbd.sh"))
+                .arg(self.path())
+                .arg(ceph_dir().join("scenarios").join(scenario))
+                .arg(top.join("extra"))
+                .env("BJ_CEPH_IMAGE", "vol")
+                .env("BLOCKJANITOR_GUEST_SHARE", top.join("share"))
+                .env("BLOCKJANITOR_GUEST_HOSTFWD", format!("tcp:127.0.0.1:{agent_port}-:9443"))
+                .env("BLOCKJANITOR_GUEST_TIMEOUT", timeout_s.to_string())
+                .stdin(Stdio::null())
+                .stdout(file("guest.out"))
+                .stderr(file("guest.err"))
+                .process_group(0)
+                .spawn()
+                .expect("guest-rbd.sh"),
+        )
     }
 
     /// The cluster's directory (`DIR` of cluster.sh and image.sh).

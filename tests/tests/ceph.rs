@@ -9,17 +9,14 @@ mod scenario_documents;
 mod schema;
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use blockjanitor_tests::ceph::{
-    ack, ceph_dir, require_ceph, run_ceph_scenario, wait_handshake, Cluster, Proc,
-};
+use blockjanitor_tests::ceph::{ack, require_ceph, run_ceph_scenario, wait_handshake, Cluster};
 use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::Pki;
-use blockjanitor_tests::guest::{stage_agent, Run};
+use blockjanitor_tests::guest::Run;
 use blockjanitor_tests::{serial, text};
 use scenario_documents::schema_valid;
 use serde_json::Value;
@@ -187,11 +184,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
     eprintln!("cluster up and image created in {:.1} s", t0.elapsed().as_secs_f64());
 
     let top = cluster.dir.path();
-    let (extra, share, host) = (top.join("extra"), top.join("share"), top.join("host"));
-    for d in [&extra, &share, &host] {
-        std::fs::create_dir_all(d).expect("mkdir");
-    }
-    stage_agent(&extra);
+    let (extra, share, host) = cluster.guest_dirs();
     let pki = Pki::new("blockjanitor ceph test CA");
     std::fs::create_dir_all(extra.join("tls")).expect("mkdir tls");
     pki.write_server(&extra.join("tls"));
@@ -207,22 +200,7 @@ fn root_ceph_console_who_watches_names_the_node_and_device() {
     let (vcert, vkey) = write_pem("dashboard");
 
     let out = top.join("guest.out");
-    let mut guest = Proc(
-        Command::new(ceph_dir().join("guest-rbd.sh"))
-            .arg(cluster.path())
-            .arg(ceph_dir().join("scenarios/rbd-console-who-watches.sh"))
-            .arg(&extra)
-            .env("BJ_CEPH_IMAGE", "vol")
-            .env("BLOCKJANITOR_GUEST_SHARE", &share)
-            .env("BLOCKJANITOR_GUEST_HOSTFWD", format!("tcp:127.0.0.1:{AGENT_PORT}-:9443"))
-            .env("BLOCKJANITOR_GUEST_TIMEOUT", "150")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).expect("guest.out"))
-            .stderr(std::fs::File::create(top.join("guest.err")).expect("guest.err"))
-            .process_group(0)
-            .spawn()
-            .expect("guest-rbd.sh"),
-    );
+    let mut guest = cluster.start_rbd_guest("rbd-console-who-watches.sh", AGENT_PORT, 150);
 
     let mut console_args = files.args("dashboard");
     console_args.extend(

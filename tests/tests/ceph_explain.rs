@@ -17,14 +17,13 @@
 mod schema;
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use blockjanitor_tests::ceph::{ack, ceph_dir, require_ceph, wait_handshake, Cluster, NsApi, Proc};
+use blockjanitor_tests::ceph::{ack, require_ceph, wait_handshake, Cluster, NsApi, Proc};
 use blockjanitor_tests::console::{bin, Console, ConsoleFiles};
 use blockjanitor_tests::daemon::{Daemon, Pki};
 use blockjanitor_tests::explanation::{cause, commands, fences};
-use blockjanitor_tests::guest::stage_agent;
 use blockjanitor_tests::kube_objects::{
     ago, core_event, csi_pv, node_status, pod_object, pvc_object, volume_attachment, PodSpec,
 };
@@ -126,11 +125,7 @@ impl Scene {
         };
         let (pool, fsid) = (var("BJ_CEPH_POOL"), var("BJ_CEPH_FSID"));
         let top = cluster.dir.path().to_owned();
-        let (extra, share, host) = (top.join("extra"), top.join("share"), top.join("host"));
-        for d in [&extra, &share, &host] {
-            std::fs::create_dir_all(d).expect("mkdir");
-        }
-        stage_agent(&extra);
+        let (extra, share, host) = cluster.guest_dirs();
         let pki = Pki::new("blockjanitor ceph explain CA");
         std::fs::create_dir_all(extra.join("tls")).expect("mkdir tls");
         pki.write_server(&extra.join("tls"));
@@ -141,24 +136,7 @@ impl Scene {
         std::fs::write(&viewer.1, pem.key).expect("key");
 
         let out = top.join("guest.out");
-        let guest = Proc(
-            std::os::unix::process::CommandExt::process_group(
-                Command::new(ceph_dir().join("guest-rbd.sh"))
-                    .arg(cluster.path())
-                    .arg(ceph_dir().join("scenarios/rbd-explain.sh"))
-                    .arg(&extra)
-                    .env("BJ_CEPH_IMAGE", "vol")
-                    .env("BLOCKJANITOR_GUEST_SHARE", &share)
-                    .env("BLOCKJANITOR_GUEST_HOSTFWD", format!("tcp:127.0.0.1:{AGENT_PORT}-:9443"))
-                    .env("BLOCKJANITOR_GUEST_TIMEOUT", "400")
-                    .stdin(Stdio::null())
-                    .stdout(std::fs::File::create(&out).expect("guest.out"))
-                    .stderr(std::fs::File::create(top.join("guest.err")).expect("guest.err")),
-                0,
-            )
-            .spawn()
-            .expect("guest-rbd.sh"),
-        );
+        let guest = cluster.start_rbd_guest("rbd-explain.sh", AGENT_PORT, 400);
         let api = NsApi::start(&cluster.netns, json!(null));
         let ns = cluster.netns.clone();
         let new_dir = top.join("agent-new");
