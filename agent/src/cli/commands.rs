@@ -44,10 +44,10 @@ fn scan(
     cli: &Cli,
     host: HostRoot,
     state: &mut StateFile<'_>,
-    output: Output,
     filter: &view::choices::DeviceFilter,
     layout: &view::columns::ScanLayout,
 ) -> Result<u8> {
+    let output = cli.output;
     let memo = report_only_memo(cli, &host);
     let e = engine(cli, host, plan::clean::CleanOptions::default());
     let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
@@ -85,28 +85,28 @@ pub fn run(cli: &Cli) -> Result<u8> {
     let host = host(cli);
     let mut state = StateFile::load(cli, &host);
     match &cli.command {
-        Command::Scan { filter, layout } => scan(cli, host, &mut state, cli.output, filter, layout),
+        Command::Scan { filter, layout } => scan(cli, host, &mut state, filter, layout),
         Command::Holders { devices, verbose } => {
             let memo = report_only_memo(cli, &host);
-            super::holders::holders(cli, host, &mut state, memo, devices, (*verbose, cli.output))
+            super::holders::holders(cli, host, &mut state, memo, devices, *verbose)
         }
         Command::Release { device, apply, force_busy } => {
             let mut e = engine(cli, host, plan::clean::CleanOptions::default());
             e.settings.release = plan::release::ReleaseOptions { force_busy: force_busy.clone() };
-            requests::one_request(cli, &e, &mut state, Operation::Release, device, *apply, cli.output)
+            requests::one_request(cli, &e, &mut state, Operation::Release, device, *apply)
         }
         Command::Clean { device, apply, deferred_remove, force } => {
             let clean = plan::clean::CleanOptions { deferred_remove: *deferred_remove, force_unmap: *force };
             let e = engine(cli, host, clean);
-            requests::one_request(cli, &e, &mut state, Operation::Clean, device, *apply, cli.output)
+            requests::one_request(cli, &e, &mut state, Operation::Clean, device, *apply)
         }
         Command::Plan { devices, release } => {
             let e = engine(cli, host, plan::clean::CleanOptions::default());
-            requests::many(cli, &e, &mut state, operation(*release), devices, false, false, cli.output)
+            requests::many(cli, &e, &mut state, operation(*release), devices, false, false)
         }
         Command::Apply { devices, release, yes } => {
             let e = engine(cli, host, plan::clean::CleanOptions::default());
-            requests::many(cli, &e, &mut state, operation(*release), devices, true, *yes, cli.output)
+            requests::many(cli, &e, &mut state, operation(*release), devices, true, *yes)
         }
         Command::Serve(args) => serve(cli, args, host),
         Command::Journal => {

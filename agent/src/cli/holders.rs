@@ -67,8 +67,9 @@ pub fn holders(
     state: &mut StateFile<'_>,
     memo: Option<mount_memo_file::Kept>,
     args: &[String],
-    (verbose, output): (bool, Output),
+    verbose: bool,
 ) -> Result<u8> {
+    let output = cli.output;
     let devnums = args.iter().map(|a| device_or_path(&host, a)).collect::<Result<Vec<_>>>()?;
     let e = engine(cli, host, plan::clean::CleanOptions::default());
     let mut answers = Vec::new();

@@ -90,13 +90,13 @@ pub fn one_request(
     op: Operation,
     device: &str,
     apply: bool,
-    output: Output,
 ) -> Result<u8> {
+    let output = cli.output;
     if super::dir_requests::is_dir_argument(device, &e.world.options.kubelet_dir) {
         if op == Operation::Release {
             anyhow::bail!("{device} is a pod volume directory: release applies to devices (clean removes an orphaned, empty one)");
         }
-        return one_dir(cli, e, state, device, apply, output);
+        return one_dir(cli, e, state, device, apply);
     }
     let out = carry(cli, e, state, op, device, apply)?;
     let code = view::exit::outcome(out.class().as_str());
@@ -117,8 +117,8 @@ fn one_dir(
     state: &mut StateFile<'_>,
     arg: &str,
     apply: bool,
-    output: Output,
 ) -> Result<u8> {
+    let output = cli.output;
     let out = super::dir_requests::carry_dir(cli, e, state, arg, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
@@ -201,7 +201,6 @@ fn targets(
 /// `plan` (`yes` false, `apply` false) and `apply` (`apply` true): every device through the one
 /// request workflow, as a dry run unless `apply && yes`. `apply` without `--yes` shows the plans
 /// and refuses, as agentctl's does. Returns the worst exit code.
-#[allow(clippy::too_many_arguments)]
 pub fn many(
     cli: &Cli,
     e: &Engine<LinuxWorld>,
@@ -210,8 +209,8 @@ pub fn many(
     named: &[String],
     apply: bool,
     yes: bool,
-    output: Output,
 ) -> Result<u8> {
+    let output = cli.output;
     let carried = apply && yes;
     let kubelet_dir = e.world.options.kubelet_dir.clone();
     let is_dir = |a: &String| super::dir_requests::is_dir_argument(a, &kubelet_dir);
