@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation check of the safety property tests: removes each gate of agent/src/judge/gates.rs in turn
 # (completeness, identity, the Kubernetes API, the kernel's word, the users of a mount a release
-# detaches, what an unmount takes with it through mount propagation, a dm device's openers; and for
+# detaches, what an unmount takes with it through mount propagation, a dm device's openers, a volume in use that no device serves once a plan's subject is gone; and for
 # an orphaned pod volume directory's rmdir: the API's word on its pod, the node's, the mounts on it
 # in every namespace, its identity) and requires the property test guarding it to FAIL against
 # every mutant: tests/tests/safety_property.rs for the device gates,
@@ -16,20 +16,20 @@
 # for openers-exact, the old comparison) taken when BLOCKJANITOR_MUTANT names it. The feature gives the build artifacts of its own, so none of
 # this checkout's compiled crates or binaries is replaced, and a warm run builds nothing.
 #
-# Usage: scripts/mutation-check.sh [GATE...]   (default: all twelve)
+# Usage: scripts/mutation-check.sh [GATE...]   (default: all thirteen)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gates=("$@")
-[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users umount-propagation openers openers-exact pod-api pod-node dir-mounts dir-identity)
+[ ${#gates[@]} -gt 0 ] || gates=(completeness identity api kernel-word mount-users umount-propagation openers openers-exact unplaced-volume pod-api pod-node dir-mounts dir-identity)
 cases=${BLOCKJANITOR_MUTATION_CASES:-20000}
 work=$(mktemp -d /var/tmp/bj-mutants.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 for gate in "${gates[@]}"; do
   case "$gate" in
-    completeness | identity | api | kernel-word | mount-users | umount-propagation | openers | openers-exact) ;;
+    completeness | identity | api | kernel-word | mount-users | umount-propagation | openers | openers-exact | unplaced-volume) ;;
     pod-api | pod-node | dir-mounts | dir-identity) ;;
-    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, umount-propagation, openers, openers-exact, pod-api, pod-node, dir-mounts, dir-identity)" >&2; exit 2 ;;
+    *) echo "mutation-check: unknown gate '$gate' (completeness, identity, api, kernel-word, mount-users, umount-propagation, openers, openers-exact, unplaced-volume, pod-api, pod-node, dir-mounts, dir-identity)" >&2; exit 2 ;;
   esac
   # The removal must sit right after the gate's marker, at the top of its body.
   if ! grep -A1 -F "// mutation-check: $gate" agent/src/judge/gates.rs | grep -qF "removable!(\"$gate\","; then

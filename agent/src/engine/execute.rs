@@ -154,7 +154,42 @@ impl<W: World> Engine<W> {
                 recheck::openers(plan, step, entry, &word, files)
             })
             .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
+            .or_else(|| self.recheck_subject_volume(plan, step, api.as_ref()))
             .map(Halt::Refuse)
+    }
+
+    /// A step on another device than the plan's subject, once the subject is gone: no volume in
+    /// use on this node per the API may be without a device that serves it
+    /// ([`gates::unplaced_volume`]), judged from a scan of the whole host.
+    fn recheck_subject_volume(
+        &self,
+        plan: &Plan,
+        step: &Step,
+        api: Option<&crate::kube::ClusterView>,
+    ) -> Option<String> {
+        if step.devnum == plan.devnum {
+            return None;
+        }
+        let view = api?;
+        let in_use = view.pvs_in_use();
+        if in_use.is_empty() {
+            return None;
+        }
+        let all = match self.world.scan(Target::All) {
+            Ok(s) => s,
+            Err(e) => {
+                return Some(format!(
+                    "the API says volumes are in use on this node, and the host cannot be read to tell whether {}, the plan's subject, is still there to serve them: {e}",
+                    plan.device
+                ))
+            }
+        };
+        if all.entry(plan.devnum).is_some_and(|e| Identity::of(e) == plan.identity) {
+            return None;
+        }
+        let placed =
+            all.graph.devices.iter().flat_map(|e| crate::graph::volume_objects::pv_names(e, view)).collect();
+        gates::unplaced_volume(&plan.device, &in_use, &placed)
     }
 
     /// How many open files the fds of `entry`'s readers that `plan` expects to let go are now

@@ -15,6 +15,9 @@
 //!   unix socket or an io_uring fixed file, still counts in the kernel);
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
 //!   this node uses it per the kubelet directory;
+//! - [`unplaced_volume`]: once a plan's subject is gone, no volume the API says is used on this
+//!   node is left without a device that serves it (it may be the subject's, and what is left of
+//!   the subject's stack, its paths, is then that volume's);
 //! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it;
 //! - [`mount_users`]: nothing uses the filesystem through a namespace whose mount a release
 //!   detaches (a detached mount lives on for its users and frees nothing);
@@ -138,6 +141,30 @@ pub fn api(entry: &DeviceEntry, view: Option<&ClusterView>, now: BootTime) -> Ap
             pvs.join(", ")
         )
     })
+}
+
+/// Once the plan's subject is gone (removed by an earlier step, maybe before an interruption
+/// and a resume), what the API says about its volume can no longer be read from it: a step on
+/// what is left of its stack (a path, a partition's disk) must not run while the API names a
+/// volume in use on this node (`in_use`: PV and why) that no device the scan sees serves
+/// (`placed`): it may be the subject's, about to be staged again on what this step removes.
+pub fn unplaced_volume(
+    subject: &DeviceName,
+    in_use: &[(String, String)],
+    placed: &std::collections::HashSet<String>,
+) -> Option<String> {
+    // mutation-check: unplaced-volume
+    removable!("unplaced-volume", None);
+    let unplaced: Vec<String> = in_use
+        .iter()
+        .filter(|(pv, _)| !placed.contains(pv))
+        .map(|(pv, why)| format!("PV {pv} ({why})"))
+        .collect();
+    let first = unplaced.first()?;
+    let more = if unplaced.len() > 1 { format!(" and {} more", unplaced.len() - 1) } else { String::new() };
+    Some(format!(
+        "{subject}, the plan's subject, is gone, and {first}{more} is in use on this node {PER_THE_API} with no device this scan sees serving it: it may be {subject}'s volume, staged again on what this step removes; nothing of {subject}'s stack is removed until the API no longer says so"
+    ))
 }
 
 /// What a plan accounts for on one device, so the kernel's claims from it are expected: mounts

@@ -323,6 +323,23 @@ impl ClusterView {
         self.pods_on_node.iter().filter(|p| p.is_active() && p.pv_names.iter().any(|n| n == pv)).collect()
     }
 
+    /// Every PV the API says is in use on this node: bound to an active pod's claim, or named by
+    /// an attached VolumeAttachment; each with why (one reason per user).
+    pub fn pvs_in_use(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = Vec::new();
+        for pod in self.pods_on_node.iter().filter(|p| p.is_active()) {
+            for pv in &pod.pv_names {
+                out.push((pv.clone(), format!("pod {}/{} ({}) uses it", pod.namespace, pod.name, pod.phase)));
+            }
+        }
+        for va in self.volume_attachments.iter().filter(|va| va.attached) {
+            if let Some(pv) = &va.pv {
+                out.push((pv.clone(), format!("VolumeAttachment {} attaches it to this node", va.name)));
+            }
+        }
+        out
+    }
+
     /// The pod on this node kubelet knows by `uid` (its directory `pods/<uid>`): the pod with
     /// that UID, or the mirror pod of the static pod with that config hash.
     pub fn pod_by_uid(&self, uid: &str) -> Option<&PodInfo> {
