@@ -1456,11 +1456,24 @@ fn cases() -> u32 {
     std::env::var("BLOCKJANITOR_PROPERTY_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+/// Half of [`cases`] (rounded up): each of the two property functions runs this many.
+fn half_of_the_cases() -> u32 {
+    cases().div_ceil(2)
+}
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: half_of_the_cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    // The cases in two halves of random cases each, which libtest runs side by side (one per
+    // core): `cases()` in all.
     #[test]
     fn no_destructive_step_on_blind_stale_or_reused_evidence(c in any_case()) {
+        let v = run(&c);
+        prop_assert!(v.is_empty(), "{:#?}\ncase: {:#?}", v, c);
+    }
+
+    #[test]
+    fn no_destructive_step_on_blind_stale_or_reused_evidence_other_half(c in any_case()) {
         let v = run(&c);
         prop_assert!(v.is_empty(), "{:#?}\ncase: {:#?}", v, c);
     }
