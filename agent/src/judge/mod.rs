@@ -8,6 +8,7 @@
 //! scan could hide a holder of is `unknown`, and so is one the Kubernetes API should vouch for
 //! but cannot: nothing destructive rests on missing evidence.
 
+mod accounted;
 pub mod gates;
 pub mod grace;
 mod iscsi;
