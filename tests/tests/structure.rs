@@ -10,11 +10,17 @@
 //! folder's `use child::...`, and inline paths through a name a `use` line brought in. The layer
 //! list is the `layers:` line at the top of `agent/src/lib.rs` (bottom first, `<` between).
 //!
+//! The same blanked text gives every production function's length (agent, agentctl, console and
+//! the wire crate: at most [`MAX_FN_LINES`], from the `fn` line to the closing brace; files a
+//! `#[cfg(test)] mod` brings in are test code too), and the string literals of the agent's
+//! production code, none of which may name an action outside `ActionKind::as_str` (issue 37).
+//!
 //! Run with `--nocapture` to print the measured numbers. `BLOCKJANITOR_STRUCTURE_ROOT` points it
 //! at another checkout (to measure an older tree).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// Most loose files allowed at the top of `agent/src`.
@@ -58,6 +64,13 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// The source with comments, string and char literals blanked (newlines kept, so byte offsets
 /// still give line numbers).
 fn blank_literals(src: &str) -> String {
+    scan_literals(src).0
+}
+
+/// [`blank_literals`] of `src`, and where each string literal (raw and byte strings included,
+/// quotes and all) was in it.
+fn scan_literals(src: &str) -> (String, Vec<Range<usize>>) {
+    let mut strings = Vec::new();
     let b = src.as_bytes();
     let mut out = b.to_vec();
     let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
@@ -105,6 +118,7 @@ fn blank_literals(src: &str) -> String {
             close.extend(std::iter::repeat_n(b'#', hashes));
             let end = find(b, body, &close).map_or(b.len(), |p| p + close.len());
             blank(&mut out, i, end);
+            strings.push(i..end);
             i = end;
         } else if b[i] == b'"' {
             let mut j = i + 1;
@@ -112,6 +126,7 @@ fn blank_literals(src: &str) -> String {
                 j += if b[j] == b'\\' { 2 } else { 1 };
             }
             blank(&mut out, i, (j + 1).min(b.len()));
+            strings.push(i..(j + 1).min(b.len()));
             i = j + 1;
         } else if b[i] == b'\'' {
             // A char literal ('x', '\n', '\u{..}', a multi-byte char) or a lifetime ('a).
@@ -132,7 +147,7 @@ fn blank_literals(src: &str) -> String {
             i += 1;
         }
     }
-    String::from_utf8(out).unwrap_or_default()
+    (String::from_utf8(out).unwrap_or_default(), strings)
 }
 
 fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
@@ -142,10 +157,25 @@ fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
 /// Blanks every item under `#[cfg(test)]` (up to its `;`, or its matching `}`).
 fn blank_test_items(code: &str) -> String {
     let mut b = code.as_bytes().to_vec();
+    for span in test_items(code) {
+        for c in &mut b[span] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+    }
+    String::from_utf8(b).unwrap_or_default()
+}
+
+/// Where every item under `#[cfg(test)]` is in `code` (literals blanked): from the attribute up
+/// to the item's `;`, or its matching `}`.
+fn test_items(code: &str) -> Vec<Range<usize>> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
     let mut from = 0;
-    while let Some(at) = find(&b, from, b"#[cfg(test)]") {
-        let semi = find(&b, at, b";");
-        let brace = find(&b, at, b"{");
+    while let Some(at) = find(b, from, b"#[cfg(test)]") {
+        let semi = find(b, at, b";");
+        let brace = find(b, at, b"{");
         let end = match (semi, brace) {
             (Some(s), Some(o)) if s < o => s + 1,
             (_, Some(o)) => {
@@ -168,14 +198,10 @@ fn blank_test_items(code: &str) -> String {
             (Some(s), None) => s + 1,
             (None, None) => b.len(),
         };
-        for c in &mut b[at..end] {
-            if *c != b'\n' {
-                *c = b' ';
-            }
-        }
+        out.push(at..end);
         from = end;
     }
-    String::from_utf8(b).unwrap_or_default()
+    out
 }
 
 /// One source file of the agent library.
@@ -655,4 +681,218 @@ fn agentctl_and_the_console_do_not_depend_on_the_agent() {
         assert!(agent.is_empty(), "{package} depends on the agent crate: {agent:?}");
         println!("{package}: {} packages, none of them the agent", tree.lines().count());
     }
+}
+
+/// Longest production function allowed, in lines from its `fn` line to its closing brace.
+const MAX_FN_LINES: usize = 100;
+/// Source folders whose production functions are held to [`MAX_FN_LINES`].
+const FN_SIZED: &[&str] = &["agent/src", "ctl/src", "console/src", "rpc/src"];
+
+/// The files among `files` that a `#[cfg(test)] mod name;` brings in (by its `#[path]` when it
+/// has one): test code whatever their name.
+fn cfg_test_module_files(files: &[PathBuf]) -> BTreeSet<PathBuf> {
+    let mut out = BTreeSet::new();
+    for p in files {
+        let Ok(text) = std::fs::read_to_string(p) else { continue };
+        let code = blank_literals(&text);
+        let dir = p.parent().unwrap_or(Path::new(""));
+        let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        let children =
+            if matches!(stem, "mod" | "lib" | "main") { dir.to_path_buf() } else { dir.join(stem) };
+        for span in test_items(&code) {
+            let item = code[span.clone()].trim_end();
+            let Some(head) = item.strip_suffix(';') else { continue };
+            let Some(name) = head.rsplit_once("mod ").map(|(_, n)| n.trim()) else { continue };
+            let raw = &text[span];
+            let path = raw.split("#[path").nth(1).and_then(|a| a.split('"').nth(1));
+            match path {
+                Some(path) => {
+                    out.insert(dir.join(path));
+                }
+                None => {
+                    out.insert(children.join(format!("{name}.rs")));
+                    out.insert(children.join(name).join("mod.rs"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The production source files under `dir`: not `tests.rs`/`*_tests.rs`, nor brought in by a
+/// `#[cfg(test)]` module; each with its text.
+fn production_files(dir: &Path) -> Vec<(PathBuf, String)> {
+    let files = rust_files(dir);
+    let test_modules = cfg_test_module_files(&files);
+    files
+        .into_iter()
+        .filter(|p| !is_test_file(p) && !test_modules.contains(p))
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("read a source file");
+            (p, text)
+        })
+        .collect()
+}
+
+/// One function with a body.
+struct Function {
+    name: String,
+    /// The line of its `fn` keyword.
+    line: usize,
+    /// Its lines, from the `fn` line to the line of its closing brace.
+    lines: usize,
+    /// Where its body is (braces included).
+    body: Range<usize>,
+}
+
+/// Every function with a body in `code` (comments, literals and test items blanked), nested ones
+/// included. The signature ends at the first `{` or `;` outside brackets.
+fn functions(code: &str) -> Vec<Function> {
+    let b = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(at) = find(b, from, b"fn") {
+        from = at + 2;
+        if (at > 0 && ident(b[at - 1])) || !b.get(at + 2).is_some_and(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let rest = code[at + 2..].trim_start();
+        let name: String = rest.trim_start_matches("r#").chars().take_while(|&c| is_ident(c)).collect();
+        if name.is_empty() {
+            continue;
+        }
+        let (mut depth, mut j) = (0i32, code.len() - rest.len() + name.len());
+        while j < b.len() {
+            match b[j] {
+                b'(' | b'[' => depth += 1,
+                b')' | b']' => depth -= 1,
+                b'{' | b';' if depth == 0 => break,
+                _ => {}
+            }
+            j += 1;
+        }
+        if b.get(j) != Some(&b'{') {
+            continue;
+        }
+        let open = j;
+        let mut depth = 0i32;
+        while j < b.len() {
+            match b[j] {
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        break;
+                    }
+                }
+                _ => {}
+            }
+            j += 1;
+        }
+        let line = line_of(code, at);
+        let lines = line_of(code, j.min(b.len())) - line + 1;
+        out.push(Function { name, line, lines, body: open..(j + 1).min(b.len()) });
+    }
+    out
+}
+
+/// No production function of the agent, agentctl, the console or the wire crate is longer than
+/// [`MAX_FN_LINES`]: a long one is split by its steps into named functions.
+#[test]
+fn no_production_function_is_over_100_lines() {
+    let root = root();
+    let mut offences = Vec::new();
+    let mut longest = (0, String::new());
+    let mut measured = 0;
+    for dir in FN_SIZED {
+        for (p, text) in production_files(&root.join(dir)) {
+            let rel = p.strip_prefix(&root).unwrap_or(&p).to_string_lossy().into_owned();
+            for f in functions(&blank_test_items(&blank_literals(&text))) {
+                measured += 1;
+                let Function { name, line, lines, .. } = f;
+                if lines > longest.0 {
+                    longest = (lines, format!("{rel}:{line} {name}"));
+                }
+                if lines > MAX_FN_LINES {
+                    offences.push(format!("{rel}:{line} {name} ({lines} lines)"));
+                }
+            }
+        }
+    }
+    println!("production functions: {measured}; longest: {} lines ({})", longest.0, longest.1);
+    assert!(measured > 100, "only {measured} production functions found: is the root right?");
+    assert!(
+        offences.is_empty(),
+        "{} production functions over {MAX_FN_LINES} lines (split them by their steps):\n{}",
+        offences.len(),
+        offences.join("\n")
+    );
+}
+
+/// The action words of `ActionKind`, read from the string literals of its `as_str` in
+/// `plan/step.rs` (`ActionKind::DetachMount => "detach_mount"`), and where that function's body is.
+fn action_words(step_rs: &str) -> (Vec<String>, Range<usize>) {
+    let (code, strings) = scan_literals(step_rs);
+    let as_str = functions(&code)
+        .into_iter()
+        .find(|f| {
+            let before = &code[..f.body.start];
+            f.name == "as_str"
+                && before.rfind("impl ").is_some_and(|i| before[i..].starts_with("impl ActionKind"))
+        })
+        .expect("agent/src/plan/step.rs has an `as_str` in `impl ActionKind`");
+    let words: Vec<String> = strings
+        .iter()
+        .filter(|s| as_str.body.contains(&s.start))
+        .filter(|s| code[..s.start].trim_end().ends_with("=>"))
+        .map(|s| step_rs[s.start + 1..s.end - 1].to_owned())
+        .collect();
+    (words, as_str.body)
+}
+
+/// `word` in `text` with no identifier character on either side.
+fn has_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back().is_some_and(is_ident);
+        let after = text[at + word.len()..].chars().next().is_some_and(is_ident);
+        !before && !after
+    })
+}
+
+/// An action's name is spelled once, by [`ActionKind`]'s `as_str` in `agent/src/plan/step.rs`:
+/// no string literal of the agent's production code holds one (`"dm_remove"`, `"{dev}: dm_remove"`);
+/// journals, audit lines and metrics name an action through its kind.
+#[test]
+fn no_action_name_is_a_string_literal_outside_its_type() {
+    let root = root();
+    let src = root.join("agent/src");
+    let step_path = src.join("plan/step.rs");
+    let step_rs = std::fs::read_to_string(&step_path).expect("read agent/src/plan/step.rs");
+    let (words, as_str) = action_words(&step_rs);
+    assert!(words.len() >= 2, "no action words read from ActionKind::as_str: {words:?}");
+    println!("action words: {}", words.join(" "));
+    let mut offences = Vec::new();
+    for (p, text) in production_files(&src) {
+        let rel = p.strip_prefix(&root).unwrap_or(&p).to_string_lossy().into_owned();
+        let (code, strings) = scan_literals(&text);
+        let tests = test_items(&code);
+        for s in strings {
+            let in_tests = tests.iter().any(|t| t.contains(&s.start));
+            let in_as_str = p == step_path && as_str.contains(&s.start);
+            if in_tests || in_as_str {
+                continue;
+            }
+            let literal = &text[s.clone()];
+            for w in words.iter().filter(|w| has_word(literal, w)) {
+                offences.push(format!("{rel}:{}: {literal} names action {w}", line_of(&text, s.start)));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "{} string literals name an action (use ActionKind::as_str or Action::name):\n{}",
+        offences.len(),
+        offences.join("\n")
+    );
 }

@@ -191,54 +191,57 @@ impl LinuxActuator {
         mount_id: u32,
     ) -> Result<StepOutcome, ActError> {
         let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
-        if !self.host.is_live() {
-            return Err(fail(format!(
-                "{} is not this host's /proc: namespaces cannot be entered",
-                self.host.proc().display()
-            )));
-        }
-        match self.ns_of(via) {
-            None => {
-                return Err(fail(format!(
-                    "the namespace entry ({}) is gone; scan again to re-plan",
-                    via.describe()
-                )));
-            }
-            Some(ns) if ns != namespace => {
-                return Err(fail(format!(
-                    "{} is now in namespace {} not {}: PID reused?",
-                    via.describe(),
-                    ns.0,
-                    namespace.0
-                )));
-            }
-            Some(_) => {}
-        }
+        self.same_namespace(via, namespace).map_err(fail)?;
         let Some(table) = self.mount_table(device, via)? else {
             return Err(fail(format!(
                 "the namespace entry ({}) is gone; scan again to re-plan",
                 via.describe()
             )));
         };
-        let Some(target) = table.iter().find(|m| m.mount_id == mount_id) else {
+        let Some(target) = still_planned(&table, mount_id, mount_dev).map_err(fail)? else {
             return Ok(StepOutcome::AlreadyAbsent);
         };
-        if target.devnum != mount_dev {
-            return Err(fail(format!(
-                "mount {mount_id} is now device {} at {}, not {mount_dev}",
-                target.devnum, target.mount_point
-            )));
+        self.unmount_in_namespace(device, via, &target.mount_point, mount_id)?;
+        match self.mount_table(device, via)? {
+            Some(t) if t.iter().any(|m| m.mount_id == mount_id) => Err(ActError::NotVerified {
+                device: device.clone(),
+                op: "umount2(MNT_DETACH)",
+                reason: format!("mount {mount_id} is still in namespace {}", namespace.0),
+            }),
+            _ => Ok(StepOutcome::Done),
         }
-        let beneath: Vec<&KernelText> =
-            table.iter().filter(|m| m.parent_id == mount_id).map(|m| &m.mount_point).collect();
-        if !beneath.is_empty() {
-            return Err(fail(format!(
-                "{} mount(s) sit beneath {} (first: {}); detaching would take them too: release those first",
-                beneath.len(),
-                target.mount_point,
-                beneath[0]
-            )));
+    }
+
+    /// Whether `via` still enters `namespace`, on this host's live `/proc`: why not, if not.
+    fn same_namespace(&self, via: &NsEntry, namespace: MountNsId) -> Result<(), String> {
+        if !self.host.is_live() {
+            return Err(format!(
+                "{} is not this host's /proc: namespaces cannot be entered",
+                self.host.proc().display()
+            ));
         }
+        match self.ns_of(via) {
+            None => Err(format!("the namespace entry ({}) is gone; scan again to re-plan", via.describe())),
+            Some(ns) if ns != namespace => Err(format!(
+                "{} is now in namespace {} not {}: PID reused?",
+                via.describe(),
+                ns.0,
+                namespace.0
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `umount2(MNT_DETACH)` of mount `mount_id` at `mount_point`, inside the namespace `via`
+    /// enters, on a thread of its own with a deadline.
+    fn unmount_in_namespace(
+        &self,
+        device: &DeviceName,
+        via: &NsEntry,
+        mount_point: &KernelText,
+        mount_id: u32,
+    ) -> Result<(), ActError> {
+        let fail = |reason: String| ActError::Precondition { device: device.clone(), reason };
         let ns_file = via.ns_file(&self.host);
         // For a task, resolve the mount point from the task's own root (it may be chrooted); for
         // an entered namespace, from the namespace root that setns gives us.
@@ -259,7 +262,7 @@ impl LinuxActuator {
             .map_err(|e| fail(format!("cannot open {}: {e}", self.host.proc().display())))?
             .into();
         // The raw bytes, never the escaped text: a name need not be UTF-8.
-        let bytes = target.mount_point.as_bytes();
+        let bytes = mount_point.as_bytes();
         let rel = PathBuf::from(match &bytes[bytes.iter().take_while(|&&b| b == b'/').count()..] {
             b"" => OsStr::new("."),
             r => OsStr::from_bytes(r),
@@ -277,15 +280,37 @@ impl LinuxActuator {
                 unmount_exactly(&root, &rel, mount_id, &proc_fd)
             })
         })?;
-        match self.mount_table(device, via)? {
-            Some(t) if t.iter().any(|m| m.mount_id == mount_id) => Err(ActError::NotVerified {
-                device: device.clone(),
-                op: "umount2(MNT_DETACH)",
-                reason: format!("mount {mount_id} is still in namespace {}", namespace.0),
-            }),
-            _ => Ok(StepOutcome::Done),
-        }
+        Ok(())
     }
+}
+
+/// Mount `mount_id` in `table`, still of `mount_dev` and with no mount beneath it (detaching
+/// would take those too): `None` when it is gone, why not when it has changed.
+fn still_planned(
+    table: &[MountEntry],
+    mount_id: u32,
+    mount_dev: DevNum,
+) -> Result<Option<&MountEntry>, String> {
+    let Some(target) = table.iter().find(|m| m.mount_id == mount_id) else {
+        return Ok(None);
+    };
+    if target.devnum != mount_dev {
+        return Err(format!(
+            "mount {mount_id} is now device {} at {}, not {mount_dev}",
+            target.devnum, target.mount_point
+        ));
+    }
+    let beneath: Vec<&KernelText> =
+        table.iter().filter(|m| m.parent_id == mount_id).map(|m| &m.mount_point).collect();
+    if !beneath.is_empty() {
+        return Err(format!(
+            "{} mount(s) sit beneath {} (first: {}); detaching would take them too: release those first",
+            beneath.len(),
+            target.mount_point,
+            beneath[0]
+        ));
+    }
+    Ok(Some(target))
 }
 
 #[cfg(test)]

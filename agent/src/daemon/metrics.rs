@@ -88,12 +88,46 @@ fn gauges(name: &str, help: &str, labels: &[&str]) -> Result<GaugeVec, MetricsEr
     Ok(GaugeVec::new(Opts::new(name, help), labels)?)
 }
 
+/// The per-device gauges: `device_info`, `device_verdict`, `device_unresponsive`, and
+/// `unresponsive_devices` by kind.
+fn device_gauges() -> Result<[GaugeVec; 4], MetricsError> {
+    let device_info = gauges("device_info", "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).", &["device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv"])?;
+    let device_verdict = gauges("device_verdict", "The verdict of each device device_info describes, as a state set: one series per verdict, 1 for the device's current verdict and 0 for the others.", &["device", "verdict"])?;
+    let device_unresponsive = gauges("device_unresponsive", "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.", &["device", "kind"])?;
+    let unresponsive_devices = gauges("unresponsive_devices", "Devices in the latest scan that do not answer (I/O in flight and none completing for at least the unresponsive threshold), by kind.", &["kind"])?;
+    Ok([device_info, device_verdict, device_unresponsive, unresponsive_devices])
+}
+
+/// The transport gauges: NVMe controllers by transport and state, NVMe targets down, and
+/// transport outages.
+fn transport_gauges() -> Result<[GaugeVec; 3], MetricsError> {
+    let nvme_controllers = gauges(
+        "nvme_controllers",
+        "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
+        &["transport", "state"],
+    )?;
+    let nvme_outages = gauges("nvme_outage_targets", "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.", &["transport"])?;
+    let outages = gauges("transport_outages", "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.", &["transport", "scope"])?;
+    Ok([nvme_controllers, nvme_outages, outages])
+}
+
+/// The node's gauges: health checks failing, orphaned pod volume directories, and pin risks.
+fn node_gauges() -> Result<[GaugeVec; 5], MetricsError> {
+    let not_ready = gauges("not_ready", "1 while this health check fails (scan: the latest scan failed; journal: the journal cannot be written; kubernetes: release or clean mode and the API's view does not vouch), else 0; the agent service's health is NOT_SERVING while any is 1.", &["check"])?;
+    let orphaned_dirs = gauges("orphaned_volume_dirs", "Pod volume directories below the kubelet directory whose pod is not proven to be on this node, in the latest full scan, by verdict (unknown: a proof is missing; mounted: the pod is gone but something is mounted on it in some namespace; kept: orphaned but not empty; pending: orphaned and empty, within the grace period; removable: clean mode removes it with rmdir).", &["verdict"])?;
+    let pin_risks = gauges("pin_risks", "Mount namespaces of a pod (pod_namespace and pod: its namespace and name, or its UID when the API does not name it; \"\" for processes in no pod) that hold a private copy (neither shared nor slave) of a live host mount under the kubelet's or a runtime's directory, or of the host root: when the host unmounts such a mount, the copy keeps its device busy.", &["pod_namespace", "pod"])?;
+    let pin_copies = gauges("pin_risk_copies", "Mounts under the kubelet's and runtimes' directories (volumes) that a pod's pin-risk namespaces hold private copies of now.", &["pod_namespace", "pod"])?;
+    let pin_unknown = gauges("pin_risks_unknown", "Mount namespaces that could not be judged for pin risks (scope namespace), or 1 when the host's own mount table could not be read and none could (scope host).", &["scope"])?;
+    Ok([not_ready, orphaned_dirs, pin_risks, pin_copies, pin_unknown])
+}
+
 /// A metric could not be defined (a bug: names and labels are constants).
 #[derive(Debug, thiserror::Error)]
 #[error("cannot register metrics: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
 impl Metrics {
+    /// The agent's metrics, registered, with every series of a closed label set at zero.
     pub fn new() -> Result<Self, MetricsError> {
         let registry = Registry::new_custom(Some("blockjanitor".into()), None)?;
         let devices = gauges(
@@ -125,51 +159,13 @@ impl Metrics {
         )?;
         let build_info = gauges("build_info", "Always 1; the agent's version as a label.", &["version"])?;
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1.0);
-        let device_info = gauges("device_info", "Always 1: an rbd, nbd, multipath, stack layer (lvm_lv, crypt, partition_map) or SCSI device in the latest scan, with what it is a view of (pool is the pool alone, rados_namespace the image's namespace, \"\" for the default).", &["device", "kind", "pool", "rados_namespace", "image", "client_addr", "wwid", "pv"])?;
-        let device_verdict = gauges("device_verdict", "The verdict of each device device_info describes, as a state set: one series per verdict, 1 for the device's current verdict and 0 for the others.", &["device", "verdict"])?;
-        let device_unresponsive = gauges("device_unresponsive", "Always 1: a device in the latest scan that does not answer (I/O in flight and none completing for at least the unresponsive threshold); one series per such device.", &["device", "kind"])?;
-        let unresponsive_devices = gauges("unresponsive_devices", "Devices in the latest scan that do not answer (I/O in flight and none completing for at least the unresponsive threshold), by kind.", &["kind"])?;
+        let [device_info, device_verdict, device_unresponsive, unresponsive_devices] = device_gauges()?;
         let blocked_reads = Gauge::new(
             "blocked_reads",
             "Kernel reads of the scan (a loop device's status, a stuck process's maps) still blocked on their helper thread after their deadline.",
         )?;
-        let nvme_controllers = gauges(
-            "nvme_controllers",
-            "NVMe controllers serving the namespaces of the latest scan, by transport and state.",
-            &["transport", "state"],
-        )?;
-        let nvme_outages = gauges("nvme_outage_targets", "NVMe targets (an array address or a subsystem NQN) to which every controller of this node is down at once: an outage, reported and never cleaned.", &["transport"])?;
-        let outages = gauges("transport_outages", "Targets or portals every session (controller) to which is down at once in the latest scan: an array or network outage; the devices behind it have verdict outage and are never cleaned.", &["transport", "scope"])?;
-        let not_ready = gauges("not_ready", "1 while this health check fails (scan: the latest scan failed; journal: the journal cannot be written; kubernetes: release or clean mode and the API's view does not vouch), else 0; the agent service's health is NOT_SERVING while any is 1.", &["check"])?;
-        let orphaned_dirs = gauges("orphaned_volume_dirs", "Pod volume directories below the kubelet directory whose pod is not proven to be on this node, in the latest full scan, by verdict (unknown: a proof is missing; mounted: the pod is gone but something is mounted on it in some namespace; kept: orphaned but not empty; pending: orphaned and empty, within the grace period; removable: clean mode removes it with rmdir).", &["verdict"])?;
-        let pin_risks = gauges("pin_risks", "Mount namespaces of a pod (pod_namespace and pod: its namespace and name, or its UID when the API does not name it; \"\" for processes in no pod) that hold a private copy (neither shared nor slave) of a live host mount under the kubelet's or a runtime's directory, or of the host root: when the host unmounts such a mount, the copy keeps its device busy.", &["pod_namespace", "pod"])?;
-        let pin_copies = gauges("pin_risk_copies", "Mounts under the kubelet's and runtimes' directories (volumes) that a pod's pin-risk namespaces hold private copies of now.", &["pod_namespace", "pod"])?;
-        let pin_unknown = gauges("pin_risks_unknown", "Mount namespaces that could not be judged for pin risks (scope namespace), or 1 when the host's own mount table could not be read and none could (scope host).", &["scope"])?;
-        for c in [
-            Box::new(orphaned_dirs.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(pin_risks.clone()),
-            Box::new(pin_copies.clone()),
-            Box::new(pin_unknown.clone()),
-            Box::new(not_ready.clone()),
-            Box::new(nvme_controllers.clone()),
-            Box::new(nvme_outages.clone()),
-            Box::new(outages.clone()),
-            Box::new(devices.clone()),
-            Box::new(holders.clone()),
-            Box::new(scan_duration.clone()),
-            Box::new(scans.clone()),
-            Box::new(scan_failures.clone()),
-            Box::new(actions.clone()),
-            Box::new(last_scan.clone()),
-            Box::new(build_info),
-            Box::new(device_info.clone()),
-            Box::new(device_verdict.clone()),
-            Box::new(device_unresponsive.clone()),
-            Box::new(unresponsive_devices.clone()),
-            Box::new(blocked_reads.clone()),
-        ] {
-            registry.register(c)?;
-        }
+        let [nvme_controllers, nvme_outages, outages] = transport_gauges()?;
+        let [not_ready, orphaned_dirs, pin_risks, pin_copies, pin_unknown] = node_gauges()?;
         let m = Self {
             registry,
             devices,
@@ -194,8 +190,40 @@ impl Metrics {
             pin_copies,
             pin_unknown,
         };
+        m.register(build_info)?;
         m.export_at_zero();
         Ok(m)
+    }
+
+    /// Registers every metric of the agent's own (not the process collector's), `build_info`
+    /// among them.
+    fn register(&self, build_info: GaugeVec) -> Result<(), MetricsError> {
+        for c in [
+            Box::new(self.orphaned_dirs.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(self.pin_risks.clone()),
+            Box::new(self.pin_copies.clone()),
+            Box::new(self.pin_unknown.clone()),
+            Box::new(self.not_ready.clone()),
+            Box::new(self.nvme_controllers.clone()),
+            Box::new(self.nvme_outages.clone()),
+            Box::new(self.outages.clone()),
+            Box::new(self.devices.clone()),
+            Box::new(self.holders.clone()),
+            Box::new(self.scan_duration.clone()),
+            Box::new(self.scans.clone()),
+            Box::new(self.scan_failures.clone()),
+            Box::new(self.actions.clone()),
+            Box::new(self.last_scan.clone()),
+            Box::new(build_info),
+            Box::new(self.device_info.clone()),
+            Box::new(self.device_verdict.clone()),
+            Box::new(self.device_unresponsive.clone()),
+            Box::new(self.unresponsive_devices.clone()),
+            Box::new(self.blocked_reads.clone()),
+        ] {
+            self.registry.register(c)?;
+        }
+        Ok(())
     }
 
     /// Exports every series of a closed label set from the start, at zero.

@@ -21,6 +21,7 @@ pub mod mount_memo;
 pub mod mount_memo_file;
 pub mod mount_namespace;
 pub mod mount_tables;
+pub mod mount_wanted;
 pub mod mountinfo;
 pub mod multipath;
 pub mod namespaces;

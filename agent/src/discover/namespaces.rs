@@ -28,16 +28,19 @@
 //! with nothing remembered, every kept line built from `statmount` once this process saw such
 //! lines equal to a text it read ([`super::mount_memo::text_built`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 pub use super::mount_namespace::{group, MountNamespace, NsEntry};
+use super::mount_wanted::kept_kind;
+pub use super::mount_wanted::{TextReuse, Wanted};
 use super::mountinfo::{self, MountEntry};
 use super::{is_gone, DiscoverError};
 use crate::host::sys::mount_api;
@@ -76,86 +79,6 @@ impl NsMount {
     /// The block device this mount holds.
     pub fn device(&self) -> DevNum {
         self.block.unwrap_or(self.mount.devnum)
-    }
-}
-
-/// Which mounts a scan wants the full line of.
-#[derive(Debug, Clone, Copy)]
-pub struct Wanted<'a> {
-    /// Devices in scope.
-    pub targets: &'a HashSet<DevNum>,
-    /// nsfs's device on a live host (namespace pins); `None`: every line is wanted.
-    pub nsfs_dev: Option<DevNum>,
-    /// Whether a namespace's remembered mountinfo text may stand in for reading it again.
-    pub reuse_text: TextReuse,
-    /// The host's mount namespaces as the kernel listed them for this scan, by the inode of
-    /// their `ns/mnt` file to their 64-bit ID (`host::nsfs::namespaces`): with them, a scan
-    /// that reuses text answers a quiet namespace without going through any of its tasks
-    /// ([`quiet_without_a_task`]). `None`: every namespace is reached through a task.
-    pub kernel_names: Option<&'a HashMap<u64, u64>>,
-}
-
-/// Whether a namespace's mountinfo text, remembered from an earlier read
-/// ([`super::mount_memo::text_for`]), may answer for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextReuse {
-    /// Read the text: every scan behind an action, and a pinned namespace's read.
-    Never,
-    /// Reuse it while the namespace's mount IDs are the same, and take a watched namespace with
-    /// no mount event since as it was listed: the daemon's scans that only show.
-    WhileSameIds,
-    /// Reuse a text only once `statmount` has said again, of every remembered line, what that
-    /// line says ([`super::mount_memo::still_true`]): a remount, a propagation change or a
-    /// renamed mount point keeps the mount IDs. List again every namespace not watched or with a
-    /// mount event since, and a share of the quiet ones, each in its turn
-    /// ([`super::mount_memo::RELIST_SHARE`]). The daemon's every
-    /// [`super::mount_memo::DEEP_EVERY`]th full scan (it read all the text before: 17 MB on the
-    /// 200-namespace node scene), and a one-shot run's (it watches nothing: it lists all).
-    Confirmed,
-}
-
-impl Wanted<'_> {
-    fn device(&self, d: DevNum) -> bool {
-        self.targets.contains(&d) || self.nsfs_dev.is_none_or(|n| n == d)
-    }
-
-    /// By mountinfo's device and filesystem type.
-    pub fn text(&self, d: DevNum, fstype: &[u8]) -> bool {
-        self.device(d) || (d.major == 0 && fstype == b"btrfs")
-    }
-
-    /// The lines of a namespace's text the scan wants ([`Wanted::text`]).
-    fn lines_of(&self, lines: &[MountEntry]) -> Vec<MountEntry> {
-        lines.iter().filter(|m| self.text(m.devnum, m.fstype.as_bytes())).cloned().collect()
-    }
-
-    /// By `statmount`'s device and filesystem magic.
-    fn magic(&self, d: DevNum, magic: u64) -> bool {
-        self.device(d) || (d.major == 0 && magic == mount_api::BTRFS_SUPER_MAGIC)
-    }
-
-    /// [`Self::magic`] for every mount of a listing: the same answer, with the devices in
-    /// scope compared as a short list when there are few (a one-shot `holders`), not hashed
-    /// (`SipHash` per mount was about 3 % of a one-shot `holders` on the busy-node scene,
-    /// 200,000 mounts).
-    ///
-    /// Most of a node's mounts are of anonymous superblocks (tmpfs, proc, overlay: major 0),
-    /// which no block device in scope is: they are not looked up at all unless one is (a daemon's
-    /// full scan has every device in scope, too many for a list: the lookup of each of 200,000
-    /// mounts was 9 % of a light periodic scan's CPU on the node scene).
-    fn magic_matcher(&self) -> impl Fn(DevNum, u64) -> bool + '_ {
-        let target = crate::model::few::member_of(self.targets);
-        let anonymous_target = self.targets.iter().any(|d| d.major == 0);
-        move |d, magic| {
-            ((d.major != 0 || anonymous_target) && target(&d))
-                || self.nsfs_dev.is_none_or(|n| n == d)
-                || (d.major == 0 && magic == mount_api::BTRFS_SUPER_MAGIC)
-        }
-    }
-
-    /// Whether a full line is one to keep (not only a pin candidate).
-    fn keeps(&self, m: &MountEntry) -> bool {
-        self.targets.contains(&m.devnum) || (m.devnum.major == 0 && m.fstype == "btrfs")
     }
 }
 
@@ -273,6 +196,8 @@ fn at_namespace_root(host: &HostRoot, pid: u32, tid: u32) -> bool {
     }
 }
 
+/// Reads the mount table of namespace `ns` through the first of its tasks still in it: as the
+/// kernel lists it, as remembered, or from its mountinfo text. `Ok(None)`: no task of it is left.
 fn read_task_ns(
     host: &HostRoot,
     ns: &MountNamespace,
@@ -288,38 +213,15 @@ fn read_task_ns(
     BUF.with(|buf| {
         let mut buf = buf.borrow_mut();
         for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
-            let mut api_hits = Vec::new();
-            let mut listing = None;
-            // Whether (pid, tid) was seen in this namespace just now: a task's namespace may be
-            // as an earlier scan read it (`snapshot::task_memo`), so every task a table is read
-            // through is checked first, and one elsewhere is passed over.
-            let mut checked = false;
-            if use_api && !MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
-                match hits_with_api(host, pid, tid, ns.id, wanted) {
-                    Ok(None) => continue,
-                    Ok(Some(Listing { total, hits, ns_id, .. })) if hits.is_empty() => {
-                        return Ok(Some(OneNs {
-                            ns: ns.id,
-                            via: NsEntry::Task { pid, tid },
-                            lines: total,
-                            bytes: 0,
-                            mounts: Vec::new(),
-                            api_hits: hits,
-                            kernel_id: Some(ns_id),
-                        }));
-                    }
-                    Ok(Some(l)) => {
-                        api_hits = l.hits;
-                        listing = Some((l.ns_id, l.ids_key));
-                        checked = true;
-                    }
-                    Err(e) if mount_api::is_unsupported(&e) => {
-                        tracing::debug!("listmount/statmount unavailable ({e}); reading mountinfo text");
-                        MOUNT_API_UNSUPPORTED.store(true, Ordering::Relaxed);
-                    }
-                    Err(e) => tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text"),
-                }
-            }
+            // `checked`: whether (pid, tid) was seen in this namespace just now: a task's
+            // namespace may be as an earlier scan read it (`snapshot::task_memo`), so every task
+            // a table is read through is checked first, and one elsewhere is passed over.
+            let (api_hits, listing, checked) = match ask_api(host, ns, (pid, tid), wanted, use_api) {
+                ApiAnswer::Elsewhere => continue,
+                ApiAnswer::Answered(one) => return Ok(Some(one)),
+                ApiAnswer::Listed(l) => (l.hits, Some((l.ns_id, l.ids_key)), true),
+                ApiAnswer::Unasked => (Vec::new(), None, false),
+            };
             let here = |p: u32, t: u32| {
                 !live
                     || (checked && (p, t) == (pid, tid))
@@ -332,112 +234,186 @@ fn read_task_ns(
             // mount); when every task is chrooted, by entering the namespace.
             let rooted =
                 ns.tasks[i..].iter().copied().find(|&(p, t)| at_namespace_root(host, p, t) && here(p, t));
-            // The same mount IDs read through the same task: the lines as read last time.
-            if let (Some((ns_id, key)), Some(task), true) =
-                (listing, rooted, wanted.reuse_text != TextReuse::Never)
-            {
-                let kept = |d, m| kept_kind(wanted, d, m);
-                // Else the same lines less the mounts gone, plus the added ones from statmount;
-                // with nothing remembered, every kept line from statmount (once this process
-                // saw such lines equal to a text it read).
-                let memo = match super::mount_memo::text_for(ns_id, key, task)
-                    .or_else(|| super::mount_memo::text_delta(ns_id, key, task, kept))
-                {
-                    Some(t) => Some(t).filter(|t| {
-                        wanted.reuse_text != TextReuse::Confirmed
-                            || super::mount_memo::still_true(ns_id, t, kept)
-                    }),
-                    None => super::mount_memo::text_built(ns_id, key, task, kept),
-                };
-                if let Some(t) = memo {
-                    let mounts = wanted.lines_of(&t.mounts);
-                    let via = NsEntry::Task { pid: task.0, tid: task.1 };
-                    return Ok(Some(OneNs {
-                        ns: ns.id,
-                        via,
-                        lines: t.lines,
-                        bytes: 0,
-                        mounts,
-                        api_hits,
-                        kernel_id: Some(ns_id),
-                    }));
-                }
-            }
-            // A fixture tree cannot be entered: its tasks are taken as they are.
-            let (via, path) = match rooted.or((!live).then_some((pid, tid))) {
-                Some((pid, tid)) => {
-                    buf.clear();
-                    let path = host.proc_task(pid, tid).join("mountinfo");
-                    match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(&mut buf)) {
-                        Ok(_) => {}
-                        Err(e) if is_gone(&e) => continue,
-                        Err(e) => return Err(DiscoverError::read(&path, e)),
-                    }
-                    (NsEntry::Task { pid, tid }, path)
-                }
-                _ => {
-                    let via = NsEntry::TaskNamespace { pid, tid };
-                    let file = via.ns_file(host);
-                    match nsenter::read_mountinfo(&file, host.proc()) {
-                        Ok(text) => *buf = text,
-                        Err(e) if is_gone(&e) => continue,
-                        Err(e) => return Err(DiscoverError::read(&file, e)),
-                    }
-                    (via, file)
-                }
-            };
-            if buf.is_empty() {
-                continue; // the task exited between open and read
-            }
-            let mut mounts = Vec::new();
-            if let (Some((ns_id, ids_key)), NsEntry::Task { pid, tid }) = (listing, &via) {
-                // Listed: keep every line a later scan of the same mount IDs may want.
-                let any =
-                    |d: DevNum, t: &[u8]| d.major != 0 || t == b"btrfs" || t == b"nsfs" || wanted.text(d, t);
-                let lines = mountinfo::scan(&buf, any, |m| mounts.push(m))
-                    .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
-                let bytes = buf.len();
-                let all = std::mem::take(&mut mounts);
-                mounts = wanted.lines_of(&all);
-                // Checked against the listing, so that a later change can be followed from it.
-                let listing = super::mount_memo::listing(ns_id, ids_key).filter(|l| {
-                    super::mount_memo::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m))
-                });
-                let text = super::mount_memo::TextMemo {
-                    ids_key,
-                    via: (*pid, *tid),
-                    lines,
-                    bytes,
-                    mounts: all,
-                    listing,
-                };
-                if wanted.reuse_text != TextReuse::Never {
-                    super::mount_memo::calibrate(ns_id, &text, |d, m| kept_kind(wanted, d, m));
-                }
-                super::mount_memo::remember_text(ns_id, text);
+            if let Some((ns_id, task, t)) = remembered_text(wanted, listing, rooted) {
+                let mounts = wanted.lines_of(&t.mounts);
+                let via = NsEntry::Task { pid: task.0, tid: task.1 };
                 return Ok(Some(OneNs {
                     ns: ns.id,
                     via,
-                    lines,
-                    bytes,
+                    lines: t.lines,
+                    bytes: 0,
                     mounts,
                     api_hits,
                     kernel_id: Some(ns_id),
                 }));
             }
-            let lines = mountinfo::scan(&buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
-                .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
-            return Ok(Some(OneNs {
-                ns: ns.id,
-                via,
-                lines,
-                bytes: buf.len(),
-                mounts,
-                api_hits,
-                kernel_id: listing.map(|(id, _)| id),
-            }));
+            let Some((via, path)) = read_text(host, &mut buf, rooted, live, (pid, tid))? else { continue };
+            let text = Text { buf: &buf, path, via, listing, api_hits };
+            return parse_text(ns, wanted, text).map(Some);
         }
         Ok(None)
+    })
+}
+
+/// What `listmount`/`statmount` said of a task's namespace, for [`read_task_ns`].
+enum ApiAnswer {
+    /// The task is gone or in another namespace now: the next task is tried.
+    Elsewhere,
+    /// No wanted mount in it: the namespace is answered without its text.
+    Answered(OneNs),
+    /// Its wanted mounts, ID and mount IDs: the text is read (or remembered) for them.
+    Listed(Listing),
+    /// Not asked (the calls are not to be used, are unsupported, or failed): the text is read.
+    Unasked,
+}
+
+/// Asks `listmount`/`statmount` of the namespace of `task` (when `use_api` and the kernel has
+/// the calls); a kernel without them is remembered, and the text is read from then on.
+fn ask_api(
+    host: &HostRoot,
+    ns: &MountNamespace,
+    (pid, tid): (u32, u32),
+    wanted: Wanted<'_>,
+    use_api: bool,
+) -> ApiAnswer {
+    if !use_api || MOUNT_API_UNSUPPORTED.load(Ordering::Relaxed) {
+        return ApiAnswer::Unasked;
+    }
+    match hits_with_api(host, pid, tid, ns.id, wanted) {
+        Ok(None) => ApiAnswer::Elsewhere,
+        Ok(Some(Listing { total, hits, ns_id, .. })) if hits.is_empty() => ApiAnswer::Answered(OneNs {
+            ns: ns.id,
+            via: NsEntry::Task { pid, tid },
+            lines: total,
+            bytes: 0,
+            mounts: Vec::new(),
+            api_hits: hits,
+            kernel_id: Some(ns_id),
+        }),
+        Ok(Some(l)) => ApiAnswer::Listed(l),
+        Err(e) if mount_api::is_unsupported(&e) => {
+            tracing::debug!("listmount/statmount unavailable ({e}); reading mountinfo text");
+            MOUNT_API_UNSUPPORTED.store(true, Ordering::Relaxed);
+            ApiAnswer::Unasked
+        }
+        Err(e) => {
+            tracing::debug!(pid, tid, "statmount failed ({e}); reading mountinfo text");
+            ApiAnswer::Unasked
+        }
+    }
+}
+
+/// The same mount IDs read through the same task: the lines as read last time, with the
+/// namespace's ID and the task (when text may be reused, the namespace was listed and a task at
+/// its root is in it).
+fn remembered_text(
+    wanted: Wanted<'_>,
+    listing: Option<(u64, u64)>,
+    rooted: Option<(u32, u32)>,
+) -> Option<(u64, (u32, u32), Arc<super::mount_memo::TextMemo>)> {
+    let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text != TextReuse::Never)
+    else {
+        return None;
+    };
+    let kept = |d, m| kept_kind(wanted, d, m);
+    // Else the same lines less the mounts gone, plus the added ones from statmount;
+    // with nothing remembered, every kept line from statmount (once this process
+    // saw such lines equal to a text it read).
+    let memo = match super::mount_memo::text_for(ns_id, key, task)
+        .or_else(|| super::mount_memo::text_delta(ns_id, key, task, kept))
+    {
+        Some(t) => Some(t).filter(|t| {
+            wanted.reuse_text != TextReuse::Confirmed || super::mount_memo::still_true(ns_id, t, kept)
+        }),
+        None => super::mount_memo::text_built(ns_id, key, task, kept),
+    };
+    memo.map(|t| (ns_id, task, t))
+}
+
+/// Reads the namespace's mountinfo text into `buf`: through `rooted`, the task at its root, or
+/// (every task chrooted) by entering the namespace through `task`. A fixture tree cannot be
+/// entered: its tasks are taken as they are. `Ok(None)`: the task is gone (or exited between
+/// open and read).
+fn read_text(
+    host: &HostRoot,
+    buf: &mut Vec<u8>,
+    rooted: Option<(u32, u32)>,
+    live: bool,
+    (pid, tid): (u32, u32),
+) -> Result<Option<(NsEntry, PathBuf)>, DiscoverError> {
+    let (via, path) = match rooted.or((!live).then_some((pid, tid))) {
+        Some((pid, tid)) => {
+            buf.clear();
+            let path = host.proc_task(pid, tid).join("mountinfo");
+            match std::fs::File::open(&path).and_then(|mut f| f.read_to_end(buf)) {
+                Ok(_) => {}
+                Err(e) if is_gone(&e) => return Ok(None),
+                Err(e) => return Err(DiscoverError::read(&path, e)),
+            }
+            (NsEntry::Task { pid, tid }, path)
+        }
+        _ => {
+            let via = NsEntry::TaskNamespace { pid, tid };
+            let file = via.ns_file(host);
+            match nsenter::read_mountinfo(&file, host.proc()) {
+                Ok(text) => *buf = text,
+                Err(e) if is_gone(&e) => return Ok(None),
+                Err(e) => return Err(DiscoverError::read(&file, e)),
+            }
+            (via, file)
+        }
+    };
+    if buf.is_empty() {
+        return Ok(None); // the task exited between open and read
+    }
+    Ok(Some((via, path)))
+}
+
+/// A namespace's mountinfo text as read, and what the kernel listed of it.
+struct Text<'a> {
+    buf: &'a [u8],
+    /// The file it was read from.
+    path: PathBuf,
+    via: NsEntry,
+    /// The namespace's ID and [`super::mount_memo::ids_key`], when it was listed.
+    listing: Option<(u64, u64)>,
+    api_hits: Vec<DevNum>,
+}
+
+/// The wanted mounts of a namespace's text. A listed namespace's text read through a task is
+/// remembered whole (every line a later scan of the same mount IDs may want).
+fn parse_text(ns: &MountNamespace, wanted: Wanted<'_>, text: Text<'_>) -> Result<OneNs, DiscoverError> {
+    let Text { buf, path, via, listing, api_hits } = text;
+    let mut mounts = Vec::new();
+    if let (Some((ns_id, ids_key)), NsEntry::Task { pid, tid }) = (listing, &via) {
+        // Listed: keep every line a later scan of the same mount IDs may want.
+        let any = |d: DevNum, t: &[u8]| d.major != 0 || t == b"btrfs" || t == b"nsfs" || wanted.text(d, t);
+        let lines = mountinfo::scan(buf, any, |m| mounts.push(m))
+            .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
+        let bytes = buf.len();
+        let all = std::mem::take(&mut mounts);
+        mounts = wanted.lines_of(&all);
+        // Checked against the listing, so that a later change can be followed from it.
+        let listing = super::mount_memo::listing(ns_id, ids_key)
+            .filter(|l| super::mount_memo::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m)));
+        let text =
+            super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all, listing };
+        if wanted.reuse_text != TextReuse::Never {
+            super::mount_memo::calibrate(ns_id, &text, |d, m| kept_kind(wanted, d, m));
+        }
+        super::mount_memo::remember_text(ns_id, text);
+        return Ok(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits, kernel_id: Some(ns_id) });
+    }
+    let lines = mountinfo::scan(buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
+        .map_err(|source| DiscoverError::MountInfo { path: path.clone(), source })?;
+    Ok(OneNs {
+        ns: ns.id,
+        via,
+        lines,
+        bytes: buf.len(),
+        mounts,
+        api_hits,
+        kernel_id: listing.map(|(id, _)| id),
     })
 }
 
@@ -480,15 +456,6 @@ static QUIET_WITHOUT_A_TASK: std::sync::atomic::AtomicU64 = std::sync::atomic::A
 /// How many namespaces [`quiet_without_a_task`] answered (for tests and debugging).
 pub fn answered_without_a_task() -> u64 {
     QUIET_WITHOUT_A_TASK.load(Ordering::Relaxed)
-}
-
-/// `NSFS_MAGIC` from `<linux/magic.h>`: a namespace file bind-mounted (a pin).
-const NSFS_MAGIC: u64 = 0x6e73_6673;
-
-/// By `statmount`'s device and magic: the mounts whose lines a listed namespace's remembered
-/// text keeps (block devices, btrfs, nsfs pins, and whatever the scan wants).
-fn kept_kind(wanted: Wanted<'_>, d: DevNum, magic: u64) -> bool {
-    d.major != 0 || magic == NSFS_MAGIC || wanted.magic(d, magic)
 }
 
 /// What `listmount` and `statmount` say of a task's namespace.

@@ -1,6 +1,8 @@
 //! Tests of reading the namespaces' mount tables.
 
 use super::*;
+use crate::discover::mount_wanted::NSFS_MAGIC;
+use std::collections::HashMap;
 
 /// The matcher a listing is filtered with says what [`Wanted::magic`] says, whether the
 /// devices in scope are compared as a short list (few) or hashed (many).

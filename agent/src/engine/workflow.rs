@@ -57,100 +57,11 @@ impl<W: World> Engine<W> {
         let mut out = Outcome::default();
         let mut lock_and_journal = None;
         if req.apply {
-            // 1. Sight and may-act: one line, before the journal is touched.
-            if let Err(why) = self.world.can_act().and_then(|()| self.world.sight()) {
-                out.refusal = Some((Class::Refused, format!("--apply refused: {why}")));
-                return Ok(out);
-            }
-            // 2. One writer.
-            let lock = match journal::lock(req.journal, req.lock_wait) {
-                Ok(l) => l,
-                Err(e) if journal::is_busy(&e) => {
-                    out.refusal = Some((Class::Refused, format!("--apply refused: {e}")));
-                    return Ok(out);
-                }
-                Err(source) => return Err(EngineError::Journal { path: req.journal.to_owned(), source }),
-            };
-            let mut j = Journal::open(req.journal)
-                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
-            // 3. Recovery, then the unfinished plans this request owes.
-            out.recovery = self
-                .recover(&mut j)
-                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
-            let open = journal::open_plans(req.journal)
-                .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
-            for p in open {
-                let owed = match &req.subject {
-                    Subject::Device(d) => owed_by(&p, &req.argument, Some(*d)),
-                    Subject::Argument(_) => owed_by(&p, &req.argument, None),
-                    Subject::Journaled(id) => p.id == *id,
-                };
-                if owed {
-                    out.resumed.push(self.resume(&p, &mut j, req)?);
-                } else {
-                    out.unfinished.push(unfinished_words(&p));
-                }
-            }
-            // A journaled plan is resumed alone: nothing is planned afresh.
-            if matches!(req.subject, Subject::Journaled(_)) {
-                return Ok(out);
-            }
-            // A resumed step refused because its device is now another one (an impostor reusing
-            // the name): the argument is not planned afresh against that other device in the same
-            // run; the operator sees why and decides.
-            let impostor = out
-                .resumed
-                .iter()
-                .find_map(|r| match &r.refused {
-                    Some(ResumeRefusal::IdentityChanged(why)) => Some(why.clone()),
-                    _ => None,
-                })
-                .or_else(|| {
-                    out.resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
-                        Err(e @ ActError::IdentityChanged { .. }) => Some(e.to_string()),
-                        _ => None,
-                    })
-                });
-            if let Some(why) = impostor {
-                out.refusal = Some((
-                    Class::Refused,
-                    format!(
-                        "the interrupted plan '{}' owed is not finished: {why}; the device now under that name is not planned in this run: run the command again to plan it on its own",
-                        req.argument
-                    ),
-                ));
-                return Ok(out);
-            }
-            lock_and_journal = Some((lock, j));
+            let Some(held) = self.writer_and_owed_plans(req, &mut out)? else { return Ok(out) };
+            lock_and_journal = Some(held);
         }
         // 4. A fresh plan.
-        let devnum = match &req.subject {
-            Subject::Device(d) => *d,
-            Subject::Journaled(id) => {
-                return Err(EngineError::NotFound(format!("journal plan {id} is resumed only with --apply")))
-            }
-            Subject::Argument(a) => match self.world.resolve(a) {
-                Ok(d) => d,
-                Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => return Ok(out),
-                Err(EngineError::NotFound(why)) => {
-                    // Gone: said so when a finished plan of the journal removed it (a run killed
-                    // after its last record, run again), else unknown.
-                    let finished =
-                        journal::last_closed_plan(req.journal, |p| owed_by_record(p, a, None)).ok().flatten();
-                    let Some((plan, end)) = finished else { return Err(EngineError::NotFound(why)) };
-                    out.gone = Some(format!(
-                        "{a} is gone: the {} of {} (journal plan {}) ended {}: {}",
-                        or_unknown(&plan.body.request.operation),
-                        or_unknown(&plan.body.device),
-                        plan.id,
-                        end.result,
-                        end.detail
-                    ));
-                    return Ok(out);
-                }
-                Err(e) => return Err(e),
-            },
-        };
+        let Some(devnum) = self.fresh_device(req, &mut out)? else { return Ok(out) };
         let judged = {
             let scan = match self.plan_scan(devnum, req.op) {
                 Ok(s) => s,
@@ -173,12 +84,120 @@ impl<W: World> Engine<W> {
         if out.refusal.is_some() || !runnable {
             return Ok(out);
         }
+        self.apply_plan(req, &mut j, devnum, &mut out)?;
+        Ok(out)
+    }
+
+    /// Steps 1 to 3 of a request that acts: sight and may-act, the journal's lock, recovery and
+    /// the unfinished plans the request owes. `None`: `out` is complete (refused, or a journaled
+    /// plan resumed alone); else the lock and the journal, held for the rest of the request.
+    fn writer_and_owed_plans(
+        &self,
+        req: &Request<'_>,
+        out: &mut Outcome,
+    ) -> Result<Option<(journal::JournalLock, Journal)>, EngineError> {
+        // 1. Sight and may-act: one line, before the journal is touched.
+        if let Err(why) = self.world.can_act().and_then(|()| self.world.sight()) {
+            out.refusal = Some((Class::Refused, format!("--apply refused: {why}")));
+            return Ok(None);
+        }
+        // 2. One writer.
+        let lock = match journal::lock(req.journal, req.lock_wait) {
+            Ok(l) => l,
+            Err(e) if journal::is_busy(&e) => {
+                out.refusal = Some((Class::Refused, format!("--apply refused: {e}")));
+                return Ok(None);
+            }
+            Err(source) => return Err(EngineError::Journal { path: req.journal.to_owned(), source }),
+        };
+        let mut j = Journal::open(req.journal)
+            .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+        // 3. Recovery, then the unfinished plans this request owes.
+        out.recovery = self
+            .recover(&mut j)
+            .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+        let open = journal::open_plans(req.journal)
+            .map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
+        for p in open {
+            let owed = match &req.subject {
+                Subject::Device(d) => owed_by(&p, &req.argument, Some(*d)),
+                Subject::Argument(_) => owed_by(&p, &req.argument, None),
+                Subject::Journaled(id) => p.id == *id,
+            };
+            if owed {
+                out.resumed.push(self.resume(&p, &mut j, req)?);
+            } else {
+                out.unfinished.push(unfinished_words(&p));
+            }
+        }
+        // A journaled plan is resumed alone: nothing is planned afresh.
+        if matches!(req.subject, Subject::Journaled(_)) {
+            return Ok(None);
+        }
+        // A resumed step refused because its device is now another one (an impostor reusing
+        // the name): the argument is not planned afresh against that other device in the same
+        // run; the operator sees why and decides.
+        if let Some(why) = impostor(&out.resumed) {
+            out.refusal = Some((
+                Class::Refused,
+                format!(
+                    "the interrupted plan '{}' owed is not finished: {why}; the device now under that name is not planned in this run: run the command again to plan it on its own",
+                    req.argument
+                ),
+            ));
+            return Ok(None);
+        }
+        Ok(Some((lock, j)))
+    }
+
+    /// Step 4's device: the request's, or its argument resolved. `None`: `out` is complete (the
+    /// argument names no device, but unfinished plans were resumed for it, or a finished plan
+    /// of the journal removed it: said so in `out.gone`).
+    fn fresh_device(&self, req: &Request<'_>, out: &mut Outcome) -> Result<Option<DevNum>, EngineError> {
+        match &req.subject {
+            Subject::Device(d) => Ok(Some(*d)),
+            Subject::Journaled(id) => {
+                Err(EngineError::NotFound(format!("journal plan {id} is resumed only with --apply")))
+            }
+            Subject::Argument(a) => match self.world.resolve(a) {
+                Ok(d) => Ok(Some(d)),
+                Err(EngineError::NotFound(_)) if !out.resumed.is_empty() => Ok(None),
+                Err(EngineError::NotFound(why)) => {
+                    // Gone: said so when a finished plan of the journal removed it (a run killed
+                    // after its last record, run again), else unknown.
+                    let finished =
+                        journal::last_closed_plan(req.journal, |p| owed_by_record(p, a, None)).ok().flatten();
+                    let Some((plan, end)) = finished else { return Err(EngineError::NotFound(why)) };
+                    out.gone = Some(format!(
+                        "{a} is gone: the {} of {} (journal plan {}) ended {}: {}",
+                        or_unknown(&plan.body.request.operation),
+                        or_unknown(&plan.body.device),
+                        plan.id,
+                        end.result,
+                        end.detail
+                    ));
+                    Ok(None)
+                }
+                Err(e) => Err(e),
+            },
+        }
+    }
+
+    /// Steps 5 to 7 for `out.plan`, runnable and unrefused: the caller's may-act, the plan
+    /// journaled whole, executed and closed, then the after-state of `devnum`.
+    fn apply_plan(
+        &self,
+        req: &Request<'_>,
+        j: &mut Journal,
+        devnum: DevNum,
+        out: &mut Outcome,
+    ) -> Result<(), EngineError> {
         let plan = out.plan.as_ref().expect("set above");
         // 5. The caller's may-act.
         if let Some(admit) = req.admit {
             if let Err(why) = admit(plan) {
                 out.refusal = Some((Class::Refused, why));
-                return Ok(out);
+                return Ok(());
             }
         }
         // 6. The plan journaled whole, executed, closed.
@@ -186,7 +205,7 @@ impl<W: World> Engine<W> {
         let plan_id =
             j.plan(&body).map_err(|source| EngineError::Journal { path: req.journal.to_owned(), source })?;
         tracing::info!(target: "audit", phase = "plan", operation = plan.operation, device = %plan.device, argument = %req.argument, by = %req.by, steps = plan.steps.len(), force_busy = plan.force_busy.as_deref().unwrap_or(""), journal_id = %plan_id);
-        let reports = self.execute_indexed(plan, &mut j, None, &req.by)?;
+        let reports = self.execute_indexed(plan, j, None, &req.by)?;
         let (word, detail) = plan_end_words(&reports);
         if let Err(e) = j.plan_end(&plan_id, word, &detail) {
             tracing::error!(journal_id = %plan_id, "cannot close the plan in the journal: {e}");
@@ -199,7 +218,7 @@ impl<W: World> Engine<W> {
             Err(EngineError::NotFound(_)) => None,
             Err(e) => return Err(e),
         };
-        Ok(out)
+        Ok(())
     }
 
     /// At daemon start: takes the lock and closes the interrupted intents; then, with `resume`,
@@ -325,6 +344,23 @@ impl<W: World> Engine<W> {
         resumed.reports = reports;
         Ok(resumed)
     }
+}
+
+/// Why a resumed plan's device is now another one (an impostor reusing its name), if one is:
+/// a resumption refused for it, or a resumed step that found it changed.
+fn impostor(resumed: &[Resumed]) -> Option<String> {
+    resumed
+        .iter()
+        .find_map(|r| match &r.refused {
+            Some(ResumeRefusal::IdentityChanged(why)) => Some(why.clone()),
+            _ => None,
+        })
+        .or_else(|| {
+            resumed.iter().flat_map(|r| &r.reports).find_map(|r| match &r.result {
+                Err(e @ ActError::IdentityChanged { .. }) => Some(e.to_string()),
+                _ => None,
+            })
+        })
 }
 
 /// Whether the request names the unfinished plan `p`: its argument, or a device of it (name,

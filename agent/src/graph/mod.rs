@@ -307,148 +307,12 @@ impl DeviceGraph {
         let only = only.map(member_of);
         let wanted = |d: DevNum| only.as_ref().is_none_or(|o| o(&d));
         let mut per_dev: BTreeMap<DevNum, Vec<Holder>> = BTreeMap::new();
-        // Each namespace by ID: looked up once per mount holder. Only those the devices built
-        // need (a re-read builds one or two devices: not a map of every namespace of the node).
-        let mut ns_by_id: HashMap<MountNsId, &MountNamespace> = HashMap::new();
-        let ns_needed: Option<HashSet<MountNsId>> =
-            only.as_ref().map(|_| s.mounts.iter().filter(|m| wanted(m.device())).map(|m| m.ns).collect());
-        let ns_needed = ns_needed.as_ref().map(member_of);
-        for n in s.namespaces.iter().filter(|n| ns_needed.as_ref().is_none_or(|w| w(&n.id))) {
-            ns_by_id.entry(n.id).or_insert(n);
-        }
-        for m in s.mounts.iter().filter(|m| wanted(m.device())) {
-            let ns = ns_by_id.get(&m.ns).copied();
-            let pids: &[u32] = ns.map_or(&[], |n| n.pids.as_slice());
-            let mut h = Holder::bare(HolderKind::Mount);
-            label(&mut h, s, pids.first().copied());
-            h.pid_count = pids.len();
-            h.pids = pids.iter().copied().take(MAX_PIDS).collect();
-            h.mount_namespace = Some(m.ns);
-            h.in_host_namespace = Some(m.ns == s.host_ns);
-            h.mount_point = Some(m.mount.mount_point.clone());
-            h.mount_id = Some(m.mount.mount_id);
-            h.fstype = Some(m.mount.fstype.clone());
-            h.source = Some(m.mount.source.clone());
-            h.shared_group = m.mount.shared_group();
-            h.master_group = m.mount.master_group();
-            h.upstream_groups = m.mount.upstream_groups();
-            h.mount_dev = Some(m.mount.devnum);
-            h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
-            per_dev.entry(m.device()).or_default().push(h);
-        }
+        mount_holders(s, &wanted, only.is_some(), &mut per_dev);
         process_holders(s, &wanted, &mut per_dev);
-        for sw in s.swaps.iter().filter(|sw| wanted(sw.devnum)) {
-            let mut h = Holder::bare(HolderKind::Swap);
-            h.path = Some(sw.filename.clone());
-            h.source = Some(match sw.swap_type {
-                SwapType::Partition => "partition".into(),
-                SwapType::File => "file".into(),
-            });
-            per_dev.entry(sw.devnum).or_default().push(h);
-        }
-        for d in &s.devices {
-            let children = s
-                .devices
-                .iter()
-                .filter(|c| c.parent.as_ref() == Some(&d.name))
-                .map(|c| c.name.clone())
-                .chain(d.holders.iter().cloned());
-            for child in children.filter(|_| wanted(d.devnum)) {
-                let mut h = Holder::bare(HolderKind::StackedDevice);
-                h.device = Some(child);
-                per_dev.entry(d.devnum).or_default().push(h);
-            }
-            if let Some(l) = &d.loop_info {
-                // The filesystem its backing file lives on, and the device when the backing
-                // file is a device node (`losetup /dev/loop5 /dev/nbd0`).
-                // A file on btrfs: its subvolume's anonymous number, followed to the members.
-                let on_btrfs = l.backing_dev.map_or(&[][..], |b| s.anon.members_of_dev(b));
-                let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")]
-                    .into_iter()
-                    .chain(on_btrfs.iter().map(|m| (Some(*m), "file")));
-                for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))).filter(|(d, _)| wanted(*d)) {
-                    let mut h = Holder::bare(HolderKind::LoopBacking);
-                    h.device = Some(d.name.clone());
-                    h.path = Some(l.backing_file.clone());
-                    h.source = Some(what.into());
-                    per_dev.entry(dev).or_default().push(h);
-                }
-            }
-        }
-        // A filesystem the kernel keeps alive on a device with no mount of it in any namespace
-        // the scan read (an overlay's upper directory, a detached mount with open files): the
-        // kernel's claim is the truth, the mount tables only a map to the holder.
-        for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum) && wanted(d.devnum)) {
-            let held =
-                per_dev.get(&d.devnum).is_some_and(|hs| hs.iter().any(|h| h.kind == HolderKind::Mount));
-            if held {
-                continue;
-            }
-            let live = s
-                .live_fs
-                .iter()
-                .filter(|f| f.members.contains(&d.name))
-                .map(|f| (KernelText::from(f.fstype.as_str()), KernelText::from(f.sysfs_path())));
-            let threads = s.kernel_threads.iter().filter_map(|k| {
-                let fstype = fs_kthread_serves(&k.comm.escaped(), d.name.as_str(), &d.devnum.to_string())?;
-                Some((
-                    KernelText::from(fstype),
-                    KernelText::from(format!("kernel thread {} (pid {})", k.comm, k.pid)),
-                ))
-            });
-            if let Some((fstype, path)) = live.chain(threads).next() {
-                let mut h = Holder::bare(HolderKind::Filesystem);
-                h.fstype = Some(fstype);
-                h.path = Some(path);
-                per_dev.entry(d.devnum).or_default().push(h);
-            }
-        }
-        let by_devnum = |dn: DevNum| s.devices.iter().find(|d| d.devnum == dn).map(|d| d.name.clone());
-        let maps: Vec<(DevNum, MultipathView)> = s
-            .dm_devices
-            .iter()
-            .filter_map(|dm| Some((dm.devnum, multipath_view(dm, &s.dm_devices, &s.scsi, &by_devnum)?)))
-            .collect();
-        let nvme_outages = crate::discover::nvme::outages(&s.nvme);
-        let mut devices: Vec<DeviceEntry> = s
-            .devices
-            .iter()
-            .filter(|d| wanted(d.devnum))
-            .map(|d| {
-                let devtext = d.devnum.to_string();
-                let multipath = maps.iter().find(|(dn, _)| *dn == d.devnum).map(|(_, m)| m.clone());
-                let scsi = s.scsi.disks.iter().find(|k| k.devnum == d.devnum).map(|k| {
-                    let path_of = maps
-                        .iter()
-                        .find(|(_, m)| m.paths.iter().any(|p| p.devnum == d.devnum))
-                        .and_then(|(dn, _)| by_devnum(*dn));
-                    scsi_view(k, &s.scsi, path_of)
-                });
-                DeviceEntry {
-                    multipath,
-                    scsi,
-                    io: s.io.get(&d.devnum).copied(),
-                    kubernetes: owner_of(
-                        d,
-                        &s.mounts,
-                        s.host_ns,
-                        s.rbd.iter().find(|r| r.devnum == d.devnum),
-                        &s.kubelet,
-                    ),
-                    rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
-                    nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
-                    nvme: crate::graph::nvme::view(&s.nvme, &nvme_outages, d),
-                    holders: per_dev.remove(&d.devnum).unwrap_or_default(),
-                    kernel_threads: s
-                        .kernel_threads
-                        .iter()
-                        .filter(|k| kthread_serves(&k.comm.escaped(), d.name.as_str(), &devtext))
-                        .cloned()
-                        .collect(),
-                    device: d.clone(),
-                }
-            })
-            .collect();
+        swap_holders(s, &wanted, &mut per_dev);
+        stack_and_loop_holders(s, &wanted, &mut per_dev);
+        filesystem_holders(s, &wanted, &mut per_dev);
+        let mut devices = device_entries(s, &wanted, per_dev);
         mark_held_siblings(&mut devices);
         Self { host_ns: s.host_ns, host_ns_unsure: s.host_ns_unsure.clone(), devices }
     }
@@ -457,6 +321,186 @@ impl DeviceGraph {
     pub fn get(&self, devnum: DevNum) -> Option<&DeviceEntry> {
         self.devices.iter().find(|e| e.device.devnum == devnum)
     }
+}
+
+/// A holder for every mount of a wanted device, labelled with its namespace's first process.
+/// `only_some`: only some devices are built, so only their mounts' namespaces are looked up.
+fn mount_holders(
+    s: &Snapshot,
+    wanted: &dyn Fn(DevNum) -> bool,
+    only_some: bool,
+    per_dev: &mut BTreeMap<DevNum, Vec<Holder>>,
+) {
+    // Each namespace by ID: looked up once per mount holder. Only those the devices built
+    // need (a re-read builds one or two devices: not a map of every namespace of the node).
+    let mut ns_by_id: HashMap<MountNsId, &MountNamespace> = HashMap::new();
+    let ns_needed: Option<HashSet<MountNsId>> =
+        only_some.then(|| s.mounts.iter().filter(|m| wanted(m.device())).map(|m| m.ns).collect());
+    let ns_needed = ns_needed.as_ref().map(member_of);
+    for n in s.namespaces.iter().filter(|n| ns_needed.as_ref().is_none_or(|w| w(&n.id))) {
+        ns_by_id.entry(n.id).or_insert(n);
+    }
+    for m in s.mounts.iter().filter(|m| wanted(m.device())) {
+        let ns = ns_by_id.get(&m.ns).copied();
+        let pids: &[u32] = ns.map_or(&[], |n| n.pids.as_slice());
+        let mut h = Holder::bare(HolderKind::Mount);
+        label(&mut h, s, pids.first().copied());
+        h.pid_count = pids.len();
+        h.pids = pids.iter().copied().take(MAX_PIDS).collect();
+        h.mount_namespace = Some(m.ns);
+        h.in_host_namespace = Some(m.ns == s.host_ns);
+        h.mount_point = Some(m.mount.mount_point.clone());
+        h.mount_id = Some(m.mount.mount_id);
+        h.fstype = Some(m.mount.fstype.clone());
+        h.source = Some(m.mount.source.clone());
+        h.shared_group = m.mount.shared_group();
+        h.master_group = m.mount.master_group();
+        h.upstream_groups = m.mount.upstream_groups();
+        h.mount_dev = Some(m.mount.devnum);
+        h.namespace_entry = Some(ns.and_then(|n| n.pinned_by.clone()).unwrap_or_else(|| m.via.clone()));
+        per_dev.entry(m.device()).or_default().push(h);
+    }
+}
+
+/// A holder for every swap area on a wanted device (a partition, or a file on it).
+fn swap_holders(s: &Snapshot, wanted: &dyn Fn(DevNum) -> bool, per_dev: &mut BTreeMap<DevNum, Vec<Holder>>) {
+    for sw in s.swaps.iter().filter(|sw| wanted(sw.devnum)) {
+        let mut h = Holder::bare(HolderKind::Swap);
+        h.path = Some(sw.filename.clone());
+        h.source = Some(match sw.swap_type {
+            SwapType::Partition => "partition".into(),
+            SwapType::File => "file".into(),
+        });
+        per_dev.entry(sw.devnum).or_default().push(h);
+    }
+}
+
+/// For each device in turn: a holder for each partition or device stacked on it (when it is
+/// wanted), then, for a loop device, one on each wanted device its backing file lives on.
+fn stack_and_loop_holders(
+    s: &Snapshot,
+    wanted: &dyn Fn(DevNum) -> bool,
+    per_dev: &mut BTreeMap<DevNum, Vec<Holder>>,
+) {
+    for d in &s.devices {
+        let children = s
+            .devices
+            .iter()
+            .filter(|c| c.parent.as_ref() == Some(&d.name))
+            .map(|c| c.name.clone())
+            .chain(d.holders.iter().cloned());
+        for child in children.filter(|_| wanted(d.devnum)) {
+            let mut h = Holder::bare(HolderKind::StackedDevice);
+            h.device = Some(child);
+            per_dev.entry(d.devnum).or_default().push(h);
+        }
+        if let Some(l) = &d.loop_info {
+            // The filesystem its backing file lives on, and the device when the backing
+            // file is a device node (`losetup /dev/loop5 /dev/nbd0`).
+            // A file on btrfs: its subvolume's anonymous number, followed to the members.
+            let on_btrfs = l.backing_dev.map_or(&[][..], |b| s.anon.members_of_dev(b));
+            let on = [(l.backing_dev, "file"), (l.backing_rdev, "device node")]
+                .into_iter()
+                .chain(on_btrfs.iter().map(|m| (Some(*m), "file")));
+            for (dev, what) in on.filter_map(|(d, w)| Some((d?, w))).filter(|(d, _)| wanted(*d)) {
+                let mut h = Holder::bare(HolderKind::LoopBacking);
+                h.device = Some(d.name.clone());
+                h.path = Some(l.backing_file.clone());
+                h.source = Some(what.into());
+                per_dev.entry(dev).or_default().push(h);
+            }
+        }
+    }
+}
+
+/// A filesystem the kernel keeps alive on a device with no mount of it in any namespace the
+/// scan read (an overlay's upper directory, a detached mount with open files): the kernel's
+/// claim is the truth, the mount tables only a map to the holder. One holder per such device
+/// in scope: its live filesystem, else a kernel thread serving a filesystem on it.
+fn filesystem_holders(
+    s: &Snapshot,
+    wanted: &dyn Fn(DevNum) -> bool,
+    per_dev: &mut BTreeMap<DevNum, Vec<Holder>>,
+) {
+    for d in s.devices.iter().filter(|d| s.in_scope.contains(&d.devnum) && wanted(d.devnum)) {
+        let held = per_dev.get(&d.devnum).is_some_and(|hs| hs.iter().any(|h| h.kind == HolderKind::Mount));
+        if held {
+            continue;
+        }
+        let live = s
+            .live_fs
+            .iter()
+            .filter(|f| f.members.contains(&d.name))
+            .map(|f| (KernelText::from(f.fstype.as_str()), KernelText::from(f.sysfs_path())));
+        let threads = s.kernel_threads.iter().filter_map(|k| {
+            let fstype = fs_kthread_serves(&k.comm.escaped(), d.name.as_str(), &d.devnum.to_string())?;
+            Some((
+                KernelText::from(fstype),
+                KernelText::from(format!("kernel thread {} (pid {})", k.comm, k.pid)),
+            ))
+        });
+        if let Some((fstype, path)) = live.chain(threads).next() {
+            let mut h = Holder::bare(HolderKind::Filesystem);
+            h.fstype = Some(fstype);
+            h.path = Some(path);
+            per_dev.entry(d.devnum).or_default().push(h);
+        }
+    }
+}
+
+/// The entry of every wanted device, in the snapshot's order: its holders (taken from
+/// `per_dev`), multipath, SCSI, I/O, Kubernetes owner, rbd, nbd and NVMe views, and the kernel
+/// threads serving it.
+fn device_entries(
+    s: &Snapshot,
+    wanted: &dyn Fn(DevNum) -> bool,
+    mut per_dev: BTreeMap<DevNum, Vec<Holder>>,
+) -> Vec<DeviceEntry> {
+    let by_devnum = |dn: DevNum| s.devices.iter().find(|d| d.devnum == dn).map(|d| d.name.clone());
+    let maps: Vec<(DevNum, MultipathView)> = s
+        .dm_devices
+        .iter()
+        .filter_map(|dm| Some((dm.devnum, multipath_view(dm, &s.dm_devices, &s.scsi, &by_devnum)?)))
+        .collect();
+    let nvme_outages = crate::discover::nvme::outages(&s.nvme);
+    s.devices
+        .iter()
+        .filter(|d| wanted(d.devnum))
+        .map(|d| {
+            let devtext = d.devnum.to_string();
+            let multipath = maps.iter().find(|(dn, _)| *dn == d.devnum).map(|(_, m)| m.clone());
+            let scsi = s.scsi.disks.iter().find(|k| k.devnum == d.devnum).map(|k| {
+                let path_of = maps
+                    .iter()
+                    .find(|(_, m)| m.paths.iter().any(|p| p.devnum == d.devnum))
+                    .and_then(|(dn, _)| by_devnum(*dn));
+                scsi_view(k, &s.scsi, path_of)
+            });
+            DeviceEntry {
+                multipath,
+                scsi,
+                io: s.io.get(&d.devnum).copied(),
+                kubernetes: owner_of(
+                    d,
+                    &s.mounts,
+                    s.host_ns,
+                    s.rbd.iter().find(|r| r.devnum == d.devnum),
+                    &s.kubelet,
+                ),
+                rbd: s.rbd.iter().find(|r| r.devnum == d.devnum).cloned(),
+                nbd: s.nbd.iter().find(|n| n.devnum == d.devnum).cloned(),
+                nvme: crate::graph::nvme::view(&s.nvme, &nvme_outages, d),
+                holders: per_dev.remove(&d.devnum).unwrap_or_default(),
+                kernel_threads: s
+                    .kernel_threads
+                    .iter()
+                    .filter(|k| kthread_serves(&k.comm.escaped(), d.name.as_str(), &devtext))
+                    .cloned()
+                    .collect(),
+                device: d.clone(),
+            }
+        })
+        .collect()
 }
 
 /// Process references, one holder per (device, kind, pid, a task's own), in that order, each in

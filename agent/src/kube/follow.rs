@@ -44,97 +44,13 @@ pub(super) async fn follow<K>(
         lp = lp.fields(f);
         wp = wp.fields(f);
     }
-    let bound = options.silence_bound;
+    let follower = Follower { kind, api, lp, wp, to_change, out: &out, bound: options.silence_bound };
     let mut delay = options.backoff_initial;
     loop {
         let mut listed_at = None;
-        let error = 'watch: {
-            if out.send(to_change(Event::Init)).await.is_err() {
-                return;
-            }
-            let list = match tokio::time::timeout(bound, api.list(&lp)).await {
-                Err(_) => {
-                    break 'watch format!(
-                        "failed to perform initial object list: no answer within {}",
-                        human(bound)
-                    )
-                }
-                Ok(Err(e)) => break 'watch format!("failed to perform initial object list: {e}"),
-                Ok(Ok(list)) => list,
-            };
-            let mut version = list.metadata.resource_version.clone().unwrap_or_default();
-            for object in list.items {
-                if out.send(to_change(Event::InitApply(object))).await.is_err() {
-                    return;
-                }
-            }
-            if out.send(to_change(Event::InitDone)).await.is_err() {
-                return;
-            }
-            listed_at = Some(tokio::time::Instant::now());
-            // Watch from the list's version; resume from the last one seen when the server ends
-            // the watch at its timeout.
-            loop {
-                let stream = match tokio::time::timeout(bound, api.watch(&wp, &version)).await {
-                    Err(_) => {
-                        break 'watch format!(
-                            "failed to start watching object: no answer within {}",
-                            human(bound)
-                        )
-                    }
-                    Ok(Err(e)) => break 'watch format!("failed to start watching object: {e}"),
-                    Ok(Ok(stream)) => stream,
-                };
-                if out.send(Change::Heard(kind)).await.is_err() {
-                    return;
-                }
-                let mut stream = std::pin::pin!(stream);
-                loop {
-                    let event = match tokio::time::timeout(bound, stream.next()).await {
-                        Err(_) => {
-                            tracing::warn!(
-                                resource = kind.as_str(),
-                                silence_bound = %human(bound),
-                                "Kubernetes watch heard nothing, not even a bookmark: dropping it and \
-                                 relisting"
-                            );
-                            break 'watch format!(
-                                "it heard nothing from the API server for {}, not even a bookmark",
-                                human(bound)
-                            );
-                        }
-                        // Ended by the server (its timeout, or a connection closed between
-                        // events): resumed from `version`.
-                        Ok(None) => break,
-                        Ok(Some(Err(e))) => break 'watch format!("watch stream failed: {e}"),
-                        Ok(Some(Ok(event))) => event,
-                    };
-                    let change = match event {
-                        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-                            version = o.meta().resource_version.clone().unwrap_or(version);
-                            to_change(Event::Apply(o))
-                        }
-                        WatchEvent::Deleted(o) => {
-                            version = o.meta().resource_version.clone().unwrap_or(version);
-                            to_change(Event::Delete(o))
-                        }
-                        WatchEvent::Bookmark(b) => {
-                            version = b.metadata.resource_version;
-                            Change::Heard(kind)
-                        }
-                        // 410 Gone (the version is too old) among them: only a relist recovers.
-                        WatchEvent::Error(status) => {
-                            break 'watch format!(
-                                "error returned by apiserver during watch: {} {}: {}",
-                                status.code, status.reason, status.message
-                            )
-                        }
-                    };
-                    if out.send(change).await.is_err() {
-                        return;
-                    }
-                }
-            }
+        let error = match follower.round(&mut listed_at).await {
+            Ended::Broke(error) => error,
+            Ended::Closed => return,
         };
         if out.send(Change::Broke(kind, error)).await.is_err() {
             return;
@@ -146,6 +62,149 @@ pub(super) async fn follow<K>(
         }
         tokio::time::sleep(jittered(delay)).await;
         delay = delay.saturating_mul(2).min(options.backoff_max).max(options.backoff_initial);
+    }
+}
+
+/// One collection followed by [`follow`]: how to ask for it and where its changes go.
+struct Follower<'a, K, F> {
+    kind: Kind,
+    api: Api<K>,
+    lp: ListParams,
+    wp: WatchParams,
+    to_change: F,
+    out: &'a mpsc::Sender<Change>,
+    /// The silence bound: the longest wait for an answer or an event.
+    bound: Duration,
+}
+
+/// Why a round of listing and watching ended.
+enum Ended {
+    /// It broke: the failure, reported before the collection is listed again.
+    Broke(String),
+    /// Nobody listens any more: following ends.
+    Closed,
+}
+
+impl<K, F> Follower<'_, K, F>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    F: Fn(Event<K>) -> Change,
+{
+    /// Lists the collection (`listed_at` set once it is), then watches it from the list's
+    /// version, resuming from the last one seen each time the server ends the watch at its
+    /// timeout, until it breaks.
+    async fn round(&self, listed_at: &mut Option<tokio::time::Instant>) -> Ended {
+        let mut version = match self.list().await {
+            Ok(version) => version,
+            Err(ended) => return ended,
+        };
+        *listed_at = Some(tokio::time::Instant::now());
+        loop {
+            if let Err(ended) = self.watch(&mut version).await {
+                return ended;
+            }
+        }
+    }
+
+    /// Lists the collection, every object sent between `Init` and `InitDone`: the list's
+    /// resource version.
+    async fn list(&self) -> Result<String, Ended> {
+        let (bound, out) = (self.bound, self.out);
+        if out.send((self.to_change)(Event::Init)).await.is_err() {
+            return Err(Ended::Closed);
+        }
+        let list = match tokio::time::timeout(bound, self.api.list(&self.lp)).await {
+            Err(_) => {
+                let error =
+                    format!("failed to perform initial object list: no answer within {}", human(bound));
+                return Err(Ended::Broke(error));
+            }
+            Ok(Err(e)) => return Err(Ended::Broke(format!("failed to perform initial object list: {e}"))),
+            Ok(Ok(list)) => list,
+        };
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
+        for object in list.items {
+            if out.send((self.to_change)(Event::InitApply(object))).await.is_err() {
+                return Err(Ended::Closed);
+            }
+        }
+        if out.send((self.to_change)(Event::InitDone)).await.is_err() {
+            return Err(Ended::Closed);
+        }
+        Ok(version)
+    }
+
+    /// One watch request from `version` (kept up to date with every event): `Ok` when the
+    /// server ends it (its timeout, or a connection closed between events), to be resumed.
+    async fn watch(&self, version: &mut String) -> Result<(), Ended> {
+        let (kind, bound, out) = (self.kind, self.bound, self.out);
+        let stream = match tokio::time::timeout(bound, self.api.watch(&self.wp, version)).await {
+            Err(_) => {
+                let error = format!("failed to start watching object: no answer within {}", human(bound));
+                return Err(Ended::Broke(error));
+            }
+            Ok(Err(e)) => return Err(Ended::Broke(format!("failed to start watching object: {e}"))),
+            Ok(Ok(stream)) => stream,
+        };
+        if out.send(Change::Heard(kind)).await.is_err() {
+            return Err(Ended::Closed);
+        }
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = match tokio::time::timeout(bound, stream.next()).await {
+                Err(_) => {
+                    tracing::warn!(
+                        resource = kind.as_str(),
+                        silence_bound = %human(bound),
+                        "Kubernetes watch heard nothing, not even a bookmark: dropping it and \
+                         relisting"
+                    );
+                    return Err(Ended::Broke(format!(
+                        "it heard nothing from the API server for {}, not even a bookmark",
+                        human(bound)
+                    )));
+                }
+                // Ended by the server (its timeout, or a connection closed between
+                // events): resumed from `version`.
+                Ok(None) => return Ok(()),
+                Ok(Some(Err(e))) => return Err(Ended::Broke(format!("watch stream failed: {e}"))),
+                Ok(Some(Ok(event))) => event,
+            };
+            let change = self.change(event, version).map_err(Ended::Broke)?;
+            if out.send(change).await.is_err() {
+                return Err(Ended::Closed);
+            }
+        }
+    }
+
+    /// The change a watch event makes, `version` moved on to the event's; `Err` for an error
+    /// event.
+    fn change(&self, event: WatchEvent<K>, version: &mut String) -> Result<Change, String> {
+        Ok(match event {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+                if let Some(v) = o.meta().resource_version.clone() {
+                    *version = v;
+                }
+                (self.to_change)(Event::Apply(o))
+            }
+            WatchEvent::Deleted(o) => {
+                if let Some(v) = o.meta().resource_version.clone() {
+                    *version = v;
+                }
+                (self.to_change)(Event::Delete(o))
+            }
+            WatchEvent::Bookmark(b) => {
+                *version = b.metadata.resource_version;
+                Change::Heard(self.kind)
+            }
+            // 410 Gone (the version is too old) among them: only a relist recovers.
+            WatchEvent::Error(status) => {
+                return Err(format!(
+                    "error returned by apiserver during watch: {} {}: {}",
+                    status.code, status.reason, status.message
+                ))
+            }
+        })
     }
 }
 

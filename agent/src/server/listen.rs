@@ -140,15 +140,7 @@ async fn wait(mut rx: watch::Receiver<bool>) {
 pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> Result<(), ServeError> {
     let cfg = state.config.clone();
     let gid = cfg.socket.group.as_deref().map(resolve_group).transpose()?;
-    let policy = Arc::new(Policy {
-        // Without a configured group the socket stays root's group: its members may connect
-        // (mode 0660), so they are viewers, as the file's permissions say.
-        socket_gid: Some(gid.unwrap_or(0)),
-        socket_group_name: Some(cfg.socket.group.clone().unwrap_or_else(|| "root".into())),
-        tcp_operators: cfg.tcp.operators.clone(),
-        tcp_viewers: cfg.tcp.viewers.clone(),
-        tcp_consoles: cfg.tcp.consoles.clone(),
-    });
+    let policy = Arc::new(policy(&cfg, gid));
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
     tokio::spawn(follow_health(reporter, state.health.subscribe()));
@@ -161,18 +153,10 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
 
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(addr) = cfg.metrics.listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
-        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
-        tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
-        tasks.spawn(metrics_http::serve(l, Arc::clone(&state.metrics), shutdown.clone()).map_ok());
+        tasks.spawn(serve_metrics(addr, &state, &shutdown).await?);
     }
     if let Some(addr) = cfg.health.listen {
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
-        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+        let (l, bound) = bind_tcp(addr).await?;
         tracing::info!(listener = "health", address = %bound, "serving grpc.health.v1.Health (only) on tcp {bound}");
         // Only the health service: no Agent, no reflection, so no TLS is needed here.
         let router = Server::builder().add_service(health.clone());
@@ -190,10 +174,7 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
         };
         let tls =
             tls::server_config(&read(cert)?, &read(key)?, &read(ca)?).map_err(|e| ServeError::Tls(e.0))?;
-        let l = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
-        let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+        let (l, bound) = bind_tcp(addr).await?;
         tracing::info!(listener = "tcp", address = %bound, "serving gRPC on tcp {bound} (mutual TLS)");
         // HTTP/2 pings on every TCP connection: a stream to a caller that vanished (a console
         // stopped or cut off) ends within PING_INTERVAL + PING_TIMEOUT instead of never.
@@ -230,6 +211,48 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             .map_err(ServeError::from)
     });
 
+    let result = first_error(tasks).await;
+    let _ = std::fs::remove_file(&cfg.socket.path);
+    result
+}
+
+/// Who may do what: the socket's group (root's without a configured one) and the TCP client
+/// certificates' roles.
+fn policy(cfg: &crate::config::Config, gid: Option<u32>) -> Policy {
+    Policy {
+        // Without a configured group the socket stays root's group: its members may connect
+        // (mode 0660), so they are viewers, as the file's permissions say.
+        socket_gid: Some(gid.unwrap_or(0)),
+        socket_group_name: Some(cfg.socket.group.clone().unwrap_or_else(|| "root".into())),
+        tcp_operators: cfg.tcp.operators.clone(),
+        tcp_viewers: cfg.tcp.viewers.clone(),
+        tcp_consoles: cfg.tcp.consoles.clone(),
+    }
+}
+
+/// Binds `/metrics` on `addr`: the server, to be spawned.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    state: &AgentState,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<impl std::future::Future<Output = Result<(), ServeError>> + Send + 'static, ServeError> {
+    let (l, bound) = bind_tcp(addr).await?;
+    tracing::info!(listener = "metrics", address = %bound, "serving /metrics on http://{bound}/metrics");
+    Ok(metrics_http::serve(l, Arc::clone(&state.metrics), shutdown.clone()).map_ok())
+}
+
+/// Binds a TCP listener: it, and the address it is bound to (the port chosen when `addr` asks
+/// for any).
+async fn bind_tcp(addr: std::net::SocketAddr) -> Result<(TcpListener, String), ServeError> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })?;
+    let bound = l.local_addr().map_or(addr.to_string(), |a| a.to_string());
+    Ok((l, bound))
+}
+
+/// Waits for every listener to end: the first error any of them ended with, if one did.
+async fn first_error(mut tasks: tokio::task::JoinSet<Result<(), ServeError>>) -> Result<(), ServeError> {
     let mut result = Ok(());
     while let Some(r) = tasks.join_next().await {
         match r {
@@ -238,7 +261,6 @@ pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> R
             _ => {}
         }
     }
-    let _ = std::fs::remove_file(&cfg.socket.path);
     result
 }
 

@@ -35,7 +35,7 @@ pub(crate) async fn fleet(
         }
         FleetCommand::Devices { filter, node, fresh } => {
             let (kind, verdict) = filter.wire();
-            let mut req = pb::FleetListDevicesRequest {
+            let req = pb::FleetListDevicesRequest {
                 kind,
                 verdict,
                 node: node.clone().unwrap_or_default(),
@@ -43,21 +43,7 @@ pub(crate) async fn fleet(
                 paged: true,
                 ..Default::default()
             };
-            // Page by page (a fleet's devices do not fit in one message): the first asks
-            // `fresh`, the last one's missing nodes are said.
-            let mut all = pb::FleetListDevicesResponse::default();
-            loop {
-                let r = client::call(timeout, c.list_devices(client::request(req.clone(), timeout)))
-                    .await
-                    .map_err(status)?;
-                all.devices.extend(r.devices);
-                all.missing_nodes = r.missing_nodes;
-                if r.next_page_token.is_empty() {
-                    break;
-                }
-                req.page_token = r.next_page_token;
-                req.fresh = false;
-            }
+            let all = all_devices(&mut c, req, timeout).await?;
             render(out, || fr::devices_value(&all), || fr::devices_table(&all))?
         }
         FleetCommand::Where { what, fresh } => {
@@ -66,18 +52,8 @@ pub(crate) async fn fleet(
             render(out, || fr::where_value(&r), || fr::where_table(&r))?
         }
         FleetCommand::WhoWatches { watcher, fresh } => {
-            let mut req = pb::WhoWatchesRequest { fresh: *fresh, ..Default::default() };
-            if watcher == "-" {
-                let mut text = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
-                    .context("cannot read the watcher text from stdin")?;
-                req.text = text;
-            } else {
-                // Whatever was pasted (an address with or without its v1:/v2: prefix, a vector, a
-                // client id, a `rbd status` or `ceph osd blocklist ls` line): the console parses
-                // it and refuses what it does not understand (INVALID_ARGUMENT, exit non-zero).
-                req.text = watcher.clone();
-            }
+            let req =
+                pb::WhoWatchesRequest { fresh: *fresh, text: watcher_text(watcher)?, ..Default::default() };
             let r = who_watches(&mut c, req, timeout).await?;
             render(out, || fr::who_watches_value(&r), || fr::who_watches_table(&r))?
         }
@@ -89,16 +65,7 @@ pub(crate) async fn fleet(
             return Ok(r.sweep.as_ref().map_or(1, sweep_exit_code));
         }
         FleetCommand::Multiattach { volume: Some(volume) } => {
-            let mut req = pb::MultiAttachRequest::default();
-            if let Some(pv) = volume.strip_prefix("pv/") {
-                req.pv = pv.to_owned();
-            } else if let Some(pvc) = volume.strip_prefix("pvc/") {
-                req.pvc = pvc.to_owned();
-            } else if volume.contains('/') {
-                req.pvc = volume.clone();
-            } else {
-                req.pv = volume.clone();
-            }
+            let req = multiattach_request(volume);
             let r =
                 client::call(timeout, c.multi_attach(client::request(req, timeout))).await.map_err(status)?;
             render(out, || fr::multiattach_value(&r), || fr::multiattach_table(&r))?
@@ -114,27 +81,7 @@ pub(crate) async fn fleet(
         }
         FleetCommand::Plan { targets } => return fleet_plan(&mut c, cli, targets).await,
         FleetCommand::PinRisks { node, page_token, page_size } => {
-            let mut req = pb::ListPinRisksRequest {
-                node: node.clone().unwrap_or_default(),
-                page_size: *page_size,
-                page_token: page_token.clone().unwrap_or_default(),
-            };
-            let mut pages = Vec::new();
-            loop {
-                let r = client::call(timeout, c.list_pin_risks(client::request(req.clone(), timeout)))
-                    .await
-                    .map_err(status)?;
-                let next = r.next_page_token.clone();
-                pages.push(r);
-                if next.is_empty() || page_token.is_some() {
-                    break;
-                }
-                req.page_token = next;
-            }
-            let r = crate::fleet_pins::merged(pages);
-            let shown = crate::fleet_pins::pin_risks_value(&r);
-            write_out(&render(out, || shown, || crate::fleet_pins::pin_risks_table(&r))?)?;
-            return Ok(crate::fleet_pins::exit_code(&r));
+            return fleet_pin_risks(&mut c, cli, node.as_deref(), page_token.as_deref(), *page_size).await;
         }
         FleetCommand::Explain { object } => {
             return fleet_explain(&mut c, cli, object, object_namespace).await
@@ -142,6 +89,105 @@ pub(crate) async fn fleet(
     };
     write_out(&text)?;
     Ok(0)
+}
+
+/// Every device the fleet lists for `req`, page by page (a fleet's devices do not fit in one
+/// message): the first page asks `fresh`, the last one's missing nodes are said.
+async fn all_devices(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
+    mut req: pb::FleetListDevicesRequest,
+    timeout: Duration,
+) -> Result<pb::FleetListDevicesResponse> {
+    let mut all = pb::FleetListDevicesResponse::default();
+    loop {
+        let r = client::call(timeout, c.list_devices(client::request(req.clone(), timeout)))
+            .await
+            .map_err(status)?;
+        all.devices.extend(r.devices);
+        all.missing_nodes = r.missing_nodes;
+        if r.next_page_token.is_empty() {
+            break;
+        }
+        req.page_token = r.next_page_token;
+        req.fresh = false;
+    }
+    Ok(all)
+}
+
+/// The watcher text `fleet who-watches` asks about: stdin's for `-`, else the argument.
+fn watcher_text(watcher: &str) -> Result<String> {
+    if watcher == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+            .context("cannot read the watcher text from stdin")?;
+        Ok(text)
+    } else {
+        // Whatever was pasted (an address with or without its v1:/v2: prefix, a vector, a
+        // client id, a `rbd status` or `ceph osd blocklist ls` line): the console parses
+        // it and refuses what it does not understand (INVALID_ARGUMENT, exit non-zero).
+        Ok(watcher.to_owned())
+    }
+}
+
+/// The multi-attach question about one volume: `pv/NAME`, `pvc/NAME`, a `NAMESPACE/CLAIM`, or a
+/// bare PV name.
+fn multiattach_request(volume: &str) -> pb::MultiAttachRequest {
+    let mut req = pb::MultiAttachRequest::default();
+    if let Some(pv) = volume.strip_prefix("pv/") {
+        req.pv = pv.to_owned();
+    } else if let Some(pvc) = volume.strip_prefix("pvc/") {
+        req.pvc = pvc.to_owned();
+    } else if volume.contains('/') {
+        req.pvc = volume.to_owned();
+    } else {
+        req.pv = volume.to_owned();
+    }
+    req
+}
+
+/// `fleet pin-risks`: the pin risks the console lists (one page when a page token is given,
+/// else all of them, merged), printed, with [`crate::fleet_pins::exit_code`].
+async fn fleet_pin_risks(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
+    cli: &Cli,
+    node: Option<&str>,
+    page_token: Option<&str>,
+    page_size: u32,
+) -> Result<u8> {
+    let timeout = Duration::from_secs(cli.timeout);
+    let req = pb::ListPinRisksRequest {
+        node: node.unwrap_or_default().to_owned(),
+        page_size,
+        page_token: page_token.unwrap_or_default().to_owned(),
+    };
+    let pages = pin_risk_pages(c, req, page_token.is_some(), timeout).await?;
+    let r = crate::fleet_pins::merged(pages);
+    let shown = crate::fleet_pins::pin_risks_value(&r);
+    write_out(&render(cli.output, || shown, || crate::fleet_pins::pin_risks_table(&r))?)?;
+    Ok(crate::fleet_pins::exit_code(&r))
+}
+
+/// The pages of pin risks from `req`'s page on: that one alone with `one_page` (a page token
+/// was given), else every page to the last.
+async fn pin_risk_pages(
+    c: &mut blockjanitor_proto::v1::fleet_client::FleetClient<ConsoleChannel>,
+    mut req: pb::ListPinRisksRequest,
+    one_page: bool,
+    timeout: Duration,
+) -> Result<Vec<pb::ListPinRisksResponse>> {
+    let mut pages = Vec::new();
+    loop {
+        let r = client::call(timeout, c.list_pin_risks(client::request(req.clone(), timeout)))
+            .await
+            .map_err(status)?;
+        let next = r.next_page_token.clone();
+        pages.push(r);
+        if next.is_empty() || one_page {
+            break;
+        }
+        req.page_token = next;
+    }
+    Ok(pages)
 }
 
 /// WhoWatches through the stream (a paste of thousands of lines is answered in parts), or in
