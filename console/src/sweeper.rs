@@ -213,13 +213,17 @@ impl Sweeper {
         let changes = std::mem::take(&mut *lock(&self.inbox));
         let dirt = std::mem::take(&mut self.index.write().dirty);
         {
+            // The index before the state, as everywhere else here: a reader that took the state
+            // first would wait for the index behind a queued writer (a link applying an event)
+            // that waits for a reader holding the index and waiting for the state.
+            let ix = self.index.read();
             let mut st = lock(&self.state);
             mark_dirt(&mut st, dirt);
             for c in changes {
                 apply_change(&mut st, c);
             }
             st.kube.not_synced = self.cluster.as_ref().and_then(Cluster::not_synced);
-            self.scan_causes(&mut st);
+            self.scan_causes(&ix, &mut st);
         }
         self.recompute();
         self.publish();
@@ -228,8 +232,7 @@ impl Sweeper {
 
     /// Every node's cause compared with the one its parts rest on; a change marks its volumes and
     /// its attachments.
-    fn scan_causes(&self, st: &mut State) {
-        let ix = self.index.read();
+    fn scan_causes(&self, ix: &Inner, st: &mut State) {
         let mut standing: BTreeMap<String, String> =
             ix.nodes.values().map(|n| (n.name.clone(), n.missing_cause().unwrap_or_default())).collect();
         if self.cluster.is_some() {
