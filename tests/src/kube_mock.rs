@@ -294,7 +294,8 @@ impl ApiServer {
 
     /// Appends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for a collection, stamping the
     /// object with the next resource version, and applies it to what lists of the collection
-    /// return from now on.
+    /// return from now on (a changed object keeps its place in the list, as in the API server's
+    /// key order; a new one comes last).
     pub fn publish(&self, collection: &str, kind: &str, mut object: Value) {
         let mut st = self.state.lock().expect("state");
         st.rv += 1;
@@ -305,9 +306,13 @@ impl ApiServer {
                 && o["metadata"]["namespace"] == object["metadata"]["namespace"]
         };
         if let Some(items) = st.lists.get_mut(collection) {
-            items.retain(|o| !same(o));
-            if kind != "DELETED" {
-                items.push(object.clone());
+            match (items.iter().position(same), kind) {
+                (Some(i), "DELETED") => {
+                    items.remove(i);
+                }
+                (Some(i), _) => items[i] = object.clone(),
+                (None, "DELETED") => {}
+                (None, _) => items.push(object.clone()),
             }
         }
         let line = json!({"type": kind, "object": object}).to_string();
@@ -429,21 +434,28 @@ impl ApiServer {
         }
     }
 
+    /// A list of `collection`, filtered by the request's field (`spec.nodeName=`) and label
+    /// selectors. Like the API server's watch cache answering a list at resource version 0 (what
+    /// the console's watches ask), it ignores `limit`: every object in one answer. Serialized
+    /// from the kept objects without copying the collection (a 100,000-pod list is hundreds of
+    /// megabytes).
     pub fn list(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let st = self.state.lock().expect("state");
-        let mut items = st.lists.get(collection).cloned().unwrap_or_default();
-        if let Some(sel) = rec.query.get("fieldSelector") {
-            // The only field selector the agent uses.
-            let node = sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector").to_string();
-            items.retain(|i| i["spec"]["nodeName"] == json!(node));
-        }
-        if let Some(sel) = rec.query.get("labelSelector") {
-            // Equality selectors (`a=b,c=d`), what the console uses.
-            for term in sel.split(',').filter(|t| !t.is_empty()) {
+        let node = rec.query.get("fieldSelector").map(|sel| {
+            // The only field selector the agent and the console use here.
+            json!(sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector"))
+        });
+        let labels: Vec<(&str, Value)> = rec
+            .query
+            .get("labelSelector")
+            .into_iter()
+            .flat_map(|sel| sel.split(',').filter(|t| !t.is_empty()))
+            .map(|term| {
+                // Equality selectors (`a=b,c=d`), what the console uses.
                 let (k, v) = term.split_once('=').expect("equality label selector");
-                items.retain(|i| i["metadata"]["labels"][k] == json!(v));
-            }
-        }
+                (k, json!(v))
+            })
+            .collect();
         let kind = match collection.rsplit('/').next().unwrap_or("") {
             "pods" => ("v1", "PodList"),
             "persistentvolumes" => ("v1", "PersistentVolumeList"),
@@ -451,9 +463,28 @@ impl ApiServer {
             "nodes" => ("v1", "NodeList"),
             _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
         };
-        let list = json!({"apiVersion": kind.0, "kind": kind.1,
-                          "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
-        reply(StatusCode::OK, &list)
+        let head = json!({"apiVersion": kind.0, "kind": kind.1,
+                          "metadata": {"resourceVersion": st.rv.to_string()}});
+        let mut text = head.to_string();
+        text.pop(); // the closing brace
+        text.push_str(",\"items\":[");
+        let selected = st.lists.get(collection).into_iter().flatten().filter(|i| {
+            node.as_ref().is_none_or(|n| &i["spec"]["nodeName"] == n)
+                && labels.iter().all(|(k, v)| &i["metadata"]["labels"][k] == v)
+        });
+        for (n, item) in selected.enumerate() {
+            if n > 0 {
+                text.push(',');
+            }
+            text.push_str(&item.to_string());
+        }
+        text.push_str("]}");
+        drop(st);
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(text)).map_err(|never: Infallible| match never {}).boxed())
+            .expect("response")
     }
 
     /// A chunked stream of watch events newer than the request's resource version, open for
