@@ -225,6 +225,7 @@ pub fn fill(api: &ApiServer, s: &Shape) -> usize {
     st.lists.insert(VAS, vas);
     st.lists.insert(PODS, pods);
     st.lists.insert(EVENTS, events);
+    st.index_pods_by_node();
     count
 }
 

@@ -38,6 +38,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 pub use crate::kube_objects::{node_object, pod, pv, ready_only, volume_attachment};
+use crate::kube_reads::PODS;
 
 /// A response body's error: a watch cut off mid-stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -96,6 +97,26 @@ pub struct State {
     pub forwards: crate::kube_portforward::Forwards,
     /// Tokens, users and RBAC for reviews ([`crate::kube_review`]).
     pub reviews: crate::kube_review::Reviews,
+    /// Lists honour `limit` with `continue` tokens (an offset into the collection), as the API
+    /// server pages a list read from etcd; false: one answer, as its watch cache answers a list
+    /// at resource version 0 (what the console's watches ask).
+    pub page_lists: bool,
+    /// The pods' places in `lists["/api/v1/pods"]` by `spec.nodeName`, for a list of the pods on
+    /// a node (the API server's watch cache indexes that field): set by whoever fills a large
+    /// collection ([`State::index_pods_by_node`]); dropped by a publish that adds or deletes a
+    /// pod or moves it to another node, after which such lists scan every pod again.
+    pub pods_by_node: Option<HashMap<String, Vec<usize>>>,
+}
+
+impl State {
+    /// Indexes the pods by node (see [`State::pods_by_node`]).
+    pub fn index_pods_by_node(&mut self) {
+        let mut by: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, p) in self.lists.get(PODS).into_iter().flatten().enumerate() {
+            by.entry(p["spec"]["nodeName"].as_str().unwrap_or("").to_owned()).or_default().push(i);
+        }
+        self.pods_by_node = Some(by);
+    }
 }
 
 #[derive(Clone)]
@@ -161,6 +182,8 @@ impl ApiServer {
             stalled: HashSet::new(),
             forwards: Default::default(),
             reviews: Default::default(),
+            page_lists: false,
+            pods_by_node: None,
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
@@ -305,15 +328,26 @@ impl ApiServer {
             o["metadata"]["name"] == object["metadata"]["name"]
                 && o["metadata"]["namespace"] == object["metadata"]["namespace"]
         };
+        let mut index_holds = true;
         if let Some(items) = st.lists.get_mut(collection) {
             match (items.iter().position(same), kind) {
                 (Some(i), "DELETED") => {
                     items.remove(i);
+                    index_holds = false;
                 }
-                (Some(i), _) => items[i] = object.clone(),
+                (Some(i), _) => {
+                    index_holds = items[i]["spec"]["nodeName"] == object["spec"]["nodeName"];
+                    items[i] = object.clone();
+                }
                 (None, "DELETED") => {}
-                (None, _) => items.push(object.clone()),
+                (None, _) => {
+                    items.push(object.clone());
+                    index_holds = false;
+                }
             }
+        }
+        if collection == PODS && !index_holds {
+            st.pods_by_node = None;
         }
         let line = json!({"type": kind, "object": object}).to_string();
         st.log.push((collection.to_string(), rv, line));
@@ -436,9 +470,9 @@ impl ApiServer {
 
     /// A list of `collection`, filtered by the request's field (`spec.nodeName=`) and label
     /// selectors. Like the API server's watch cache answering a list at resource version 0 (what
-    /// the console's watches ask), it ignores `limit`: every object in one answer. Serialized
-    /// from the kept objects without copying the collection (a 100,000-pod list is hundreds of
-    /// megabytes).
+    /// the console's watches ask), it ignores `limit`: every object in one answer; with
+    /// [`State::page_lists`], a page of `limit` and a `continue` token. Serialized from the kept
+    /// objects without copying the collection (a 100,000-pod list is hundreds of megabytes).
     pub fn list(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let st = self.state.lock().expect("state");
         let node = rec.query.get("fieldSelector").map(|sel| {
@@ -463,12 +497,30 @@ impl ApiServer {
             "nodes" => ("v1", "NodeList"),
             _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
         };
-        let head = json!({"apiVersion": kind.0, "kind": kind.1,
-                          "metadata": {"resourceVersion": st.rv.to_string()}});
+        let from: usize = rec.query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+        let limit = rec.query.get("limit").and_then(|l| l.parse().ok()).filter(|_| st.page_lists);
+        let all = st.lists.get(collection).map_or(0, Vec::len);
+        let to = limit.map_or(all, |l: usize| (from + l).min(all));
+        let mut meta = json!({"resourceVersion": st.rv.to_string()});
+        if to < all {
+            meta["continue"] = json!(to.to_string());
+        }
+        let head = json!({"apiVersion": kind.0, "kind": kind.1, "metadata": meta});
         let mut text = head.to_string();
         text.pop(); // the closing brace
         text.push_str(",\"items\":[");
-        let selected = st.lists.get(collection).into_iter().flatten().filter(|i| {
+        let page = st.lists.get(collection).map_or(&[][..], |l| &l[from.min(all)..to]);
+        let indexed: Option<Vec<&Value>> = match (&node, &st.pods_by_node) {
+            (Some(n), Some(by)) if collection == PODS && limit.is_none() => Some(
+                by.get(n.as_str().unwrap_or("")).into_iter().flatten().filter_map(|i| page.get(*i)).collect(),
+            ),
+            _ => None,
+        };
+        let candidates: Box<dyn Iterator<Item = &Value>> = match indexed {
+            Some(v) => Box::new(v.into_iter()),
+            None => Box::new(page.iter()),
+        };
+        let selected = candidates.filter(|i| {
             node.as_ref().is_none_or(|n| &i["spec"]["nodeName"] == n)
                 && labels.iter().all(|(k, v)| &i["metadata"]["labels"][k] == v)
         });
