@@ -37,6 +37,8 @@
 //! - [`pin_risks`]: the fleet's pin risks, paged (`ListPinRisks`).
 //! - [`serving_ca`]: the serving CA published in a ConfigMap for the kubectl plugin.
 //! - [`service`]: the gRPC service; [`serve`]: putting it all together; [`metrics`].
+//! - `scale_objects` (tests, and the `scale-objects` feature only): Kubernetes objects at issue
+//!   36's scale, for the memory measurement and the acceptance bench.
 
 pub mod access;
 #[cfg(test)]
@@ -70,6 +72,8 @@ pub mod pin_risks;
 pub mod ready;
 pub mod resolve;
 pub mod review;
+#[cfg(any(test, feature = "scale-objects"))]
+pub mod scale_objects;
 pub mod serve;
 pub mod service;
 pub mod serving_ca;

@@ -29,29 +29,14 @@ use blockjanitor_console::index::Index;
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_proto::v1::fleet_client::FleetClient;
 use blockjanitor_tests::console::{fleet_agents, Console, ConsoleFiles};
-use blockjanitor_tests::daemon::{tls_channel, Pki};
+use blockjanitor_tests::daemon::Pki;
 use blockjanitor_tests::failover::{run_with_kill, Replicas, IN_FLIGHT_GRACE};
+use blockjanitor_tests::fleet_bench::{client_as, converge, env_usize, load};
 use blockjanitor_tests::measure::{ms, percentile, status_kib};
 use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
 use tonic::transport::Channel;
 
 const REAL: usize = 3;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v}: expected a number")),
-        Err(_) => default,
-    }
-}
-
-/// `/proc/loadavg`'s three averages and the CPU pressure (`some avg10`).
-fn load() -> String {
-    let la = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let la: Vec<&str> = la.split_whitespace().take(3).collect();
-    let psi = std::fs::read_to_string("/proc/pressure/cpu").unwrap_or_default();
-    let some = psi.lines().next().and_then(|l| l.split_whitespace().nth(1)).unwrap_or("avg10=?");
-    format!("load {} (CPU pressure {some} %)", la.join(" "))
-}
 
 /// RSS of this process grown by filling an index with `agents` stand-ins' devices, per device
 /// (bytes).
@@ -69,32 +54,6 @@ fn index_bytes_per_device(agents: usize) -> (f64, usize) {
     let after = status_kib(me, "VmRSS:");
     drop(index);
     ((after.saturating_sub(before) * 1024) as f64 / devices.max(1) as f64, devices)
-}
-
-async fn client(addr: std::net::SocketAddr, pki: &Pki) -> FleetClient<Channel> {
-    let bench = pki.issue("bench", &["bench"]);
-    let ch = tls_channel(addr, &pki.ca.cert, Some((&bench.cert, &bench.key))).await.expect("connect");
-    FleetClient::new(ch).max_decoding_message_size(64 << 20)
-}
-
-/// Waits until every answering agent is synced on every console; for each, the time since
-/// `started` (polled every 200 ms: a `ListNodes` of 5,000 nodes is not free).
-async fn converge(clients: &mut [FleetClient<Channel>], answering: usize, started: Instant) -> Vec<Duration> {
-    let mut done: Vec<Option<Duration>> = vec![None; clients.len()];
-    loop {
-        for (c, d) in clients.iter_mut().zip(done.iter_mut()).filter(|(_, d)| d.is_none()) {
-            let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
-            let up = n.nodes.iter().filter(|x| x.reachable).count();
-            if up >= answering {
-                *d = Some(started.elapsed());
-            }
-            assert!(started.elapsed() < Duration::from_secs(300), "no convergence: {up} of {answering} up");
-        }
-        if done.iter().all(Option::is_some) {
-            return done.into_iter().flatten().collect();
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 fn who_text(i: usize) -> String {
@@ -153,11 +112,8 @@ fn main() {
                 fleet::refusing().await
             } else {
                 let slow = i >= agents - refusing - slow;
-                let svc = StandIn {
-                    node: format!("node-{i:04}"),
-                    devices: Arc::new(fleet::devices_for(i)),
-                    delay: if slow { Duration::from_secs(5) } else { Duration::ZERO },
-                };
+                let delay = if slow { Duration::from_secs(5) } else { Duration::ZERO };
+                let svc = StandIn::new(format!("node-{i:04}"), fleet::devices_for(i), delay);
                 fleet::serve(&tls, svc).await
             };
             out.push(format!("node-{i:04}={addr}"));
@@ -198,9 +154,9 @@ fn main() {
     rt.block_on(async {
         let mut clients = Vec::new();
         for a in &addrs {
-            clients.push(client(*a, &pki).await);
+            clients.push(client_as(*a, &pki, "bench").await);
         }
-        let converged = converge(&mut clients, answering, started).await;
+        let converged = converge(&mut clients, answering, started, Duration::from_secs(300)).await;
         let rss_converged: Vec<u64> = pids.iter().map(|p| status_kib(*p, "VmRSS:")).collect();
         let c = &mut clients[0];
         let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();

@@ -38,6 +38,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::ReceiverStream;
 
 pub use crate::kube_objects::{node_object, pod, pv, ready_only, volume_attachment};
+use crate::kube_reads::PODS;
 
 /// A response body's error: a watch cut off mid-stream.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -96,6 +97,26 @@ pub struct State {
     pub forwards: crate::kube_portforward::Forwards,
     /// Tokens, users and RBAC for reviews ([`crate::kube_review`]).
     pub reviews: crate::kube_review::Reviews,
+    /// Lists honour `limit` with `continue` tokens (an offset into the collection), as the API
+    /// server pages a list read from etcd; false: one answer, as its watch cache answers a list
+    /// at resource version 0 (what the console's watches ask).
+    pub page_lists: bool,
+    /// The pods' places in `lists["/api/v1/pods"]` by `spec.nodeName`, for a list of the pods on
+    /// a node (the API server's watch cache indexes that field): set by whoever fills a large
+    /// collection ([`State::index_pods_by_node`]); dropped by a publish that adds or deletes a
+    /// pod or moves it to another node, after which such lists scan every pod again.
+    pub pods_by_node: Option<HashMap<String, Vec<usize>>>,
+}
+
+impl State {
+    /// Indexes the pods by node (see [`State::pods_by_node`]).
+    pub fn index_pods_by_node(&mut self) {
+        let mut by: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, p) in self.lists.get(PODS).into_iter().flatten().enumerate() {
+            by.entry(p["spec"]["nodeName"].as_str().unwrap_or("").to_owned()).or_default().push(i);
+        }
+        self.pods_by_node = Some(by);
+    }
 }
 
 #[derive(Clone)]
@@ -161,6 +182,8 @@ impl ApiServer {
             stalled: HashSet::new(),
             forwards: Default::default(),
             reviews: Default::default(),
+            page_lists: false,
+            pods_by_node: None,
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
@@ -294,7 +317,8 @@ impl ApiServer {
 
     /// Appends a watch event (`ADDED`, `MODIFIED`, `DELETED`) for a collection, stamping the
     /// object with the next resource version, and applies it to what lists of the collection
-    /// return from now on.
+    /// return from now on (a changed object keeps its place in the list, as in the API server's
+    /// key order; a new one comes last).
     pub fn publish(&self, collection: &str, kind: &str, mut object: Value) {
         let mut st = self.state.lock().expect("state");
         st.rv += 1;
@@ -304,11 +328,26 @@ impl ApiServer {
             o["metadata"]["name"] == object["metadata"]["name"]
                 && o["metadata"]["namespace"] == object["metadata"]["namespace"]
         };
+        let mut index_holds = true;
         if let Some(items) = st.lists.get_mut(collection) {
-            items.retain(|o| !same(o));
-            if kind != "DELETED" {
-                items.push(object.clone());
+            match (items.iter().position(same), kind) {
+                (Some(i), "DELETED") => {
+                    items.remove(i);
+                    index_holds = false;
+                }
+                (Some(i), _) => {
+                    index_holds = items[i]["spec"]["nodeName"] == object["spec"]["nodeName"];
+                    items[i] = object.clone();
+                }
+                (None, "DELETED") => {}
+                (None, _) => {
+                    items.push(object.clone());
+                    index_holds = false;
+                }
             }
+        }
+        if collection == PODS && !index_holds {
+            st.pods_by_node = None;
         }
         let line = json!({"type": kind, "object": object}).to_string();
         st.log.push((collection.to_string(), rv, line));
@@ -429,21 +468,28 @@ impl ApiServer {
         }
     }
 
+    /// A list of `collection`, filtered by the request's field (`spec.nodeName=`) and label
+    /// selectors. Like the API server's watch cache answering a list at resource version 0 (what
+    /// the console's watches ask), it ignores `limit`: every object in one answer; with
+    /// [`State::page_lists`], a page of `limit` and a `continue` token. Serialized from the kept
+    /// objects without copying the collection (a 100,000-pod list is hundreds of megabytes).
     pub fn list(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let st = self.state.lock().expect("state");
-        let mut items = st.lists.get(collection).cloned().unwrap_or_default();
-        if let Some(sel) = rec.query.get("fieldSelector") {
-            // The only field selector the agent uses.
-            let node = sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector").to_string();
-            items.retain(|i| i["spec"]["nodeName"] == json!(node));
-        }
-        if let Some(sel) = rec.query.get("labelSelector") {
-            // Equality selectors (`a=b,c=d`), what the console uses.
-            for term in sel.split(',').filter(|t| !t.is_empty()) {
+        let node = rec.query.get("fieldSelector").map(|sel| {
+            // The only field selector the agent and the console use here.
+            json!(sel.strip_prefix("spec.nodeName=").expect("spec.nodeName selector"))
+        });
+        let labels: Vec<(&str, Value)> = rec
+            .query
+            .get("labelSelector")
+            .into_iter()
+            .flat_map(|sel| sel.split(',').filter(|t| !t.is_empty()))
+            .map(|term| {
+                // Equality selectors (`a=b,c=d`), what the console uses.
                 let (k, v) = term.split_once('=').expect("equality label selector");
-                items.retain(|i| i["metadata"]["labels"][k] == json!(v));
-            }
-        }
+                (k, json!(v))
+            })
+            .collect();
         let kind = match collection.rsplit('/').next().unwrap_or("") {
             "pods" => ("v1", "PodList"),
             "persistentvolumes" => ("v1", "PersistentVolumeList"),
@@ -451,9 +497,46 @@ impl ApiServer {
             "nodes" => ("v1", "NodeList"),
             _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
         };
-        let list = json!({"apiVersion": kind.0, "kind": kind.1,
-                          "metadata": {"resourceVersion": st.rv.to_string()}, "items": items});
-        reply(StatusCode::OK, &list)
+        let from: usize = rec.query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+        let limit = rec.query.get("limit").and_then(|l| l.parse().ok()).filter(|_| st.page_lists);
+        let all = st.lists.get(collection).map_or(0, Vec::len);
+        let to = limit.map_or(all, |l: usize| (from + l).min(all));
+        let mut meta = json!({"resourceVersion": st.rv.to_string()});
+        if to < all {
+            meta["continue"] = json!(to.to_string());
+        }
+        let head = json!({"apiVersion": kind.0, "kind": kind.1, "metadata": meta});
+        let mut text = head.to_string();
+        text.pop(); // the closing brace
+        text.push_str(",\"items\":[");
+        let page = st.lists.get(collection).map_or(&[][..], |l| &l[from.min(all)..to]);
+        let indexed: Option<Vec<&Value>> = match (&node, &st.pods_by_node) {
+            (Some(n), Some(by)) if collection == PODS && limit.is_none() => Some(
+                by.get(n.as_str().unwrap_or("")).into_iter().flatten().filter_map(|i| page.get(*i)).collect(),
+            ),
+            _ => None,
+        };
+        let candidates: Box<dyn Iterator<Item = &Value>> = match indexed {
+            Some(v) => Box::new(v.into_iter()),
+            None => Box::new(page.iter()),
+        };
+        let selected = candidates.filter(|i| {
+            node.as_ref().is_none_or(|n| &i["spec"]["nodeName"] == n)
+                && labels.iter().all(|(k, v)| &i["metadata"]["labels"][k] == v)
+        });
+        for (n, item) in selected.enumerate() {
+            if n > 0 {
+                text.push(',');
+            }
+            text.push_str(&item.to_string());
+        }
+        text.push_str("]}");
+        drop(st);
+        Response::builder()
+            .status(StatusCode::OK)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(text)).map_err(|never: Infallible| match never {}).boxed())
+            .expect("response")
     }
 
     /// A chunked stream of watch events newer than the request's resource version, open for

@@ -133,12 +133,12 @@ pub async fn route(server: &ApiServer, req: Request<Incoming>) -> Result<Respons
     let in_ns = |o: &&Value, ns: &str| o["metadata"]["namespace"] == json!(ns);
     let response = match read {
         Read::Pod { ns, name } => {
-            let pods = st.lists.get(PODS).cloned().unwrap_or_default();
-            match pods
-                .into_iter()
-                .find(|p| p["metadata"]["namespace"] == json!(ns) && p["metadata"]["name"] == json!(name))
-            {
-                Some(p) => reply(StatusCode::OK, &p),
+            let found =
+                st.lists.get(PODS).into_iter().flatten().find(|p| {
+                    p["metadata"]["namespace"] == json!(ns) && p["metadata"]["name"] == json!(name)
+                });
+            match found {
+                Some(p) => reply(StatusCode::OK, p),
                 None => not_found("pods", &name),
             }
         }

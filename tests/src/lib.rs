@@ -8,6 +8,7 @@
 
 pub mod ceph;
 pub mod child_log;
+pub mod cluster_scene;
 pub mod console;
 pub mod container;
 pub mod daemon;
@@ -16,6 +17,7 @@ pub mod doc_commands;
 pub mod explanation;
 pub mod failover;
 pub mod fixture;
+pub mod fleet_bench;
 pub mod guest;
 pub mod http;
 pub mod journal;

@@ -2,10 +2,16 @@
 //! trait (real gRPC over mutual TLS on loopback, generated device sets, optionally slow), and
 //! addresses that refuse connections. The console process and real agents are in
 //! [`crate::console`] and [`crate::daemon`].
+//!
+//! A stand-in's devices can change while it serves ([`NodeState::change`]): the change is what
+//! its next `ListDevices` answers, and every open `WatchEvents` stream gets it as an event, as a
+//! real agent sends one after a scan (a subscriber that falls behind gets `EVENTS_DROPPED`, as from
+//! a real agent, and reads the list again). Without changes the stream stays open and silent.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use blockjanitor_proto::v1 as pb;
@@ -22,9 +28,82 @@ pub const DEVICES: usize = 20;
 /// A stand-in agent: a generated device set, optionally slow.
 pub struct StandIn {
     pub node: String,
-    pub devices: Arc<Vec<pb::Device>>,
+    /// Its devices as they are now, and the subscribers of its events.
+    pub state: Arc<NodeState>,
     /// Every call waits this long before answering.
     pub delay: Duration,
+}
+
+impl StandIn {
+    pub fn new(node: String, devices: Vec<pb::Device>, delay: Duration) -> Self {
+        StandIn { node, state: Arc::new(NodeState::new(devices)), delay }
+    }
+}
+
+/// Events a subscriber may fall behind by before it is told it missed some.
+const EVENT_BACKLOG: usize = 64;
+
+/// A stand-in's devices as they change, its scan count, and its event subscribers.
+pub struct NodeState {
+    devices: Mutex<Vec<pb::Device>>,
+    scan: AtomicU64,
+    events: tokio::sync::broadcast::Sender<pb::Event>,
+}
+
+fn now_unix() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1.0, |d| d.as_secs_f64())
+}
+
+impl NodeState {
+    pub fn new(devices: Vec<pb::Device>) -> Self {
+        let (events, _) = tokio::sync::broadcast::channel(EVENT_BACKLOG);
+        NodeState { devices: Mutex::new(devices), scan: AtomicU64::new(1), events }
+    }
+
+    /// The devices as they are now.
+    pub fn devices(&self) -> Vec<pb::Device> {
+        self.devices.lock().expect("devices").clone()
+    }
+
+    /// How many devices it has.
+    pub fn device_count(&self) -> usize {
+        self.devices.lock().expect("devices").len()
+    }
+
+    /// Changes device `name` with `f`, as a new scan found it, and sends every subscriber an
+    /// event of `kind` carrying the device as it is now. Returns how many subscribers were sent
+    /// it (`None`: there is no such device).
+    pub fn change(
+        &self,
+        name: &str,
+        kind: pb::event::Type,
+        f: impl FnOnce(&mut pb::Device),
+    ) -> Option<usize> {
+        let scan = self.scan.fetch_add(1, Ordering::AcqRel) + 1;
+        let current = {
+            let mut devices = self.devices.lock().expect("devices");
+            let d = devices.iter_mut().find(|d| d.name == name)?;
+            f(d);
+            d.last_seen_scan = scan;
+            d.last_seen_unix_seconds = now_unix();
+            d.clone()
+        };
+        let ev = pb::Event {
+            r#type: kind as i32,
+            device: name.to_owned(),
+            unix_seconds: now_unix(),
+            message: format!("{name}: {}", kind.as_str_name()),
+            current: Some(current),
+            scan,
+            ..Default::default()
+        };
+        Some(self.events.send(ev).unwrap_or(0))
+    }
+
+    /// Its open event streams.
+    pub fn subscribers(&self) -> usize {
+        self.events.receiver_count()
+    }
 }
 
 /// The rbd client address of stand-in `i` (`10.a.b.c:0/NONCE`).
@@ -87,7 +166,7 @@ impl Agent for StandIn {
         tokio::time::sleep(self.delay).await;
         Ok(Response::new(pb::Node {
             name: self.node.clone(),
-            devices: self.devices.len() as u32,
+            devices: self.state.device_count() as u32,
             mode: "report".into(),
             ..Default::default()
         }))
@@ -98,12 +177,10 @@ impl Agent for StandIn {
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
         tokio::time::sleep(self.delay).await;
         Ok(Response::new(pb::ListDevicesResponse {
-            devices: self.devices.to_vec(),
+            devices: self.state.devices(),
             // It "scans" as it is asked: a scan time long past would make it stale (issue 36).
-            scan_unix_seconds: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(1.0, |d| d.as_secs_f64()),
-            scan: 1,
+            scan_unix_seconds: now_unix(),
+            scan: self.state.scan.load(Ordering::Acquire),
             ..Default::default()
         }))
     }
@@ -128,7 +205,20 @@ impl Agent for StandIn {
         _: Request<pb::WatchEventsRequest>,
     ) -> Result<Response<EventStream>, Status> {
         tokio::time::sleep(self.delay).await;
-        Ok(Response::new(Box::pin(tokio_stream::pending())))
+        use tokio_stream::wrappers::{errors::BroadcastStreamRecvError, BroadcastStream};
+        let events = BroadcastStream::new(self.state.events.subscribe());
+        let stream = tokio_stream::StreamExt::map(events, |e| {
+            Ok(match e {
+                Ok(ev) => ev,
+                Err(BroadcastStreamRecvError::Lagged(n)) => pb::Event {
+                    r#type: pb::event::Type::EventsDropped as i32,
+                    unix_seconds: now_unix(),
+                    message: format!("this client missed {n} events: read the devices again"),
+                    ..Default::default()
+                },
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 

@@ -49,11 +49,7 @@ fn a_killed_console_replica_costs_only_the_questions_in_flight() {
     let tls = fleet::server_tls(&pki);
     rt.block_on(async {
         for i in 2..2 + STAND_INS {
-            let svc = StandIn {
-                node: format!("node-{i:04}"),
-                devices: Arc::new(fleet::devices_for(i)),
-                delay: Duration::ZERO,
-            };
+            let svc = StandIn::new(format!("node-{i:04}"), fleet::devices_for(i), Duration::ZERO);
             entries.push(format!("node-{i:04}={}", fleet::serve(&tls, svc).await));
         }
     });

@@ -102,8 +102,7 @@ fn a_holder_cut_off_mid_apply_stops_and_no_node_gets_a_step_from_both_replicas()
     let agents: Vec<String> = rt.block_on(async {
         let mut v = Vec::new();
         for i in 0..NODES {
-            let inner =
-                StandIn { node: node(i), devices: Arc::new(fleet::devices_for(i)), delay: Duration::ZERO };
+            let inner = StandIn::new(node(i), fleet::devices_for(i), Duration::ZERO);
             let svc = SteppingAgent { inner, step_time: STEP, log: Arc::clone(&log) };
             v.push(format!("{}={}", node(i), fleet::serve(&tls, svc).await));
         }

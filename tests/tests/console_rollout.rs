@@ -13,7 +13,6 @@
 //! Needs the binaries: `cargo build --workspace --bins`.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blockjanitor_proto::v1 as pb;
@@ -106,8 +105,7 @@ fn during_a_rollout_answers_about_answering_nodes_stay_definite_and_the_sweep_na
     let mut entries: Vec<String> = rt.block_on(async {
         let mut v = Vec::new();
         for i in 0..STEADY {
-            let svc =
-                StandIn { node: steady(i), devices: Arc::new(fleet::devices_for(i)), delay: Duration::ZERO };
+            let svc = StandIn::new(steady(i), fleet::devices_for(i), Duration::ZERO);
             v.push(format!("{}={}", steady(i), fleet::serve(&stand_in_tls, svc).await));
         }
         for n in SILENT {
@@ -198,11 +196,7 @@ fn a_replica_is_not_ready_until_every_agent_was_tried() {
     let stand_in_tls = fleet::server_tls(&pki);
     // An agent that answers after 4 s, within the console's 20 s deadline.
     let slow = rt.block_on(async {
-        let svc = StandIn {
-            node: steady(0),
-            devices: Arc::new(fleet::devices_for(0)),
-            delay: Duration::from_secs(4),
-        };
+        let svc = StandIn::new(steady(0), fleet::devices_for(0), Duration::from_secs(4));
         fleet::serve(&stand_in_tls, svc).await
     });
     let agents = format!("{}={slow}", steady(0));
