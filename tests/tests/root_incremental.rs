@@ -94,7 +94,13 @@ fn root_mount_changes_and_uevents_are_shown_by_reading_only_what_changed() {
         let mut rereads = 0;
         for round in 0..3 {
             in_ns(holder.pid(), &["mount", &lo.dev, target.to_str().expect("utf8")]);
-            let added = wait_state(&mut events, &name, "mounted", |d| d.holders.len() == 1).await;
+            // The mount itself: between the superblock's making and the mount's attach, a scan can
+            // see the filesystem with no mount yet (a `filesystem` holder), and say so.
+            let placed = target.to_string_lossy().into_owned();
+            let added = wait_state(&mut events, &name, "mounted", |d| {
+                d.holders.iter().any(|h| h.mount_point == placed)
+            })
+            .await;
             let dev = added.current.as_ref().expect("the device as it is now");
             let h =
                 dev.holders.iter().find(|h| h.mount_point == target.to_string_lossy()).unwrap_or_else(|| {
