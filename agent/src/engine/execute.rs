@@ -73,7 +73,7 @@ impl<W: World> Engine<W> {
                 }
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id, by = %by);
-            let result = match self.recheck(plan, step) {
+            let result = match self.recheck(plan, step, only.is_some()) {
                 Some(Halt::Refuse(reason)) => {
                     Err(ActError::Precondition { device: step.device.clone(), reason })
                 }
@@ -103,7 +103,9 @@ impl<W: World> Engine<W> {
     /// the plan does not account for holds it. `None`: go. A device the fresh scan no longer has
     /// is never handed to the actuator: it is already absent only where nothing on the host is
     /// the step's kernel object any more ([`Engine::vanished`]), else refused.
-    pub(super) fn recheck(&self, plan: &Plan, step: &Step) -> Option<Halt> {
+    /// `resumed`: the plan is finished after an interruption, so the world may have moved on
+    /// since its subject was removed ([`Engine::recheck_subject_volume`]).
+    pub(super) fn recheck(&self, plan: &Plan, step: &Step, resumed: bool) -> Option<Halt> {
         if step.is_release() {
             // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
             // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
@@ -154,13 +156,17 @@ impl<W: World> Engine<W> {
                 recheck::openers(plan, step, entry, &word, files)
             })
             .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
-            .or_else(|| self.recheck_subject_volume(plan, step, api.as_ref()))
+            .or_else(|| if resumed { self.recheck_subject_volume(plan, step, api.as_ref()) } else { None })
             .map(Halt::Refuse)
     }
 
-    /// A step on another device than the plan's subject, once the subject is gone: no volume in
-    /// use on this node per the API may be without a device that serves it
-    /// ([`gates::unplaced_volume`]), judged from a scan of the whole host.
+    /// A step of a resumed plan on another device than the plan's subject, once the subject is
+    /// gone: no volume in use on this node per the API may be without a device that serves it
+    /// ([`gates::unplaced_volume`]), judged from a scan of the whole host. Only on resume: within
+    /// one run the API's word on the subject was read moments before, with the subject there to
+    /// name its volume; after an interruption the API may speak of it only now (or only now be
+    /// configured). A volume with no block device at all (NFS, say) also counts as unplaced:
+    /// the refusal says how to finish the rest on its own.
     fn recheck_subject_volume(
         &self,
         plan: &Plan,

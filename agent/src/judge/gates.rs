@@ -15,7 +15,7 @@
 //!   unix socket or an io_uring fixed file, still counts in the kernel);
 //! - [`protection`], [`kubelet_pods`]: not behind the host, the kubelet or the runtime; no pod on
 //!   this node uses it per the kubelet directory;
-//! - [`unplaced_volume`]: once a plan's subject is gone, no volume the API says is used on this
+//! - [`unplaced_volume`]: once a resumed plan's subject is gone, no volume the API says is used on this
 //!   node is left without a device that serves it (it may be the subject's, and what is left of
 //!   the subject's stack, its paths, is then that volume's);
 //! - [`responsive`]: the device answers I/O, or the plan's first step is the one that unblocks it;
@@ -164,7 +164,7 @@ pub fn unplaced_volume(
     let first = unplaced.first()?;
     let more = if unplaced.len() > 1 { format!(" and {} more", unplaced.len() - 1) } else { String::new() };
     Some(format!(
-        "{subject}, the plan's subject, is gone, and {first}{more} is in use on this node {PER_THE_API} with no device this scan sees serving it: it may be {subject}'s volume, staged again on what this step removes; nothing of {subject}'s stack is removed until the API no longer says so"
+        "{subject}, the plan's subject, is gone, and {first}{more} is in use on this node {PER_THE_API} with no device this scan sees serving it: it may be {subject}'s volume, staged again on what this step removes; nothing of {subject}'s stack is removed by this resumed plan until the API no longer says so (once that volume is known to be another's, `clean` the device on its own)"
     ))
 }
 
