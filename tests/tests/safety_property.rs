@@ -317,25 +317,13 @@ fn release_scene() -> impl Strategy<Value = Case> {
         prop_oneof![Just(Api::NotConfigured), Just(Api::Vouches)],
     )
         .prop_map(|(holders, (parents, threads, bystander, force_busy, late_share), api)| Case {
-            kind: Kind::Loop,
-            op: Operation::Release,
             holders,
-            hidden: None,
-            extra_blind: false,
-            history: Vec::new(),
-            protected: false,
-            kubelet_pods: false,
-            api,
-            paths_active: 0,
-            swap: false,
-            failing: Vec::new(),
-            crash: None,
-            dup: false,
             parents,
             threads,
             bystander,
             force_busy,
             late_share,
+            ..plain(Kind::Loop, Operation::Release, api)
         })
 }
 
@@ -356,26 +344,36 @@ fn resume_scene() -> impl Strategy<Value = Case> {
         (0usize..6, api, prop::bool::weighted(0.2)),
     )
         .prop_map(|(kind, api, (at, after, swap))| Case {
-            kind,
-            op: Operation::Clean,
-            holders: Vec::new(),
-            hidden: None,
-            extra_blind: false,
             history: vec![(60, false, false); 6],
-            protected: false,
-            kubelet_pods: false,
-            api,
-            paths_active: 0,
-            swap: false,
-            failing: Vec::new(),
-            dup: false,
             crash: Some(Crash { at, api: after, swap, hidden: None }),
-            parents: Vec::new(),
-            threads: Vec::new(),
-            bystander: None,
-            force_busy: false,
-            late_share: false,
+            ..plain(kind, Operation::Clean, api)
         })
+}
+
+/// A case of `kind` and `op` with the API in state `api` and nothing else going on (no holder,
+/// history, failure, crash or propagation): what the scenes and the fixed tests build on.
+fn plain(kind: Kind, op: Operation, api: Api) -> Case {
+    Case {
+        kind,
+        op,
+        holders: Vec::new(),
+        hidden: None,
+        extra_blind: false,
+        history: Vec::new(),
+        protected: false,
+        kubelet_pods: false,
+        api,
+        paths_active: 0,
+        swap: false,
+        failing: Vec::new(),
+        dup: false,
+        crash: None,
+        parents: Vec::new(),
+        threads: Vec::new(),
+        bystander: None,
+        force_busy: false,
+        late_share: false,
+    }
 }
 
 fn any_case() -> impl Strategy<Value = Case> {
@@ -1483,27 +1481,8 @@ proptest! {
 /// device, a dead map with a foreign mount and a stuck reader), and refuses when a gate says no.
 #[test]
 fn the_engine_acts_when_it_may_and_not_when_a_gate_says_no() {
-    let base = Case {
-        kind: Kind::Loop,
-        op: Operation::Clean,
-        holders: Vec::new(),
-        hidden: None,
-        extra_blind: false,
-        history: vec![(60, false, false); 6],
-        protected: false,
-        kubelet_pods: false,
-        api: Api::Vouches,
-        paths_active: 0,
-        swap: false,
-        failing: Vec::new(),
-        dup: false,
-        crash: None,
-        parents: Vec::new(),
-        threads: Vec::new(),
-        bystander: None,
-        force_busy: false,
-        late_share: false,
-    };
+    let base =
+        Case { history: vec![(60, false, false); 6], ..plain(Kind::Loop, Operation::Clean, Api::Vouches) };
     assert!(run(&base).is_empty());
     let count_runs = |c: &Case| -> usize { drive(c).0.runs.borrow().len() };
     assert_eq!(count_runs(&base), 1, "a loop device unheld for 6 minutes is unbound");
