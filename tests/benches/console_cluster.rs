@@ -455,10 +455,8 @@ fn main() {
     let s = cfg.shape;
     let replicas = cfg.replicas;
     let load_start = load();
-    // This process: a listener per stand-in, a connection per stand-in and replica, the API's.
-    let want = (s.nodes * (replicas + 1) + 4096) as u64;
-    let nofile = fleet::raise_nofile(want);
-    assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
+    // This process: the stand-ins' listeners and connections, and the API server's.
+    fleet::raise_nofile_for(s.nodes, replicas, 4096);
     let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("bench CA");

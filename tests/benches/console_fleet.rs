@@ -90,10 +90,7 @@ fn main() {
     let load_before = load();
     let (index_per_device, index_devices) = index_bytes_per_device(agents);
 
-    // This process: a listener per stand-in and a connection per stand-in and replica.
-    let want = (agents * (replicas + 1) + 2048) as u64;
-    let nofile = fleet::raise_nofile(want);
-    assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
+    fleet::raise_nofile_for(agents, replicas, 2048);
     let rt = blockjanitor_tests::rt();
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new("bench CA");

@@ -265,3 +265,12 @@ pub fn raise_nofile(want: u64) -> u64 {
     }
     lim.rlim_cur
 }
+
+/// [`raise_nofile`] for a bench of `agents` stand-ins followed by `replicas` consoles: a
+/// listener per stand-in, a connection per stand-in and replica, and `spare` more; fails the bench
+/// naming the hard limit when it is too low.
+pub fn raise_nofile_for(agents: usize, replicas: usize, spare: usize) {
+    let want = (agents * (replicas + 1) + spare) as u64;
+    let nofile = raise_nofile(want);
+    assert!(nofile >= want, "open-files limit {nofile} < {want}: raise the hard limit (ulimit -Hn)");
+}

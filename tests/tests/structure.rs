@@ -150,6 +150,25 @@ fn scan_literals(src: &str) -> (String, Vec<Range<usize>>) {
     (String::from_utf8(out).unwrap_or_default(), strings)
 }
 
+/// The index of the brace that closes the one at `open` (in code whose literals are blanked), or
+/// the end of `b` when it is never closed.
+fn closing_brace(b: &[u8], open: usize) -> usize {
+    let mut depth = 0i32;
+    for (j, c) in b.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => {}
+        }
+    }
+    b.len()
+}
+
 fn find(hay: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
     hay.get(from..)?.windows(needle.len()).position(|w| w == needle).map(|p| from + p)
 }
@@ -178,23 +197,7 @@ fn test_items(code: &str) -> Vec<Range<usize>> {
         let brace = find(b, at, b"{");
         let end = match (semi, brace) {
             (Some(s), Some(o)) if s < o => s + 1,
-            (_, Some(o)) => {
-                let (mut depth, mut j) = (0i32, o);
-                while j < b.len() {
-                    match b[j] {
-                        b'{' => depth += 1,
-                        b'}' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                    j += 1;
-                }
-                (j + 1).min(b.len())
-            }
+            (_, Some(o)) => (closing_brace(b, o) + 1).min(b.len()),
             (Some(s), None) => s + 1,
             (None, None) => b.len(),
         };
@@ -776,20 +779,7 @@ fn functions(code: &str) -> Vec<Function> {
             continue;
         }
         let open = j;
-        let mut depth = 0i32;
-        while j < b.len() {
-            match b[j] {
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            j += 1;
-        }
+        let j = closing_brace(b, open);
         let line = line_of(code, at);
         let lines = line_of(code, j.min(b.len())) - line + 1;
         out.push(Function { name, line, lines, body: open..(j + 1).min(b.len()) });
