@@ -75,3 +75,20 @@ install_kubectl() {
   fi
   export BLOCKJANITOR_KUBECTL="$scripts/kubectl"
 }
+
+# report_free_space GB PATH...: print the free space where each PATH lives (the nearest existing
+# parent), and a warning naming the shortfall when it is under GB gigabytes. It never stops the
+# run: the estimate is a cold run's, and a warm target/ needs far less.
+report_free_space() {
+    local want=$1 path dir free
+    shift
+    for path in "$@"; do
+        dir=$path
+        while [ ! -e "$dir" ] && [ "$dir" != / ]; do dir=$(dirname "$dir"); done
+        free=$(df -Pk "$dir" | awk 'NR == 2 { print int($4 / 1048576) }')
+        echo "disk: ${free} GB free for $path ($(df -P "$dir" | awk 'NR == 2 { print $6 }'))"
+        if [ "$free" -lt "$want" ]; then
+            echo "WARNING: under ${want} GB free for $path: a cold run may fail with 'No space left on device'" >&2
+        fi
+    done
+}

@@ -48,6 +48,14 @@ fi
 
 # Each stage's line says when it started, so a CI log shows where the time went.
 stage() { printf '== %s (at %dm%02ds)\n' "$1" $((SECONDS / 60)) $((SECONDS % 60)); }
+
+# Disk: a cold run's target/ holds about 20 GB (debug ~15, release 3, the fuzz build 1.5); the
+# tests add a few GB under TMPDIR (guest initrds, a Ceph cluster, container images) that they
+# remove. A full disk reads as unrelated failures (`strip: No space left on device`, a Ceph
+# monitor that does not start), so the free space is printed first, and a CI run leaves out
+# cargo's incremental caches (about 11 GB of target/debug that a one-time build never reads).
+[ "${CI:-}" = true ] && export CARGO_INCREMENTAL=0
+report_free_space 20 target "${TMPDIR:-/tmp}"
 stage "cargo fmt --check"
 cargo fmt --all -- --check
 stage "cargo clippy"

@@ -144,7 +144,7 @@ pub fn watch_pods(
     port: u16,
 ) -> (watch::Receiver<BTreeMap<String, AgentSpec>>, tokio::task::JoinHandle<()>, Arc<AtomicBool>) {
     let api: Api<Pod> = Api::namespaced(client, namespace);
-    let cfg = watcher::Config::default().labels(selector).any_semantic();
+    let cfg = crate::cluster::paged_watch().labels(selector);
     let (tx, rx) = watch::channel(BTreeMap::new());
     let ns = namespace.to_owned();
     let listed = Arc::new(AtomicBool::new(false));

@@ -37,11 +37,10 @@
 //! console_cluster` (volumes and pods follow the agents' count). `BENCH_CONSOLE_LOG=1` prints
 //! the consoles' logs.
 //!
-//! Lists: the console's watches list at resource version 0 with a page size (kube's
-//! `any_semantic`), which the API server answers from its watch cache, ignoring the page size
-//! (kubernetes/kubernetes#70735): every object of a collection in one answer. The stand-in API
-//! server does the same; `BENCH_KUBE_PAGED=1` makes it page them instead (500 a page, as the
-//! console asks), to compare.
+//! Lists: the stand-in API server pages a list as the real one does (`limit` honoured at the
+//! most recent version, ignored at resource version 0, which its watch cache answers in one
+//! piece: kubernetes/kubernetes#70735). The scene's line says how the console's pod lists were
+//! answered: in pages, or whole.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -465,8 +464,6 @@ fn main() {
     let t = Instant::now();
     let api = rt.block_on(ApiServer::start(serde_json::Value::Null));
     let objects_served = scene::fill(&api, &s);
-    let paged = std::env::var_os("BENCH_KUBE_PAGED").is_some();
-    api.state.lock().expect("state").page_lists = paged;
     let built_objects = t.elapsed();
     let pods_on_node = mock_pods_on_node(&api);
     eprintln!("bench: {objects_served} objects built in {:.1} s", built_objects.as_secs_f64());
@@ -640,7 +637,7 @@ fn main() {
             s.volumes,
             s.pods,
             built_objects.as_secs_f64(),
-            if paged { "paged (BENCH_KUBE_PAGED)" } else { "in one answer (the watch cache at resourceVersion 0)" }
+            pod_lists(&api)
         );
         println!(
             "| churn while measured ({:.0} s): device changes / per node a minute / bursts of {} nodes / events delivered; Kubernetes watch events | {changes} / {:.2} / {} / {}; {kube_events} | 1 a node a minute, bursts of 50 | |",
@@ -766,4 +763,20 @@ fn main() {
         }
     });
     drop(consoles);
+}
+
+/// How the consoles' pod lists were answered, from the stand-in API server's request log: how
+/// many list requests, how many of them paged (a `limit` at the most recent version) and how
+/// many answered whole (at a given resource version, from the watch cache).
+fn pod_lists(api: &ApiServer) -> String {
+    let st = api.state.lock().expect("state");
+    let lists: Vec<_> =
+        st.requests.iter().filter(|r| r.path == PODS && !r.is_watch() && r.method == "GET").collect();
+    let paged = lists
+        .iter()
+        .filter(|r| {
+            r.query.contains_key("limit") && r.query.get("resourceVersion").is_none_or(|v| v.is_empty())
+        })
+        .count();
+    format!("pods listed in {} requests: {paged} paged, {} whole", lists.len(), lists.len() - paged)
 }

@@ -97,10 +97,6 @@ pub struct State {
     pub forwards: crate::kube_portforward::Forwards,
     /// Tokens, users and RBAC for reviews ([`crate::kube_review`]).
     pub reviews: crate::kube_review::Reviews,
-    /// Lists honour `limit` with `continue` tokens (an offset into the collection), as the API
-    /// server pages a list read from etcd; false: one answer, as its watch cache answers a list
-    /// at resource version 0 (what the console's watches ask).
-    pub page_lists: bool,
     /// The pods' places in `lists["/api/v1/pods"]` by `spec.nodeName`, for a list of the pods on
     /// a node (the API server's watch cache indexes that field): set by whoever fills a large
     /// collection ([`State::index_pods_by_node`]); dropped by a publish that adds or deletes a
@@ -182,7 +178,6 @@ impl ApiServer {
             stalled: HashSet::new(),
             forwards: Default::default(),
             reviews: Default::default(),
-            page_lists: false,
             pods_by_node: None,
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
@@ -469,10 +464,11 @@ impl ApiServer {
     }
 
     /// A list of `collection`, filtered by the request's field (`spec.nodeName=`) and label
-    /// selectors. Like the API server's watch cache answering a list at resource version 0 (what
-    /// the console's watches ask), it ignores `limit`: every object in one answer; with
-    /// [`State::page_lists`], a page of `limit` and a `continue` token. Serialized from the kept
-    /// objects without copying the collection (a 100,000-pod list is hundreds of megabytes).
+    /// selectors, paged as the API server pages it: a list at the most recent version (no
+    /// `resourceVersion`, or an empty one) honours `limit` with a `continue` token (here an
+    /// offset into the collection); a list at a given version (`resourceVersion=0`, what
+    /// informers ask) is answered from the watch cache in one piece, `limit` ignored. Serialized
+    /// from the kept objects without copying the collection (100,000 pods are hundreds of MB).
     pub fn list(&self, collection: &str, rec: &Recorded) -> Response<Body> {
         let st = self.state.lock().expect("state");
         let node = rec.query.get("fieldSelector").map(|sel| {
@@ -498,7 +494,8 @@ impl ApiServer {
             _ => ("storage.k8s.io/v1", "VolumeAttachmentList"),
         };
         let from: usize = rec.query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
-        let limit = rec.query.get("limit").and_then(|l| l.parse().ok()).filter(|_| st.page_lists);
+        let from_cache = rec.query.get("resourceVersion").is_some_and(|v| !v.is_empty());
+        let limit = rec.query.get("limit").and_then(|l| l.parse().ok()).filter(|_| !from_cache);
         let all = st.lists.get(collection).map_or(0, Vec::len);
         let to = limit.map_or(all, |l: usize| (from + l).min(all));
         let mut meta = json!({"resourceVersion": st.rv.to_string()});

@@ -26,7 +26,7 @@ use blockjanitor_tests::daemon::{
     assert_serving_and_reflected, console_client, console_facing_agent, tls_channel, Daemon, Pki,
 };
 use blockjanitor_tests::http::http_get;
-use blockjanitor_tests::kube_mock::{self, ApiServer};
+use blockjanitor_tests::kube_mock::{self, ApiServer, Recorded};
 use blockjanitor_tests::*;
 use serde_json::{json, Value};
 use tonic::transport::Channel;
@@ -109,6 +109,33 @@ fn rbd_pvc() -> Value {
     })
 }
 
+/// More objects than two list pages of the console hold (500 each).
+const FILLERS: usize = 1_200;
+
+/// [`FILLERS`] objects made by `filler`, then `last`.
+fn after_fillers(last: Value, filler: fn(usize) -> Value) -> Vec<Value> {
+    (0..FILLERS).map(filler).chain([last]).collect()
+}
+
+/// An NFS volume of another namespace's claim: no block device, no node.
+fn filler_pv(i: usize) -> Value {
+    json!({
+        "metadata": {"name": format!("pv-nfs-{i}"), "resourceVersion": "5"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "nfs": {"server": "10.9.0.1", "path": format!("/exports/{i}")},
+                 "claimRef": {"namespace": "other", "name": format!("nfs-{i}")}},
+        "status": {"phase": "Bound"}
+    })
+}
+
+fn filler_pvc(i: usize) -> Value {
+    json!({
+        "metadata": {"name": format!("nfs-{i}"), "namespace": "other", "resourceVersion": "5"},
+        "spec": {"accessModes": ["ReadWriteMany"], "volumeName": format!("pv-nfs-{i}")},
+        "status": {"phase": "Bound"}
+    })
+}
+
 fn va(name: &str, node: &str) -> Value {
     let mut v = kube_mock::volume_attachment(name, node, PV, true, 95);
     v["spec"]["attacher"] = json!("kubernetes.io/rbd");
@@ -130,11 +157,14 @@ impl Cluster {
     }
 
     async fn client(&self, who: &str) -> FleetClient<Channel> {
+        FleetClient::new(self.channel(who).await)
+    }
+
+    async fn channel(&self, who: &str) -> Channel {
         let pem = self.pki.issue(who, &[who]);
-        let ch = tls_channel(self.console.tcp, &self.pki.ca.cert, Some((&pem.cert, &pem.key)))
+        tls_channel(self.console.tcp, &self.pki.ca.cert, Some((&pem.cert, &pem.key)))
             .await
-            .expect("connect to the console");
-        FleetClient::new(ch)
+            .expect("connect to the console")
     }
 }
 
@@ -193,8 +223,11 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
                 node("node-free", "10.125.53.49", false, false),
             ],
         );
-        st.lists.insert("/api/v1/persistentvolumes", vec![rbd_pv()]);
-        st.lists.insert("/api/v1/persistentvolumeclaims", vec![rbd_pvc()]);
+        // The rbd volume last, behind more than two of the console's list pages of other volumes
+        // (the stand-in API server pages a list at the most recent version, as the real one
+        // does): found only when every page is read.
+        st.lists.insert("/api/v1/persistentvolumes", after_fillers(rbd_pv(), filler_pv));
+        st.lists.insert("/api/v1/persistentvolumeclaims", after_fillers(rbd_pvc(), filler_pvc));
         st.lists.insert(
             "/apis/storage.k8s.io/v1/volumeattachments",
             vec![
@@ -235,8 +268,10 @@ async fn start_cluster_with(console_extra: &[&str]) -> Cluster {
     );
     let console = Console::start(&args);
     let cl = Cluster { s, pki, api, agents, console };
-    // Converged: three agents synced, the fourth known and unreachable.
+    // Converged: ready (the Kubernetes view listed, every agent tried, the sweep gone over the
+    // fleet), three agents synced, the fourth known and unreachable.
     let mut c = cl.client("dashboard").await;
+    wait_serving(cl.channel("dashboard").await, "blockjanitor.v1.Fleet").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let nodes = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
@@ -324,6 +359,32 @@ fn console_discovers_agents_by_label_and_answers_where_from_image_pv_and_pvc() {
             let r = c.r#where(req).await.expect("Where wwid").into_inner();
             let want = vec![pair("node-free", "dm-12"), pair("node-free", "sdi"), pair("node-free", "sdj")];
             assert_eq!(devs(&r.matches), want, "{r:#?}");
+        }
+        // Every list the console made was paged at the most recent version, and the volumes'
+        // lists took every page (the rbd volume is on the third).
+        {
+            let st = cl.api.state.lock().expect("state");
+            let lists: Vec<&Recorded> =
+                st.requests.iter().filter(|r| r.method == "GET" && !r.is_watch()).collect();
+            let pv_pages = lists.iter().filter(|r| r.path == "/api/v1/persistentvolumes").count();
+            assert!(pv_pages >= 3, "{FILLERS} + 1 PVs in pages of 500: {pv_pages} list requests");
+            let watched = [
+                "/api/v1/nodes",
+                "/api/v1/persistentvolumes",
+                "/api/v1/persistentvolumeclaims",
+                "/apis/storage.k8s.io/v1/volumeattachments",
+                "/api/v1/pods",
+                "/api/v1/namespaces/blockjanitor/pods",
+            ];
+            for r in lists.iter().filter(|r| watched.contains(&r.path.as_str())) {
+                assert_eq!(r.query.get("limit").map(String::as_str), Some("500"), "{} {:?}", r.path, r.query);
+                assert!(
+                    r.query.get("resourceVersion").is_none_or(|v| v.is_empty()),
+                    "{} {:?}",
+                    r.path,
+                    r.query
+                );
+            }
         }
         let none = c
             .r#where(pb::WhereRequest { image: "k8s/no-such-image".into(), ..Default::default() })
