@@ -68,6 +68,51 @@ async fn wait_for(
     }
 }
 
+/// Every PV and VolumeAttachment of a large cluster is listed in pages at the most recent
+/// version (the API server pages only those; from its watch cache a list of 50,000 is one answer,
+/// decoded whole, past the agent's 128 MiB): this node's volume, behind more than two pages of
+/// other nodes' volumes, is found; this node's pods are still listed from the watch cache.
+#[tokio::test]
+async fn whole_collections_are_listed_in_pages_and_this_nodes_pods_from_the_watch_cache() {
+    const OTHERS: usize = 1_100;
+    let server = ApiServer::start(node_object(ready_only())).await;
+    {
+        let mut st = server.state.lock().expect("state");
+        for (collection, other) in [
+            (
+                "/api/v1/persistentvolumes",
+                (|i| pv(&format!("pvc-other-{i}"), "logs", "x", "csi-x")) as fn(usize) -> _,
+            ),
+            (VAS, |i| {
+                volume_attachment(&format!("csi-other-{i}"), "node-b", &format!("pvc-other-{i}"), true, 9)
+            }),
+        ] {
+            let list = st.lists.get_mut(collection).expect(collection);
+            let theirs: Vec<_> = (0..OTHERS).map(other).collect();
+            list.splice(0..0, theirs);
+        }
+    }
+    let client = connect(&cfg(&server.url())).await.expect("connect");
+    let (mut rx, handle) = spawn_watch(client, NODE, WatchOptions::default());
+    let view = wait_for(&mut rx, "initial sync", |v| v.synced).await;
+    assert!(view.pv_attached_to_node(PV), "this node's attachment, on the last page: {view:#?}");
+    for collection in ["/api/v1/persistentvolumes", VAS] {
+        let lists: Vec<Recorded> =
+            requests_for(&server, collection, 0).into_iter().filter(|r| !r.is_watch()).collect();
+        assert_eq!(lists.len(), 3, "{collection}: {} objects in pages of 500: {lists:#?}", OTHERS + 2);
+        for r in &lists {
+            assert_eq!(r.query.get("limit").map(String::as_str), Some("500"), "{collection}: {r:?}");
+            assert_eq!(r.query.get("resourceVersion"), None, "{collection}: the most recent version: {r:?}");
+        }
+        assert_eq!(lists[1].query.get("continue").map(String::as_str), Some("500"), "{lists:#?}");
+    }
+    let pods = requests_for(&server, PODS, 0);
+    let pod_list = pods.iter().find(|r| !r.is_watch()).expect("pod list");
+    assert_eq!(pod_list.query.get("resourceVersion").map(String::as_str), Some("0"), "{pod_list:?}");
+    assert_eq!(pod_list.query.get("limit"), None, "{pod_list:?}");
+    handle.abort();
+}
+
 #[tokio::test]
 async fn view_syncs_and_follows_watch_events() {
     let server = ApiServer::start(node_object(ready_only())).await;

@@ -15,6 +15,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 
+/// Objects a page of a whole collection's list holds.
+pub(super) const LIST_PAGE: u32 = 500;
+
 /// The server-side timeout asked of each watch request, as kube-runtime's watcher asks: the API
 /// server ends the watch after about this long (jittered), and it is resumed.
 pub(super) const WATCH_TIMEOUT_SECONDS: u32 = 290;
@@ -35,15 +38,21 @@ pub(super) async fn follow<K>(
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    // `resourceVersion=0` lists come from the watch cache; unpaginated (a limit would make it a
-    // quorum read).
-    let mut lp = ListParams::default().match_any();
     let mut wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECONDS);
     wp.bookmarks = true;
-    if let Some(f) = &field_selector {
-        lp = lp.fields(f);
-        wp = wp.fields(f);
-    }
+    let lp = match &field_selector {
+        // This node's share (its pods): `resourceVersion=0`, from the watch cache, which indexes
+        // the field; one small answer.
+        Some(f) => {
+            wp = wp.fields(f);
+            ListParams::default().match_any().fields(f)
+        }
+        // A whole collection (every PV, every VolumeAttachment: 50,000 each in a large cluster):
+        // in pages at the most recent version, the only list the API server pages. From the
+        // watch cache it is one answer of about 100 MB, decoded whole, and the agent's memory
+        // limit is 128 MiB.
+        None => ListParams::default().limit(LIST_PAGE),
+    };
     let follower = Follower { kind, api, lp, wp, to_change, out: &out, bound: options.silence_bound };
     let mut delay = options.backoff_initial;
     loop {
@@ -106,28 +115,39 @@ where
         }
     }
 
-    /// Lists the collection, every object sent between `Init` and `InitDone`: the list's
-    /// resource version.
+    /// Lists the collection, page by page when it is asked in pages, every object sent between
+    /// `Init` and `InitDone`: the list's resource version (every page of one list has the
+    /// first page's).
     async fn list(&self) -> Result<String, Ended> {
         let (bound, out) = (self.bound, self.out);
         if out.send((self.to_change)(Event::Init)).await.is_err() {
             return Err(Ended::Closed);
         }
-        let list = match tokio::time::timeout(bound, self.api.list(&self.lp)).await {
-            Err(_) => {
-                let error =
-                    format!("failed to perform initial object list: no answer within {}", human(bound));
-                return Err(Ended::Broke(error));
+        let mut lp = self.lp.clone();
+        let version = loop {
+            let list = match tokio::time::timeout(bound, self.api.list(&lp)).await {
+                Err(_) => {
+                    let error =
+                        format!("failed to perform initial object list: no answer within {}", human(bound));
+                    return Err(Ended::Broke(error));
+                }
+                Ok(Err(e)) => {
+                    return Err(Ended::Broke(format!("failed to perform initial object list: {e}")))
+                }
+                Ok(Ok(list)) => list,
+            };
+            let version = list.metadata.resource_version.clone().unwrap_or_default();
+            let next = list.metadata.continue_.clone().filter(|c| !c.is_empty());
+            for object in list.items {
+                if out.send((self.to_change)(Event::InitApply(object))).await.is_err() {
+                    return Err(Ended::Closed);
+                }
             }
-            Ok(Err(e)) => return Err(Ended::Broke(format!("failed to perform initial object list: {e}"))),
-            Ok(Ok(list)) => list,
+            match next {
+                Some(token) => lp.continue_token = Some(token),
+                None => break version,
+            }
         };
-        let version = list.metadata.resource_version.clone().unwrap_or_default();
-        for object in list.items {
-            if out.send((self.to_change)(Event::InitApply(object))).await.is_err() {
-                return Err(Ended::Closed);
-            }
-        }
         if out.send((self.to_change)(Event::InitDone)).await.is_err() {
             return Err(Ended::Closed);
         }
