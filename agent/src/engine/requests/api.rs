@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::super::world::{LinuxWorld, World};
+use crate::engine::world::{LinuxWorld, World};
 use crate::kube::source::{self, Choice};
 use crate::kube::{ApiState, ClusterView, KubeConfig, WatchOptions};
 

@@ -6,10 +6,10 @@
 
 use std::sync::Mutex;
 
-use super::super::dir_workflow::{DirOutcome, DirRequest};
-use super::super::outcome::{Outcome, Request, Subject};
-use super::super::Operation;
 use super::OneShot;
+use crate::engine::dir_workflow::{DirOutcome, DirRequest};
+use crate::engine::outcome::{Outcome, Request, Subject};
+use crate::engine::Operation;
 use crate::graph::scan::Target;
 use crate::judge::grace::Clocks;
 use crate::judge::orphans::DirVerdict;

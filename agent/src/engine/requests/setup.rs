@@ -5,9 +5,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::world::LinuxWorld;
-use super::super::Settings;
 use crate::discover::namespaces::MountReader;
+use crate::engine::world::LinuxWorld;
+use crate::engine::Settings;
 use crate::host::HostRoot;
 use crate::snapshot::ScanOptions;
 

@@ -10,12 +10,12 @@ use anyhow::{Context, Result};
 use blockjanitor_proto::v1 as pb;
 use blockjanitor_rpc::path_device::{device_of_path, PathDeviceError};
 
-use super::super::outcome::incomplete_view;
-use super::super::view::View;
-use super::super::{wire, Judged, Operation};
 use super::setup::HostSpec;
 use super::OneShot;
 use crate::discover::{blockdev, mount_memo_file};
+use crate::engine::outcome::incomplete_view;
+use crate::engine::view::View;
+use crate::engine::{wire, Judged, Operation};
 use crate::graph::resolve;
 use crate::graph::scan::Target;
 use crate::host::HostRoot;
