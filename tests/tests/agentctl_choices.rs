@@ -3,9 +3,9 @@
 //! the same aliases, and each standing for the wire value the agent's server sends for it. A
 //! kind or verdict the agent gains fails here until agentctl learns it.
 
+use blockjanitor::engine::wire as convert;
 use blockjanitor::judge::Verdict;
 use blockjanitor::model::DeviceKind;
-use blockjanitor::server::convert;
 use blockjanitor_ctl::cli::choices::{KindChoice, VerdictChoice};
 use clap::builder::PossibleValue;
 use clap::ValueEnum;

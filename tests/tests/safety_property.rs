@@ -71,11 +71,10 @@ use blockjanitor::host::clock::BootTime;
 use blockjanitor::judge::grace::Clocks;
 use blockjanitor::kube::{ClusterView, PodInfo, VaInfo, WatchHealth};
 use blockjanitor::model::blindspot::BlindSpot;
+use blockjanitor::model::opt_ins::{CleanOptions, ReleaseOptions};
+use blockjanitor::model::scan_stats::ScanStats;
 use blockjanitor::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, LoopInfo, MountNsId};
-use blockjanitor::plan::clean::CleanOptions;
-use blockjanitor::plan::release::ReleaseOptions;
 use blockjanitor::plan::{Action, Step};
-use blockjanitor::snapshot::ScanStats;
 use proptest::prelude::*;
 
 const HOST_NS: MountNsId = MountNsId(4026531840);

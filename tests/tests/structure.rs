@@ -14,6 +14,8 @@
 //! the wire crate: at most [`MAX_FN_LINES`], from the `fn` line to the closing brace; files a
 //! `#[cfg(test)] mod` brings in are test code too), and the string literals of the agent's
 //! production code, none of which may name an action outside `ActionKind::as_str` (issue 37).
+//! The same imports show what the fronts (`cli/`, `server/`) reach: the engine, model and the
+//! exceptions ARCHITECTURE.md lists, nothing else (issue 37).
 //!
 //! Run with `--nocapture` to print the measured numbers. `BLOCKJANITOR_STRUCTURE_ROOT` points it
 //! at another checkout (to measure an older tree).
@@ -885,4 +887,120 @@ fn no_action_name_is_a_string_literal_outside_its_type() {
         offences.len(),
         offences.join("\n")
     );
+}
+
+/// The fronts of the agent (issue 37): their files may import, of the agent's own folders, only
+/// the engine, `model` and their own folder (and the `blockjanitor-rpc` crate, outside this
+/// count); anything else is an exception listed in ARCHITECTURE.md.
+const FRONTS: &[&str] = &["cli", "server"];
+/// The folders every front may import.
+const FRONT_DOORS: &[&str] = &["engine", "model"];
+/// The heading of ARCHITECTURE.md's list of the fronts' exceptions.
+const EXCEPTIONS_HEADING: &str = "### What the fronts import besides the engine";
+
+/// One allowed exception: files under `from` (a front's folder or one file, `cli/serve.rs`) may
+/// import the modules under `to` (`daemon`, `server::listen`).
+struct Exception {
+    from: String,
+    to: Vec<String>,
+    used: bool,
+}
+
+/// The exceptions ARCHITECTURE.md lists under [`EXCEPTIONS_HEADING`], one an item:
+/// ``- `FROM → TO`: the reason`` (the reason may go on over indented lines); an item without a
+/// reason is an offence.
+fn front_exceptions(doc: &str, offences: &mut Vec<String>) -> Vec<Exception> {
+    let Some(at) = doc.find(EXCEPTIONS_HEADING) else {
+        offences.push(format!("ARCHITECTURE.md: no section `{EXCEPTIONS_HEADING}`"));
+        return Vec::new();
+    };
+    let section = &doc[at + EXCEPTIONS_HEADING.len()..];
+    let section = &section[..section.find("\n#").unwrap_or(section.len())];
+    let mut items: Vec<String> = Vec::new();
+    for line in section.lines() {
+        match items.last_mut() {
+            _ if line.starts_with("- `") => items.push(line[3..].to_owned()),
+            Some(item) if line.starts_with("  ") => item.push_str(line),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    for item in &items {
+        let Some((pair, reason)) = item.split_once('`') else { continue };
+        let Some((from, to)) = pair.split_once('→') else { continue };
+        if reason.trim_start_matches(':').trim().is_empty() {
+            offences.push(format!("ARCHITECTURE.md: the exception `{pair}` gives no reason"));
+        }
+        let to = to.trim().split("::").map(str::to_owned).collect();
+        out.push(Exception { from: from.trim().to_owned(), to, used: false });
+    }
+    out
+}
+
+/// What a front imports of one folder: file-to-file imports, and import sites (file and line).
+#[derive(Default)]
+struct FrontFigures {
+    pairs: BTreeSet<(usize, usize)>,
+    sites: BTreeSet<(usize, usize)>,
+}
+
+/// The fronts' files import only the engine, model and their own folder, besides the exceptions
+/// ARCHITECTURE.md lists; every listed exception is still used (the list and the code agree).
+#[test]
+fn the_fronts_import_only_the_engine_model_and_rpc() {
+    let root = root();
+    let krate = load_crate(&root.join("agent/src"));
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let mut offences = Vec::new();
+    let mut exceptions = front_exceptions(&doc, &mut offences);
+    let mut figures: BTreeMap<(&str, &str), FrontFigures> = BTreeMap::new();
+    for (f, file) in krate.files.iter().enumerate().filter(|(_, file)| FRONTS.contains(&file.unit())) {
+        for imp in imports(&krate, f) {
+            let target = &krate.files[imp.to];
+            let (front, folder) = (file.unit(), target.unit());
+            if folder == front {
+                continue;
+            }
+            let entry = figures.entry((front, folder)).or_default();
+            entry.pairs.insert((f, imp.to));
+            entry.sites.insert((f, imp.line));
+            if FRONT_DOORS.contains(&folder) {
+                continue;
+            }
+            let allowed = exceptions.iter_mut().find(|e| {
+                (file.rel == e.from || file.rel.starts_with(&format!("{}/", e.from)))
+                    && target.module.starts_with(&e.to)
+            });
+            match allowed {
+                Some(e) => e.used = true,
+                None => offences.push(format!(
+                    "agent/src/{}:{}: imports {} (agent/src/{}), neither the engine nor model nor an exception of ARCHITECTURE.md",
+                    file.rel,
+                    imp.line,
+                    target.module.join("::"),
+                    target.rel
+                )),
+            }
+        }
+    }
+    for e in exceptions.iter().filter(|e| !e.used) {
+        offences.push(format!(
+            "ARCHITECTURE.md: the exception `{} → {}` is used by no import",
+            e.from,
+            e.to.join("::")
+        ));
+    }
+    for front in FRONTS {
+        let rows: Vec<_> = figures.iter().filter(|((f, _), _)| f == front).collect();
+        let pairs: usize = rows.iter().map(|(_, n)| n.pairs.len()).sum();
+        println!("{front}: imports {} folders, {pairs} file-to-file imports", rows.len());
+        for ((_, folder), n) in rows {
+            println!(
+                "  {folder:<10} {:>3} file-to-file imports, {:>3} import sites",
+                n.pairs.len(),
+                n.sites.len()
+            );
+        }
+    }
+    assert!(offences.is_empty(), "{} front import offences:\n{}", offences.len(), offences.join("\n"));
 }

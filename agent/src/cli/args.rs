@@ -1,6 +1,5 @@
 //! The agent binary's flags, commands and help text (clap).
 
-use crate::discover::namespaces::MountReader;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -81,7 +80,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true, help_heading = "State and journal",
-        default_value = crate::discover::mount_memo_file::DEFAULT_PATH,
+        default_value = crate::engine::requests::setup::STATMOUNT_MEMO,
         value_name = "FILE",
         value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from)
     )]
@@ -236,15 +235,6 @@ pub fn parse() -> Result<Option<Cli>, clap::Error> {
 pub enum ReaderArg {
     Auto,
     Mountinfo,
-}
-
-impl From<ReaderArg> for MountReader {
-    fn from(r: ReaderArg) -> Self {
-        match r {
-            ReaderArg::Auto => MountReader::Auto,
-            ReaderArg::Mountinfo => MountReader::MountInfo,
-        }
-    }
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]

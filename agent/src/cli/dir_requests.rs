@@ -1,69 +1,23 @@
 //! `clean`, `plan` and `apply` of an orphaned pod volume directory, named
 //! `pod-volume:<pod uid>/volumes/<plugin>/<name>` (`.../volumeDevices/...`,
 //! `.../volume-subpaths/...`, as `scan` lists them) or by its path below the kubelet directory:
-//! through the engine's directory workflow ([`Engine::carry_out_dir`]), printed as the agent's
+//! through the engine's directory workflow ([`OneShot::carry_dir`]), printed as the agent's
 //! text, or as the `plans`/`results` documents agentctl prints for devices.
-
-use std::path::Path;
-use std::time::Duration;
 
 use anyhow::Result;
 use blockjanitor_proto::v1 as pb;
 
-use super::args::Cli;
 use super::render::say_recovery_of;
-use super::settings::{journal_path, StateFile};
-use crate::engine::dir_workflow::{DirOutcome, DirRequest};
-use crate::engine::world::LinuxWorld;
-use crate::engine::Engine;
-use crate::judge::grace::Clocks;
-use crate::judge::orphans::DirVerdict;
-use crate::plan::pod_volume;
-use crate::server::convert_pod_volumes::{dir_plan, dir_results};
+use crate::engine::dir_workflow::DirOutcome;
+use crate::engine::requests::OneShot;
+use crate::engine::wire::pod_volumes::{dir_plan, dir_results};
 
-/// Whether `arg` names a pod volume directory rather than a device.
-pub fn is_dir_argument(arg: &str, kubelet_dir: &Path) -> bool {
-    arg.starts_with(pod_volume::PREFIX) || pod_volume::parse_argument(arg, kubelet_dir).is_some()
-}
-
-/// One request about the directory `arg`; its outcome (the state file saved).
-pub fn carry_dir(
-    cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    arg: &str,
-    apply: bool,
-) -> Result<DirOutcome> {
-    let journal_file = journal_path(cli);
-    let clocks = std::sync::Mutex::new(std::mem::replace(&mut state.clocks, Clocks::new(None)));
-    let req = DirRequest {
-        argument: arg.to_owned(),
-        apply,
-        by: format!("cli (uid {})", nix::unistd::geteuid()),
-        journal: &journal_file,
-        lock_wait: Duration::from_secs(cli.lock_wait),
-        clocks: &clocks,
-        admit: None,
-    };
-    let result = e.carry_out_dir(&req);
-    state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
-    state.save();
-    let out = result?;
+/// One request about the directory `arg`; its outcome (what the journal's recovery did said on
+/// stderr).
+pub fn carry_dir(run: &mut OneShot, arg: &str, apply: bool) -> Result<DirOutcome> {
+    let out = run.carry_dir(arg, apply)?;
     say_recovery_of(&out.recovery, |line| eprintln!("warning: {line}"));
     Ok(out)
-}
-
-/// The removable directories, as `plan` and `apply` with no argument take them (with every
-/// stale device).
-pub fn removable(e: &Engine<LinuxWorld>, state: &mut StateFile<'_>) -> Vec<String> {
-    let report = e.pod_volumes(&mut state.clocks);
-    state.save();
-    report
-        .dirs
-        .iter()
-        .filter(|d| d.judgement.verdict == DirVerdict::Removable)
-        .map(|d| d.argument.clone())
-        .collect()
 }
 
 /// The outcome as the agent's text: the verdict with its proofs, the steps planned or run,

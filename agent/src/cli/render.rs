@@ -4,25 +4,16 @@
 
 use std::fmt::Write as _;
 
-use crate::act::StepReport;
-use crate::graph::identity::Identity;
-use crate::graph::scan::Scan;
-use crate::graph::{DeviceEntry, Holder};
-use crate::judge::Judgement;
-use crate::model::DevNum;
+use crate::engine::outcome::Outcome;
+use crate::engine::recover::Recovery;
+use crate::engine::requests::answer::{
+    layer_of, DeviceEntry, Holder, Identity, Plan, Scan, ScsiTransport, StepReport, StepResult,
+};
+use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, HolderKind, KernelText};
-use crate::plan::Plan;
-use crate::snapshot::ScanStats;
 
 /// Sizes as lsblk prints them, `64M`, `1.5G` (one definition for every renderer, in blockjanitor-rpc).
 pub use blockjanitor_rpc::units::size;
-
-/// A device to render is not in the scan.
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    #[error("device {0} disappeared during the scan")]
-    Gone(DevNum),
-}
 
 fn device_line(d: &BlockDevice) -> String {
     let mut s = format!("{} ({}, {}, {})", d.name, d.devnum, d.kind.as_str(), size(d.size_bytes));
@@ -33,7 +24,7 @@ fn device_line(d: &BlockDevice) -> String {
     if let Some(dm) = &d.dm {
         let _ = write!(s, " dm name {}", dm.name);
     }
-    if let Some(layer) = crate::graph::stack::layer_of(d) {
+    if let Some(layer) = layer_of(d) {
         let _ = write!(s, ": {}", layer.describe());
     }
     if let Some(p) = &d.parent {
@@ -121,9 +112,9 @@ fn storage_lines(out: &mut String, e: &DeviceEntry) {
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         let transport = match &sc.disk.transport {
-            crate::discover::scsi::Transport::Iscsi { session } => format!("iSCSI {session}"),
-            crate::discover::scsi::Transport::Fc { rport } => format!("FC {rport}"),
-            crate::discover::scsi::Transport::Other => "local".into(),
+            ScsiTransport::Iscsi { session } => format!("iSCSI {session}"),
+            ScsiTransport::Fc { rport } => format!("FC {rport}"),
+            ScsiTransport::Other => "local".into(),
         };
         let _ = writeln!(
             out,
@@ -243,21 +234,11 @@ fn holders_block(out: &mut String, e: &DeviceEntry, limit: usize) {
     }
 }
 
-fn verdict_lines(out: &mut String, j: Option<&Judgement>) {
-    if let Some(j) = j {
-        let _ = writeln!(out, "    verdict: {}", j.verdict.as_str());
-        for r in &j.reasons {
-            let _ = writeln!(out, "      - {r}");
-        }
-    }
-}
-
-/// One device of a scan as a table: the device, verdict, holders, then the scan's figures,
-/// warnings and blind spots.
-pub fn entry_table(scan: &Scan, e: &DeviceEntry, j: Option<&Judgement>) -> String {
+/// One device of a scan as a table: the device, its holders, then the scan's figures, warnings
+/// and blind spots.
+pub fn entry_table(scan: &Scan, e: &DeviceEntry) -> String {
     let mut out = format!("{}\n", device_line(&e.device));
     let _ = writeln!(out, "    identity: {}", Identity::of(e));
-    verdict_lines(&mut out, j);
     if e.holders.is_empty() {
         out.push_str("    no holders: nothing mounts it, has it open, swaps on it or is stacked on it\n");
     }
@@ -334,7 +315,7 @@ pub fn reports_text(reports: &[StepReport]) -> String {
     for (i, r) in reports.iter().enumerate() {
         let (word, why) = r.word();
         let res = match r.result_word() {
-            crate::act::journal::StepResult::Failed => format!("FAILED: {why}"),
+            StepResult::Failed => format!("FAILED: {why}"),
             _ if why.is_empty() => word.replace('_', " "),
             _ => format!("{word}: {why}"),
         };
@@ -343,11 +324,11 @@ pub fn reports_text(reports: &[StepReport]) -> String {
     out
 }
 
-/// The report of one request ([`crate::engine::outcome::Outcome`]) as text: the "INCOMPLETE
+/// The report of one request ([`Outcome`]) as text: the "INCOMPLETE
 /// VIEW" line first when the scan behind it could not see everything, then the unfinished plans
 /// it resumed, the plan, the steps as run and the device afterwards. `argument` is what the
 /// operator named.
-pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> String {
+pub fn outcome_text(out: &Outcome, argument: &str) -> String {
     let mut text = String::new();
     if let Some(line) = out.incomplete() {
         let _ = writeln!(text, "{line}");
@@ -375,7 +356,7 @@ pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> St
     match out.after.as_ref().and_then(|s| s.entry(plan.devnum).map(|e| (s, e))) {
         Some((scan, entry)) if !entry.holders.is_empty() => {
             let _ = writeln!(text, "still held after {}:", plan.operation);
-            text.push_str(&entry_table(scan, entry, None));
+            text.push_str(&entry_table(scan, entry));
         }
         Some((_, entry)) if entry.device.is_unbound_loop() => {
             let _ = writeln!(text, "{} is free and unbound", entry.device.name);
@@ -392,7 +373,7 @@ pub fn outcome_text(out: &crate::engine::outcome::Outcome, argument: &str) -> St
 
 /// Says what the journal's recovery did through `say`: each interrupted step closed (or left
 /// open), each unfinished plan resumed or left for its own command.
-pub fn say_recovery(out: &crate::engine::outcome::Outcome, say: impl Fn(&str)) {
+pub fn say_recovery(out: &Outcome, say: impl Fn(&str)) {
     say_recovery_of(&out.recovery, &say);
     for u in &out.unfinished {
         say(u);
@@ -400,7 +381,7 @@ pub fn say_recovery(out: &crate::engine::outcome::Outcome, say: impl Fn(&str)) {
 }
 
 /// Says what the journal's recovery did: each interrupted step closed, or left open and why.
-pub fn say_recovery_of(recovery: &crate::engine::recover::Recovery, say: impl Fn(&str)) {
+pub fn say_recovery_of(recovery: &Recovery, say: impl Fn(&str)) {
     for (i, how) in &recovery.resolved {
         say(&format!("recovered interrupted step {} ({}): {}", i.id, how.word, how.detail));
     }

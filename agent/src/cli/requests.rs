@@ -1,9 +1,8 @@
-//! `release`, `clean`, `plan` and `apply`: each device through the one request workflow
-//! ([`Engine::carry_out`]; with `--apply`/`--yes`, recovery and the unfinished plan an argument
+//! `release`, `clean`, `plan` and `apply`: each device through the engine's one request workflow
+//! ([`OneShot::carry`]; with `--apply`/`--yes`, recovery and the unfinished plan an argument
 //! owes come first, before it is resolved), printed as the agent's text or as the documents
-//! agentctl prints for the same question (`plans` for a dry run, `results` once carried out).
-
-use std::time::Duration;
+//! agentctl prints for the same question (`plans` for a dry run, `results` once carried out);
+//! the exit code of what each came to.
 
 use anyhow::Result;
 use blockjanitor_proto::v1 as pb;
@@ -12,45 +11,23 @@ use blockjanitor_rpc::view;
 use super::args::*;
 use super::output::{print_value, say};
 use super::render::{self, say_recovery};
-use super::settings::*;
 use crate::engine::dir_workflow::DirOutcome;
-use crate::engine::outcome::{Class, Outcome, Request, Subject};
-use crate::engine::world::LinuxWorld;
-use crate::engine::{Engine, Operation};
-use crate::graph::scan::Target;
-use crate::judge::grace::Clocks;
-use crate::judge::Verdict;
-use crate::server::convert_outcome::{outcome_plans, outcome_results};
+use crate::engine::outcome::{Class, Outcome};
+use crate::engine::requests::OneShot;
+use crate::engine::wire::outcome::{outcome_plans, outcome_results};
+use crate::engine::Operation;
 
-/// One request for the device the operator named: its outcome (the state file saved).
-pub fn carry(
-    cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    op: Operation,
-    device: &str,
-    apply: bool,
-) -> Result<Outcome> {
-    let journal_file = journal_path(cli);
-    let clocks = std::sync::Mutex::new(std::mem::replace(&mut state.clocks, Clocks::new(None)));
-    let request = Request {
-        op,
-        subject: Subject::Argument(device.to_owned()),
-        argument: device.to_owned(),
-        expected_identity: None,
-        apply,
-        by: format!("cli (uid {})", nix::unistd::geteuid()),
-        journal: &journal_file,
-        lock_wait: Duration::from_secs(cli.lock_wait),
-        clocks: &clocks,
-        admit: None,
-    };
-    let result = e.carry_out(&request);
-    state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
-    state.save();
-    let out = result?;
+/// One request for the device the operator named: its outcome (what the journal's recovery did
+/// said on stderr).
+pub fn carry(run: &mut OneShot, op: Operation, device: &str, apply: bool) -> Result<Outcome> {
+    let out = run.carry(op, device, apply)?;
     say_recovery(&out, |line| eprintln!("warning: {line}"));
     Ok(out)
+}
+
+/// The line a report opens with when the Kubernetes API's word is missing, or nothing.
+pub fn api_header(run: &OneShot) -> String {
+    run.api_line().map(|l| format!("{l}\n")).unwrap_or_default()
 }
 
 /// One outcome as the agent's text: the one line a refusal before any step is (sight,
@@ -62,10 +39,10 @@ fn outcome_text(out: &Outcome, device: &str) -> String {
     }
 }
 
-/// `text` with the Kubernetes API's line ([`super::kubernetes::api_line`]) at its top, after an
+/// `text` with the Kubernetes API's line ([`OneShot::api_line`]) at its top, after an
 /// INCOMPLETE VIEW line if it opens with one.
-fn with_api_line(text: &str, e: &Engine<LinuxWorld>) -> String {
-    let Some(api) = super::kubernetes::api_line(&e.world) else { return text.to_owned() };
+fn with_api_line(text: &str, run: &OneShot) -> String {
+    let Some(api) = run.api_line() else { return text.to_owned() };
     match text.split_once('\n').filter(|(first, _)| first.starts_with("INCOMPLETE VIEW")) {
         Some((first, rest)) => format!("{first}\n{api}\n{rest}"),
         None => format!("{api}\n{text}"),
@@ -83,49 +60,36 @@ fn unsupported(out: &Outcome) -> Result<()> {
 }
 
 /// `release` or `clean` of one device. Prints the report; returns the exit code.
-pub fn one_request(
-    cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    op: Operation,
-    device: &str,
-    apply: bool,
-) -> Result<u8> {
+pub fn one_request(cli: &Cli, run: &mut OneShot, op: Operation, device: &str, apply: bool) -> Result<u8> {
     let output = cli.output;
-    if super::dir_requests::is_dir_argument(device, &e.world.options.kubelet_dir) {
+    if run.is_dir_argument(device) {
         if op == Operation::Release {
             anyhow::bail!("{device} is a pod volume directory: release applies to devices (clean removes an orphaned, empty one)");
         }
-        return one_dir(cli, e, state, device, apply);
+        return one_dir(cli, run, device, apply);
     }
-    let out = carry(cli, e, state, op, device, apply)?;
+    let out = carry(run, op, device, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply))?;
         return Ok(code);
     }
     let text = outcome_text(&out, device);
-    say(&if out.judged.is_some() { with_api_line(&text, e) } else { text })?;
+    say(&if out.judged.is_some() { with_api_line(&text, run) } else { text })?;
     unsupported(&out)?;
     Ok(code)
 }
 
 /// `clean` of one pod volume directory. Prints the report; returns the exit code.
-fn one_dir(
-    cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    arg: &str,
-    apply: bool,
-) -> Result<u8> {
+fn one_dir(cli: &Cli, run: &mut OneShot, arg: &str, apply: bool) -> Result<u8> {
     let output = cli.output;
-    let out = super::dir_requests::carry_dir(cli, e, state, arg, apply)?;
+    let out = super::dir_requests::carry_dir(run, arg, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply))?;
         return Ok(code);
     }
-    say(&with_api_line(&super::dir_requests::dir_text(&out, arg), e))?;
+    say(&with_api_line(&super::dir_requests::dir_text(&out, arg), run))?;
     Ok(code)
 }
 
@@ -174,28 +138,14 @@ fn document(
 
 /// The devices a `plan` or `apply` is for: those named, else every stale device (from a scan
 /// of its own; a release needs the devices named).
-fn targets(
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
-    op: Operation,
-    named: &[String],
-) -> Result<Vec<String>> {
+fn targets(run: &mut OneShot, op: Operation, named: &[String]) -> Result<Vec<String>> {
     if !named.is_empty() {
         return Ok(named.to_vec());
     }
     if op == Operation::Release {
         anyhow::bail!("a release plan needs the devices named");
     }
-    let judged = e.judge(e.scan(Target::All)?, &mut state.clocks);
-    state.save();
-    Ok(judged
-        .scan
-        .graph
-        .devices
-        .iter()
-        .filter(|d| judged.verdict(d.device.devnum).is_some_and(|j| j.verdict == Verdict::Stale))
-        .map(|d| d.device.name.to_string())
-        .collect())
+    run.stale_devices()
 }
 
 /// `plan` (`yes` false, `apply` false) and `apply` (`apply` true): every device through the one
@@ -203,8 +153,7 @@ fn targets(
 /// and refuses, as agentctl's does. Returns the worst exit code.
 pub fn many(
     cli: &Cli,
-    e: &Engine<LinuxWorld>,
-    state: &mut StateFile<'_>,
+    run: &mut OneShot,
     op: Operation,
     named: &[String],
     apply: bool,
@@ -212,27 +161,22 @@ pub fn many(
 ) -> Result<u8> {
     let output = cli.output;
     let carried = apply && yes;
-    let kubelet_dir = e.world.options.kubelet_dir.clone();
-    let is_dir = |a: &String| super::dir_requests::is_dir_argument(a, &kubelet_dir);
-    let (dir_args, device_args): (Vec<String>, Vec<String>) = named.iter().cloned().partition(is_dir);
+    let (dir_args, device_args): (Vec<String>, Vec<String>) =
+        named.iter().cloned().partition(|a| run.is_dir_argument(a));
     if op == Operation::Release && !dir_args.is_empty() {
         anyhow::bail!("{} is a pod volume directory: release applies to devices", dir_args[0]);
     }
     let mut outcomes = Vec::new();
     if named.is_empty() || !device_args.is_empty() {
-        for device in targets(e, state, op, &device_args)? {
-            let out = carry(cli, e, state, op, &device, carried)?;
+        for device in targets(run, op, &device_args)? {
+            let out = carry(run, op, &device, carried)?;
             outcomes.push((device, out));
         }
     }
-    let dir_args = if named.is_empty() && op == Operation::Clean {
-        super::dir_requests::removable(e, state)
-    } else {
-        dir_args
-    };
+    let dir_args = if named.is_empty() && op == Operation::Clean { run.removable_dirs() } else { dir_args };
     let mut dirs = Vec::new();
     for arg in dir_args {
-        let out = super::dir_requests::carry_dir(cli, e, state, &arg, carried)?;
+        let out = super::dir_requests::carry_dir(run, &arg, carried)?;
         dirs.push((arg, out));
     }
     let worst = |c, class: Class| view::exit::worst(c, view::exit::outcome(class.as_str()));
@@ -241,13 +185,13 @@ pub fn many(
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&outcomes, &dirs, op, carried))?;
     } else if outcomes.is_empty() && dirs.is_empty() {
-        say(&super::kubernetes::header(&None, &e.world))?;
+        say(&api_header(run))?;
         say(if named.is_empty() { "no stale devices: nothing to do\n" } else { "nothing to do\n" })?;
     } else {
         let mut text: String = outcomes.iter().map(|(device, out)| outcome_text(out, device)).collect();
         text.extend(dirs.iter().map(|(arg, out)| super::dir_requests::dir_text(out, arg)));
         if outcomes.iter().any(|(_, o)| o.judged.is_some()) || !dirs.is_empty() {
-            text = with_api_line(&text, e);
+            text = with_api_line(&text, run);
         }
         say(&text)?;
     }

@@ -1,109 +1,69 @@
 //! The agent's settings, built once from its flags (and, for `serve`, its config file): the host
-//! it reads, how it scans, the engine's settings, the grace clocks kept between one-shot runs.
+//! it reads and how, the engine's settings, the one-shot run's engine ([`one_shot`]: the
+//! engine's request API, with the grace clocks kept between runs and the Kubernetes API's view).
 
 use super::args::*;
-use crate::act::journal;
 use crate::config::Config;
-use crate::discover::namespaces::MountReader;
-use crate::engine::world::LinuxWorld;
-use crate::engine::{Engine, Settings};
-use crate::host::HostRoot;
-use crate::judge::grace::Clocks;
-use crate::plan;
-use crate::snapshot::ScanOptions;
+use crate::engine::requests::api::ApiWanted;
+use crate::engine::requests::setup::{self, HostSpec};
+use crate::engine::requests::{OneShot, OneShotOptions};
+use crate::engine::Settings;
 use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub fn host(cli: &Cli) -> HostRoot {
-    let mut h = HostRoot::new(&cli.root);
-    if let Some(p) = &cli.proc {
-        h = h.with_proc(p);
-    }
-    if let Some(s) = &cli.sys {
-        h = h.with_sys(s);
-    }
-    if let Some(d) = &cli.dev {
-        h = h.with_dev(d);
-    }
-    h
-}
-
-/// How the one-shot commands read the host.
-pub fn scan_options(cli: &Cli) -> ScanOptions {
-    ScanOptions {
-        reader: MountReader::from(cli.mount_reader),
-        kubelet_dir: cli
-            .kubelet_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(crate::discover::kubelet::DEFAULT_KUBELET_DIR)),
+/// Where the host is and how to read it.
+pub fn host_spec(cli: &Cli) -> HostSpec {
+    HostSpec {
+        root: cli.root.clone(),
+        proc: cli.proc.clone(),
+        sys: cli.sys.clone(),
+        dev: cli.dev.clone(),
+        mountinfo_only: matches!(cli.mount_reader, ReaderArg::Mountinfo),
+        kubelet_dir: cli.kubelet_dir.clone(),
         trust_unreadable_init: cli.trust_unreadable_init,
-        ..ScanOptions::default()
+        timeout: Duration::from_secs(cli.timeout),
     }
 }
 
-/// The engine the one-shot commands drive, with the Kubernetes API's view where it is asked
-/// ([`super::kubernetes`]).
-pub fn engine(cli: &Cli, host: HostRoot, clean: plan::clean::CleanOptions) -> Engine<LinuxWorld> {
+/// The engine's settings for the one-shot commands, from the flags: the grace period and the
+/// rescan interval (twice it is the longest gap between two runs that keeps a grace clock
+/// running); a command's opt-ins are set on them.
+pub fn settings(cli: &Cli) -> Settings {
     let interval = Duration::from_secs(cli.rescan_interval.unwrap_or(60).max(1));
-    let world = LinuxWorld::new(host, scan_options(cli), Duration::from_secs(cli.timeout));
-    super::kubernetes::connect(cli, &world);
-    Engine::new(
-        world,
-        settings(
-            Duration::from_secs(cli.grace_period),
-            interval,
-            clean,
-            crate::judge::stall::DEFAULT_THRESHOLD,
-        ),
-    )
+    Settings::with_grace(Duration::from_secs(cli.grace_period), interval)
 }
 
-/// The engine's settings, for the one-shot commands (from the flags) and `serve` (from its
-/// config) alike: the grace period, the longest gap between two observations that keeps a grace
-/// clock running (two rescan intervals), what `clean` may do, and when a device that does not
-/// answer counts as hung.
-pub fn settings(
-    grace: Duration,
-    rescan_interval: Duration,
-    clean: plan::clean::CleanOptions,
-    unresponsive_after: Duration,
-) -> Settings {
-    Settings {
-        grace,
-        max_gap: rescan_interval * 2,
-        clean,
-        release: plan::release::ReleaseOptions::default(),
-        unresponsive_after,
-    }
+/// The engine for a one-shot command, with the grace clocks kept in `--state`, the statmount
+/// memo's place (which only `holders` and `scan` load) and the Kubernetes API's view where it
+/// is asked.
+pub fn one_shot(cli: &Cli, settings: Settings) -> OneShot {
+    OneShot::open(OneShotOptions {
+        host: host_spec(cli),
+        settings,
+        api: ApiWanted {
+            off: cli.no_kubernetes,
+            url: cli.kube_url.clone(),
+            kubeconfig: cli.kubeconfig.clone(),
+            node_name: node_name(cli),
+            silence_bound_seconds: cli.kube_silence_bound_seconds,
+            wait: Duration::from_secs(cli.kube_wait),
+        },
+        state: cli.state.clone(),
+        statmount_memo: statmount_memo_path(cli).map(PathBuf::from),
+        journal: journal_path(cli),
+        lock_wait: Duration::from_secs(cli.lock_wait),
+        by: format!("cli (uid {})", nix::unistd::geteuid()),
+    })
 }
 
-/// The grace clocks the one-shot commands keep in `--state` between runs (stamped with the boot
-/// id; a fixture tree keeps none).
-pub struct StateFile<'a> {
-    pub path: &'a std::path::Path,
-    pub live: bool,
-    pub clocks: Clocks,
-}
-
-impl<'a> StateFile<'a> {
-    pub fn load(cli: &'a Cli, host: &HostRoot) -> Self {
-        let live = host.is_live();
-        let boot = crate::host::clock::boot_id(host);
-        let clocks = if live { Clocks::load(&cli.state, boot) } else { Clocks::new(None) };
-        Self { path: &cli.state, live, clocks }
-    }
-
-    pub fn save(&self) {
-        if self.live {
-            if let Err(e) = self.clocks.save(self.path) {
-                tracing::warn!(
-                    "cannot save {}: {e}; the grace period restarts on the next run",
-                    self.path.display()
-                );
-            }
-        }
-    }
+/// This node's name: `--node-name` (or `$NODE_NAME`), else the host name.
+pub fn node_name(cli: &Cli) -> String {
+    cli.node_name.clone().unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into())
+    })
 }
 
 /// The `statmount` memo file, when one is kept: `--statmount-memo` is not empty, and the mount
@@ -114,7 +74,7 @@ pub fn statmount_memo_path(cli: &Cli) -> Option<&std::path::Path> {
 }
 
 pub fn journal_path(cli: &Cli) -> PathBuf {
-    cli.journal.clone().unwrap_or_else(|| PathBuf::from(journal::DEFAULT_PATH))
+    cli.journal.clone().unwrap_or_else(|| PathBuf::from(setup::JOURNAL))
 }
 
 /// Builds the daemon's config: the file (if any), then the flags.
@@ -201,9 +161,4 @@ pub fn serve_config(cli: &Cli, a: &ServeArgs) -> Result<Config> {
     c.trust_unreadable_init |= cli.trust_unreadable_init;
     c.validate()?;
     Ok(c)
-}
-
-/// The watches' options: the defaults, or scaled to the configured silence bound.
-pub fn watch_options(k: &crate::config::KubernetesConfig) -> crate::kube::WatchOptions {
-    crate::kube::WatchOptions::for_bound(k.silence_bound_seconds)
 }

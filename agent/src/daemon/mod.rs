@@ -2,7 +2,7 @@
 //! (block uevents, host mount-table changes, a slow timer), coalescing triggers so scans never
 //! stack, and publishes what changed as events. A mount change in a namespace re-reads that
 //! namespace alone (`mount_watch`), a device held by live filesystems alone is read again until
-//! they end (`fs_end`); the full scan stays the safety net.
+//! they end (`fs_end`); the full scan stays the safety net. [`start`] builds and starts it.
 
 pub mod budget;
 pub mod event_rate;
@@ -17,6 +17,7 @@ mod recovery;
 pub mod report;
 mod requests;
 mod scanner;
+pub mod start;
 pub mod state;
 mod statmount_memo;
 pub mod triggers;

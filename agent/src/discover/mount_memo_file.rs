@@ -21,10 +21,10 @@
 //! line with the reason): the run asks the kernel about every mount, as without a file. Nothing
 //! about the file is ever an error for the user.
 //!
-//! **Who uses it.** Only the report-only one-shot commands load it, from their entry in
-//! `cli/commands.rs`: never a scan behind an action (`plan`, `clean`, `release`, `apply`, the
-//! re-check before each step in `engine/recheck.rs`, which run in processes that never load
-//! it), never the daemon (whose memory is its own). They save it after the run, and the daemon
+//! **Who uses it.** Only the report-only one-shot requests load it, `holders` and `scan` in
+//! `engine/requests/show.rs`: never a scan behind an action (`plan`, `clean`, `release`,
+//! `apply`, the re-check before each step in `engine/recheck.rs`, which run in processes that
+//! never load it), never the daemon (whose memory is its own). They save it after the run, and the daemon
 //! after each full scan ([`Kept::written_only`]: it writes, never reads), only when the memo
 //! learned or dropped something (a steady node writes nothing), to a temporary file in the same
 //! directory renamed over the old one: two writers at once leave one or the other, whole. So on

@@ -222,10 +222,11 @@ fn only_the_report_only_commands_load_the_memo() {
     found.sort();
     assert_eq!(
         found,
-        ["src/cli/commands.rs", "src/discover/mount_memo_file_tests.rs"],
+        ["src/discover/mount_memo_file_tests.rs", "src/engine/requests/show.rs"],
         "the memo file is loaded only by `holders` and `scan`"
     );
-    let commands = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli/commands.rs"))
-        .expect("commands.rs");
-    assert_eq!(commands.matches("report_only_memo(cli, &host)").count(), 2, "holders and scan");
+    let show =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/engine/requests/show.rs"))
+            .expect("show.rs");
+    assert_eq!(show.matches("self.load_report_only_memo();").count(), 2, "holders and scan");
 }

@@ -81,7 +81,7 @@ pub struct DirOutcome {
 }
 
 impl DirOutcome {
-    /// What it came to, as the exit code says: done, held (kept, mounted, in use), unknown,
+    /// What it came to, in a script's words: done, held (kept, mounted, in use), unknown,
     /// refused (not removable yet, a re-check), error (a failed step).
     pub fn class(&self) -> Class {
         if let Some((c, _)) = &self.refusal {

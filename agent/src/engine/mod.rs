@@ -21,6 +21,9 @@
 //!
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
 //! host, a simulated one in the property test.
+//!
+//! The fronts (the one-shot CLI, the gRPC service) reach the engine only through its request
+//! API ([`requests`]) and return its answers on the wire ([`wire`]), built once for all of them.
 
 pub mod dir_recover;
 pub mod dir_workflow;
@@ -33,7 +36,9 @@ pub mod pod_volumes;
 mod propagation;
 pub mod recheck;
 pub mod recover;
+pub mod requests;
 pub mod view;
+pub mod wire;
 pub mod workflow;
 pub mod world;
 
@@ -45,9 +50,9 @@ use crate::host::clock::BootTime;
 use crate::judge::grace::Clocks;
 use crate::judge::stall::{Stall, StallWatch};
 use crate::judge::{self, Judgement};
+use crate::model::opt_ins::{CleanOptions, ReleaseOptions};
 use crate::model::DevNum;
-use crate::plan::clean::CleanOptions;
-use crate::plan::{self, Step};
+use crate::plan::Step;
 use error::EngineError;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -82,7 +87,7 @@ pub struct Settings {
     /// Opt-ins for clean.
     pub clean: CleanOptions,
     /// Opt-ins for release (`--force-busy`).
-    pub release: plan::release::ReleaseOptions,
+    pub release: ReleaseOptions,
     /// How long I/O in flight may go without any completing before the device is unresponsive.
     pub unresponsive_after: Duration,
 }
@@ -93,7 +98,7 @@ impl Default for Settings {
             grace: Duration::from_secs(300),
             max_gap: Duration::from_secs(120),
             clean: CleanOptions::default(),
-            release: plan::release::ReleaseOptions::default(),
+            release: ReleaseOptions::default(),
             unresponsive_after: crate::judge::stall::DEFAULT_THRESHOLD,
         }
     }

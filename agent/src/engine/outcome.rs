@@ -1,6 +1,6 @@
 //! What a request to the engine is, and what carrying it out gave: the subject, the request,
-//! the outcome (plans resumed, the judged scan, the plan, the step reports) and its class (the
-//! exit code of the one-shot CLI).
+//! the outcome (plans resumed, the judged scan, the plan, the step reports) and its class (what
+//! it came to, in a script's words; how a front says it is the front's).
 
 use super::recover::Recovery;
 use super::{Judged, Operation};
@@ -53,7 +53,8 @@ pub struct Request<'a> {
 /// A caller's own may-act on a plan, called right before the plan is journaled: why not.
 pub type Admit<'a> = &'a dyn Fn(&Plan) -> Result<(), String>;
 
-/// What a request came to, in the words a script needs (see the README's "Exit codes").
+/// What a request came to, in the words a script needs (each front says it its own way: the
+/// CLI as its status, the wire as `DevicePlan.outcome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Class {
     /// Nothing to do, a dry run that may go, or every step done: the device is free.
@@ -230,7 +231,7 @@ impl Outcome {
             let verdict = self.judged.as_ref().and_then(|j| j.verdict(plan.devnum)).map(|v| v.verdict);
             // Unknown only for what the scan could not see; a verdict `unknown` for another
             // reason (the Kubernetes API cannot vouch, the device stopped answering) is a
-            // safety rule's refusal, as the exit-code table says.
+            // safety rule's refusal.
             // A protected device (or a layer of the plan) is a safety rule's refusal, held or not.
             let protected = verdict == Some(Verdict::Protected)
                 || plan.refusal.as_deref().is_some_and(|r| r.contains(crate::judge::gates::PROTECTED));

@@ -17,8 +17,8 @@ use crate::judge::stall::Stall;
 use crate::judge::{Judgement, Verdict};
 use crate::kube::ClusterView;
 use crate::model::blindspot::BlindSpot;
+use crate::model::scan_stats::ScanStats;
 use crate::model::{DevNum, MountNsId};
-use crate::snapshot::ScanStats;
 
 /// A device with its verdict.
 #[derive(Debug, Clone, Serialize)]

@@ -12,8 +12,8 @@ use serde::Serialize;
 use crate::graph::{DeviceEntry, DeviceGraph};
 use crate::host::clock::BootTime;
 use crate::model::blindspot::BlindSpot;
+use crate::model::scan_stats::ScanStats;
 use crate::model::DevNum;
-use crate::snapshot::ScanStats;
 
 /// What a scan looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]

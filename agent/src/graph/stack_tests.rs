@@ -304,8 +304,11 @@ fn an_unheld_stack_on_a_dead_map_is_stale_with_it_and_planned_top_down() {
         }
     }
     // A layer is never cleaned on its own.
-    let alone =
-        plan::clean::for_clean(&scan.graph.devices[2], &scan.graph, plan::clean::CleanOptions::default());
+    let alone = plan::clean::for_clean(
+        &scan.graph.devices[2],
+        &scan.graph,
+        crate::model::opt_ins::CleanOptions::default(),
+    );
     assert!(alone.steps.is_empty() && !alone.unsupported, "{alone:?}");
     assert!(alone.refusal.as_deref().is_some_and(|r| r.contains("LV vg0/lv0 stacked on dm-0")), "{alone:?}");
 }
@@ -491,9 +494,8 @@ fn layers_in_the_output_and_the_api() {
     use blockjanitor_proto::v1 as pb;
     use blockjanitor_rpc::view::values::stack_value;
     let g = graph();
-    let stack = |i: usize| {
-        layer_of(&g.devices[i].device).map(|l| stack_value(&crate::server::convert::stack_layer(&l)))
-    };
+    let stack =
+        |i: usize| layer_of(&g.devices[i].device).map(|l| stack_value(&crate::engine::wire::stack_layer(&l)));
     let v = stack(2).expect("an LV");
     assert_eq!(v["kind"], "lvm_lv", "{v:#}");
     assert_eq!((v["vg"].as_str(), v["lv"].as_str()), (Some("vg0"), Some("lv0")));
@@ -502,13 +504,13 @@ fn layers_in_the_output_and_the_api() {
     assert!(stack(0).is_none());
 
     let l = layer_of(&g.devices[1].device).expect("partition map");
-    let m = crate::server::convert::stack_layer(&l);
+    let m = crate::engine::wire::stack_layer(&l);
     assert_eq!(m.kind, pb::DeviceKind::PartitionMap as i32);
     assert_eq!((m.partition_number, m.parent_uuid.as_str()), (1, "mpath-333333330000007d0"));
     assert_eq!(m.description, "partition map 1");
-    let m = crate::server::convert::stack_layer(&layer_of(&g.devices[3].device).expect("crypt"));
+    let m = crate::engine::wire::stack_layer(&layer_of(&g.devices[3].device).expect("crypt"));
     assert_eq!((m.kind, m.crypt_format.as_str()), (pb::DeviceKind::Crypt as i32, "LUKS2"));
     assert_eq!(m.crypt_header_uuid, "daa1f094a6f6461ba20ed0d7b8aa243c");
-    let m = crate::server::convert::stack_layer(&layer_of(&g.devices[2].device).expect("LV"));
+    let m = crate::engine::wire::stack_layer(&layer_of(&g.devices[2].device).expect("LV"));
     assert_eq!((m.kind, m.vg.as_str(), m.lv.as_str()), (pb::DeviceKind::LvmLv as i32, "vg0", "lv0"));
 }

@@ -8,9 +8,9 @@ use crate::graph::{DeviceEntry, DeviceGraph, Holder};
 use crate::host::clock::BootTime;
 use crate::judge::grace::Clocks;
 use crate::judge::stall::Stall;
+use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, DeviceName, KernelText, MountNsId};
 use crate::model::{DevNum, DeviceKind, HolderKind};
-use crate::snapshot::ScanStats;
 use std::collections::HashMap;
 use std::time::Duration;
 

@@ -5,6 +5,8 @@
 
 pub mod blindspot;
 pub mod few;
+pub mod opt_ins;
+pub mod scan_stats;
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;

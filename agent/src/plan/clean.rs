@@ -1,17 +1,9 @@
 //! What `clean` does to a device, by its kind: one transport's plan each.
 
 use crate::graph::{DeviceEntry, DeviceGraph};
+use crate::model::opt_ins::CleanOptions;
 use crate::model::DeviceKind;
 use crate::plan::step::Plan;
-
-/// Opt-ins for `clean`, off by default.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CleanOptions {
-    /// Remove a multipath map on its last close if it is still open (`DM_DEFERRED_REMOVE`).
-    pub deferred_remove: bool,
-    /// Unmap rbd with `force`: in-flight I/O fails, and a mount left behind cannot be unmounted.
-    pub force_unmap: bool,
-}
 
 /// What `clean` does to a device, by kind: tear down a multipath map, delete a standalone SCSI
 /// disk, unmap an rbd image, disconnect an nbd device, unbind a loop device.

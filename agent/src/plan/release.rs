@@ -5,6 +5,7 @@
 use crate::graph::propagation::HostChain;
 use crate::graph::{DeviceEntry, Holder};
 use crate::judge::gates::{self, Releasing};
+use crate::model::opt_ins::ReleaseOptions;
 use crate::model::{HolderKind, MountNsId};
 use crate::plan::step::{Action, LeftAlone, Plan, Step};
 
@@ -12,16 +13,6 @@ use crate::plan::step::{Action, LeftAlone, Plan, Step};
 /// by propagation, directly or through any chain of peer groups ([`HostChain`]).
 pub fn host_copy(h: &Holder, chain: &HostChain) -> Option<String> {
     chain.ties(h).map(|why| format!("{}: {why}: left alone", h.describe()))
-}
-
-/// Opt-ins for `release`, off by default.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReleaseOptions {
-    /// Detach mounts although processes in their namespaces use the filesystem (`--force-busy
-    /// REASON`): the operator's reason, which goes into the plan, the journal and the audit log.
-    /// Covers process users only: never swap, a loop device's backing file, a stacked device, a
-    /// filesystem with no mount, a blind spot or a copy of a host mount.
-    pub force_busy: Option<String>,
 }
 
 /// Plans the release of every foreign-namespace mount of `entry`'s device that is not tied to

@@ -1,8 +1,9 @@
 //! Tests of planning: release, clean by kind, teardown of a dead map.
 
-use super::release::{detached_namespaces, release, release_with, ReleaseOptions};
+use super::release::{detached_namespaces, release, release_with};
 use crate::discover::namespaces::NsEntry;
 use crate::graph::{DeviceEntry, Holder};
+use crate::model::opt_ins::ReleaseOptions;
 use crate::model::DevNum;
 use crate::model::{DeviceName, HolderKind, MountNsId};
 

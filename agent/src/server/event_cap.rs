@@ -22,6 +22,7 @@ use blockjanitor_rpc::view::doc::event_doc;
 use prost::Message as _;
 
 use super::convert;
+use crate::engine::wire;
 
 /// Most bytes of one event, on the wire and as JSON.
 pub const EVENT_BYTES_MAX: usize = 4096;
@@ -46,7 +47,7 @@ pub fn printed_len(ev: &pb::Event) -> usize {
 
 /// A device with more holders than this cannot fit the cap (a holder costs at least 4 bytes on
 /// the wire: its tag and length, and its kind, which is never left unspecified): its event is made with its holders by kind from the start
-/// ([`convert::device_by_kind`], with at most [`REASONS_MADE`] reasons).
+/// ([`wire::device_by_kind`], with at most [`REASONS_MADE`] reasons).
 pub const HOLDERS_NEVER_FIT: usize = EVENT_BYTES_MAX / 4;
 /// The reasons made for such an event: a reason costs at least 2 bytes on the wire (its tag and
 /// length), so no event within the cap carries more, and the cap keeps of these exactly the
@@ -68,7 +69,7 @@ pub fn event_for(
     };
     let (held, reasons) = (d.entry.holders.len(), d.judgement.reasons.len());
     let mut ev = convert::event(&crate::daemon::events::AgentEvent { current: None, ..e.clone() });
-    ev.current = Some(for_role(convert::device_by_kind(d, REASONS_MADE)));
+    ev.current = Some(for_role(wire::device_by_kind(d, REASONS_MADE)));
     summarised_within(ev, held, reasons)
 }
 
@@ -87,7 +88,7 @@ pub fn capped(ev: pb::Event) -> pb::Event {
     }
     let Some(d) = ev.current.as_mut() else { return ev };
     let (held, reasons) = (d.holders.len(), d.reasons.len());
-    d.holders = by_kind(&d.holders);
+    d.holders = wire::holders_by_kind(&d.holders);
     summarised_within(ev, held, reasons)
 }
 
@@ -136,14 +137,6 @@ fn summarised_within(ev: pb::Event, held: usize, total_reasons: usize) -> pb::Ev
         d.reasons = kept;
     }
     with_note(ev, &summarised, &cut)
-}
-
-/// The holders as one entry per kind, each with the number of processes (at least one) it stands for.
-fn by_kind(holders: &[pb::Holder]) -> Vec<pb::Holder> {
-    crate::graph::by_kind::count_by_kind(holders.iter().map(|h| (h.kind, h.pid_count as usize)))
-        .into_iter()
-        .map(|(kind, count)| pb::Holder { kind, pid_count: count as u32, ..Default::default() })
-        .collect()
 }
 
 /// The event with its message saying what the cap left out.

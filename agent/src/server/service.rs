@@ -15,6 +15,8 @@ use super::convert;
 use super::event_cap;
 use super::status::to_status;
 use crate::daemon::state::AgentState;
+use crate::engine::view::View;
+use crate::engine::wire;
 use blockjanitor_rpc::auth::{self, Policy, Role};
 use blockjanitor_rpc::peer_limit::PeerLimit;
 
@@ -41,12 +43,12 @@ impl AgentService {
     }
 
     /// The latest scan's devices as messages.
-    fn devices(&self, view: &crate::engine::view::View) -> Arc<Vec<pb::Device>> {
+    fn devices(&self, view: &View) -> Arc<Vec<pb::Device>> {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         match &*cache {
             Some((n, d)) if *n == view.scan_number => Arc::clone(d),
             _ => {
-                let d = Arc::new(view.devices.iter().map(|d| convert::device(d)).collect::<Vec<_>>());
+                let d = Arc::new(view.devices.iter().map(|d| wire::device(d)).collect::<Vec<_>>());
                 *cache = Some((view.scan_number, Arc::clone(&d)));
                 d
             }
@@ -82,7 +84,7 @@ impl Agent for AgentService {
             name: self.state.node_name.clone(),
             kernel: self.state.kernel.clone(),
             agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-            last_scan_unix_seconds: v.scanned_at.map_or(0.0, convert::secs),
+            last_scan_unix_seconds: v.scanned_at.map_or(0.0, wire::secs),
             last_scan_duration_ms: v.stats.duration.as_secs_f64() * 1000.0,
             scans: v.scan_number,
             devices: v.devices.len() as u32,
@@ -91,7 +93,7 @@ impl Agent for AgentService {
             kubernetes: v.api_state.to_string(),
             blind_spots: v.blind_spots.iter().map(|b| b.to_string()).collect(),
             last_full_scan: v.devices_read_scan,
-            last_full_scan_unix_seconds: v.devices_read_at.map_or(0.0, convert::secs),
+            last_full_scan_unix_seconds: v.devices_read_at.map_or(0.0, wire::secs),
             not_ready_because: self.state.health.borrow().reasons(),
         }))
     }
@@ -114,13 +116,13 @@ impl Agent for AgentService {
             .filter(|d| verdict == pb::Verdict::Unspecified || d.verdict == verdict as i32)
             .map(|d| for_role(d.clone(), role))
             .collect();
-        Ok(Response::new(convert::devices_response(&v, devices)))
+        Ok(Response::new(wire::devices_response(&v, devices)))
     }
 
     async fn get_device(&self, req: Request<pb::GetDeviceRequest>) -> Result<Response<pb::Device>, Status> {
         let role = self.policy.require(&req, Role::Viewer)?;
         let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
-        Ok(Response::new(for_role(convert::device(&d), role)))
+        Ok(Response::new(for_role(wire::device(&d), role)))
     }
 
     async fn list_holders(
@@ -130,7 +132,7 @@ impl Agent for AgentService {
         let role = self.policy.require(&req, Role::Viewer)?;
         let d = self.state.find(&req.into_inner().device).map_err(to_status)?;
         let v = self.state.view();
-        Ok(Response::new(convert::holders_response(&v, &d, for_role(convert::device(&d), role))))
+        Ok(Response::new(wire::holders_response(&v, &d, for_role(wire::device(&d), role))))
     }
 
     async fn plan(&self, req: Request<pb::PlanRequest>) -> Result<Response<pb::PlanResponse>, Status> {
@@ -155,11 +157,11 @@ impl Agent for AgentService {
                 .into_iter()
                 .map(|(p, class, incomplete)| pb::DevicePlan {
                     incomplete_view: incomplete.unwrap_or_default(),
-                    ..convert::plan(&(p, class))
+                    ..wire::plan(&(p, class))
                 })
                 .collect(),
             warnings: v.warnings.clone(),
-            blind_spots: convert::blind_spots(&v),
+            blind_spots: wire::blind_spots(&v),
         }))
     }
 
@@ -190,10 +192,10 @@ impl Agent for AgentService {
             self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
         let v = self.state.view();
         Ok(Response::new(pb::ApplyResponse {
-            plans: plans.iter().map(convert::plan).collect(),
-            results: reports.iter().map(convert::report).collect(),
+            plans: plans.iter().map(wire::plan).collect(),
+            results: reports.iter().map(wire::report).collect(),
             warnings: v.warnings.clone(),
-            blind_spots: convert::blind_spots(&v),
+            blind_spots: wire::blind_spots(&v),
             ..Default::default()
         }))
     }

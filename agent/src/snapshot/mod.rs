@@ -9,7 +9,6 @@
 //! becomes a mount of each member device listed in `/sys/fs/btrfs/<fsid>/devices/`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -20,6 +19,7 @@ use crate::discover::namespaces::{MountNamespace, MountReader, NsMount};
 use crate::discover::swaps::SwapType;
 use crate::discover::{dm, kubelet, nbd, nvme, rbd, scsi};
 use crate::model::blindspot::BlindSpot;
+use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
@@ -52,27 +52,6 @@ pub struct SwapUse {
 pub struct KernelThread {
     pub pid: u32,
     pub comm: KernelText,
-}
-
-/// Counters for the summary line and the benchmark.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct ScanStats {
-    pub processes: usize,
-    pub tasks: usize,
-    pub kernel_threads: usize,
-    pub mount_namespaces: usize,
-    /// Mounts seen, over all namespaces.
-    pub mounts: usize,
-    /// Namespaces checked with `statmount` alone (no mountinfo text needed).
-    pub namespaces_via_statmount: usize,
-    /// mountinfo text read.
-    pub mountinfo_bytes: usize,
-    #[serde(serialize_with = "ser_ms")]
-    pub duration: Duration,
-}
-
-fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64() * 1000.0)
 }
 
 /// Everything one scan saw.

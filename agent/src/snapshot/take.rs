@@ -6,7 +6,7 @@ use super::inventory::{
 };
 use super::process_memo::{Context, ProcessMemo};
 use super::task_memo::TaskMemo;
-use super::{KernelThread, ScanOptions, ScanStats, Scope, Snapshot};
+use super::{KernelThread, ScanOptions, Scope, Snapshot};
 use crate::discover::fds::{self, ProcRef};
 use crate::discover::livefs::{self, AnonIndex, LiveFs};
 use crate::discover::namespaces::{self, MountNamespace, NsEntry, NsMount, TextReuse, Wanted};
@@ -14,6 +14,7 @@ use crate::discover::processes::{self, ProcEntry};
 use crate::discover::{blockdev, kubelet, sight, DiscoverError};
 use crate::host::HostRoot;
 use crate::model::blindspot::BlindSpot;
+use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, DevNum, DeviceName, MountNsId, ProcessInfo};
 use crate::{host::parallel, host::sys};
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -9,8 +9,9 @@ use crate::discover::fds::ProcRef;
 use crate::discover::iostat::IoStat;
 use crate::discover::mountinfo::parse_line;
 use crate::discover::namespaces::{MountNamespace, NsEntry, NsMount};
+use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, DevNum, DeviceKind, DeviceName, HolderKind, MountNsId};
-use crate::snapshot::{ScanStats, Snapshot};
+use crate::snapshot::Snapshot;
 
 const IMAGE: DevNum = DevNum::new(7, 0);
 const VOLUME: DevNum = DevNum::new(7, 1);

@@ -5,7 +5,7 @@ use blockjanitor_proto::v1 as pb;
 
 use crate::graph::pin_risks::{PinCopy, PinReport, PinRisk};
 
-use super::convert_detail::escaped;
+use super::detail::escaped;
 
 /// Every pin risk of a report (the risks, then the namespaces that could not be judged).
 pub fn pin_risks(r: &PinReport) -> Vec<pb::PinRisk> {

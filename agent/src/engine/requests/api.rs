@@ -1,43 +1,49 @@
 //! The Kubernetes API's view for a one-shot run: the same view the daemon keeps (its watches,
-//! [`crate::kube::source`]), built when the API is configured (`--kube-url`, `--kubeconfig`) or
-//! the run is in a cluster (a service-account token), and waited for up to `--kube-wait` before
+//! [`crate::kube::source`]), built when the API is configured (a URL, a kubeconfig) or the run is
+//! in a cluster (a service-account token), and waited for up to [`ApiWanted::wait`] before
 //! anything is judged. An API that does not answer by then leaves a view that cannot vouch:
 //! every device a PV could own is `unknown`, never `stale`. Outside a cluster with nothing
-//! configured, or with `--no-kubernetes`, the API is not asked; either way the report says what
-//! the API's word was worth on its first lines ([`api_line`]).
+//! configured, or turned off, the API is not asked; either way the report says what the API's
+//! word was worth on its first lines ([`api_line`]).
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::args::Cli;
 use crate::engine::world::{LinuxWorld, World};
 use crate::kube::source::{self, Choice};
-use crate::kube::{ApiState, ClusterView};
+use crate::kube::{ApiState, ClusterView, KubeConfig, WatchOptions};
 
 /// The runtime the one-shot run's watches live on, until the process exits.
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
-/// This node's name: `--node-name` (or `$NODE_NAME`), else the host name.
-pub fn node_name(cli: &Cli) -> String {
-    cli.node_name.clone().unwrap_or_else(|| {
-        nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_else(|_| "unknown".into())
-    })
+/// What a one-shot run's flags say of the Kubernetes API.
+#[derive(Debug, Clone)]
+pub struct ApiWanted {
+    /// The operator turned the API off (`--no-kubernetes`).
+    pub off: bool,
+    pub url: Option<String>,
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name, as the API knows it.
+    pub node_name: String,
+    /// The longest silence of a watch that still vouches (unset: the default).
+    pub silence_bound_seconds: Option<u64>,
+    /// How long to wait for the view to vouch before judging anything.
+    pub wait: Duration,
 }
 
-/// Gives `world` the API's view as this run's flags and surroundings say (see the module docs).
-pub fn connect(cli: &Cli, world: &LinuxWorld) {
-    let wanted = source::Wanted {
-        enabled: cli.no_kubernetes.then_some(false),
+/// Gives `world` the API's view as `wanted` and the surroundings say (see the module docs).
+pub(super) fn connect(wanted: &ApiWanted, world: &LinuxWorld) {
+    let chosen = source::Wanted {
+        enabled: wanted.off.then_some(false),
         off_by: Some("--no-kubernetes".to_owned()),
-        url: cli.kube_url.clone(),
-        kubeconfig: cli.kubeconfig.clone(),
-        node_name: node_name(cli),
+        url: wanted.url.clone(),
+        kubeconfig: wanted.kubeconfig.clone(),
+        node_name: wanted.node_name.clone(),
     };
-    match source::choose(&wanted, source::in_cluster()) {
+    match source::choose(&chosen, source::in_cluster()) {
         Choice::Off(why) => {
             let _ = world.api_off.set(why);
         }
@@ -45,16 +51,16 @@ pub fn connect(cli: &Cli, world: &LinuxWorld) {
             let _ = world.api_off.set("not in a cluster, and no --kubeconfig or --kube-url".to_owned());
         }
         Choice::Use(cfg) => {
-            let rx = watch_until_vouched(cfg, cli);
+            let rx = watch_until_vouched(cfg, wanted);
             let _ = world.cluster.set(rx);
         }
     }
 }
 
-/// Starts the watches on the one-shot runtime and waits (at most `--kube-wait`) for the view to
-/// vouch; returns its receiver, vouching or not.
-fn watch_until_vouched(cfg: crate::kube::KubeConfig, cli: &Cli) -> watch::Receiver<ClusterView> {
-    let options = crate::kube::WatchOptions::for_bound(cli.kube_silence_bound_seconds);
+/// Starts the watches on the one-shot runtime and waits (at most [`ApiWanted::wait`]) for the
+/// view to vouch; returns its receiver, vouching or not.
+fn watch_until_vouched(cfg: KubeConfig, wanted: &ApiWanted) -> watch::Receiver<ClusterView> {
+    let options = WatchOptions::for_bound(wanted.silence_bound_seconds);
     let (tx, mut rx) = watch::channel(ClusterView {
         node_name: cfg.node_name.clone(),
         silence_bound: options.silence_bound,
@@ -72,7 +78,7 @@ fn watch_until_vouched(cfg: crate::kube::KubeConfig, cli: &Cli) -> watch::Receiv
         }
     };
     rt.spawn(source::supervise(cfg, options, tx, |_| {}));
-    let deadline = Instant::now() + Duration::from_secs(cli.kube_wait);
+    let deadline = Instant::now() + wanted.wait;
     rt.block_on(async {
         loop {
             if rx.borrow_and_update().vouch(crate::host::clock::BootTime::now()).is_ok() {
@@ -97,16 +103,8 @@ fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
     Ok(RUNTIME.get_or_init(|| rt))
 }
 
-/// The lines a one-shot report opens with: INCOMPLETE VIEW when a blind spot could hide a
-/// holder, then the Kubernetes API's state when its word is missing (off, not asked, or it
-/// cannot vouch).
-pub fn header(incomplete: &Option<String>, world: &LinuxWorld) -> String {
-    let api = api_line(world);
-    incomplete.iter().chain(api.iter()).map(|l| format!("{l}\n")).collect()
-}
-
 /// The line a one-shot report opens with when the API's word is missing (off, not asked, or it
 /// cannot vouch): `None` while it vouches.
-pub fn api_line(world: &LinuxWorld) -> Option<String> {
+pub(super) fn api_line(world: &LinuxWorld) -> Option<String> {
     ApiState::of(world.cluster().as_ref(), &world.api_off(), world.now()).missing()
 }

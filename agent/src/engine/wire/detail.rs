@@ -1,7 +1,7 @@
 //! The details the agent's one-shot JSON always showed, as protobuf messages too (issue 21: one
 //! output model): a holder's mount details and how its namespace is entered, a loop device's
 //! status, a dm device's, a multipath map's paths, a SCSI disk's state and transport, an nbd
-//! device's server. [`super::convert`] puts them into `Holder` and `Device`.
+//! device's server. [`super`] puts them into `Holder` and `Device`.
 
 use blockjanitor_proto::v1 as pb;
 

@@ -1,6 +1,6 @@
 //! One request's outcome ([`Outcome`]: the one-shot `release`/`clean`, the agent's `plan` and
 //! `apply`) as the messages the gRPC server answers Plan and Apply with, through the same
-//! conversions ([`super::convert::plan`], [`super::convert::report`], [`super::convert::device`]):
+//! conversions ([`super::plan`], [`super::report`], [`super::device`]):
 //! the one-shot commands print them with the renderer agentctl uses.
 
 use blockjanitor_proto::v1 as pb;
@@ -10,8 +10,6 @@ use crate::engine::view::DeviceView;
 use crate::graph::identity::Identity;
 use crate::judge::{Judgement, Verdict};
 
-use super::convert;
-
 /// The plan an outcome came to, with its class, operation and INCOMPLETE VIEW line; a refusal
 /// before any plan (sight, may-act, the journal's lock) is a plan of no steps that says why,
 /// for the device as the operator named it (`argument`). `None` when nothing was planned (the
@@ -19,7 +17,7 @@ use super::convert;
 pub fn outcome_plan(out: &Outcome, op: crate::engine::Operation, argument: &str) -> Option<pb::DevicePlan> {
     let class = out.class();
     let mut p = match &out.plan {
-        Some(plan) => convert::plan(&(plan.clone(), class)),
+        Some(plan) => super::plan(&(plan.clone(), class)),
         None => {
             let (_, why) = out.refusal.as_ref()?;
             pb::DevicePlan {
@@ -67,7 +65,7 @@ pub fn outcome_results(out: &Outcome, op: crate::engine::Operation, argument: &s
     let (warnings, blind_spots) = context(out);
     pb::ApplyResponse {
         plans: outcome_plan(out, op, argument).into_iter().collect(),
-        results: out.reports.iter().map(convert::report).collect(),
+        results: out.reports.iter().map(super::report).collect(),
         resumed: out.resumed.iter().map(resumed).collect(),
         after: after(out).into_iter().collect(),
         warnings,
@@ -82,7 +80,7 @@ pub fn resumed(r: &Resumed) -> pb::ResumedPlan {
         argument: r.argument.clone(),
         device: r.device.clone(),
         already_done: r.already_done as u32,
-        results: r.reports.iter().map(convert::report).collect(),
+        results: r.reports.iter().map(super::report).collect(),
         refusal: r.refused.as_ref().map(ToString::to_string).unwrap_or_default(),
         summary: r.describe(),
     }
@@ -101,7 +99,7 @@ fn after(out: &Outcome) -> Option<pb::Device> {
         last_seen: None,
         api_word: 0,
     };
-    let mut d = convert::device(&view);
+    let mut d = super::device(&view);
     d.verdict = pb::Verdict::Unspecified as i32;
     Some(d)
 }

@@ -1,0 +1,96 @@
+//! The one-shot requests that may act: `release`, `clean`, `plan` and `apply` of a device
+//! through the one request workflow ([`crate::engine::Engine::carry_out`]; with `apply`, recovery and the
+//! unfinished plan an argument owes come first, before it is resolved), and `clean` of an
+//! orphaned pod volume directory through the directory workflow ([`crate::engine::Engine::carry_out_dir`]);
+//! what `plan` and `apply` take when no argument is named.
+
+use std::sync::Mutex;
+
+use super::OneShot;
+use crate::engine::dir_workflow::{DirOutcome, DirRequest};
+use crate::engine::outcome::{Outcome, Request, Subject};
+use crate::engine::Operation;
+use crate::graph::scan::Target;
+use crate::judge::grace::Clocks;
+use crate::judge::orphans::DirVerdict;
+use crate::judge::Verdict;
+use crate::plan::pod_volume;
+
+impl OneShot {
+    /// `op` on the device the operator named (`device`, in their words), carried out when
+    /// `apply`, else a dry run through the same workflow; the grace clocks saved either way.
+    pub fn carry(&mut self, op: Operation, device: &str, apply: bool) -> anyhow::Result<Outcome> {
+        let clocks = Mutex::new(std::mem::replace(&mut self.state.clocks, Clocks::new(None)));
+        let request = Request {
+            op,
+            subject: Subject::Argument(device.to_owned()),
+            argument: device.to_owned(),
+            expected_identity: None,
+            apply,
+            by: self.by.clone(),
+            journal: &self.journal,
+            lock_wait: self.lock_wait,
+            clocks: &clocks,
+            admit: None,
+        };
+        let result = self.engine.carry_out(&request);
+        self.state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
+        self.save();
+        Ok(result?)
+    }
+
+    /// `clean` of the pod volume directory `arg` names, carried out when `apply`; the grace
+    /// clocks saved either way.
+    pub fn carry_dir(&mut self, arg: &str, apply: bool) -> anyhow::Result<DirOutcome> {
+        let clocks = Mutex::new(std::mem::replace(&mut self.state.clocks, Clocks::new(None)));
+        let req = DirRequest {
+            argument: arg.to_owned(),
+            apply,
+            by: self.by.clone(),
+            journal: &self.journal,
+            lock_wait: self.lock_wait,
+            clocks: &clocks,
+            admit: None,
+        };
+        let result = self.engine.carry_out_dir(&req);
+        self.state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
+        self.save();
+        Ok(result?)
+    }
+
+    /// Whether `arg` names a pod volume directory (`pod-volume:<pod uid>/volumes/...`, or its
+    /// path below the kubelet directory) rather than a device.
+    pub fn is_dir_argument(&self, arg: &str) -> bool {
+        let kubelet_dir = &self.engine.world.options.kubelet_dir;
+        arg.starts_with(pod_volume::PREFIX) || pod_volume::parse_argument(arg, kubelet_dir).is_some()
+    }
+
+    /// Every stale device, by name, from a scan of its own: what `plan` and `apply` of a
+    /// cleanup take when no device is named.
+    pub fn stale_devices(&mut self) -> anyhow::Result<Vec<String>> {
+        let e = &self.engine;
+        let judged = e.judge(e.scan(Target::All)?, &mut self.state.clocks);
+        self.save();
+        Ok(judged
+            .scan
+            .graph
+            .devices
+            .iter()
+            .filter(|d| judged.verdict(d.device.devnum).is_some_and(|j| j.verdict == Verdict::Stale))
+            .map(|d| d.device.name.to_string())
+            .collect())
+    }
+
+    /// Every removable orphaned pod volume directory, by argument: what `plan` and `apply` of a
+    /// cleanup take, with every stale device, when nothing is named.
+    pub fn removable_dirs(&mut self) -> Vec<String> {
+        let report = self.engine.pod_volumes(&mut self.state.clocks);
+        self.save();
+        report
+            .dirs
+            .iter()
+            .filter(|d| d.judgement.verdict == DirVerdict::Removable)
+            .map(|d| d.argument.clone())
+            .collect()
+    }
+}
