@@ -14,7 +14,7 @@ use super::render::{self, say_recovery};
 use crate::engine::dir_workflow::DirOutcome;
 use crate::engine::outcome::{Class, Outcome};
 use crate::engine::requests::OneShot;
-use crate::engine::wire::outcome::{outcome_plans, outcome_results};
+use crate::engine::wire::outcome::{add_plans, add_results};
 use crate::engine::Operation;
 
 /// One request for the device the operator named: its outcome (what the journal's recovery did
@@ -106,28 +106,10 @@ fn document(
     for (arg, out) in dirs {
         super::dir_requests::add_to(&mut plans, &mut results, out, arg, applied);
     }
-    let merge = |into: &mut Vec<String>, from: Vec<String>| {
-        for s in from {
-            if !into.contains(&s) {
-                into.push(s);
-            }
-        }
-    };
-    for (device, out) in outcomes {
-        if applied {
-            let r = outcome_results(out, op, device);
-            results.plans.extend(r.plans);
-            results.results.extend(r.results);
-            results.resumed.extend(r.resumed);
-            results.after.extend(r.after);
-            merge(&mut results.warnings, r.warnings);
-            merge(&mut results.blind_spots, r.blind_spots);
-        } else {
-            let r = outcome_plans(out, op, device);
-            plans.plans.extend(r.plans);
-            merge(&mut plans.warnings, r.warnings);
-            merge(&mut plans.blind_spots, r.blind_spots);
-        }
+    if applied {
+        add_results(&mut results, outcomes, op);
+    } else {
+        add_plans(&mut plans, outcomes, op);
     }
     if applied {
         view::doc::results_doc(&[], &results)

@@ -132,7 +132,8 @@ impl AgentState {
                     if let Some((_, why)) = &o.refusal {
                         tracing::warn!(device = %p.device, op = ?op, "not acting on it: {why}");
                     }
-                    out.extend(self.finished(o));
+                    self.finished(&o);
+                    out.extend(o.resumed.into_iter().flat_map(|r| r.reports).chain(o.reports));
                 }
                 Err(e) => tracing::warn!(device = %p.device, "cannot act: {e}"),
             }
@@ -166,11 +167,10 @@ impl AgentState {
         ));
     }
 
-    /// Metrics and the ActionFinished event of a carried-out request; its step reports (those
-    /// of unfinished plans it resumed first).
-    pub(super) fn finished(&self, o: Outcome) -> Vec<StepReport> {
-        let mut reports: Vec<StepReport> = o.resumed.into_iter().flat_map(|r| r.reports).collect();
-        for r in &reports {
+    /// Metrics and the ActionFinished event of a carried-out request (its own steps, and those of
+    /// the unfinished plans it resumed first).
+    pub(super) fn finished(&self, o: &Outcome) {
+        for r in o.resumed.iter().flat_map(|r| &r.reports) {
             self.metrics.action(r.step.action(), r.result_word());
         }
         if let (Some(p), true) = (&o.plan, o.applied) {
@@ -189,8 +189,6 @@ impl AgentState {
                 None,
             ));
         }
-        reports.extend(o.reports);
-        reports
     }
 
     /// Looks a device argument up in the latest view.
@@ -265,13 +263,15 @@ impl AgentState {
     /// `identities`, when given, are the identities a Plan answered for the same devices (same
     /// order, "" for none): a device that is now another one is refused (FailedPrecondition
     /// naming both) before anything runs. `person` is who asked, for the journal and the audit.
+    /// Each device's outcome, with the argument that named it (the answer is built from them by
+    /// [`crate::engine::wire::outcome::add_results`], as the one-shot `apply --yes` builds its).
     pub async fn apply(
         self: &Arc<Self>,
         devices: &[String],
         identities: &[String],
         op: Operation,
         person: &str,
-    ) -> Result<(Vec<(Plan, Class)>, Vec<StepReport>), ApiError> {
+    ) -> Result<Vec<(String, Outcome)>, ApiError> {
         if devices.is_empty() {
             return Err(ApiError::InvalidArgument("apply needs at least one device".into()));
         }
@@ -294,19 +294,19 @@ impl AgentState {
                 )));
             }
             let expected = identities.get(i).filter(|t| !t.is_empty()).cloned();
-            wanted.push((v.entry.device.devnum, expected));
+            wanted.push((d.clone(), v.entry.device.devnum, expected));
         }
         let _guard = self.act_lock.lock().await;
         let me = Arc::clone(self);
         let person = person.to_owned();
-        let (plans, reports) = tokio::task::spawn_blocking(move || {
+        let outcomes = tokio::task::spawn_blocking(move || {
             // Every device bound to the identity the caller saw before anything runs (a dry run
             // of each), then each carried out through the one workflow, bound to it again.
             // The person (`uid N`, a per-person certificate, or whom the console reviewed) is
             // journaled and audited with the plan.
             let by = format!("Apply by {person}");
             let mut bound = Vec::new();
-            for (devnum, expected) in &wanted {
+            for (argument, devnum, expected) in &wanted {
                 let o = me.engine.carry_out(&Request {
                     expected_identity: expected.clone(),
                     ..me.request(*devnum, op, false, &by)
@@ -315,35 +315,38 @@ impl AgentState {
                     return Err(ApiError::FailedPrecondition(why));
                 }
                 let token = o.plan.as_ref().map(|p| p.identity.token());
-                bound.push((*devnum, expected.clone().or(token)));
+                bound.push((argument.clone(), *devnum, expected.clone().or(token)));
             }
             let admit = |p: &Plan| {
                 me.action_started(p);
                 Ok(())
             };
-            let mut plans = Vec::new();
-            let mut reports = Vec::new();
-            for (devnum, expected) in bound {
+            let mut outcomes: Vec<(String, Outcome)> = Vec::new();
+            for (argument, devnum, expected) in bound {
                 let o = me.engine.carry_out(&Request {
                     expected_identity: expected,
                     admit: Some(&admit),
                     ..me.request(devnum, op, true, &by)
                 })?;
                 if let Some((_, why)) = &o.refusal {
-                    if plans.is_empty() && reports.is_empty() {
+                    // The first device refused, before anything was planned or ran: the
+                    // whole Apply is refused, saying why.
+                    let ran = |o: &Outcome| {
+                        o.plan.is_some() || !o.reports.is_empty() || o.resumed.iter().any(|r| !r.reports.is_empty())
+                    };
+                    if !outcomes.iter().any(|(_, o)| ran(o)) {
                         return Err(ApiError::FailedPrecondition(why.clone()));
                     }
                     tracing::warn!(device = %devnum, "Apply: not acting on it: {why}");
                 }
-                let class = o.class();
-                plans.extend(o.plan.clone().map(|p| (p, class)));
-                reports.extend(me.finished(o));
+                me.finished(&o);
+                outcomes.push((argument, o));
             }
-            Ok::<_, ApiError>((plans, reports))
+            Ok::<_, ApiError>(outcomes)
         })
         .await
         .map_err(|e| ApiError::Internal(format!("apply thread failed: {e}")))??;
         self.request_rescan("apply");
-        Ok((plans, reports))
+        Ok(outcomes)
     }
 }

@@ -188,16 +188,10 @@ impl Agent for AgentService {
             }
         }
         let op = convert::operation(r.operation).map_err(to_status)?;
-        let (plans, reports) =
-            self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
-        let v = self.state.view();
-        Ok(Response::new(pb::ApplyResponse {
-            plans: plans.iter().map(wire::plan).collect(),
-            results: reports.iter().map(wire::report).collect(),
-            warnings: v.warnings.clone(),
-            blind_spots: wire::blind_spots(&v),
-            ..Default::default()
-        }))
+        let outcomes = self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
+        let mut answer = pb::ApplyResponse::default();
+        wire::outcome::add_results(&mut answer, &outcomes, op);
+        Ok(Response::new(answer))
     }
 
     type WatchEventsStream = EventStream;

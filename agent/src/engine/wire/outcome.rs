@@ -73,6 +73,42 @@ pub fn outcome_results(out: &Outcome, op: crate::engine::Operation, argument: &s
     }
 }
 
+/// Adds several devices' outcomes (each with the argument that named it) to a Plan answer:
+/// every plan in order, each warning and blind spot once. The one-shot `plan` (and `apply`
+/// without `--yes`) print this; gRPC Plan answers it.
+pub fn add_plans(into: &mut pb::PlanResponse, outcomes: &[(String, Outcome)], op: crate::engine::Operation) {
+    for (argument, out) in outcomes {
+        let r = outcome_plans(out, op, argument);
+        into.plans.extend(r.plans);
+        merge_lines(&mut into.warnings, r.warnings);
+        merge_lines(&mut into.blind_spots, r.blind_spots);
+    }
+}
+
+/// Adds several devices' outcomes to an Apply answer: plans, step results, the unfinished plans
+/// resumed first and each device afterwards, in order; each warning and blind spot once. The
+/// one-shot `apply --yes` and gRPC Apply both answer this, so both print the same document.
+pub fn add_results(into: &mut pb::ApplyResponse, outcomes: &[(String, Outcome)], op: crate::engine::Operation) {
+    for (argument, out) in outcomes {
+        let r = outcome_results(out, op, argument);
+        into.plans.extend(r.plans);
+        into.results.extend(r.results);
+        into.resumed.extend(r.resumed);
+        into.after.extend(r.after);
+        merge_lines(&mut into.warnings, r.warnings);
+        merge_lines(&mut into.blind_spots, r.blind_spots);
+    }
+}
+
+/// Adds the lines of `from` that `into` does not have yet.
+pub fn merge_lines(into: &mut Vec<String>, from: Vec<String>) {
+    for s in from {
+        if !into.contains(&s) {
+            into.push(s);
+        }
+    }
+}
+
 pub fn resumed(r: &Resumed) -> pb::ResumedPlan {
     pb::ResumedPlan {
         plan_id: r.plan_id.clone(),
