@@ -1,15 +1,12 @@
 //! The Linux actuator's loop step: detach a loop device, its backing file re-verified first.
 
+use super::kernel::{Kernel, Open};
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
-use crate::host::sys;
 use crate::model::{DevNum, DeviceName};
-use std::fs::File;
-use std::os::fd::AsFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::time::Duration;
 
-impl LinuxActuator {
+impl<K: Kernel> LinuxActuator<K> {
     /// Detaches a loop device, only if the binding the fd reaches is the planned one: its
     /// `diskseq` (new with every binding) when the plan has it, and its backing file (`lo_device`,
     /// `lo_inode`) when the plan has them. A plan with neither has no identity to check, and is
@@ -34,35 +31,34 @@ impl LinuxActuator {
             )));
         }
         let backing_attr = self.host().sys_class_block().join(device.as_str()).join("loop/backing_file");
-        if !backing_attr.exists() {
+        if !self.kernel().exists(&backing_attr) {
             return Ok(StepOutcome::AlreadyAbsent);
         }
         let node = self.host().dev_node(device.as_str());
-        let id = sys::stat_cached(&node).map_err(|e| fail(format!("cannot stat {}: {e}", node.display())))?;
+        let id =
+            self.kernel().stat(&node).map_err(|e| fail(format!("cannot stat {}: {e}", node.display())))?;
         if !id.is_block_device() || id.rdev != devnum {
             return Err(fail(format!("{} is not device {devnum}", node.display())));
         }
-        let dev = device.clone();
+        let (dev, kernel) = (device.clone(), self.kernel().clone());
         let outcome = bounded(device, "LOOP_CLR_FD", self.timeout(), move || {
-            let f =
-                File::options().read(true).custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC).open(&node)?;
+            let f = kernel.open(&node, Open::ReadNonBlocking)?;
             if let Some(planned) = diskseq {
-                if sys::disk_seq(f.as_fd())? != planned {
+                if kernel.disk_seq(&f)? != planned {
                     return Ok(None);
                 }
             }
-            let st = match sys::loop_get_status(f.as_fd()) {
+            let st = match kernel.loop_get_status(&f) {
                 Ok(st) => st,
                 Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {
                     return Ok(Some(StepOutcome::AlreadyAbsent))
                 }
                 Err(e) => return Err(e),
             };
-            let now = (DevNum::from_dev_t(st.lo_device), st.lo_inode);
-            if backing.is_some_and(|b| b != now) {
+            if backing.is_some_and(|b| b != (st.device, st.inode)) {
                 return Ok(None);
             }
-            match sys::loop_clear(f.as_fd()) {
+            match kernel.loop_clear(&f) {
                 Ok(()) => Ok(Some(StepOutcome::Done)),
                 Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(Some(StepOutcome::AlreadyAbsent)),
                 Err(e) => Err(e),
@@ -76,10 +72,11 @@ impl LinuxActuator {
         // A transient opener (a scan reading LOOP_GET_STATUS64, blkid) turns LOOP_CLR_FD into
         // autoclear; the device detaches when it closes. Give that a moment before saying so.
         let deadline = std::time::Instant::now() + Duration::from_secs(1);
-        while outcome == StepOutcome::Done && backing_attr.exists() && std::time::Instant::now() < deadline {
+        let bound = || self.kernel().exists(&backing_attr);
+        while outcome == StepOutcome::Done && bound() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(25));
         }
-        if outcome == StepOutcome::Done && backing_attr.exists() {
+        if outcome == StepOutcome::Done && bound() {
             return Ok(StepOutcome::Deferred(format!(
                 "the kernel set autoclear on {dev}: something still has it open; it detaches on last close"
             )));
@@ -87,3 +84,7 @@ impl LinuxActuator {
         Ok(outcome)
     }
 }
+
+#[cfg(test)]
+#[path = "loop_tests.rs"]
+mod tests;

@@ -1,26 +1,40 @@
 //! The only code that writes to the kernel. [`Actuator`] has a Linux implementation
-//! ([`linux::LinuxActuator`]) and a recording one for tests ([`recording::RecordingActuator`]).
-//! One file per transport (`loop.rs`, `rbd.rs`, `nbd.rs`, `multipath.rs` with `multipathd.rs`,
-//! `scsi.rs`, `iscsi.rs`, `nvme.rs`); [`crate::discover::probe`] asks the kernel about a device
-//! right before a destructive step, and [`journal`] records every step before and after it runs.
+//! ([`linux::LinuxActuator`]) and a step-level recording one for the engine's tests
+//! ([`recording::RecordingActuator`]). One file per transport (`mount.rs`, `loop.rs`, `rbd.rs`,
+//! `nbd.rs`, `multipath.rs` with `multipathd.rs` and `multipathd_remove.rs`, `scsi.rs`,
+//! `iscsi.rs`, `nvme.rs`); [`crate::discover::probe`] asks the kernel about a device right before
+//! a destructive step, and [`journal`] records every step before and after it runs.
+//!
+//! The Linux actuator makes every kernel call through [`kernel::Kernel`], the seam: the live
+//! kernel is [`kernel_linux::LinuxKernel`]; `recording_kernel::RecordingKernel` (tests only)
+//! serves a scripted kernel on a fixture tree and records each call, so every actuator's
+//! identity re-check is unit-tested with the writes that did (or did not) reach it.
 //!
 //! Steps are run by the engine ([`crate::engine::Engine::execute`]): each journaled before and
 //! after, audited, re-checked, and skipped when a step it depends on did not finish.
 
+mod host_command;
 mod iscsi;
 pub mod journal;
 mod journal_record;
 mod journal_writer;
+pub mod kernel;
+pub mod kernel_linux;
 pub mod linux;
 mod r#loop;
+mod mount;
 mod multipath;
 pub mod multipathd;
+mod multipathd_remove;
 mod nbd;
 mod nvme;
 pub mod pod_volume;
 mod rbd;
 pub mod recording;
+#[cfg(test)]
+pub mod recording_kernel;
 mod scsi;
+mod unmount;
 
 use std::time::Duration;
 

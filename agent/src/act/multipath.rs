@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::kernel::Kernel;
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::discover::multipath::{parse_status, PathState};
-use crate::host::dmioctl::{Control, DmRef};
 use crate::model::{DevNum, DeviceName};
 
 /// How long a removal waits for openers to let go (stuck readers exiting after
@@ -21,7 +21,7 @@ fn gone(e: &std::io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV | libc::ENOENT))
 }
 
-impl LinuxActuator {
+impl<K: Kernel> LinuxActuator<K> {
     fn control_path(&self) -> PathBuf {
         self.host().dev_node("mapper/control")
     }
@@ -34,7 +34,7 @@ impl LinuxActuator {
         device: &DeviceName,
         devnum: DevNum,
         uuid: &str,
-    ) -> Result<Option<(Control, i32)>, ActError> {
+    ) -> Result<Option<(K::Control, i32)>, ActError> {
         if uuid.is_empty() {
             return Err(ActError::precondition(
                 device,
@@ -43,9 +43,11 @@ impl LinuxActuator {
             ));
         }
         let path = self.control_path();
-        let control = Control::open(&path)
+        let control = self
+            .kernel()
+            .dm_open(&path)
             .map_err(|e| ActError::precondition(device, format!("cannot open {}: {e}", path.display())))?;
-        match control.dev_status(DmRef::Uuid(uuid)) {
+        match self.kernel().dm_dev_status(&control, uuid) {
             Ok(h) if h.dev != devnum => Err(ActError::precondition(
                 device,
                 format!("uuid '{uuid}' is now device {}, not {devnum}: the map was recreated", h.dev),
@@ -67,9 +69,9 @@ impl LinuxActuator {
             return Ok(StepOutcome::AlreadyAbsent);
         }
         let path = self.control_path();
-        let (msg, id) = (message.to_owned(), uuid.to_owned());
+        let (msg, id, kernel) = (message.to_owned(), uuid.to_owned(), self.kernel().clone());
         bounded(device, "DM_TARGET_MSG", self.timeout(), move || {
-            Control::open(&path)?.message(DmRef::Uuid(&id), 0, &msg)
+            kernel.dm_message(&kernel.dm_open(&path)?, &id, &msg)
         })?;
         Ok(StepOutcome::Done)
     }
@@ -88,8 +90,9 @@ impl LinuxActuator {
             };
             // Never remove a map a path has come back to (multipathd can re-add paths).
             if uuid.starts_with("mpath-") {
-                let (_, targets) = control
-                    .table_status(DmRef::Uuid(uuid), false)
+                let targets = self
+                    .kernel()
+                    .dm_table_status(&control, uuid)
                     .map_err(|e| ActError::precondition(device, format!("DM_TABLE_STATUS: {e}")))?;
                 for t in targets.iter().filter(|t| t.target_type == "multipath") {
                     let status = parse_status(&t.params)
@@ -118,9 +121,9 @@ impl LinuxActuator {
         if let Some(outcome) = self.dm_remove_via_multipathd(device, devnum, uuid, deferred)? {
             return Ok(outcome);
         }
-        let (path, id) = (self.control_path(), uuid.to_owned());
+        let (path, id, kernel) = (self.control_path(), uuid.to_owned(), self.kernel().clone());
         bounded(device, "DM_DEV_REMOVE", self.timeout(), move || {
-            Control::open(&path)?.remove(DmRef::Uuid(&id), deferred)
+            kernel.dm_remove(&kernel.dm_open(&path)?, &id, deferred)
         })?;
         match self.dm_check(device, devnum, uuid)? {
             None => Ok(StepOutcome::Done),
@@ -135,3 +138,7 @@ impl LinuxActuator {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "multipath_tests.rs"]
+mod tests;

@@ -1,6 +1,8 @@
 //! Tests of removing a map through multipathd.
 
 use super::*;
+use crate::act::linux::LinuxActuator;
+use crate::model::DeviceName;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::linux::net::SocketAddrExt;

@@ -1,17 +1,13 @@
 //! The Linux actuator's nbd step: disconnect through the kernel's ioctls, the device number
 //! re-verified first.
 
+use super::kernel::{Kernel, Open};
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::model::{DevNum, DeviceName};
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-const NBD_DISCONNECT: libc::c_ulong = 0xab08;
-const NBD_CLEAR_SOCK: libc::c_ulong = 0xab04;
-
-impl LinuxActuator {
+impl<K: Kernel> LinuxActuator<K> {
     /// Disconnects the device if it is still set up by the planned server process with the
     /// planned backend (nbd indexes are reused as soon as a device is free).
     pub(super) fn nbd_disconnect(
@@ -22,14 +18,15 @@ impl LinuxActuator {
         backend: Option<&str>,
     ) -> Result<StepOutcome, ActError> {
         let sys = self.host().sys_class_block().join(device.as_str());
+        let kernel = self.kernel();
         let connected = || {
-            sys.join("pid").exists()
-                || std::fs::read_to_string(sys.join("size")).is_ok_and(|s| s.trim() != "0")
+            kernel.exists(&sys.join("pid"))
+                || kernel.read_to_string(&sys.join("size")).is_ok_and(|s| s.trim() != "0")
         };
         if !connected() {
             return Ok(StepOutcome::AlreadyAbsent);
         }
-        let attr = |n: &str| std::fs::read_to_string(sys.join(n)).ok().map(|s| s.trim().to_owned());
+        let attr = |n: &str| kernel.read_to_string(&sys.join(n)).ok().map(|s| s.trim().to_owned());
         let pid_now = attr("pid").and_then(|p| p.parse::<u32>().ok());
         let backend_now = attr("backend").filter(|b| !b.is_empty());
         if pid_now != server_pid || backend_now.as_deref() != backend {
@@ -45,22 +42,20 @@ impl LinuxActuator {
             ));
         }
         let node = self.host().dev_node(device.as_str());
-        let id = crate::host::sys::stat_cached(&node)
+        let id = kernel
+            .stat(&node)
             .map_err(|e| ActError::precondition(device, format!("cannot stat {}: {e}", node.display())))?;
         if !id.is_block_device() || id.rdev != devnum {
             return Err(ActError::precondition(device, format!("{} is not device {devnum}", node.display())));
         }
+        let k = kernel.clone();
         bounded(device, "NBD_DISCONNECT", self.timeout(), move || {
-            let f = File::options().read(true).write(true).open(&node)?;
-            for req in [NBD_DISCONNECT, NBD_CLEAR_SOCK] {
-                // SAFETY: both ioctls take no argument; the fd is open for the call.
-                let rc = unsafe { libc::ioctl(f.as_raw_fd(), req as _, 0) };
-                if rc != 0 {
-                    let e = std::io::Error::last_os_error();
+            let f = k.open(&node, Open::ReadWrite)?;
+            for request in [K::nbd_disconnect, K::nbd_clear_sock] {
+                match request(&k, &f) {
                     // EINVAL: already disconnected (the socket is gone); not an error here.
-                    if e.raw_os_error() != Some(libc::EINVAL) {
-                        return Err(e);
-                    }
+                    Err(e) if e.raw_os_error() != Some(libc::EINVAL) => return Err(e),
+                    _ => {}
                 }
             }
             Ok(())
@@ -80,3 +75,7 @@ impl LinuxActuator {
         Ok(StepOutcome::Done)
     }
 }
+
+#[cfg(test)]
+#[path = "nbd_tests.rs"]
+mod tests;

@@ -5,24 +5,21 @@
 //! cntlid; it must not be live, no other controller of its subsystem may be live, and the kernel
 //! must say that none of the namespaces going with it is in use (sysfs `holders/` of every
 //! namespace disk under it and of its subsystem's heads; for each head or namespace with a
-//! device node, the exclusive open, live filesystems and loop devices of [`super::probe`]).
+//! device node, the exclusive open, live filesystems and loop devices of [`crate::discover::probe`]).
 //! The write makes the kernel tear the controller down synchronously (`nvme_delete_ctrl_sync`),
 //! which waits on the transport: it runs on its own thread with the deadline.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::kernel::Kernel;
 use super::linux::{bounded, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::discover::nvme::{CtrlState, NsName, NvmeAddress};
 use crate::discover::probe;
-use crate::discover::{list_dir, DiscoverError};
+use crate::discover::DiscoverError;
 use crate::model::{DevNum, DeviceName};
 use crate::plan::step::Action;
-
-fn attr(dir: &Path, name: &str) -> Option<String> {
-    std::fs::read_to_string(dir.join(name)).ok().map(|s| s.trim_end_matches('\n').to_owned())
-}
 
 /// The planned controller, as the step names it.
 struct PlannedController<'a> {
@@ -33,7 +30,13 @@ struct PlannedController<'a> {
     pub cntlid: Option<u16>,
 }
 
-impl LinuxActuator {
+impl<K: Kernel> LinuxActuator<K> {
+    /// A sysfs attribute of `dir`, without its trailing newline (`None`: unreadable).
+    fn attr(&self, dir: &Path, name: &str) -> Option<String> {
+        let text = self.kernel().read_to_string(&dir.join(name));
+        text.ok().map(|s| s.trim_end_matches('\n').to_owned())
+    }
+
     /// Runs an `nvme_delete_controller` step as planned.
     pub(super) fn nvme_delete_step(
         &self,
@@ -63,10 +66,10 @@ impl LinuxActuator {
         c: &PlannedController<'_>,
     ) -> Result<Option<PathBuf>, ActError> {
         let dir = self.nvme_class().join(c.controller);
-        let Some(nqn) = attr(&dir, "subsysnqn") else { return Ok(None) };
-        let transport = attr(&dir, "transport").unwrap_or_default();
-        let address = NvmeAddress::parse(&attr(&dir, "address").unwrap_or_default()).target();
-        let cntlid = attr(&dir, "cntlid").and_then(|s| s.trim().parse::<u16>().ok());
+        let Some(nqn) = self.attr(&dir, "subsysnqn") else { return Ok(None) };
+        let transport = self.attr(&dir, "transport").unwrap_or_default();
+        let address = NvmeAddress::parse(&self.attr(&dir, "address").unwrap_or_default()).target();
+        let cntlid = self.attr(&dir, "cntlid").and_then(|s| s.trim().parse::<u16>().ok());
         if nqn.trim() != c.subsysnqn
             || transport.trim() != c.transport
             || address != c.address
@@ -92,7 +95,9 @@ impl LinuxActuator {
     /// Why the kernel says a namespace going with the controller is in use (empty: none).
     fn nvme_users(&self, device: &DeviceName, ctrl_dir: &Path) -> Result<Vec<String>, ActError> {
         let unreadable = |e: DiscoverError| ActError::precondition(device, e.to_string());
-        let mut disks: Vec<String> = list_dir(ctrl_dir)
+        let mut disks: Vec<String> = self
+            .kernel()
+            .list_dir(ctrl_dir)
             .map_err(unreadable)?
             .into_iter()
             .filter(|n| NsName::parse(n).is_some())
@@ -100,13 +105,13 @@ impl LinuxActuator {
         // The subsystem's heads and its other controllers (the subsystem links each controller).
         let mut others = Vec::new();
         let subsys_class = self.host().sys().join("class/nvme-subsystem");
-        for s in list_dir(&subsys_class).map_err(unreadable)? {
+        for s in self.kernel().list_dir(&subsys_class).map_err(unreadable)? {
             let sdir = subsys_class.join(&s);
             let ctrl = ctrl_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-            if !sdir.join(&ctrl).exists() {
+            if !self.kernel().exists(&sdir.join(&ctrl)) {
                 continue;
             }
-            for n in list_dir(&sdir).map_err(unreadable)? {
+            for n in self.kernel().list_dir(&sdir).map_err(unreadable)? {
                 if NsName::parse(&n).is_some() {
                     disks.push(n);
                 } else if n.starts_with("nvme") && n != ctrl && n.bytes().skip(4).all(|b| b.is_ascii_digit())
@@ -117,7 +122,7 @@ impl LinuxActuator {
         }
         let mut users = Vec::new();
         for o in others {
-            let state = attr(&self.nvme_class().join(&o), "state").unwrap_or_default();
+            let state = self.attr(&self.nvme_class().join(&o), "state").unwrap_or_default();
             if CtrlState::parse(&state).is_live() {
                 users.push(format!("controller {o} of the same subsystem is live"));
             }
@@ -126,16 +131,18 @@ impl LinuxActuator {
         disks.dedup();
         for disk in disks {
             let dir = self.host().sys_class_block().join(&disk);
-            let holders = list_dir(&dir.join("holders")).map_err(unreadable)?;
+            let holders = self.kernel().list_dir(&dir.join("holders")).map_err(unreadable)?;
             if !holders.is_empty() {
                 users.push(format!("{disk}: sysfs holders/ lists {}", holders.join(", ")));
             }
-            let Some(dev) = attr(&dir, "dev").and_then(|d| d.trim().parse::<DevNum>().ok()) else { continue };
+            let Some(dev) = self.attr(&dir, "dev").and_then(|d| d.trim().parse::<DevNum>().ok()) else {
+                continue;
+            };
             let Ok(name) = DeviceName::new(&disk) else { continue };
-            if !self.host().dev_node(&disk).exists() {
+            if !self.kernel().exists(&self.host().dev_node(&disk)) {
                 continue; // a hidden per-path device has no node; its holders/ were read
             }
-            let word = probe::kernel_word(self.host(), &name, dev, self.timeout());
+            let word = self.kernel().kernel_word(self.host(), &name, dev, self.timeout());
             users.extend(word.users().into_iter().map(|u| format!("{disk}: {u}")));
             users.extend(word.unreadable.iter().map(|u| format!("{disk}: cannot read {u}")));
             if let probe::Claim::Inconclusive(why) = &word.claim {
@@ -151,7 +158,7 @@ impl LinuxActuator {
         c: &PlannedController<'_>,
     ) -> Result<StepOutcome, ActError> {
         let Some(dir) = self.nvme_check(device, c)? else { return Ok(StepOutcome::AlreadyAbsent) };
-        let state = CtrlState::parse(&attr(&dir, "state").unwrap_or_default());
+        let state = CtrlState::parse(&self.attr(&dir, "state").unwrap_or_default());
         match state {
             CtrlState::Live => {
                 return Err(ActError::precondition(
@@ -171,8 +178,8 @@ impl LinuxActuator {
                 format!("not deleting {}: {}", c.controller, users.join("; ")),
             ));
         }
-        let path = dir.join("delete_controller");
-        bounded(device, "write delete_controller", self.timeout(), move || std::fs::write(path, "1\n"))?;
+        let (path, kernel) = (dir.join("delete_controller"), self.kernel().clone());
+        bounded(device, "write delete_controller", self.timeout(), move || kernel.write(&path, b"1\n"))?;
         self.nvme_wait_gone(device, c, &dir, Duration::from_secs(5))
     }
 
@@ -201,3 +208,7 @@ impl LinuxActuator {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "nvme_tests.rs"]
+mod tests;

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use super::kernel::Kernel;
 use super::linux::{bounded, AttachStamp, LinuxActuator};
 use super::{ActError, StepOutcome};
 use crate::model::{lossless_string, DevNum, DeviceName};
@@ -13,7 +14,7 @@ use crate::model::{lossless_string, DevNum, DeviceName};
 /// `rbd unmap` retries EBUSY this often, 250 ms apart.
 const EBUSY_RETRIES: u32 = 4;
 
-impl LinuxActuator {
+impl<K: Kernel> LinuxActuator<K> {
     pub(super) fn rbd_unmap(
         &self,
         device: &DeviceName,
@@ -25,12 +26,13 @@ impl LinuxActuator {
     ) -> Result<StepOutcome, ActError> {
         let bus = self.host().sys().join("bus/rbd");
         let dir = bus.join("devices").join(id.to_string());
-        if !dir.exists() {
+        if !self.kernel().exists(&dir) {
             return Ok(StepOutcome::AlreadyAbsent);
         }
         // Decoded as the scan decoded them (an image name need not be UTF-8).
         let attr = |n: &str| {
-            std::fs::read(dir.join(n)).map(|b| lossless_string(b).trim().to_owned()).unwrap_or_default()
+            let read = self.kernel().read(&dir.join(n));
+            read.map(|b| lossless_string(b).trim().to_owned()).unwrap_or_default()
         };
         let now =
             (attr("pool"), attr("name"), attr("image_id"), format!("{}:{}", attr("major"), attr("minor")));
@@ -41,7 +43,8 @@ impl LinuxActuator {
             ));
         }
         self.same_attach(device, id, stamp)?;
-        let control = ["remove_single_major", "remove"].iter().map(|f| bus.join(f)).find(|p| p.exists());
+        let control =
+            ["remove_single_major", "remove"].iter().map(|f| bus.join(f)).find(|p| self.kernel().exists(p));
         let Some(control) = control else {
             return Err(ActError::precondition(
                 device,
@@ -51,8 +54,8 @@ impl LinuxActuator {
         let text = if force { format!("{id} force") } else { id.to_string() };
         let mut attempt = 0;
         loop {
-            let (c, t) = (control.clone(), text.clone());
-            match bounded(device, "rbd remove", self.timeout(), move || std::fs::write(c, t)) {
+            let (c, t, kernel) = (control.clone(), text.clone(), self.kernel().clone());
+            match bounded(device, "rbd remove", self.timeout(), move || kernel.write(&c, t.as_bytes())) {
                 Ok(()) => break,
                 Err(ActError::Syscall { source, .. })
                     if source.raw_os_error() == Some(libc::EBUSY) && attempt < EBUSY_RETRIES =>
@@ -66,7 +69,7 @@ impl LinuxActuator {
                 Err(e) => return Err(e),
             }
         }
-        if dir.exists() {
+        if self.kernel().exists(&dir) {
             return Err(ActError::NotVerified {
                 device: device.clone(),
                 op: "rbd remove",
@@ -89,7 +92,7 @@ impl LinuxActuator {
         };
         if let Some(planned) = stamp.diskseq {
             let path = self.host().sys_class_block().join(device.as_str()).join("diskseq");
-            let now = std::fs::read_to_string(&path).map_err(|e| {
+            let now = self.kernel().read_to_string(&path).map_err(|e| {
                 ActError::precondition(
                     device,
                     format!("cannot read {} to check the attach: {e}", path.display()),
@@ -105,7 +108,7 @@ impl LinuxActuator {
             };
         }
         if let Some(planned) = stamp.record {
-            return match crate::discover::kmsg::read_rbd(self.host()).attached.get(device.as_str()) {
+            return match self.kernel().rbd_attach_records(self.host()).get(device.as_str()) {
                 Some(&n) if n == planned => Ok(()),
                 Some(&n) => refuse(format!("now announced by kernel record #{n}, not #{planned}")),
                 None => refuse(format!(
@@ -118,50 +121,5 @@ impl LinuxActuator {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::host::HostRoot;
-
-    /// The attach stamp is checked right before the write to `remove`: an rbd id whose pool,
-    /// image, image id and number are all as planned, but whose `diskseq` is not, is another
-    /// mapping of the same image (unmapped and mapped again since the plan) and is left alone.
-    /// (No kernel here has rbd: a tree of the sysfs files the step reads, in their layout.)
-    #[test]
-    fn a_mapping_mapped_again_since_the_plan_is_not_unmapped() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dev = root.path().join("sys/bus/rbd/devices/0");
-        std::fs::create_dir_all(&dev).expect("mkdir");
-        for (f, v) in [
-            ("pool", "k8s\n"),
-            ("name", "csi-vol-1\n"),
-            ("image_id", "115f79643c9869\n"),
-            ("major", "252\n"),
-            ("minor", "0\n"),
-        ] {
-            std::fs::write(dev.join(f), v).expect("write");
-        }
-        let remove = root.path().join("sys/bus/rbd/remove_single_major");
-        std::fs::write(&remove, "").expect("write");
-        let block = root.path().join("sys/class/block/rbd0");
-        std::fs::create_dir_all(&block).expect("mkdir");
-        std::fs::write(block.join("diskseq"), "9\n").expect("write");
-        let act = LinuxActuator::new(HostRoot::new(root.path()), Duration::from_secs(5));
-        let rbd0 = DeviceName::new("rbd0").expect("name");
-        let spec = ("k8s", "csi-vol-1", "115f79643c9869");
-        let unmap = |diskseq: Option<u64>, record: Option<u64>| {
-            act.rbd_unmap(&rbd0, DevNum::new(252, 0), 0, spec, AttachStamp { diskseq, record }, false)
-        };
-        let e = unmap(Some(8), None).expect_err("another attach");
-        assert!(e.to_string().contains("now diskseq 9, not the planned 8"), "{e}");
-        // On a kernel without diskseq, the attach record the plan had is looked for in the log:
-        // this tree has no /dev/kmsg, so it cannot be found, and nothing is unmapped either.
-        let e = unmap(None, Some(1200)).expect_err("the record is gone");
-        assert!(e.to_string().contains("no longer announced by kernel record #1200"), "{e}");
-        assert_eq!(std::fs::read_to_string(&remove).expect("read"), "", "nothing was written to remove");
-        // The planned attach: the write goes through (here to the tree's file; the kernel would
-        // remove the directory, which the tree does not, so the step reports it unverified).
-        let e = unmap(Some(9), None).expect_err("a tree is not a kernel");
-        assert!(matches!(e, ActError::NotVerified { .. }), "{e}");
-        assert_eq!(std::fs::read_to_string(&remove).expect("read"), "0");
-    }
-}
+#[path = "rbd_tests.rs"]
+mod tests;

@@ -1,4 +1,6 @@
-//! A test double that records the steps it is asked to run and answers from a script.
+//! A step-level test double for the engine: records the steps it is asked to run and answers
+//! from a script, never reaching a kernel (the kernel-call double under the Linux actuator is
+//! `recording_kernel.rs`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;

@@ -2,7 +2,7 @@
 //!
 //! `statx(AT_STATX_DONT_SYNC)` lets us stat `/proc/PID/fd/N` and friends without asking a FUSE
 //! daemon or an NFS server for fresh attributes: a hung server must not hang the scan. The loop
-//! ioctls read and clear a loop device's binding.
+//! ioctls read and clear a loop device's binding; the nbd ones disconnect a device.
 
 use std::ffi::CString;
 use std::io;
@@ -281,6 +281,29 @@ pub fn loop_get_status(fd: BorrowedFd<'_>) -> io::Result<LoopInfo64> {
 pub fn loop_clear(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: LOOP_CLR_FD takes no argument; the fd is open for the call.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), LOOP_CLR_FD as _, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+const NBD_CLEAR_SOCK: libc::c_ulong = 0xab04;
+const NBD_DISCONNECT: libc::c_ulong = 0xab08;
+
+/// `NBD_DISCONNECT` on an open nbd device: asks the server to close the connection. `EINVAL`
+/// means it is already disconnected.
+pub fn nbd_disconnect(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nbd_request(fd, NBD_DISCONNECT)
+}
+
+/// `NBD_CLEAR_SOCK` on an open nbd device: drops the connection's socket. `EINVAL`: none.
+pub fn nbd_clear_sock(fd: BorrowedFd<'_>) -> io::Result<()> {
+    nbd_request(fd, NBD_CLEAR_SOCK)
+}
+
+fn nbd_request(fd: BorrowedFd<'_>, req: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: both nbd requests take no argument; the fd is open for the call.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, 0) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
