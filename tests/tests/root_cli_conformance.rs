@@ -484,8 +484,15 @@ fn carried_out(scene: &Scene, schema: &Schema) {
                     text(&after.stdout)
                 );
                 if let Some(d) = doc.filter(|_| *output == "json") {
-                    assert!(d["results"].as_array().is_some_and(|r| !r.is_empty()), "{what}: a step ran: {d:#}");
-                    assert_eq!(d["after"].as_array().map(Vec::len), Some(1), "{what}: the device afterwards: {d:#}");
+                    assert!(
+                        d["results"].as_array().is_some_and(|r| !r.is_empty()),
+                        "{what}: a step ran: {d:#}"
+                    );
+                    assert_eq!(
+                        d["after"].as_array().map(Vec::len),
+                        Some(1),
+                        "{what}: the device afterwards: {d:#}"
+                    );
                     assert!(d["resumed"].is_array(), "{what}: {d:#}");
                     json_docs.push(as_any_device(d, &h, &format!("applied{n}")));
                 }
@@ -496,6 +503,25 @@ fn carried_out(scene: &Scene, schema: &Schema) {
     }
 }
 
+/// `text` with the number between each `before` and the `after` that follows it written `N`.
+fn numbers_after(text: &str, before: &str, after: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(before) {
+        let (head, tail) = rest.split_at(at + before.len());
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 && tail[digits..].starts_with(after) {
+            out.push('N');
+            rest = &tail[digits..];
+        } else {
+            rest = tail;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A results document with what names its own device written as placeholders: the loop
 /// device's name and number, its scratch files' name, and the numbers that are its identity
 /// (its backing file's inode, its diskseq, the identity token, the plan's id); so that two
@@ -504,6 +530,11 @@ fn as_any_device(doc: Value, h: &Held, scratch: &str) -> Value {
     let name = h.lo.name();
     let devnum = std::fs::read_to_string(format!("/sys/block/{name}/dev")).unwrap_or_default();
     let mut text = doc.to_string().replace(scratch, "SCRATCH").replace(name, "LOOP");
+    // The holder: its own process (pid), and what the kernel numbered for it (its namespace's
+    // inode, the mount's ID), which a later device set up alike may or may not reuse.
+    for (before, after) in [("via pid ", " "), ("mount namespace ", " "), ("(id ", ")")] {
+        text = numbers_after(&text, before, after);
+    }
     if !devnum.trim().is_empty() {
         text = text.replace(&format!("\"{}\"", devnum.trim()), "\"MAJ:MIN\"");
     }
@@ -511,7 +542,9 @@ fn as_any_device(doc: Value, h: &Held, scratch: &str) -> Value {
         match v {
             Value::Object(m) => {
                 for (k, x) in m.iter_mut() {
-                    let own = k.ends_with("inode") || k.contains("diskseq") || k.ends_with("devnum")
+                    let own = k.ends_with("inode")
+                        || k.contains("diskseq")
+                        || k.ends_with("devnum")
                         || ["identity", "plan_id", "minor", "backing_dev"].contains(&k.as_str());
                     if own && !x.is_null() {
                         *x = Value::String("OWN".into());

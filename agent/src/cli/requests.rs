@@ -71,7 +71,7 @@ pub fn one_request(cli: &Cli, run: &mut OneShot, op: Operation, device: &str, ap
     let out = carry(run, op, device, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply))?;
+        print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply, false))?;
         return Ok(code);
     }
     let text = outcome_text(&out, device);
@@ -86,7 +86,7 @@ fn one_dir(cli: &Cli, run: &mut OneShot, arg: &str, apply: bool) -> Result<u8> {
     let out = super::dir_requests::carry_dir(run, arg, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply))?;
+        print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply, false))?;
         return Ok(code);
     }
     say(&with_api_line(&super::dir_requests::dir_text(&out, arg), run))?;
@@ -94,12 +94,15 @@ fn one_dir(cli: &Cli, run: &mut OneShot, arg: &str, apply: bool) -> Result<u8> {
 }
 
 /// The document of some outcomes (devices', then pod volume directories'): `results` once
-/// carried out, else `plans`.
+/// carried out, else `plans`. `shown`: the plans were shown before they were carried out (the
+/// `apply` command, as agentctl's `apply --yes` shows the agent's Plan answer first): the
+/// results' `planned` lists them, as agentctl's does.
 fn document(
     outcomes: &[(String, Outcome)],
     dirs: &[(String, DirOutcome)],
     op: Operation,
     applied: bool,
+    shown: bool,
 ) -> serde_json::Value {
     let mut plans = pb::PlanResponse::default();
     let mut results = pb::ApplyResponse::default();
@@ -112,7 +115,8 @@ fn document(
         add_plans(&mut plans, outcomes, op);
     }
     if applied {
-        view::doc::results_doc(&[], &results)
+        let planned = if shown { results.plans.clone() } else { Vec::new() };
+        view::doc::results_doc(&planned, &results)
     } else {
         view::doc::plans_doc(&plans)
     }
@@ -165,7 +169,7 @@ pub fn many(
     let code = outcomes.iter().fold(view::exit::DONE, |c, (_, o)| worst(c, o.class()));
     let mut code = dirs.iter().fold(code, |c, (_, o)| worst(c, o.class()));
     if matches!(output, Output::Json | Output::Yaml) {
-        print_value(output, &document(&outcomes, &dirs, op, carried))?;
+        print_value(output, &document(&outcomes, &dirs, op, carried, true))?;
     } else if outcomes.is_empty() && dirs.is_empty() {
         say(&api_header(run))?;
         say(if named.is_empty() { "no stale devices: nothing to do\n" } else { "nothing to do\n" })?;

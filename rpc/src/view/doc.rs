@@ -106,8 +106,8 @@ pub fn plans_doc(r: &pb::PlanResponse) -> Value {
 }
 
 /// `release`/`clean --apply`, `apply --yes`: what was carried out. `planned` holds the plans
-/// shown before applying (none when the apply was bound to identities from an earlier plan, or
-/// for the agent's own one-shot run, whose plans are `plans`).
+/// shown before applying (`apply --yes` of either CLI; none when the apply was bound to
+/// identities from an earlier plan, or for `release`/`clean --apply`).
 pub fn results_doc(planned: &[pb::DevicePlan], r: &pb::ApplyResponse) -> Value {
     envelope(
         RESULTS,
