@@ -79,6 +79,7 @@ pub mod service;
 pub mod serving_ca;
 pub mod sweep;
 pub mod sweep_attach;
+pub mod sweep_bound;
 pub mod sweep_part;
 pub mod sweeper;
 pub mod ttl_cache;

@@ -336,7 +336,8 @@ impl Sweeper {
     }
 
     /// The sweep now, from the kept parts (after catching up): findings of `kinds` (empty: all),
-    /// what was covered and what not, node by node.
+    /// what was covered and what not, node by node; at most [`crate::sweep_bound::SWEEP_BYTES`]
+    /// encoded (what was left out is said in the summary).
     pub fn answer(&self, kinds: &[pb::FindingKind]) -> pb::SweepResponse {
         self.flush();
         let ix = self.index.read();
@@ -348,6 +349,7 @@ impl Sweeper {
         let mut r =
             sweep::assemble(parts, volumes as u32, missing, not_synced, self.cluster.is_none(), kinds);
         coverage(&mut r, &ix, &st.kube);
+        crate::sweep_bound::bound(&mut r, crate::sweep_bound::SWEEP_BYTES);
         r
     }
 }
