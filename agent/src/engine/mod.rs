@@ -37,6 +37,7 @@ mod propagation;
 pub mod recheck;
 pub mod recover;
 pub mod requests;
+pub mod sim;
 pub mod view;
 pub mod wire;
 pub mod workflow;
