@@ -6,7 +6,7 @@
 //! `tests/fixtures` with the normal scan code, [`SimWorld::from_scan`] takes any scan); from then
 //! on the sim keeps the state: its devices with their identities, their holders (mounts in
 //! namespaces, open fds, stacked devices). A step that runs changes that state the way the kernel
-//! would ([`steps`]): a release detaches its mount, a teardown removes its device. Hooks for
+//! would (`sim/steps.rs`): a release detaches its mount, a teardown removes its device. Hooks for
 //! tests ([`SimWorld::fail_steps_on`], [`SimWorld::change_identity`], [`SimWorld::crash_next_step`])
 //! make steps fail, a device become another one, or the agent die mid-plan.
 //!
