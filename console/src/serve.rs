@@ -187,6 +187,7 @@ fn doors(
             tcp_operators: opts.operators.clone(),
             tcp_viewers: opts.viewers.clone(),
             tcp_consoles: opts.peer_consoles.clone(),
+            socket_operator: None,
         },
         reviewer: reviewer.clone(),
         namespace: opts.access_namespace.clone(),

@@ -21,6 +21,7 @@ pub mod start;
 pub mod state;
 mod statmount_memo;
 pub mod triggers;
+pub mod world;
 
 use std::sync::Arc;
 

@@ -13,6 +13,7 @@ use super::metrics::{Metrics, MetricsError};
 use super::mount_watch::MountWatch;
 use super::state::{AgentState, NamespaceWatch};
 use super::triggers;
+use super::world::DaemonWorld;
 use crate::config::{Config, Mode};
 use crate::engine::requests::setup::HostSpec;
 use crate::engine::world::{LinuxWorld, World};
@@ -24,7 +25,7 @@ use crate::snapshot::ScanOptions;
 /// The daemon's engine: the host `spec` names, read as `config` says (its kubelet directory,
 /// protected paths and devices, PID 1 vouched for), remembering processes between full scans;
 /// refused (why) when the config's mode acts by itself and this agent may not act.
-pub fn engine(spec: &HostSpec, config: &Config) -> Result<Engine<LinuxWorld>, String> {
+pub fn engine(spec: &HostSpec, config: &Config) -> Result<Engine<DaemonWorld>, String> {
     let world = LinuxWorld::new(
         spec.host(),
         ScanOptions {
@@ -44,7 +45,7 @@ pub fn engine(spec: &HostSpec, config: &Config) -> Result<Engine<LinuxWorld>, St
         unresponsive_after: config.unresponsive_after(),
         ..Settings::with_grace(config.grace_period(), config.rescan_interval())
     };
-    Ok(Engine::new(world, settings))
+    Ok(Engine::new(DaemonWorld::Linux(world), settings))
 }
 
 /// The daemon's state over `engine`, with its metrics, writing the statmount memo at
@@ -52,7 +53,7 @@ pub fn engine(spec: &HostSpec, config: &Config) -> Result<Engine<LinuxWorld>, St
 pub fn state(
     spec: &HostSpec,
     config: Config,
-    engine: Engine<LinuxWorld>,
+    engine: Engine<DaemonWorld>,
     statmount_memo: Option<&Path>,
 ) -> Result<Arc<AgentState>, MetricsError> {
     let host = spec.host();
@@ -137,4 +138,21 @@ pub async fn run(state: &Arc<AgentState>, stop: &watch::Receiver<bool>) {
         None => tokio::spawn(triggers::watch_mount_table(Arc::clone(state), stop.clone())),
     };
     tokio::spawn(triggers::timer(Arc::clone(state), every, stop.clone()));
+}
+
+/// The daemon's state on the simulated host `world` (no root, no kernel: the gRPC suite's), as
+/// `config` says, its host root `dir` (where nothing is read), with the first scan done.
+pub async fn on_sim(
+    world: Arc<crate::engine::sim::SimWorld>,
+    config: Config,
+    dir: &Path,
+) -> Result<Arc<AgentState>, MetricsError> {
+    let settings = Settings {
+        unresponsive_after: config.unresponsive_after(),
+        ..Settings::with_grace(config.grace_period(), config.rescan_interval())
+    };
+    let engine = Engine::new(DaemonWorld::Sim(world), settings);
+    let state = AgentState::new(crate::host::HostRoot::new(dir), config, Arc::new(Metrics::new()?), engine);
+    state.scan_once("start", false).await;
+    Ok(state)
 }

@@ -12,11 +12,11 @@ use tokio::sync::{broadcast, Notify};
 
 use super::budget::Budget;
 use super::events::{diff, AgentEvent};
+use super::world::DaemonWorld;
 use crate::config::Config;
 use crate::daemon::metrics::Metrics;
 use crate::engine::error::EngineError;
 use crate::engine::view::View;
-use crate::engine::world::LinuxWorld;
 use crate::engine::Engine;
 use crate::host::HostRoot;
 use crate::judge::grace::Clocks;
@@ -95,7 +95,7 @@ pub struct AgentState {
     /// The devices held by live filesystems with no mount, followed until those end
     /// ([`super::fs_end`]: the kernel reports no superblock's end).
     pub(super) fs_ends: Arc<super::fs_end::FsEnds>,
-    pub(super) engine: Engine<LinuxWorld>,
+    pub(super) engine: Engine<DaemonWorld>,
     pub(super) clocks: Mutex<Clocks>,
     pub(super) view: RwLock<Arc<View>>,
     pub(super) rescan: Notify,
@@ -170,7 +170,7 @@ impl AgentState {
         host: HostRoot,
         config: Config,
         metrics: Arc<Metrics>,
-        engine: Engine<LinuxWorld>,
+        engine: Engine<DaemonWorld>,
     ) -> Arc<Self> {
         let cap_device_events = config.cap_device_events;
         let node_name = config.node_name.clone().unwrap_or_else(|| {
@@ -215,7 +215,7 @@ impl AgentState {
     /// Takes the Kubernetes API's view from now on (one that cannot vouch while the API cannot
     /// be reached): it weighs in on verdicts and gates.
     pub fn use_cluster_view(&self, cluster: tokio::sync::watch::Receiver<crate::kube::ClusterView>) {
-        let _ = self.engine.world.cluster.set(cluster);
+        self.engine.world.use_cluster_view(cluster);
     }
 
     /// Events and the Node condition go out through `reporter` (once the API is connected).
@@ -225,7 +225,7 @@ impl AgentState {
 
     /// The API is not asked, for `why` (the operator's word).
     pub fn api_off(&self, why: String) {
-        let _ = self.engine.world.api_off.set(why);
+        self.engine.world.set_api_off(why);
     }
 
     /// Whether this agent may act on the host (hostPID, a live procfs); why not otherwise.

@@ -20,7 +20,8 @@
 //! the after-state. Nothing else calls [`Engine::plan_fresh`] or [`Engine::execute`].
 //!
 //! The engine reaches the machine only through a [`World`]: [`world::LinuxWorld`] on a real
-//! host, a simulated one in the property test.
+//! host, [`sim::SimWorld`] for the daemon and the gRPC service without root, a simulated one in
+//! the property test.
 //!
 //! The fronts (the one-shot CLI, the gRPC service) reach the engine only through its request
 //! API ([`requests`]) and return its answers on the wire ([`wire`]), built once for all of them.
@@ -37,6 +38,7 @@ mod propagation;
 pub mod recheck;
 pub mod recover;
 pub mod requests;
+pub mod sim;
 pub mod view;
 pub mod wire;
 pub mod workflow;

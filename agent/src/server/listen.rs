@@ -138,9 +138,20 @@ async fn wait(mut rx: watch::Receiver<bool>) {
 
 /// Serves until `shutdown` turns true. Logs each listener's real address once it is bound.
 pub async fn serve(state: Arc<AgentState>, shutdown: watch::Receiver<bool>) -> Result<(), ServeError> {
+    let gid = state.config.socket.group.as_deref().map(resolve_group).transpose()?;
+    let policy = policy(&state.config, gid);
+    serve_as(state, shutdown, gid, policy).await
+}
+
+/// [`serve`] with the socket's group `gid` and who may do what given.
+pub(super) async fn serve_as(
+    state: Arc<AgentState>,
+    shutdown: watch::Receiver<bool>,
+    gid: Option<u32>,
+    policy: Policy,
+) -> Result<(), ServeError> {
     let cfg = state.config.clone();
-    let gid = cfg.socket.group.as_deref().map(resolve_group).transpose()?;
-    let policy = Arc::new(policy(&cfg, gid));
+    let policy = Arc::new(policy);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<AgentServer<AgentService>>().await;
     tokio::spawn(follow_health(reporter, state.health.subscribe()));
@@ -227,6 +238,7 @@ fn policy(cfg: &crate::config::Config, gid: Option<u32>) -> Policy {
         tcp_operators: cfg.tcp.operators.clone(),
         tcp_viewers: cfg.tcp.viewers.clone(),
         tcp_consoles: cfg.tcp.consoles.clone(),
+        socket_operator: None,
     }
 }
 

@@ -9,4 +9,5 @@ pub mod convert;
 mod event_cap;
 pub mod listen;
 pub mod service;
+pub mod sim;
 pub mod status;
