@@ -48,13 +48,15 @@ for d in $A1 $A2; do echo "$d state=$(cat /sys/block/$d/device/state) ioerr=$(ca
 dmesg | grep "Logical unit not supported"
 echo "END kernel-after-read"
 
-# A grace period of 3 s: the first look starts each disk's clock (the one-shot CLI keeps its
-# clocks in its state file), a clean before it has run refuses, one after it acts.
-G="--grace-period 3"
+# A grace period of 12 s: the first look starts each disk's clock (the one-shot CLI keeps its
+# clocks in its state file), a clean before it has run refuses, one after it acts. The second
+# look and the early clean must fit in it: two one-shot runs under TCG on a loaded host took
+# over 3 s (CI22), so the margin is wide.
+G="--grace-period 12"
 echo "BEGIN holders"; $A $J holders $A1 $G --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders"
 $A $J holders $A2 $G --output json >/dev/null || case $? in 2|3) ;; *) false ;; esac
 echo "BEGIN too-soon"; $A $J clean $A1 $G --apply; echo "rc=$?"; echo "END too-soon"
-sleep 4
+sleep 13
 echo "BEGIN holders-after"; $A $J holders $A1 $G --output json || case $? in 2|3) ;; *) false ;; esac; echo "END holders-after"
 T1=$(tl_now)
 echo "BEGIN clean1"; $A $J clean $A1 $G --apply; echo "rc=$?"; echo "END clean1"
