@@ -20,39 +20,49 @@ impl OneShot {
     /// `op` on the device the operator named (`device`, in their words), carried out when
     /// `apply`, else a dry run through the same workflow; the grace clocks saved either way.
     pub fn carry(&mut self, op: Operation, device: &str, apply: bool) -> anyhow::Result<Outcome> {
-        let clocks = Mutex::new(std::mem::replace(&mut self.state.clocks, Clocks::new(None)));
-        let request = Request {
-            op,
-            subject: Subject::Argument(device.to_owned()),
-            argument: device.to_owned(),
-            expected_identity: None,
-            apply,
-            by: self.by.clone(),
-            journal: &self.journal,
-            lock_wait: self.lock_wait,
-            clocks: &clocks,
-            admit: None,
-        };
-        let result = self.engine.carry_out(&request);
-        self.state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
-        self.save();
-        Ok(result?)
+        self.with_clocks(|run, clocks| {
+            run.engine.carry_out(&Request {
+                op,
+                subject: Subject::Argument(device.to_owned()),
+                argument: device.to_owned(),
+                expected_identity: None,
+                apply,
+                by: run.by.clone(),
+                journal: &run.journal,
+                lock_wait: run.lock_wait,
+                clocks,
+                admit: None,
+            })
+        })
     }
 
     /// `clean` of the pod volume directory `arg` names, carried out when `apply`; the grace
     /// clocks saved either way.
     pub fn carry_dir(&mut self, arg: &str, apply: bool) -> anyhow::Result<DirOutcome> {
+        self.with_clocks(|run, clocks| {
+            run.engine.carry_out_dir(&DirRequest {
+                argument: arg.to_owned(),
+                apply,
+                by: run.by.clone(),
+                journal: &run.journal,
+                lock_wait: run.lock_wait,
+                clocks,
+                admit: None,
+            })
+        })
+    }
+
+    /// Runs `request` with the grace clocks lent to it, then keeps them and saves the state,
+    /// whatever the request came to.
+    fn with_clocks<T, E>(
+        &mut self,
+        request: impl FnOnce(&Self, &Mutex<Clocks>) -> Result<T, E>,
+    ) -> anyhow::Result<T>
+    where
+        anyhow::Error: From<E>,
+    {
         let clocks = Mutex::new(std::mem::replace(&mut self.state.clocks, Clocks::new(None)));
-        let req = DirRequest {
-            argument: arg.to_owned(),
-            apply,
-            by: self.by.clone(),
-            journal: &self.journal,
-            lock_wait: self.lock_wait,
-            clocks: &clocks,
-            admit: None,
-        };
-        let result = self.engine.carry_out_dir(&req);
+        let result = request(self, &clocks);
         self.state.clocks = clocks.into_inner().unwrap_or_else(|p| p.into_inner());
         self.save();
         Ok(result?)
