@@ -363,7 +363,7 @@ fn apply(s: &mut State, effect: Effect) {
 }
 
 /// Copies a fixture tree, symlinks as symlinks (sysfs's are relative).
-fn copy_tree(from: &Path, to: &Path) {
+pub(crate) fn copy_tree(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).expect("read fixture") {
         let e = e.expect("entry");
         let (src, dst) = (e.path(), to.join(e.file_name()));

@@ -14,7 +14,7 @@ use crate::act::multipathd::Reply;
 use crate::act::ActError;
 use crate::discover::control_socket::Owners;
 use crate::discover::iscsi::IscsiDetail;
-use crate::discover::probe::{Claim, KernelWord};
+use crate::discover::probe::KernelWord;
 use crate::discover::DiscoverError;
 use crate::host::sys::FileId;
 use crate::host::HostRoot;
@@ -99,14 +99,7 @@ impl Kernel for RecordingKernel {
         _t: Duration,
     ) -> KernelWord {
         let _ = self.record(Call::KernelWord(device.to_string()));
-        self.state().words.get(device.as_str()).cloned().unwrap_or(KernelWord {
-            claim: Claim::Unclaimed,
-            sysfs_holders: Vec::new(),
-            live_filesystems: Vec::new(),
-            loops_on_top: Vec::new(),
-            dm_open_count: None,
-            unreadable: Vec::new(),
-        })
+        self.state().words.get(device.as_str()).cloned().unwrap_or_else(KernelWord::unclaimed)
     }
 
     fn multipathd_owners(&self, _host: &HostRoot) -> Result<Owners, String> {

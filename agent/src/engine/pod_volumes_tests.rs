@@ -27,28 +27,12 @@ const EXPORTER: &str = "5d1c7c2e-8a0b-11e8-9a3b-fa163e6f1a5c";
 fn fixture() -> tempfile::TempDir {
     let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kubelet-orphans");
     let to = tempfile::tempdir().expect("tempdir");
-    copy(&from, to.path());
+    crate::act::recording_kernel::copy_tree(&from, to.path());
     let list = std::fs::read_to_string(from.join(".empty-dirs")).expect(".empty-dirs");
     for dir in list.lines().filter(|l| !l.is_empty()) {
         std::fs::create_dir_all(to.path().join(dir)).expect("empty dir");
     }
     to
-}
-
-fn copy(from: &Path, to: &Path) {
-    for e in std::fs::read_dir(from).expect("read fixture") {
-        let e = e.expect("entry");
-        let (src, dst) = (e.path(), to.join(e.file_name()));
-        let t = e.file_type().expect("type");
-        if t.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(&src).expect("link"), &dst).expect("symlink");
-        } else if t.is_dir() {
-            std::fs::create_dir_all(&dst).expect("mkdir");
-            copy(&src, &dst);
-        } else {
-            std::fs::copy(&src, &dst).expect("copy");
-        }
-    }
 }
 
 fn engine(root: &Path, pods: Option<Vec<PodInfo>>) -> Engine<LinuxWorld> {
