@@ -484,8 +484,15 @@ fn carried_out(scene: &Scene, schema: &Schema) {
                     text(&after.stdout)
                 );
                 if let Some(d) = doc.filter(|_| *output == "json") {
-                    assert!(d["results"].as_array().is_some_and(|r| !r.is_empty()), "{what}: a step ran: {d:#}");
-                    assert_eq!(d["after"].as_array().map(Vec::len), Some(1), "{what}: the device afterwards: {d:#}");
+                    assert!(
+                        d["results"].as_array().is_some_and(|r| !r.is_empty()),
+                        "{what}: a step ran: {d:#}"
+                    );
+                    assert_eq!(
+                        d["after"].as_array().map(Vec::len),
+                        Some(1),
+                        "{what}: the device afterwards: {d:#}"
+                    );
                     assert!(d["resumed"].is_array(), "{what}: {d:#}");
                     json_docs.push(as_any_device(d, &h, &format!("applied{n}")));
                 }
@@ -511,7 +518,9 @@ fn as_any_device(doc: Value, h: &Held, scratch: &str) -> Value {
         match v {
             Value::Object(m) => {
                 for (k, x) in m.iter_mut() {
-                    let own = k.ends_with("inode") || k.contains("diskseq") || k.ends_with("devnum")
+                    let own = k.ends_with("inode")
+                        || k.contains("diskseq")
+                        || k.ends_with("devnum")
                         || ["identity", "plan_id", "minor", "backing_dev"].contains(&k.as_str());
                     if own && !x.is_null() {
                         *x = Value::String("OWN".into());

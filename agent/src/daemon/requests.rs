@@ -332,7 +332,9 @@ impl AgentState {
                     // The first device refused, before anything was planned or ran: the
                     // whole Apply is refused, saying why.
                     let ran = |o: &Outcome| {
-                        o.plan.is_some() || !o.reports.is_empty() || o.resumed.iter().any(|r| !r.reports.is_empty())
+                        o.plan.is_some()
+                            || !o.reports.is_empty()
+                            || o.resumed.iter().any(|r| !r.reports.is_empty())
                     };
                     if !outcomes.iter().any(|(_, o)| ran(o)) {
                         return Err(ApiError::FailedPrecondition(why.clone()));

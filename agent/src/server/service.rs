@@ -188,7 +188,8 @@ impl Agent for AgentService {
             }
         }
         let op = convert::operation(r.operation).map_err(to_status)?;
-        let outcomes = self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
+        let outcomes =
+            self.state.apply(&r.devices, &r.identities, op, &person.name).await.map_err(to_status)?;
         let mut answer = pb::ApplyResponse::default();
         wire::outcome::add_results(&mut answer, &outcomes, op);
         Ok(Response::new(answer))

@@ -88,7 +88,11 @@ pub fn add_plans(into: &mut pb::PlanResponse, outcomes: &[(String, Outcome)], op
 /// Adds several devices' outcomes to an Apply answer: plans, step results, the unfinished plans
 /// resumed first and each device afterwards, in order; each warning and blind spot once. The
 /// one-shot `apply --yes` and gRPC Apply both answer this, so both print the same document.
-pub fn add_results(into: &mut pb::ApplyResponse, outcomes: &[(String, Outcome)], op: crate::engine::Operation) {
+pub fn add_results(
+    into: &mut pb::ApplyResponse,
+    outcomes: &[(String, Outcome)],
+    op: crate::engine::Operation,
+) {
     for (argument, out) in outcomes {
         let r = outcome_results(out, op, argument);
         into.plans.extend(r.plans);
