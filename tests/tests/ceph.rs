@@ -55,7 +55,7 @@ fn root_ceph_incident1_unused_mapping_is_unmapped_and_the_watcher_goes() {
     );
     let clean = run.section("clean");
     assert!(
-        clean.contains("unmap rbd k8s/vol") && clean.contains(": done") && clean.contains("rc=0"),
+        clean.contains("unmap rbd k8s/vol") && clean.contains(" -> done") && clean.contains("rc=0"),
         "{clean}"
     );
     let after = host_line(&run, "HOST watchers-after:");
@@ -75,7 +75,7 @@ fn root_ceph_incident5_foreign_mount_on_rbd_is_released_then_unmapped() {
     assert_eq!(m["kind"], "mount", "{h:#}");
     assert_eq!(m["in_host_namespace"], false);
     assert_eq!(m["mount_point"], "/mnt/vol");
-    assert!(run.section("release").contains(": done"), "{}", run.section("release"));
+    assert!(run.section("release").contains(" -> done"), "{}", run.section("release"));
     let clean = run.section("clean");
     assert!(clean.contains("unmap rbd k8s/vol") && clean.contains("rc=0"), "{clean}");
 }

@@ -179,7 +179,7 @@ fn root_guest_nbd_device_whose_server_died_is_stale_then_disconnected() {
     assert!(h["reasons"][0].as_str().expect("reason").contains("is gone"), "{h:#}");
     let clean = run.section("clean");
     assert!(
-        clean.contains("disconnect nbd device nbd0 (NBD_DISCONNECT): done") && clean.contains("rc=0"),
+        clean.contains("disconnect nbd device nbd0 (NBD_DISCONNECT) -> done") && clean.contains("rc=0"),
         "{clean}"
     );
 }
@@ -203,7 +203,7 @@ fn root_guest_an_nbd_device_open_in_flight_is_never_disconnected_and_done() {
         clean.contains("deferred") && clean.contains("something still has /dev/nbd0 open"),
         "says why: {clean}"
     );
-    assert!(!clean.contains("(NBD_DISCONNECT): done"), "{clean}");
+    assert!(!clean.contains("(NBD_DISCONNECT) -> done"), "{clean}");
     assert!(run.section("after").contains("size 32768"), "still set up while open: {}", run.section("after"));
     let records = blockjanitor_tests::journal::parse(run.section("journal").lines(), "the guest's journal");
     let results: Vec<&str> =
@@ -664,10 +664,7 @@ fn root_guest_kill9_at_each_journal_phase_converges() {
     let gone = run.section("again-cli-plan-2");
     assert!(gone.contains("rc=0") && gone.contains("mpathb is gone"), "killed after the plan's end:\n{gone}");
     let fresh = run.section("again-cli-plan-before-1");
-    assert!(
-        fresh.contains("rc=0") && fresh.contains("carrying out 6 step(s)"),
-        "nothing journaled:\n{fresh}"
-    );
+    assert!(fresh.contains("rc=0") && fresh.contains(": 6 steps\n"), "nothing journaled:\n{fresh}");
 }
 
 /// Issue 12, "multipathd in sync": with multipathd running, a dead map is removed through its
@@ -692,18 +689,18 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     let refused = run.section("unreachable");
     assert!(!refused.contains("rc=0"), "{refused}");
     assert!(
-        refused.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
+        refused.contains("remove dm device dm-0 (mpath-333333330000007d0) -> FAILED")
             && refused.contains("a root process named multipathd (pid")
             && refused.contains("runs but holds no control socket @/org/kernel/linux/storage/multipathd")
             && refused.contains("the map is left in place"),
         "{refused}"
     );
-    assert!(!refused.contains("delete SCSI disk sda (0:0:0:0): done"), "{refused}");
+    assert!(!refused.contains("delete SCSI disk sda (0:0:0:0) -> done"), "{refused}");
     // Control: multipathd stopped: its socket accepts but does not answer.
     let silent = run.section("silent");
     assert!(!silent.contains("rc=0"), "{silent}");
     assert!(
-        silent.contains("remove dm device dm-0 (mpath-333333330000007d0): FAILED")
+        silent.contains("remove dm device dm-0 (mpath-333333330000007d0) -> FAILED")
             && silent.contains("no answer to 'show daemon'")
             && silent.contains("the map is left in place"),
         "{silent}"
@@ -714,11 +711,11 @@ fn root_guest_multipathd_removes_the_dead_map_and_forgets_its_wwid() {
     assert!(clean.contains("rc=0"), "{clean}");
     assert!(
         clean.contains(&format!(
-            "remove dm device dm-0 (mpath-{wwid}): done: removed through multipathd (pid"
+            "remove dm device dm-0 (mpath-{wwid}) -> done: removed through multipathd (pid"
         )) && clean.contains(&format!("'del map mpatha'); wwid {wwid} removed from /etc/multipath/wwids")),
         "{clean}"
     );
-    for step in ["delete SCSI disk sda (0:0:0:0): done", "delete SCSI disk sdb (1:0:0:0): done"] {
+    for step in ["delete SCSI disk sda (0:0:0:0) -> done", "delete SCSI disk sdb (1:0:0:0) -> done"] {
         assert!(clean.contains(step), "missing {step:?} in\n{clean}");
     }
     let log = run.section("multipathd-log");
@@ -934,7 +931,7 @@ fn root_guest_nvme_tcp_stale_controller_is_deleted_a_mounted_or_live_one_never()
     assert!(c["reasons"].to_string().contains("never stale"), "{c:#}");
     let clean_a = run.section("clean_a");
     assert!(
-        clean_a.contains("delete NVMe controller") && clean_a.contains("(delete_controller): done"),
+        clean_a.contains("delete NVMe controller") && clean_a.contains("(delete_controller) -> done"),
         "{clean_a}"
     );
     assert!(clean_a.contains("rc=0"), "{clean_a}");
@@ -981,7 +978,7 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     assert_eq!(h["verdict"], "suspect", "{h:#}");
     assert!(h["reasons"][0].as_str().expect("reason").contains("reports the LUN gone"), "{h:#}");
     let soon = run.section("too-soon");
-    assert!(!soon.contains("rc=0") && !soon.contains(": done"), "nothing before the grace period: {soon}");
+    assert!(!soon.contains("rc=0") && !soon.contains(" -> done"), "nothing before the grace period: {soon}");
     let h = run.device("holders-after");
     assert_eq!(h["verdict"], "stale", "{h:#}");
     let first = run.section("clean1");
@@ -993,7 +990,10 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
         second.find("3. log out iSCSI session1 (iqn.2026-11.io.blockjanitor:stale-a"),
     );
     assert!(del.is_some() && logout.is_some() && del < logout, "delete first, then logout: {second}");
-    assert!(second[logout.unwrap_or(0)..].lines().next().is_some_and(|l| l.ends_with(": done")), "{second}");
+    assert!(
+        second[logout.unwrap_or(0)..].lines().next().is_some_and(|l| l.ends_with(" -> done")),
+        "{second}"
+    );
     // The journal: the logout's intent (with the session's identity) and its result.
     let records: Vec<serde_json::Value> =
         run.section("journal").lines().map(|l| serde_json::from_str(l).expect("journal line")).collect();
@@ -1055,14 +1055,14 @@ fn root_guest_clean_of_an_nvme_namespace_whose_sibling_is_open_is_refused() {
             && clean.contains("(sleep) has the device node open"),
         "names the sibling and its holder: {clean}"
     );
-    assert!(!clean.contains("delete_controller): done"), "{clean}");
+    assert!(!clean.contains("delete_controller) -> done"), "{clean}");
     let after = run.section("after");
     assert!(after.contains(&format!("controller {ctrl} connecting")), "the controller stays: {after}");
     assert!(after.contains(&format!("{n1} present")) && after.contains(&format!("{n2} present")), "{after}");
     assert!(after.contains(&format!("alive: /dev/{n2}")), "the holder keeps its namespace: {after}");
     // Nothing held: the same one-shot command deletes the controller, both namespaces with it.
     let free = run.section("clean_free");
-    assert!(free.contains("rc=0") && free.contains("(delete_controller): done"), "{free}");
+    assert!(free.contains("rc=0") && free.contains("(delete_controller) -> done"), "{free}");
     let after = run.section("after_free");
     assert!(
         after.contains(&format!("controller {ctrl} gone")) && after.contains(&format!("{n2} gone")),
@@ -1112,7 +1112,7 @@ fn root_guest_dupd_readers_do_not_hide_an_fd_in_flight() {
         clean.contains("open count 2, accounted 1 (1 open file(s) of stuck readers, 4 fd(s)): something the scan cannot see holds dm-"),
         "names the difference, the readers counted per open file: {clean}"
     );
-    assert!(!clean.contains(": done"), "no step ran: {clean}");
+    assert!(!clean.contains(" -> done"), "no step ran: {clean}");
     let after = run.section("after");
     assert!(after.contains("present") && !after.contains("gone"), "{after}");
     assert!(after.contains("queue_if_no_path"), "fail_if_no_path was not sent: {after}");
@@ -1151,7 +1151,7 @@ fn root_guest_an_fd_in_flight_over_a_unix_socket_keeps_a_dead_maps_teardown_refu
         clean.contains("open count 1, accounted 0 (nothing): something the scan cannot see holds dm-"),
         "names the difference: {clean}"
     );
-    assert!(!clean.contains(": done"), "no step ran: {clean}");
+    assert!(!clean.contains(" -> done"), "no step ran: {clean}");
     let after = run.section("after");
     assert!(after.contains("present") && !after.contains("gone"), "{after}");
     assert!(after.contains("queue_if_no_path"), "fail_if_no_path was not sent: {after}");

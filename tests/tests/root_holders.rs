@@ -61,7 +61,7 @@ fn root_incident5_foreign_namespace_holder_is_released_without_killing() {
     let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains(": done"), "{stdout}");
+    assert!(stdout.contains(" -> done"), "{stdout}");
     assert!(holder.is_alive(), "release never kills the holder");
     assert!(!holder.has_mount(&mnt), "the mount is gone from the holder's namespace");
     assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "jbd2 thread still alive");
@@ -426,7 +426,7 @@ fn root_non_utf8_mount_point_in_a_foreign_namespace_scans_and_releases() {
     let out = agent(&["--journal", &journal_in(&s), "release", &lo.dev, "--apply"]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
-    assert!(stdout.contains(": done") && stdout.contains(&escaped), "{stdout}");
+    assert!(stdout.contains(" -> done") && stdout.contains(&escaped), "{stdout}");
     assert!(holder.is_alive(), "release never kills the holder");
     assert!(!mounted_in(&ns_table, &mnt), "the mount is gone from the holder's namespace");
     assert!(wait_until(Duration::from_secs(10), || !jbd2_alive(lo.name())), "jbd2 thread still alive");

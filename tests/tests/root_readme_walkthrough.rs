@@ -187,7 +187,7 @@ fn root_readme_walkthrough_runs_as_written() {
 
     let (apply, rc) = part(6);
     assert_eq!(rc, Some(0), "release --apply:\n{all}");
-    assert!(apply.contains(": done") && apply.contains("is free and unbound"), "{apply}");
+    assert!(apply.contains(" -> done") && apply.contains("is free and unbound"), "{apply}");
     // What the README says after it: the holder still runs, the loop device is gone.
     let holder = nix::unistd::Pid::from_raw(cleanup.pids[0]);
     assert!(nix::sys::signal::kill(holder, None).is_ok(), "the holder was not killed");

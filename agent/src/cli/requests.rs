@@ -1,8 +1,9 @@
 //! `release`, `clean`, `plan` and `apply`: each device through the engine's one request workflow
 //! ([`OneShot::carry`]; with `--apply`/`--yes`, recovery and the unfinished plan an argument
-//! owes come first, before it is resolved), printed as the agent's text or as the documents
-//! agentctl prints for the same question (`plans` for a dry run, `results` once carried out);
-//! the exit code of what each came to.
+//! owes come first, before it is resolved), converted to the messages agentctl gets for the
+//! same question (a Plan answer for a dry run, an Apply answer once carried out) and printed as
+//! agentctl prints them (text, or the `plans` / `results` documents); the exit code of what
+//! each came to.
 
 use anyhow::Result;
 use blockjanitor_proto::v1 as pb;
@@ -10,7 +11,7 @@ use blockjanitor_rpc::view;
 
 use super::args::*;
 use super::output::{print_value, say};
-use super::render::{self, say_recovery};
+use super::render::say_recovery;
 use crate::engine::dir_workflow::DirOutcome;
 use crate::engine::outcome::{Class, Outcome};
 use crate::engine::requests::OneShot;
@@ -30,13 +31,26 @@ pub fn api_header(run: &OneShot) -> String {
     run.api_line().map(|l| format!("{l}\n")).unwrap_or_default()
 }
 
-/// One outcome as the agent's text: the one line a refusal before any step is (sight,
-/// may-act, the journal's lock), else the report.
-fn outcome_text(out: &Outcome, device: &str) -> String {
-    match (&out.refusal, &out.plan) {
-        (Some((_, why)), None) => format!("{why}\n"),
-        _ => render::outcome_text(out, device),
+/// Some outcomes as text: the Plan answer they come to as agentctl's `plan` prints it, or
+/// (carried out) the Apply answer as agentctl's `apply` prints it.
+///
+/// A device gone because a finished plan of the journal removed it is not on the wire: its
+/// line ([`Outcome::gone`]) comes first, and alone when there is nothing else to say.
+/// `hint`: a dry run of `release` or `clean` says how to carry it out ([`view::plan::dry_run_table`]).
+fn outcomes_text(outcomes: &[(String, Outcome)], op: Operation, applied: bool, hint: bool) -> String {
+    let (plans, results) = answers(outcomes, &[], op, applied);
+    let gone: String =
+        outcomes.iter().filter_map(|(_, o)| o.gone.as_ref()).map(|g| format!("{g}\n")).collect();
+    let empty = plans.plans.is_empty() && results.plans.is_empty() && results.resumed.is_empty();
+    if !gone.is_empty() && empty {
+        return gone;
     }
+    let table = match applied {
+        true => view::apply::apply_table(&results),
+        false if hint => view::plan::dry_run_table(&plans),
+        false => view::plan::plans_table(&plans, false),
+    };
+    gone + &table
 }
 
 /// `text` with the Kubernetes API's line ([`OneShot::api_line`]) at its top, after an
@@ -74,9 +88,11 @@ pub fn one_request(cli: &Cli, run: &mut OneShot, op: Operation, device: &str, ap
         print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply, false))?;
         return Ok(code);
     }
-    let text = outcome_text(&out, device);
-    say(&if out.judged.is_some() { with_api_line(&text, run) } else { text })?;
-    unsupported(&out)?;
+    let judged = out.judged.is_some();
+    let outcomes = [(device.to_owned(), out)];
+    let text = outcomes_text(&outcomes, op, apply, !apply);
+    say(&if judged { with_api_line(&text, run) } else { text })?;
+    unsupported(&outcomes[0].1)?;
     Ok(code)
 }
 
@@ -104,6 +120,23 @@ fn document(
     applied: bool,
     shown: bool,
 ) -> serde_json::Value {
+    let (plans, results) = answers(outcomes, dirs, op, applied);
+    if applied {
+        let planned = if shown { results.plans.clone() } else { Vec::new() };
+        view::doc::results_doc(&planned, &results)
+    } else {
+        view::doc::plans_doc(&plans)
+    }
+}
+
+/// Some outcomes (devices', then pod volume directories') as the Plan answer (a dry run) or the
+/// Apply answer (carried out) the gRPC service would give; the other one is empty.
+fn answers(
+    outcomes: &[(String, Outcome)],
+    dirs: &[(String, DirOutcome)],
+    op: Operation,
+    applied: bool,
+) -> (pb::PlanResponse, pb::ApplyResponse) {
     let mut plans = pb::PlanResponse::default();
     let mut results = pb::ApplyResponse::default();
     for (arg, out) in dirs {
@@ -114,12 +147,7 @@ fn document(
     } else {
         add_plans(&mut plans, outcomes, op);
     }
-    if applied {
-        let planned = if shown { results.plans.clone() } else { Vec::new() };
-        view::doc::results_doc(&planned, &results)
-    } else {
-        view::doc::plans_doc(&plans)
-    }
+    (plans, results)
 }
 
 /// The devices a `plan` or `apply` is for: those named, else every stale device (from a scan
@@ -174,7 +202,8 @@ pub fn many(
         say(&api_header(run))?;
         say(if named.is_empty() { "no stale devices: nothing to do\n" } else { "nothing to do\n" })?;
     } else {
-        let mut text: String = outcomes.iter().map(|(device, out)| outcome_text(out, device)).collect();
+        let mut text =
+            if outcomes.is_empty() { String::new() } else { outcomes_text(&outcomes, op, carried, false) };
         text.extend(dirs.iter().map(|(arg, out)| super::dir_requests::dir_text(out, arg)));
         if outcomes.iter().any(|(_, o)| o.judged.is_some()) || !dirs.is_empty() {
             text = with_api_line(&text, run);

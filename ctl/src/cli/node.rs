@@ -203,7 +203,7 @@ async fn one_device(
     if !apply {
         let r = pb::PlanRequest { devices, operation: op as i32 };
         let r = client::call(timeout, c.plan(client::request(r, timeout))).await.map_err(status)?;
-        write_out(&render(out, || doc::plans_doc(&r), || plan::plans_table(&r, false))?)?;
+        write_out(&render(out, || doc::plans_doc(&r), || plan::dry_run_table(&r))?)?;
         return Ok(exit::plans(&r.plans));
     }
     let r = pb::ApplyRequest { devices, identities: Vec::new(), operation: op as i32 };

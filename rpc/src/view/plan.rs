@@ -34,6 +34,21 @@ pub fn identity_line(out: &mut String, p: &pb::DevicePlan) {
     }
 }
 
+/// The plan's INCOMPLETE VIEW line (what its scan could not see), before its first line.
+pub fn incomplete_line(out: &mut String, p: &pb::DevicePlan) {
+    if !p.incomplete_view.is_empty() {
+        let _ = writeln!(out, "{}", clean(&p.incomplete_view));
+    }
+}
+
+/// The plan's notes (what a step will do that is worth knowing first), each sentence once with
+/// a count and the numbers that differ.
+pub fn note_lines(out: &mut String, p: &pb::DevicePlan) {
+    for n in crate::view::fold::fold_alike(&p.notes) {
+        let _ = writeln!(out, "  note: {}", clean(&n));
+    }
+}
+
 /// What the plan leaves alone, one line per cause: the same sentence (a release saying it of the
 /// mount in each of 37 namespaces) once, with a count and the numbers that differ.
 pub fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
@@ -42,13 +57,15 @@ pub fn left_alone_lines(out: &mut String, p: &pb::DevicePlan) {
     }
 }
 
-/// `plan` as text: per device the numbered steps, what is left alone, the refusal.
+/// `plan` as text: per device (after its INCOMPLETE VIEW line, if any) the numbered steps, the
+/// notes, what is left alone, the refusal. Both CLIs print a dry run with it.
 pub fn plans_table(r: &pb::PlanResponse, all_stale: bool) -> String {
     if r.plans.is_empty() {
         return if all_stale { "no stale devices: nothing to do\n".into() } else { "nothing to do\n".into() };
     }
     let mut out = String::new();
     for p in &r.plans {
+        incomplete_line(&mut out, p);
         let _ = writeln!(out, "{}", plan_head(p));
         identity_line(&mut out, p);
         if p.refusal.is_empty() {
@@ -56,7 +73,22 @@ pub fn plans_table(r: &pb::PlanResponse, all_stale: bool) -> String {
                 let _ = writeln!(out, "  {}. {}", i + 1, step_text(s));
             }
         }
+        note_lines(&mut out, p);
         left_alone_lines(&mut out, p);
+    }
+    out
+}
+
+/// What `release` and `clean` without `--apply` say after the plan, in both CLIs, when there is
+/// something they would carry out.
+pub const DRY_RUN: &str = "dry run: add --apply to carry them out";
+
+/// `release` or `clean` without `--apply` as text: the plan ([`plans_table`]), then
+/// [`DRY_RUN`] when a plan has steps and is not refused.
+pub fn dry_run_table(r: &pb::PlanResponse) -> String {
+    let mut out = plans_table(r, false);
+    if r.plans.iter().any(|p| p.refusal.is_empty() && !p.steps.is_empty()) {
+        let _ = writeln!(out, "{DRY_RUN}");
     }
     out
 }

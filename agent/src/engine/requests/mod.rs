@@ -7,14 +7,13 @@
 //!   show) and the journal; its requests: `scan` and `holders` ([`show`]), `release`, `clean`,
 //!   `plan` and `apply` through the one request workflow ([`carry`]);
 //! - [`journal`]: what the journal has unfinished;
-//! - [`api`]: the Kubernetes API's view a one-shot run judges with;
-//! - [`answer`]: the types the engine's answers are made of, for a front's own text.
+//! - [`api`]: the Kubernetes API's view a one-shot run judges with.
 //!
-//! The answers on the wire, which every front returns, are [`super::wire`]'s. What a request
+//! The answers on the wire, which every front returns and prints (through blockjanitor-rpc's
+//! `view`, as agentctl does), are [`super::wire`]'s. What a request
 //! came to is a [`super::outcome::Class`] (or, for `holders`, held and complete): how the
 //! process says it to a script is the CLI's word, not the engine's.
 
-pub mod answer;
 pub mod api;
 pub mod carry;
 pub mod journal;
