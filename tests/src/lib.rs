@@ -443,11 +443,24 @@ impl NsProcess {
     /// Runs `sh -c script` in a new mount namespace with the given propagation of its copies
     /// (`unshare --propagation private|slave|shared|unchanged`).
     pub fn spawn_with(propagation: &str, script: &str) -> Self {
+        Self::spawn_unshared(&["-m", "--propagation", propagation], script)
+    }
+
+    /// Runs `sh -c script` as root of a new user namespace, in a new private mount namespace
+    /// that namespace owns (`unshare -U -r -m`), as a user-namespaced pod or a rootless
+    /// container does: every mount it copies from ours is locked there (`MNT_LOCKED`), and the
+    /// kernel refuses to unmount it inside (`EINVAL`).
+    pub fn spawn_in_user_ns(script: &str) -> Self {
+        Self::spawn_unshared(&["-U", "-r", "-m", "--propagation", "private"], script)
+    }
+
+    fn spawn_unshared(flags: &[&str], script: &str) -> Self {
         use std::os::unix::process::CommandExt;
         // A process group of its own: what the script starts in the background dies with it
         // (left running, it would keep the namespace, its mounts and their devices busy).
         let child = Command::new("unshare")
-            .args(["-m", "--propagation", propagation, "sh", "-c", script])
+            .args(flags)
+            .args(["sh", "-c", script])
             .stdin(Stdio::null())
             .process_group(0)
             .spawn()

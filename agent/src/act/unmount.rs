@@ -40,7 +40,32 @@ pub(super) fn unmount_exactly(
     }
     nix::unistd::fchdir(proc_fd.as_fd()).map_err(io::Error::from)?;
     let via_fd = format!("thread-self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&target));
-    umount2(via_fd.as_str(), MntFlags::MNT_DETACH).map_err(io::Error::from)
+    umount2(via_fd.as_str(), MntFlags::MNT_DETACH).map_err(|e| match e {
+        nix::errno::Errno::EINVAL => locked_or_not(proc_fd).unwrap_or_else(|| io::Error::from(e)),
+        e => io::Error::from(e),
+    })
+}
+
+/// Why `umount2` said `EINVAL` for a mount we had just checked is there: when this thread's
+/// mount namespace belongs to another user namespace than ours (a user-namespaced pod or
+/// rootless container), the mount came into it from a more privileged namespace (copied when
+/// the namespace was made, or propagated later) and the kernel keeps it locked there
+/// (`MNT_LOCKED`): no one may unmount it inside. Returns that error, or `None` (our own user
+/// namespace: the plain `EINVAL` stands).
+fn locked_or_not(proc_fd: &OwnedFd) -> Option<io::Error> {
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::Mode;
+    let open = |p: &str| openat(proc_fd.as_fd(), p, OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).ok();
+    let owner = sys::owning_user_ns(open("thread-self/ns/mnt")?.as_fd()).ok()?;
+    let ours = sys::stat_fd(open("thread-self/ns/user")?.as_fd()).ok()?.ino;
+    (owner != ours).then(|| {
+        io::Error::other(format!(
+            "Invalid argument (os error 22): the kernel keeps this mount locked in its mount \
+             namespace, which belongs to user namespace {owner} (a user-namespaced pod or rootless \
+             container): it came there from the host's side, and goes only when it is unmounted where \
+             it came from or the namespace's last process exits"
+        ))
+    })
 }
 
 #[cfg(test)]

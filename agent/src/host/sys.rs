@@ -148,6 +148,22 @@ pub fn disk_seq(fd: BorrowedFd<'_>) -> io::Result<u64> {
     Ok(seq)
 }
 
+/// `NS_GET_USERNS` (`_IO(0xb7, 0x1)`, `<linux/nsfs.h>`, Linux 4.9).
+const NS_GET_USERNS: libc::c_ulong = 0xb701;
+
+/// The inode of the user namespace that owns the namespace `ns` (an open `/proc/.../ns/*`
+/// file): `NS_GET_USERNS` gives an fd of it, which is stat'ed and closed.
+pub fn owning_user_ns(ns: BorrowedFd<'_>) -> io::Result<u64> {
+    // SAFETY: the fd is open for the call; the ioctl takes no argument and returns a new fd.
+    let rc = unsafe { libc::ioctl(ns.as_raw_fd(), NS_GET_USERNS as _) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us and nothing else owns it.
+    let owner = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(rc) };
+    Ok(stat_fd(std::os::fd::AsFd::as_fd(&owner))?.ino)
+}
+
 /// `BTRFS_IOC_FS_INFO` (`_IOR(0x94, 31, struct btrfs_ioctl_fs_info_args)`, 1024 bytes).
 const BTRFS_IOC_FS_INFO: libc::c_ulong = 0x8400_941f;
 

@@ -1,5 +1,5 @@
 //! The agent's gRPC service on a simulated host ([`crate::engine::sim`]), on a unix socket in a
-//! directory the caller gives (a temp dir): what the gRPC suite (`tests/tests/grpc_sim.rs`)
+//! directory the caller gives (a temp dir): what the gRPC suite (`tests/tests/grpc_plan_apply.rs`)
 //! drives as a normal user through the real tonic client. The daemon's state is the real one
 //! (its engine, grace clocks, journal, events), with the sim as its world; only the rescan loop
 //! and the triggers are not started (the caller asks for scans). The user running it is an

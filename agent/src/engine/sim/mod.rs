@@ -1,5 +1,5 @@
 //! A simulated host: a [`World`] with no kernel behind it, for running the daemon and the gRPC
-//! service without root (the gRPC suite, `tests/tests/grpc_sim.rs`), as stratisd ships its sim
+//! service without root (the gRPC suite, `tests/tests/grpc_plan_apply.rs`), as stratisd ships its sim
 //! engine beside the real one.
 //!
 //! A scene starts from a real scan ([`SimWorld::from_fixture`] reads a fixture tree under
@@ -83,7 +83,8 @@ impl SimWorld {
         self.state().scene.graph.devices.iter().find(|e| e.device.name.as_str() == name).cloned()
     }
 
-    /// Every step `run` was asked to carry out, in order (failed ones too).
+    /// Every step that reached the simulated kernel, in order (failed ones too; not one a
+    /// simulated crash stopped before it).
     pub fn steps_run(&self) -> Vec<Step> {
         self.state().runs.clone()
     }
@@ -207,11 +208,11 @@ impl World for SimWorld {
 
     fn run(&self, step: &Step) -> Result<StepOutcome, ActError> {
         let mut s = self.state();
-        s.runs.push(step.clone());
         if std::mem::take(&mut s.crash_next) {
             drop(s);
             panic!("simulated crash before {} reached the kernel", step.device);
         }
+        s.runs.push(step.clone());
         if let Some(why) = s.failing.get(&step.devnum) {
             return Err(ActError::Syscall {
                 device: step.device.clone(),
