@@ -986,8 +986,8 @@ fn root_guest_iscsi_session_whose_luns_are_gone_is_emptied_then_logged_out_and_a
     let second = run.section("clean2");
     assert!(second.contains("rc=0"), "{second}");
     let (del, logout) = (
-        second.find("2. delete SCSI disk"),
-        second.find("3. log out iSCSI session1 (iqn.2026-11.io.blockjanitor:stale-a"),
+        second.find("2. scsi_delete: delete SCSI disk"),
+        second.find("3. iscsi_logout: log out iSCSI session1 (iqn.2026-11.io.blockjanitor:stale-a"),
     );
     assert!(del.is_some() && logout.is_some() && del < logout, "delete first, then logout: {second}");
     assert!(

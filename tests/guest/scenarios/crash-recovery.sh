@@ -134,7 +134,7 @@ cli_phase() {
   rc2=$?
   set -e
   echo "BEGIN crash-cli-$1"; echo "rc=$rc"; grep -a "fault injection: SIGKILL" /tmp/crash-cli-$1.log || true; echo "END crash-cli-$1"
-  echo "BEGIN again-cli-$1"; echo "rc=$rc2"; grep -a "resumed\|is gone\|carrying out\|refused\|error" /tmp/again-cli-$1.log; echo "END again-cli-$1"
+  echo "BEGIN again-cli-$1"; echo "rc=$rc2"; grep -a "resumed\|is gone\|: [0-9]* steps\?$\|refused\|error" /tmp/again-cli-$1.log; echo "END again-cli-$1"
   echo "BEGIN journal-cli-$1"; cat "$jf"; echo "END journal-cli-$1"
   echo "BEGIN after-cli-$1"; ls /sys/block | grep -E '^(sd|dm-)' || true; dmsetup ls; echo "END after-cli-$1"
   [ $rc = 137 ] || { tail -n 30 /tmp/crash-cli-$1.log; fail "phase cli-$1: the one-shot run was not killed by SIGKILL (rc $rc)"; }
