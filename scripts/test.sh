@@ -27,14 +27,14 @@ command -v losetup >/dev/null && command -v unshare >/dev/null && command -v mks
 command -v setpriv >/dev/null || missing+=(util-linux)         # runs clients as other users
 command -v mount >/dev/null && command -v swapon >/dev/null || missing+=(mount)
 command -v promtool >/dev/null || missing+=(prometheus)        # promtool checks /metrics and the alerts
-command -v podman >/dev/null || missing+=(podman)              # the container test (tests/root_container.rs)
+command -v podman >/dev/null || missing+=(podman)              # the container test (tests/container_image.rs)
 command -v runc >/dev/null || missing+=(runc)                  # podman's runtime here (crun fails on this kernel)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)      # the container test's bookworm base image
 command -v strip >/dev/null || missing+=(binutils)
 command -v docker >/dev/null || missing+=(docker.io)            # the README's image build, run as written against podman's Docker API
 command -v openssl >/dev/null || missing+=(openssl)            # deploy/tls/make-certs.sh
 command -v ip >/dev/null && command -v ss >/dev/null || missing+=(iproute2) # tests/console_liveness.rs: netns, sockets
-command -v fuser >/dev/null || missing+=(psmisc)                 # tests/root_holders_fuser.rs: holders against fuser -v
+command -v fuser >/dev/null || missing+=(psmisc)                 # tests/holders_like_fuser.rs: holders against fuser -v
 command -v cc >/dev/null || missing+=(gcc)                     # builds tests/fuse/hangfs.c (the hung-device test)
 pkg-config --exists fuse3 2>/dev/null || missing+=(libfuse3-dev pkg-config) # its FUSE library and headers
 command -v fusermount3 >/dev/null || missing+=(fuse3)

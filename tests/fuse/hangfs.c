@@ -1,5 +1,5 @@
 /* hangfs: a FUSE filesystem of one file, `disk.img`, of zeros, for the real-kernel test of hung
- * devices (tests/tests/root_hung_device.rs). Every read goes to this server (direct_io, no page
+ * devices (tests/tests/hung_device.rs). Every read goes to this server (direct_io, no page
  * cache), so a loop device backed by disk.img blocks in the kernel as soon as the server stops
  * answering (SIGSTOP), exactly as one backed by a file on a dead NFS or FUSE server does.
  *

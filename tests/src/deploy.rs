@@ -1,4 +1,4 @@
-//! Shared by the deployment tests (`tests/deploy.rs`, `tests/root_container.rs`): finding the
+//! Shared by the deployment tests (`tests/deploy.rs`, `tests/container_image.rs`): finding the
 //! repository's `deploy/` kustomizations and rendering them with kubectl's built-in kustomize,
 //! round-tripping every rendered object through its typed model (k8s-openapi for the built-in
 //! kinds, the small strict serde models below for the CRDs the overlays use) to prove that no

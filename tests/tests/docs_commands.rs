@@ -2,7 +2,7 @@
 //! under docs/) parses with the CLI it names: `blockjanitor-agent` with the agent's parser,
 //! `agentctl` and `kubectl blockjanitor` with agentctl's, and a `kubectl` that selects the
 //! project's pods does so by their component label in the project's namespace. The commands that
-//! set a scene and run on this machine are run as written elsewhere (`root_readme_commands.rs`);
+//! set a scene and run on this machine are run as written elsewhere (`readme_commands.rs`);
 //! this check covers the rest, which need a cluster, a console or a node's devices.
 //!
 //! Also: the README stays a first hour's read (about 250 lines, the install steps in the order a

@@ -1,8 +1,8 @@
 //! One exit-code table for both CLIs (issue 38): README's "Exit codes" table, both binaries'
 //! `--help` and `rpc::view::exit::TABLE` (the constants every command exits with) are the same
 //! table. The cases that reach each code, in both CLIs against one scene, are
-//! `root_cli_conformance.rs` (0, 1, 2, 4, and `apply` without `--yes`), `console.rs` (`fleet plan`
-//! and `fleet apply` by the same table) and `root_fail_closed.rs` (3).
+//! `cli_conformance.rs` (0, 1, 2, 4, and `apply` without `--yes`), `console.rs` (`fleet plan`
+//! and `fleet apply` by the same table) and `fail_closed.rs` (3).
 
 use std::process::Command;
 

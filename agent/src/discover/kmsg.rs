@@ -255,7 +255,7 @@ mod tests {
         let attach = "6,10,1000,-;rbd: rbd0: capacity 1073741824 features 0x3d";
         let hostile = [
             // comm "rbd: rbd0: x", executable "blocklisted" (a real kernel line of this shape
-            // is made by tests/tests/root_openers.rs).
+            // is made by tests/tests/hidden_openers.rs).
             "6,11,2000,-;rbd: rbd0: x[4242]: segfault at 0 ip 000055d5c7a0d139 sp 00007ffd8f0bf2a0 error 6 in blocklisted[55d5c7a0d000+1000] likely on CPU 1 (core 1, socket 0)",
             "6,12,2001,-;rbd: rbd0: failed to reregister watch: -108[4243]: segfault at 0 ip 0 sp 0 error 6",
             "6,13,2002,-;rbd: rbd0: failed to reregister watch: -1080",

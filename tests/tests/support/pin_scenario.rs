@@ -1,4 +1,4 @@
-//! The daemon half of `root_pin_risks.rs`: a real agent on this host reporting to the stand-in
+//! The daemon half of `pin_risks.rs`: a real agent on this host reporting to the stand-in
 //! API server, and the console following it (see that file's module doc).
 
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! Mount namespaces for root_incremental's random rounds: copies of a test namespace, and copies
+//! Mount namespaces for incremental_rescans's random rounds: copies of a test namespace, and copies
 //! whose program (started with `execve` in it, as a container's is) holds a device mounted there
 //! by its working directory, an open file or its own mapping.
 
