@@ -150,7 +150,8 @@ fn after_lines(
 }
 
 /// `apply` as text: the unfinished plans resumed first, then per device (after its INCOMPLETE
-/// VIEW line, if any) each step with its result and the device afterwards, then a summary line.
+/// VIEW line, if any) each step with its result and the device afterwards, then a summary line
+/// (not after the one line of a single device's plan refused as a whole).
 pub fn apply_table(r: &pb::ApplyResponse) -> String {
     let (per_plan, rest) = match_results(r);
     let mut out = String::new();
@@ -186,7 +187,11 @@ pub fn apply_table(r: &pb::ApplyResponse) -> String {
         let step = res.step.as_ref().map_or_else(|| "(unknown step)".to_owned(), step_text);
         let _ = writeln!(out, "{step} -> {}", result_text(res));
     }
-    let _ = writeln!(out, "{}", apply_summary(r).line());
+    // One device refused as a whole is said in its one line: a count adds nothing to it.
+    let one_refusal = r.plans.len() == 1 && !r.plans[0].refusal.is_empty() && r.resumed.is_empty();
+    if !(one_refusal && r.results.is_empty()) {
+        let _ = writeln!(out, "{}", apply_summary(r).line());
+    }
     out
 }
 
@@ -246,6 +251,21 @@ mod tests {
         // A failed step says nothing of the device afterwards, and stands out.
         let t = apply_table(&applied("failed", vec![]));
         assert!(t.contains(" -> FAILED\n") && !t.contains("is gone"), "{t}");
+    }
+
+    #[test]
+    fn one_device_refused_is_one_line_and_more_devices_end_with_the_count() {
+        let refused = pb::DevicePlan { refusal: "--apply refused: not root".into(), ..plan("loop1") };
+        let one = pb::ApplyResponse { plans: vec![refused.clone()], ..Default::default() };
+        let t = apply_table(&one);
+        assert_eq!(t.lines().count(), 1, "{t}");
+        assert!(t.starts_with("loop1: refused: --apply refused: not root"), "{t}");
+        let two = pb::ApplyResponse { plans: vec![refused, plan("loop2")], ..Default::default() };
+        assert!(
+            apply_table(&two).ends_with("\n0 done, 0 deferred, 0 failed, 1 not run, 1 plan refused\n"),
+            "{}",
+            apply_table(&two)
+        );
     }
 
     #[test]
