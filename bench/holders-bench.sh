@@ -202,7 +202,7 @@ CMD_DAEMON="" DAEMON_KEPT=$WORK/daemon-memo.kept DAEMON_RUN_MEMO=$WORK/daemon-ru
 if [ "$DAEMON_MEMO" = 1 ] && [ "$HAVE_MEMO" -eq 1 ]; then
     log "the daemon writes its memo file after its first full scan"
     rm -f "$WORK/daemon-memo" "$WORK/daemon.sock"
-    BLOCKJANITOR_LOG=info,blockjanitor::discover::mount_memo_file=debug \
+    BLOCKJANITOR_LOG=info,blockjanitor::engine::statmount_cache_file=debug \
         "$AGENT" --statmount-memo "$WORK/daemon-memo" --journal "$WORK/daemon-journal.jsonl" \
         serve --socket "$WORK/daemon.sock" >"$WORK/daemon.log" 2>&1 &
     daemon_pid=$!

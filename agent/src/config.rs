@@ -197,7 +197,7 @@ pub struct Config {
     #[serde(default = "default_rescan")]
     pub rescan_interval_seconds: u64,
     /// Every this many full scans, every process's files are read in full (the others keep a
-    /// process's last read while its signs of change are the same: `snapshot::process_memo`).
+    /// process's last read while its signs of change are the same: `snapshot::process_read_cache`).
     #[serde(default = "default_full_read_every")]
     pub full_read_every: u64,
     #[serde(default = "default_grace")]
@@ -256,7 +256,7 @@ fn default_rescan() -> u64 {
     60
 }
 fn default_full_read_every() -> u64 {
-    crate::snapshot::process_memo::DEFAULT_FULL_READ_EVERY
+    crate::snapshot::process_read_cache::DEFAULT_FULL_READ_EVERY
 }
 fn default_grace() -> u64 {
     300
@@ -512,7 +512,7 @@ listen = "0.0.0.0:9911"
     #[test]
     fn full_read_every_defaults_and_must_be_positive() {
         let parse = |t: &str| Config::parse(t, Path::new("a.toml")).expect("parses");
-        assert_eq!(parse("").full_read_every, crate::snapshot::process_memo::DEFAULT_FULL_READ_EVERY);
+        assert_eq!(parse("").full_read_every, crate::snapshot::process_read_cache::DEFAULT_FULL_READ_EVERY);
         assert_eq!(parse("full_read_every = 1").full_read_every, 1);
         let e = parse("full_read_every = 0").validate().expect_err("zero");
         assert!(e.to_string().contains("full_read_every must be at least 1"), "{e}");

@@ -1,6 +1,6 @@
 //! The daemon's periodic full scans keep what a process's last full read found while its cheap
 //! signs of change (start time, fd count, virtual size) are the same, and read every process in
-//! full every `--full-read-every`th scan (issue 20, `snapshot::process_memo`), on the real
+//! full every `--full-read-every`th scan (issue 20, `snapshot::process_read_cache`), on the real
 //! kernel: a process opens a file on a loop device's filesystem (a new fd), maps one (a new
 //! size), enters a directory there (cwd, read every scan), and swaps an fd for a file there at
 //! the same fd count (`dup2`: no sign at all); each is shown by the daemon, the swap by the

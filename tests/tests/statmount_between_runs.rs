@@ -49,7 +49,7 @@ impl Run {
 
 fn run(memo: &Path, args: &[&str]) -> (std::process::Output, String) {
     let out = trust_init(&mut Command::new(agent_bin()))
-        .env("BLOCKJANITOR_LOG", "warn,blockjanitor::discover::mount_memo_file=debug")
+        .env("BLOCKJANITOR_LOG", "warn,blockjanitor::engine::statmount_cache_file=debug")
         .args(["--statmount-memo", memo.to_str().expect("utf8")])
         .args(args)
         .stdin(Stdio::null())
@@ -184,7 +184,7 @@ fn root_the_daemon_writes_the_file_so_a_first_holders_starts_warm() {
     other_boot[16] ^= 0xff;
     std::fs::write(&memo, &other_boot).expect("another boot");
 
-    let log = "info,blockjanitor::discover::mount_memo_file=debug";
+    let log = "info,blockjanitor::engine::statmount_cache_file=debug";
     let memo_arg = utf8(&memo).to_owned();
     let d = Daemon::start_configured(
         s.dir.path(),

@@ -65,11 +65,11 @@ pub fn run(cli: &Cli) -> Result<u8> {
         }
         Command::Plan { devices, release } => {
             let mut run = one_shot(cli, settings(cli));
-            requests::many(cli, &mut run, operation(*release), devices, false, false)
+            requests::plan_or_apply(cli, &mut run, operation(*release), devices, false, false)
         }
         Command::Apply { devices, release, yes } => {
             let mut run = one_shot(cli, settings(cli));
-            requests::many(cli, &mut run, operation(*release), devices, true, *yes)
+            requests::plan_or_apply(cli, &mut run, operation(*release), devices, true, *yes)
         }
         Command::Serve(args) => serve(cli, args),
         Command::Journal => show_journal(cli),

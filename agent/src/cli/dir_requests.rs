@@ -1,7 +1,7 @@
 //! `clean`, `plan` and `apply` of an orphaned pod volume directory, named
 //! `pod-volume:<pod uid>/volumes/<plugin>/<name>` (`.../volumeDevices/...`,
 //! `.../volume-subpaths/...`, as `scan` lists them) or by its path below the kubelet directory:
-//! through the engine's directory workflow ([`OneShot::carry_dir`]), printed as the agent's
+//! through the engine's directory workflow ([`OneShot::run_dir_request`]), printed as the agent's
 //! text, or as the `plans`/`results` documents agentctl prints for devices.
 
 use anyhow::Result;
@@ -14,8 +14,8 @@ use crate::engine::wire::pod_volumes::{dir_plan, dir_results};
 
 /// One request about the directory `arg`; its outcome (what the journal's recovery did said on
 /// stderr).
-pub fn carry_dir(run: &mut OneShot, arg: &str, apply: bool) -> Result<DirOutcome> {
-    let out = run.carry_dir(arg, apply)?;
+pub fn run_dir_request(run: &mut OneShot, arg: &str, apply: bool) -> Result<DirOutcome> {
+    let out = run.run_dir_request(arg, apply)?;
     say_recovery_of(&out.recovery, |line| eprintln!("warning: {line}"));
     Ok(out)
 }

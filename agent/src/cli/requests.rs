@@ -1,5 +1,5 @@
 //! `release`, `clean`, `plan` and `apply`: each device through the engine's one request workflow
-//! ([`OneShot::carry`]; with `--apply`/`--yes`, recovery and the unfinished plan an argument
+//! ([`OneShot::run_device_request`]; with `--apply`/`--yes`, recovery and the unfinished plan an argument
 //! owes come first, before it is resolved), converted to the messages agentctl gets for the
 //! same question (a Plan answer for a dry run, an Apply answer once carried out) and printed as
 //! agentctl prints them (text, or the `plans` / `results` documents); the exit code of what
@@ -13,15 +13,15 @@ use super::args::*;
 use super::output::{print_value, say};
 use super::render::say_recovery;
 use crate::engine::dir_workflow::DirOutcome;
-use crate::engine::outcome::{Class, Outcome};
+use crate::engine::outcome::{Outcome, OutcomeClass};
 use crate::engine::requests::OneShot;
 use crate::engine::wire::outcome::{add_plans, add_results};
 use crate::engine::Operation;
 
 /// One request for the device the operator named: its outcome (what the journal's recovery did
 /// said on stderr).
-pub fn carry(run: &mut OneShot, op: Operation, device: &str, apply: bool) -> Result<Outcome> {
-    let out = run.carry(op, device, apply)?;
+pub fn run_device_request(run: &mut OneShot, op: Operation, device: &str, apply: bool) -> Result<Outcome> {
+    let out = run.run_device_request(op, device, apply)?;
     say_recovery(&out, |line| eprintln!("warning: {line}"));
     Ok(out)
 }
@@ -65,7 +65,7 @@ fn with_api_line(text: &str, run: &OneShot) -> String {
 
 /// A plan the engine could not carry out for its kind is an error with its reason.
 fn unsupported(out: &Outcome) -> Result<()> {
-    if out.class() == Class::Error {
+    if out.class() == OutcomeClass::Error {
         if let Some(p) = out.plan.as_ref().filter(|p| p.unsupported) {
             anyhow::bail!("{}", p.refusal.as_deref().unwrap_or_default());
         }
@@ -82,7 +82,7 @@ pub fn one_request(cli: &Cli, run: &mut OneShot, op: Operation, device: &str, ap
         }
         return one_dir(cli, run, device, apply);
     }
-    let out = carry(run, op, device, apply)?;
+    let out = run_device_request(run, op, device, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[(device.to_owned(), out)], &[], op, apply, false))?;
@@ -99,7 +99,7 @@ pub fn one_request(cli: &Cli, run: &mut OneShot, op: Operation, device: &str, ap
 /// `clean` of one pod volume directory. Prints the report; returns the exit code.
 fn one_dir(cli: &Cli, run: &mut OneShot, arg: &str, apply: bool) -> Result<u8> {
     let output = cli.output;
-    let out = super::dir_requests::carry_dir(run, arg, apply)?;
+    let out = super::dir_requests::run_dir_request(run, arg, apply)?;
     let code = view::exit::outcome(out.class().as_str());
     if matches!(output, Output::Json | Output::Yaml) {
         print_value(output, &document(&[], &[(arg.to_owned(), out)], Operation::Clean, apply, false))?;
@@ -165,7 +165,7 @@ fn targets(run: &mut OneShot, op: Operation, named: &[String]) -> Result<Vec<Str
 /// `plan` (`yes` false, `apply` false) and `apply` (`apply` true): every device through the one
 /// request workflow, as a dry run unless `apply && yes`. `apply` without `--yes` shows the plans
 /// and refuses, as agentctl's does. Returns the worst exit code.
-pub fn many(
+pub fn plan_or_apply(
     cli: &Cli,
     run: &mut OneShot,
     op: Operation,
@@ -183,17 +183,17 @@ pub fn many(
     let mut outcomes = Vec::new();
     if named.is_empty() || !device_args.is_empty() {
         for device in targets(run, op, &device_args)? {
-            let out = carry(run, op, &device, carried)?;
+            let out = run_device_request(run, op, &device, carried)?;
             outcomes.push((device, out));
         }
     }
     let dir_args = if named.is_empty() && op == Operation::Clean { run.removable_dirs() } else { dir_args };
     let mut dirs = Vec::new();
     for arg in dir_args {
-        let out = super::dir_requests::carry_dir(run, &arg, carried)?;
+        let out = super::dir_requests::run_dir_request(run, &arg, carried)?;
         dirs.push((arg, out));
     }
-    let worst = |c, class: Class| view::exit::worst(c, view::exit::outcome(class.as_str()));
+    let worst = |c, class: OutcomeClass| view::exit::worst(c, view::exit::outcome(class.as_str()));
     let code = outcomes.iter().fold(view::exit::DONE, |c, (_, o)| worst(c, o.class()));
     let mut code = dirs.iter().fold(code, |c, (_, o)| worst(c, o.class()));
     if matches!(output, Output::Json | Output::Yaml) {

@@ -11,7 +11,7 @@ pub mod fs_end;
 pub mod health;
 pub mod metrics;
 pub mod mount_watch;
-pub mod new_namespaces;
+pub mod new_namespace_watch;
 mod pod_volumes;
 mod recovery;
 pub mod report;
@@ -19,7 +19,7 @@ mod requests;
 mod scanner;
 pub mod start;
 pub mod state;
-mod statmount_memo;
+mod statmount_cache_saver;
 pub mod triggers;
 pub mod world;
 
@@ -31,11 +31,11 @@ use mount_watch::MountWatch;
 use state::AgentState;
 
 /// Follows the kernel's mount events with `watch` ([`mount_watch::run`]) and, once they are
-/// polled, the new mount namespaces too ([`new_namespaces::run`]), until `shutdown`.
+/// polled, the new mount namespaces too ([`new_namespace_watch::run`]), until `shutdown`.
 pub async fn watch_mounts(state: Arc<AgentState>, watch: Arc<MountWatch>, shutdown: watch::Receiver<bool>) {
     let (s, w, stop) = (Arc::clone(&state), Arc::clone(&watch), shutdown.clone());
     mount_watch::run(state, watch, shutdown, move || {
-        tokio::spawn(new_namespaces::run(s, w, stop));
+        tokio::spawn(new_namespace_watch::run(s, w, stop));
     })
     .await
 }

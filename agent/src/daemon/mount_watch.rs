@@ -5,7 +5,7 @@
 //! The namespaces of each full scan are marked (a namespace is told apart by its 64-bit ID,
 //! which the kernel never reuses, not by its inode number, which it does). An event names a
 //! mount; a detached one is looked up in what the last listing remembered
-//! ([`crate::discover::mount_memo`]); an attached one is asked first of the namespace of the
+//! ([`crate::discover::statmount_cache`]); an attached one is asked first of the namespace of the
 //! task that attached it (the kernel names the task; a container runtime, a CSI plugin, or
 //! `mount(8)` run through `nsenter` mounts from inside the namespace), and only when that task
 //! is gone or elsewhere of each other watched namespace with `statmount` (measured: about
@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::state::{AgentState, NamespaceWatch};
 use crate::discover::mount_events::{MountEvent, MountEvents};
-use crate::discover::mount_memo;
+use crate::discover::statmount_cache;
 use crate::host::sys::mount_api;
 use crate::model::MountNsId;
 
@@ -91,23 +91,23 @@ impl MountWatch {
         for e in events {
             let ns_id = match *e {
                 MountEvent::Overflow => {
-                    mount_memo::note_all_changed();
+                    statmount_cache::note_all_changed();
                     return Request::Full("the kernel's mount event queue overflowed".into());
                 }
                 // A detached mount is in no namespace any more, so asking the namespaces finds
                 // none (a mount moved is reported attached too, and placed as that): only the
                 // listings remember where it was. Asking all 400 of a node's namespaces while a
                 // dying pod's namespace is torn down cost milliseconds a batch.
-                MountEvent::Detached(mnt) => mount_memo::namespace_of(mnt, last),
+                MountEvent::Detached(mnt) => statmount_cache::namespace_of(mnt, last),
                 MountEvent::Attached(mnt, by) => self
                     .place_attached(&watched, mnt, namespace_of_task(proc, by))
-                    .or_else(|| mount_memo::namespace_of(mnt, last)),
+                    .or_else(|| statmount_cache::namespace_of(mnt, last)),
             };
             // Neither listed nor mounted anywhere now: attached and detached again in between,
             // which leaves every table as it was.
             let Some(ns_id) = ns_id else { continue };
             if last != Some(ns_id) {
-                mount_memo::note_changed(ns_id);
+                statmount_cache::note_changed(ns_id);
                 last = Some(ns_id);
             }
             match watched.get(&ns_id) {
@@ -166,7 +166,7 @@ impl MountWatch {
         match self.events.watch_fd(ns.as_fd()) {
             Ok(()) => {
                 use std::os::unix::fs::MetadataExt;
-                mount_memo::note_watched(ns_id);
+                statmount_cache::note_watched(ns_id);
                 let id = MountNsId(meta.ino());
                 watched.insert(ns_id, id);
                 self.new_ones().insert(ns_id);
@@ -215,7 +215,7 @@ impl NamespaceWatch for MountWatch {
             }
             // The file is closed again right away: a mark does not pin the namespace.
             // Its task just exited: skipped. A task taken as the last scan read it may be
-            // elsewhere now (`snapshot::task_memo`): its namespace is then not marked through it
+            // elsewhere now (`snapshot::task_namespace_cache`): its namespace is then not marked through it
             // (the next full read finds it again).
             let Ok(ns) = std::fs::File::open(file) else { continue };
             if nix::sys::stat::fstat(&ns).map(|st| st.st_ino) != Ok(id.0) {
@@ -228,7 +228,7 @@ impl NamespaceWatch for MountWatch {
             }
             match self.events.watch_fd(ns.as_fd()) {
                 Ok(()) => {
-                    mount_memo::note_watched(ns_id);
+                    statmount_cache::note_watched(ns_id);
                     confirm_listing(ns_id);
                     watched.insert(ns_id, *id);
                     added += 1;
@@ -251,12 +251,12 @@ impl NamespaceWatch for MountWatch {
 }
 
 /// Lists namespace `ns_id` once more, now that its mount events are watched, so that the scan
-/// that just listed it need not be repeated by the next one ([`mount_memo::confirm_watched`]).
+/// that just listed it need not be repeated by the next one ([`statmount_cache::confirm_watched`]).
 /// The scan listed every namespace before any was marked: without this, the daemon's first
 /// timer scan listed every mount of the node again. Any error: the next scan lists it.
 fn confirm_listing(ns_id: u64) {
     if let Ok(ids) = mount_api::list(ns_id) {
-        mount_memo::confirm_watched(ns_id, &ids);
+        statmount_cache::confirm_watched(ns_id, &ids);
     }
 }
 

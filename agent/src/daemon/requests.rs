@@ -6,7 +6,7 @@ use crate::act::StepReport;
 use crate::config::Mode;
 use crate::daemon::events::{AgentEvent, EventKind};
 use crate::engine::error::EngineError;
-use crate::engine::outcome::{Class, Outcome, Request, Subject};
+use crate::engine::outcome::{Outcome, OutcomeClass, Request, Subject};
 use crate::engine::view::DeviceView;
 use crate::engine::Operation;
 use crate::graph::resolve;
@@ -233,7 +233,7 @@ impl AgentState {
         self: &Arc<Self>,
         devices: &[String],
         op: Operation,
-    ) -> Result<Vec<(Plan, Class, Option<String>)>, ApiError> {
+    ) -> Result<Vec<(Plan, OutcomeClass, Option<String>)>, ApiError> {
         if devices.is_empty() && op == Operation::Release {
             return Err(ApiError::InvalidArgument("a release plan needs the devices named".into()));
         }

@@ -39,7 +39,7 @@ pub enum ScanEnd {
 impl AgentState {
     /// Scans the whole host and judges it (blocking). A process whose signs of change are the
     /// same keeps what its last full read found, but for every `--full-read-every`th scan
-    /// (`snapshot::process_memo`). `Ok(None)`: `stoppable`, it stopped for a change that is
+    /// (`snapshot::process_read_cache`). `Ok(None)`: `stoppable`, it stopped for a change that is
     /// waiting.
     pub(super) fn scan_blocking(&self, scan_number: u64, stoppable: bool) -> Result<Option<View>, String> {
         let asked = || self.change_waiting.load(Ordering::Acquire);
@@ -154,7 +154,7 @@ impl AgentState {
         let (end, scan) = match result {
             Ok(Some(view)) => {
                 self.publish(trigger, elapsed, view);
-                self.save_statmount_memo();
+                self.save_statmount_cache_file();
                 (ScanEnd::Done, None)
             }
             Ok(None) => {

@@ -49,20 +49,20 @@ pub fn engine(spec: &HostSpec, config: &Config) -> Result<Engine<DaemonWorld>, S
 }
 
 /// The daemon's state over `engine`, with its metrics, writing the statmount memo at
-/// `statmount_memo` after each full scan that learned something (none when `None`).
+/// `statmount_cache_file` after each full scan that learned something (none when `None`).
 pub fn state(
     spec: &HostSpec,
     config: Config,
     engine: Engine<DaemonWorld>,
-    statmount_memo: Option<&Path>,
+    statmount_cache_file: Option<&Path>,
 ) -> Result<Arc<AgentState>, MetricsError> {
     let host = spec.host();
     let metrics = Arc::new(Metrics::new()?);
-    let memo_file =
-        statmount_memo.and_then(|path| crate::discover::mount_memo_file::Kept::written_only(&host, path));
+    let memo_file = statmount_cache_file
+        .and_then(|path| crate::engine::statmount_cache_file::Kept::written_only(&host, path));
     let state = AgentState::new(host, config, metrics, engine);
     if let Some(kept) = memo_file {
-        state.keep_statmount_memo(kept);
+        state.keep_statmount_cache_file(kept);
     }
     Ok(state)
 }

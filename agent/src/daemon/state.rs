@@ -111,8 +111,9 @@ pub struct AgentState {
     pub(super) awaiting: Mutex<HashSet<MountNsId>>,
     /// The kernel's mount events, when it offers them.
     pub(super) mount_watch: std::sync::OnceLock<Arc<dyn NamespaceWatch>>,
-    /// The file the one-shot commands start from, written after full scans ([`super::statmount_memo`]).
-    pub(super) statmount_memo: std::sync::OnceLock<Arc<Mutex<crate::discover::mount_memo_file::Kept>>>,
+    /// The file the one-shot commands start from, written after full scans ([`super::statmount_cache_saver`]).
+    pub(super) statmount_cache_file:
+        std::sync::OnceLock<Arc<Mutex<crate::engine::statmount_cache_file::Kept>>>,
     pub(super) act_lock: tokio::sync::Mutex<()>,
     /// Events and the Node condition, when the API is in use.
     pub(super) reporter: std::sync::OnceLock<crate::kube::Reporter>,
@@ -203,7 +204,7 @@ impl AgentState {
             change_waiting: AtomicBool::new(false),
             awaiting: Mutex::new(HashSet::new()),
             mount_watch: std::sync::OnceLock::new(),
-            statmount_memo: std::sync::OnceLock::new(),
+            statmount_cache_file: std::sync::OnceLock::new(),
             act_lock: tokio::sync::Mutex::new(()),
             reporter: std::sync::OnceLock::new(),
             budget: Mutex::new(budget),
@@ -292,7 +293,7 @@ impl AgentState {
 
     /// Asks for mount namespaces new since the last full scan to be read in full, processes and
     /// all, each given with the processes found in it off the scanner's path
-    /// ([`crate::snapshot::new_namespaces::processes_in`]; a full scan, if one is pending or the re-read cannot
+    /// ([`crate::snapshot::new_namespace_read::processes_in`]; a full scan, if one is pending or the re-read cannot
     /// stand in for one). They are no longer awaited once asked for (in that order: the
     /// scanner looks at what is awaited before it takes what is asked for).
     pub fn request_new_namespaces(&self, found: BTreeMap<MountNsId, BTreeSet<u32>>) {

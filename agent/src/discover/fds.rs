@@ -90,7 +90,7 @@ pub struct DirName {
 }
 
 /// What a process's last full read found of its tasks' working directories and roots, for a
-/// light scan ([`scan_dirs`]; `snapshot::process_memo` says what it cannot see).
+/// light scan ([`scan_dirs`]; `snapshot::process_read_cache` says what it cannot see).
 #[derive(Debug, Clone, Copy)]
 pub struct DirsThen<'a> {
     /// Every thread shared the leader's fs_struct then, and it has the same threads now: only

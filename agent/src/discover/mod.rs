@@ -17,8 +17,6 @@ pub mod livefs;
 pub mod r#loop;
 pub mod maps;
 pub mod mount_events;
-pub mod mount_memo;
-pub mod mount_memo_file;
 pub mod mount_namespace;
 pub mod mount_tables;
 pub mod mount_wanted;
@@ -37,6 +35,7 @@ pub mod processes;
 pub mod rbd;
 pub mod scsi;
 pub mod sight;
+pub mod statmount_cache;
 pub mod swaps;
 
 use crate::model::{lossless_string, DevNum, DeviceName, KernelText};

@@ -26,7 +26,7 @@ pub struct Wanted<'a> {
 }
 
 /// Whether a namespace's mountinfo text, remembered from an earlier read
-/// ([`super::mount_memo::text_for`]), may answer for it.
+/// ([`super::statmount_cache::text_for`]), may answer for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TextReuse {
     /// Read the text: every scan behind an action, and a pinned namespace's read.
@@ -35,11 +35,11 @@ pub enum TextReuse {
     /// no mount event since as it was listed: the daemon's scans that only show.
     WhileSameIds,
     /// Reuse a text only once `statmount` has said again, of every remembered line, what that
-    /// line says ([`super::mount_memo::still_true`]): a remount, a propagation change or a
+    /// line says ([`super::statmount_cache::still_true`]): a remount, a propagation change or a
     /// renamed mount point keeps the mount IDs. List again every namespace not watched or with a
     /// mount event since, and a share of the quiet ones, each in its turn
-    /// ([`super::mount_memo::RELIST_SHARE`]). The daemon's every
-    /// [`super::mount_memo::DEEP_EVERY`]th full scan (it read all the text before: 17 MB on the
+    /// ([`super::statmount_cache::RELIST_SHARE`]). The daemon's every
+    /// [`super::statmount_cache::DEEP_EVERY`]th full scan (it read all the text before: 17 MB on the
     /// 200-namespace node scene), and a one-shot run's (it watches nothing: it lists all).
     Confirmed,
 }
@@ -74,7 +74,7 @@ impl Wanted<'_> {
     /// full scan has every device in scope, too many for a list: the lookup of each of 200,000
     /// mounts was 9 % of a light periodic scan's CPU on the node scene).
     pub(super) fn magic_matcher(&self) -> impl Fn(DevNum, u64) -> bool + '_ {
-        let target = crate::model::few::member_of(self.targets);
+        let target = crate::model::small_set::member_of(self.targets);
         let anonymous_target = self.targets.iter().any(|d| d.major == 0);
         move |d, magic| {
             ((d.major != 0 || anonymous_target) && target(&d))

@@ -20,13 +20,13 @@
 //! leader's fs_struct (`kcmp(KCMP_FS)`) can still join another mount namespace through
 //! `setns(pidfd, CLONE_NEWNS | CLONE_NEWUTS)` (see the tests). A scan behind an action (a plan, the
 //! re-check before a step: `engine/recheck.rs`) lists every namespace and asks `statmount` about
-//! every mount not asked about before ([`super::mount_memo`]); what makes it cheaper (a short `statmount` buffer, the devices in scope compared
+//! every mount not asked about before ([`super::statmount_cache`]); what makes it cheaper (a short `statmount` buffer, the devices in scope compared
 //! as a list) gives the same answers, and nothing is skipped.
 //!
 //! A scan that only shows may answer a namespace's table without reading its text: the lines
 //! remembered for the same mount IDs, the remembered ones followed through a small change, or,
 //! with nothing remembered, every kept line built from `statmount` once this process saw such
-//! lines equal to a text it read ([`super::mount_memo::text_built`]).
+//! lines equal to a text it read ([`super::statmount_cache::text_built`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
@@ -107,9 +107,9 @@ pub fn read_mounts(
     wanted: Wanted<'_>,
     reader: MountReader,
 ) -> MountScan {
-    let epoch = super::mount_memo::begin_full_listing();
+    let epoch = super::statmount_cache::begin_full_listing();
     let scan = read_some(host, namespaces, wanted, reader);
-    super::mount_memo::forget_unlisted(epoch);
+    super::statmount_cache::forget_unlisted(epoch);
     scan
 }
 
@@ -214,7 +214,7 @@ fn read_task_ns(
         let mut buf = buf.borrow_mut();
         for (i, &(pid, tid)) in ns.tasks.iter().enumerate() {
             // `checked`: whether (pid, tid) was seen in this namespace just now: a task's
-            // namespace may be as an earlier scan read it (`snapshot::task_memo`), so every task
+            // namespace may be as an earlier scan read it (`snapshot::task_namespace_cache`), so every task
             // a table is read through is checked first, and one elsewhere is passed over.
             let (api_hits, listing, checked) = match ask_api(host, ns, (pid, tid), wanted, use_api) {
                 ApiAnswer::Elsewhere => continue,
@@ -310,7 +310,7 @@ fn remembered_text(
     wanted: Wanted<'_>,
     listing: Option<(u64, u64)>,
     rooted: Option<(u32, u32)>,
-) -> Option<(u64, (u32, u32), Arc<super::mount_memo::TextMemo>)> {
+) -> Option<(u64, (u32, u32), Arc<super::statmount_cache::TextMemo>)> {
     let (Some((ns_id, key)), Some(task), true) = (listing, rooted, wanted.reuse_text != TextReuse::Never)
     else {
         return None;
@@ -319,13 +319,13 @@ fn remembered_text(
     // Else the same lines less the mounts gone, plus the added ones from statmount;
     // with nothing remembered, every kept line from statmount (once this process
     // saw such lines equal to a text it read).
-    let memo = match super::mount_memo::text_for(ns_id, key, task)
-        .or_else(|| super::mount_memo::text_delta(ns_id, key, task, kept))
+    let memo = match super::statmount_cache::text_for(ns_id, key, task)
+        .or_else(|| super::statmount_cache::text_delta(ns_id, key, task, kept))
     {
         Some(t) => Some(t).filter(|t| {
-            wanted.reuse_text != TextReuse::Confirmed || super::mount_memo::still_true(ns_id, t, kept)
+            wanted.reuse_text != TextReuse::Confirmed || super::statmount_cache::still_true(ns_id, t, kept)
         }),
-        None => super::mount_memo::text_built(ns_id, key, task, kept),
+        None => super::statmount_cache::text_built(ns_id, key, task, kept),
     };
     memo.map(|t| (ns_id, task, t))
 }
@@ -375,7 +375,7 @@ struct Text<'a> {
     /// The file it was read from.
     path: PathBuf,
     via: NsEntry,
-    /// The namespace's ID and [`super::mount_memo::ids_key`], when it was listed.
+    /// The namespace's ID and [`super::statmount_cache::ids_key`], when it was listed.
     listing: Option<(u64, u64)>,
     api_hits: Vec<DevNum>,
 }
@@ -394,14 +394,20 @@ fn parse_text(ns: &MountNamespace, wanted: Wanted<'_>, text: Text<'_>) -> Result
         let all = std::mem::take(&mut mounts);
         mounts = wanted.lines_of(&all);
         // Checked against the listing, so that a later change can be followed from it.
-        let listing = super::mount_memo::listing(ns_id, ids_key)
-            .filter(|l| super::mount_memo::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m)));
-        let text =
-            super::mount_memo::TextMemo { ids_key, via: (*pid, *tid), lines, bytes, mounts: all, listing };
+        let listing = super::statmount_cache::listing(ns_id, ids_key)
+            .filter(|l| super::statmount_cache::consistent_listing(l, &all, |d, m| kept_kind(wanted, d, m)));
+        let text = super::statmount_cache::TextMemo {
+            ids_key,
+            via: (*pid, *tid),
+            lines,
+            bytes,
+            mounts: all,
+            listing,
+        };
         if wanted.reuse_text != TextReuse::Never {
-            super::mount_memo::calibrate(ns_id, &text, |d, m| kept_kind(wanted, d, m));
+            super::statmount_cache::calibrate(ns_id, &text, |d, m| kept_kind(wanted, d, m));
         }
-        super::mount_memo::remember_text(ns_id, text);
+        super::statmount_cache::remember_text(ns_id, text);
         return Ok(OneNs { ns: ns.id, via, lines, bytes, mounts, api_hits, kernel_id: Some(ns_id) });
     }
     let lines = mountinfo::scan(buf, |d, t| wanted.text(d, t), |m| mounts.push(m))
@@ -431,7 +437,7 @@ fn quiet_without_a_task(ns: &MountNamespace, wanted: Wanted<'_>) -> Option<OneNs
         return None;
     }
     let ns_id = *wanted.kernel_names?.get(&ns.id.0)?;
-    let text = super::mount_memo::quiet_text(ns_id)?;
+    let text = super::statmount_cache::quiet_text(ns_id)?;
     if !ns.tasks.contains(&text.via) || text.mounts.iter().any(|m| m.fstype.as_bytes() == b"nsfs") {
         return None;
     }
@@ -465,7 +471,7 @@ struct Listing {
     /// The devices of the mounts `wanted` asks for.
     hits: Vec<DevNum>,
     ns_id: u64,
-    /// [`super::mount_memo::ids_key`] of its mount IDs.
+    /// [`super::statmount_cache::ids_key`] of its mount IDs.
     ids_key: u64,
 }
 
@@ -491,23 +497,24 @@ fn hits_with_api(
     let id = mount_api::mntns_id(ns_file.as_fd())?;
     // A scan that only shows may take a watched namespace with no mount event since its last
     // listing as it was listed (every scan behind an action lists; every tenth full scan lists a
-    // tenth of them again, each in its turn: `mount_memo::RELIST_SHARE`).
+    // tenth of them again, each in its turn: `statmount_cache::RELIST_SHARE`).
     let wants = wanted.magic_matcher();
     if wanted.reuse_text != TextReuse::Never {
-        if let Some(l) = super::mount_memo::quiet_listing(id, wanted.reuse_text == TextReuse::Confirmed) {
+        if let Some(l) = super::statmount_cache::quiet_listing(id, wanted.reuse_text == TextReuse::Confirmed)
+        {
             let hits = l.iter().filter(|e| wants(e.1, e.2)).map(|e| e.1).collect();
-            let ids_key = super::mount_memo::ids_key_of(&l);
+            let ids_key = super::statmount_cache::ids_key_of(&l);
             return Ok(Some(Listing { total: l.len(), hits, ns_id: id, ids_key }));
         }
     }
     let ids = mount_api::list(id)?;
-    let hits = super::mount_memo::sb_devs(id, &ids)?
+    let hits = super::statmount_cache::sb_devs(id, &ids)?
         .into_iter()
         .flatten() // `None`: unmounted meanwhile
         .filter(|&(d, magic)| wants(d, magic))
         .map(|(d, _)| d)
         .collect();
-    Ok(Some(Listing { total: ids.len(), hits, ns_id: id, ids_key: super::mount_memo::ids_key(&ids) }))
+    Ok(Some(Listing { total: ids.len(), hits, ns_id: id, ids_key: super::statmount_cache::ids_key(&ids) }))
 }
 
 /// An nsfs bind mount of a mount namespace, and how to reach it from here.

@@ -111,9 +111,9 @@ fn a_changed_namespace_is_followed_without_reading_its_text() {
             } else {
                 umount2(&bind, MntFlags::MNT_DETACH).expect("umount");
             }
-            let before = super::super::mount_memo::deltas();
+            let before = super::super::statmount_cache::deltas();
             let followed = read(TextReuse::WhileSameIds);
-            if super::super::mount_memo::deltas() == before {
+            if super::super::statmount_cache::deltas() == before {
                 eprintln!("SKIPPED: statmount cannot describe a whole line on this kernel");
                 return;
             }
@@ -160,9 +160,9 @@ fn a_remount_is_seen_by_the_confirmed_turn() {
             return;
         }
         // Remembered, and confirmed as it is: no text read.
-        let confirmed = super::super::mount_memo::confirmed();
+        let confirmed = super::super::statmount_cache::confirmed();
         assert_eq!(read(TextReuse::Confirmed), first);
-        assert!(super::super::mount_memo::confirmed() > confirmed, "confirmed by statmount, not read");
+        assert!(super::super::statmount_cache::confirmed() > confirmed, "confirmed by statmount, not read");
         let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
         mount(None::<&str>, &bind, None::<&str>, flags, None::<&str>).expect("remount read-only");
         // The IDs are the same: reused while they are, the text is out of date.
@@ -211,7 +211,7 @@ fn a_namespace_never_read_is_built_from_statmount_once_a_text_matched() {
         // This namespace's text is read (nothing is remembered of it), and compared.
         let first = read(TextReuse::WhileSameIds);
         assert!(
-            super::super::mount_memo::builds_lines(),
+            super::super::statmount_cache::builds_lines(),
             "the lines statmount builds differ from the text read"
         );
         let targets = HashSet::from([crate::host::sys::stat_cached(dir).expect("stat").dev]);
@@ -278,7 +278,7 @@ fn a_quiet_watched_namespace_is_answered_without_going_through_a_task() {
             m.sort_by_key(|m| m.mount_id);
             m
         };
-        use super::super::mount_memo::{confirm_watched, note_watched};
+        use super::super::statmount_cache::{confirm_watched, note_watched};
         let before = answered_without_a_task();
         read(None); // listed once, so that it can be marked watched
         note_watched(ns_id);
@@ -298,7 +298,7 @@ fn a_quiet_watched_namespace_is_answered_without_going_through_a_task() {
         assert_eq!(read(None), listed);
         assert_eq!(answered_without_a_task(), before + 1, "quiet: answered without a task");
         // And a listing in a later epoch than the mark is quiet by itself.
-        super::super::mount_memo::begin_full_listing();
+        super::super::statmount_cache::begin_full_listing();
         assert_eq!(read(None), listed);
         assert_eq!(answered_without_a_task(), before + 2);
         let before = before + 1;
@@ -308,7 +308,7 @@ fn a_quiet_watched_namespace_is_answered_without_going_through_a_task() {
         let main = (std::process::id(), std::process::id());
         assert!(read(Some(vec![main])).is_empty(), "not answered through a task elsewhere");
         assert_eq!(answered_without_a_task(), before + 1);
-        super::super::mount_memo::note_changed(ns_id);
+        super::super::statmount_cache::note_changed(ns_id);
         assert_eq!(read(None), listed, "listed again after the event");
         assert_eq!(answered_without_a_task(), before + 1, "a mount event: not quiet");
     });
@@ -389,7 +389,7 @@ fn a_thread_sharing_its_leaders_fs_can_be_in_another_mount_namespace() {
 
 /// On the live kernel (root): a namespace's table is never read through a task that is in
 /// another namespace now (a light scan may list a task where the last scan saw it,
-/// `snapshot::task_memo`): that task is passed over, and the next one that is there is used.
+/// `snapshot::task_namespace_cache`): that task is passed over, and the next one that is there is used.
 #[test]
 fn a_table_is_never_read_through_a_task_that_is_elsewhere() {
     with_a_directory_on_a_device(|dir, _| {

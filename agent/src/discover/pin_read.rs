@@ -2,7 +2,7 @@
 //!
 //! The host's whole table is read once (text, through a task at its root: its mount points are
 //! the host's paths) and gives the sources. A namespace is then judged from the listing the scan
-//! just made of it ([`super::mount_memo::last_listing`]: unique mount ID, superblock device),
+//! just made of it ([`super::statmount_cache::last_listing`]: unique mount ID, superblock device),
 //! asking `statmount` only about the few mounts that could be copies:
 //!
 //! 1. a mount on no source's device is passed over (most of a node's mounts: tmpfs, proc,
@@ -26,10 +26,10 @@ use std::path::Path;
 use std::sync::{Mutex, OnceLock};
 
 use super::cgroup;
-use super::mount_memo;
 use super::mount_namespace::MountNamespace;
 use super::mount_tables::read_table;
 use super::pin_risk::{classify, classify_table, Finding, Mount, Sources};
+use super::statmount_cache;
 use crate::host::sys::mount_api;
 use crate::host::{parallel, HostRoot};
 use crate::model::{DevNum, KernelText, MountNsId};
@@ -55,7 +55,7 @@ pub struct NsFinding {
 
 /// What the last pass found, for the next one to start from: the daemon judges again only the
 /// namespaces whose mounts changed (their listing is another), but for every
-/// [`mount_memo::DEEP_EVERY`]th full pass, which judges every one (a mount made private or a slave
+/// [`statmount_cache::DEEP_EVERY`]th full pass, which judges every one (a mount made private or a slave
 /// keeps its ID and sends no event).
 #[derive(Debug, Default)]
 pub struct PinMemo {
@@ -63,9 +63,9 @@ pub struct PinMemo {
     pub sources: Option<Result<std::sync::Arc<Sources>, String>>,
     /// The namespaces found to be pin risks or unknown, by ID.
     pub findings: std::collections::BTreeMap<MountNsId, NsFinding>,
-    /// The listing each namespace was last judged from (the scan's, [`mount_memo::last_listing`]:
+    /// The listing each namespace was last judged from (the scan's, [`statmount_cache::last_listing`]:
     /// the memo replaces it when a mount comes or goes, so the same allocation is the same mounts).
-    pub judged_from: HashMap<MountNsId, std::sync::Weak<Vec<mount_memo::Entry>>>,
+    pub judged_from: HashMap<MountNsId, std::sync::Weak<Vec<statmount_cache::Entry>>>,
     /// Full passes made.
     pub passes: u64,
 }
@@ -73,7 +73,7 @@ pub struct PinMemo {
 impl PinMemo {
     /// Whether `ns` is listed now exactly as when it was last judged.
     pub fn same_listing(&self, ns: &MountNamespace) -> bool {
-        let now = ns.kernel_id.and_then(mount_memo::last_listing);
+        let now = ns.kernel_id.and_then(statmount_cache::last_listing);
         match (now, self.judged_from.get(&ns.id)) {
             (Some(now), Some(then)) => then.upgrade().is_some_and(|then| std::sync::Arc::ptr_eq(&now, &then)),
             _ => false,
@@ -83,7 +83,7 @@ impl PinMemo {
     /// Notes the listings `judged` were judged from now.
     pub fn judged(&mut self, judged: &[&MountNamespace]) {
         for ns in judged {
-            match ns.kernel_id.and_then(mount_memo::last_listing) {
+            match ns.kernel_id.and_then(statmount_cache::last_listing) {
                 Some(l) => self.judged_from.insert(ns.id, std::sync::Arc::downgrade(&l)),
                 None => self.judged_from.remove(&ns.id),
             };
@@ -145,7 +145,7 @@ fn judge(host: &HostRoot, ns: &MountNamespace, sources: &Sources, text: bool) ->
     let listing = (!text && host.is_live() && ns.pinned_by.is_none())
         .then_some(ns.kernel_id)
         .flatten()
-        .and_then(|id| mount_memo::last_listing(id).map(|l| (id, l)));
+        .and_then(|id| statmount_cache::last_listing(id).map(|l| (id, l)));
     match listing {
         Some((id, l)) => judge_listed(id, &l, sources)
             .map_err(|e| format!("mount namespace {} cannot be read with statmount: {e}", ns.id.0)),
@@ -190,7 +190,11 @@ fn paths(ns_id: u64, id: u64, dev: DevNum) -> std::io::Result<Option<Mount>> {
 }
 
 /// [`judge`] from a listing (sorted by unique ID): steps 1-4 of the module's doc.
-fn judge_listed(ns_id: u64, listing: &[mount_memo::Entry], sources: &Sources) -> std::io::Result<Finding> {
+fn judge_listed(
+    ns_id: u64,
+    listing: &[statmount_cache::Entry],
+    sources: &Sources,
+) -> std::io::Result<Finding> {
     let dev_of = |id: u64| listing.binary_search_by_key(&id, |e| e.0).ok().map(|i| listing[i].1);
     let mut known = roots().remove(&ns_id).unwrap_or_default();
     known.retain(|id, _| dev_of(*id).is_some());
@@ -202,7 +206,7 @@ fn judge_listed(ns_id: u64, listing: &[mount_memo::Entry], sources: &Sources) ->
 /// [`judge_listed`] with the namespace's remembered roots.
 fn judge_with(
     ns_id: u64,
-    listing: &[mount_memo::Entry],
+    listing: &[statmount_cache::Entry],
     sources: &Sources,
     known: &mut Roots,
     dev_of: impl Fn(u64) -> Option<DevNum>,

@@ -30,7 +30,7 @@ pub struct ProcEntry {
     /// identity (a reused pid is another process).
     pub start_time: u64,
     /// Its virtual memory size in bytes (`stat` field 23): changes with every `mmap`/`munmap`
-    /// of a different size (a cheap sign its mappings changed, see `snapshot::process_memo`).
+    /// of a different size (a cheap sign its mappings changed, see `snapshot::process_read_cache`).
     pub vsize: u64,
     /// `(tid, namespace)` for every task that could be read; empty for kernel threads.
     pub tasks: Vec<(u32, MountNsId)>,
@@ -59,7 +59,7 @@ pub fn pids(host: &HostRoot) -> std::io::Result<Vec<u32>> {
 }
 
 /// The tasks' namespaces a scan may take as an earlier scan read them: per pid, the process's
-/// start time then and its `(tid, namespace)` sorted by tid (`snapshot::task_memo` says when).
+/// start time then and its `(tid, namespace)` sorted by tid (`snapshot::task_namespace_cache` says when).
 pub type KnownTasks = std::collections::HashMap<u32, (u64, Vec<(u32, MountNsId)>)>;
 
 /// Reads one process: `Ok(None)` when it exited while we looked.
@@ -93,7 +93,7 @@ pub fn read_entry_knowing(
     let kept = known.and_then(|k| k.get(&pid)).filter(|(start, _)| *start == stat.starttime).map(|(_, t)| t);
     // The same process with as many threads as then, all in one namespace then: its tasks as
     // then (a thread made since, in place of one gone, is in its maker's namespace, the one
-    // namespace; `snapshot::task_memo` says what this cannot see).
+    // namespace; `snapshot::task_namespace_cache` says what this cannot see).
     let same_tasks = kept.filter(|t| {
         usize::try_from(stat.num_threads).is_ok_and(|n| n == t.len())
             && t.first().is_some_and(|&(_, ns)| t.iter().all(|&(_, n)| n == ns))

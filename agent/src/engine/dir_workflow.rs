@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::execute::Halt;
-use super::outcome::Class;
+use super::execute::StopReason;
+use super::outcome::OutcomeClass;
 use super::recover::Recovery;
 use super::{Engine, EngineError, World};
 use crate::act::journal::{self, Journal, JournaledStep};
@@ -70,7 +70,7 @@ impl DirStepReport {
 #[derive(Debug, Default)]
 pub struct DirOutcome {
     /// A refusal before any step (sight, may-act, the journal's lock, the budget).
-    pub refusal: Option<(Class, String)>,
+    pub refusal: Option<(OutcomeClass, String)>,
     pub recovery: Recovery,
     pub evidence: Option<DirEvidence>,
     pub plan: Option<DirPlan>,
@@ -83,23 +83,23 @@ pub struct DirOutcome {
 impl DirOutcome {
     /// What it came to, in a script's words: done, held (kept, mounted, in use), unknown,
     /// refused (not removable yet, a re-check), error (a failed step).
-    pub fn class(&self) -> Class {
+    pub fn class(&self) -> OutcomeClass {
         if let Some((c, _)) = &self.refusal {
             return *c;
         }
         if self.reports.iter().any(|r| {
             matches!(r.result, Err(DirActError::Precondition { .. } | DirActError::IdentityChanged { .. }))
         }) {
-            return Class::Refused;
+            return OutcomeClass::Refused;
         }
         if self.reports.iter().any(|r| r.result.is_err()) {
-            return Class::Error;
+            return OutcomeClass::Error;
         }
         match self.plan.as_ref().map(|p| p.verdict) {
-            None | Some(DirVerdict::Removable) => Class::Done,
-            Some(DirVerdict::InUse | DirVerdict::Mounted | DirVerdict::Kept) => Class::Held,
-            Some(DirVerdict::Unknown) => Class::Unknown,
-            Some(DirVerdict::Pending) => Class::Refused,
+            None | Some(DirVerdict::Removable) => OutcomeClass::Done,
+            Some(DirVerdict::InUse | DirVerdict::Mounted | DirVerdict::Kept) => OutcomeClass::Held,
+            Some(DirVerdict::Unknown) => OutcomeClass::Unknown,
+            Some(DirVerdict::Pending) => OutcomeClass::Refused,
         }
     }
 }
@@ -113,13 +113,13 @@ impl<W: World> Engine<W> {
         let mut journal = None;
         if req.apply {
             if let Err(why) = self.world.can_act().and_then(|()| self.world.sight()) {
-                out.refusal = Some((Class::Refused, format!("--apply refused: {why}")));
+                out.refusal = Some((OutcomeClass::Refused, format!("--apply refused: {why}")));
                 return Ok(out);
             }
             let lock = match journal::lock(req.journal, req.lock_wait) {
                 Ok(l) => l,
                 Err(e) if journal::is_busy(&e) => {
-                    out.refusal = Some((Class::Refused, format!("--apply refused: {e}")));
+                    out.refusal = Some((OutcomeClass::Refused, format!("--apply refused: {e}")));
                     return Ok(out);
                 }
                 Err(e) => return Err(jerr(e)),
@@ -152,7 +152,7 @@ impl<W: World> Engine<W> {
         let plan = out.plan.as_ref().expect("set above");
         if let Some(admit) = req.admit {
             if let Err(why) = admit(plan) {
-                out.refusal = Some((Class::Refused, why));
+                out.refusal = Some((OutcomeClass::Refused, why));
                 return Ok(out);
             }
         }
@@ -211,11 +211,13 @@ impl<W: World> Engine<W> {
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), path = %path.display(), identity = %step.key, step = %step.describe(), journal_id = %id, by = %by);
             let result = match self.recheck_dir(step) {
-                Some(Halt::Refuse(reason)) => Err(DirActError::Precondition { path: path.clone(), reason }),
-                Some(Halt::IdentityChanged(reason)) => {
+                Some(StopReason::Refuse(reason)) => {
+                    Err(DirActError::Precondition { path: path.clone(), reason })
+                }
+                Some(StopReason::IdentityChanged(reason)) => {
                     Err(DirActError::IdentityChanged { path: path.clone(), reason })
                 }
-                Some(Halt::Absent(why)) => {
+                Some(StopReason::Absent(why)) => {
                     tracing::info!(path = %path.display(), "{why}");
                     Ok(StepOutcome::AlreadyAbsent)
                 }
@@ -232,26 +234,29 @@ impl<W: World> Engine<W> {
     }
 
     /// Right before an `rmdir`: fresh evidence, every proof again, and the directory's identity.
-    fn recheck_dir(&self, step: &DirStep) -> Option<Halt> {
+    fn recheck_dir(&self, step: &DirStep) -> Option<StopReason> {
         let gathered = match self.pod_volume_evidence(&|e| e.rel == step.volume) {
             Ok(g) => g,
-            Err(why) => return Some(Halt::Refuse(format!("cannot re-check it: {why}"))),
+            Err(why) => return Some(StopReason::Refuse(format!("cannot re-check it: {why}"))),
         };
         let Some(ev) = gathered.evidence.first() else {
-            return Some(Halt::Absent(format!("{} is gone", step.volume.display())));
+            return Some(StopReason::Absent(format!("{} is gone", step.volume.display())));
         };
         let input = self.orphan_input();
         let proved = orphans::prove(ev, &(&input).into());
         if proved.verdict != DirVerdict::Pending {
             let why = proved.reasons.last().cloned().unwrap_or_default();
-            return Some(Halt::Refuse(format!("no longer removable ({}): {why}", proved.verdict.as_str())));
+            return Some(StopReason::Refuse(format!(
+                "no longer removable ({}): {why}",
+                proved.verdict.as_str()
+            )));
         }
         let Content::Empty { dirs } = &ev.entry.content else {
-            return Some(Halt::Refuse("not empty any more".into()));
+            return Some(StopReason::Refuse("not empty any more".into()));
         };
         let Some((_, now)) = dirs.iter().find(|(p, _)| *p == step.path) else {
-            return Some(Halt::Absent(format!("{} is gone", step.path.display())));
+            return Some(StopReason::Absent(format!("{} is gone", step.path.display())));
         };
-        gates::dir_identity(&step.path, step.key, Some(*now)).map(Halt::IdentityChanged)
+        gates::dir_identity(&step.path, step.key, Some(*now)).map(StopReason::IdentityChanged)
     }
 }

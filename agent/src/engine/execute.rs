@@ -74,13 +74,13 @@ impl<W: World> Engine<W> {
             };
             tracing::info!(target: "audit", phase = "intent", action = step.action(), device = %step.device, identity = %step.identity.token(), step = %step.describe(), journal_id = %id, by = %by);
             let result = match self.recheck(plan, step, only.is_some()) {
-                Some(Halt::Refuse(reason)) => {
+                Some(StopReason::Refuse(reason)) => {
                     Err(ActError::Precondition { device: step.device.clone(), reason })
                 }
-                Some(Halt::IdentityChanged(reason)) => {
+                Some(StopReason::IdentityChanged(reason)) => {
                     Err(ActError::IdentityChanged { device: step.device.clone(), reason })
                 }
-                Some(Halt::Absent(why)) => {
+                Some(StopReason::Absent(why)) => {
                     tracing::info!(device = %step.device, "{why}");
                     Ok(StepOutcome::AlreadyAbsent)
                 }
@@ -105,18 +105,20 @@ impl<W: World> Engine<W> {
     /// the step's kernel object any more ([`Engine::vanished`]), else refused.
     /// `resumed`: the plan is finished after an interruption, so the world may have moved on
     /// since its subject was removed ([`Engine::recheck_subject_volume`]).
-    pub(super) fn recheck(&self, plan: &Plan, step: &Step, resumed: bool) -> Option<Halt> {
+    pub(super) fn recheck(&self, plan: &Plan, step: &Step, resumed: bool) -> Option<StopReason> {
         if step.is_release() {
             // A fresh scan of the device ([`recheck::release_refusal`]); the actuator then
             // re-reads the namespace and the mount (ID, device, nothing beneath) itself.
             let fresh = match self.world.scan(Target::Device(step.devnum)) {
                 Ok(s) => s,
-                Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
+                Err(e) => {
+                    return Some(StopReason::Refuse(format!("cannot re-check it with a fresh scan: {e}")))
+                }
             };
             if let Some(why) =
                 fresh.entry(step.devnum).and_then(|e| gates::identity(&step.identity, &Identity::of(e)))
             {
-                return Some(Halt::IdentityChanged(why));
+                return Some(StopReason::IdentityChanged(why));
             }
             let stalled = self.observe_io(&fresh, self.world.now());
             return fresh
@@ -127,7 +129,7 @@ impl<W: World> Engine<W> {
                     recheck::release_refusal(plan, step, &fresh, api.as_ref(), self.world.now())
                 })
                 .or_else(|| self.propagation_recheck(plan, step, &fresh))
-                .map(Halt::Refuse);
+                .map(StopReason::Refuse);
         }
         if matches!(step.action, crate::plan::Action::IscsiLogout { .. }) {
             // Its disk was deleted by the steps before it (which it depends on): the actuator
@@ -137,15 +139,15 @@ impl<W: World> Engine<W> {
         let fresh = match self.scan_for_step(step) {
             Ok(s) => s,
             Err(EngineError::NotFound(_)) => return Some(self.vanished(step)),
-            Err(e) => return Some(Halt::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
+            Err(e) => return Some(StopReason::Refuse(format!("cannot re-check it with a fresh scan: {e}"))),
         };
         let Some(entry) = fresh.entry(step.devnum) else { return Some(self.vanished(step)) };
         if let Some(why) = gates::identity(&step.identity, &Identity::of(entry)) {
-            return Some(Halt::IdentityChanged(why));
+            return Some(StopReason::IdentityChanged(why));
         }
         let stalled = self.observe_io(&fresh, self.world.now());
         if let Some(r) = gates::responsive(entry, stalled.get(&step.devnum), first_unblocks(&plan.steps)) {
-            return Some(Halt::Refuse(r));
+            return Some(StopReason::Refuse(r));
         }
         let word = self.world.kernel_word(&step.device, step.devnum);
         let api = self.world.cluster();
@@ -157,7 +159,7 @@ impl<W: World> Engine<W> {
             })
             .or_else(|| self.recheck_side_effects(plan, step, &fresh, api.as_ref()))
             .or_else(|| if resumed { self.recheck_subject_volume(plan, step, api.as_ref()) } else { None })
-            .map(Halt::Refuse)
+            .map(StopReason::Refuse)
     }
 
     /// A step of a resumed plan on another device than the plan's subject, once the subject is
@@ -209,18 +211,18 @@ impl<W: World> Engine<W> {
     /// controller) anywhere on the host. Absent only when nothing is it any more, as the
     /// actuator's own identity check would find; otherwise, or when the host cannot be read,
     /// refused with why.
-    pub(super) fn vanished(&self, step: &Step) -> Halt {
+    pub(super) fn vanished(&self, step: &Step) -> StopReason {
         let all = match self.world.scan(Target::All) {
             Ok(s) => s,
             Err(e) => {
-                return Halt::Refuse(format!(
+                return StopReason::Refuse(format!(
                     "{} ({}) is no longer in a fresh scan, and the host cannot be read to tell whether it is gone: {e}",
                     step.device, step.devnum
                 ))
             }
         };
         match all.graph.devices.iter().find(|e| is_the_object_of(step, e)) {
-            Some(e) => Halt::Refuse(format!(
+            Some(e) => StopReason::Refuse(format!(
                 "{} ({}) is no longer in a fresh scan, but the object {} acts on is now {} ({}): not the device it was planned for",
                 step.device,
                 step.devnum,
@@ -229,12 +231,12 @@ impl<W: World> Engine<W> {
                 e.device.devnum
             )),
             None if matches!(step.action, crate::plan::Action::NvmeDeleteController { .. }) => {
-                Halt::Refuse(format!(
+                StopReason::Refuse(format!(
                     "{} ({}) is no longer in a fresh scan; its controller may remain without a namespace, which a scan does not show: check it with `nvme list-subsys`",
                     step.device, step.devnum
                 ))
             }
-            None => Halt::Absent(format!(
+            None => StopReason::Absent(format!(
                 "{} ({}) is gone and nothing on the host is the object {} acts on any more: already absent",
                 step.device,
                 step.devnum,
@@ -285,7 +287,7 @@ impl<W: World> Engine<W> {
 }
 
 /// Why a step does not reach the actuator ([`Engine::recheck`]).
-pub(super) enum Halt {
+pub(super) enum StopReason {
     /// A gate says no: the step is refused with why.
     Refuse(String),
     /// The device at the step's number is another one now (the identity gate): refused, and

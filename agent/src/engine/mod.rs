@@ -39,6 +39,7 @@ pub mod recheck;
 pub mod recover;
 pub mod requests;
 pub mod sim;
+pub mod statmount_cache_file;
 pub mod view;
 pub mod wire;
 pub mod workflow;

@@ -56,7 +56,7 @@ pub type Admit<'a> = &'a dyn Fn(&Plan) -> Result<(), String>;
 /// What a request came to, in the words a script needs (each front says it its own way: the
 /// CLI as its status, the wire as `DevicePlan.outcome`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub enum OutcomeClass {
     /// Nothing to do, a dry run that may go, or every step done: the device is free.
     Done,
     /// Something still holds the device: left alone.
@@ -70,27 +70,27 @@ pub enum Class {
     Error,
 }
 
-impl Class {
+impl OutcomeClass {
     /// The word for it on the wire (`DevicePlan.outcome`) and in JSON: done, held, unknown,
     /// refused, error.
     pub fn as_str(self) -> &'static str {
         match self {
-            Class::Done => "done",
-            Class::Held => "held",
-            Class::Unknown => "unknown",
-            Class::Refused => "refused",
-            Class::Error => "error",
+            OutcomeClass::Done => "done",
+            OutcomeClass::Held => "held",
+            OutcomeClass::Unknown => "unknown",
+            OutcomeClass::Refused => "refused",
+            OutcomeClass::Error => "error",
         }
     }
 
     /// The worse of two classes (error > refused > unknown > held > done).
-    pub fn worst(self, other: Class) -> Class {
-        let rank = |c: Class| match c {
-            Class::Done => 0,
-            Class::Held => 1,
-            Class::Unknown => 2,
-            Class::Refused => 3,
-            Class::Error => 4,
+    pub fn worst(self, other: OutcomeClass) -> OutcomeClass {
+        let rank = |c: OutcomeClass| match c {
+            OutcomeClass::Done => 0,
+            OutcomeClass::Held => 1,
+            OutcomeClass::Unknown => 2,
+            OutcomeClass::Refused => 3,
+            OutcomeClass::Error => 4,
         };
         if rank(other) > rank(self) {
             other
@@ -188,7 +188,7 @@ pub struct Outcome {
     pub plan: Option<Plan>,
     /// Why the workflow refused before any step (sight, may-act, identity, the caller's
     /// may-act, the journal's lock), with its class.
-    pub refusal: Option<(Class, String)>,
+    pub refusal: Option<(OutcomeClass, String)>,
     /// The fresh plan's steps as run.
     pub reports: Vec<StepReport>,
     /// Whether the fresh plan was carried out.
@@ -210,18 +210,18 @@ impl Outcome {
     }
 
     /// What this outcome means to a script.
-    pub fn class(&self) -> Class {
+    pub fn class(&self) -> OutcomeClass {
         if let Some((c, _)) = &self.refusal {
             return *c;
         }
-        let mut class = Class::Done;
+        let mut class = OutcomeClass::Done;
         if self.gone.is_some() {
             return class;
         }
         for r in &self.resumed {
             class = class.worst(reports_class(&r.reports));
             if r.refused.is_some() {
-                class = class.worst(Class::Refused);
+                class = class.worst(OutcomeClass::Refused);
             }
         }
         let Some(plan) = &self.plan else { return class };
@@ -236,42 +236,42 @@ impl Outcome {
             let protected = verdict == Some(Verdict::Protected)
                 || plan.refusal.as_deref().is_some_and(|r| r.contains(crate::judge::gates::PROTECTED));
             let c = if plan.unsupported {
-                Class::Error
+                OutcomeClass::Error
             } else if protected {
-                Class::Refused
+                OutcomeClass::Refused
             } else if blind {
-                Class::Unknown
+                OutcomeClass::Unknown
             } else if verdict == Some(Verdict::InUse) || entry.is_some_and(|e| !e.holders.is_empty()) {
-                Class::Held
+                OutcomeClass::Held
             } else {
-                Class::Refused
+                OutcomeClass::Refused
             };
             return class.worst(c);
         }
         if !self.applied {
-            return class.worst(if blind { Class::Unknown } else { Class::Done });
+            return class.worst(if blind { OutcomeClass::Unknown } else { OutcomeClass::Done });
         }
         let still_held =
             self.after.as_ref().and_then(|s| s.entry(plan.devnum)).is_some_and(|e| !e.holders.is_empty());
         let deferred = self.reports.iter().any(|r| matches!(r.result, Ok(StepOutcome::Deferred(_))));
         let c = reports_class(&self.reports);
-        class.worst(if c == Class::Done && (still_held || deferred) { Class::Held } else { c })
+        class.worst(if c == OutcomeClass::Done && (still_held || deferred) { OutcomeClass::Held } else { c })
     }
 }
 
 /// The class of a run of steps: a failed step is an error, a step a re-check refused (or not
 /// run for it) is refused, a step the kernel deferred (a loop device's autoclear, an nbd device
 /// still open) leaves the device held: never done.
-pub(super) fn reports_class(reports: &[StepReport]) -> Class {
-    reports.iter().fold(Class::Done, |c, r| {
+pub(super) fn reports_class(reports: &[StepReport]) -> OutcomeClass {
+    reports.iter().fold(OutcomeClass::Done, |c, r| {
         c.worst(match &r.result {
-            Ok(StepOutcome::Deferred(_)) => Class::Held,
-            Ok(_) => Class::Done,
+            Ok(StepOutcome::Deferred(_)) => OutcomeClass::Held,
+            Ok(_) => OutcomeClass::Done,
             Err(
                 ActError::Precondition { .. } | ActError::IdentityChanged { .. } | ActError::Skipped { .. },
-            ) => Class::Refused,
+            ) => OutcomeClass::Refused,
             Err(ActError::Syscall { .. } | ActError::TimedOut { .. } | ActError::NotVerified { .. }) => {
-                Class::Error
+                OutcomeClass::Error
             }
         })
     })

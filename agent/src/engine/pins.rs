@@ -2,7 +2,7 @@
 //! something changed: a namespace whose mounts came or went (after a re-read: one it read
 //! again), every namespace with a mount on a device whose sources (the host's own mounts every
 //! namespace is judged against) changed, every namespace that could not be judged (on a full
-//! pass), and every namespace on every [`mount_memo::DEEP_EVERY`]th full pass (a propagation
+//! pass), and every namespace on every [`statmount_cache::DEEP_EVERY`]th full pass (a propagation
 //! change keeps the mount IDs and sends no event). A namespace nothing changed in keeps its
 //! finding, as a private copy receives no mount or unmount from anywhere; a kept finding keeps
 //! its processes' names (pod, container) while its first process is the same.
@@ -11,10 +11,10 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::discover::mount_memo;
 use crate::discover::namespaces::{MountNamespace, MountReader};
 use crate::discover::pin_read::{self, NsFinding};
 use crate::discover::pin_risk;
+use crate::discover::statmount_cache;
 use crate::engine::world::{LinuxWorld, World};
 use crate::graph::pin_risks::{self, Context, PinReport};
 use crate::model::{DevNum, DeviceName, MountNsId};
@@ -36,7 +36,7 @@ impl LinuxWorld {
     /// The pin risks of the latest whole-host snapshot. `changed`: the namespaces a re-read read
     /// again (`None`: a full scan's). A full pass reads the host's table again and judges every
     /// namespace whose mounts changed since it was last judged (every one on every
-    /// [`mount_memo::DEEP_EVERY`]th full pass, and every one that could not be judged); a
+    /// [`statmount_cache::DEEP_EVERY`]th full pass, and every one that could not be judged); a
     /// re-read's judges the namespaces it read. Both judge again, when the host's sources
     /// changed, every namespace with a mount on a device whose sources changed (or whose mounts
     /// are not listed): kubelet mounting again a volume a namespace kept a copy of makes that
@@ -72,7 +72,8 @@ impl LinuxWorld {
                     Some(Ok(old)) => Some(pin_risk::changed_devs(old, &sources)),
                     _ => None,
                 };
-                let everything = touched.is_none() || (full && memo.passes % mount_memo::DEEP_EVERY == 1);
+                let everything =
+                    touched.is_none() || (full && memo.passes % statmount_cache::DEEP_EVERY == 1);
                 let listed = !text && self.host.is_live();
                 let again = |n: &MountNamespace| {
                     everything
@@ -136,7 +137,7 @@ fn may_mount_on(ns: &MountNamespace, devs: &HashSet<DevNum>, listed: bool) -> bo
     let listing = (listed && ns.pinned_by.is_none())
         .then_some(ns.kernel_id)
         .flatten()
-        .and_then(mount_memo::last_listing);
+        .and_then(statmount_cache::last_listing);
     listing.is_none_or(|l| l.iter().any(|e| devs.contains(&e.1)))
 }
 

@@ -364,7 +364,7 @@ fn a_vanished_device_is_absent_only_when_its_object_is_gone_and_never_run_blind(
 /// refused before anything runs.
 #[test]
 fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
-    use super::outcome::{Class, Request, Subject};
+    use super::outcome::{OutcomeClass, Request, Subject};
     let t = Test { seq: Cell::new(1), held: true, ..Test::default() };
     let engine = Engine::new(&t, Settings { grace: Duration::ZERO, ..Settings::default() });
     let dir = tempfile::tempdir().expect("tempdir");
@@ -385,10 +385,10 @@ fn the_workflow_journals_the_plan_whole_and_resumes_an_unfinished_one() {
     let dry = engine.carry_out(&req(false, None)).expect("dry run");
     assert_eq!(dry.plan.as_ref().map(|p| p.steps.len()), Some(2), "{:?}", dry.plan);
     assert!(!dry.applied && !path.exists(), "a dry run writes nothing");
-    assert_eq!(dry.class(), Class::Done);
+    assert_eq!(dry.class(), OutcomeClass::Done);
 
     let wrong = engine.carry_out(&req(true, Some("loop3@7:3#99;x".into()))).expect("refused");
-    assert_eq!(wrong.class(), Class::Refused, "{:?}", wrong.refusal);
+    assert_eq!(wrong.class(), OutcomeClass::Refused, "{:?}", wrong.refusal);
     assert!(t.actuator.calls.borrow().is_empty());
 
     // A run that died after its plan and the first release: the plan record and one

@@ -47,7 +47,7 @@ pub struct Resumer<'a> {
     pub by: &'a str,
     pub admit: Option<super::outcome::Admit<'a>>,
 }
-use super::outcome::{Class, Outcome, Request, ResumeRefusal, Resumed, Subject};
+use super::outcome::{Outcome, OutcomeClass, Request, ResumeRefusal, Resumed, Subject};
 
 impl<W: World> Engine<W> {
     /// Carries `req` out (see the module docs): the only caller of [`Engine::plan_fresh`] and
@@ -74,7 +74,7 @@ impl<W: World> Engine<W> {
         let plan = self.plan(&judged, devnum, req.op)?;
         if let Some(token) = &req.expected_identity {
             if let Err(e) = self.expect_identity(&judged, devnum, token) {
-                out.refusal = Some((Class::Refused, e.to_string()));
+                out.refusal = Some((OutcomeClass::Refused, e.to_string()));
             }
         }
         out.judged = Some(judged);
@@ -98,14 +98,14 @@ impl<W: World> Engine<W> {
     ) -> Result<Option<(journal::JournalLock, Journal)>, EngineError> {
         // 1. Sight and may-act: one line, before the journal is touched.
         if let Err(why) = self.world.can_act().and_then(|()| self.world.sight()) {
-            out.refusal = Some((Class::Refused, format!("--apply refused: {why}")));
+            out.refusal = Some((OutcomeClass::Refused, format!("--apply refused: {why}")));
             return Ok(None);
         }
         // 2. One writer.
         let lock = match journal::lock(req.journal, req.lock_wait) {
             Ok(l) => l,
             Err(e) if journal::is_busy(&e) => {
-                out.refusal = Some((Class::Refused, format!("--apply refused: {e}")));
+                out.refusal = Some((OutcomeClass::Refused, format!("--apply refused: {e}")));
                 return Ok(None);
             }
             Err(source) => return Err(EngineError::Journal { path: req.journal.to_owned(), source }),
@@ -139,7 +139,7 @@ impl<W: World> Engine<W> {
         // run; the operator sees why and decides.
         if let Some(why) = impostor(&out.resumed) {
             out.refusal = Some((
-                Class::Refused,
+                OutcomeClass::Refused,
                 format!(
                     "the interrupted plan '{}' owed is not finished: {why}; the device now under that name is not planned in this run: run the command again to plan it on its own",
                     req.argument
@@ -196,7 +196,7 @@ impl<W: World> Engine<W> {
         // 5. The caller's may-act.
         if let Some(admit) = req.admit {
             if let Err(why) = admit(plan) {
-                out.refusal = Some((Class::Refused, why));
+                out.refusal = Some((OutcomeClass::Refused, why));
                 return Ok(());
             }
         }
@@ -244,7 +244,7 @@ impl<W: World> Engine<W> {
             let _lock = match journal::lock(path, lock_wait) {
                 Ok(l) => l,
                 Err(e) if journal::is_busy(&e) => {
-                    out.refusal = Some((Class::Refused, e.to_string()));
+                    out.refusal = Some((OutcomeClass::Refused, e.to_string()));
                     return Ok(out);
                 }
                 Err(e) => return Err(jerr(e)),

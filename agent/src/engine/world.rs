@@ -31,9 +31,9 @@ use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::pod_volume::DirStep;
 use crate::plan::Step;
-use crate::snapshot::process_memo::ProcessMemo;
+use crate::snapshot::process_read_cache::ProcessMemo;
 use crate::snapshot::reread::Changes;
-use crate::snapshot::touched::{self, Touched};
+use crate::snapshot::touched_devices::{self, Touched};
 use crate::snapshot::{ScanOptions, Scope, Snapshot};
 
 /// The machine, as the engine sees it.
@@ -205,7 +205,7 @@ impl LinuxWorld {
 
     /// Lets [`LinuxWorld::scan_periodic`] keep what a process's last full read found while its
     /// signs of change are the same, reading every process in full every `full_read_every`th
-    /// such scan ([`crate::snapshot::process_memo`]).
+    /// such scan ([`crate::snapshot::process_read_cache`]).
     pub fn remember_processes(&self, full_read_every: u64) {
         *self.process_memo.lock().unwrap_or_else(|p| p.into_inner()) =
             Some(ProcessMemo::new(full_read_every));
@@ -224,7 +224,7 @@ impl LinuxWorld {
         }
     }
 
-    /// The processes with a task in each of `ids` ([`crate::snapshot::new_namespaces::processes_in`]; the
+    /// The processes with a task in each of `ids` ([`crate::snapshot::new_namespace_read::processes_in`]; the
     /// latest snapshot's kernel threads are passed over). Blocking.
     pub fn processes_in(
         &self,
@@ -234,7 +234,7 @@ impl LinuxWorld {
             let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
             latest.as_ref().map(|(s, _)| s.kernel_threads.iter().map(|k| k.pid).collect()).unwrap_or_default()
         };
-        crate::snapshot::new_namespaces::processes_in(&self.host, ids, &kthreads, &self.options)
+        crate::snapshot::new_namespace_read::processes_in(&self.host, ids, &kthreads, &self.options)
     }
 
     /// The mount namespaces of the latest full scan, each with its 64-bit ID when the scan
@@ -373,7 +373,7 @@ impl World for LinuxWorld {
         let updated = started.elapsed();
         let touched_at = std::time::Instant::now();
         let touched = if changes.devices.is_empty() {
-            touched::touched(&before, &next.device_inputs(&read, Some(&before), refs_change), &next)
+            touched_devices::touched(&before, &next.device_inputs(&read, Some(&before), refs_change), &next)
         } else {
             Touched::All("a block device changed")
         };
@@ -386,7 +386,7 @@ impl World for LinuxWorld {
                     .filter(|d| t.contains(d) || !reusable.contains(d))
                     .collect();
                 // A device judged with others is never judged alone.
-                match rebuilt.iter().find(|d| touched::stacked(&next, **d)) {
+                match rebuilt.iter().find(|d| touched_devices::stacked(&next, **d)) {
                     Some(_) => None,
                     None => Some(rebuilt),
                 }

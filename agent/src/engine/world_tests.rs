@@ -74,7 +74,7 @@ fn a_stopped_scan_keeps_the_latest_snapshot_and_is_no_turn() {
 /// On the live kernel (root): the daemon's light scans take each task's namespace as the last
 /// scan read it only while no mount namespace was made or went away, so a thread that
 /// unshares its own is seen by the very next light scan; a thread that joins an existing
-/// namespace (`setns`) is seen by the next full read (`snapshot::task_memo`).
+/// namespace (`setns`) is seen by the next full read (`snapshot::task_namespace_cache`).
 #[test]
 fn a_light_scan_sees_a_task_unshare_and_a_full_read_sees_it_join() {
     use nix::sched::CloneFlags;

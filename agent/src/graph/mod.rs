@@ -7,6 +7,7 @@
 //! thread). Other kernel threads named after the device are symptoms, kept apart.
 
 pub mod by_kind;
+mod holder_text;
 pub mod identity;
 pub mod multipath;
 pub mod nvme;
@@ -21,7 +22,6 @@ pub mod scan;
 pub mod stack;
 mod tasks;
 pub mod volume_objects;
-mod words;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -35,10 +35,10 @@ use crate::discover::rbd::RbdMapping;
 use crate::discover::swaps::SwapType;
 use crate::graph::multipath::{multipath_view, scsi_view, MultipathView, ScsiView};
 use crate::graph::owner::{owner_of, KubeOwner};
-use crate::model::few::member_of;
+use crate::model::small_set::member_of;
 use crate::model::{BlockDevice, DevNum, DeviceName, HolderKind, KernelText, MountNsId};
 use crate::snapshot::{KernelThread, Snapshot};
-use words::{Shown, Who};
+use holder_text::{Shown, Who};
 
 /// At most this many PIDs are listed per holder (`pid_count` has the total).
 pub const MAX_PIDS: usize = 16;
@@ -152,7 +152,7 @@ impl Holder {
     /// are shown to operators in the holder listing only).
     pub fn describe(&self) -> String {
         let h = self;
-        // Written straight into the one string made ([`words`]).
+        // Written straight into the one string made ([`holder_text`]).
         let who = Who(h.pids.first().copied(), h.comm.as_ref(), h.tid);
         let path = Shown(h.path.as_ref());
         match h.kind {

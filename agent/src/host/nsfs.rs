@@ -1,6 +1,6 @@
 //! The host's mount namespaces as the kernel lists them (`NS_MNT_GET_NEXT`/`PREV` on an nsfs
 //! file, Linux 6.12): each by its 64-bit ID and the inode of its `ns/mnt` file, without going
-//! through any process (`snapshot::task_memo` compares two such lists).
+//! through any process (`snapshot::task_namespace_cache` compares two such lists).
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

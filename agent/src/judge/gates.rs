@@ -33,7 +33,7 @@
 //! - [`dir_identity`]: the directory is still the one planned (its device and inode).
 
 pub use super::accounted::{Accounted, Openers};
-pub use super::words::{ApiWord, PodWord};
+pub use super::api_evidence::{ApiWord, PodWord};
 use crate::discover::probe::{Claim, KernelWord};
 use crate::graph::identity::Identity;
 use crate::graph::pod_volumes::Pin;

@@ -9,6 +9,7 @@
 //! but cannot: nothing destructive rests on missing evidence.
 
 mod accounted;
+pub mod api_evidence;
 pub mod gates;
 pub mod grace;
 mod iscsi;
@@ -22,8 +23,7 @@ mod scsi;
 pub mod stack;
 pub mod stall;
 pub mod verdicts;
-mod weigh;
-pub mod words;
+mod weigh_stall_and_api;
 
 use std::collections::HashMap;
 use std::time::Duration;

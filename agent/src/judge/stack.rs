@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use super::weigh::{weigh_api, weigh_stall};
+use super::weigh_stall_and_api::{weigh_api, weigh_stall};
 use super::{JudgeInput, Judgement, Verdict};
 use crate::graph::scan::Scan;
 use crate::graph::stack::{above, base_maps, layer_of};

@@ -2,7 +2,7 @@
 //! kubelet's word on it, then the paths and the layers of each map after their map, the grace
 //! clock of each candidate, the stall watch and the API weighed in.
 
-use super::weigh::{stall_evidence, weigh_api, weigh_stall};
+use super::weigh_stall_and_api::{stall_evidence, weigh_api, weigh_stall};
 use super::{fin, gates, iscsi, multipath, nbd, nvme, r#loop, rbd, scsi, stack};
 use super::{Assessment, JudgeInput, Judgement, Verdict};
 use crate::graph::identity::Identity;

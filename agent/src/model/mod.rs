@@ -4,9 +4,9 @@
 //! newtypes ([`DevNum`], [`DeviceName`], [`MountNsId`]) so the rest of the code cannot mix them up.
 
 pub mod blindspot;
-pub mod few;
 pub mod opt_ins;
 pub mod scan_stats;
+pub mod small_set;
 
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;

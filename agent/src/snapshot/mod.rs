@@ -23,12 +23,12 @@ use crate::model::scan_stats::ScanStats;
 use crate::model::{BlockDevice, DevNum, KernelText, MountNsId, ProcessInfo};
 
 mod inventory;
-pub mod new_namespaces;
-pub mod process_memo;
+pub mod new_namespace_read;
+pub mod process_read_cache;
 pub mod reread;
 mod take;
-pub mod task_memo;
-pub mod touched;
+pub mod task_namespace_cache;
+pub mod touched_devices;
 
 /// Which devices a scan looks for holders of.
 #[derive(Debug, Clone, PartialEq, Eq)]

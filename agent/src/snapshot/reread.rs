@@ -8,7 +8,7 @@
 //! - block devices a uevent named (added, removed, changed): sysfs and each kind's inventory,
 //!   and the mounts of those devices and of what is stacked on them;
 //! - mount namespaces new since the last full scan (a program started in one): read in full,
-//!   as a full scan reads them, with their processes' files ([`super::new_namespaces`]).
+//!   as a full scan reads them, with their processes' files ([`super::new_namespace_read`]).
 //!
 //! The block layer's I/O counters are always read again (they are judged against time). Open
 //! fds, working directories, maps and the process list are carried over from the full scan
@@ -42,7 +42,7 @@ pub struct Changes {
     /// mount was reported detached and the namespace ID is unknown to `listmount`).
     pub gone: HashSet<MountNsId>,
     /// Mount namespaces a program was started in (`execve`) while they were new since the last
-    /// full scan, each with the processes found in it ([`super::new_namespaces::processes_in`]): read in full,
+    /// full scan, each with the processes found in it ([`super::new_namespace_read::processes_in`]): read in full,
     /// processes and all.
     pub new_namespaces: BTreeMap<MountNsId, BTreeSet<u32>>,
     /// Mount namespaces new since the last full scan whose read in full is on its way (the

@@ -4,8 +4,8 @@
 use super::inventory::{
     hidden_mount, join_anonymous, learn_loop_backing, read_inventories, read_io, Inventories,
 };
-use super::process_memo::{Context, ProcessMemo};
-use super::task_memo::TaskMemo;
+use super::process_read_cache::{Context, ProcessMemo};
+use super::task_namespace_cache::TaskMemo;
 use super::{KernelThread, ScanOptions, Scope, Snapshot};
 use crate::discover::fds::{self, ProcRef};
 use crate::discover::livefs::{self, AnonIndex, LiveFs};
@@ -39,7 +39,7 @@ pub(super) fn unreadable_process(
 impl Snapshot {
     /// Runs a scan on devices already read from sysfs (at `started`): the readable ones, and
     /// those that could not be read (each a blind spot reaching it). With `memo` (the daemon's
-    /// own full scans only, [`super::process_memo`]), a process whose signs of change are the
+    /// own full scans only, [`super::process_read_cache`]), a process whose signs of change are the
     /// same keeps what its last full read found of its fds and mappings. `stop` is asked while
     /// the processes are read, and before the mount tables and before the files are read: once
     /// it says stop, the scan ends with [`DiscoverError::Stopped`]. The memories keep what the
@@ -211,7 +211,7 @@ impl Taking<'_> {
     fn processes(&mut self, memo: Option<&mut ProcessMemo>) -> Result<Processes, DiscoverError> {
         let host = self.host;
         // The host's mount namespaces before any task is read: a light scan takes each task's
-        // namespace as the last scan read it while they are the same (`super::task_memo`).
+        // namespace as the last scan read it while they are the same (`super::task_namespace_cache`).
         let listed = memo.as_ref().and_then(|_| TaskMemo::list_namespaces(host));
         // The same list answers a quiet namespace's table without going through its tasks.
         let kernel_names: Option<HashMap<u64, u64>> =
@@ -282,7 +282,7 @@ impl Taking<'_> {
         }
         let reuse_text = if *scope != Scope::All {
             TextReuse::Never
-        } else if crate::discover::mount_memo::shallow_turn() {
+        } else if crate::discover::statmount_cache::shallow_turn() {
             TextReuse::WhileSameIds
         } else {
             TextReuse::Confirmed
@@ -314,8 +314,8 @@ impl Taking<'_> {
             namespaces = ns_map.len(),
             text = ?reuse_text,
             text_bytes = ns_map.values().map(|n| n.mountinfo_bytes).sum::<usize>(),
-            confirmed_texts = crate::discover::mount_memo::confirmed(),
-            built_texts = crate::discover::mount_memo::built()
+            confirmed_texts = crate::discover::statmount_cache::confirmed(),
+            built_texts = crate::discover::statmount_cache::built()
         );
         let (pins, via_statmount) = (scan.nsfs_pins, scan.via_statmount);
         Ok(MountTables { ns_map, mounts, anon, pins, via_statmount, nsfs_dev, live })

@@ -140,7 +140,7 @@ pub fn plan(p: &pb::DevicePlan) -> u8 {
     }
 }
 
-/// The exit code of a request's outcome word (`DevicePlan.outcome`, the agent's `Class`): done,
+/// The exit code of a request's outcome word (`DevicePlan.outcome`, the agent's `OutcomeClass`): done,
 /// held, unknown, refused; anything else (error, a word this client does not know) is an error.
 pub fn outcome(word: &str) -> u8 {
     match word {

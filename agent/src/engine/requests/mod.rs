@@ -5,17 +5,17 @@
 //! - [`OneShot`]: the engine for one run of the agent binary, with what a run keeps between
 //!   runs (the grace clocks of the state file, the statmount memo of the commands that only
 //!   show) and the journal; its requests: `scan` and `holders` ([`show`]), `release`, `clean`,
-//!   `plan` and `apply` through the one request workflow ([`carry`]);
+//!   `plan` and `apply` through the one request workflow ([`acting_requests`]);
 //! - [`journal`]: what the journal has unfinished;
 //! - [`api`]: the Kubernetes API's view a one-shot run judges with.
 //!
 //! The answers on the wire, which every front returns and prints (through blockjanitor-rpc's
 //! `view`, as agentctl does), are [`super::wire`]'s. What a request
-//! came to is a [`super::outcome::Class`] (or, for `holders`, held and complete): how the
+//! came to is a [`super::outcome::OutcomeClass`] (or, for `holders`, held and complete): how the
 //! process says it to a script is the CLI's word, not the engine's.
 
+pub mod acting_requests;
 pub mod api;
-pub mod carry;
 pub mod journal;
 pub mod setup;
 pub mod show;
@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use super::world::LinuxWorld;
 use super::{Engine, Settings};
-use crate::discover::mount_memo_file;
+use crate::engine::statmount_cache_file;
 use crate::judge::grace::Clocks;
 use api::ApiWanted;
 use setup::HostSpec;
@@ -84,7 +84,7 @@ pub struct OneShot {
     /// Where the statmount memo is kept, and the memo once a request that only shows loaded it
     /// (saved after its scans).
     memo_path: Option<PathBuf>,
-    memo: Option<mount_memo_file::Kept>,
+    memo: Option<statmount_cache_file::Kept>,
     journal: PathBuf,
     lock_wait: Duration,
     by: String,

@@ -15,7 +15,7 @@ use crate::snapshot::ScanOptions;
 pub const JOURNAL: &str = crate::act::journal::DEFAULT_PATH;
 /// Where the one-shot commands that only show keep what `statmount` said of each mount, unless
 /// a front names another place.
-pub const STATMOUNT_MEMO: &str = crate::discover::mount_memo_file::DEFAULT_PATH;
+pub const STATMOUNT_MEMO: &str = crate::engine::statmount_cache_file::DEFAULT_PATH;
 
 /// Where the host is and how to read it, as a front's flags say.
 #[derive(Debug, Clone)]

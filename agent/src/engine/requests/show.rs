@@ -12,8 +12,9 @@ use blockjanitor_rpc::path_device::{device_of_path, PathDeviceError};
 
 use super::setup::HostSpec;
 use super::OneShot;
-use crate::discover::{blockdev, mount_memo_file};
+use crate::discover::blockdev;
 use crate::engine::outcome::incomplete_view;
+use crate::engine::statmount_cache_file;
 use crate::engine::view::View;
 use crate::engine::{wire, Judged, Operation};
 use crate::graph::resolve;
@@ -51,7 +52,7 @@ impl OneShot {
     /// re-check before each step, ask the kernel. Saved with the grace clocks after the scans.
     fn load_report_only_memo(&mut self) {
         let host = &self.engine.world.host;
-        self.memo = self.memo_path.as_deref().and_then(|path| mount_memo_file::Kept::load(host, path));
+        self.memo = self.memo_path.as_deref().and_then(|path| statmount_cache_file::Kept::load(host, path));
     }
 
     /// `scan`: every device judged, then the pin risks and the orphaned pod volume directories.

@@ -354,7 +354,7 @@ pub fn step(s: &Step) -> pb::Step {
 }
 
 /// A plan as the wire carries it, with what its request came to (`class`).
-pub fn plan((p, class): &(Plan, crate::engine::outcome::Class)) -> pb::DevicePlan {
+pub fn plan((p, class): &(Plan, crate::engine::outcome::OutcomeClass)) -> pb::DevicePlan {
     pb::DevicePlan {
         device: p.device.to_string(),
         steps: p.steps.iter().map(step).collect(),

@@ -101,7 +101,7 @@ impl Snapshot {
     /// re-read reads or drops; taken after it, also every namespace new since `before`).
     ///
     /// `with_refs`: whether to look at the process references too; a re-read changes them only
-    /// when a namespace goes or comes ([`super::reread::Changes::gone`], `new_namespaces`), and
+    /// when a namespace goes or comes ([`super::reread::Changes::gone`], `new_namespace_read`), and
     /// reading thousands of them at every mount event would make its cost grow with the node.
     pub fn device_inputs(
         &self,
@@ -116,7 +116,7 @@ impl Snapshot {
             let known: HashSet<&MountNsId> = b.namespaces.iter().collect();
             look.extend(ids.iter().filter(|id| !known.contains(id)));
         }
-        let looked_at = crate::model::few::member_of(&look);
+        let looked_at = crate::model::small_set::member_of(&look);
         let first_pid: HashMap<MountNsId, Option<u32>> = self
             .namespaces
             .iter()

@@ -18,7 +18,7 @@
 //! or `munmap`), it is in D state, its last read could not see everything, or anything the scan
 //! reads with changed (the devices in scope, the nsfs device, the btrfs index): any change, any
 //! doubt. Its tasks' `ns/mnt` are read by every scan but for the light ones' tasks known from
-//! the last scan while no mount namespace was made or went away ([`super::task_memo`]). The
+//! the last scan while no mount namespace was made or went away ([`super::task_namespace_cache`]). The
 //! leader's cwd and root (one `stat` each) are read by every scan; a thread's too, but for a
 //! light scan of a process whose threads all shared the leader's fs_struct at its last full
 //! read (`kcmp(KCMP_FS)`, 8,000 calls a scan at 400 namespaces: an eighth of a light scan) and
@@ -48,7 +48,7 @@ use crate::model::{DevNum, KernelText, MountNsId, ProcessInfo};
 
 /// Default of `serve --full-read-every`: at the default 60 s interval, a true full read of every
 /// process every 10 minutes at the latest (a scan between, for any trigger, counts, so it comes
-/// sooner, never later). The same as the mount tables' [`crate::discover::mount_memo::DEEP_EVERY`]:
+/// sooner, never later). The same as the mount tables' [`crate::discover::statmount_cache::DEEP_EVERY`]:
 /// every tenth full scan of a quiet node reads everything. Its cost next to the light scans is
 /// measured in BENCHMARKS.md (issue 20, "Periodic full scans incremental for processes").
 pub const DEFAULT_FULL_READ_EVERY: u64 = 10;
@@ -132,8 +132,8 @@ pub struct ProcessMemo {
     /// Each labelled process's label as last read, with the identity and name it was read for
     /// ([`Self::describe`]).
     labels: HashMap<u32, (u64, KernelText, ProcessInfo)>,
-    /// Each task's mount namespace as the last scan had it ([`super::task_memo`]).
-    pub tasks: super::task_memo::TaskMemo,
+    /// Each task's mount namespace as the last scan had it ([`super::task_namespace_cache`]).
+    pub tasks: super::task_namespace_cache::TaskMemo,
 }
 
 impl ProcessMemo {

@@ -19,7 +19,12 @@ use crate::plan::pod_volume;
 impl OneShot {
     /// `op` on the device the operator named (`device`, in their words), carried out when
     /// `apply`, else a dry run through the same workflow; the grace clocks saved either way.
-    pub fn carry(&mut self, op: Operation, device: &str, apply: bool) -> anyhow::Result<Outcome> {
+    pub fn run_device_request(
+        &mut self,
+        op: Operation,
+        device: &str,
+        apply: bool,
+    ) -> anyhow::Result<Outcome> {
         self.with_clocks(|run, clocks| {
             run.engine.carry_out(&Request {
                 op,
@@ -38,7 +43,7 @@ impl OneShot {
 
     /// `clean` of the pod volume directory `arg` names, carried out when `apply`; the grace
     /// clocks saved either way.
-    pub fn carry_dir(&mut self, arg: &str, apply: bool) -> anyhow::Result<DirOutcome> {
+    pub fn run_dir_request(&mut self, arg: &str, apply: bool) -> anyhow::Result<DirOutcome> {
         self.with_clocks(|run, clocks| {
             run.engine.carry_out_dir(&DirRequest {
                 argument: arg.to_owned(),

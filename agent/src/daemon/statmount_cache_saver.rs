@@ -1,5 +1,5 @@
 //! The daemon keeps the one-shot commands' `statmount` memo file
-//! ([`crate::discover::mount_memo_file`]) up to date: after each full scan that learned or
+//! ([`crate::engine::statmount_cache_file`]) up to date: after each full scan that learned or
 //! dropped a mount, it writes what its own memo holds, so that `holders` or `scan` run on this
 //! node (in the agent's container, or on the host: `/run/blockjanitor` is the host's) asks the
 //! kernel only about the mounts made since, even the first time it runs.
@@ -13,17 +13,17 @@
 use std::sync::{Arc, Mutex};
 
 use super::state::AgentState;
-use crate::discover::mount_memo_file::Kept;
+use crate::engine::statmount_cache_file::Kept;
 
 impl AgentState {
     /// Writes the memo file at `kept` after each full scan from now on.
-    pub fn keep_statmount_memo(&self, kept: Kept) {
-        let _ = self.statmount_memo.set(Arc::new(Mutex::new(kept)));
+    pub fn keep_statmount_cache_file(&self, kept: Kept) {
+        let _ = self.statmount_cache_file.set(Arc::new(Mutex::new(kept)));
     }
 
     /// Starts a save of the memo file when one is kept and none is running.
-    pub(super) fn save_statmount_memo(&self) {
-        let Some(kept) = self.statmount_memo.get() else { return };
+    pub(super) fn save_statmount_cache_file(&self) {
+        let Some(kept) = self.statmount_cache_file.get() else { return };
         // A steady node: nothing to write, no thread.
         if kept.try_lock().map_or(true, |k| !k.unsaved()) {
             return;

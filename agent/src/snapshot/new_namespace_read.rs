@@ -1,7 +1,7 @@
 //! Mount namespaces new since the last full scan, read in full by a re-read: a pod that just
 //! started costs a read of its own namespace and processes, not a scan of the whole host.
 //!
-//! The daemon learns of such a namespace when a program starts in it (`daemon::new_namespaces`,
+//! The daemon learns of such a namespace when a program starts in it (`daemon::new_namespace_watch`,
 //! the kernel's exec events). What a full scan would read of it is read here, the same way:
 //! which processes live in it (every task's `ns/mnt` on the host: a process can join a namespace
 //! without starting a program, and a thread can live elsewhere than its leader; that pass,

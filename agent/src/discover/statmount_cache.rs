@@ -16,7 +16,7 @@
 //! lines of text.
 //!
 //! A report-only one-shot run (`holders`, `scan`) starts from what an earlier one of the same
-//! boot remembered: [`export`] and [`import`] are what [`super::mount_memo_file`] keeps between
+//! boot remembered: [`export`] and [`import`] are what [`super::statmount_cache_file`] keeps between
 //! runs, and [`changes`] says whether there is anything new to keep.
 
 use std::collections::{HashMap, HashSet};

@@ -2,13 +2,13 @@
 //! events (the netlink proc connector, `PROC_EVENT_EXEC`) name every `execve`, and a process
 //! whose namespace is not watched yet has its namespace marked for mount events at once
 //! ([`MountWatch::watch_new`]) and read in full by a re-read of that namespace and its processes
-//! (`snapshot/new_namespaces.rs`), not by a full scan of the host; what that re-read cannot read
+//! (`snapshot/new_namespace_read.rs`), not by a full scan of the host; what that re-read cannot read
 //! as completely as a full scan would, it refuses, and a full scan runs instead.
 //!
 //! The namespace's processes are found by a pass over every task on the host (a process can
 //! join a namespace without starting a program): about 11 ms at 200 namespaces, made here on a
 //! thread of its own at the lowest priority before the read is asked for
-//! ([`crate::snapshot::new_namespaces::processes_in`]), so that a pod's start holds up neither the mount events
+//! ([`crate::snapshot::new_namespace_read::processes_in`]), so that a pod's start holds up neither the mount events
 //! of other namespaces in the scanner's queue nor the scanner on the node's cores.
 //! Until the read is asked for, the namespace is awaited ([`AgentState::await_new_namespaces`]):
 //! a mount event in it is left to that read, which comes after and reads the whole table.

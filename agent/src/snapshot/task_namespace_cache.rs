@@ -25,7 +25,7 @@
 //! **What it cannot see:** a task that joins another namespace that already existed (`setns`;
 //! no namespace made or gone). The next full read sees it (every `--full-read-every`th scan
 //! reads every task: 10 minutes at the defaults), as it sees an fd swapped at the same count
-//! ([`super::process_memo`]). Until then that task's process is listed under its old namespace.
+//! ([`super::process_read_cache`]). Until then that task's process is listed under its old namespace.
 //! Nothing reads a mount table through a task without checking the task is in that namespace
 //! now (`discover::namespaces`: a task elsewhere is passed over), the daemon's re-read of a new
 //! namespace reads every task's link itself, and every plan and action scans afresh, reading

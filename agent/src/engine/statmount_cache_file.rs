@@ -1,4 +1,4 @@
-//! What `statmount` said about each mount ([`super::mount_memo`]), kept in a file between
+//! What `statmount` said about each mount ([`crate::discover::statmount_cache`]), kept in a file between
 //! report-only one-shot runs (`holders`, and `scan`, which only shows), so that a run asks the
 //! kernel only about the mounts made since the last one: on a node with 200 namespaces of 1,000
 //! mounts, about 200,000 `statmount` calls (most of a one-shot `holders`' CPU) become one read
@@ -32,6 +32,11 @@
 //! asks the kernel only about the mounts made since the daemon's last full scan, even the first
 //! time. The memo forgets every namespace a full scan did not list, so the file holds the
 //! node's current mounts only.
+//!
+//! **Why in the engine.** The memo itself is a scanner's ([`crate::discover::statmount_cache`]);
+//! its file is state the fronts' runs keep, like the grace clocks, and `discover/` reads the
+//! kernel and writes nothing: the one-shot requests (`engine/requests/`) load and save it, the
+//! daemon (above the engine) saves it.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -45,7 +50,7 @@ use nix::fcntl::{openat, renameat, OFlag, AT_FDCWD};
 use nix::sys::stat::{fstat, Mode, SFlag};
 use nix::unistd::{unlinkat, UnlinkatFlags};
 
-use super::mount_memo::{self, Entry};
+use crate::discover::statmount_cache::{self, Entry};
 use crate::host::HostRoot;
 use crate::model::DevNum;
 
@@ -116,7 +121,7 @@ fn show_boot(b: &[u8; 16]) -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
-/// A 64-bit checksum over 8-byte words ([`mount_memo::mix`]): a change confined to one word
+/// A 64-bit checksum over 8-byte words ([`statmount_cache::mix`]): a change confined to one word
 /// always changes it.
 struct Sum(u64);
 
@@ -128,7 +133,7 @@ impl Sum {
     fn record(&mut self, r: &[u8; RECORD]) {
         for w in r.chunks_exact(8) {
             let w = u64::from_le_bytes(w.try_into().unwrap_or_default());
-            self.0 = mount_memo::mix(self.0, w);
+            self.0 = statmount_cache::mix(self.0, w);
         }
     }
 }
@@ -169,7 +174,7 @@ impl std::hash::Hasher for WordHasher {
     }
 
     fn write_u64(&mut self, w: u64) {
-        self.0 = mount_memo::mix(self.0, w);
+        self.0 = statmount_cache::mix(self.0, w);
     }
 }
 
@@ -211,7 +216,7 @@ fn records(
     Ok(())
 }
 
-/// Writes `namespaces` (by ID, each one's mounts sorted by unique ID: [`mount_memo::export`])
+/// Writes `namespaces` (by ID, each one's mounts sorted by unique ID: [`statmount_cache::export`])
 /// as a memo file of boot `boot`.
 pub fn encode(w: &mut impl Write, boot: &[u8; 16], namespaces: &[(u64, Arc<Vec<Entry>>)]) -> io::Result<()> {
     let table = pair_table(namespaces);
@@ -418,12 +423,12 @@ impl Kept {
             Ok(namespaces) => {
                 let mounts: usize = namespaces.iter().map(|(_, m)| m.len()).sum();
                 let count = namespaces.len();
-                mount_memo::import(namespaces);
+                statmount_cache::import(namespaces);
                 tracing::debug!(path = %path.display(), namespaces = count, mounts, "statmount memo loaded");
             }
             Err(e) => tracing::debug!(path = %path.display(), reason = %e, "statmount memo ignored"),
         }
-        Some(Self { changes: mount_memo::changes(), ..kept })
+        Some(Self { changes: statmount_cache::changes(), ..kept })
     }
 
     /// The file at `path`, written from this process's memo and never read: the daemon's
@@ -454,21 +459,21 @@ impl Kept {
 
     /// Whether the memo learned or dropped something since it was loaded or last saved.
     pub fn unsaved(&self) -> bool {
-        mount_memo::changes() != self.changes
+        statmount_cache::changes() != self.changes
     }
 
     /// Writes the memo when it learned or dropped something since it was loaded or last saved
     /// (never an error: a file that cannot be written is one debug line, and the next run asks
     /// the kernel again).
     pub fn save(&mut self) {
-        let (listed, asked) = mount_memo::lookups();
-        let changes = mount_memo::changes();
+        let (listed, asked) = statmount_cache::lookups();
+        let changes = statmount_cache::changes();
         if changes == self.changes {
             tracing::debug!(path = %self.path.display(), listed, asked, "statmount memo unchanged: not written");
             return;
         }
         self.changes = changes;
-        let namespaces = mount_memo::export();
+        let namespaces = statmount_cache::export();
         let mounts: usize = namespaces.iter().map(|(_, m)| m.len()).sum();
         match write(&self.path, &self.boot, &namespaces) {
             Ok(()) => tracing::debug!(
@@ -485,5 +490,5 @@ impl Kept {
 }
 
 #[cfg(test)]
-#[path = "mount_memo_file_tests.rs"]
+#[path = "statmount_cache_file_tests.rs"]
 mod tests;

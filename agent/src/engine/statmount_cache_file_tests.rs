@@ -200,7 +200,7 @@ fn a_fixture_tree_keeps_no_memo() {
 }
 
 /// Structural: only the report-only commands' entry loads the memo (no scan behind an action,
-/// no daemon code, no engine code names it).
+/// no daemon code, no other engine code names it).
 #[test]
 fn only_the_report_only_commands_load_the_memo() {
     fn walk(dir: &Path, found: &mut Vec<String>) {
@@ -222,7 +222,7 @@ fn only_the_report_only_commands_load_the_memo() {
     found.sort();
     assert_eq!(
         found,
-        ["src/discover/mount_memo_file_tests.rs", "src/engine/requests/show.rs"],
+        ["src/engine/requests/show.rs", "src/engine/statmount_cache_file_tests.rs"],
         "the memo file is loaded only by `holders` and `scan`"
     );
     let show =
