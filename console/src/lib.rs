@@ -62,6 +62,7 @@ pub mod lease;
 pub mod lease_steps;
 pub mod limits;
 pub mod link;
+pub mod liveness;
 pub mod metrics;
 pub mod multiattach;
 pub mod multiattach_run;

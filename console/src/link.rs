@@ -8,12 +8,21 @@
 //! [`Links`] keeps the tasks in step with discovery (one per node and address) and hands out the
 //! live clients for forwarded calls and forced fan-outs.
 //!
-//! Liveness: every link sends HTTP/2 pings (and TCP keepalives), so an agent that goes silent
-//! (stopped, partitioned, killed) ends its connection within `keepalive_interval +
-//! keepalive_timeout`, and its node is marked down in the index (since when, why) and named
-//! missing in every answer. A forced read that fails marks the node down at once and ends its
-//! session, so the next fan-out skips it instead of waiting the call deadline again; only a new
-//! connection whose full read succeeds marks it up again.
+//! Liveness ([`crate::liveness`]): anything the agent sends counts as alive (an event on its
+//! stream, an answer to any call); a link that heard nothing for `keepalive_interval` sends a
+//! probe (a `GetNode` call). A link whose silence, less the console's own scheduling lag over the
+//! same time, exceeds `keepalive_timeout` ends its session: its node is marked down in the index
+//! (since when, why) and named missing in every answer, and fan-outs skip it until a new
+//! connection's full read succeeds. The console's promptness is not the agent's: a console that
+//! could not run for seconds does not drop links whose answers waited, unread, in its sockets
+//! (issue 36), while an agent that stops (SIGSTOP), is cut off or is killed under a console that
+//! runs on time is named within `keepalive_timeout` (and the probe interval). No HTTP/2 keepalive
+//! is set on the channel: its pings' timeout would judge by the console's promptness again.
+//!
+//! A read that misses its deadline or fails while the link is heard from (a fresh fan-out's, or
+//! the link's own re-read) marks the node "not refreshed" ([`crate::index::NodeEntry::not_refreshed`]):
+//! not down, its cached view used but named in every answer's missing nodes with its age, so no
+//! "safe" rests on it. The link stays up and reads the list again (backing off) until it succeeds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -26,10 +35,12 @@ use blockjanitor_rpc::client::{self, Target, TcpTarget};
 use blockjanitor_rpc::view::time::now_secs;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use crate::discover::AgentSpec;
 use crate::index::Index;
+use crate::liveness::{Heard, LagMeter};
 
 /// The console's client certificate and the CA agents' certificates are signed by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,9 +66,11 @@ pub struct LinkOptions {
     pub backoff_initial: Duration,
     /// The longest wait.
     pub backoff_max: Duration,
-    /// Between two HTTP/2 pings on a link (sent whether or not calls are in flight).
+    /// Silence after which a link probes its agent (a `GetNode` call), and the least time
+    /// between two probes.
     pub keepalive_interval: Duration,
-    /// How long a ping may go unanswered before the link counts as dead.
+    /// How long an agent may stay silent (no event, no answer), beyond the console's own
+    /// scheduling lag over that time, before its link counts as dead.
     pub keepalive_timeout: Duration,
     /// Idle time before the kernel's TCP keepalive probes start.
     pub tcp_keepalive: Duration,
@@ -82,24 +95,15 @@ impl LinkOptions {
             backoff_initial: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(1),
-            keepalive_timeout: Duration::from_secs(2),
+            keepalive_timeout: Duration::from_secs(3),
             tcp_keepalive: Duration::from_secs(10),
             connecting: Arc::new(tokio::sync::Semaphore::new(CONNECTS_AT_ONCE)),
         }
     }
 }
 
-/// A connected session's client, and how to end that session (a forced read found it dead).
-#[derive(Clone)]
-struct Live {
-    client: AgentClient<Channel>,
-    end: Arc<Notify>,
-}
-
-type ClientSlot = Arc<Mutex<Option<Live>>>;
-
-/// Why a session ended when a forced read marked its link dead (the index says more).
-const ENDED_BY_FAN_OUT: &str = "a forced read failed";
+/// A connected session's client.
+type ClientSlot = Arc<Mutex<Option<AgentClient<Channel>>>>;
 
 struct Link {
     address: String,
@@ -119,10 +123,16 @@ pub struct Links {
     /// ran share the next one (see [`Links::refresh_all`]).
     fan_out: tokio::sync::Mutex<()>,
     fan_outs: std::sync::atomic::AtomicU64,
+    /// The console's scheduling lag, which every link's silence is judged net of, and its ticker.
+    lag: Arc<LagMeter>,
+    lag_ticker: Option<JoinHandle<()>>,
 }
 
 impl Drop for Links {
     fn drop(&mut self) {
+        if let Some(t) = &self.lag_ticker {
+            t.abort();
+        }
         for (_, l) in self.links.lock().unwrap_or_else(|p| p.into_inner()).drain() {
             l.task.abort();
         }
@@ -130,8 +140,14 @@ impl Drop for Links {
 }
 
 impl Links {
+    /// Links on the current runtime (the lag meter ticks on it; outside one it never ticks and
+    /// excuses nothing).
     pub fn new(index: Index, opts: LinkOptions) -> Self {
+        let lag = LagMeter::new();
+        let lag_ticker = tokio::runtime::Handle::try_current().ok().map(|_| lag.start());
         Self {
+            lag,
+            lag_ticker,
             index,
             opts: Arc::new(opts),
             links: Mutex::new(HashMap::new()),
@@ -184,6 +200,7 @@ impl Links {
                 self.index.clone(),
                 Arc::clone(&client),
                 Arc::clone(&resync),
+                Arc::clone(&self.lag),
             ));
             links.insert(name.clone(), Link { address: spec.address.clone(), task, client, resync });
         }
@@ -193,24 +210,21 @@ impl Links {
     pub fn client(&self, node: &str) -> Option<AgentClient<Channel>> {
         let links = self.links.lock().unwrap_or_else(|p| p.into_inner());
         let l = links.get(node)?;
-        let c = l.client.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|l| l.client.clone());
+        let c = l.client.lock().unwrap_or_else(|p| p.into_inner()).clone();
         c
     }
 
-    /// Marks a node's link dead after a failed call (`why`) and ends its session, so that no
-    /// caller waits on it again until a new connection has answered a full read.
-    pub fn mark_dead(&self, node: &str, why: String) {
-        let live = self
-            .links
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(node)
-            .and_then(|l| l.client.lock().unwrap_or_else(|p| p.into_inner()).take());
-        tracing::warn!(node = %node, error = %why, "link marked dead: skipped until the agent answers again");
-        self.index.with_node(node, |n| n.mark_down(why));
-        if let Some(l) = live {
-            l.end.notify_one();
-        }
+    /// Marks a node's cached view not refreshed after a read that missed its deadline or failed
+    /// (`why`) while its link is up, and asks the link to read the list again. Not down: the link
+    /// stays, and so does the node's reachability (see [`crate::index::NodeEntry::not_refreshed`]).
+    pub fn mark_not_refreshed(&self, node: &str, why: String) {
+        tracing::warn!(node = %node, error = %why, "not refreshed: its cached view is used, marked not fresh");
+        self.index.with_node(node, |n| {
+            if n.reachable {
+                n.mark_not_refreshed(why);
+            }
+        });
+        self.request_resync(node);
     }
 
     /// Asks a node's link to read the full device list again soon.
@@ -222,8 +236,9 @@ impl Links {
 
     /// Reads every connected agent's device list now, all at once, each bounded by the call
     /// deadline, and puts the answers in the index. Returns when all have answered or timed out.
-    /// Links already known dead are not asked (answers name their nodes missing); a link whose
-    /// read fails is marked dead, so the next fan-out does not wait on it again.
+    /// Links already known dead are not asked (answers name their nodes missing). A read that
+    /// misses the deadline or fails marks its node not refreshed, never dead: a slow agent is not
+    /// a down one (its link's own liveness judges that); answers name it with its cached view's age.
     ///
     /// One fleet-wide fan-out runs at a time: a caller who asks while one runs waits for it to
     /// end and then shares the next one with every other caller who asked meanwhile (a fan-out
@@ -251,7 +266,7 @@ impl Links {
             let mut skipped = 0usize;
             for (n, l) in links.iter().filter(|(n, _)| only.is_none_or(|o| o == n.as_str())) {
                 match l.client.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                    Some(live) => clients.push((n.clone(), live.client.clone())),
+                    Some(c) => clients.push((n.clone(), c.clone())),
                     None => skipped += 1,
                 }
             }
@@ -270,18 +285,18 @@ impl Links {
             });
         }
         let mut slowest = (String::new(), Duration::ZERO);
-        let mut failed = 0usize;
+        let mut not_refreshed = 0usize;
         while let Some(r) = set.join_next().await {
             let Ok((node, took, r)) = r else { continue };
             if let Err(e) = r {
-                failed += 1;
-                self.mark_dead(&node, format!("a forced read failed: {e}"));
+                not_refreshed += 1;
+                self.mark_not_refreshed(&node, format!("a fresh read did not complete: {e}"));
             }
             if took > slowest.1 {
                 slowest = (node, took);
             }
         }
-        tracing::info!(agents = asked, skipped_dead = skipped, failed, took_ms = started.elapsed().as_millis() as u64,
+        tracing::info!(agents = asked, skipped_dead = skipped, not_refreshed, took_ms = started.elapsed().as_millis() as u64,
             slowest = %slowest.0, slowest_ms = slowest.1.as_millis() as u64, "fan-out done");
     }
 }
@@ -296,17 +311,21 @@ fn jitter(d: Duration) -> Duration {
 }
 
 /// The link's loop: a session, then a backoff, until aborted.
-async fn run(spec: AgentSpec, opts: Arc<LinkOptions>, index: Index, slot: ClientSlot, resync: Arc<Notify>) {
+async fn run(
+    spec: AgentSpec,
+    opts: Arc<LinkOptions>,
+    index: Index,
+    slot: ClientSlot,
+    resync: Arc<Notify>,
+    lag: Arc<LagMeter>,
+) {
     let mut backoff = opts.backoff_initial;
     loop {
-        let (synced, error) = session(&spec, &opts, &index, &slot, &resync).await;
+        let (synced, error) = session(&spec, &opts, &index, &slot, &resync, &lag).await;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
         tracing::info!(node = %spec.node, address = %spec.address, error = %error, "link to the agent lost");
         index.with_node(&spec.node, |n| {
-            // A forced read that ended the session marked the node down already, saying why.
-            if error != ENDED_BY_FAN_OUT {
-                n.mark_down(error);
-            }
+            n.mark_down(error);
             n.failures = n.failures.saturating_add(1);
         });
         if synced {
@@ -363,6 +382,20 @@ pub async fn sync_devices(
     Ok(())
 }
 
+/// A call in flight beside the session's loop.
+type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// What woke a session's loop.
+enum Step {
+    /// Boxed: an event carries a whole device (over a kilobyte).
+    Event(Box<Result<Option<pb::Event>, tonic::Status>>),
+    Synced(Result<(), String>),
+    Probed(bool),
+    Probe,
+    Judge,
+    Resync,
+}
+
 /// One connection: returns whether it got as far as a full sync, and why it ended.
 async fn session(
     spec: &AgentSpec,
@@ -370,6 +403,7 @@ async fn session(
     index: &Index,
     slot: &ClientSlot,
     resync: &Notify,
+    lag: &LagMeter,
 ) -> (bool, String) {
     let target = Target::Tcp(TcpTarget {
         addr: spec.address.clone(),
@@ -378,15 +412,12 @@ async fn session(
         ca: opts.tls.ca.clone(),
         server_name: opts.server_name.clone(),
     });
-    let keepalive = |e: tonic::transport::Endpoint| {
-        e.http2_keep_alive_interval(opts.keepalive_interval)
-            .keep_alive_timeout(opts.keepalive_timeout)
-            .keep_alive_while_idle(true)
-            .tcp_keepalive(Some(opts.tcp_keepalive))
-    };
+    // TCP keepalives only: no HTTP/2 keepalive, whose ping timeout would end the link whenever
+    // the console itself is slow to read the answer (this loop judges silence, net of lag).
+    let tune = |e: tonic::transport::Endpoint| e.tcp_keepalive(Some(opts.tcp_keepalive));
     // Held until the first full read is in (each step has its own deadline).
     let permit = opts.connecting.acquire().await;
-    let mut c = match client::connect_tuned(&target, opts.connect_timeout, keepalive).await {
+    let mut c = match client::connect_tuned(&target, opts.connect_timeout, tune).await {
         Ok(c) => c,
         Err(e) => return (false, e.to_string()),
     };
@@ -401,35 +432,134 @@ async fn session(
         return (false, e);
     }
     drop(permit);
-    let end = Arc::new(Notify::new());
-    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live { client: c.clone(), end: Arc::clone(&end) });
+    *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
     tracing::debug!(node = %spec.node, address = %spec.address, "agent synced");
     // Resyncs jittered: after a cold start every link syncs within seconds of the others, and
     // unjittered they would all read their agents' lists again in the same second, every period.
-    let first = tokio::time::Instant::now() + jitter(opts.resync_interval);
+    let first = Instant::now() + jitter(opts.resync_interval);
     let mut tick = tokio::time::interval_at(first, opts.resync_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+    let (limit, quiet) = (opts.keepalive_timeout, opts.keepalive_interval);
+    let mut heard = Heard::now(lag);
+    // When the index's `last_seen` was last moved on by a probe (at most every few seconds: a
+    // write lock a second per agent would contend with the queries).
+    let mut seen_written = std::time::Instant::now();
+    let mut probed_at = Instant::now();
+    let mut probing: Option<Pending<bool>> = None;
+    let mut syncing: Option<Pending<Result<(), String>>> = None;
+    // After a failed re-read: when to try again, and the wait after the next failure.
+    let mut retry: Option<Instant> = None;
+    let mut retry_wait = opts.backoff_initial;
+    let far = || Instant::now() + Duration::from_secs(3600);
     loop {
-        let again = tokio::select! {
-            m = stream.message() => match m {
-                Ok(Some(ev)) => apply_event(index, &spec.node, ev),
-                Ok(None) => return (true, "the agent ended the event stream".into()),
-                Err(s) => return (true, format!(
-                    "the link broke (no answer to a keepalive ping within {:?}, or the connection closed): WatchEvents: {}",
-                    opts.keepalive_timeout,
-                    client::status_line(&s)
-                )),
-            },
-            _ = tick.tick() => true,
-            _ = resync.notified() => true,
-            _ = end.notified() => return (true, ENDED_BY_FAN_OUT.into()),
+        let now = std::time::Instant::now();
+        let judge_at: Instant = heard.next_judgement(now, lag.reading(now), limit).into();
+        let probe_at = Instant::from_std(heard.at).max(probed_at) + quiet;
+        let step = tokio::select! {
+            biased;
+            m = stream.message() => Step::Event(Box::new(m)),
+            r = async { syncing.as_mut().expect("a read in flight").await }, if syncing.is_some() => Step::Synced(r),
+            r = async { probing.as_mut().expect("a probe in flight").await }, if probing.is_some() => Step::Probed(r),
+            _ = tokio::time::sleep_until(judge_at) => Step::Judge,
+            _ = tokio::time::sleep_until(probe_at), if probing.is_none() => Step::Probe,
+            _ = tick.tick() => Step::Resync,
+            _ = resync.notified() => Step::Resync,
+            _ = tokio::time::sleep_until(retry.unwrap_or_else(far)), if retry.is_some() => Step::Resync,
         };
-        if again {
-            if let Err(e) = sync(&mut c, index, &spec.node, opts.call_timeout).await {
-                return (true, e);
+        match step {
+            Step::Event(m) => match *m {
+                Ok(Some(ev)) => {
+                    heard = Heard::now(lag);
+                    if apply_event(index, &spec.node, ev) && syncing.is_none() {
+                        syncing = Some(read_again(&c, index, &spec.node, opts.call_timeout));
+                    }
+                }
+                Ok(None) => return (true, "the agent ended the event stream".into()),
+                Err(s) => {
+                    return (
+                        true,
+                        format!(
+                            "the link broke (the connection closed): WatchEvents: {}",
+                            client::status_line(&s)
+                        ),
+                    )
+                }
+            },
+            Step::Synced(r) => {
+                syncing = None;
+                match r {
+                    Ok(()) => {
+                        heard = Heard::now(lag);
+                        seen_written = std::time::Instant::now();
+                        retry = None;
+                        retry_wait = opts.backoff_initial;
+                    }
+                    Err(e) => {
+                        // Not down: the liveness judgement says whether the agent is there at all.
+                        tracing::warn!(node = %spec.node, error = %e, "re-read failed: the cached view is marked not refreshed");
+                        index.with_node(&spec.node, |n| {
+                            n.mark_not_refreshed(format!("a re-read did not complete: {e}"))
+                        });
+                        retry = Some(Instant::now() + jitter(retry_wait));
+                        retry_wait = (retry_wait * 2).min(opts.backoff_max);
+                    }
+                }
+            }
+            Step::Probed(answered) => {
+                probing = None;
+                if answered {
+                    heard = Heard::now(lag);
+                    if seen_written.elapsed() >= SEEN_EVERY {
+                        seen_written = std::time::Instant::now();
+                        index.with_node(&spec.node, |n| n.last_seen = now_secs());
+                    }
+                }
+            }
+            Step::Probe => {
+                probed_at = Instant::now();
+                probing = Some(probe(&c, limit));
+            }
+            Step::Judge => {
+                let now = std::time::Instant::now();
+                let lag_now = lag.reading(now);
+                if heard.silent(now, lag_now, limit) {
+                    return (true, heard.why(now, lag_now, limit));
+                }
+            }
+            Step::Resync => {
+                if syncing.is_none() {
+                    retry = None;
+                    syncing = Some(read_again(&c, index, &spec.node, opts.call_timeout));
+                }
             }
         }
     }
+}
+
+/// How often a probe's answer moves the index's `last_seen` on.
+const SEEN_EVERY: Duration = Duration::from_secs(5);
+
+/// A full read of the agent, beside the session's loop.
+fn read_again(
+    c: &AgentClient<Channel>,
+    index: &Index,
+    node: &str,
+    timeout: Duration,
+) -> Pending<Result<(), String>> {
+    let (mut c, index, node) = (c.clone(), index.clone(), node.to_owned());
+    Box::pin(async move { sync(&mut c, &index, &node, timeout).await })
+}
+
+/// A liveness probe: whether the agent answered a `GetNode` within `limit`.
+fn probe(c: &AgentClient<Channel>, limit: Duration) -> Pending<bool> {
+    let mut c = c.clone();
+    Box::pin(async move {
+        matches!(
+            tokio::time::timeout(limit, c.get_node(client::request(pb::GetNodeRequest {}, limit))).await,
+            Ok(Ok(_))
+        )
+    })
 }
 
 /// Applies one event to the index; true when the full list must be read again.
