@@ -1,7 +1,8 @@
 //! Liveness of the fleet console's links (issue 18), with real agent processes and a real
 //! console over mutual TLS: an agent that goes silent (stopped with SIGSTOP, its network link
 //! cut inside network namespaces this test creates, or killed with SIGKILL) is named missing
-//! in every answer within seconds (HTTP/2 keepalive, 1 s pings with a 2 s timeout by default),
+//! in every answer within seconds (silence judged net of the console's own lag: a probe after
+//! 1 s of quiet, dead after 3 s unexplained, by default), a slow agent is "not refreshed", not down,
 //! "safe to unfence" is never answered (issue 35: only from the client's own node's current answer),
 //! the mark clears once the agent answers again, and
 //! a fresh fan-out does not wait again on links already known dead.
