@@ -518,3 +518,34 @@ fn a_slow_agent_is_answered_not_refreshed_not_down_and_its_link_survives() {
     });
     drop(console);
 }
+
+/// The console's own stall is not its agents' silence (issue 36): the console stopped (SIGSTOP)
+/// for 5 s, longer than the 3 s silence limit, while every agent runs. On resuming, the lag it
+/// measured over those seconds explains the silence: no link is lost, no node is named missing.
+/// (With the lag taken as zero, every link is judged silent on resuming and this fails.)
+#[test]
+fn a_stalled_console_does_not_take_its_own_stall_for_the_agents_silence() {
+    let f = Fleet::start(3);
+    rt().block_on(async {
+        let mut c = viewer(&f.pki, f.console.tcp).await;
+        all_up(&mut c).await;
+        let before = f.console.log_text().lines().count();
+        {
+            let _stopped = Stopped(f.console.child.id());
+            signal(f.console.child.id(), Signal::SIGSTOP);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        // Resumed (SIGCONT on drop): every node stays reachable while the links catch up.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+            assert!(n.missing_nodes.is_empty() && n.nodes.iter().all(|x| x.reachable), "{n:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = f.console.log_text();
+        let lost: Vec<&str> =
+            log.lines().skip(before).filter(|l| l.contains("link to the agent lost")).collect();
+        assert!(lost.is_empty(), "links lost after a 5 s stall of the console: {lost:#?}");
+        println!("console stopped 5 s: no link lost, every node reachable after it resumed");
+    });
+}
