@@ -136,6 +136,10 @@ pub struct NodeEntry {
     /// Whether the agent reported a pin-risk check, and why it could judge no namespace.
     pub pin_risks_checked: bool,
     pub pin_risks_unknown: String,
+    /// Why the latest read of its full device list failed although its link is up (a fresh
+    /// fan-out's deadline missed, a resync failed): not down, but its answers come from its
+    /// cached view (`last_sync` old), which is no fresh evidence. "" once a full read succeeds.
+    pub not_refreshed: String,
 }
 
 /// An answering agent whose latest scan finished longer ago than this is stale (the agents scan
@@ -147,7 +151,8 @@ impl NodeEntry {
     /// synced, or stale (it answers, but its latest scan is older than [`NodeEntry::stale_after`]).
     pub fn missing_reason(&self) -> Option<String> {
         if self.reachable && self.synced {
-            return self.stale_reason(now_secs());
+            let now = now_secs();
+            return self.not_refreshed_reason(now).or_else(|| self.stale_reason(now));
         }
         if self.address.is_empty() {
             return Some(if self.error.is_empty() { "no agent address".into() } else { self.error.clone() });
@@ -161,6 +166,40 @@ impl NodeEntry {
             (false, _) => format!("unreachable{since}: {}", self.error),
             (true, false) => "not synced yet".into(),
             (true, true) => format!("connection lost{since}"),
+        })
+    }
+
+    /// Why an answering agent's view is not fresh at `now`: the latest read of its list failed
+    /// (see [`NodeEntry::not_refreshed`]); says how old the cached view is and that it is not down.
+    pub fn not_refreshed_reason(&self, now: f64) -> Option<String> {
+        (!self.not_refreshed.is_empty()).then(|| {
+            format!(
+                "not refreshed: {}; answered from its cached view, {:.0} s old (its agent is connected: not down)",
+                self.not_refreshed,
+                self.cached_age(now)
+            )
+        })
+    }
+
+    /// How old its cached view is at `now`: seconds since its last full read.
+    pub fn cached_age(&self, now: f64) -> f64 {
+        if self.last_sync > 0.0 {
+            (now - self.last_sync).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The node as a missing node, when answers cannot speak for it ([`NodeEntry::missing_reason`]),
+    /// a not-refreshed one marked so, with its cached view's age.
+    pub fn missing_node(&self) -> Option<pb::MissingNode> {
+        let reason = self.missing_reason()?;
+        let not_refreshed = self.reachable && self.synced && !self.not_refreshed.is_empty();
+        Some(pb::MissingNode {
+            node: self.name.clone(),
+            reason,
+            not_refreshed,
+            answer_age_seconds: if not_refreshed { self.cached_age(now_secs()) } else { 0.0 },
         })
     }
 
@@ -179,6 +218,9 @@ impl NodeEntry {
     /// been down, how old the scan is): what the sweep's findings rest on, compared to notice
     /// a change.
     pub fn missing_cause(&self) -> Option<String> {
+        if self.reachable && self.synced && !self.not_refreshed.is_empty() {
+            return Some(format!("not refreshed: {}", self.not_refreshed));
+        }
         if self.reachable && self.synced {
             return self
                 .stale_reason(now_secs())
@@ -217,7 +259,14 @@ impl NodeEntry {
         self.down_since = 0.0;
         self.last_seen = now;
         self.error.clear();
+        self.not_refreshed.clear();
         self.failures = 0;
+    }
+
+    /// Marks its cached view not refreshed (`why`) while its link stays up: see
+    /// [`NodeEntry::not_refreshed`].
+    pub fn mark_not_refreshed(&mut self, why: String) {
+        self.not_refreshed = why;
     }
 
     /// The node as a message.
@@ -238,6 +287,11 @@ impl NodeEntry {
             incomplete_view: self.incomplete_view.clone(),
             stale: if self.reachable && self.synced {
                 self.stale_reason(now_secs()).unwrap_or_default()
+            } else {
+                String::new()
+            },
+            not_refreshed: if self.reachable && self.synced {
+                self.not_refreshed.clone()
             } else {
                 String::new()
             },
@@ -340,10 +394,7 @@ impl Inner {
 
     /// Every node answers cannot speak for, with why.
     pub fn missing(&self) -> Vec<pb::MissingNode> {
-        self.nodes
-            .values()
-            .filter_map(|n| n.missing_reason().map(|reason| pb::MissingNode { node: n.name.clone(), reason }))
-            .collect()
+        self.nodes.values().filter_map(NodeEntry::missing_node).collect()
     }
 
     /// Number of devices over all nodes.

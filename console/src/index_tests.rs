@@ -118,3 +118,35 @@ fn a_down_mark_says_since_when_and_why_until_the_agent_answers_again() {
     assert_eq!(n.down_since, 0.0);
     assert!(n.error.is_empty());
 }
+
+#[test]
+fn a_not_refreshed_node_is_missing_but_not_down_with_its_cached_views_age() {
+    let ix = Index::new();
+    let mut w = ix.write();
+    w.upsert_node("a", "127.0.0.2:1", "static", None);
+    let n = w.nodes.get_mut("a").expect("node");
+    n.mark_up(now_secs());
+    n.last_sync = now_secs() - 12.0;
+    n.mark_not_refreshed("a fresh read did not complete: ListDevices: deadline".into());
+    let m = n.missing_node().expect("missing");
+    assert!(m.not_refreshed, "{m:?}");
+    assert!((11.0..20.0).contains(&m.answer_age_seconds), "{m:?}");
+    assert!(m.reason.starts_with("not refreshed: a fresh read did not complete"), "{}", m.reason);
+    assert!(m.reason.contains("12 s old") && m.reason.contains("not down"), "{}", m.reason);
+    assert_eq!(
+        n.missing_cause().as_deref(),
+        Some("not refreshed: a fresh read did not complete: ListDevices: deadline")
+    );
+    let f = n.to_message();
+    assert!(f.reachable && f.not_refreshed.contains("deadline"), "still reachable: {f:?}");
+    assert_eq!(n.down_since, 0.0, "not down");
+    // A down node is missing as down, not as not refreshed.
+    n.mark_down("silent".into());
+    let m = n.missing_node().expect("missing");
+    assert!(!m.not_refreshed && m.answer_age_seconds == 0.0 && m.reason.starts_with("unreachable"), "{m:?}");
+    // A full read clears both.
+    n.mark_up(now_secs());
+    assert!(n.missing_node().is_none() && n.not_refreshed.is_empty());
+    drop(w);
+    assert!(ix.read().missing().is_empty());
+}

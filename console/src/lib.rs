@@ -13,7 +13,9 @@
 //! ```
 //!
 //! - [`discover`]: the agents, from a static list or the DaemonSet's pods (watched).
-//! - [`link`]: one task per agent keeping its part of the index current.
+//! - [`link`]: one task per agent keeping its part of the index current (`link_session`: one
+//!   connection's loop); [`liveness`]: whether a link went silent, net of the console's own
+//!   scheduling lag.
 //! - [`index`]: the fleet index and its lookups.
 //! - [`watchers`]: parsing `rbd status` / `rados listwatchers` text, and one watcher's answer
 //!   ("yes" only from evidence about the client's own node); [`who_watches`]: finding that node
@@ -62,6 +64,8 @@ pub mod lease;
 pub mod lease_steps;
 pub mod limits;
 pub mod link;
+mod link_session;
+pub mod liveness;
 pub mod metrics;
 pub mod multiattach;
 pub mod multiattach_run;

@@ -98,7 +98,7 @@ impl Metrics {
             latency.with_label_values(&[m]);
         }
         Ok(Self {
-            agents: gauges(&r, "agents", "Agents known to the console, by state (up: answering with a fresh view; down).", "state")?,
+            agents: gauges(&r, "agents", "Agents known to the console, by state (up: answering with a fresh view; not_refreshed: connected, but a read of its list missed its deadline; down).", "state")?,
             index_size: gauges(&r, "index_entries", "What the fleet index holds, by what (nodes, devices, volumes).", "what")?,
             kube_objects: gauges(&r, "kube_objects", "Kubernetes objects the console keeps, by kind.", "kind")?,
             kube_bytes: gauges(&r, "kube_object_bytes", "Bytes of the Kubernetes objects the console keeps (compact JSON and index keys), by kind.", "kind")?,
@@ -137,6 +137,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let p = self.sweeper.published();
         self.agents.with_label_values(&["up"]).set(p.agents_up as f64);
+        self.agents.with_label_values(&["not_refreshed"]).set(p.agents_not_refreshed as f64);
         self.agents.with_label_values(&["down"]).set(p.agents_down as f64);
         self.index_size.with_label_values(&["nodes"]).set(p.nodes as f64);
         self.index_size.with_label_values(&["devices"]).set(p.devices as f64);

@@ -163,16 +163,19 @@ pub fn diagnose(
         }
     }
     for d in per.values_mut() {
-        let node = index.nodes.get(&d.node);
-        let reason = match node {
-            None => Some("no agent is known on this node".to_owned()),
-            Some(e) => e.missing_reason(),
+        let not_answered = match index.nodes.get(&d.node) {
+            None => Some(pb::MissingNode {
+                node: d.node.clone(),
+                reason: "no agent is known on this node".to_owned(),
+                ..Default::default()
+            }),
+            Some(e) => e.missing_node(),
         };
-        if let Some(r) = reason {
+        if let Some(m) = not_answered {
             d.diagnosis = pb::Diagnosis::Unknown as i32;
-            d.detail = format!("the agent cannot be asked ({r}): never safe to delete or detach");
-            if !missing.iter().any(|m| m.node == d.node) {
-                missing.push(pb::MissingNode { node: d.node.clone(), reason: r });
+            d.detail = format!("the agent cannot be asked ({}): never safe to delete or detach", m.reason);
+            if !missing.iter().any(|x| x.node == d.node) {
+                missing.push(m);
             }
             continue;
         }

@@ -68,7 +68,7 @@ pub fn page(
             } else {
                 return None;
             };
-            Some(pb::MissingNode { node: n.name.clone(), reason })
+            Some(pb::MissingNode { node: n.name.clone(), reason, ..Default::default() })
         })
         .collect();
     Ok(pb::ListPinRisksResponse {

@@ -51,7 +51,7 @@ pub fn missing_nodes(ix: &Inner, cluster: Option<&Cluster>) -> Vec<pb::MissingNo
     if let Some(c) = cluster {
         for name in c.nodes.keys() {
             if !ix.nodes.contains_key(&name) {
-                m.push(pb::MissingNode { node: name, reason: NO_AGENT.into() });
+                m.push(pb::MissingNode { node: name, reason: NO_AGENT.into(), ..Default::default() });
             }
         }
         m.sort_by(|a, b| a.node.cmp(&b.node));

@@ -100,8 +100,10 @@ pub struct Published {
     /// a volume at stake (attached by a VolumeAttachment, or mapped as last seen).
     pub missing: usize,
     pub uncovered_with_volumes: usize,
-    /// Agents whose node answers now (fresh), and the others.
+    /// Agents whose node answers now (fresh), those connected but not refreshed (a read missed
+    /// its deadline: not down), and the others.
     pub agents_up: usize,
+    pub agents_not_refreshed: usize,
     pub agents_down: usize,
     /// Nodes and devices in the index.
     pub nodes: usize,
@@ -309,6 +311,7 @@ impl Sweeper {
                 || ix.nodes.get(n).is_some_and(|e| e.devices.values().any(|d| sweep::volume_of(d).is_some()))
         };
         let up = ix.nodes.keys().filter(|n| !st.causes.contains_key(*n)).count();
+        let not_refreshed = st.causes.values().filter(|c| c.starts_with("not refreshed")).count();
         let gaps = st.kube.not_synced.is_some()
             || st
                 .volumes
@@ -324,7 +327,8 @@ impl Sweeper {
                 .filter(|n| st.since.get(*n).is_some_and(|t| t.elapsed() >= SETTLE) && at_stake(n))
                 .count(),
             agents_up: up,
-            agents_down: ix.nodes.len() - up,
+            agents_not_refreshed: not_refreshed,
+            agents_down: ix.nodes.len().saturating_sub(up + not_refreshed),
             nodes: ix.nodes.len(),
             devices: ix.device_count(),
             volumes: st.present.len(),
@@ -366,7 +370,11 @@ pub fn coverage(r: &mut pb::SweepResponse, ix: &Inner, kube: &KubeView) {
         .nodes
         .values()
         .filter(|n| !missing.contains(n.name.as_str()) && !n.incomplete_view.is_empty())
-        .map(|n| pb::MissingNode { node: n.name.clone(), reason: n.incomplete_view.clone() })
+        .map(|n| pb::MissingNode {
+            node: n.name.clone(),
+            reason: n.incomplete_view.clone(),
+            ..Default::default()
+        })
         .collect();
     r.uncovered_with_volumes = missing
         .iter()

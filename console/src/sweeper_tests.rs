@@ -60,11 +60,17 @@ fn from_scratch(ix: &Index, c: &Cluster) -> pb::SweepResponse {
     let mut missing: Vec<pb::MissingNode> = r
         .nodes
         .values()
-        .filter_map(|n| n.missing_cause().map(|reason| pb::MissingNode { node: n.name.clone(), reason }))
+        .filter_map(|n| {
+            n.missing_cause().map(|reason| pb::MissingNode {
+                node: n.name.clone(),
+                reason,
+                ..Default::default()
+            })
+        })
         .collect();
     for n in c.nodes.keys() {
         if !r.nodes.contains_key(&n) {
-            missing.push(pb::MissingNode { node: n, reason: NO_AGENT.into() });
+            missing.push(pb::MissingNode { node: n, reason: NO_AGENT.into(), ..Default::default() });
         }
     }
     missing.sort_by(|a, b| a.node.cmp(&b.node));

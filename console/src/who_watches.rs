@@ -403,6 +403,14 @@ mod tests {
         let a = ask(&ix, &c, "10.0.0.5:0/77");
         assert!(a.answer == watchers::UNKNOWN && a.detail.contains("cannot vouch now"), "{a:?}");
         ix.with_node("node-a", |e| e.mark_up(now_secs()));
+        assert_eq!(ask(&ix, &c, "10.0.0.5:0/77").answer, watchers::YES, "answers again");
+        // Connected but not refreshed (a fresh read missed its deadline): its cached view is no
+        // fresh evidence, so never "safe".
+        ix.with_node("node-a", |e| e.mark_not_refreshed("a fresh read did not complete: deadline".into()));
+        let a = ask(&ix, &c, "10.0.0.5:0/77");
+        assert!(!a.unfence_safe && a.answer == watchers::UNKNOWN, "{a:?}");
+        assert!(a.detail.contains("not refreshed"), "{}", a.detail);
+        ix.with_node("node-a", |e| e.mark_up(now_secs()));
         ix.write().replace_devices("node-a", vec![krbd("10.0.0.5:0/77")]);
         let a = ask(&ix, &c, "10.0.0.5:0/77");
         assert_eq!(

@@ -20,7 +20,18 @@ pub fn diagnosis_name(raw: i32) -> String {
 }
 
 fn missing_value(m: &[pb::MissingNode]) -> Value {
-    Value::Array(m.iter().map(|m| json!({"node": m.node, "reason": m.reason})).collect())
+    Value::Array(
+        m.iter()
+            .map(|m| {
+                json!({
+                    "node": m.node,
+                    "reason": m.reason,
+                    "not_refreshed": m.not_refreshed,
+                    "answer_age_seconds": m.answer_age_seconds,
+                })
+            })
+            .collect(),
+    )
 }
 
 fn fleet_device_value(d: &pb::FleetDevice) -> Value {
@@ -45,6 +56,7 @@ pub fn nodes_value(r: &pb::ListNodesResponse) -> Value {
                 "blind_spots": n.blind_spots,
                 "incomplete_view": n.incomplete_view,
                 "stale": n.stale,
+                "not_refreshed": n.not_refreshed,
                 "agent": n.agent.as_ref().map(node_value),
             })).collect::<Vec<_>>(),
             "missing_nodes": missing_value(&r.missing_nodes),
@@ -174,14 +186,18 @@ pub fn nodes_table(r: &pb::ListNodesResponse, now: f64) -> String {
             vec![
                 clean(&n.name),
                 if n.address.is_empty() { "-".into() } else { clean(&n.address) },
-                if n.reachable { "yes".into() } else { "no".into() },
+                match (n.reachable, n.not_refreshed.is_empty()) {
+                    (true, true) => "yes".into(),
+                    (true, false) => "yes, not refreshed".into(),
+                    (false, _) => "no".into(),
+                },
                 n.devices.to_string(),
                 if n.last_sync_unix_seconds > 0.0 {
                     ago(n.last_sync_unix_seconds, now)
                 } else {
                     "never".into()
                 },
-                cut(&clean(&n.error), 80),
+                cut(&clean(if n.error.is_empty() { &n.not_refreshed } else { &n.error }), 80),
             ]
         })
         .collect();
@@ -373,7 +389,11 @@ mod tests {
         let r = pb::WhereResponse {
             resolved: "rbd image k8s/x".into(),
             matches: vec![],
-            missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
+            missing_nodes: vec![pb::MissingNode {
+                node: "n1".into(),
+                reason: "unreachable: refused".into(),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let t = where_table(&r);
@@ -389,7 +409,11 @@ mod tests {
             summary: "incomplete: 1 node(s) did not answer (n1); no finding among what answered".into(),
             volumes: 3,
             counts: [("multi_node".to_owned(), 0)].into_iter().collect(),
-            missing_nodes: vec![pb::MissingNode { node: "n1".into(), reason: "unreachable: refused".into() }],
+            missing_nodes: vec![pb::MissingNode {
+                node: "n1".into(),
+                reason: "unreachable: refused".into(),
+                ..Default::default()
+            }],
             findings: vec![],
             nodes: 4,
             covered_nodes: 3,

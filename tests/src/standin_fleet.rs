@@ -7,6 +7,8 @@
 //! its next `ListDevices` answers, and every open `WatchEvents` stream gets it as an event, as a
 //! real agent sends one after a scan (a subscriber that falls behind gets `EVENTS_DROPPED`, as from
 //! a real agent, and reads the list again). Without changes the stream stays open and silent.
+//! Its `ListDevices` alone can be slowed while it serves ([`NodeState::slow_lists`]): a slow agent
+//! whose link stays alive (its stream open, `GetNode` answered at once).
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -48,6 +50,8 @@ pub struct NodeState {
     devices: Mutex<Vec<pb::Device>>,
     scan: AtomicU64,
     events: tokio::sync::broadcast::Sender<pb::Event>,
+    /// Extra wait before every `ListDevices` answer, milliseconds.
+    list_delay_ms: AtomicU64,
 }
 
 fn now_unix() -> f64 {
@@ -57,7 +61,18 @@ fn now_unix() -> f64 {
 impl NodeState {
     pub fn new(devices: Vec<pb::Device>) -> Self {
         let (events, _) = tokio::sync::broadcast::channel(EVENT_BACKLOG);
-        NodeState { devices: Mutex::new(devices), scan: AtomicU64::new(1), events }
+        NodeState {
+            devices: Mutex::new(devices),
+            scan: AtomicU64::new(1),
+            events,
+            list_delay_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// From now on every `ListDevices` answers `d` later (besides the stand-in's own delay);
+    /// `Duration::ZERO` ends that.
+    pub fn slow_lists(&self, d: Duration) {
+        self.list_delay_ms.store(d.as_millis() as u64, Ordering::Release);
     }
 
     /// The devices as they are now.
@@ -175,7 +190,8 @@ impl Agent for StandIn {
         &self,
         _: Request<pb::ListDevicesRequest>,
     ) -> Result<Response<pb::ListDevicesResponse>, Status> {
-        tokio::time::sleep(self.delay).await;
+        let slow = Duration::from_millis(self.state.list_delay_ms.load(Ordering::Acquire));
+        tokio::time::sleep(self.delay + slow).await;
         Ok(Response::new(pb::ListDevicesResponse {
             devices: self.state.devices(),
             // It "scans" as it is asked: a scan time long past would make it stale (issue 36).

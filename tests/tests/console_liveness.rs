@@ -1,7 +1,8 @@
 //! Liveness of the fleet console's links (issue 18), with real agent processes and a real
 //! console over mutual TLS: an agent that goes silent (stopped with SIGSTOP, its network link
 //! cut inside network namespaces this test creates, or killed with SIGKILL) is named missing
-//! in every answer within seconds (HTTP/2 keepalive, 1 s pings with a 2 s timeout by default),
+//! in every answer within seconds (silence judged net of the console's own lag: a probe after
+//! 1 s of quiet, dead after 3 s unexplained, by default), a slow agent is "not refreshed", not down,
 //! "safe to unfence" is never answered (issue 35: only from the client's own node's current answer),
 //! the mark clears once the agent answers again, and
 //! a fresh fan-out does not wait again on links already known dead.
@@ -396,4 +397,155 @@ fn the_agent_drops_the_watch_of_a_console_that_went_silent() {
         "the agent still holds the stopped console's connection after 30 s"
     );
     println!("console stopped: the agent dropped its connection after {}", ms(t.elapsed()));
+}
+
+/// A slow agent is not a down one (issue 36): a stand-in whose device list answers after the
+/// fresh fan-out's deadline, while its link stays alive (its event stream open, its probes
+/// answered at once). A fresh answer names it "not refreshed" (its cached view used, with its
+/// age), never down and never safe; its link survives (no reconnect: the same stream stays
+/// subscribed), its node stays reachable, and the mark clears once a read completes again.
+#[test]
+fn a_slow_agent_is_answered_not_refreshed_not_down_and_its_link_survives() {
+    use blockjanitor_tests::standin_fleet::{self as fleet, StandIn};
+    let s = Scratch::new();
+    let pki = Pki::new("blockjanitor test CA");
+    let tls = pki.write_server(s.dir.path());
+    let rt = rt();
+    let server = fleet::server_tls(&pki);
+    let (states, list) = rt.block_on(async {
+        let mut states = Vec::new();
+        let mut list = Vec::new();
+        for i in 0..3 {
+            let svc = StandIn::new(format!("node-{i:02}"), fleet::devices_for(i), Duration::ZERO);
+            states.push(std::sync::Arc::clone(&svc.state));
+            list.push(format!("node-{i:02}=https://{}", fleet::serve(&server, svc).await));
+        }
+        (states, list.join(","))
+    });
+    let args = console_args(
+        &s,
+        &pki,
+        &tls,
+        &[
+            "--agents",
+            &list,
+            "--call-timeout-ms",
+            "1000",
+            "--connect-timeout-ms",
+            "1000",
+            "--backoff-max-seconds",
+            "1",
+            "--fresh-per-minute-per-caller",
+            "0",
+        ],
+    );
+    let console = Console::start(&args);
+    let slow = &states[1];
+    rt.block_on(async {
+        let mut c = viewer(&pki, console.tcp).await;
+        all_up(&mut c).await;
+        assert_eq!(slow.subscribers(), 1, "the console's event stream");
+        slow.slow_lists(Duration::from_millis(2500));
+
+        // A fresh Where for one of the slow node's images: its cached devices, marked not fresh.
+        let t = Instant::now();
+        let w = c
+            .r#where(pb::WhereRequest {
+                image: "k8s/csi-vol-0001-0".into(),
+                fresh: true,
+                ..Default::default()
+            })
+            .await
+            .expect("fresh Where")
+            .into_inner();
+        let took = t.elapsed();
+        println!("fresh Where with node-01 slow: {} ({w:?})", ms(took));
+        assert!(took < Duration::from_millis(2400), "waited past the 1 s call deadline: {}", ms(took));
+        assert!(w.matches.iter().any(|m| m.node == "node-01"), "its cached devices answer: {w:#?}");
+        let m = w.missing_nodes.iter().find(|m| m.node == "node-01").expect("node-01 named");
+        assert!(m.not_refreshed && m.reason.starts_with("not refreshed: "), "{m:#?}");
+        assert!(m.reason.contains("not down") && m.answer_age_seconds >= 0.0, "{m:#?}");
+        assert_eq!(w.missing_nodes.len(), 1, "only the slow node: {w:#?}");
+
+        // Never safe on it: a fresh WhoWatches names it not refreshed and says no "safe".
+        let r = c
+            .who_watches(pb::WhoWatchesRequest {
+                client_addr: fleet::client_addr(1),
+                fresh: true,
+                ..Default::default()
+            })
+            .await
+            .expect("WhoWatches")
+            .into_inner();
+        assert!(r.watchers.iter().all(|m| !m.unfence_safe), "{r:#?}");
+        assert!(r.missing_nodes.iter().any(|m| m.node == "node-01" && m.not_refreshed), "{r:#?}");
+
+        // The link survives: for twice the silence limit (3 s) the node stays reachable (marked
+        // not refreshed), and its one event stream stays subscribed (no reconnect), while the
+        // link's own re-reads keep missing their deadline.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(6) {
+            let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+            let x = n.nodes.iter().find(|x| x.name == "node-01").expect("node-01");
+            assert!(x.reachable && !x.not_refreshed.is_empty(), "reachable, not refreshed: {x:#?}");
+            let m = missing(&n, "node-01").expect("named");
+            assert!(m.not_refreshed, "{m:#?}");
+            assert_eq!(slow.subscribers(), 1, "the link was torn down and made again");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let log = console.log_text();
+        assert!(!log.contains("link to the agent lost"), "no link was lost: {log}");
+        assert!(log.contains("not refreshed"), "the console says so: {log}");
+
+        // Fast again: the link's next re-read clears the mark.
+        slow.slow_lists(Duration::ZERO);
+        let back = until(&mut c, "node-01 refreshed again", Duration::from_secs(15), |n| {
+            n.missing_nodes.is_empty() && n.nodes.iter().all(|x| x.reachable && x.not_refreshed.is_empty())
+        })
+        .await;
+        println!("node-01 refreshed again {} after its lists were fast again", ms(back));
+        let w = c
+            .r#where(pb::WhereRequest {
+                image: "k8s/csi-vol-0001-0".into(),
+                fresh: true,
+                ..Default::default()
+            })
+            .await
+            .expect("fresh Where")
+            .into_inner();
+        assert!(w.missing_nodes.is_empty(), "{w:#?}");
+        assert_eq!(slow.subscribers(), 1, "still the same stream");
+    });
+    drop(console);
+}
+
+/// The console's own stall is not its agents' silence (issue 36): the console stopped (SIGSTOP)
+/// for 5 s, longer than the 3 s silence limit, while every agent runs. On resuming, the lag it
+/// measured over those seconds explains the silence: no link is lost, no node is named missing.
+/// (With the lag taken as zero, every link is judged silent on resuming and this fails.)
+#[test]
+fn a_stalled_console_does_not_take_its_own_stall_for_the_agents_silence() {
+    let f = Fleet::start(3);
+    rt().block_on(async {
+        let mut c = viewer(&f.pki, f.console.tcp).await;
+        all_up(&mut c).await;
+        let before = f.console.log_text().lines().count();
+        {
+            let _stopped = Stopped(f.console.child.id());
+            signal(f.console.child.id(), Signal::SIGSTOP);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        // Resumed (SIGCONT on drop): every node stays reachable while the links catch up.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(5) {
+            let n = c.list_nodes(pb::ListNodesRequest {}).await.expect("ListNodes").into_inner();
+            assert!(n.missing_nodes.is_empty() && n.nodes.iter().all(|x| x.reachable), "{n:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let log = f.console.log_text();
+        let lost: Vec<&str> =
+            log.lines().skip(before).filter(|l| l.contains("link to the agent lost")).collect();
+        assert!(lost.is_empty(), "links lost after a 5 s stall of the console: {lost:#?}");
+        println!("console stopped 5 s: no link lost, every node reachable after it resumed");
+    });
 }

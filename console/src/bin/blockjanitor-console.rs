@@ -127,12 +127,14 @@ struct Cli {
     /// Longest wait between two connection attempts, in seconds.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     backoff_max_seconds: u64,
-    /// Between two HTTP/2 pings on each link to an agent, in milliseconds. An agent that goes
-    /// silent is named missing within this plus --keepalive-timeout-ms.
+    /// Silence after which a link probes its agent (a GetNode call), in milliseconds; also the
+    /// least time between two probes. Any event or answer from the agent counts as alive.
     #[arg(long, default_value_t = 1000, value_name = "MS")]
     keepalive_interval_ms: u64,
-    /// How long a ping may go unanswered before the link counts as dead, in milliseconds.
-    #[arg(long, default_value_t = 2000, value_name = "MS")]
+    /// How long an agent may stay silent, beyond the console's own scheduling lag over that
+    /// time, before its link counts as dead and its node is named missing, in milliseconds (an
+    /// agent that goes silent under a console that runs on time is named within about this).
+    #[arg(long, default_value_t = 3000, value_name = "MS")]
     keepalive_timeout_ms: u64,
     /// Idle seconds before TCP keepalive probes start on each link to an agent.
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]

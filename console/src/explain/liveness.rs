@@ -137,7 +137,11 @@ pub fn of(ix: &Inner, cluster: Option<&Cluster>, node: &str) -> pb::NodeLiveness
     agent(&mut l, ix, node, now);
     node_object(&mut l, cluster, node);
     let node_down = matches!(l.node_ready.as_str(), "False" | "Unknown" | "deleted");
-    l.believed_dead = !l.agent_answers && node_down;
+    // A node whose cached view is only not refreshed has an agent that is connected and heard
+    // from: the machine runs, whatever its Node says.
+    let connected =
+        ix.nodes.get(node).is_some_and(|n| n.reachable && n.synced && !n.not_refreshed.is_empty());
+    l.believed_dead = !l.agent_answers && node_down && !connected;
     l.why = reasons(&l, now);
     l
 }

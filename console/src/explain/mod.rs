@@ -300,6 +300,7 @@ fn answer(
                 missing.push(pb::MissingNode {
                     node: f.node.clone(),
                     reason: format!("{}{age}", f.liveness.agent_error),
+                    ..Default::default()
                 });
             }
         }
