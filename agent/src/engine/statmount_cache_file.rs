@@ -70,7 +70,7 @@ const RECORD: usize = 16;
 
 /// Why a memo file was not used.
 #[derive(Debug, thiserror::Error)]
-pub enum MemoFileError {
+pub enum CacheFileError {
     #[error("no file yet")]
     Missing,
     #[error("cannot open or read it: {0}")]
@@ -241,9 +241,9 @@ pub fn decode(
     r: &mut impl Read,
     size: u64,
     boot: &[u8; 16],
-) -> Result<Vec<(u64, Vec<Entry>)>, MemoFileError> {
+) -> Result<Vec<(u64, Vec<Entry>)>, CacheFileError> {
     if size > MAX_BYTES {
-        return Err(MemoFileError::TooLarge { size });
+        return Err(CacheFileError::TooLarge { size });
     }
     let mut h = [0u8; HEADER];
     r.read_exact(&mut h)?;
@@ -251,15 +251,15 @@ pub fn decode(
     let u64_at = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or_default());
     let magic: [u8; 8] = h[..8].try_into().unwrap_or_default();
     if magic != MAGIC {
-        return Err(MemoFileError::Magic(magic));
+        return Err(CacheFileError::Magic(magic));
     }
     let (version, flags) = (u32_at(8), u32_at(12));
     if (version, flags) != (VERSION, 0) {
-        return Err(MemoFileError::Version { version, flags });
+        return Err(CacheFileError::Version { version, flags });
     }
     let found: [u8; 16] = h[16..32].try_into().unwrap_or_default();
     if found != *boot {
-        return Err(MemoFileError::OtherBoot { found: show_boot(&found), now: show_boot(boot) });
+        return Err(CacheFileError::OtherBoot { found: show_boot(&found), now: show_boot(boot) });
     }
     let (ns, pairs, entries, checksum) = (u64_at(32), u64_at(40), u64_at(48), u64_at(56));
     let expected = ns
@@ -268,10 +268,10 @@ pub fn decode(
         .and_then(|n| n.checked_mul(RECORD as u64))
         .and_then(|n| n.checked_add(HEADER as u64));
     if expected != Some(size) {
-        return Err(MemoFileError::Size { size, expected: expected.unwrap_or(u64::MAX) });
+        return Err(CacheFileError::Size { size, expected: expected.unwrap_or(u64::MAX) });
     }
     let mut sum = Sum::new();
-    let mut next = |r: &mut dyn Read| -> Result<(u64, u64), MemoFileError> {
+    let mut next = |r: &mut dyn Read| -> Result<(u64, u64), CacheFileError> {
         let mut rec = [0u8; RECORD];
         r.read_exact(&mut rec)?;
         sum.record(&rec);
@@ -287,78 +287,79 @@ pub fn decode(
     for _ in 0..ns {
         let (id, count) = next(r)?;
         if out.last().is_some_and(|(prev, _)| *prev >= id) {
-            return Err(MemoFileError::Payload("namespaces not in ascending order"));
+            return Err(CacheFileError::Payload("namespaces not in ascending order"));
         }
-        left = left.checked_sub(count).ok_or(MemoFileError::Payload("more mounts than the header counts"))?;
+        left =
+            left.checked_sub(count).ok_or(CacheFileError::Payload("more mounts than the header counts"))?;
         let mut mounts: Vec<Entry> = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let (mnt, rest) = next(r)?;
             let &(dev, magic) = table
                 .get((rest >> 32) as usize)
-                .ok_or(MemoFileError::Payload("a mount names a (device, magic) pair beyond the table"))?;
+                .ok_or(CacheFileError::Payload("a mount names a (device, magic) pair beyond the table"))?;
             if mounts.last().is_some_and(|e| e.0 >= mnt) {
-                return Err(MemoFileError::Payload("mounts not in ascending order of ID"));
+                return Err(CacheFileError::Payload("mounts not in ascending order of ID"));
             }
             mounts.push((mnt, dev, magic, rest as u32));
         }
         out.push((id, mounts));
     }
     if left != 0 {
-        return Err(MemoFileError::Payload("fewer mounts than the header counts"));
+        return Err(CacheFileError::Payload("fewer mounts than the header counts"));
     }
     if sum.0 != checksum {
-        return Err(MemoFileError::Checksum { found: checksum, computed: sum.0 });
+        return Err(CacheFileError::Checksum { found: checksum, computed: sum.0 });
     }
     Ok(out)
 }
 
 /// Checks an open directory or file is `euid`'s and writable by nobody else; returns its stat.
-fn trusted(fd: impl AsFd, what: &'static str, euid: u32) -> Result<nix::sys::stat::FileStat, MemoFileError> {
-    let st = fstat(fd).map_err(|e| MemoFileError::Open { what, source: e })?;
+fn trusted(fd: impl AsFd, what: &'static str, euid: u32) -> Result<nix::sys::stat::FileStat, CacheFileError> {
+    let st = fstat(fd).map_err(|e| CacheFileError::Open { what, source: e })?;
     if st.st_uid != euid {
-        return Err(MemoFileError::Owner { what, uid: st.st_uid, euid });
+        return Err(CacheFileError::Owner { what, uid: st.st_uid, euid });
     }
     if st.st_mode & 0o022 != 0 {
-        return Err(MemoFileError::Writable { what, mode: st.st_mode & 0o7777 });
+        return Err(CacheFileError::Writable { what, mode: st.st_mode & 0o7777 });
     }
     Ok(st)
 }
 
 /// The directory of `path`, opened without following a symbolic link, checked [`trusted`].
-fn open_dir(path: &Path) -> Result<OwnedFd, MemoFileError> {
+fn open_dir(path: &Path) -> Result<OwnedFd, CacheFileError> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
     let fd = openat(AT_FDCWD, dir, flags, Mode::empty()).map_err(|e| match e {
-        nix::Error::ENOENT => MemoFileError::Missing,
-        e => MemoFileError::Open { what: "directory", source: e },
+        nix::Error::ENOENT => CacheFileError::Missing,
+        e => CacheFileError::Open { what: "directory", source: e },
     })?;
     trusted(&fd, "directory", nix::unistd::geteuid().as_raw())?;
     Ok(fd)
 }
 
-fn file_name(path: &Path) -> Result<&OsStr, MemoFileError> {
-    path.file_name().ok_or(MemoFileError::Payload("the path names no file"))
+fn file_name(path: &Path) -> Result<&OsStr, CacheFileError> {
+    path.file_name().ok_or(CacheFileError::Payload("the path names no file"))
 }
 
 /// Reads the memo file at `path` for boot `boot`, trusting it only as the module doc says.
-pub fn read(path: &Path, boot: &[u8; 16]) -> Result<Vec<(u64, Vec<Entry>)>, MemoFileError> {
+pub fn read(path: &Path, boot: &[u8; 16]) -> Result<Vec<(u64, Vec<Entry>)>, CacheFileError> {
     let dir = open_dir(path)?;
     let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
     let fd = openat(&dir, file_name(path)?, flags, Mode::empty()).map_err(|e| match e {
-        nix::Error::ENOENT => MemoFileError::Missing,
-        e => MemoFileError::Open { what: "file", source: e },
+        nix::Error::ENOENT => CacheFileError::Missing,
+        e => CacheFileError::Open { what: "file", source: e },
     })?;
-    let st = fstat(&fd).map_err(|e| MemoFileError::Open { what: "file", source: e })?;
+    let st = fstat(&fd).map_err(|e| CacheFileError::Open { what: "file", source: e })?;
     if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-        return Err(MemoFileError::NotRegular);
+        return Err(CacheFileError::NotRegular);
     }
     trusted(&fd, "file", nix::unistd::geteuid().as_raw())?;
     let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     if size > MAX_BYTES {
-        return Err(MemoFileError::TooLarge { size });
+        return Err(CacheFileError::TooLarge { size });
     }
     decode(&mut BufReader::with_capacity(1 << 16, File::from(fd)), size, boot)
 }
@@ -369,10 +370,10 @@ pub fn write(
     path: &Path,
     boot: &[u8; 16],
     namespaces: &[(u64, Arc<Vec<Entry>>)],
-) -> Result<(), MemoFileError> {
+) -> Result<(), CacheFileError> {
     let dir = match open_dir(path) {
-        Err(MemoFileError::Missing) => {
-            let d = path.parent().ok_or(MemoFileError::Missing)?;
+        Err(CacheFileError::Missing) => {
+            let d = path.parent().ok_or(CacheFileError::Missing)?;
             std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700).create(d)?;
             open_dir(path)?
         }
@@ -392,7 +393,7 @@ pub fn write(
         }
         r => r,
     }
-    .map_err(|e| MemoFileError::Open { what: "temporary file", source: e })?;
+    .map_err(|e| CacheFileError::Open { what: "temporary file", source: e })?;
     let written = (|| {
         let mut w = BufWriter::with_capacity(1 << 16, File::from(fd));
         encode(&mut w, boot, namespaces)?;
@@ -441,12 +442,12 @@ impl Kept {
     /// The file at `path` for this boot, nothing loaded, counted as never saved.
     fn at(host: &HostRoot, path: &Path) -> Option<Self> {
         let boot = if !host.is_live() {
-            Err(MemoFileError::NotLive)
+            Err(CacheFileError::NotLive)
         } else {
             crate::host::clock::boot_id(host)
                 .as_deref()
                 .and_then(parse_boot_id)
-                .ok_or(MemoFileError::NoBootId)
+                .ok_or(CacheFileError::NoBootId)
         };
         match boot {
             Ok(boot) => Some(Self { path: path.to_owned(), boot, changes: u64::MAX }),

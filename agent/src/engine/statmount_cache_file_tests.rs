@@ -21,7 +21,7 @@ fn bytes(namespaces: &[(u64, Arc<Vec<Entry>>)]) -> Vec<u8> {
     out
 }
 
-fn decoded(b: &[u8]) -> Result<Vec<(u64, Vec<Entry>)>, MemoFileError> {
+fn decoded(b: &[u8]) -> Result<Vec<(u64, Vec<Entry>)>, CacheFileError> {
     decode(&mut &b[..], b.len() as u64, &BOOT)
 }
 
@@ -59,7 +59,7 @@ fn a_flipped_byte_anywhere_in_the_payload_fails_the_checksum_or_a_check() {
     let mut t = b.clone();
     let old_id = t.len() - 8;
     t[old_id] ^= 1; // the last mount's old ID: still well-formed, caught by the checksum
-    assert!(matches!(decoded(&t), Err(MemoFileError::Checksum { .. })), "{:?}", decoded(&t));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Checksum { .. })), "{:?}", decoded(&t));
 }
 
 #[test]
@@ -67,27 +67,27 @@ fn each_header_field_is_checked() {
     let b = bytes(&sample());
     let mut t = b.clone();
     t[0] = b'X';
-    assert!(matches!(decoded(&t), Err(MemoFileError::Magic(_))));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Magic(_))));
     let mut t = b.clone();
     t[8] = 2;
-    assert!(matches!(decoded(&t), Err(MemoFileError::Version { version: 2, flags: 0 })));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Version { version: 2, flags: 0 })));
     let mut t = b.clone();
     t[12] = 1;
-    assert!(matches!(decoded(&t), Err(MemoFileError::Version { version: 1, flags: 1 })));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Version { version: 1, flags: 1 })));
     let e = decode(&mut &b[..], b.len() as u64, &[0x22; 16]).expect_err("another boot");
-    assert!(matches!(e, MemoFileError::OtherBoot { .. }), "{e}");
+    assert!(matches!(e, CacheFileError::OtherBoot { .. }), "{e}");
     assert!(e.to_string().contains("11111111-1111-1111-1111-111111111111"), "{e}");
     // Counts that do not make the file's size, truncated or grown files.
     let mut t = b.clone();
     t[48] += 1;
-    assert!(matches!(decoded(&t), Err(MemoFileError::Size { .. })));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Size { .. })));
     let mut t = b.clone();
     t[32..40].copy_from_slice(&u64::MAX.to_le_bytes());
-    assert!(matches!(decoded(&t), Err(MemoFileError::Size { .. })));
-    assert!(matches!(decoded(&b[..b.len() - RECORD]), Err(MemoFileError::Size { .. })));
-    assert!(matches!(decoded(&b[..HEADER - 1]), Err(MemoFileError::Io(_))));
+    assert!(matches!(decoded(&t), Err(CacheFileError::Size { .. })));
+    assert!(matches!(decoded(&b[..b.len() - RECORD]), Err(CacheFileError::Size { .. })));
+    assert!(matches!(decoded(&b[..HEADER - 1]), Err(CacheFileError::Io(_))));
     let e = decode(&mut &b[..], MAX_BYTES + 1, &BOOT).expect_err("too large");
-    assert!(matches!(e, MemoFileError::TooLarge { .. }), "{e}");
+    assert!(matches!(e, CacheFileError::TooLarge { .. }), "{e}");
 }
 
 #[test]
@@ -137,7 +137,7 @@ fn dir() -> tempfile::TempDir {
 fn a_file_written_is_read_back_and_replaced_whole() {
     let d = dir();
     let path = d.path().join("sub/statmount-memo");
-    assert!(matches!(read(&path, &BOOT), Err(MemoFileError::Missing)));
+    assert!(matches!(read(&path, &BOOT), Err(CacheFileError::Missing)));
     write(&path, &BOOT, &sample()).expect("write, making the directory");
     let sub = std::fs::metadata(d.path().join("sub")).expect("dir");
     assert_eq!(sub.permissions().mode() & 0o777, 0o700);
@@ -158,14 +158,14 @@ fn a_file_or_directory_others_could_write_is_ignored() {
     write(&path, &BOOT, &sample()).expect("write");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o620)).expect("chmod");
     let e = read(&path, &BOOT).expect_err("group-writable file");
-    assert!(matches!(e, MemoFileError::Writable { what: "file", mode: 0o620 }), "{e}");
+    assert!(matches!(e, CacheFileError::Writable { what: "file", mode: 0o620 }), "{e}");
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o602)).expect("chmod");
-    assert!(matches!(read(&path, &BOOT), Err(MemoFileError::Writable { what: "file", .. })));
+    assert!(matches!(read(&path, &BOOT), Err(CacheFileError::Writable { what: "file", .. })));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     assert!(read(&path, &BOOT).is_ok(), "readable by others is fine");
     std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o770)).expect("chmod");
     let e = read(&path, &BOOT).expect_err("group-writable directory");
-    assert!(matches!(e, MemoFileError::Writable { what: "directory", .. }), "{e}");
+    assert!(matches!(e, CacheFileError::Writable { what: "directory", .. }), "{e}");
     assert!(write(&path, &BOOT, &sample()).is_err(), "nor written there");
 }
 
@@ -177,18 +177,18 @@ fn a_symlink_a_fifo_or_another_owners_file_is_ignored() {
     let link = d.path().join("link");
     symlink(&real, &link).expect("symlink");
     let e = read(&link, &BOOT).expect_err("a symlink");
-    assert!(matches!(e, MemoFileError::Open { what: "file", source: nix::Error::ELOOP }), "{e}");
+    assert!(matches!(e, CacheFileError::Open { what: "file", source: nix::Error::ELOOP }), "{e}");
     let dlink = d.path().join("dlink");
     symlink(d.path(), &dlink).expect("symlink");
     let e = read(&dlink.join("real"), &BOOT).expect_err("a symlinked directory");
-    assert!(matches!(e, MemoFileError::Open { what: "directory", .. }), "{e}");
+    assert!(matches!(e, CacheFileError::Open { what: "directory", .. }), "{e}");
     let fifo = d.path().join("fifo");
     nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).expect("mkfifo");
-    assert!(matches!(read(&fifo, &BOOT), Err(MemoFileError::NotRegular)), "and does not block");
+    assert!(matches!(read(&fifo, &BOOT), Err(CacheFileError::NotRegular)), "and does not block");
     if nix::unistd::geteuid().is_root() {
         std::os::unix::fs::chown(&real, Some(65534), None).expect("chown");
         let e = read(&real, &BOOT).expect_err("another owner");
-        assert!(matches!(e, MemoFileError::Owner { what: "file", uid: 65534, euid: 0 }), "{e}");
+        assert!(matches!(e, CacheFileError::Owner { what: "file", uid: 65534, euid: 0 }), "{e}");
     }
 }
 

@@ -31,7 +31,7 @@ use crate::kube::ClusterView;
 use crate::model::{DevNum, DeviceName, MountNsId};
 use crate::plan::pod_volume::DirStep;
 use crate::plan::Step;
-use crate::snapshot::process_read_cache::ProcessMemo;
+use crate::snapshot::process_read_cache::ProcessReadCache;
 use crate::snapshot::reread::Changes;
 use crate::snapshot::touched_devices::{self, Touched};
 use crate::snapshot::{ScanOptions, Scope, Snapshot};
@@ -179,7 +179,7 @@ pub struct LinuxWorld {
     latest: Mutex<Option<(Arc<Snapshot>, BootTime)>>,
     /// What the daemon's own full scans remember of each process ([`LinuxWorld::scan_periodic`]);
     /// `None`: every scan reads every process in full.
-    process_memo: Mutex<Option<ProcessMemo>>,
+    process_read_cache: Mutex<Option<ProcessReadCache>>,
     /// What the last pin-risk pass found (`super::pins`).
     pub(crate) pins: Mutex<crate::discover::pin_read::PinMemo>,
 }
@@ -193,7 +193,7 @@ impl LinuxWorld {
             cluster: Arc::new(OnceLock::new()),
             api_off: Arc::new(OnceLock::new()),
             latest: Mutex::new(None),
-            process_memo: Mutex::new(None),
+            process_read_cache: Mutex::new(None),
             pins: Mutex::new(Default::default()),
         }
     }
@@ -207,8 +207,8 @@ impl LinuxWorld {
     /// signs of change are the same, reading every process in full every `full_read_every`th
     /// such scan ([`crate::snapshot::process_read_cache`]).
     pub fn remember_processes(&self, full_read_every: u64) {
-        *self.process_memo.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(ProcessMemo::new(full_read_every));
+        *self.process_read_cache.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(ProcessReadCache::new(full_read_every));
     }
 
     /// A scan of the whole host for the daemon's scanner: like `scan(Target::All)`, but using
@@ -217,7 +217,7 @@ impl LinuxWorld {
     /// every process in full. `Ok(None)`: `stop` said stop before the scan was done (the
     /// latest snapshot stays the previous scan's).
     pub fn scan_periodic(&self, stop: Stop<'_>) -> Result<Option<Scan>, EngineError> {
-        let mut memo = self.process_memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut memo = self.process_read_cache.lock().unwrap_or_else(|p| p.into_inner());
         match self.scan_with(Target::All, memo.as_mut(), stop) {
             Err(EngineError::Discover(DiscoverError::Stopped)) => Ok(None),
             scanned => scanned.map(Some),
@@ -302,7 +302,7 @@ impl LinuxWorld {
     fn scan_with(
         &self,
         target: Target,
-        memo: Option<&mut ProcessMemo>,
+        memo: Option<&mut ProcessReadCache>,
         stop: Stop<'_>,
     ) -> Result<Scan, EngineError> {
         let taken_at = BootTime::now();

@@ -42,7 +42,8 @@ fn a_stopped_scan_keeps_the_latest_snapshot_and_is_no_turn() {
     let Some(world) = live_world(2, "every process's files") else { return };
     world.scan_periodic(Stop::NEVER).expect("scan").expect("not stopped");
     let latest = || Arc::clone(&world.latest.lock().expect("latest").as_ref().expect("a snapshot").0);
-    let light_next = || world.process_memo.lock().expect("memo").as_ref().expect("memo").next_is_light();
+    let light_next =
+        || world.process_read_cache.lock().expect("memo").as_ref().expect("memo").next_is_light();
     let stops_at = |n: usize, asks: &AtomicUsize| asks.fetch_add(1, Ordering::Relaxed) + 1 >= n;
 
     let (before, light) = (latest(), light_next());

@@ -26,7 +26,7 @@
 //! `unshare(CLONE_FS)`, which no sign shows.
 //!
 //! **Labels too.** A holder's label (command line, container ID, pod UID: two file reads) is
-//! kept while the process's identity and `comm` are the same ([`ProcessMemo::describe`]).
+//! kept while the process's identity and `comm` are the same ([`ProcessReadCache::describe`]).
 //!
 //! **What no sign shows** (an fd closed and another opened at the same count: `dup2` onto an
 //! open fd; a thread that unshares its fs_struct and enters another directory, or a thread made
@@ -122,7 +122,7 @@ pub struct Turn {
 
 /// The memory, one per daemon.
 #[derive(Debug)]
-pub struct ProcessMemo {
+pub struct ProcessReadCache {
     full_read_every: u64,
     scans: u64,
     context: Option<Context>,
@@ -133,10 +133,10 @@ pub struct ProcessMemo {
     /// ([`Self::describe`]).
     labels: HashMap<u32, (u64, KernelText, ProcessInfo)>,
     /// Each task's mount namespace as the last scan had it ([`super::task_namespace_cache`]).
-    pub tasks: super::task_namespace_cache::TaskMemo,
+    pub tasks: super::task_namespace_cache::TaskNamespaceCache,
 }
 
-impl ProcessMemo {
+impl ProcessReadCache {
     /// A memory that reads every process in full every `full_read_every`th scan (at least 1:
     /// every scan).
     pub fn new(full_read_every: u64) -> Self {
@@ -345,7 +345,7 @@ mod tests {
     fn labels_are_kept_by_light_scans_and_read_again_by_a_full_read() {
         let (host, _dir, context) = setup();
         let sh = Shell::start();
-        let mut memo = ProcessMemo::new(3);
+        let mut memo = ProcessReadCache::new(3);
         let e = sh.entry(&host);
         memo.scan(&host, &[&e], context.clone(), true);
         let fresh = processes::describe(&host, &e);
@@ -370,7 +370,7 @@ mod tests {
     fn a_new_fd_is_seen_and_an_unchanged_process_is_kept() {
         let (host, dir, context) = setup();
         let mut sh = Shell::start();
-        let mut memo = ProcessMemo::new(100);
+        let mut memo = ProcessReadCache::new(100);
         let (scans, first) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
         assert!(first.full_read, "the first scan reads in full");
         assert!(!holds_fd(&scans[0], 7));
@@ -399,7 +399,7 @@ mod tests {
             scan.refs.iter().filter(|r| r.kind == HolderKind::Cwd).filter_map(|r| r.path.clone()).collect()
         };
         let name = |p: &std::path::Path| KernelText::from(p.to_str().expect("utf8"));
-        let mut memo = ProcessMemo::new(3);
+        let mut memo = ProcessReadCache::new(3);
         let (scans, _) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
         assert_eq!(cwd(&scans[0]), vec![name(&old)], "the full read reads the link");
         std::fs::rename(&old, &new).expect("rename");
@@ -426,7 +426,7 @@ mod tests {
         let mut sh = Shell::start();
         // A file elsewhere (procfs is never the target here).
         sh.run("exec 7</proc/version");
-        let mut memo = ProcessMemo::new(3);
+        let mut memo = ProcessReadCache::new(3);
         let (scans, _) = memo.scan(&host, &[&sh.entry(&host)], context.clone(), true);
         assert!(!holds_fd(&scans[0], 7));
         sh.run(&format!("exec 7>{}", dir.path().join("swapped").display()));
@@ -490,7 +490,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         let own_cwd = |scan: &FdScan| scan.refs.iter().any(|r| r.kind == HolderKind::Cwd && r.tid.is_some());
-        let mut memo = ProcessMemo::new(3);
+        let mut memo = ProcessReadCache::new(3);
         let (scans, turn) = memo.scan(&host, &[&entry()], context.clone(), true);
         assert!(turn.full_read && !own_cwd(&scans[0]), "the thread shares the leader's: {:?}", scans[0].refs);
         writeln!(child.0.stdin.as_mut().expect("stdin"), "go").expect("write");
@@ -536,7 +536,7 @@ mod tests {
         let mut sh = Shell::start();
         sh.run(&format!("exec 7>{}", dir.path().join("held").display()));
         let e = sh.entry(&host);
-        let mut memo = ProcessMemo::new(100);
+        let mut memo = ProcessReadCache::new(100);
         assert!(holds_fd(&memo.scan(&host, &[&e], context.clone(), true).0[0], 7));
         let mut without = context.clone();
         without.targets.clear();
@@ -553,7 +553,7 @@ mod tests {
         let (host, _dir, context) = setup();
         let sh = Shell::start();
         let e = sh.entry(&host);
-        let mut memo = ProcessMemo::new(100);
+        let mut memo = ProcessReadCache::new(100);
         memo.scan(&host, &[&e], context.clone(), true);
         assert_eq!(memo.scan(&host, &[&e], context.clone(), true).1.kept, 1, "unchanged: kept");
         let mut reborn = e.clone();
@@ -563,7 +563,7 @@ mod tests {
         other.nsfs_dev = Some(DevNum::new(0, 4242));
         let (_, turn) = memo.scan(&host, &[&reborn], other, true);
         assert!(turn.full_read && turn.read == 1, "another context: {turn:?}");
-        let mut always = ProcessMemo::new(1);
+        let mut always = ProcessReadCache::new(1);
         for _ in 0..3 {
             let (_, turn) = always.scan(&host, &[&e], context.clone(), true);
             assert!(turn.full_read && turn.read == 1, "{turn:?}");

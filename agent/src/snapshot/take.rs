@@ -4,8 +4,8 @@
 use super::inventory::{
     hidden_mount, join_anonymous, learn_loop_backing, read_inventories, read_io, Inventories,
 };
-use super::process_read_cache::{Context, ProcessMemo};
-use super::task_namespace_cache::TaskMemo;
+use super::process_read_cache::{Context, ProcessReadCache};
+use super::task_namespace_cache::TaskNamespaceCache;
 use super::{KernelThread, ScanOptions, Scope, Snapshot};
 use crate::discover::fds::{self, ProcRef};
 use crate::discover::livefs::{self, AnonIndex, LiveFs};
@@ -50,7 +50,7 @@ impl Snapshot {
         scope: &Scope,
         started: Instant,
         opts: &ScanOptions,
-        memo: Option<&mut ProcessMemo>,
+        memo: Option<&mut ProcessReadCache>,
         stop: parallel::Stop<'_>,
     ) -> Result<Self, DiscoverError> {
         let targets: HashSet<DevNum> = match scope {
@@ -208,11 +208,11 @@ impl Taking<'_> {
 
     /// Reads every process (until `stop`), then the host's mount namespace and what this run
     /// cannot see of the host's processes or paths.
-    fn processes(&mut self, memo: Option<&mut ProcessMemo>) -> Result<Processes, DiscoverError> {
+    fn processes(&mut self, memo: Option<&mut ProcessReadCache>) -> Result<Processes, DiscoverError> {
         let host = self.host;
         // The host's mount namespaces before any task is read: a light scan takes each task's
         // namespace as the last scan read it while they are the same (`super::task_namespace_cache`).
-        let listed = memo.as_ref().and_then(|_| TaskMemo::list_namespaces(host));
+        let listed = memo.as_ref().and_then(|_| TaskNamespaceCache::list_namespaces(host));
         // The same list answers a quiet namespace's table without going through its tasks.
         let kernel_names: Option<HashMap<u64, u64>> =
             listed.as_ref().map(|l| l.iter().map(|n| (n.inode, n.id)).collect());
@@ -230,7 +230,7 @@ impl Taking<'_> {
         }
         let tasks_kept = known.is_some();
         if let Some(m) = memo {
-            m.tasks.remember(listed, &entries, !tasks_kept, || TaskMemo::list_namespaces(host));
+            m.tasks.remember(listed, &entries, !tasks_kept, || TaskNamespaceCache::list_namespaces(host));
         }
         for e in &entries {
             for what in &e.unreadable {
@@ -326,7 +326,7 @@ impl Taking<'_> {
     /// subvolumes they show.
     fn files(
         &mut self,
-        memo: Option<&mut ProcessMemo>,
+        memo: Option<&mut ProcessReadCache>,
         entries: &[ProcEntry],
         targets: &HashSet<DevNum>,
         tables: &mut MountTables,
@@ -435,7 +435,7 @@ impl Taking<'_> {
 /// in-scope device (through the memo when there is one).
 fn label_holders(
     host: &HostRoot,
-    memo: Option<&mut ProcessMemo>,
+    memo: Option<&mut ProcessReadCache>,
     entries: &[ProcEntry],
     proc_refs: &[ProcRef],
     mounts: &[NsMount],

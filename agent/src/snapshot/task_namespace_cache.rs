@@ -40,7 +40,7 @@ use crate::model::MountNsId;
 
 /// The tasks' namespaces of the last scan, with the host's namespaces then.
 #[derive(Debug, Default)]
-pub struct TaskMemo {
+pub struct TaskNamespaceCache {
     /// The kernel's list of mount namespaces when `tasks` were read (`None`: not known).
     namespaces: Option<Vec<NsName>>,
     tasks: KnownTasks,
@@ -48,7 +48,7 @@ pub struct TaskMemo {
     distrusted: bool,
 }
 
-impl TaskMemo {
+impl TaskNamespaceCache {
     /// The kernel's list of the host's mount namespaces now; `None` when it cannot be had
     /// (not the live host, a kernel before 6.12, an error: logged once at debug).
     pub fn list_namespaces(host: &HostRoot) -> Option<Vec<NsName>> {
@@ -141,7 +141,7 @@ mod tests {
         let host = HostRoot::default();
         let e = own_entry(&host);
         let list = whole_list(&e);
-        let mut memo = TaskMemo::default();
+        let mut memo = TaskNamespaceCache::default();
         assert!(memo.keep(Some(&list), true).is_none(), "nothing remembered yet");
         memo.remember(Some(list.clone()), std::slice::from_ref(&e), true, || None);
         assert!(memo.keep(Some(&list), true).is_some_and(|k| k.contains_key(&e.pid)));
@@ -163,7 +163,7 @@ mod tests {
         let e = own_entry(&host);
         let whole = whole_list(&e);
         let partial = vec![NsName { id: 6, inode: 1 }];
-        let mut memo = TaskMemo::default();
+        let mut memo = TaskNamespaceCache::default();
         memo.remember(Some(partial.clone()), std::slice::from_ref(&e), true, || Some(whole.clone()));
         assert!(memo.keep(Some(&partial), true).is_none(), "a race: this scan's list dropped");
         memo.remember(Some(whole.clone()), std::slice::from_ref(&e), true, || None);
