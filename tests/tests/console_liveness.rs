@@ -146,6 +146,14 @@ async fn until(
     }
 }
 
+/// A fresh Where for `image`: every node asked again, within the console's deadline.
+async fn fresh_where(c: &mut FleetClient<Channel>, image: &str) -> pb::WhereResponse {
+    c.r#where(pb::WhereRequest { image: image.into(), fresh: true, ..Default::default() })
+        .await
+        .expect("fresh Where")
+        .into_inner()
+}
+
 async fn all_up(c: &mut FleetClient<Channel>) {
     until(c, "every agent synced", Duration::from_secs(60), |n| {
         n.missing_nodes.is_empty() && n.nodes.iter().all(|x| x.reachable)
@@ -210,11 +218,7 @@ fn a_stopped_agent_is_named_missing_within_seconds_and_cleared_when_it_continues
         // While it stays stopped, fresh questions do not wait on it again.
         for _ in 0..3 {
             let t = Instant::now();
-            let w = c
-                .r#where(pb::WhereRequest { image: "k8s/any".into(), fresh: true, ..Default::default() })
-                .await
-                .expect("fresh Where")
-                .into_inner();
+            let w = fresh_where(&mut c, "k8s/any").await;
             assert!(w.missing_nodes.iter().any(|m| m.node == "node-01"), "{w:#?}");
             assert!(t.elapsed() < Duration::from_millis(2500), "a fresh Where waited on the dead link");
         }
@@ -253,11 +257,10 @@ fn fresh_fan_out_skips_hung_agents() {
     rt().block_on(async {
         let mut c = viewer(&f.pki, f.console.tcp).await;
         all_up(&mut c).await;
-        let fresh = || pb::WhereRequest { image: "k8s/any".into(), fresh: true, ..Default::default() };
         let mut healthy = Vec::new();
         for _ in 0..10 {
             let t = Instant::now();
-            c.r#where(fresh()).await.expect("fresh Where");
+            fresh_where(&mut c, "k8s/any").await;
             healthy.push(t.elapsed());
         }
         healthy.sort();
@@ -266,7 +269,7 @@ fn fresh_fan_out_skips_hung_agents() {
         let hung = ["node-03", "node-11"];
         let t = Instant::now();
         let _stopped: Vec<Stopped> = hung.iter().map(|n| Stopped::stop(f.agent(n))).collect();
-        let first = c.r#where(fresh()).await.expect("fresh Where").into_inner();
+        let first = fresh_where(&mut c, "k8s/any").await;
         let first_took = t.elapsed();
         for n in hung {
             let took = named_missing(&mut c, n, t).await;
@@ -275,7 +278,7 @@ fn fresh_fan_out_skips_hung_agents() {
         let mut times = Vec::new();
         for _ in 0..CALLS {
             let t = Instant::now();
-            let r = c.r#where(fresh()).await.expect("fresh Where").into_inner();
+            let r = fresh_where(&mut c, "k8s/any").await;
             times.push(t.elapsed());
             let named: Vec<&str> = r.missing_nodes.iter().map(|m| m.node.as_str()).collect();
             assert_eq!(named, hung, "every answer names the hung nodes, and only them: {r:#?}");
@@ -449,15 +452,7 @@ fn a_slow_agent_is_answered_not_refreshed_not_down_and_its_link_survives() {
 
         // A fresh Where for one of the slow node's images: its cached devices, marked not fresh.
         let t = Instant::now();
-        let w = c
-            .r#where(pb::WhereRequest {
-                image: "k8s/csi-vol-0001-0".into(),
-                fresh: true,
-                ..Default::default()
-            })
-            .await
-            .expect("fresh Where")
-            .into_inner();
+        let w = fresh_where(&mut c, "k8s/csi-vol-0001-0").await;
         let took = t.elapsed();
         println!("fresh Where with node-01 slow: {} ({w:?})", ms(took));
         assert!(took < Duration::from_millis(2400), "waited past the 1 s call deadline: {}", ms(took));
@@ -504,15 +499,7 @@ fn a_slow_agent_is_answered_not_refreshed_not_down_and_its_link_survives() {
         })
         .await;
         println!("node-01 refreshed again {} after its lists were fast again", ms(back));
-        let w = c
-            .r#where(pb::WhereRequest {
-                image: "k8s/csi-vol-0001-0".into(),
-                fresh: true,
-                ..Default::default()
-            })
-            .await
-            .expect("fresh Where")
-            .into_inner();
+        let w = fresh_where(&mut c, "k8s/csi-vol-0001-0").await;
         assert!(w.missing_nodes.is_empty(), "{w:#?}");
         assert_eq!(slow.subscribers(), 1, "still the same stream");
     });
