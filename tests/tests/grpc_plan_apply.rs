@@ -116,7 +116,8 @@ const TOOLS: &[&str] = &["losetup", "mkfs.ext4", "unshare", "mount", "umount"];
 struct Kernel {
     s: Scratch,
     lo: LoopDev,
-    ns: NsProcess,
+    /// The process whose mount namespace holds the device's one mount.
+    ns: Option<NsProcess>,
     mnt: PathBuf,
     daemon: Option<Daemon>,
     replaced: usize,
@@ -129,10 +130,10 @@ impl Kernel {
         let img = s.ext4_image("scene.img", 16);
         let lo = LoopDev::attach(&img);
         let mnt = s.mkdir("mnt");
-        let ns = match start {
+        let ns = Some(match start {
             Start::ForeignMount => mounted_in_own_namespace(&lo, &mnt),
             Start::Unreleasable => locked_in_user_namespace(&lo, &mnt),
-        };
+        });
         let daemon = Some(Daemon::start(s.dir.path(), &[]));
         Some((serial, Self { s, lo, ns, mnt, daemon, replaced: 0 }))
     }
@@ -170,7 +171,7 @@ impl Host for Kernel {
         self.daemon.as_ref().expect("serving").socket.clone()
     }
     fn mounts(&self) -> usize {
-        usize::from(self.ns.has_mount(&self.mnt))
+        usize::from(self.ns.as_ref().is_some_and(|ns| ns.has_mount(&self.mnt)))
     }
     fn steps_run(&self) -> usize {
         let journal = std::fs::read_to_string(self.s.path("journal.jsonl")).unwrap_or_default();
@@ -182,7 +183,7 @@ impl Host for Kernel {
     /// The namespace ends (and its mount with it), the loop number is detached and attached to
     /// a new image, which a new namespace mounts.
     fn replace_device(&mut self) {
-        self.ns = NsProcess::spawn("exec sleep 600");
+        self.ns = None;
         sh("losetup", &["-d", &self.lo.dev]);
         self.replaced += 1;
         let img = self.s.ext4_image(&format!("replacement-{}.img", self.replaced), 16);
@@ -197,7 +198,7 @@ impl Host for Kernel {
             self.lo.dev
         );
         self.lo = LoopDev::adopt(self.lo.name(), &img);
-        self.ns = mounted_in_own_namespace(&self.lo, &self.mnt);
+        self.ns = Some(mounted_in_own_namespace(&self.lo, &self.mnt));
     }
     /// The agent runs again with the journal's fault point: SIGKILL right before it writes its
     /// first step's intent (the plan is journaled; nothing reached the kernel).
